@@ -50,7 +50,7 @@ generate: generate-proto generate-k8s ## Regenerate protobuf code, deepcopy, CRD
 
 .PHONY: generate-proto
 generate-proto: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc ## Regenerate Go code from proto/.
-	rm -rf pkg/proto
+	if [ -d pkg/proto ]; then find pkg/proto -name "*.pb.go" -delete; fi
 	cd proto && $(BIN)/buf generate
 
 .PHONY: generate-k8s
