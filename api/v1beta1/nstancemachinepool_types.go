@@ -1,0 +1,132 @@
+package v1beta1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// NstanceMachinePoolSpec is the desired state of an NstanceMachinePool. The
+// replica count is not here: it is the owning MachinePool's spec.replicas.
+type NstanceMachinePoolSpec struct {
+	// group is the Nstance group name used on every shard. It is a DNS label
+	// without consecutive dashes, so that "{group}--{shard}" names split back
+	// unambiguously. It cannot change.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]+(-[a-z0-9]+)*$`
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="group is immutable"
+	Group string `json:"group"`
+
+	// shards the pool spreads its replicas over, in the order that receives
+	// the remainder of an uneven split first.
+	// +required
+	// +listType=set
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Shards []string `json:"shards"`
+
+	// template names the server-side instance template.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Template string `json:"template,omitempty"`
+
+	// instanceType is the provider instance type, e.g. "m7i.large".
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	InstanceType string `json:"instanceType,omitempty"`
+
+	// subnetPool names the server-side subnet pool instances are placed in.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	SubnetPool string `json:"subnetPool,omitempty"`
+
+	// vars are template variables passed to the server.
+	// +optional
+	Vars map[string]string `json:"vars,omitempty"`
+
+	// drainTimeout bounds how long a node of this pool is drained before its
+	// instance is removed anyway. Unset means the server's default.
+	// +optional
+	DrainTimeout *metav1.Duration `json:"drainTimeout,omitempty"`
+
+	// providerIDList holds the provider IDs of the pool's instances, as the
+	// Cluster API MachinePool contract requires.
+	// +optional
+	// +listType=atomic
+	ProviderIDList []string `json:"providerIDList,omitempty"`
+}
+
+// NstanceMachinePoolStatus is the observed state of an NstanceMachinePool.
+type NstanceMachinePoolStatus struct {
+	// initialization follows the Cluster API v1beta2 contract.
+	// +optional
+	Initialization InitializationStatus `json:"initialization,omitempty,omitzero"`
+
+	// ready is true when every shard group is synced. Core Cluster API still
+	// reads it.
+	// +optional
+	Ready bool `json:"ready,omitempty"`
+
+	// replicas is the number of instances over all shards.
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+
+	// readyReplicas is the number of those instances that are ready.
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+
+	// observedGeneration is the metadata.generation last reconciled.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// conditions describe the pool's state.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=32
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// NstanceMachinePool is the Cluster API infrastructure machine pool for one
+// Nstance group spread over several shards.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:path=nstancemachinepools,scope=Namespaced,categories=cluster-api,shortName=nmp
+// +kubebuilder:metadata:labels="cluster.x-k8s.io/v1beta2=v1beta1"
+// +kubebuilder:printcolumn:name="Group",type="string",JSONPath=".spec.group"
+// +kubebuilder:printcolumn:name="Shards",type="string",JSONPath=".spec.shards"
+// +kubebuilder:printcolumn:name="Replicas",type="integer",JSONPath=".status.replicas"
+// +kubebuilder:printcolumn:name="Ready",type="integer",JSONPath=".status.readyReplicas"
+// +kubebuilder:printcolumn:name="Template",type="string",JSONPath=".spec.template",priority=1
+// +kubebuilder:printcolumn:name="Instance-Type",type="string",JSONPath=".spec.instanceType",priority=1
+// +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
+type NstanceMachinePool struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec NstanceMachinePoolSpec `json:"spec"`
+	// +optional
+	Status NstanceMachinePoolStatus `json:"status,omitempty"`
+}
+
+// GetConditions returns the status conditions.
+func (p *NstanceMachinePool) GetConditions() []metav1.Condition { return p.Status.Conditions }
+
+// SetConditions replaces the status conditions.
+func (p *NstanceMachinePool) SetConditions(conds []metav1.Condition) { p.Status.Conditions = conds }
+
+// NstanceMachinePoolList is a list of NstanceMachinePool.
+// +kubebuilder:object:root=true
+type NstanceMachinePoolList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []NstanceMachinePool `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&NstanceMachinePool{}, &NstanceMachinePoolList{})
+}
