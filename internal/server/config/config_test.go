@@ -1,0 +1,114 @@
+package config
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+const minimal = `{
+  // comment
+  "cluster": {"id": "c1"},
+  "shard": {
+    "id": "s1",
+    "infra": {"provider": "tmux", "region": "dev", "zone": "deva"},
+    "bind": {
+      "health_addr": "127.0.0.1:0", "election_addr": "127.0.0.1:0",
+      "registration_addr": "127.0.0.1:0", "operator_addr": "127.0.0.1:0", "agent_addr": "127.0.0.1:0",
+    },
+  },
+  "templates": {"t": {"kind": "worker"}},
+  "groups": {"default": {"g": {"template": "t", "size": 2}}},
+}`
+
+func TestParseExample(t *testing.T) {
+	data, err := os.ReadFile("../../../examples/config-tmux.jsonc")
+	require.NoError(t, err)
+	cfg, err := Parse(data)
+	require.NoError(t, err)
+	require.Equal(t, "tmux", cfg.Shard.Infra.Provider)
+	require.Equal(t, "dev", cfg.Shard.Infra.Region)
+	require.Equal(t, "deva", cfg.Shard.Infra.Zone)
+	require.Equal(t, "0.0.0.0:8994", cfg.Shard.Bind.AgentAddr)
+	require.Equal(t, 1, cfg.Groups["default"]["workers"].Size)
+	require.Equal(t, 15*time.Second, cfg.Cluster.LeaderElection.LeaseDuration.D())
+}
+
+func TestParseDefaults(t *testing.T) {
+	cfg, err := Parse([]byte(minimal))
+	require.NoError(t, err)
+	le := cfg.Cluster.LeaderElection
+	require.Equal(t, DefaultLeaseDuration, le.LeaseDuration.D())
+	require.Equal(t, DefaultLeaseDuration/3, le.RenewInterval.D())
+	require.Equal(t, "env", cfg.Cluster.Secrets.EncryptionKey.Provider)
+	require.Equal(t, DefaultEncryptionKeyEnv, cfg.Cluster.Secrets.EncryptionKey.Env)
+	require.Equal(t, DefaultAgentNonceTTL, cfg.Certificates.AgentNonceTTL.D())
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name    string
+		replace [2]string
+		wantKey string
+		want    string
+	}{
+		{"unknown top-level key", [2]string{`"cluster": {`, `"bogus": 1, "cluster": {`}, "bogus", "unknown key"},
+		{"unknown nested key", [2]string{`"zone": "deva"`, `"zone": "deva", "zonee": "x"`}, "shard.infra.zonee", "unknown key"},
+		{"bad address", [2]string{`"agent_addr": "127.0.0.1:0"`, `"agent_addr": "x"`}, "shard.bind.agent_addr", `invalid address "x"`},
+		{"bad port", [2]string{`"agent_addr": "127.0.0.1:0"`, `"agent_addr": "127.0.0.1:99999"`}, "shard.bind.agent_addr", "between 0 and 65535"},
+		{"missing cluster id", [2]string{`"id": "c1"`, `"id": ""`}, "cluster.id", "required"},
+		{"bad cluster id", [2]string{`"id": "c1"`, `"id": "a/b"`}, "cluster.id", "invalid cluster id"},
+		{"wrong type", [2]string{`"size": 2`, `"size": "two"`}, "groups.default.g.size", "want integer, got string"},
+		{"negative size", [2]string{`"size": 2`, `"size": -1`}, "groups.default.g.size", "must not be negative"},
+		{"unknown template", [2]string{`"template": "t"`, `"template": "nope"`}, "groups.default.g.template", `unknown template "nope"`},
+		{"bad duration", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1", "leader_election": {"lease_duration": "soon"}}`}, "cluster.leader_election.lease_duration", `invalid duration "soon"`},
+		{"renew not shorter", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1", "leader_election": {"lease_duration": "2s", "renew_interval": "3s"}}`}, "cluster.leader_election.renew_interval", "shorter than lease_duration"},
+		{"key provider", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1", "secrets": {"encryption_key": {"provider": "kms"}}}`}, "cluster.secrets.encryption_key.provider", `must be "env" or "file"`},
+		{"duplicate bind", [2]string{`"agent_addr": "127.0.0.1:0"`, `"agent_addr": "127.0.0.1:7000", "operator_addr": "127.0.0.1:7000"`}, "", ""},
+		{"bad file path", [2]string{`"kind": "worker"}`, `"kind": "worker", "files": {"f": {"kind": "string", "path": "../etc/passwd"}}}`}, "templates.t.files.f.path", "clean relative path"},
+		{"cert without key", [2]string{`"kind": "worker"}`, `"kind": "worker", "files": {"f": {"kind": "certificate", "key": "k"}}}`}, "templates.t.files.f.key", `unknown key "k"`},
+		{"bad key type", [2]string{`"kind": "worker"}`, `"kind": "worker", "keys": {"k": {"type": "dsa"}}}`}, "templates.t.keys.k.type", "must be one of"},
+		{"missing provider", [2]string{`"provider": "tmux", `, ``}, "shard.infra.provider", "required"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			doc := strings.Replace(minimal, tc.replace[0], tc.replace[1], 1)
+			require.NotEqual(t, minimal, doc, "replacement did not apply")
+			_, err := Parse([]byte(doc))
+			require.Error(t, err)
+			if tc.name == "duplicate bind" {
+				// duplicated JSON key: the later value wins, so check a real duplicate separately
+				require.Contains(t, err.Error(), "already used by")
+				return
+			}
+			es, ok := AsErrors(err)
+			require.True(t, ok, "want field errors, got %v", err)
+			var found bool
+			for _, e := range es {
+				if e.Key == tc.wantKey && strings.Contains(e.Reason, tc.want) {
+					found = true
+				}
+			}
+			require.True(t, found, "want %s: %s in %v", tc.wantKey, tc.want, err)
+			require.Contains(t, err.Error(), tc.wantKey+": ")
+		})
+	}
+}
+
+func TestParseSyntaxError(t *testing.T) {
+	for _, doc := range []string{`{`, `[]`, `{"cluster": }`, ``} {
+		_, err := Parse([]byte(doc))
+		require.Error(t, err, doc)
+	}
+}
+
+func TestApplyPortOffset(t *testing.T) {
+	b := Bind{HealthAddr: "0.0.0.0:8990", ElectionAddr: "0.0.0.0:8991", RegistrationAddr: "0.0.0.0:8992", OperatorAddr: "127.0.0.1:0", AgentAddr: "[::]:8994"}
+	require.NoError(t, b.ApplyPortOffset(10))
+	require.Equal(t, Bind{HealthAddr: "0.0.0.0:9000", ElectionAddr: "0.0.0.0:9001", RegistrationAddr: "0.0.0.0:9002", OperatorAddr: "127.0.0.1:0", AgentAddr: "[::]:9004"}, b)
+	bad := Bind{HealthAddr: "0.0.0.0:65535", ElectionAddr: "x:1", RegistrationAddr: "x:1", OperatorAddr: "x:1", AgentAddr: "x:1"}
+	require.Error(t, bad.ApplyPortOffset(1))
+}

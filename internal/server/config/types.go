@@ -1,0 +1,226 @@
+package config
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Duration is a time.Duration written in JSON as a Go duration string ("15s").
+type Duration time.Duration
+
+// D returns the value as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// UnmarshalJSON accepts a duration string such as "1m30s".
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("want a duration string such as \"30s\"")
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("invalid duration %q: %w", s, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// Config is the whole shard configuration document.
+type Config struct {
+	Cluster      Cluster                     `json:"cluster"`
+	Shard        Shard                       `json:"shard"`
+	Certificates Certificates                `json:"certificates"`
+	Defaults     Defaults                    `json:"defaults"`
+	Templates    map[string]Template         `json:"templates"`
+	Groups       map[string]map[string]Group `json:"groups"`
+}
+
+// Cluster holds settings shared by every shard of the cluster.
+type Cluster struct {
+	ID             string         `json:"id"`
+	Storage        Storage        `json:"storage"`
+	Secrets        Secrets        `json:"secrets"`
+	LeaderElection LeaderElection `json:"leader_election"`
+}
+
+// Storage describes the object storage the cluster uses. The server is told
+// where its storage is by flags (it must read this file from there); this
+// block documents it and is checked against the flags when set.
+type Storage struct {
+	Kind   string `json:"kind"` // s3 or file
+	Bucket string `json:"bucket"`
+	Prefix string `json:"prefix"`
+}
+
+// Secrets says where the encryption key for secrets at rest comes from.
+type Secrets struct {
+	EncryptionKey KeySource   `json:"encryption_key"`
+	PreviousKeys  []KeySource `json:"previous_keys"`
+}
+
+// KeySource locates one 32-byte encryption key.
+type KeySource struct {
+	// Provider is "env" or "file".
+	Provider string `json:"provider"`
+	// Env is the environment variable for provider env (default NSTANCE_ENCRYPTION_KEY).
+	Env string `json:"env"`
+	// File is the path for provider file.
+	File string `json:"file"`
+}
+
+// LeaderElection sets the lease timings for cluster and shard elections.
+type LeaderElection struct {
+	LeaseDuration Duration `json:"lease_duration"`
+	RenewInterval Duration `json:"renew_interval"`
+	RetryInterval Duration `json:"retry_interval"`
+}
+
+// Shard holds the settings of this zone shard.
+type Shard struct {
+	ID                  string                `json:"id"`
+	Infra               Infra                 `json:"infra"`
+	Bind                Bind                  `json:"bind"`
+	Advertise           Advertise             `json:"advertise"`
+	Timeouts            Timeouts              `json:"timeouts"`
+	HealthCheckInterval Duration              `json:"health_check_interval"`
+	DefaultDrainTimeout Duration              `json:"default_drain_timeout"`
+	CreateRateLimit     RateLimit             `json:"create_rate_limit"`
+	SubnetPools         map[string]SubnetPool `json:"subnet_pools"`
+	GarbageCollection   GarbageCollection     `json:"garbage_collection"`
+	Expiry              Expiry                `json:"expiry"`
+}
+
+// Infra selects the provider that creates instances.
+type Infra struct {
+	Provider string         `json:"provider"`
+	Region   string         `json:"region"`
+	Zone     string         `json:"zone"`
+	Options  map[string]any `json:"options"`
+}
+
+// Bind lists the listen addresses of the five server ports.
+type Bind struct {
+	HealthAddr       string `json:"health_addr"`
+	ElectionAddr     string `json:"election_addr"`
+	RegistrationAddr string `json:"registration_addr"`
+	OperatorAddr     string `json:"operator_addr"`
+	AgentAddr        string `json:"agent_addr"`
+}
+
+// Advertise lists the addresses clients use to reach this server; they also
+// go into the server certificate as SANs.
+type Advertise struct {
+	Hosts            []string `json:"hosts"`
+	RegistrationAddr string   `json:"registration_addr"`
+	AgentAddr        string   `json:"agent_addr"`
+	OperatorAddr     string   `json:"operator_addr"`
+}
+
+// Timeouts bounds provider and storage calls.
+type Timeouts struct {
+	ProviderCall Duration `json:"provider_call"`
+	StorageCall  Duration `json:"storage_call"`
+	Registration Duration `json:"registration"`
+	Shutdown     Duration `json:"shutdown"`
+}
+
+// RateLimit bounds how fast instances are created.
+type RateLimit struct {
+	PerMinute int `json:"per_minute"`
+	Burst     int `json:"burst"`
+}
+
+// SubnetPool is a named set of subnets instances are placed in.
+type SubnetPool struct {
+	Subnets []string `json:"subnets"`
+}
+
+// GarbageCollection controls removal of orphaned provider instances and stale records.
+type GarbageCollection struct {
+	Enabled     bool     `json:"enabled"`
+	Interval    Duration `json:"interval"`
+	GracePeriod Duration `json:"grace_period"`
+}
+
+// Expiry controls instance replacement by age.
+type Expiry struct {
+	EligibleAge Duration `json:"eligible_age"`
+	ForcedAge   Duration `json:"forced_age"`
+	OndemandAge Duration `json:"ondemand_age"`
+}
+
+// Certificates sets certificate and nonce lifetimes.
+type Certificates struct {
+	CAValidity       Duration `json:"ca_validity"`
+	ServerValidity   Duration `json:"server_validity"`
+	AgentValidity    Duration `json:"agent_validity"`
+	OperatorValidity Duration `json:"operator_validity"`
+	AgentNonceTTL    Duration `json:"agent_nonce_ttl"`
+}
+
+// Defaults apply to every template.
+type Defaults struct {
+	Args map[string]string `json:"args"`
+	Vars map[string]string `json:"vars"`
+}
+
+// Template describes how instances of a kind are built.
+type Template struct {
+	Kind         string                  `json:"kind"`
+	Arch         string                  `json:"arch"`
+	Files        map[string]TemplateFile `json:"files"`
+	Keys         map[string]TemplateKey  `json:"keys"`
+	Args         map[string]string       `json:"args"`
+	Userdata     string                  `json:"userdata"`
+	Size         int                     `json:"size"`
+	InstanceType string                  `json:"instance_type"`
+	SubnetPool   string                  `json:"subnet_pool"`
+	Vars         map[string]string       `json:"vars"`
+}
+
+// TemplateFile is one file delivered to the agent.
+type TemplateFile struct {
+	// Kind is certificate, ca_bundle, secret, env, json or string.
+	Kind string `json:"kind"`
+	// Path is relative to the agent data directory.
+	Path string `json:"path"`
+	// Mode is the octal permission string, e.g. "0600".
+	Mode string `json:"mode"`
+	// Content is the literal or templated content (env, json, string).
+	Content string `json:"content"`
+	// Key names the generated key a certificate file is issued for.
+	Key string `json:"key"`
+	// Secret names a stored secret for kind secret.
+	Secret string `json:"secret"`
+}
+
+// TemplateKey is one key the agent generates.
+type TemplateKey struct {
+	// Type is ed25519, ecdsa-p256, ecdsa-p384, rsa-2048 or rsa-4096.
+	Type        string               `json:"type"`
+	Certificate *TemplateCertificate `json:"certificate"`
+}
+
+// TemplateCertificate is the certificate the server issues for a generated key.
+type TemplateCertificate struct {
+	CommonName  string   `json:"common_name"`
+	Usages      []string `json:"usages"`
+	DNSNames    []string `json:"dns_names"`
+	IPAddresses []string `json:"ip_addresses"`
+	URIs        []string `json:"uris"`
+	Validity    Duration `json:"validity"`
+}
+
+// Group is a static group of instances of one template.
+type Group struct {
+	Template     string            `json:"template"`
+	Size         int               `json:"size"`
+	InstanceType string            `json:"instance_type"`
+	SubnetPool   string            `json:"subnet_pool"`
+	Vars         map[string]string `json:"vars"`
+	DrainTimeout Duration          `json:"drain_timeout"`
+}

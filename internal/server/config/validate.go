@@ -1,0 +1,352 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nstance-dev/nstance/internal/server/layout"
+)
+
+// Default values applied by ApplyDefaults.
+const (
+	DefaultLeaseDuration    = 15 * time.Second
+	DefaultRenewFraction    = 3
+	DefaultRetryInterval    = 2 * time.Second
+	DefaultCAValidity       = 10 * 365 * 24 * time.Hour
+	DefaultServerValidity   = 90 * 24 * time.Hour
+	DefaultAgentValidity    = 30 * 24 * time.Hour
+	DefaultOperatorValidity = 90 * 24 * time.Hour
+	DefaultAgentNonceTTL    = 15 * time.Minute
+	DefaultStorageTimeout   = 10 * time.Second
+	DefaultShutdownTimeout  = 10 * time.Second
+	DefaultEncryptionKeyEnv = "NSTANCE_ENCRYPTION_KEY"
+)
+
+// ApplyDefaults fills every unset timing and key source with its default.
+func (c *Config) ApplyDefaults() {
+	le := &c.Cluster.LeaderElection
+	if le.LeaseDuration == 0 {
+		le.LeaseDuration = Duration(DefaultLeaseDuration)
+	}
+	if le.RenewInterval == 0 {
+		le.RenewInterval = Duration(le.LeaseDuration.D() / DefaultRenewFraction)
+	}
+	if le.RetryInterval == 0 {
+		le.RetryInterval = Duration(min(DefaultRetryInterval, le.RenewInterval.D()))
+	}
+	ek := &c.Cluster.Secrets.EncryptionKey
+	if ek.Provider == "" {
+		ek.Provider = "env"
+	}
+	if ek.Provider == "env" && ek.Env == "" {
+		ek.Env = DefaultEncryptionKeyEnv
+	}
+	for i := range c.Cluster.Secrets.PreviousKeys {
+		pk := &c.Cluster.Secrets.PreviousKeys[i]
+		if pk.Provider == "" {
+			pk.Provider = "env"
+		}
+	}
+	ce := &c.Certificates
+	setDur(&ce.CAValidity, DefaultCAValidity)
+	setDur(&ce.ServerValidity, DefaultServerValidity)
+	setDur(&ce.AgentValidity, DefaultAgentValidity)
+	setDur(&ce.OperatorValidity, DefaultOperatorValidity)
+	setDur(&ce.AgentNonceTTL, DefaultAgentNonceTTL)
+	setDur(&c.Shard.Timeouts.StorageCall, DefaultStorageTimeout)
+	setDur(&c.Shard.Timeouts.Shutdown, DefaultShutdownTimeout)
+}
+
+func setDur(d *Duration, v time.Duration) {
+	if *d == 0 {
+		*d = Duration(v)
+	}
+}
+
+type checker struct{ errs Errors }
+
+func (c *checker) add(key, format string, args ...any) {
+	c.errs = append(c.errs, FieldError{Key: key, Reason: fmt.Sprintf(format, args...)})
+}
+
+func (c *checker) id(key, what, v string, required bool) {
+	if v == "" {
+		if required {
+			c.add(key, "required")
+		}
+		return
+	}
+	if err := layout.ValidateID(what, v); err != nil {
+		c.add(key, "%v", err)
+	}
+}
+
+func (c *checker) addr(key, v string) {
+	if v == "" {
+		c.add(key, "required")
+		return
+	}
+	if err := CheckAddr(v); err != nil {
+		c.add(key, "invalid address %q: %v", v, err)
+	}
+}
+
+func (c *checker) positive(key string, d Duration) {
+	if d < 0 {
+		c.add(key, "must not be negative, got %s", d.D())
+	}
+}
+
+// CheckAddr accepts host:port with a numeric port 0-65535.
+func CheckAddr(v string) error {
+	_, port, err := net.SplitHostPort(v)
+	if err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("port %q is not a number between 0 and 65535", port)
+	}
+	return nil
+}
+
+var (
+	fileKinds = map[string]bool{"certificate": true, "ca_bundle": true, "secret": true, "env": true, "json": true, "string": true}
+	keyTypes  = map[string]bool{"ed25519": true, "ecdsa-p256": true, "ecdsa-p384": true, "rsa-2048": true, "rsa-4096": true}
+	usages    = map[string]bool{"server_auth": true, "client_auth": true}
+)
+
+// Validate checks every value and returns Errors naming each bad key.
+func (c *Config) Validate() error {
+	var ch checker
+	ch.id("cluster.id", "cluster id", c.Cluster.ID, true)
+	switch c.Cluster.Storage.Kind {
+	case "", "s3", "file":
+	default:
+		ch.add("cluster.storage.kind", "must be \"s3\" or \"file\", got %q", c.Cluster.Storage.Kind)
+	}
+	checkKeySource(&ch, "cluster.secrets.encryption_key", c.Cluster.Secrets.EncryptionKey)
+	for i, ks := range c.Cluster.Secrets.PreviousKeys {
+		checkKeySource(&ch, fmt.Sprintf("cluster.secrets.previous_keys[%d]", i), ks)
+	}
+	le := c.Cluster.LeaderElection
+	ch.positive("cluster.leader_election.lease_duration", le.LeaseDuration)
+	ch.positive("cluster.leader_election.renew_interval", le.RenewInterval)
+	ch.positive("cluster.leader_election.retry_interval", le.RetryInterval)
+	if le.RenewInterval >= le.LeaseDuration {
+		ch.add("cluster.leader_election.renew_interval", "must be shorter than lease_duration (%s), got %s", le.LeaseDuration.D(), le.RenewInterval.D())
+	}
+
+	s := c.Shard
+	ch.id("shard.id", "shard id", s.ID, true)
+	if s.Infra.Provider == "" {
+		ch.add("shard.infra.provider", "required")
+	} else {
+		ch.id("shard.infra.provider", "provider", s.Infra.Provider, true)
+	}
+	b := s.Bind
+	ch.addr("shard.bind.health_addr", b.HealthAddr)
+	ch.addr("shard.bind.election_addr", b.ElectionAddr)
+	ch.addr("shard.bind.registration_addr", b.RegistrationAddr)
+	ch.addr("shard.bind.operator_addr", b.OperatorAddr)
+	ch.addr("shard.bind.agent_addr", b.AgentAddr)
+	seen := map[string]string{}
+	for _, kv := range [][2]string{
+		{"shard.bind.health_addr", b.HealthAddr}, {"shard.bind.election_addr", b.ElectionAddr},
+		{"shard.bind.registration_addr", b.RegistrationAddr}, {"shard.bind.operator_addr", b.OperatorAddr},
+		{"shard.bind.agent_addr", b.AgentAddr},
+	} {
+		if _, port, err := net.SplitHostPort(kv[1]); err == nil && port != "0" {
+			if other, dup := seen[kv[1]]; dup {
+				ch.add(kv[0], "address %q is already used by %s", kv[1], other)
+			}
+			seen[kv[1]] = kv[0]
+		}
+	}
+	for i, h := range s.Advertise.Hosts {
+		if h == "" || strings.ContainsAny(h, " /:") && net.ParseIP(h) == nil {
+			ch.add(fmt.Sprintf("shard.advertise.hosts[%d]", i), "invalid host %q", h)
+		}
+	}
+	for _, kv := range [][2]string{
+		{"shard.advertise.registration_addr", s.Advertise.RegistrationAddr},
+		{"shard.advertise.agent_addr", s.Advertise.AgentAddr},
+		{"shard.advertise.operator_addr", s.Advertise.OperatorAddr},
+	} {
+		if kv[1] != "" {
+			ch.addr(kv[0], kv[1])
+		}
+	}
+	ch.positive("shard.health_check_interval", s.HealthCheckInterval)
+	ch.positive("shard.default_drain_timeout", s.DefaultDrainTimeout)
+	if s.CreateRateLimit.PerMinute < 0 {
+		ch.add("shard.create_rate_limit.per_minute", "must not be negative")
+	}
+	if s.CreateRateLimit.Burst < 0 {
+		ch.add("shard.create_rate_limit.burst", "must not be negative")
+	}
+	for name, pool := range s.SubnetPools {
+		key := "shard.subnet_pools." + name
+		ch.id(key, "subnet pool name", name, true)
+		if len(pool.Subnets) == 0 {
+			ch.add(key+".subnets", "must list at least one subnet")
+		}
+	}
+	ex := s.Expiry
+	ch.positive("shard.expiry.eligible_age", ex.EligibleAge)
+	ch.positive("shard.expiry.forced_age", ex.ForcedAge)
+	ch.positive("shard.expiry.ondemand_age", ex.OndemandAge)
+	if ex.ForcedAge > 0 && ex.EligibleAge > ex.ForcedAge {
+		ch.add("shard.expiry.forced_age", "must not be shorter than eligible_age (%s)", ex.EligibleAge.D())
+	}
+	ch.positive("shard.garbage_collection.interval", s.GarbageCollection.Interval)
+
+	ce := c.Certificates
+	for _, kv := range []struct {
+		key string
+		d   Duration
+	}{
+		{"certificates.ca_validity", ce.CAValidity}, {"certificates.server_validity", ce.ServerValidity},
+		{"certificates.agent_validity", ce.AgentValidity}, {"certificates.operator_validity", ce.OperatorValidity},
+		{"certificates.agent_nonce_ttl", ce.AgentNonceTTL},
+	} {
+		if kv.d <= 0 {
+			ch.add(kv.key, "must be positive")
+		}
+	}
+
+	for name, t := range c.Templates {
+		checkTemplate(&ch, "templates."+name, name, t, s.SubnetPools)
+	}
+	for tenant, groups := range c.Groups {
+		ch.id("groups."+tenant, "tenant", tenant, true)
+		for gname, g := range groups {
+			key := "groups." + tenant + "." + gname
+			ch.id(key, "group name", gname, true)
+			if g.Template == "" {
+				ch.add(key+".template", "required")
+			} else if _, ok := c.Templates[g.Template]; !ok {
+				ch.add(key+".template", "unknown template %q", g.Template)
+			}
+			if g.Size < 0 {
+				ch.add(key+".size", "must not be negative, got %d", g.Size)
+			}
+			if g.SubnetPool != "" {
+				if _, ok := s.SubnetPools[g.SubnetPool]; !ok {
+					ch.add(key+".subnet_pool", "unknown subnet pool %q", g.SubnetPool)
+				}
+			}
+			ch.positive(key+".drain_timeout", g.DrainTimeout)
+		}
+	}
+	if len(ch.errs) > 0 {
+		sortErrors(ch.errs)
+		return ch.errs
+	}
+	return nil
+}
+
+func checkKeySource(ch *checker, key string, ks KeySource) {
+	switch ks.Provider {
+	case "env":
+		if ks.Env == "" {
+			ch.add(key+".env", "required for provider env")
+		}
+	case "file":
+		if ks.File == "" {
+			ch.add(key+".file", "required for provider file")
+		}
+	default:
+		ch.add(key+".provider", "must be \"env\" or \"file\", got %q", ks.Provider)
+	}
+}
+
+func checkTemplate(ch *checker, key, name string, t Template, pools map[string]SubnetPool) {
+	ch.id(key, "template name", name, true)
+	if t.Size < 0 {
+		ch.add(key+".size", "must not be negative, got %d", t.Size)
+	}
+	if t.SubnetPool != "" {
+		if _, ok := pools[t.SubnetPool]; !ok {
+			ch.add(key+".subnet_pool", "unknown subnet pool %q", t.SubnetPool)
+		}
+	}
+	for kname, k := range t.Keys {
+		kk := key + ".keys." + kname
+		ch.id(kk, "key name", kname, true)
+		if !keyTypes[k.Type] {
+			ch.add(kk+".type", "must be one of ed25519, ecdsa-p256, ecdsa-p384, rsa-2048, rsa-4096, got %q", k.Type)
+		}
+		if k.Certificate != nil {
+			for i, u := range k.Certificate.Usages {
+				if !usages[u] {
+					ch.add(fmt.Sprintf("%s.certificate.usages[%d]", kk, i), "must be server_auth or client_auth, got %q", u)
+				}
+			}
+			for i, ip := range k.Certificate.IPAddresses {
+				if net.ParseIP(ip) == nil && !strings.Contains(ip, "{{") {
+					ch.add(fmt.Sprintf("%s.certificate.ip_addresses[%d]", kk, i), "invalid IP address %q", ip)
+				}
+			}
+			ch.positive(kk+".certificate.validity", k.Certificate.Validity)
+		}
+	}
+	for fname, f := range t.Files {
+		fk := key + ".files." + fname
+		if !fileKinds[f.Kind] {
+			ch.add(fk+".kind", "must be one of certificate, ca_bundle, secret, env, json, string, got %q", f.Kind)
+		}
+		p := f.Path
+		if p == "" {
+			p = fname
+		}
+		if path.IsAbs(p) || p != path.Clean(p) || p == ".." || strings.HasPrefix(p, "../") {
+			ch.add(fk+".path", "must be a clean relative path without \"..\", got %q", p)
+		}
+		if f.Mode != "" {
+			if m, err := strconv.ParseUint(f.Mode, 8, 32); err != nil || m > 0o777 {
+				ch.add(fk+".mode", "must be an octal permission such as \"0600\", got %q", f.Mode)
+			}
+		}
+		if f.Kind == "certificate" {
+			if f.Key == "" {
+				ch.add(fk+".key", "required for kind certificate")
+			} else if _, ok := t.Keys[f.Key]; !ok {
+				ch.add(fk+".key", "unknown key %q", f.Key)
+			}
+		}
+		if f.Kind == "secret" && f.Secret == "" {
+			ch.add(fk+".secret", "required for kind secret")
+		}
+	}
+}
+
+// ApplyPortOffset adds offset to the port of every bind address (the dev stack
+// runs server N with offset 10*(N-1)). A port of 0 stays 0.
+func (b *Bind) ApplyPortOffset(offset int) error {
+	if offset == 0 {
+		return nil
+	}
+	for _, p := range []*string{&b.HealthAddr, &b.ElectionAddr, &b.RegistrationAddr, &b.OperatorAddr, &b.AgentAddr} {
+		host, port, err := net.SplitHostPort(*p)
+		if err != nil {
+			return fmt.Errorf("applying port offset to %q: %w", *p, err)
+		}
+		n, err := strconv.Atoi(port)
+		if err != nil {
+			return fmt.Errorf("applying port offset to %q: port is not a number", *p)
+		}
+		if n == 0 {
+			continue
+		}
+		if n+offset <= 0 || n+offset > 65535 {
+			return fmt.Errorf("applying port offset %d to %q: port out of range", offset, *p)
+		}
+		*p = net.JoinHostPort(host, strconv.Itoa(n+offset))
+	}
+	return nil
+}

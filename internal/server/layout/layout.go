@@ -1,0 +1,98 @@
+// Package layout is the single place that names every object-storage key
+// nstance-server and nstance-admin read or write.
+//
+//	cluster/ca.crt                      cluster CA certificate, plain PEM
+//	cluster/secret/ca.key               CA private key, encrypted envelope
+//	cluster/secret/nonce-signing.key    Ed25519 nonce-signing key, encrypted envelope
+//	cluster/leader.json                 cluster leader lease
+//	cluster/operators/{id}.json         operator registrations
+//	config/{shard}.jsonc                shard server configuration (JSONC)
+//	groups/{shard}.jsonc                dynamic groups written through the Operator API
+//	shard/{shard}/leader.json           shard leader lease
+//	shard/{shard}/instances/{id}.json   instance records
+//	shard/{shard}/nonces/{jti}          used-nonce markers, created with If-None-Match
+//	cluster/nonces/{jti}                used operator-nonce markers (operator nonces are cluster-wide)
+//
+// Every key may be placed under a common prefix (Keys.Prefix) so several
+// clusters can share a bucket.
+package layout
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// Keys builds object keys below an optional prefix.
+type Keys struct {
+	// Prefix is prepended to every key; empty or ending without a slash (one is added).
+	Prefix string
+}
+
+// New returns Keys for prefix (leading and trailing slashes are trimmed).
+func New(prefix string) Keys {
+	return Keys{Prefix: strings.Trim(prefix, "/")}
+}
+
+func (k Keys) join(parts ...string) string {
+	p := strings.Join(parts, "/")
+	if k.Prefix == "" {
+		return p
+	}
+	return k.Prefix + "/" + p
+}
+
+// CACert is the cluster CA certificate (plain PEM).
+func (k Keys) CACert() string { return k.join("cluster", "ca.crt") }
+
+// CAKey is the encrypted cluster CA private key.
+func (k Keys) CAKey() string { return k.join("cluster", "secret", "ca.key") }
+
+// NonceSigningKey is the encrypted Ed25519 key that signs registration nonces.
+func (k Keys) NonceSigningKey() string { return k.join("cluster", "secret", "nonce-signing.key") }
+
+// SecretPrefix is where every encrypted secret lives.
+func (k Keys) SecretPrefix() string { return k.join("cluster", "secret") + "/" }
+
+// ClusterLeader is the cluster leader lease.
+func (k Keys) ClusterLeader() string { return k.join("cluster", "leader.json") }
+
+// ShardLeader is the leader lease of one shard.
+func (k Keys) ShardLeader(shard string) string { return k.join("shard", shard, "leader.json") }
+
+// Config is the configuration of one shard.
+func (k Keys) Config(shard string) string { return k.join("config", shard+".jsonc") }
+
+// Groups holds the dynamic groups of one shard.
+func (k Keys) Groups(shard string) string { return k.join("groups", shard+".jsonc") }
+
+// Instance is the record of one instance.
+func (k Keys) Instance(shard, id string) string {
+	return k.join("shard", shard, "instances", id+".json")
+}
+
+// InstancePrefix lists every instance record of a shard.
+func (k Keys) InstancePrefix(shard string) string { return k.join("shard", shard, "instances") + "/" }
+
+// ShardNonce marks an agent nonce (by jti) as used.
+func (k Keys) ShardNonce(shard, jti string) string { return k.join("shard", shard, "nonces", jti) }
+
+// ClusterNonce marks an operator nonce (by jti) as used. Operator nonces are not
+// bound to a shard, so their markers live at cluster level and a replay fails on
+// every shard.
+func (k Keys) ClusterNonce(jti string) string { return k.join("cluster", "nonces", jti) }
+
+// Operator is the registration record of one operator.
+func (k Keys) Operator(id string) string { return k.join("cluster", "operators", id+".json") }
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// ValidateID checks that s can be used as one key segment (shard id, instance
+// id, jti, tenant): 1-128 characters of letters, digits, '.', '_' and '-',
+// starting with a letter or digit.
+func ValidateID(what, s string) error {
+	if !idPattern.MatchString(s) {
+		return fmt.Errorf("invalid %s %q: want 1-128 characters [A-Za-z0-9._-] starting with a letter or digit", what, s)
+	}
+	return nil
+}

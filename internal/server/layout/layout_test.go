@@ -1,0 +1,36 @@
+package layout
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestKeys(t *testing.T) {
+	tests := []struct {
+		name   string
+		prefix string
+		got    func(Keys) string
+		want   string
+	}{
+		{"ca no prefix", "", Keys.CACert, "cluster/ca.crt"},
+		{"ca prefix", "/p/q/", Keys.CACert, "p/q/cluster/ca.crt"},
+		{"config", "", func(k Keys) string { return k.Config("dev-1") }, "config/dev-1.jsonc"},
+		{"shard leader", "x", func(k Keys) string { return k.ShardLeader("s") }, "x/shard/s/leader.json"},
+		{"nonce", "", func(k Keys) string { return k.ShardNonce("s", "abc") }, "shard/s/nonces/abc"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, tc.got(New(tc.prefix)))
+		})
+	}
+}
+
+func TestValidateID(t *testing.T) {
+	for _, ok := range []string{"a", "dev-1", "A.b_c-9"} {
+		require.NoError(t, ValidateID("id", ok), ok)
+	}
+	for _, bad := range []string{"", "../x", "a/b", "-a", "a b", string(make([]byte, 200))} {
+		require.Error(t, ValidateID("id", bad), bad)
+	}
+}
