@@ -58,7 +58,7 @@ generate-k8s: $(BIN)/controller-gen ## Regenerate deepcopy, CRDs and RBAC from G
 	$(BIN)/controller-gen object:headerFile=scripts/boilerplate.go.txt paths=./api/...
 	rm -rf config/crd/bases
 	$(BIN)/controller-gen crd:generateEmbeddedObjectMeta=true paths=./api/... output:crd:artifacts:config=config/crd/bases
-	@if [ -d internal/operator ]; then \
+	@if grep -rqs '+kubebuilder:rbac' internal/operator; then \
 		$(BIN)/controller-gen rbac:roleName=nstance-operator paths=./internal/operator/... output:rbac:artifacts:config=config/rbac; \
 	fi
 
