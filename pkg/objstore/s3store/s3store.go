@@ -78,6 +78,18 @@ func (s *Store) Client() *s3.Client { return s.client }
 
 func (s *Store) full(key string) string { return s.prefix + key }
 
+// validate applies objstore.ValidateKey and checks that the prefixed key
+// still fits S3's key length limit.
+func (s *Store) validate(key string) error {
+	if err := objstore.ValidateKey(key); err != nil {
+		return err
+	}
+	if n := len(s.prefix) + len(key); n > objstore.MaxKeyLength {
+		return fmt.Errorf("%w: %q with the store prefix %q is %d bytes, longer than %d", objstore.ErrInvalidKey, key, s.prefix, n, objstore.MaxKeyLength)
+	}
+	return nil
+}
+
 func unquote(etag *string) string { return strings.Trim(aws.ToString(etag), `"`) }
 
 // mapErr turns S3 errors into objstore errors, keeping the original text.
@@ -104,7 +116,7 @@ func mapErr(op, key string, err error) error {
 
 // Get implements objstore.Store.
 func (s *Store) Get(ctx context.Context, key string) (*objstore.Object, error) {
-	if err := objstore.ValidateKey(key); err != nil {
+	if err := s.validate(key); err != nil {
 		return nil, fmt.Errorf("get: %w", err)
 	}
 	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.bucket, Key: aws.String(s.full(key))})
@@ -124,7 +136,7 @@ func (s *Store) Get(ctx context.Context, key string) (*objstore.Object, error) {
 
 // Head implements objstore.Store.
 func (s *Store) Head(ctx context.Context, key string) (*objstore.ObjectInfo, error) {
-	if err := objstore.ValidateKey(key); err != nil {
+	if err := s.validate(key); err != nil {
 		return nil, fmt.Errorf("head: %w", err)
 	}
 	out, err := s.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &s.bucket, Key: aws.String(s.full(key))})
@@ -138,7 +150,7 @@ func (s *Store) Head(ctx context.Context, key string) (*objstore.ObjectInfo, err
 // 404 (If-Match on a missing key) is reported as ErrPreconditionFailed, like
 // the other backends.
 func (s *Store) Put(ctx context.Context, key string, body []byte, opts objstore.PutOptions) (string, error) {
-	if err := objstore.ValidateKey(key); err != nil {
+	if err := s.validate(key); err != nil {
 		return "", fmt.Errorf("put: %w", err)
 	}
 	in := &s3.PutObjectInput{
@@ -166,7 +178,7 @@ func (s *Store) Put(ctx context.Context, key string, body []byte, opts objstore.
 
 // Delete implements objstore.Store.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	if err := objstore.ValidateKey(key); err != nil {
+	if err := s.validate(key); err != nil {
 		return fmt.Errorf("delete: %w", err)
 	}
 	if _, err := s.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.bucket, Key: aws.String(s.full(key))}); err != nil {

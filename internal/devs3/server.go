@@ -1,0 +1,248 @@
+package devs3
+
+import (
+	"context"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/johannesboyne/gofakes3"
+
+	"github.com/nstance-dev/nstance/pkg/objstore/fsbucket"
+)
+
+// Defaults used by cmd/dev-s3.
+const (
+	DefaultAddr   = ":8989"
+	DefaultBucket = "dev"
+	DefaultDir    = "temp/dev-s3"
+)
+
+// Config configures a Server.
+type Config struct {
+	// Bucket is the single bucket name served.
+	Bucket string
+	// Dir is the directory that holds the bucket's objects; created when
+	// missing.
+	Dir string
+	// Log receives start-up messages and, at V(1), one line per request.
+	Log logr.Logger
+	// ShutdownTimeout bounds the graceful stop; default 10s.
+	ShutdownTimeout time.Duration
+}
+
+// Server is a dev-s3 instance.
+type Server struct {
+	cfg     Config
+	backend *backend
+	handler http.Handler
+}
+
+// New opens the directory and builds the handler. It fails with a clear
+// error when the directory cannot be created or written.
+func New(cfg Config) (*Server, error) {
+	if cfg.Bucket == "" {
+		cfg.Bucket = DefaultBucket
+	}
+	if err := gofakes3.ValidateBucketName(cfg.Bucket); err != nil {
+		return nil, fmt.Errorf("bucket name %q: %w", cfg.Bucket, err)
+	}
+	if cfg.ShutdownTimeout <= 0 {
+		cfg.ShutdownTimeout = 10 * time.Second
+	}
+	store, err := fsbucket.Open(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("dev-s3: %w", err)
+	}
+	s := &Server{cfg: cfg, backend: newBackend(cfg.Bucket, store)}
+	fake := gofakes3.New(s.backend,
+		gofakes3.WithLogger(gofakesLogger{cfg.Log}),
+		gofakes3.WithoutVersioning(),
+	)
+	s.handler = s.wrap(fake.Server())
+	return s, nil
+}
+
+// Dir returns the absolute directory served.
+func (s *Server) Dir() string { return s.backend.store.Root() }
+
+// Handler returns the HTTP handler (S3 API plus /healthz).
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Serve answers requests on ln until ctx is cancelled, then stops
+// gracefully: it stops accepting, waits for requests in flight (up to the
+// shutdown timeout) and returns nil.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	s.cfg.Log.Info("dev-s3 serving", "addr", ln.Addr().String(), "bucket", s.cfg.Bucket, "dir", s.Dir())
+	select {
+	case err := <-errc:
+		return fmt.Errorf("dev-s3 serve: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		srv.Close()
+		return fmt.Errorf("dev-s3 shutdown: %w", err)
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("dev-s3 serve: %w", err)
+	}
+	s.cfg.Log.Info("dev-s3 stopped")
+	return nil
+}
+
+// wrap puts health, logging, key safety and multipart conditions in front
+// of gofakes3.
+func (s *Server) wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+			w.Header().Set("Content-Type", "text/plain")
+			w.WriteHeader(http.StatusOK)
+			if r.Method == http.MethodGet {
+				_, _ = w.Write([]byte("ok\n"))
+			}
+			return
+		}
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		s.serveS3(rec, r, next)
+		if log := s.cfg.Log.V(1); log.Enabled() {
+			log.Info("request", "op", operation(r), "method", r.Method, "path", r.URL.Path,
+				"status", rec.status, "bytes", r.ContentLength, "duration", time.Since(start).String())
+		}
+	})
+}
+
+func (s *Server) serveS3(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	path := strings.TrimPrefix(r.URL.Path, "/")
+	bucket, key, _ := strings.Cut(path, "/")
+	if bucket != "" && key != "" {
+		if err := fsbucket.ValidateKey(key); err != nil {
+			writeError(w, r, http.StatusBadRequest, "InvalidArgument", err.Error(), r.URL.Path)
+			return
+		}
+	}
+	q := r.URL.Query()
+	if id := q.Get("uploadId"); id != "" && r.Method == http.MethodPost {
+		var c gofakes3.PutConditions
+		if v := r.Header.Get("If-None-Match"); v != "" {
+			c.IfNoneMatch = &v
+		}
+		if v := r.Header.Get("If-Match"); v != "" {
+			c.IfMatch = &v
+		}
+		if c.IfNoneMatch != nil || c.IfMatch != nil {
+			cond, err := conditionsFrom(&c)
+			if err != nil {
+				writeError(w, r, http.StatusBadRequest, "InvalidArgument", err.Error(), r.URL.Path)
+				return
+			}
+			done := s.backend.setPending(gofakes3.UploadID(id), cond)
+			defer done()
+		}
+	}
+	next.ServeHTTP(w, r)
+}
+
+// operation names the S3 call for the request log.
+func operation(r *http.Request) string {
+	q := r.URL.Query()
+	_, key, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/"), "/")
+	switch {
+	case q.Has("uploadId") && r.Method == http.MethodPut:
+		return "UploadPart"
+	case q.Has("uploadId") && r.Method == http.MethodPost:
+		return "CompleteMultipartUpload"
+	case q.Has("uploadId") && r.Method == http.MethodDelete:
+		return "AbortMultipartUpload"
+	case q.Has("uploadId"):
+		return "ListParts"
+	case q.Has("uploads") && r.Method == http.MethodPost:
+		return "CreateMultipartUpload"
+	case q.Has("uploads"):
+		return "ListMultipartUploads"
+	case q.Has("delete") && r.Method == http.MethodPost:
+		return "DeleteObjects"
+	case key == "" && r.Method == http.MethodGet:
+		return "ListObjects"
+	case key == "":
+		return r.Method + "Bucket"
+	case r.Method == http.MethodPut && r.Header.Get("X-Amz-Copy-Source") != "":
+		return "CopyObject"
+	}
+	switch r.Method {
+	case http.MethodGet:
+		return "GetObject"
+	case http.MethodHead:
+		return "HeadObject"
+	case http.MethodPut:
+		return "PutObject"
+	case http.MethodDelete:
+		return "DeleteObject"
+	}
+	return r.Method
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if !s.wrote {
+		s.status, s.wrote = code, true
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(p []byte) (int, error) {
+	s.wrote = true
+	return s.ResponseWriter.Write(p)
+}
+
+func (s *statusRecorder) Flush() {
+	if f, ok := s.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+type errorBody struct {
+	XMLName  xml.Name `xml:"Error"`
+	Code     string   `xml:"Code"`
+	Message  string   `xml:"Message"`
+	Resource string   `xml:"Resource"`
+}
+
+// writeError sends an S3-style XML error.
+func writeError(w http.ResponseWriter, r *http.Request, status int, code, msg, resource string) {
+	w.Header().Set("Content-Type", "application/xml")
+	w.WriteHeader(status)
+	if r.Method == http.MethodHead {
+		return
+	}
+	_, _ = w.Write([]byte(xml.Header))
+	_ = xml.NewEncoder(w).Encode(errorBody{Code: code, Message: msg, Resource: resource})
+}
+
+// gofakesLogger sends gofakes3's own messages to logr: errors as errors,
+// the rest at V(2).
+type gofakesLogger struct{ log logr.Logger }
+
+func (g gofakesLogger) Print(level gofakes3.LogLevel, v ...any) {
+	msg := strings.TrimSuffix(fmt.Sprintln(v...), "\n")
+	if level == gofakes3.LogErr {
+		g.log.Error(errors.New(msg), "gofakes3")
+		return
+	}
+	g.log.V(2).Info(msg, "source", "gofakes3", "level", string(level))
+}
