@@ -1,0 +1,225 @@
+package nonce
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/nstance-dev/nstance/internal/server/layout"
+	"github.com/nstance-dev/nstance/pkg/objstore"
+)
+
+// Kind is the client a nonce registers.
+type Kind string
+
+// Nonce kinds.
+const (
+	KindAgent    Kind = "agent"
+	KindOperator Kind = "operator"
+)
+
+// Verification failures. Verify wraps exactly one of them.
+var (
+	ErrMalformed    = errors.New("nonce is not a well-formed JWT")
+	ErrAlgorithm    = errors.New("nonce is not signed with EdDSA")
+	ErrSignature    = errors.New("nonce signature does not verify with the cluster nonce key")
+	ErrExpired      = errors.New("nonce has expired")
+	ErrNotYetValid  = errors.New("nonce is not valid yet")
+	ErrWrongCluster = errors.New("nonce was issued for another cluster")
+	ErrWrongKind    = errors.New("nonce is for another kind of client")
+	ErrWrongShard   = errors.New("nonce was issued for another shard")
+	ErrClaims       = errors.New("nonce claims are incomplete or invalid")
+	ErrReplayed     = errors.New("nonce has already been used")
+)
+
+// Claims are the contents of a registration nonce.
+type Claims struct {
+	Kind      Kind   `json:"kind"`
+	ClusterID string `json:"cluster"`
+	Tenant    string `json:"tenant"`
+	Shard     string `json:"shard,omitempty"`
+	Group     string `json:"group,omitempty"`
+	jwt.RegisteredClaims
+}
+
+// NewJTI returns a random 128-bit nonce id.
+func NewJTI() (string, error) {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("generating nonce id: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
+
+// Mint signs claims with the cluster nonce key. Unset jti, iat and nbf are
+// filled in (nbf = iat = now); exp must be set by the caller via ttl.
+func Mint(key ed25519.PrivateKey, c Claims, ttl time.Duration, now time.Time) (string, error) {
+	if ttl <= 0 {
+		return "", errors.New("nonce lifetime must be positive")
+	}
+	if c.ID == "" {
+		id, err := NewJTI()
+		if err != nil {
+			return "", err
+		}
+		c.ID = id
+	}
+	now = now.Truncate(time.Second)
+	c.IssuedAt = jwt.NewNumericDate(now)
+	if c.NotBefore == nil {
+		c.NotBefore = jwt.NewNumericDate(now)
+	}
+	c.ExpiresAt = jwt.NewNumericDate(now.Add(ttl))
+	if err := checkClaims(&c); err != nil {
+		return "", err
+	}
+	tok, err := jwt.NewWithClaims(jwt.SigningMethodEdDSA, c).SignedString(key)
+	if err != nil {
+		return "", fmt.Errorf("signing nonce: %w", err)
+	}
+	return tok, nil
+}
+
+func checkClaims(c *Claims) error {
+	if c.Kind != KindAgent && c.Kind != KindOperator {
+		return fmt.Errorf("%w: kind %q is not agent or operator", ErrClaims, c.Kind)
+	}
+	if err := layout.ValidateID("jti", c.ID); err != nil {
+		return fmt.Errorf("%w: %v", ErrClaims, err)
+	}
+	if err := layout.ValidateID("subject", c.Subject); err != nil {
+		return fmt.Errorf("%w: %v", ErrClaims, err)
+	}
+	if err := layout.ValidateID("tenant", c.Tenant); err != nil {
+		return fmt.Errorf("%w: %v", ErrClaims, err)
+	}
+	if c.ClusterID == "" {
+		return fmt.Errorf("%w: cluster is empty", ErrClaims)
+	}
+	if c.Kind == KindAgent {
+		if err := layout.ValidateID("shard", c.Shard); err != nil {
+			return fmt.Errorf("%w: %v", ErrClaims, err)
+		}
+	}
+	return nil
+}
+
+// Verifier checks nonces for one cluster (and, for agent nonces, one shard).
+type Verifier struct {
+	Key       ed25519.PublicKey
+	ClusterID string
+	// Shard, when set, must match the shard claim of agent nonces.
+	Shard string
+	// Leeway tolerates clock skew on exp and nbf.
+	Leeway time.Duration
+	// Now returns the current time; time.Now when nil.
+	Now func() time.Time
+}
+
+// Verify checks signature, algorithm, times, cluster, kind and claims.
+func (v *Verifier) Verify(token string, want Kind) (*Claims, error) {
+	now := time.Now
+	if v.Now != nil {
+		now = v.Now
+	}
+	p := jwt.NewParser(
+		jwt.WithValidMethods([]string{jwt.SigningMethodEdDSA.Alg()}),
+		jwt.WithExpirationRequired(),
+		jwt.WithIssuedAt(),
+		jwt.WithLeeway(v.Leeway),
+		jwt.WithTimeFunc(now),
+	)
+	var c Claims
+	tok, err := p.ParseWithClaims(token, &c, func(t *jwt.Token) (any, error) {
+		if _, ok := t.Method.(*jwt.SigningMethodEd25519); !ok {
+			return nil, fmt.Errorf("algorithm %v", t.Header["alg"])
+		}
+		return v.Key, nil
+	})
+	if err != nil {
+		switch {
+		case errors.Is(err, jwt.ErrTokenMalformed):
+			return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+		case tok != nil && tok.Method != nil && tok.Method.Alg() != jwt.SigningMethodEdDSA.Alg(),
+			tok != nil && tok.Header["alg"] != jwt.SigningMethodEdDSA.Alg():
+			return nil, fmt.Errorf("%w: header alg is %v", ErrAlgorithm, tok.Header["alg"])
+		case errors.Is(err, jwt.ErrTokenSignatureInvalid), errors.Is(err, jwt.ErrTokenUnverifiable):
+			return nil, fmt.Errorf("%w: %v", ErrSignature, err)
+		case errors.Is(err, jwt.ErrTokenExpired):
+			return nil, ErrExpired
+		case errors.Is(err, jwt.ErrTokenNotValidYet), errors.Is(err, jwt.ErrTokenUsedBeforeIssued):
+			return nil, ErrNotYetValid
+		default:
+			return nil, fmt.Errorf("%w: %v", ErrClaims, err)
+		}
+	}
+	if c.ClusterID != v.ClusterID {
+		return nil, fmt.Errorf("%w: nonce cluster %q, this cluster %q", ErrWrongCluster, c.ClusterID, v.ClusterID)
+	}
+	if c.Kind != want {
+		return nil, fmt.Errorf("%w: nonce kind %q, want %q", ErrWrongKind, c.Kind, want)
+	}
+	if c.NotBefore == nil {
+		return nil, fmt.Errorf("%w: nbf is missing", ErrClaims)
+	}
+	if err := checkClaims(&c); err != nil {
+		return nil, err
+	}
+	if c.Kind == KindAgent && v.Shard != "" && c.Shard != v.Shard {
+		return nil, fmt.Errorf("%w: nonce shard %q, this shard %q", ErrWrongShard, c.Shard, v.Shard)
+	}
+	return &c, nil
+}
+
+// Ledger records used nonces in object storage.
+type Ledger struct {
+	Store objstore.Store
+	Keys  layout.Keys
+}
+
+type usedMarker struct {
+	JTI       string    `json:"jti"`
+	Kind      Kind      `json:"kind"`
+	Subject   string    `json:"sub"`
+	Tenant    string    `json:"tenant"`
+	UsedAt    time.Time `json:"used_at"`
+	ExpiresAt time.Time `json:"expires_at"`
+	UsedBy    string    `json:"used_by,omitempty"`
+}
+
+// MarkerKey is the object that records c as used: per shard for agent
+// nonces, cluster-wide for operator nonces (which every shard accepts).
+func (l *Ledger) MarkerKey(c *Claims) string {
+	if c.Kind == KindAgent {
+		return l.Keys.ShardNonce(c.Shard, c.ID)
+	}
+	return l.Keys.ClusterNonce(c.ID)
+}
+
+// Consume marks the nonce used with a create-only write. It returns an error
+// wrapping ErrReplayed when the marker already exists.
+func (l *Ledger) Consume(ctx context.Context, c *Claims, usedBy string, now time.Time) error {
+	m := usedMarker{JTI: c.ID, Kind: c.Kind, Subject: c.Subject, Tenant: c.Tenant, UsedAt: now.UTC(), UsedBy: usedBy}
+	if c.ExpiresAt != nil {
+		m.ExpiresAt = c.ExpiresAt.UTC()
+	}
+	body, err := json.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("encoding nonce marker: %w", err)
+	}
+	key := l.MarkerKey(c)
+	if _, err := l.Store.Put(ctx, key, body, objstore.PutOptions{IfNoneMatch: true}); err != nil {
+		if errors.Is(err, objstore.ErrPreconditionFailed) {
+			return fmt.Errorf("%w (jti %s)", ErrReplayed, c.ID)
+		}
+		return fmt.Errorf("recording nonce %s as used: %w", c.ID, err)
+	}
+	return nil
+}

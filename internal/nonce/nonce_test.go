@@ -1,0 +1,124 @@
+package nonce
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nstance-dev/nstance/internal/server/layout"
+	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
+)
+
+func keys(t *testing.T) (ed25519.PublicKey, ed25519.PrivateKey) {
+	t.Helper()
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	return pub, priv
+}
+
+func TestVerify(t *testing.T) {
+	pub, priv := keys(t)
+	_, foreign := keys(t)
+	now := time.Now()
+	v := &Verifier{Key: pub, ClusterID: "c1", Shard: "s1", Now: func() time.Time { return now }}
+	op := Claims{Kind: KindOperator, ClusterID: "c1", Tenant: "default", RegisteredClaims: jwt.RegisteredClaims{Subject: "op"}}
+	agent := Claims{Kind: KindAgent, ClusterID: "c1", Tenant: "default", Shard: "s1", Group: "g", RegisteredClaims: jwt.RegisteredClaims{Subject: "i-1"}}
+	mint := func(c Claims, key ed25519.PrivateKey, ttl time.Duration, at time.Time) string {
+		tok, err := Mint(key, c, ttl, at)
+		require.NoError(t, err)
+		return tok
+	}
+	signed := func(m jwt.SigningMethod, key any, c Claims) string {
+		c.ID = "jti1"
+		c.IssuedAt = jwt.NewNumericDate(now)
+		c.NotBefore = jwt.NewNumericDate(now)
+		c.ExpiresAt = jwt.NewNumericDate(now.Add(time.Hour))
+		tok, err := jwt.NewWithClaims(m, c).SignedString(key)
+		require.NoError(t, err)
+		return tok
+	}
+	noneTok := signed(jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType, op)
+	hsTok := signed(jwt.SigningMethodHS256, []byte(pub), op)
+	wrongCluster := op
+	wrongCluster.ClusterID = "c2"
+	wrongShard := agent
+	wrongShard.Shard = "s2"
+	future := op
+	future.NotBefore = jwt.NewNumericDate(now.Add(time.Hour))
+	// A token whose header claims EdDSA but whose payload was swapped.
+	good := mint(op, priv, time.Hour, now)
+	parts := strings.Split(good, ".")
+	parts[1] = base64.RawURLEncoding.EncodeToString([]byte(`{"kind":"operator","cluster":"c1","tenant":"evil","sub":"op","jti":"x","exp":9999999999,"nbf":1}`))
+	tampered := strings.Join(parts, ".")
+
+	tests := []struct {
+		name    string
+		token   string
+		kind    Kind
+		wantErr error
+	}{
+		{"valid operator", good, KindOperator, nil},
+		{"valid agent", mint(agent, priv, time.Minute, now), KindAgent, nil},
+		{"expired", mint(op, priv, time.Minute, now.Add(-2*time.Minute)), KindOperator, ErrExpired},
+		{"not yet valid", mint(future, priv, 2*time.Hour, now), KindOperator, ErrNotYetValid},
+		{"wrong cluster", mint(wrongCluster, priv, time.Hour, now), KindOperator, ErrWrongCluster},
+		{"wrong kind", mint(agent, priv, time.Hour, now), KindOperator, ErrWrongKind},
+		{"wrong shard", mint(wrongShard, priv, time.Hour, now), KindAgent, ErrWrongShard},
+		{"alg none", noneTok, KindOperator, ErrAlgorithm},
+		{"HS256 with public key", hsTok, KindOperator, ErrAlgorithm},
+		{"foreign key", mint(op, foreign, time.Hour, now), KindOperator, ErrSignature},
+		{"tampered payload", tampered, KindOperator, ErrSignature},
+		{"garbage", "not.a.jwt", KindOperator, ErrMalformed},
+		{"empty", "", KindOperator, ErrMalformed},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := v.Verify(tc.token, tc.kind)
+			if tc.wantErr != nil {
+				require.ErrorIs(t, err, tc.wantErr)
+				require.Nil(t, c)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.kind, c.Kind)
+			require.NotEmpty(t, c.ID)
+		})
+	}
+}
+
+func TestMintRejectsBadClaims(t *testing.T) {
+	_, priv := keys(t)
+	for name, c := range map[string]Claims{
+		"no kind":        {ClusterID: "c", Tenant: "t", RegisteredClaims: jwt.RegisteredClaims{Subject: "s"}},
+		"agent no shard": {Kind: KindAgent, ClusterID: "c", Tenant: "t", RegisteredClaims: jwt.RegisteredClaims{Subject: "s"}},
+		"bad tenant":     {Kind: KindOperator, ClusterID: "c", Tenant: "../t", RegisteredClaims: jwt.RegisteredClaims{Subject: "s"}},
+		"no cluster":     {Kind: KindOperator, Tenant: "t", RegisteredClaims: jwt.RegisteredClaims{Subject: "s"}},
+	} {
+		_, err := Mint(priv, c, time.Hour, time.Now())
+		require.ErrorIs(t, err, ErrClaims, name)
+	}
+	_, err := Mint(priv, Claims{Kind: KindOperator, ClusterID: "c", Tenant: "t", RegisteredClaims: jwt.RegisteredClaims{Subject: "s"}}, 0, time.Now())
+	require.Error(t, err)
+}
+
+func TestLedgerSingleUse(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New()
+	l1 := &Ledger{Store: mem, Keys: layout.New("")}
+	l2 := &Ledger{Store: mem, Keys: layout.New("")}
+	op := &Claims{Kind: KindOperator, ClusterID: "c", Tenant: "t", RegisteredClaims: jwt.RegisteredClaims{ID: "j1", Subject: "op"}}
+	ag := &Claims{Kind: KindAgent, ClusterID: "c", Tenant: "t", Shard: "s1", RegisteredClaims: jwt.RegisteredClaims{ID: "j1", Subject: "i"}}
+	require.Equal(t, "cluster/nonces/j1", l1.MarkerKey(op))
+	require.Equal(t, "shard/s1/nonces/j1", l1.MarkerKey(ag))
+	require.NoError(t, l1.Consume(ctx, op, "srv1", time.Now()))
+	require.ErrorIs(t, l2.Consume(ctx, op, "srv2", time.Now()), ErrReplayed)
+	require.NoError(t, l2.Consume(ctx, ag, "srv2", time.Now()))
+	require.ErrorIs(t, l1.Consume(ctx, ag, "srv1", time.Now()), ErrReplayed)
+}

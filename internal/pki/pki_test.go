@@ -1,0 +1,145 @@
+package pki
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func newCA(t *testing.T) *CA {
+	t.Helper()
+	ca, err := GenerateCA("c1", time.Hour, time.Now())
+	require.NoError(t, err)
+	return ca
+}
+
+func TestCARoundTrip(t *testing.T) {
+	ca := newCA(t)
+	keyPEM, err := MarshalPrivateKeyPEM(ca.Key)
+	require.NoError(t, err)
+	loaded, err := LoadCA(ca.CertPEM, keyPEM)
+	require.NoError(t, err)
+	require.True(t, loaded.Cert.Equal(ca.Cert))
+
+	other := newCA(t)
+	otherKey, err := MarshalPrivateKeyPEM(other.Key)
+	require.NoError(t, err)
+	_, err = LoadCA(ca.CertPEM, otherKey)
+	require.ErrorContains(t, err, "does not match")
+	_, err = LoadCA([]byte("junk"), keyPEM)
+	require.ErrorContains(t, err, "CA certificate")
+}
+
+func TestIssueClientIdentity(t *testing.T) {
+	ca := newCA(t)
+	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	tests := []struct {
+		name    string
+		id      Identity
+		wantErr string
+	}{
+		{"agent", Identity{ClusterID: "c1", Tenant: "default", Role: RoleAgent, ClientID: "i-1", Shard: "s1", Group: "g"}, ""},
+		{"operator", Identity{ClusterID: "c1", Tenant: "acme", Role: RoleOperator, ClientID: "op"}, ""},
+		{"bad role", Identity{ClusterID: "c1", Tenant: "acme", Role: "admin", ClientID: "op"}, "invalid role"},
+		{"slash in tenant", Identity{ClusterID: "c1", Tenant: "a/b", Role: RoleAgent, ClientID: "op"}, "not allowed"},
+		{"empty id", Identity{ClusterID: "c1", Tenant: "a", Role: RoleAgent}, "client id is empty"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cert, pemBytes, err := ca.IssueClient(ClientRequest{Identity: tc.id, PublicKey: pub, Validity: time.Hour, IPs: []net.IP{net.ParseIP("10.0.0.1")}}, time.Now())
+			if tc.wantErr != "" {
+				require.ErrorContains(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			parsed, err := ParseCertificatePEM(pemBytes)
+			require.NoError(t, err)
+			require.True(t, parsed.Equal(cert))
+			_, err = cert.Verify(x509.VerifyOptions{Roots: ca.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+			require.NoError(t, err)
+			got, err := IdentityFromCert(cert, "c1")
+			require.NoError(t, err)
+			require.Equal(t, tc.id, got)
+			require.Equal(t, "spiffe://c1/tenant/"+tc.id.Tenant+"/"+string(tc.id.Role)+"/"+tc.id.ClientID, cert.URIs[0].String())
+			_, err = IdentityFromCert(cert, "other")
+			require.ErrorContains(t, err, "belongs to cluster")
+		})
+	}
+}
+
+func TestIdentityFromCertRejectsMismatch(t *testing.T) {
+	ca := newCA(t)
+	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	// A server certificate has no spiffe URI.
+	cert, _, err := ca.IssueServer("srv", []string{"127.0.0.1"}, pub, time.Hour, time.Now())
+	require.NoError(t, err)
+	_, err = IdentityFromCert(cert, "")
+	require.ErrorContains(t, err, "no spiffe URI")
+}
+
+func TestParseEd25519PublicKeyPEM(t *testing.T) {
+	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	p, err := MarshalPublicKeyPEM(pub)
+	require.NoError(t, err)
+	got, err := ParseEd25519PublicKeyPEM(p)
+	require.NoError(t, err)
+	require.True(t, pub.Equal(got))
+	for _, bad := range [][]byte{nil, []byte("x"), newCA(t).CertPEM} {
+		_, err := ParseEd25519PublicKeyPEM(bad)
+		require.Error(t, err)
+	}
+}
+
+func TestMutualTLSHandshake(t *testing.T) {
+	ca := newCA(t)
+	srvCert, err := ca.ServerKeyPair("srv", []string{"127.0.0.1"}, time.Hour, time.Now())
+	require.NoError(t, err)
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", ServerTLS(srvCert, ca.Pool(), true))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if err := c.(*tls.Conn).Handshake(); err == nil {
+					_, _ = c.Write([]byte("ok"))
+				}
+			}()
+		}
+	}()
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	cert, _, err := ca.IssueClient(ClientRequest{Identity: Identity{ClusterID: "c1", Tenant: "t", Role: RoleOperator, ClientID: "op"}, PublicKey: pub, Validity: time.Hour}, time.Now())
+	require.NoError(t, err)
+	client := tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: priv}
+
+	dial := func(c *tls.Certificate) error {
+		conn, err := tls.Dial("tcp", ln.Addr().String(), ClientTLS(ca.Pool(), c, "127.0.0.1"))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		_, err = io.ReadAll(conn)
+		if err != nil {
+			return err
+		}
+		require.Equal(t, uint16(tls.VersionTLS13), conn.ConnectionState().Version)
+		return nil
+	}
+	require.NoError(t, dial(&client))
+	require.Error(t, dial(nil), "server must require a client certificate")
+}

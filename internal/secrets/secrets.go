@@ -1,0 +1,232 @@
+package secrets
+
+import (
+	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/nstance-dev/nstance/pkg/objstore"
+)
+
+// KeySize is the length of an encryption key in bytes.
+const KeySize = 32
+
+const (
+	envelopeVersion = 1
+	algorithm       = "AES-256-GCM"
+)
+
+// ErrUnknownKey reports an envelope sealed with a key the keyring does not hold.
+var ErrUnknownKey = errors.New("envelope was sealed with a key this keyring does not hold")
+
+// Key is one 32-byte encryption key with its id.
+type Key struct {
+	ID   string
+	aead cipher.AEAD
+}
+
+// ParseKey turns key material into a Key. Accepted forms: exactly 32 raw
+// bytes, 64 hex characters, or base64 (standard or URL, padded or not) of 32
+// bytes. Surrounding whitespace (a trailing newline in a key file) is ignored
+// unless the material is already 32 bytes long.
+func ParseKey(material []byte) (*Key, error) {
+	raw, err := decodeMaterial(material)
+	if err != nil {
+		return nil, err
+	}
+	block, err := aes.NewCipher(raw)
+	if err != nil {
+		return nil, fmt.Errorf("creating AES cipher: %w", err)
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		return nil, fmt.Errorf("creating GCM: %w", err)
+	}
+	sum := sha256.Sum256(append([]byte("nstance-key-id\x00"), raw...))
+	return &Key{ID: hex.EncodeToString(sum[:8]), aead: aead}, nil
+}
+
+func decodeMaterial(m []byte) ([]byte, error) {
+	if len(m) == KeySize {
+		return append([]byte(nil), m...), nil
+	}
+	s := strings.TrimSpace(string(m))
+	if len(s) == KeySize {
+		return []byte(s), nil
+	}
+	if len(s) == 2*KeySize {
+		if b, err := hex.DecodeString(s); err == nil {
+			return b, nil
+		}
+	}
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+		if b, err := enc.DecodeString(s); err == nil && len(b) == KeySize {
+			return b, nil
+		}
+	}
+	return nil, fmt.Errorf("encryption key must be %d raw bytes, 64 hex characters or base64 of %d bytes (got %d bytes)", KeySize, KeySize, len(s))
+}
+
+// Keyring seals with its current key and opens with the current or any previous key.
+type Keyring struct {
+	current  *Key
+	previous []*Key
+}
+
+// NewKeyring returns a keyring sealing with current.
+func NewKeyring(current *Key, previous ...*Key) (*Keyring, error) {
+	if current == nil {
+		return nil, errors.New("keyring needs a current key")
+	}
+	return &Keyring{current: current, previous: previous}, nil
+}
+
+// CurrentID is the id of the key new envelopes are sealed with.
+func (k *Keyring) CurrentID() string { return k.current.ID }
+
+type envelope struct {
+	Version    int    `json:"v"`
+	Algorithm  string `json:"alg"`
+	KeyID      string `json:"kid"`
+	Nonce      []byte `json:"nonce"`
+	Ciphertext []byte `json:"ct"`
+}
+
+// Seal encrypts plaintext for the secret called name.
+func (k *Keyring) Seal(name string, plaintext []byte) ([]byte, error) {
+	nonce := make([]byte, k.current.aead.NonceSize())
+	if _, err := rand.Read(nonce); err != nil {
+		return nil, fmt.Errorf("reading random nonce: %w", err)
+	}
+	env := envelope{
+		Version:    envelopeVersion,
+		Algorithm:  algorithm,
+		KeyID:      k.current.ID,
+		Nonce:      nonce,
+		Ciphertext: k.current.aead.Seal(nil, nonce, plaintext, []byte(name)),
+	}
+	return json.Marshal(env)
+}
+
+// Open decrypts an envelope produced by Seal for the same name.
+func (k *Keyring) Open(name string, data []byte) ([]byte, error) {
+	var env envelope
+	if err := json.Unmarshal(data, &env); err != nil {
+		return nil, fmt.Errorf("secret %q is not an encrypted envelope: %w", name, err)
+	}
+	if env.Version != envelopeVersion || env.Algorithm != algorithm {
+		return nil, fmt.Errorf("secret %q: unsupported envelope version %d algorithm %q", name, env.Version, env.Algorithm)
+	}
+	var key *Key
+	for _, c := range append([]*Key{k.current}, k.previous...) {
+		if c.ID == env.KeyID {
+			key = c
+			break
+		}
+	}
+	if key == nil {
+		return nil, fmt.Errorf("secret %q, key id %q: %w", name, env.KeyID, ErrUnknownKey)
+	}
+	if len(env.Nonce) != key.aead.NonceSize() {
+		return nil, fmt.Errorf("secret %q: nonce is %d bytes, want %d", name, len(env.Nonce), key.aead.NonceSize())
+	}
+	pt, err := key.aead.Open(nil, env.Nonce, env.Ciphertext, []byte(name))
+	if err != nil {
+		return nil, fmt.Errorf("secret %q: decryption failed (tampered, renamed or wrong key): %w", name, err)
+	}
+	return pt, nil
+}
+
+// Source says where one key comes from.
+type Source struct {
+	// Provider is "env" or "file".
+	Provider string
+	// Env is the variable name for provider env.
+	Env string
+	// File is the path for provider file.
+	File string
+}
+
+// Load reads and parses the key a Source names. getenv is os.Getenv when nil.
+func Load(src Source, getenv func(string) string) (*Key, error) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	var material []byte
+	switch src.Provider {
+	case "env":
+		v := getenv(src.Env)
+		if v == "" {
+			return nil, fmt.Errorf("encryption key: environment variable %s is not set", src.Env)
+		}
+		material = []byte(v)
+	case "file":
+		b, err := os.ReadFile(src.File)
+		if err != nil {
+			return nil, fmt.Errorf("encryption key: reading %s: %w", src.File, err)
+		}
+		material = b
+	default:
+		return nil, fmt.Errorf("encryption key: unknown provider %q (want env or file)", src.Provider)
+	}
+	key, err := ParseKey(material)
+	if err != nil {
+		return nil, fmt.Errorf("encryption key from %s: %w", src.Provider, err)
+	}
+	return key, nil
+}
+
+// LoadKeyring loads the current key and every previous one.
+func LoadKeyring(current Source, previous []Source, getenv func(string) string) (*Keyring, error) {
+	cur, err := Load(current, getenv)
+	if err != nil {
+		return nil, err
+	}
+	var prev []*Key
+	for i, s := range previous {
+		k, err := Load(s, getenv)
+		if err != nil {
+			return nil, fmt.Errorf("previous key %d: %w", i, err)
+		}
+		prev = append(prev, k)
+	}
+	return NewKeyring(cur, prev...)
+}
+
+// Store keeps encrypted secrets in object storage. The object key doubles as
+// the authenticated name of the secret.
+type Store struct {
+	Objects objstore.Store
+	Ring    *Keyring
+}
+
+// Get reads and decrypts the secret at key. Missing secrets return an error
+// wrapping objstore.ErrNotFound.
+func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
+	obj, err := s.Objects.Get(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("reading secret %s: %w", key, err)
+	}
+	return s.Ring.Open(key, obj.Body)
+}
+
+// Put encrypts plaintext and writes it to key with the given conditions.
+func (s *Store) Put(ctx context.Context, key string, plaintext []byte, opts objstore.PutOptions) error {
+	env, err := s.Ring.Seal(key, plaintext)
+	if err != nil {
+		return err
+	}
+	if _, err := s.Objects.Put(ctx, key, env, opts); err != nil {
+		return fmt.Errorf("writing secret %s: %w", key, err)
+	}
+	return nil
+}
