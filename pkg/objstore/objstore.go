@@ -97,7 +97,7 @@ func ValidatePrefix(prefix string) error {
 		return nil
 	}
 	p := strings.TrimSuffix(prefix, "/")
-	if p == "" {
+	if p == "" || strings.HasSuffix(p, "/") {
 		return fmt.Errorf("%w: prefix %q", ErrInvalidKey, prefix)
 	}
 	return ValidateKey(p)
