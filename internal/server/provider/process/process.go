@@ -1,0 +1,297 @@
+package process
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nstance-dev/nstance/internal/server/provider"
+	"github.com/nstance-dev/nstance/internal/server/provider/localagent"
+)
+
+// Config configures the process provider.
+type Config struct {
+	// Command is the agent argv, e.g. ["bin/nstance-agent"]. Required.
+	Command []string
+	// StateDir holds one directory per instance. Required.
+	StateDir string
+	// NodeDir, when set, receives a fake Node JSON per instance.
+	NodeDir string
+	// WorkDir is the children's working directory; empty means the server's.
+	WorkDir string
+	// Env is added to the children's environment (KEY=VALUE).
+	Env []string
+	// StopTimeout is how long a child gets after SIGTERM before SIGKILL (default 5s).
+	StopTimeout time.Duration
+}
+
+type child struct {
+	pid        int
+	startTicks uint64
+	providerID string
+	// done is closed when the child exits; nil for adopted processes, which
+	// are not our children and are polled through /proc instead.
+	done    chan struct{}
+	exitErr error
+}
+
+type record struct {
+	PID        int    `json:"pid"`
+	StartTicks uint64 `json:"start_ticks"`
+	ProviderID string `json:"provider_id"`
+}
+
+// Provider runs agents as child processes.
+type Provider struct {
+	cfg      Config
+	mu       sync.Mutex
+	children map[string]*child
+}
+
+var _ provider.Provider = (*Provider)(nil)
+
+// New returns a provider and re-adopts the live processes recorded in StateDir.
+func New(cfg Config) (*Provider, error) {
+	if len(cfg.Command) == 0 {
+		return nil, errors.New("process provider: command is required")
+	}
+	if cfg.StateDir == "" {
+		return nil, errors.New("process provider: state dir is required")
+	}
+	if cfg.StopTimeout <= 0 {
+		cfg.StopTimeout = 5 * time.Second
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("process provider: %w", err)
+	}
+	p := &Provider{cfg: cfg, children: map[string]*child{}}
+	entries, err := os.ReadDir(cfg.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("process provider: reading state dir: %w", err)
+	}
+	for _, e := range entries {
+		if !e.IsDir() || provider.ValidateInstanceID(e.Name()) != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(cfg.StateDir, e.Name(), "process.json"))
+		if err != nil {
+			continue
+		}
+		var r record
+		if json.Unmarshal(b, &r) != nil || r.PID <= 0 {
+			continue
+		}
+		p.children[e.Name()] = &child{pid: r.PID, startTicks: r.StartTicks, providerID: r.ProviderID}
+	}
+	return p, nil
+}
+
+// Name implements provider.Provider.
+func (p *Provider) Name() string { return "process" }
+
+// Create implements provider.Provider.
+func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (provider.Instance, error) {
+	if err := provider.ValidateInstanceID(req.InstanceID); err != nil {
+		return provider.Instance{}, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c, ok := p.children[req.InstanceID]; ok {
+		return p.observe(req.InstanceID, c), nil
+	}
+	if _, err := localagent.Prepare(p.cfg.StateDir, req); err != nil {
+		return provider.Instance{}, fmt.Errorf("process create %s: %w", req.InstanceID, err)
+	}
+	dir := localagent.InstanceDir(p.cfg.StateDir, req.InstanceID)
+	logf, err := os.OpenFile(filepath.Join(dir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return provider.Instance{}, fmt.Errorf("process create %s: %w", req.InstanceID, err)
+	}
+	cmd := exec.Command(p.cfg.Command[0], p.cfg.Command[1:]...)
+	cmd.Dir = p.cfg.WorkDir
+	cmd.Env = append(append(os.Environ(), p.cfg.Env...), localagent.Env(p.cfg.StateDir, req)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		_ = localagent.Cleanup(p.cfg.StateDir, req.InstanceID)
+		return provider.Instance{}, fmt.Errorf("process create %s: starting %q: %w", req.InstanceID, p.cfg.Command[0], err)
+	}
+	c := &child{pid: cmd.Process.Pid, providerID: req.ProviderID, done: make(chan struct{})}
+	c.startTicks, _, _ = procStat(c.pid)
+	go func() {
+		err := cmd.Wait()
+		logf.Close()
+		p.mu.Lock()
+		c.exitErr = err
+		p.mu.Unlock()
+		close(c.done)
+	}()
+	b, _ := json.Marshal(record{PID: c.pid, StartTicks: c.startTicks, ProviderID: c.providerID})
+	if err := os.WriteFile(filepath.Join(dir, "process.json"), b, 0o600); err != nil {
+		killGroup(c.pid, syscall.SIGKILL)
+		return provider.Instance{}, fmt.Errorf("process create %s: recording pid: %w", req.InstanceID, err)
+	}
+	if err := localagent.WriteNode(p.cfg.NodeDir, req, time.Now()); err != nil {
+		killGroup(c.pid, syscall.SIGKILL)
+		return provider.Instance{}, fmt.Errorf("process create %s: %w", req.InstanceID, err)
+	}
+	p.children[req.InstanceID] = c
+	return p.observe(req.InstanceID, c), nil
+}
+
+// alive reports whether the child still runs; callers hold p.mu.
+func (p *Provider) alive(c *child) (bool, string) {
+	if c.done != nil {
+		select {
+		case <-c.done:
+			if c.exitErr != nil {
+				return false, "process exited: " + c.exitErr.Error()
+			}
+			return false, "process exited with status 0"
+		default:
+			return true, ""
+		}
+	}
+	ticks, state, err := procStat(c.pid)
+	if err != nil || state == 'Z' || state == 'X' || (c.startTicks != 0 && ticks != c.startTicks) {
+		return false, "process " + strconv.Itoa(c.pid) + " is gone"
+	}
+	return true, ""
+}
+
+func (p *Provider) observe(id string, c *child) provider.Instance {
+	inst := provider.Instance{InstanceID: id, ProviderID: c.providerID, State: provider.StateRunning, Addresses: []string{"127.0.0.1"}}
+	if ok, msg := p.alive(c); !ok {
+		inst.State, inst.Message = provider.StateStopped, msg
+	}
+	return inst
+}
+
+// Status implements provider.Provider.
+func (p *Provider) Status(ctx context.Context, id string) (provider.Instance, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c, ok := p.children[id]
+	if !ok {
+		return provider.Instance{}, fmt.Errorf("process status %s: %w", id, provider.ErrNotFound)
+	}
+	return p.observe(id, c), nil
+}
+
+// List implements provider.Provider.
+func (p *Provider) List(ctx context.Context) ([]provider.Instance, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]provider.Instance, 0, len(p.children))
+	for id, c := range p.children {
+		out = append(out, p.observe(id, c))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].InstanceID < out[j].InstanceID })
+	return out, nil
+}
+
+// PID returns the process id of an instance's agent.
+func (p *Provider) PID(id string) (int, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c, ok := p.children[id]
+	if !ok {
+		return 0, false
+	}
+	return c.pid, true
+}
+
+// Delete implements provider.Provider: SIGTERM to the process group, SIGKILL
+// after StopTimeout, then the instance directory and Node file are removed.
+func (p *Provider) Delete(ctx context.Context, id string) error {
+	p.mu.Lock()
+	c, ok := p.children[id]
+	p.mu.Unlock()
+	if ok {
+		p.mu.Lock()
+		running, _ := p.alive(c)
+		p.mu.Unlock()
+		if running {
+			killGroup(c.pid, syscall.SIGTERM)
+			if !p.waitGone(ctx, c, p.cfg.StopTimeout) {
+				killGroup(c.pid, syscall.SIGKILL)
+				p.waitGone(ctx, c, 5*time.Second)
+			}
+		}
+	}
+	if err := localagent.RemoveNode(p.cfg.NodeDir, id); err != nil {
+		return fmt.Errorf("process delete %s: %w", id, err)
+	}
+	if err := localagent.Cleanup(p.cfg.StateDir, id); err != nil {
+		return fmt.Errorf("process delete %s: %w", id, err)
+	}
+	p.mu.Lock()
+	delete(p.children, id)
+	p.mu.Unlock()
+	return nil
+}
+
+func (p *Provider) waitGone(ctx context.Context, c *child, d time.Duration) bool {
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		p.mu.Lock()
+		running, _ := p.alive(c)
+		p.mu.Unlock()
+		if !running {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-deadline.C:
+			return false
+		case <-tick.C:
+		}
+	}
+}
+
+// AttachNetwork implements provider.Provider; local processes share the host network.
+func (p *Provider) AttachNetwork(ctx context.Context, att provider.NetworkAttachment) error { return nil }
+
+func killGroup(pid int, sig syscall.Signal) {
+	if pid > 0 {
+		_ = syscall.Kill(-pid, sig)
+	}
+}
+
+// procStat returns the start time (clock ticks since boot) and state letter of pid.
+func procStat(pid int) (uint64, byte, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, 0, errors.New("malformed stat")
+	}
+	fields := strings.Fields(s[i+1:])
+	// fields[0] is the state (field 3); start time is field 22, i.e. fields[19].
+	if len(fields) < 20 || len(fields[0]) != 1 {
+		return 0, 0, errors.New("malformed stat")
+	}
+	ticks, err := strconv.ParseUint(fields[19], 10, 64)
+	if err != nil {
+		return 0, 0, err
+	}
+	return ticks, fields[0][0], nil
+}

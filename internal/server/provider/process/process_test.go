@@ -1,0 +1,155 @@
+package process_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nstance-dev/nstance/internal/server/provider"
+	"github.com/nstance-dev/nstance/internal/server/provider/localagent"
+	"github.com/nstance-dev/nstance/internal/server/provider/process"
+)
+
+func newProvider(t *testing.T, stateDir, nodeDir string) *process.Provider {
+	t.Helper()
+	p, err := process.New(process.Config{Command: []string{"sleep", "3600"}, StateDir: stateDir, NodeDir: nodeDir, StopTimeout: 2 * time.Second})
+	require.NoError(t, err)
+	return p
+}
+
+func cleanupAll(t *testing.T, p *process.Provider) {
+	t.Cleanup(func() {
+		list, _ := p.List(context.Background())
+		for _, inst := range list {
+			_ = p.Delete(context.Background(), inst.InstanceID)
+		}
+	})
+}
+
+func alive(pid int) bool {
+	b, err := os.ReadFile(filepath.Join("/proc", itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	// state follows the ")" of the command name
+	for i := len(b) - 1; i >= 0; i-- {
+		if b[i] == ')' {
+			return i+2 < len(b) && b[i+2] != 'Z'
+		}
+	}
+	return false
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func TestLifecycle(t *testing.T) {
+	ctx := context.Background()
+	stateDir, nodeDir := t.TempDir(), t.TempDir()
+	p := newProvider(t, stateDir, nodeDir)
+	cleanupAll(t, p)
+
+	req := provider.CreateRequest{InstanceID: "web-0a1b2c3d", ProviderID: provider.ID("c1", "s1", "web-0a1b2c3d"), Shard: "s1",
+		AgentNonce: "nonce-jwt", CACertPEM: []byte("-----BEGIN CERTIFICATE-----\n")}
+	inst, err := p.Create(ctx, req)
+	require.NoError(t, err)
+	require.Equal(t, provider.StateRunning, inst.State)
+	require.Equal(t, req.ProviderID, inst.ProviderID)
+
+	again, err := p.Create(ctx, req)
+	require.NoError(t, err, "create is idempotent")
+	pid, ok := p.PID(req.InstanceID)
+	require.True(t, ok)
+	require.True(t, alive(pid))
+	require.Equal(t, inst.ProviderID, again.ProviderID)
+
+	nonce, err := os.ReadFile(filepath.Join(localagent.IdentityDir(stateDir, req.InstanceID), localagent.NonceFile))
+	require.NoError(t, err)
+	require.Equal(t, "nonce-jwt", string(nonce))
+	fi, err := os.Stat(filepath.Join(localagent.IdentityDir(stateDir, req.InstanceID), localagent.NonceFile))
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+
+	var node localagent.Node
+	b, err := os.ReadFile(localagent.NodePath(nodeDir, req.InstanceID))
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &node))
+	require.Equal(t, req.ProviderID, node.Spec.ProviderID)
+	require.Equal(t, req.InstanceID, node.Metadata.Name)
+
+	env, err := os.ReadFile(filepath.Join("/proc", itoa(pid), "environ"))
+	require.NoError(t, err)
+	require.Contains(t, string(env), localagent.EnvInstanceID+"="+req.InstanceID)
+
+	require.NoError(t, p.Delete(ctx, req.InstanceID))
+	require.Eventually(t, func() bool { return !alive(pid) }, 5*time.Second, 20*time.Millisecond)
+	_, err = p.Status(ctx, req.InstanceID)
+	require.ErrorIs(t, err, provider.ErrNotFound)
+	_, err = os.Stat(localagent.NodePath(nodeDir, req.InstanceID))
+	require.ErrorIs(t, err, os.ErrNotExist)
+	_, err = os.Stat(localagent.InstanceDir(stateDir, req.InstanceID))
+	require.ErrorIs(t, err, os.ErrNotExist)
+	require.NoError(t, p.Delete(ctx, req.InstanceID), "deleting a missing instance is fine")
+}
+
+func TestRestartReadoptsAndDetectsDeath(t *testing.T) {
+	ctx := context.Background()
+	stateDir, nodeDir := t.TempDir(), t.TempDir()
+	p1 := newProvider(t, stateDir, nodeDir)
+	cleanupAll(t, p1)
+	for _, id := range []string{"a-00000001", "a-00000002"} {
+		_, err := p1.Create(ctx, provider.CreateRequest{InstanceID: id, ProviderID: provider.ID("c", "s", id)})
+		require.NoError(t, err)
+	}
+	p2 := newProvider(t, stateDir, nodeDir)
+	list, err := p2.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, list, 2)
+	for _, inst := range list {
+		require.Equal(t, provider.StateRunning, inst.State, inst.Message)
+		require.Equal(t, provider.ID("c", "s", inst.InstanceID), inst.ProviderID)
+	}
+	// Creating through the new provider adopts instead of starting another process.
+	pid1, _ := p1.PID("a-00000001")
+	inst, err := p2.Create(ctx, provider.CreateRequest{InstanceID: "a-00000001", ProviderID: provider.ID("c", "s", "a-00000001")})
+	require.NoError(t, err)
+	require.Equal(t, provider.StateRunning, inst.State)
+	pid2, _ := p2.PID("a-00000001")
+	require.Equal(t, pid1, pid2)
+
+	require.NoError(t, syscall.Kill(-pid1, syscall.SIGKILL))
+	require.Eventually(t, func() bool {
+		st, err := p2.Status(ctx, "a-00000001")
+		return err == nil && st.State == provider.StateStopped
+	}, 5*time.Second, 20*time.Millisecond)
+
+	// The adopted live one is deleted through the new provider.
+	pidB, _ := p2.PID("a-00000002")
+	require.NoError(t, p2.Delete(ctx, "a-00000002"))
+	require.Eventually(t, func() bool { return !alive(pidB) }, 5*time.Second, 20*time.Millisecond)
+	require.NoError(t, p2.Delete(ctx, "a-00000001"))
+}
+
+func TestBadInput(t *testing.T) {
+	_, err := process.New(process.Config{StateDir: t.TempDir()})
+	require.Error(t, err)
+	p := newProvider(t, t.TempDir(), "")
+	for _, id := range []string{"", "UPPER", "../x", "a/b", "-lead", "x" + string(make([]byte, 70))} {
+		_, err := p.Create(context.Background(), provider.CreateRequest{InstanceID: id})
+		require.Error(t, err, id)
+	}
+	bad, err := process.New(process.Config{Command: []string{"/nonexistent/agent"}, StateDir: t.TempDir()})
+	require.NoError(t, err)
+	_, err = bad.Create(context.Background(), provider.CreateRequest{InstanceID: "x-1"})
+	require.Error(t, err)
+	require.False(t, errors.Is(err, provider.ErrNotFound))
+	_, err = bad.Status(context.Background(), "x-1")
+	require.ErrorIs(t, err, provider.ErrNotFound, "a failed start leaves nothing behind")
+}

@@ -1,0 +1,10 @@
+// Package tmux is the development provider: each instance is a tmux window
+// named nstance-agent-{instanceID} in a dedicated session (default
+// nstance-dev-agents) running the agent command (in the dev stack
+// `air -c scripts/air/agent.toml`; any long-running command works). The
+// agent's nonce and CA are written to {StateDir}/{instanceID}/identity and
+// passed through NSTANCE_* environment variables. A fake Kubernetes Node
+// {NodeDir}/{instanceID}.json is written with spec.providerID equal to the
+// provider id the server reports. Delete kills the window and removes both.
+// Status comes from tmux itself (window present, pane alive).
+package tmux

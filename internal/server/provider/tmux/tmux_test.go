@@ -1,0 +1,115 @@
+package tmux_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nstance-dev/nstance/internal/server/provider"
+	"github.com/nstance-dev/nstance/internal/server/provider/localagent"
+	"github.com/nstance-dev/nstance/internal/server/provider/tmux"
+)
+
+// newProvider uses a private tmux server (socket) and session per test and
+// kills only that server afterwards.
+func newProvider(t *testing.T, command string) (*tmux.Provider, string, string, func(args ...string) string) {
+	t.Helper()
+	socket := fmt.Sprintf("nstance-test-%d-%d", os.Getpid(), time.Now().UnixNano())
+	session := "agents-" + strings.ReplaceAll(t.Name(), "/", "-")
+	stateDir, nodeDir := t.TempDir(), t.TempDir()
+	p, err := tmux.New(tmux.Config{Command: command, Session: session, Socket: socket, StateDir: stateDir, NodeDir: nodeDir})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = exec.Command("tmux", "-L", socket, "kill-server").Run() })
+	run := func(args ...string) string {
+		out, _ := exec.Command("tmux", append([]string{"-L", socket}, args...)...).CombinedOutput()
+		return string(out)
+	}
+	return p, session, nodeDir, run
+}
+
+func TestWindowsAndNodes(t *testing.T) {
+	ctx := context.Background()
+	p, session, nodeDir, run := newProvider(t, "sleep 3600")
+	ids := []string{"workers-aaaa0001", "workers-aaaa0002"}
+	for _, id := range ids {
+		inst, err := p.Create(ctx, provider.CreateRequest{InstanceID: id, ProviderID: provider.ID("c1", "dev-1", id), Shard: "dev-1", AgentNonce: "n-" + id})
+		require.NoError(t, err)
+		require.Equal(t, provider.StateRunning, inst.State)
+	}
+	windows := run("list-windows", "-t", session, "-F", "#{window_name}")
+	for _, id := range ids {
+		require.Contains(t, windows, "nstance-agent-"+id)
+		var node localagent.Node
+		b, err := os.ReadFile(localagent.NodePath(nodeDir, id))
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal(b, &node))
+		st, err := p.Status(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, provider.StateRunning, st.State)
+		require.Equal(t, st.ProviderID, node.Spec.ProviderID, "Node providerID equals reported provider id")
+		require.Equal(t, "nstance://c1/dev-1/"+id, node.Spec.ProviderID)
+	}
+	// The window's command sees the identity directory in its environment.
+	env := run("show-environment", "-t", session)
+	require.NotEmpty(t, env)
+
+	list, err := p.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, list, 2)
+
+	require.NoError(t, p.Delete(ctx, ids[0]))
+	require.NotContains(t, run("list-windows", "-t", session, "-F", "#{window_name}"), "nstance-agent-"+ids[0])
+	_, err = os.Stat(localagent.NodePath(nodeDir, ids[0]))
+	require.ErrorIs(t, err, os.ErrNotExist)
+	_, err = p.Status(ctx, ids[0])
+	require.ErrorIs(t, err, provider.ErrNotFound)
+
+	// A new provider (restarted server) sees the remaining window with its provider id.
+	p2, err := tmux.New(tmux.Config{Command: "sleep 3600", Session: session, Socket: socketOf(t, p), StateDir: t.TempDir(), NodeDir: nodeDir})
+	require.NoError(t, err)
+	st, err := p2.Status(ctx, ids[1])
+	require.NoError(t, err)
+	require.Equal(t, provider.ID("c1", "dev-1", ids[1]), st.ProviderID)
+
+	require.NoError(t, p.Delete(ctx, ids[1]))
+	list, err = p.List(ctx)
+	require.NoError(t, err)
+	require.Empty(t, list, "no session left means no instances")
+}
+
+func socketOf(t *testing.T, p *tmux.Provider) string {
+	t.Helper()
+	return p.Socket()
+}
+
+func TestExitedCommandIsStopped(t *testing.T) {
+	ctx := context.Background()
+	p, _, _, _ := newProvider(t, "sleep 0.5; exit 3")
+	_, err := p.Create(ctx, provider.CreateRequest{InstanceID: "x-1", ProviderID: "nstance://c/s/x-1"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		st, err := p.Status(ctx, "x-1")
+		return err == nil && st.State == provider.StateStopped && strings.Contains(st.Message, "exited")
+	}, 5*time.Second, 50*time.Millisecond)
+	require.NoError(t, p.Delete(ctx, "x-1"))
+}
+
+func TestBadInput(t *testing.T) {
+	_, err := tmux.New(tmux.Config{Command: "", StateDir: t.TempDir()})
+	require.Error(t, err)
+	_, err = tmux.New(tmux.Config{Command: "x", Session: "a:b", StateDir: t.TempDir()})
+	require.Error(t, err)
+	p, _, _, _ := newProvider(t, "sleep 3600")
+	for _, id := range []string{"", "Bad", "a;b", "../x", "a b"} {
+		_, err := p.Create(context.Background(), provider.CreateRequest{InstanceID: id})
+		require.Error(t, err, id)
+		require.Error(t, p.Delete(context.Background(), id), id)
+	}
+}
