@@ -1,0 +1,106 @@
+package authz
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/nstance-dev/nstance/internal/pki"
+)
+
+type ctxKey struct{}
+
+// WithIdentity returns ctx carrying id.
+func WithIdentity(ctx context.Context, id pki.Identity) context.Context {
+	return context.WithValue(ctx, ctxKey{}, id)
+}
+
+// IdentityFrom returns the caller identity placed in ctx by the interceptors.
+func IdentityFrom(ctx context.Context) (pki.Identity, bool) {
+	id, ok := ctx.Value(ctxKey{}).(pki.Identity)
+	return id, ok
+}
+
+// Policy is what a listener requires of its callers.
+type Policy struct {
+	Role      pki.Role
+	ClusterID string
+}
+
+// Authenticate checks the verified peer certificate in ctx against p and
+// returns the caller identity.
+func (p Policy) Authenticate(ctx context.Context) (pki.Identity, error) {
+	pr, ok := peer.FromContext(ctx)
+	if !ok || pr.AuthInfo == nil {
+		return pki.Identity{}, status.Error(codes.Unauthenticated, "no TLS peer information")
+	}
+	info, ok := pr.AuthInfo.(credentials.TLSInfo)
+	if !ok {
+		return pki.Identity{}, status.Errorf(codes.Unauthenticated, "connection is not TLS (%s)", pr.AuthInfo.AuthType())
+	}
+	chains := info.State.VerifiedChains
+	if len(chains) == 0 || len(chains[0]) == 0 {
+		return pki.Identity{}, status.Error(codes.Unauthenticated, "no verified client certificate")
+	}
+	id, err := pki.IdentityFromCert(chains[0][0], p.ClusterID)
+	if err != nil {
+		return pki.Identity{}, status.Errorf(codes.PermissionDenied, "client certificate: %v", err)
+	}
+	if id.Role != p.Role {
+		return pki.Identity{}, status.Error(codes.PermissionDenied, fmt.Sprintf("client role %q may not call the %s service", id.Role, p.Role))
+	}
+	return id, nil
+}
+
+// Unary returns the unary interceptor for p.
+func (p Policy) Unary() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		id, err := p.Authenticate(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return handler(WithIdentity(ctx, id), req)
+	}
+}
+
+// Stream returns the stream interceptor for p.
+func (p Policy) Stream() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		id, err := p.Authenticate(ss.Context())
+		if err != nil {
+			return err
+		}
+		return handler(srv, &identityStream{ServerStream: ss, ctx: WithIdentity(ss.Context(), id)})
+	}
+}
+
+type identityStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *identityStream) Context() context.Context { return s.ctx }
+
+// ServerOptions returns the grpc options that install p's interceptors.
+func (p Policy) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(p.Unary()), grpc.ChainStreamInterceptor(p.Stream())}
+}
+
+// PeerCertificate returns the verified client certificate of the caller.
+func PeerCertificate(ctx context.Context) (*x509.Certificate, bool) {
+	pr, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil, false
+	}
+	info, ok := pr.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
+		return nil, false
+	}
+	return info.State.VerifiedChains[0][0], true
+}

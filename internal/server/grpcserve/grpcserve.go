@@ -1,0 +1,141 @@
+package grpcserve
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/server/authz"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+// Config is everything the listeners need.
+type Config struct {
+	ClusterID string
+	// ServerCert is presented on all three listeners.
+	ServerCert tls.Certificate
+	// ClientCAs verifies client certificates on the mTLS listeners.
+	ClientCAs *x509.CertPool
+
+	Registration nstancev1.RegistrationServiceServer
+	Operator     nstancev1.OperatorServiceServer
+	Agent        nstancev1.AgentServiceServer
+
+	// Extra options added to every grpc.Server (e.g. metrics interceptors).
+	ServerOptions []grpc.ServerOption
+}
+
+// Listeners are the three network listeners. Any may be nil to skip that service.
+type Listeners struct {
+	Registration net.Listener
+	Operator     net.Listener
+	Agent        net.Listener
+}
+
+// Servers are running gRPC servers.
+type Servers struct {
+	servers []*grpc.Server
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	errs    []error
+}
+
+// Start serves each non-nil listener in its own goroutine.
+func Start(cfg Config, ls Listeners) (*Servers, error) {
+	if cfg.ClientCAs == nil {
+		return nil, errors.New("grpcserve: client CA pool is required")
+	}
+	ka := []grpc.ServerOption{
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+	}
+	s := &Servers{}
+	newServer := func(tlsCfg *tls.Config, extra ...grpc.ServerOption) *grpc.Server {
+		opts := append([]grpc.ServerOption{grpc.Creds(credentials.NewTLS(tlsCfg))}, ka...)
+		opts = append(opts, cfg.ServerOptions...)
+		opts = append(opts, extra...)
+		return grpc.NewServer(opts...)
+	}
+	if ls.Registration != nil {
+		if cfg.Registration == nil {
+			return nil, errors.New("grpcserve: registration listener without a service")
+		}
+		g := newServer(pki.ServerTLS(cfg.ServerCert, nil, false))
+		nstancev1.RegisterRegistrationServiceServer(g, cfg.Registration)
+		s.serve("registration", g, ls.Registration)
+	}
+	if ls.Operator != nil {
+		if cfg.Operator == nil {
+			s.Stop()
+			return nil, errors.New("grpcserve: operator listener without a service")
+		}
+		g := newServer(pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), authz.Policy{Role: pki.RoleOperator, ClusterID: cfg.ClusterID}.ServerOptions()...)
+		nstancev1.RegisterOperatorServiceServer(g, cfg.Operator)
+		s.serve("operator", g, ls.Operator)
+	}
+	if ls.Agent != nil {
+		if cfg.Agent == nil {
+			s.Stop()
+			return nil, errors.New("grpcserve: agent listener without a service")
+		}
+		g := newServer(pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), authz.Policy{Role: pki.RoleAgent, ClusterID: cfg.ClusterID}.ServerOptions()...)
+		nstancev1.RegisterAgentServiceServer(g, cfg.Agent)
+		s.serve("agent", g, ls.Agent)
+	}
+	return s, nil
+}
+
+func (s *Servers) serve(name string, g *grpc.Server, ln net.Listener) {
+	s.servers = append(s.servers, g)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := g.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			s.mu.Lock()
+			s.errs = append(s.errs, fmt.Errorf("%s listener: %w", name, err))
+			s.mu.Unlock()
+		}
+	}()
+}
+
+// Stop closes every listener and connection at once.
+func (s *Servers) Stop() {
+	for _, g := range s.servers {
+		g.Stop()
+	}
+	s.wg.Wait()
+}
+
+// GracefulStop stops accepting, lets running RPCs finish for up to timeout,
+// then stops hard (long-lived streams would otherwise block forever).
+func (s *Servers) GracefulStop(timeout time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		for _, g := range s.servers {
+			g.GracefulStop()
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		s.Stop()
+	}
+	s.wg.Wait()
+}
+
+// Err returns serve errors seen so far.
+func (s *Servers) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return errors.Join(s.errs...)
+}

@@ -1,0 +1,278 @@
+package registration
+
+import (
+	"context"
+	"crypto"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"regexp"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/nstance-dev/nstance/internal/nonce"
+	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/server/layout"
+	"github.com/nstance-dev/nstance/pkg/objstore"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+// Request size limits.
+const (
+	maxNonceLen   = 8 << 10
+	maxKeyPEMLen  = 4 << 10
+	maxIPs        = 16
+	maxHostLength = 253
+)
+
+var hostnamePattern = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$`)
+
+// Issuer signs client certificates with the cluster CA.
+type Issuer struct {
+	CA               *pki.CA
+	ClusterID        string
+	AgentValidity    time.Duration
+	OperatorValidity time.Duration
+	Now              func() time.Time
+}
+
+func (i *Issuer) now() time.Time {
+	if i.Now != nil {
+		return i.Now()
+	}
+	return time.Now()
+}
+
+// Issue signs a certificate for id and builds the wire response parts.
+func (i *Issuer) Issue(id pki.Identity, pub crypto.PublicKey, ips []net.IP, dns []string) (*Issued, error) {
+	validity := i.AgentValidity
+	if id.Role == pki.RoleOperator {
+		validity = i.OperatorValidity
+	}
+	cert, pemBytes, err := i.CA.IssueClient(pki.ClientRequest{Identity: id, PublicKey: pub, IPs: ips, DNSNames: dns, Validity: validity}, i.now())
+	if err != nil {
+		return nil, err
+	}
+	return &Issued{
+		CertificatePEM: string(pemBytes),
+		CAChainPEM:     string(i.CA.CertPEM),
+		ExpiresAt:      timestamppb.New(cert.NotAfter),
+		Identity:       ToProto(id),
+		Serial:         cert.SerialNumber.String(),
+		NotAfter:       cert.NotAfter,
+	}, nil
+}
+
+// Issued is a freshly signed certificate.
+type Issued struct {
+	CertificatePEM string
+	CAChainPEM     string
+	ExpiresAt      *timestamppb.Timestamp
+	Identity       *nstancev1.ClientIdentity
+	Serial         string
+	NotAfter       time.Time
+}
+
+// ToProto converts an identity to its wire form.
+func ToProto(id pki.Identity) *nstancev1.ClientIdentity {
+	role := nstancev1.ClientRole_CLIENT_ROLE_UNSPECIFIED
+	switch id.Role {
+	case pki.RoleAgent:
+		role = nstancev1.ClientRole_CLIENT_ROLE_AGENT
+	case pki.RoleOperator:
+		role = nstancev1.ClientRole_CLIENT_ROLE_OPERATOR
+	}
+	return &nstancev1.ClientIdentity{
+		ClientId: id.ClientID, Tenant: id.Tenant, ClusterId: id.ClusterID, Shard: id.Shard,
+		Role: role, GroupId: id.Group, Uri: id.URI().String(),
+	}
+}
+
+// AgentRegistered is called after an agent certificate was issued and its
+// nonce consumed, so the instance record can be updated. An error is logged,
+// not returned to the agent (the nonce is already spent).
+type AgentRegistered func(ctx context.Context, claims *nonce.Claims, issued *Issued)
+
+// Service implements nstancev1.RegistrationServiceServer.
+type Service struct {
+	nstancev1.UnimplementedRegistrationServiceServer
+
+	Issuer   *Issuer
+	Verifier *nonce.Verifier
+	Ledger   *nonce.Ledger
+	Objects  objstore.Store
+	Keys     layout.Keys
+	// ServerID names this server in nonce markers and operator records.
+	ServerID string
+	// OnAgentRegistered, when set, is told about each registered agent.
+	OnAgentRegistered AgentRegistered
+	Log               logr.Logger
+}
+
+type fields struct {
+	pub      crypto.PublicKey
+	ips      []net.IP
+	hostname string
+}
+
+func checkFields(nonceTok, keyPEM string, ips []string, hostname string) (*fields, error) {
+	if nonceTok == "" {
+		return nil, status.Error(codes.InvalidArgument, "nonce: required")
+	}
+	if len(nonceTok) > maxNonceLen {
+		return nil, status.Errorf(codes.InvalidArgument, "nonce: longer than %d bytes", maxNonceLen)
+	}
+	if len(keyPEM) > maxKeyPEMLen {
+		return nil, status.Errorf(codes.InvalidArgument, "public_key_pem: longer than %d bytes", maxKeyPEMLen)
+	}
+	pub, err := pki.ParseEd25519PublicKeyPEM([]byte(keyPEM))
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "public_key_pem: %v", err)
+	}
+	if len(ips) > maxIPs {
+		return nil, status.Errorf(codes.InvalidArgument, "ip_addresses: more than %d entries", maxIPs)
+	}
+	f := &fields{pub: pub, hostname: hostname}
+	for i, s := range ips {
+		ip := net.ParseIP(s)
+		if ip == nil {
+			return nil, status.Errorf(codes.InvalidArgument, "ip_addresses[%d]: %q is not an IP address", i, s)
+		}
+		f.ips = append(f.ips, ip)
+	}
+	if hostname != "" && (len(hostname) > maxHostLength || !hostnamePattern.MatchString(hostname)) {
+		return nil, status.Errorf(codes.InvalidArgument, "hostname: %q is not a valid DNS name", hostname)
+	}
+	return f, nil
+}
+
+// NonceStatus maps a nonce verification or ledger error to a gRPC status.
+func NonceStatus(err error) error {
+	switch {
+	case errors.Is(err, nonce.ErrReplayed):
+		return status.Errorf(codes.AlreadyExists, "nonce: %v", err)
+	case errors.Is(err, nonce.ErrMalformed), errors.Is(err, nonce.ErrAlgorithm), errors.Is(err, nonce.ErrSignature),
+		errors.Is(err, nonce.ErrExpired), errors.Is(err, nonce.ErrNotYetValid), errors.Is(err, nonce.ErrWrongCluster),
+		errors.Is(err, nonce.ErrWrongKind), errors.Is(err, nonce.ErrWrongShard), errors.Is(err, nonce.ErrClaims):
+		return status.Errorf(codes.Unauthenticated, "nonce: %v", err)
+	default:
+		return status.Errorf(codes.Unavailable, "nonce: %v", err)
+	}
+}
+
+// register verifies, issues, then consumes: a request that fails validation
+// or issuance does not burn the nonce.
+func (s *Service) register(ctx context.Context, kind nonce.Kind, tok, keyPEM string, ips []string, hostname string) (*Issued, *nonce.Claims, error) {
+	f, err := checkFields(tok, keyPEM, ips, hostname)
+	if err != nil {
+		return nil, nil, err
+	}
+	claims, err := s.Verifier.Verify(tok, kind)
+	if err != nil {
+		s.Log.V(1).Info("registration refused", "kind", kind, "reason", err.Error())
+		return nil, nil, NonceStatus(err)
+	}
+	role := pki.RoleAgent
+	if kind == nonce.KindOperator {
+		role = pki.RoleOperator
+	}
+	id := pki.Identity{ClusterID: s.Issuer.ClusterID, Tenant: claims.Tenant, Role: role, ClientID: claims.Subject, Shard: claims.Shard, Group: claims.Group}
+	var dns []string
+	if f.hostname != "" {
+		dns = []string{f.hostname}
+	}
+	issued, err := s.Issuer.Issue(id, f.pub, f.ips, dns)
+	if err != nil {
+		return nil, nil, status.Errorf(codes.Internal, "issuing certificate: %v", err)
+	}
+	if err := s.Ledger.Consume(ctx, claims, s.ServerID, s.Issuer.now()); err != nil {
+		s.Log.V(1).Info("registration refused", "kind", kind, "jti", claims.ID, "reason", err.Error())
+		return nil, nil, NonceStatus(err)
+	}
+	return issued, claims, nil
+}
+
+// RegisterAgent exchanges an agent nonce for an agent certificate.
+func (s *Service) RegisterAgent(ctx context.Context, req *nstancev1.RegisterAgentRequest) (*nstancev1.RegisterAgentResponse, error) {
+	issued, claims, err := s.register(ctx, nonce.KindAgent, req.GetNonce(), req.GetPublicKeyPem(), req.GetIpAddresses(), req.GetHostname())
+	if err != nil {
+		return nil, err
+	}
+	if s.OnAgentRegistered != nil {
+		s.OnAgentRegistered(ctx, claims, issued)
+	}
+	s.Log.Info("agent registered", "instance", claims.Subject, "tenant", claims.Tenant, "group", claims.Group, "serial", issued.Serial)
+	return &nstancev1.RegisterAgentResponse{
+		CertificatePem: issued.CertificatePEM, CaChainPem: issued.CAChainPEM, ExpiresAt: issued.ExpiresAt, Identity: issued.Identity,
+	}, nil
+}
+
+// OperatorRecord is stored at cluster/operators/{id}.json for each registration.
+type OperatorRecord struct {
+	ID           string    `json:"id"`
+	Tenant       string    `json:"tenant"`
+	URI          string    `json:"uri"`
+	Serial       string    `json:"serial"`
+	ExpiresAt    time.Time `json:"expires_at"`
+	RegisteredAt time.Time `json:"registered_at"`
+	RegisteredBy string    `json:"registered_by"`
+	NonceID      string    `json:"nonce_id"`
+}
+
+// RegisterOperator exchanges an operator nonce for an operator certificate.
+func (s *Service) RegisterOperator(ctx context.Context, req *nstancev1.RegisterOperatorRequest) (*nstancev1.RegisterOperatorResponse, error) {
+	issued, claims, err := s.register(ctx, nonce.KindOperator, req.GetNonce(), req.GetPublicKeyPem(), req.GetIpAddresses(), req.GetHostname())
+	if err != nil {
+		return nil, err
+	}
+	rec := OperatorRecord{
+		ID: claims.Subject, Tenant: claims.Tenant, URI: issued.Identity.GetUri(), Serial: issued.Serial,
+		ExpiresAt: issued.NotAfter, RegisteredAt: s.Issuer.now().UTC(), RegisteredBy: s.ServerID, NonceID: claims.ID,
+	}
+	if body, err := json.Marshal(rec); err == nil && s.Objects != nil {
+		if _, err := s.Objects.Put(ctx, s.Keys.Operator(claims.Subject), body, objstore.PutOptions{}); err != nil {
+			// The nonce is spent and the certificate valid; losing the record only loses bookkeeping.
+			s.Log.Error(err, "recording operator registration", "operator", claims.Subject)
+		}
+	}
+	s.Log.Info("operator registered", "operator", claims.Subject, "tenant", claims.Tenant, "serial", issued.Serial)
+	return &nstancev1.RegisterOperatorResponse{
+		CertificatePem: issued.CertificatePEM, CaChainPem: issued.CAChainPEM, ExpiresAt: issued.ExpiresAt, Identity: issued.Identity,
+	}, nil
+}
+
+// Renew issues a fresh certificate for an authenticated caller with the same
+// identity and SANs as current, for a new public key (PEM) when given and
+// otherwise for the key of current.
+func (i *Issuer) Renew(id pki.Identity, current *x509.Certificate, newKeyPEM string) (*Issued, error) {
+	var pub crypto.PublicKey
+	if current != nil {
+		pub = current.PublicKey
+	}
+	if newKeyPEM != "" {
+		k, err := pki.ParseEd25519PublicKeyPEM([]byte(newKeyPEM))
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "public_key_pem: %v", err)
+		}
+		pub = k
+	}
+	if pub == nil {
+		return nil, status.Error(codes.InvalidArgument, "public_key_pem: required (no key on the calling certificate)")
+	}
+	var ips []net.IP
+	var dns []string
+	if current != nil {
+		ips, dns = current.IPAddresses, current.DNSNames
+	}
+	issued, err := i.Issue(id, pub, ips, dns)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "issuing certificate: %v", fmt.Errorf("renewal: %w", err))
+	}
+	return issued, nil
+}
