@@ -1,0 +1,116 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// DefaultPath is where the operator looks for its configuration file.
+const DefaultPath = "/etc/nstance/operator/config.yaml"
+
+// Shard holds the two gRPC endpoints of one shard's nstance-server.
+type Shard struct {
+	// RegistrationAddr (host:port) serves the anonymous-TLS registration API.
+	RegistrationAddr string `json:"registration_addr"`
+	// OperatorAddr (host:port) serves the mTLS operator API.
+	OperatorAddr string `json:"operator_addr"`
+}
+
+// Config is the operator configuration file.
+type Config struct {
+	// ClusterID identifies the Nstance cluster.
+	ClusterID string `json:"cluster_id"`
+	// Tenant the operator acts for.
+	Tenant string `json:"tenant"`
+	// Shards maps shard IDs to their endpoints.
+	Shards map[string]Shard `json:"shards"`
+}
+
+// dnsLabel is the shape of cluster, tenant and shard identifiers: the same
+// pattern the NstanceShardGroup CRD accepts for spec.shard.
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+// Load reads and validates the configuration file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("operator config file %s does not exist (set --config)", path)
+		}
+		return nil, fmt.Errorf("read operator config %s: %w", path, err)
+	}
+	cfg, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("operator config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// Parse decodes and validates configuration YAML. Unknown keys are errors,
+// so a misspelt field does not go unnoticed.
+func Parse(data []byte) (*Config, error) {
+	var cfg Config
+	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
+		return nil, fmt.Errorf("parse YAML: %w", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &cfg, nil
+}
+
+// Validate reports every problem with the configuration at once.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.ClusterID == "" {
+		errs = append(errs, errors.New("cluster_id is required"))
+	} else if !dnsLabel.MatchString(c.ClusterID) || len(c.ClusterID) > 63 {
+		errs = append(errs, fmt.Errorf("cluster_id %q must be a DNS label (lower-case letters, digits, '-')", c.ClusterID))
+	}
+	if c.Tenant == "" {
+		errs = append(errs, errors.New("tenant is required"))
+	} else if !dnsLabel.MatchString(c.Tenant) || len(c.Tenant) > 63 {
+		errs = append(errs, fmt.Errorf("tenant %q must be a DNS label", c.Tenant))
+	}
+	if len(c.Shards) == 0 {
+		errs = append(errs, errors.New("shards: at least one shard is required"))
+	}
+	for _, id := range c.ShardIDs() {
+		s := c.Shards[id]
+		if !dnsLabel.MatchString(id) || len(id) > 63 || strings.Contains(id, "--") {
+			errs = append(errs, fmt.Errorf("shards.%s: shard ID must be a DNS label without \"--\"", id))
+		}
+		for _, f := range []struct{ name, addr string }{
+			{"registration_addr", s.RegistrationAddr},
+			{"operator_addr", s.OperatorAddr},
+		} {
+			if f.addr == "" {
+				errs = append(errs, fmt.Errorf("shards.%s.%s is required", id, f.name))
+				continue
+			}
+			host, port, err := net.SplitHostPort(f.addr)
+			if err != nil || host == "" || port == "" {
+				errs = append(errs, fmt.Errorf("shards.%s.%s %q must be host:port", id, f.name, f.addr))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ShardIDs returns the configured shard IDs in lexical order, the order the
+// operator tries shards in (registration, import).
+func (c *Config) ShardIDs() []string {
+	ids := make([]string, 0, len(c.Shards))
+	for id := range c.Shards {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
