@@ -1,0 +1,16 @@
+// Package election elects one leader per lease object (cluster/leader.json,
+// shard/{shard}/leader.json) using only conditional object-storage writes.
+//
+// The lease is JSON {holder, renewed_at, expires_at, term}. A candidate creates
+// a missing lease with If-None-Match, and replaces an existing one with
+// If-Match on the etag it read, so of two racing candidates exactly one wins.
+// The holder renews every RenewInterval; a renewal refused with "precondition
+// failed" means someone else holds the lease now, and the holder steps down at
+// once. A candidate takes over an existing lease only when it looks dead:
+// released (empty holder), or its etag has not changed for a whole
+// LeaseDuration as measured by the candidate's own clock (so clock skew
+// between servers does not matter), or its stored expiry is more than a
+// LeaseDuration in the past. The etag of the last successful write is the
+// fencing token. A holder that cannot reach storage steps down once
+// 3/4 of a lease has passed since its last successful renewal.
+package election

@@ -1,0 +1,242 @@
+package election
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/nstance-dev/nstance/pkg/objstore"
+)
+
+// Lease is the stored lease document.
+type Lease struct {
+	Holder    string    `json:"holder"`
+	RenewedAt time.Time `json:"renewed_at"`
+	ExpiresAt time.Time `json:"expires_at"`
+	Term      int64     `json:"term"`
+}
+
+// Config configures an Elector.
+type Config struct {
+	Store objstore.Store
+	// Key is the lease object key.
+	Key string
+	// ID identifies this candidate (the server id).
+	ID            string
+	LeaseDuration time.Duration
+	RenewInterval time.Duration
+	RetryInterval time.Duration
+	Log           logr.Logger
+	// OnLeading runs while this candidate leads; its context is cancelled as
+	// soon as leadership is lost or Run ends. Run waits for it to return
+	// before campaigning again.
+	OnLeading func(ctx context.Context, term int64)
+	// Now returns the current time; time.Now when nil.
+	Now func() time.Time
+}
+
+// Status is a snapshot of what an Elector knows.
+type Status struct {
+	Leading bool
+	// Holder is the last holder seen in storage.
+	Holder string
+	Term   int64
+	// ETag is the fencing token of our lease while leading.
+	ETag string
+}
+
+// Elector campaigns for one lease.
+type Elector struct {
+	cfg Config
+
+	mu     sync.Mutex
+	status Status
+}
+
+// New checks cfg and returns an Elector.
+func New(cfg Config) (*Elector, error) {
+	switch {
+	case cfg.Store == nil:
+		return nil, errors.New("election: store is required")
+	case cfg.Key == "" || cfg.ID == "":
+		return nil, errors.New("election: key and id are required")
+	case cfg.LeaseDuration <= 0 || cfg.RenewInterval <= 0 || cfg.RetryInterval <= 0:
+		return nil, errors.New("election: lease, renew and retry durations must be positive")
+	case cfg.RenewInterval >= cfg.LeaseDuration:
+		return nil, fmt.Errorf("election: renew interval %s must be shorter than lease %s", cfg.RenewInterval, cfg.LeaseDuration)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.OnLeading == nil {
+		cfg.OnLeading = func(ctx context.Context, _ int64) { <-ctx.Done() }
+	}
+	return &Elector{cfg: cfg}, nil
+}
+
+// Status returns the current state.
+func (e *Elector) Status() Status {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.status
+}
+
+// Leading reports whether this candidate currently holds the lease.
+func (e *Elector) Leading() bool { return e.Status().Leading }
+
+func (e *Elector) set(f func(*Status)) {
+	e.mu.Lock()
+	f(&e.status)
+	e.mu.Unlock()
+}
+
+// observation tracks how long a foreign lease has stayed unchanged.
+type observation struct {
+	etag  string
+	since time.Time
+}
+
+// Run campaigns until ctx ends; when leading it renews and calls OnLeading.
+// On return the lease is released if held.
+func (e *Elector) Run(ctx context.Context) error {
+	var obs observation
+	for {
+		lease, etag, ok := e.tryAcquire(ctx, &obs)
+		if ok {
+			e.lead(ctx, lease, etag)
+			obs = observation{}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(e.cfg.RetryInterval):
+		}
+	}
+}
+
+func (e *Elector) read(ctx context.Context) (*Lease, string, error) {
+	obj, err := e.cfg.Store.Get(ctx, e.cfg.Key)
+	if err != nil {
+		return nil, "", err
+	}
+	var l Lease
+	if err := json.Unmarshal(obj.Body, &l); err != nil {
+		// A corrupt lease is treated as released; replacing it needs its etag.
+		e.cfg.Log.Error(err, "lease object is not valid JSON; treating it as released", "key", e.cfg.Key)
+		return &Lease{}, obj.ETag, nil
+	}
+	return &l, obj.ETag, nil
+}
+
+func (e *Elector) write(ctx context.Context, l Lease, opts objstore.PutOptions) (string, error) {
+	body, err := json.Marshal(l)
+	if err != nil {
+		return "", err
+	}
+	return e.cfg.Store.Put(ctx, e.cfg.Key, body, opts)
+}
+
+func (e *Elector) tryAcquire(ctx context.Context, obs *observation) (Lease, string, bool) {
+	now := e.cfg.Now()
+	cur, etag, err := e.read(ctx)
+	var opts objstore.PutOptions
+	next := Lease{Holder: e.cfg.ID, RenewedAt: now.UTC(), ExpiresAt: now.Add(e.cfg.LeaseDuration).UTC(), Term: 1}
+	switch {
+	case errors.Is(err, objstore.ErrNotFound):
+		opts.IfNoneMatch = true
+	case err != nil:
+		e.cfg.Log.V(1).Info("reading lease failed", "key", e.cfg.Key, "error", err.Error())
+		return Lease{}, "", false
+	default:
+		e.set(func(s *Status) { s.Holder, s.Term = cur.Holder, cur.Term })
+		if obs.etag != etag {
+			*obs = observation{etag: etag, since: now}
+		}
+		dead := cur.Holder == "" || cur.Holder == e.cfg.ID ||
+			now.Sub(obs.since) >= e.cfg.LeaseDuration ||
+			now.After(cur.ExpiresAt.Add(e.cfg.LeaseDuration))
+		if !dead {
+			return Lease{}, "", false
+		}
+		opts.IfMatch = etag
+		next.Term = cur.Term + 1
+	}
+	newTag, err := e.write(ctx, next, opts)
+	if err != nil {
+		if !errors.Is(err, objstore.ErrPreconditionFailed) {
+			e.cfg.Log.V(1).Info("writing lease failed", "key", e.cfg.Key, "error", err.Error())
+		}
+		return Lease{}, "", false
+	}
+	e.cfg.Log.Info("acquired leadership", "key", e.cfg.Key, "term", next.Term)
+	return next, newTag, true
+}
+
+// lead renews the lease and runs OnLeading until leadership ends.
+func (e *Elector) lead(ctx context.Context, lease Lease, etag string) {
+	e.set(func(s *Status) { *s = Status{Leading: true, Holder: e.cfg.ID, Term: lease.Term, ETag: etag} })
+	leadCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.cfg.OnLeading(leadCtx, lease.Term)
+	}()
+	lastOK := e.cfg.Now()
+	ticker := time.NewTicker(e.cfg.RenewInterval)
+	defer ticker.Stop()
+	reason := "context ended"
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case <-done:
+			reason = "leader work returned"
+			break loop
+		case <-ticker.C:
+		}
+		now := e.cfg.Now()
+		next := Lease{Holder: e.cfg.ID, RenewedAt: now.UTC(), ExpiresAt: now.Add(e.cfg.LeaseDuration).UTC(), Term: lease.Term}
+		rctx, rcancel := context.WithTimeout(ctx, e.cfg.RenewInterval)
+		newTag, err := e.write(rctx, next, objstore.PutOptions{IfMatch: etag})
+		rcancel()
+		switch {
+		case err == nil:
+			etag, lastOK = newTag, now
+			e.set(func(s *Status) { s.ETag = etag })
+		case errors.Is(err, objstore.ErrPreconditionFailed):
+			reason = "lease was taken over"
+			break loop
+		case ctx.Err() != nil:
+			break loop
+		default:
+			e.cfg.Log.Error(err, "renewing lease", "key", e.cfg.Key)
+			if now.Sub(lastOK) >= e.cfg.LeaseDuration*3/4 {
+				reason = "could not renew within the lease"
+				break loop
+			}
+		}
+	}
+	e.set(func(s *Status) { s.Leading = false; s.ETag = "" })
+	cancel()
+	<-done
+	if reason == "context ended" || reason == "leader work returned" {
+		e.release(etag, lease.Term)
+	}
+	e.cfg.Log.Info("lost leadership", "key", e.cfg.Key, "term", lease.Term, "reason", reason)
+}
+
+// release marks the lease free so a standby can take over without waiting.
+func (e *Elector) release(etag string, term int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewInterval)
+	defer cancel()
+	now := e.cfg.Now().UTC()
+	if _, err := e.write(ctx, Lease{RenewedAt: now, ExpiresAt: now, Term: term}, objstore.PutOptions{IfMatch: etag}); err != nil {
+		e.cfg.Log.V(1).Info("releasing lease failed", "key", e.cfg.Key, "error", err.Error())
+	}
+}
