@@ -65,10 +65,15 @@ func serial() (*big.Int, error) {
 
 // GenerateCA creates a new self-signed Ed25519 CA for a cluster.
 func GenerateCA(clusterID string, validity time.Duration, now time.Time) (*CA, error) {
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("generating CA key: %w", err)
 	}
+	return SelfSignCA(clusterID, priv, validity, now)
+}
+
+// SelfSignCA makes the CA certificate for an existing Ed25519 key.
+func SelfSignCA(clusterID string, priv ed25519.PrivateKey, validity time.Duration, now time.Time) (*CA, error) {
 	sn, err := serial()
 	if err != nil {
 		return nil, err
@@ -84,7 +89,7 @@ func GenerateCA(clusterID string, validity time.Duration, now time.Time) (*CA, e
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
 		URIs:                  []*url.URL{{Scheme: "spiffe", Host: clusterID}},
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, pub, priv)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, priv.Public(), priv)
 	if err != nil {
 		return nil, fmt.Errorf("self-signing CA certificate: %w", err)
 	}

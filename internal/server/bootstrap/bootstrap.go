@@ -1,0 +1,193 @@
+package bootstrap
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/secrets"
+	"github.com/nstance-dev/nstance/internal/server/layout"
+	"github.com/nstance-dev/nstance/pkg/objstore"
+)
+
+// Cluster is the loaded cluster key material.
+type Cluster struct {
+	CA       *pki.CA
+	NonceKey ed25519.PrivateKey
+}
+
+// Options configures Ensure.
+type Options struct {
+	ClusterID  string
+	Objects    objstore.Store
+	Secrets    *secrets.Store
+	Keys       layout.Keys
+	CAValidity time.Duration
+	// IsLeader reports whether this server may create missing material.
+	IsLeader func() bool
+	// RetryInterval is the wait between attempts while material is missing.
+	RetryInterval time.Duration
+	Log           logr.Logger
+	Now           func() time.Time
+}
+
+// ErrMissing reports that material is absent and this server may not create it.
+var ErrMissing = errors.New("cluster secrets are not created yet")
+
+// Ensure loads the cluster material, creating it when this server leads,
+// and retries until it succeeds or ctx ends.
+func Ensure(ctx context.Context, o Options) (*Cluster, error) {
+	wait := o.RetryInterval
+	if wait <= 0 {
+		wait = time.Second
+	}
+	for {
+		c, err := Once(ctx, o)
+		if err == nil {
+			return c, nil
+		}
+		if !errors.Is(err, ErrMissing) {
+			o.Log.Error(err, "loading cluster secrets; retrying", "in", wait)
+		} else {
+			o.Log.V(1).Info("waiting for the cluster leader to create the cluster secrets")
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("bootstrap: %w (last error: %v)", ctx.Err(), err)
+		case <-time.After(wait):
+		}
+	}
+}
+
+// Once makes a single attempt.
+func Once(ctx context.Context, o Options) (*Cluster, error) {
+	now := time.Now
+	if o.Now != nil {
+		now = o.Now
+	}
+	leader := o.IsLeader != nil && o.IsLeader()
+
+	nonceKey, err := loadOrCreateNonceKey(ctx, o, leader)
+	if err != nil {
+		return nil, err
+	}
+	ca, err := loadOrCreateCA(ctx, o, leader, now())
+	if err != nil {
+		return nil, err
+	}
+	return &Cluster{CA: ca, NonceKey: nonceKey}, nil
+}
+
+func loadOrCreateNonceKey(ctx context.Context, o Options, leader bool) (ed25519.PrivateKey, error) {
+	key := o.Keys.NonceSigningKey()
+	for attempt := 0; attempt < 2; attempt++ {
+		pemBytes, err := o.Secrets.Get(ctx, key)
+		if err == nil {
+			return parseEd25519(pemBytes)
+		}
+		if !errors.Is(err, objstore.ErrNotFound) {
+			return nil, fmt.Errorf("loading nonce-signing key: %w", err)
+		}
+		if !leader {
+			return nil, fmt.Errorf("%w: %s is missing", ErrMissing, key)
+		}
+		_, priv, err := ed25519.GenerateKey(rand.Reader)
+		if err != nil {
+			return nil, fmt.Errorf("generating nonce-signing key: %w", err)
+		}
+		p, err := pki.MarshalPrivateKeyPEM(priv)
+		if err != nil {
+			return nil, err
+		}
+		err = o.Secrets.Put(ctx, key, p, objstore.PutOptions{IfNoneMatch: true})
+		if err == nil {
+			o.Log.Info("created the cluster nonce-signing key", "key", key)
+			return priv, nil
+		}
+		if !errors.Is(err, objstore.ErrPreconditionFailed) {
+			return nil, fmt.Errorf("storing nonce-signing key: %w", err)
+		}
+		// Someone else created it first: load theirs.
+	}
+	return nil, fmt.Errorf("nonce-signing key at %s changed while loading", key)
+}
+
+func parseEd25519(p []byte) (ed25519.PrivateKey, error) {
+	k, err := pki.ParsePrivateKeyPEM(p)
+	if err != nil {
+		return nil, fmt.Errorf("nonce-signing key: %w", err)
+	}
+	ek, ok := k.(ed25519.PrivateKey)
+	if !ok {
+		return nil, fmt.Errorf("nonce-signing key is %T, want Ed25519", k)
+	}
+	return ek, nil
+}
+
+func loadOrCreateCA(ctx context.Context, o Options, leader bool, now time.Time) (*pki.CA, error) {
+	certKey, keyKey := o.Keys.CACert(), o.Keys.CAKey()
+	// Private key first: it is written first, and a certificate without its key is useless.
+	keyPEM, err := o.Secrets.Get(ctx, keyKey)
+	switch {
+	case errors.Is(err, objstore.ErrNotFound):
+		if !leader {
+			return nil, fmt.Errorf("%w: %s is missing", ErrMissing, keyKey)
+		}
+		_, priv, gerr := ed25519.GenerateKey(rand.Reader)
+		if gerr != nil {
+			return nil, fmt.Errorf("generating CA key: %w", gerr)
+		}
+		p, merr := pki.MarshalPrivateKeyPEM(priv)
+		if merr != nil {
+			return nil, merr
+		}
+		if perr := o.Secrets.Put(ctx, keyKey, p, objstore.PutOptions{IfNoneMatch: true}); perr != nil && !errors.Is(perr, objstore.ErrPreconditionFailed) {
+			return nil, fmt.Errorf("storing CA key: %w", perr)
+		}
+		if keyPEM, err = o.Secrets.Get(ctx, keyKey); err != nil {
+			return nil, fmt.Errorf("reloading CA key: %w", err)
+		}
+		o.Log.Info("created the cluster CA key", "key", keyKey)
+	case err != nil:
+		return nil, fmt.Errorf("loading CA key: %w", err)
+	}
+	obj, err := o.Objects.Get(ctx, certKey)
+	switch {
+	case errors.Is(err, objstore.ErrNotFound):
+		if !leader {
+			return nil, fmt.Errorf("%w: %s is missing", ErrMissing, certKey)
+		}
+		signer, perr := pki.ParsePrivateKeyPEM(keyPEM)
+		if perr != nil {
+			return nil, fmt.Errorf("CA key: %w", perr)
+		}
+		edKey, ok := signer.(ed25519.PrivateKey)
+		if !ok {
+			return nil, fmt.Errorf("CA key is %T, want Ed25519", signer)
+		}
+		fresh, cerr := pki.SelfSignCA(o.ClusterID, edKey, o.CAValidity, now)
+		if cerr != nil {
+			return nil, cerr
+		}
+		if _, perr := o.Objects.Put(ctx, certKey, fresh.CertPEM, objstore.PutOptions{IfNoneMatch: true}); perr != nil && !errors.Is(perr, objstore.ErrPreconditionFailed) {
+			return nil, fmt.Errorf("storing CA certificate: %w", perr)
+		}
+		o.Log.Info("created the cluster CA certificate", "key", certKey)
+		if obj, err = o.Objects.Get(ctx, certKey); err != nil {
+			return nil, fmt.Errorf("reloading CA certificate: %w", err)
+		}
+	case err != nil:
+		return nil, fmt.Errorf("loading CA certificate: %w", err)
+	}
+	ca, err := pki.LoadCA(obj.Body, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("cluster CA in %s / %s: %w", certKey, keyKey, err)
+	}
+	return ca, nil
+}
