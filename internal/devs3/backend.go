@@ -68,12 +68,17 @@ func newBackend(name string, store *fsbucket.Bucket) *backend {
 	}
 }
 
+// defaultContentType is served for objects stored without a content type.
+const defaultContentType = "application/octet-stream"
+
 // storedMeta keeps only the headers S3 returns with an object; request
 // plumbing such as X-Amz-Date or checksum headers is dropped.
 func storedMeta(in map[string]string) map[string]string {
 	out := map[string]string{}
 	for k, v := range in {
 		switch {
+		case k == "Content-Type" && v == defaultContentType:
+			// The default needs no sidecar (SDKs send it when none is set).
 		case k == "Content-Type", k == "Content-Disposition", k == "Content-Encoding", k == "Cache-Control",
 			strings.HasPrefix(k, "X-Amz-Meta-"):
 			out[k] = v
@@ -92,7 +97,7 @@ func responseMeta(info fsbucket.Info) map[string]string {
 		out[k] = v
 	}
 	if _, ok := out["Content-Type"]; !ok {
-		out["Content-Type"] = "binary/octet-stream"
+		out["Content-Type"] = defaultContentType
 	}
 	out["Last-Modified"] = info.ModTime.UTC().Format(http.TimeFormat)
 	return out

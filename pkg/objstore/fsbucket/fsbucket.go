@@ -28,6 +28,11 @@ const (
 
 	lockStripes = 256
 	metaSuffix  = ".meta"
+
+	// sidecarMinSize is the body size from which the MD5 is kept in a
+	// sidecar even without metadata; smaller bodies are hashed on read,
+	// which costs less than writing and reading a second file.
+	sidecarMinSize = 64 << 10
 )
 
 // Conditions makes a write conditional.
@@ -339,11 +344,16 @@ func (b *Bucket) Put(ctx context.Context, key string, body io.Reader, meta map[s
 	sum := hex.EncodeToString(h.Sum(nil))
 	// The sidecar goes first and names the new body's inode, so a reader
 	// never pairs the new body with an old MD5: until the rename it still
-	// sees the old body, whose identity does not match.
-	if err := b.writeSidecar(key, &sidecar{Ino: ino, Size: size, MtimeNs: mtime, MD5: sum, Meta: meta}); err != nil {
-		return Info{}, err
+	// sees the old body, whose identity does not match. Without metadata a
+	// small body needs no sidecar; an old one is removed first.
+	if len(meta) > 0 || size >= sidecarMinSize {
+		if err := b.writeSidecar(key, &sidecar{Ino: ino, Size: size, MtimeNs: mtime, MD5: sum, Meta: meta}); err != nil {
+			return Info{}, err
+		}
+	} else if err := os.Remove(b.metaPath(key)); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
+		return Info{}, fmt.Errorf("remove stale metadata of %s: %w", key, err)
 	}
-	if err := os.Rename(tmp.Name(), p); err != nil {
+	if err := replace(tmp.Name(), p); err != nil {
 		if st, serr := os.Stat(p); serr == nil && st.IsDir() {
 			return Info{}, fmt.Errorf("%w: %q is a prefix of other objects (a directory on disk)", objstore.ErrInvalidKey, key)
 		}
