@@ -1,0 +1,255 @@
+package cache
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+
+	"github.com/nstance-dev/nstance/pkg/objstore"
+)
+
+const schema = `
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS objects (
+	kind TEXT NOT NULL,
+	key TEXT NOT NULL,
+	etag TEXT NOT NULL,
+	last_modified INTEGER NOT NULL,
+	body BLOB NOT NULL,
+	PRIMARY KEY (kind, key)
+);`
+
+// Entry is one cached object.
+type Entry struct {
+	Kind         string
+	Key          string
+	ETag         string
+	LastModified time.Time
+	Body         []byte
+}
+
+// Source says which objects Rebuild mirrors under which kind.
+type Source struct {
+	Kind string
+	// Prefix lists a directory of objects; Key names a single object. Set one.
+	Prefix string
+	Key    string
+	// SkipBodies stores only key and etag (for marker objects).
+	SkipBodies bool
+}
+
+// ErrNotFound reports a missing cache entry.
+var ErrNotFound = errors.New("not in cache")
+
+// Cache is an open SQLite cache.
+type Cache struct {
+	db   *sql.DB
+	path string
+}
+
+// Open opens (creating) the cache at path; an empty path keeps it in memory.
+func Open(ctx context.Context, path string) (*Cache, error) {
+	dsn := "file::memory:?cache=shared"
+	if path == "" {
+		// A private in-memory database per Cache: a unique name.
+		dsn = fmt.Sprintf("file:nstance-%d?mode=memory&cache=shared", time.Now().UnixNano())
+	} else {
+		if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+			return nil, fmt.Errorf("creating cache directory: %w", err)
+		}
+		dsn = "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_pragma=synchronous(NORMAL)"
+	}
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("opening cache %s: %w", path, err)
+	}
+	db.SetMaxOpenConns(1)
+	if _, err := db.ExecContext(ctx, schema); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("creating cache schema in %s: %w", path, err)
+	}
+	return &Cache{db: db, path: path}, nil
+}
+
+// Close closes the database.
+func (c *Cache) Close() error { return c.db.Close() }
+
+// Put inserts or replaces an entry.
+func (c *Cache) Put(ctx context.Context, e Entry) error {
+	_, err := c.db.ExecContext(ctx, `INSERT OR REPLACE INTO objects(kind, key, etag, last_modified, body) VALUES (?, ?, ?, ?, ?)`,
+		e.Kind, e.Key, e.ETag, e.LastModified.UnixNano(), nonNil(e.Body))
+	if err != nil {
+		return fmt.Errorf("cache put %s/%s: %w", e.Kind, e.Key, err)
+	}
+	return nil
+}
+
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+// Get returns one entry or ErrNotFound.
+func (c *Cache) Get(ctx context.Context, kind, key string) (*Entry, error) {
+	e := Entry{Kind: kind, Key: key}
+	var lm int64
+	err := c.db.QueryRowContext(ctx, `SELECT etag, last_modified, body FROM objects WHERE kind = ? AND key = ?`, kind, key).Scan(&e.ETag, &lm, &e.Body)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("%s/%s: %w", kind, key, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cache get %s/%s: %w", kind, key, err)
+	}
+	e.LastModified = time.Unix(0, lm)
+	return &e, nil
+}
+
+// Delete removes one entry.
+func (c *Cache) Delete(ctx context.Context, kind, key string) error {
+	if _, err := c.db.ExecContext(ctx, `DELETE FROM objects WHERE kind = ? AND key = ?`, kind, key); err != nil {
+		return fmt.Errorf("cache delete %s/%s: %w", kind, key, err)
+	}
+	return nil
+}
+
+// List returns every entry of a kind, ordered by key.
+func (c *Cache) List(ctx context.Context, kind string) ([]Entry, error) {
+	rows, err := c.db.QueryContext(ctx, `SELECT key, etag, last_modified, body FROM objects WHERE kind = ? ORDER BY key`, kind)
+	if err != nil {
+		return nil, fmt.Errorf("cache list %s: %w", kind, err)
+	}
+	defer rows.Close()
+	var out []Entry
+	for rows.Next() {
+		e := Entry{Kind: kind}
+		var lm int64
+		if err := rows.Scan(&e.Key, &e.ETag, &lm, &e.Body); err != nil {
+			return nil, fmt.Errorf("cache list %s: %w", kind, err)
+		}
+		e.LastModified = time.Unix(0, lm)
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// Count returns how many entries a kind has.
+func (c *Cache) Count(ctx context.Context, kind string) (int, error) {
+	var n int
+	err := c.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM objects WHERE kind = ?`, kind).Scan(&n)
+	return n, err
+}
+
+// SyncedAt returns when Rebuild last completed (zero if never).
+func (c *Cache) SyncedAt(ctx context.Context) (time.Time, error) {
+	var v string
+	err := c.db.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = 'synced_at'`).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("reading sync time: %w", err)
+	}
+	return time.Parse(time.RFC3339Nano, v)
+}
+
+// Wipe deletes every cached object (used by tests and on corruption).
+func (c *Cache) Wipe(ctx context.Context) error {
+	_, err := c.db.ExecContext(ctx, `DELETE FROM objects; DELETE FROM meta;`)
+	return err
+}
+
+// Rebuild replaces the cached objects of each source's kind with what object
+// storage holds now, in one transaction (readers never see a half-built cache).
+func (c *Cache) Rebuild(ctx context.Context, store objstore.Store, sources []Source, now time.Time) error {
+	type item struct {
+		kind string
+		info objstore.ObjectInfo
+		body []byte
+	}
+	var items []item
+	for _, s := range sources {
+		switch {
+		case s.Key != "":
+			obj, err := store.Get(ctx, s.Key)
+			if errors.Is(err, objstore.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("rebuilding cache: reading %s: %w", s.Key, err)
+			}
+			items = append(items, item{s.Kind, obj.ObjectInfo, obj.Body})
+		default:
+			infos, err := store.List(ctx, s.Prefix)
+			if err != nil {
+				return fmt.Errorf("rebuilding cache: listing %s: %w", s.Prefix, err)
+			}
+			for _, info := range infos {
+				var body []byte
+				if !s.SkipBodies {
+					obj, err := store.Get(ctx, info.Key)
+					if errors.Is(err, objstore.ErrNotFound) {
+						continue // deleted since the listing
+					}
+					if err != nil {
+						return fmt.Errorf("rebuilding cache: reading %s: %w", info.Key, err)
+					}
+					info, body = obj.ObjectInfo, obj.Body
+				}
+				items = append(items, item{s.Kind, info, body})
+			}
+		}
+	}
+	tx, err := c.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("rebuilding cache: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	kinds := map[string]bool{}
+	for _, s := range sources {
+		kinds[s.Kind] = true
+	}
+	for k := range kinds {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM objects WHERE kind = ?`, k); err != nil {
+			return fmt.Errorf("rebuilding cache: clearing %s: %w", k, err)
+		}
+	}
+	stmt, err := tx.PrepareContext(ctx, `INSERT OR REPLACE INTO objects(kind, key, etag, last_modified, body) VALUES (?, ?, ?, ?, ?)`)
+	if err != nil {
+		return fmt.Errorf("rebuilding cache: %w", err)
+	}
+	defer stmt.Close()
+	for _, it := range items {
+		if _, err := stmt.ExecContext(ctx, it.kind, it.info.Key, it.info.ETag, it.info.LastModified.UnixNano(), nonNil(it.body)); err != nil {
+			return fmt.Errorf("rebuilding cache: storing %s: %w", it.info.Key, err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO meta(key, value) VALUES ('synced_at', ?)`, now.UTC().Format(time.RFC3339Nano)); err != nil {
+		return fmt.Errorf("rebuilding cache: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("rebuilding cache: commit: %w", err)
+	}
+	return nil
+}
+
+// Path is the database file ("" when in memory).
+func (c *Cache) Path() string { return c.path }
+
+// KeyBase returns the last path segment of an object key without extension,
+// e.g. the instance id of shard/s/instances/i-1.json.
+func KeyBase(key string) string {
+	base := key[strings.LastIndex(key, "/")+1:]
+	if i := strings.LastIndex(base, "."); i > 0 {
+		base = base[:i]
+	}
+	return base
+}
