@@ -1,0 +1,235 @@
+package apiserver
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+
+	"github.com/nstance-dev/nstance/internal/devk8s/registry"
+	"github.com/nstance-dev/nstance/internal/devk8s/store"
+)
+
+// Version is what /version reports.
+var version = map[string]string{
+	"major":        "1",
+	"minor":        "36",
+	"gitVersion":   "v1.36.3-dev-k8s",
+	"gitCommit":    "dev-k8s",
+	"gitTreeState": "clean",
+	"buildDate":    "2026-01-01T00:00:00Z",
+	"goVersion":    "go1.26",
+	"compiler":     "gc",
+	"platform":     "linux/amd64",
+}
+
+// Options configure a Server.
+type Options struct {
+	// Dir is the data directory.
+	Dir string
+	// CRDFiles are YAML or JSON files holding CRDs installed at start.
+	CRDFiles []string
+	// History and WatchBuffer tune the store (0 for defaults).
+	History     int
+	WatchBuffer int
+	// BookmarkInterval is how often watches that allow bookmarks get one.
+	BookmarkInterval time.Duration
+	// Controllers turns on the work kube-controller-manager and kubelets do
+	// in a real cluster: garbage collection, namespace deletion, finishing
+	// graceful pod deletion and PodDisruptionBudget status. Off, dev-k8s
+	// behaves like a bare kube-apiserver (as envtest does).
+	Controllers bool
+}
+
+// Server serves the Kubernetes API from a store.
+type Server struct {
+	log   logr.Logger
+	reg   *registry.Registry
+	store *store.Store
+	opts  Options
+	ctx   context.Context
+
+	scheme   *runtime.Scheme
+	codecs   serializer.CodecFactory
+	tokenKey []byte
+
+	// gcMu serialises garbage collection passes.
+	gcMu   sync.Mutex
+	gcKick chan struct{}
+	wg     sync.WaitGroup
+}
+
+// New opens the data directory, installs the CRDs and starts the garbage
+// collector. Close releases everything.
+func New(ctx context.Context, log logr.Logger, opts Options) (*Server, error) {
+	if opts.BookmarkInterval <= 0 {
+		opts.BookmarkInterval = time.Minute
+	}
+	scheme, err := buildScheme()
+	if err != nil {
+		return nil, err
+	}
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return nil, fmt.Errorf("token signing key: %w", err)
+	}
+	s := &Server{log: log, reg: registry.New(), opts: opts, ctx: ctx, gcKick: make(chan struct{}, 1), scheme: scheme, codecs: serializer.NewCodecFactory(scheme), tokenKey: key}
+	st, err := store.Open(ctx, log.WithName("store"), store.Options{
+		Dir:         opts.Dir,
+		History:     opts.History,
+		WatchBuffer: opts.WatchBuffer,
+		Normalize:   s.normalizeFileObject,
+		OnChange:    s.onChange,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.store = st
+	for _, res := range s.reg.All() {
+		if err := st.Register(res.StorageName(), res.Namespaced); err != nil {
+			_ = st.Close()
+			return nil, fmt.Errorf("load %s: %w", res.StorageName(), err)
+		}
+	}
+	if err := s.installCRDFiles(ctx, opts.CRDFiles); err != nil {
+		_ = st.Close()
+		return nil, err
+	}
+	s.wg.Add(1)
+	go s.collector(ctx)
+	return s, nil
+}
+
+// Close stops background work and the store.
+func (s *Server) Close() error {
+	err := s.store.Close()
+	close(s.gcKick)
+	s.wg.Wait()
+	return err
+}
+
+// Registry exposes the resource table.
+func (s *Server) Registry() *registry.Registry { return s.reg }
+
+// onChange reacts to committed changes: CRDs register their kinds, and
+// deletions wake the garbage collector.
+func (s *Server) onChange(ev store.Event) {
+	if ev.Resource == crdStorage {
+		s.crdChanged(ev)
+	}
+	if ev.Type == "DELETED" || hasDeletionTimestamp(ev.Object.Object) {
+		s.kickGC()
+	}
+}
+
+func (s *Server) kickGC() {
+	defer func() { _ = recover() }() // closed during shutdown
+	select {
+	case s.gcKick <- struct{}{}:
+	default:
+	}
+}
+
+// ServeHTTP routes a request.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	defer func() {
+		if rec := recover(); rec != nil {
+			s.log.Error(fmt.Errorf("%v", rec), "panic serving request", "method", r.Method, "path", r.URL.Path)
+			writeError(w, apierrors.NewInternalError(fmt.Errorf("%v", rec)))
+		}
+	}()
+	path := strings.Trim(r.URL.Path, "/")
+	switch path {
+	case "version":
+		writeJSON(w, http.StatusOK, version)
+		return
+	case "healthz", "readyz", "livez":
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte("ok"))
+		return
+	case "api":
+		s.serveCoreVersions(w, r)
+		return
+	case "apis":
+		s.serveGroups(w, r)
+		return
+	}
+	if strings.HasPrefix(path, "healthz/") || strings.HasPrefix(path, "readyz/") || strings.HasPrefix(path, "livez/") {
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte("ok"))
+		return
+	}
+	if path == "openapi/v3" || strings.HasPrefix(path, "openapi/v3/") {
+		s.serveOpenAPIV3(w, r, strings.TrimPrefix(strings.TrimPrefix(path, "openapi/v3"), "/"))
+		return
+	}
+	segs := strings.Split(path, "/")
+	var group, ver string
+	var rest []string
+	switch {
+	case segs[0] == "api" && len(segs) >= 2:
+		ver, rest = segs[1], segs[2:]
+	case segs[0] == "apis" && len(segs) == 2:
+		s.serveGroup(w, r, segs[1])
+		return
+	case segs[0] == "apis" && len(segs) >= 3:
+		group, ver, rest = segs[1], segs[2], segs[3:]
+	default:
+		writeError(w, apierrors.NewNotFound(schema.GroupResource{}, ""))
+		return
+	}
+	if len(rest) == 0 {
+		s.serveResourceList(w, r, group, ver)
+		return
+	}
+	s.serveResource(w, r, group, ver, rest)
+}
+
+// writeJSON encodes v with the given status.
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		code = http.StatusInternalServerError
+		data = []byte(`{"kind":"Status","apiVersion":"v1","status":"Failure","message":"encode response","code":500}`)
+	}
+	writeRaw(w, code, data)
+}
+
+func writeRaw(w http.ResponseWriter, code int, data []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_, _ = w.Write(data)
+}
+
+// writeError answers with a metav1.Status body.
+func writeError(w http.ResponseWriter, err error) {
+	var st *apierrors.StatusError
+	if !errors.As(err, &st) {
+		st = apierrors.NewInternalError(err)
+	}
+	status := st.ErrStatus
+	status.Kind = "Status"
+	status.APIVersion = "v1"
+	code := int(status.Code)
+	if code == 0 {
+		code = http.StatusInternalServerError
+	}
+	writeJSON(w, code, &status)
+}
+
+func successStatus(details *metav1.StatusDetails) *metav1.Status {
+	return &metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusSuccess, Details: details}
+}

@@ -1,0 +1,151 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/nstance-dev/nstance/internal/devk8s/apiserver"
+	"github.com/nstance-dev/nstance/internal/devk8s/certs"
+)
+
+// Config is the command line of dev-k8s.
+type Config struct {
+	Addr          string
+	Dir           string
+	TLS           bool
+	KubeconfigOut string
+	// CRDPaths are CRD files or directories of them.
+	CRDPaths    []string
+	Controllers bool
+}
+
+// Running is a started dev-k8s.
+type Running struct {
+	// URL is where clients reach the server.
+	URL    string
+	Server *apiserver.Server
+	CAPEM  []byte
+	done   chan error
+	http   *http.Server
+}
+
+// Wait blocks until the server stops.
+func (r *Running) Wait() error { return <-r.done }
+
+// Start launches dev-k8s; it stops when ctx ends.
+func Start(ctx context.Context, log logr.Logger, cfg Config) (*Running, error) {
+	files, err := crdFiles(cfg.CRDPaths)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := apiserver.New(ctx, log, apiserver.Options{Dir: cfg.Dir, CRDFiles: files, Controllers: cfg.Controllers})
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		_ = srv.Close()
+		return nil, fmt.Errorf("listen on %s: %w", cfg.Addr, err)
+	}
+	host := clientHost(ln.Addr())
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	run := &Running{Server: srv, http: hs, done: make(chan error, 1)}
+	scheme := "http"
+	if cfg.TLS {
+		bundle, err := certs.LoadOrCreate(filepath.Join(cfg.Dir, ".dev-k8s", "tls"), nil)
+		if err != nil {
+			_ = ln.Close()
+			_ = srv.Close()
+			return nil, err
+		}
+		tlsCfg, err := bundle.TLSConfig()
+		if err != nil {
+			_ = ln.Close()
+			_ = srv.Close()
+			return nil, err
+		}
+		hs.TLSConfig = tlsCfg
+		run.CAPEM = bundle.CAPEM
+		scheme = "https"
+	}
+	run.URL = scheme + "://" + host
+	if cfg.KubeconfigOut != "" {
+		if err := certs.WriteKubeconfig(cfg.KubeconfigOut, run.URL, run.CAPEM); err != nil {
+			_ = ln.Close()
+			_ = srv.Close()
+			return nil, err
+		}
+	}
+	go func() {
+		var err error
+		if cfg.TLS {
+			err = hs.ServeTLS(ln, "", "")
+		} else {
+			err = hs.Serve(ln)
+		}
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		run.done <- errors.Join(err, srv.Close())
+	}()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(sctx)
+		_ = hs.Close()
+	}()
+	log.Info("dev-k8s serving", "url", run.URL, "dir", cfg.Dir, "crdFiles", len(files))
+	return run, nil
+}
+
+func clientHost(addr net.Addr) string {
+	tcp, ok := addr.(*net.TCPAddr)
+	if !ok {
+		return addr.String()
+	}
+	ip := tcp.IP.String()
+	if tcp.IP.IsUnspecified() {
+		ip = "127.0.0.1"
+	}
+	return net.JoinHostPort(ip, fmt.Sprint(tcp.Port))
+}
+
+// crdFiles expands directories into their .yaml, .yml and .json files.
+func crdFiles(paths []string) ([]string, error) {
+	var out []string
+	for _, p := range paths {
+		info, err := os.Stat(p)
+		if err != nil {
+			return nil, fmt.Errorf("CRD path: %w", err)
+		}
+		if !info.IsDir() {
+			out = append(out, p)
+			continue
+		}
+		ents, err := os.ReadDir(p)
+		if err != nil {
+			return nil, fmt.Errorf("read CRD directory: %w", err)
+		}
+		var names []string
+		for _, e := range ents {
+			n := e.Name()
+			if !e.IsDir() && (strings.HasSuffix(n, ".yaml") || strings.HasSuffix(n, ".yml") || strings.HasSuffix(n, ".json")) {
+				names = append(names, filepath.Join(p, n))
+			}
+		}
+		sort.Strings(names)
+		out = append(out, names...)
+	}
+	return out, nil
+}

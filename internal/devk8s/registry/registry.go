@@ -1,0 +1,300 @@
+package registry
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// Resource describes one served resource in one group version.
+type Resource struct {
+	Group      string
+	Version    string
+	Resource   string // plural, lower case
+	Singular   string
+	Kind       string
+	ListKind   string
+	Namespaced bool
+	ShortNames []string
+	Categories []string
+	// Status is true when the resource has a status subresource.
+	Status bool
+	// Subresources other than status (eviction, token, ...).
+	Subresources []string
+	// Generation is true when metadata.generation is maintained.
+	Generation bool
+	// BuiltIn is true for kinds compiled into client-go's scheme (strategic
+	// merge patch works for them).
+	BuiltIn bool
+	// PrinterColumns are the CRD's additionalPrinterColumns (nil for built-ins).
+	PrinterColumns []apiextensionsv1.CustomResourceColumnDefinition
+	// ReturnDeleted makes DELETE answer with the deleted object rather than a Status.
+	ReturnDeleted bool
+	// CreateOnUpdate lets PUT create a missing object.
+	CreateOnUpdate bool
+	// Storage is true for the version whose objects are stored (CRDs serve
+	// every version from the same files).
+	Storage bool
+}
+
+// GVR returns the group, version and resource.
+func (r *Resource) GVR() schema.GroupVersionResource {
+	return schema.GroupVersionResource{Group: r.Group, Version: r.Version, Resource: r.Resource}
+}
+
+// GVK returns the group, version and kind.
+func (r *Resource) GVK() schema.GroupVersionKind {
+	return schema.GroupVersionKind{Group: r.Group, Version: r.Version, Kind: r.Kind}
+}
+
+// GroupResource returns the group and resource, as used in error messages.
+func (r *Resource) GroupResource() schema.GroupResource {
+	return schema.GroupResource{Group: r.Group, Resource: r.Resource}
+}
+
+// APIVersion is the apiVersion field value for objects of this resource.
+func (r *Resource) APIVersion() string {
+	return schema.GroupVersion{Group: r.Group, Version: r.Version}.String()
+}
+
+// StorageName is the directory under the data directory holding the
+// resource's files: the plural for the core group, plural.group otherwise.
+func (r *Resource) StorageName() string {
+	return StorageName(r.Group, r.Resource)
+}
+
+// StorageName returns the directory name for a group and plural resource.
+func StorageName(group, resource string) string {
+	if group == "" {
+		return resource
+	}
+	return resource + "." + group
+}
+
+// Verbs lists the verbs the resource supports.
+func (r *Resource) Verbs() []string {
+	return []string{"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
+}
+
+// Registry is the set of served resources; safe for concurrent use.
+type Registry struct {
+	mu        sync.RWMutex
+	resources map[schema.GroupVersionResource]*Resource
+	// preferred version per group, in insertion order of groups.
+	groups []string
+	// crdOwned maps a CRD name to the resources it registered.
+	crdOwned map[string][]schema.GroupVersionResource
+}
+
+// New returns a registry holding the built-in resources.
+func New() *Registry {
+	r := &Registry{resources: map[schema.GroupVersionResource]*Resource{}, crdOwned: map[string][]schema.GroupVersionResource{}}
+	for _, res := range builtins() {
+		res := res
+		r.add(&res)
+	}
+	return r
+}
+
+func (r *Registry) add(res *Resource) {
+	if res.ListKind == "" {
+		res.ListKind = res.Kind + "List"
+	}
+	if res.Singular == "" {
+		res.Singular = strings.ToLower(res.Kind)
+	}
+	r.resources[res.GVR()] = res
+	found := false
+	for _, g := range r.groups {
+		if g == res.Group {
+			found = true
+		}
+	}
+	if !found {
+		r.groups = append(r.groups, res.Group)
+	}
+}
+
+// Lookup finds a resource by group, version and plural name.
+func (r *Registry) Lookup(gvr schema.GroupVersionResource) (*Resource, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	res, ok := r.resources[gvr]
+	return res, ok
+}
+
+// ByStorageName returns the storage version resource for a directory name.
+func (r *Registry) ByStorageName(name string) (*Resource, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var found *Resource
+	for _, res := range r.resources {
+		if res.StorageName() == name && (found == nil || res.Storage) {
+			found = res
+		}
+	}
+	return found, found != nil
+}
+
+// ForKind finds the resource serving a group version kind.
+func (r *Registry) ForKind(gvk schema.GroupVersionKind) (*Resource, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for _, res := range r.resources {
+		if res.GVK() == gvk {
+			return res, true
+		}
+	}
+	return nil, false
+}
+
+// All returns every resource, sorted by group, version and name.
+func (r *Registry) All() []*Resource {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]*Resource, 0, len(r.resources))
+	for _, res := range r.resources {
+		out = append(out, res)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if a.Group != b.Group {
+			return a.Group < b.Group
+		}
+		if a.Version != b.Version {
+			return a.Version < b.Version
+		}
+		return a.Resource < b.Resource
+	})
+	return out
+}
+
+// Groups returns group names in registration order (core first) with their
+// versions, preferred version first.
+func (r *Registry) Groups() []GroupVersions {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var out []GroupVersions
+	for _, g := range r.groups {
+		seen := map[string]bool{}
+		gv := GroupVersions{Group: g}
+		for _, res := range r.resources {
+			if res.Group != g || seen[res.Version] {
+				continue
+			}
+			seen[res.Version] = true
+			gv.Versions = append(gv.Versions, res.Version)
+		}
+		if len(gv.Versions) == 0 {
+			continue
+		}
+		sortVersions(gv.Versions)
+		out = append(out, gv)
+	}
+	return out
+}
+
+// GroupVersions names a group and its served versions, preferred first.
+type GroupVersions struct {
+	Group    string
+	Versions []string
+}
+
+// sortVersions orders versions as Kubernetes does: GA before beta before
+// alpha, higher numbers first.
+func sortVersions(vs []string) {
+	sort.SliceStable(vs, func(i, j int) bool {
+		return compareVersion(vs[i], vs[j]) > 0
+	})
+}
+
+func compareVersion(a, b string) int {
+	ka, kb := versionKey(a), versionKey(b)
+	for i := range ka {
+		if ka[i] != kb[i] {
+			if ka[i] > kb[i] {
+				return 1
+			}
+			return -1
+		}
+	}
+	return strings.Compare(b, a)
+}
+
+// versionKey ranks v1 > v1beta2 > v1beta1 > v1alpha1.
+func versionKey(v string) [4]int {
+	var major, minor int
+	stage := 3
+	rest := strings.TrimPrefix(v, "v")
+	n, _ := fmt.Sscanf(rest, "%d", &major)
+	if n == 0 {
+		return [4]int{0, 0, 0, 0}
+	}
+	digits := len(fmt.Sprint(major))
+	tail := rest[digits:]
+	switch {
+	case strings.HasPrefix(tail, "beta"):
+		stage = 2
+		fmt.Sscanf(strings.TrimPrefix(tail, "beta"), "%d", &minor)
+	case strings.HasPrefix(tail, "alpha"):
+		stage = 1
+		fmt.Sscanf(strings.TrimPrefix(tail, "alpha"), "%d", &minor)
+	case tail != "":
+		stage = 0
+	}
+	return [4]int{1, stage, major, minor}
+}
+
+// AddCRD registers (or re-registers) the served versions of a CRD.
+func (r *Registry) AddCRD(crd *apiextensionsv1.CustomResourceDefinition) error {
+	if crd.Spec.Names.Plural == "" || crd.Spec.Names.Kind == "" || crd.Spec.Group == "" {
+		return fmt.Errorf("crd %q: group, names.plural and names.kind are required", crd.Name)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.removeCRDLocked(crd.Name)
+	var owned []schema.GroupVersionResource
+	for _, v := range crd.Spec.Versions {
+		if !v.Served {
+			continue
+		}
+		res := &Resource{
+			Group:          crd.Spec.Group,
+			Version:        v.Name,
+			Resource:       crd.Spec.Names.Plural,
+			Singular:       crd.Spec.Names.Singular,
+			Kind:           crd.Spec.Names.Kind,
+			ListKind:       crd.Spec.Names.ListKind,
+			Namespaced:     crd.Spec.Scope == apiextensionsv1.NamespaceScoped,
+			ShortNames:     crd.Spec.Names.ShortNames,
+			Categories:     crd.Spec.Names.Categories,
+			Status:         v.Subresources != nil && v.Subresources.Status != nil,
+			Generation:     true,
+			PrinterColumns: v.AdditionalPrinterColumns,
+			ReturnDeleted:  true,
+			Storage:        v.Storage,
+		}
+		r.add(res)
+		owned = append(owned, res.GVR())
+	}
+	r.crdOwned[crd.Name] = owned
+	return nil
+}
+
+// RemoveCRD stops serving the resources a CRD registered.
+func (r *Registry) RemoveCRD(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.removeCRDLocked(name)
+}
+
+func (r *Registry) removeCRDLocked(name string) {
+	for _, gvr := range r.crdOwned[name] {
+		delete(r.resources, gvr)
+	}
+	delete(r.crdOwned, name)
+}

@@ -1,0 +1,598 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/runtime"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
+	"k8s.io/apimachinery/pkg/watch"
+)
+
+const (
+	stateDirName   = ".dev-k8s"
+	stateFileName  = "state.json"
+	rvReserveBlock = 1000
+	// DefaultHistory is the number of recent events kept for watches that
+	// start from a resourceVersion.
+	DefaultHistory = 10000
+	// DefaultWatchBuffer is the number of events a watcher may fall behind
+	// before it is closed.
+	DefaultWatchBuffer = 1000
+)
+
+// Entry is one stored object. Entries are immutable once stored: callers must
+// not modify Object or JSON.
+type Entry struct {
+	Object map[string]any
+	// JSON is the compact encoding of Object.
+	JSON []byte
+	RV   uint64
+	hash [32]byte
+}
+
+// Event is a committed change.
+type Event struct {
+	Type      watch.EventType
+	Resource  string
+	Namespace string
+	Name      string
+	RV        uint64
+	// Object is the new state, or the last state for DELETED.
+	Object *Entry
+	// Old is the previous state (nil for ADDED).
+	Old *Entry
+}
+
+// Normalizer fills server-managed fields of an object that arrived through a
+// hand-edited file. old is the previous stored object or nil.
+type Normalizer func(resource string, old, obj map[string]any)
+
+// Options configure a Store.
+type Options struct {
+	Dir         string
+	History     int
+	WatchBuffer int
+	// Normalize is applied to hand-edited objects before they are stored.
+	Normalize Normalizer
+	// OnChange is called after each committed change, outside the lock.
+	OnChange func(Event)
+}
+
+type table struct {
+	namespaced bool
+	objs       map[string]*Entry
+	sorted     []string
+	// lowWater is the RV when the resource was registered: watches cannot
+	// start earlier, like a fresh kube-apiserver watch cache.
+	lowWater uint64
+}
+
+// Store is the object index plus its file mirror.
+type Store struct {
+	log  logr.Logger
+	opts Options
+
+	mu       sync.Mutex
+	rv       uint64
+	reserved uint64
+	tables   map[string]*table
+	history  []Event
+	histNext int
+	histFull bool
+	// lowWater is the newest resourceVersion not in history: a watch may
+	// start from any RV >= lowWater.
+	lowWater uint64
+	watchers map[*Watcher]struct{}
+	watched  map[string]bool
+
+	fsw  *fsnotify.Watcher
+	done chan struct{}
+}
+
+// ErrNotRegistered is returned for a resource that Register has not seen.
+var ErrNotRegistered = errors.New("resource not registered")
+
+// Open loads the resourceVersion state and starts watching the directory.
+// Resources are loaded by Register.
+func Open(ctx context.Context, log logr.Logger, opts Options) (*Store, error) {
+	if opts.History <= 0 {
+		opts.History = DefaultHistory
+	}
+	if opts.WatchBuffer <= 0 {
+		opts.WatchBuffer = DefaultWatchBuffer
+	}
+	if err := os.MkdirAll(filepath.Join(opts.Dir, stateDirName), 0o755); err != nil {
+		return nil, fmt.Errorf("create data directory: %w", err)
+	}
+	s := &Store{
+		log:      log,
+		opts:     opts,
+		tables:   map[string]*table{},
+		history:  make([]Event, opts.History),
+		watchers: map[*Watcher]struct{}{},
+		watched:  map[string]bool{},
+		done:     make(chan struct{}),
+	}
+	if err := s.loadState(); err != nil {
+		return nil, err
+	}
+	fsw, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, fmt.Errorf("start fsnotify: %w", err)
+	}
+	s.fsw = fsw
+	if err := s.watchDirLocked(opts.Dir); err != nil {
+		_ = fsw.Close()
+		return nil, err
+	}
+	go s.run(ctx)
+	return s, nil
+}
+
+// Close stops watching files and ends every watch.
+func (s *Store) Close() error {
+	err := s.fsw.Close()
+	<-s.done
+	s.mu.Lock()
+	for w := range s.watchers {
+		s.closeWatcherLocked(w, false)
+	}
+	s.mu.Unlock()
+	return err
+}
+
+// Dir returns the data directory.
+func (s *Store) Dir() string { return s.opts.Dir }
+
+type state struct {
+	ReservedResourceVersion uint64 `json:"reservedResourceVersion"`
+}
+
+func (s *Store) statePath() string {
+	return filepath.Join(s.opts.Dir, stateDirName, stateFileName)
+}
+
+func (s *Store) loadState() error {
+	data, err := os.ReadFile(s.statePath())
+	if errors.Is(err, os.ErrNotExist) {
+		s.rv = 1
+		s.lowWater = s.rv
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read resourceVersion state: %w", err)
+	}
+	var st state
+	if err := json.Unmarshal(data, &st); err != nil {
+		return fmt.Errorf("parse resourceVersion state %s: %w", s.statePath(), err)
+	}
+	// Every RV up to the reservation may have been handed out already.
+	s.rv = st.ReservedResourceVersion
+	s.reserved = st.ReservedResourceVersion
+	s.lowWater = s.rv
+	return nil
+}
+
+// nextRVLocked hands out the next resourceVersion, persisting a new
+// reservation block when the current one runs out.
+func (s *Store) nextRVLocked() (uint64, error) {
+	next := s.rv + 1
+	if next > s.reserved {
+		reserved := next + rvReserveBlock
+		data, _ := json.Marshal(state{ReservedResourceVersion: reserved})
+		if err := writeAtomic(s.statePath(), data); err != nil {
+			return 0, fmt.Errorf("persist resourceVersion: %w", err)
+		}
+		s.reserved = reserved
+	}
+	s.rv = next
+	return next, nil
+}
+
+// CurrentRV returns the newest resourceVersion handed out.
+func (s *Store) CurrentRV() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rv
+}
+
+func key(ns, name string) string {
+	if ns == "" {
+		return name
+	}
+	return ns + "/" + name
+}
+
+func (s *Store) path(res string, namespaced bool, ns, name string) string {
+	if namespaced {
+		return filepath.Join(s.opts.Dir, res, ns, name+".json")
+	}
+	return filepath.Join(s.opts.Dir, res, name+".json")
+}
+
+// Register loads a resource's files and watches its directory. Registering
+// an already registered resource is a no-op.
+func (s *Store) Register(res string, namespaced bool) error {
+	s.mu.Lock()
+	if _, ok := s.tables[res]; ok {
+		s.mu.Unlock()
+		return nil
+	}
+	t := &table{namespaced: namespaced, objs: map[string]*Entry{}}
+	s.tables[res] = t
+	root := filepath.Join(s.opts.Dir, res)
+	err := s.watchDirLocked(root)
+	var events []Event
+	if err == nil {
+		events, err = s.scanLocked(res, t, root, true)
+	}
+	t.lowWater = s.rv
+	s.mu.Unlock()
+	s.notify(events)
+	return err
+}
+
+// scanLocked loads every file of a resource directory.
+func (s *Store) scanLocked(res string, t *table, root string, initial bool) ([]Event, error) {
+	var events []Event
+	var files []string
+	if t.namespaced {
+		nsDirs, err := os.ReadDir(root)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", root, err)
+		}
+		for _, d := range nsDirs {
+			if !d.IsDir() || strings.HasPrefix(d.Name(), ".") {
+				continue
+			}
+			dir := filepath.Join(root, d.Name())
+			if err := s.watchDirLocked(dir); err != nil {
+				return nil, err
+			}
+			fs, err := jsonFiles(dir)
+			if err != nil {
+				return nil, err
+			}
+			files = append(files, fs...)
+		}
+	} else {
+		fs, err := jsonFiles(root)
+		if err != nil {
+			return nil, err
+		}
+		files = fs
+	}
+	// At start, files keep their resourceVersion; the counter moves past
+	// the highest one so new RVs stay unique.
+	var seen map[uint64]bool
+	if initial {
+		seen = map[uint64]bool{}
+	}
+	for _, f := range files {
+		if ev, ok := s.syncFileLocked(res, t, f, seen); ok {
+			events = append(events, ev)
+		}
+	}
+	if !initial {
+		// Objects whose files disappeared while unwatched are deleted.
+		present := map[string]bool{}
+		for _, f := range files {
+			ns, name := s.splitPath(res, t, f)
+			present[key(ns, name)] = true
+		}
+		for k, e := range t.objs {
+			if present[k] {
+				continue
+			}
+			ns, name := entryKey(e)
+			if ev, ok := s.syncFileLocked(res, t, s.path(res, t.namespaced, ns, name), nil); ok {
+				events = append(events, ev)
+			}
+		}
+	}
+	return events, nil
+}
+
+func jsonFiles(dir string) ([]string, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", dir, err)
+	}
+	var out []string
+	for _, e := range ents {
+		if e.Type().IsRegular() && isObjectFile(e.Name()) {
+			out = append(out, filepath.Join(dir, e.Name()))
+		}
+	}
+	return out, nil
+}
+
+func isObjectFile(name string) bool {
+	return !strings.HasPrefix(name, ".") && strings.HasSuffix(name, ".json") && len(name) > len(".json")
+}
+
+func (s *Store) watchDirLocked(dir string) error {
+	if s.watched[dir] {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	if err := s.fsw.Add(dir); err != nil {
+		return fmt.Errorf("watch %s: %w", dir, err)
+	}
+	s.watched[dir] = true
+	return nil
+}
+
+// Get returns the stored entry.
+func (s *Store) Get(res, ns, name string) (*Entry, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.tables[res]
+	if t == nil {
+		return nil, false
+	}
+	e, ok := t.objs[key(ns, name)]
+	return e, ok
+}
+
+// List returns the entries of a resource (one namespace, or all when ns is
+// empty) sorted by namespace and name, starting after the key `after`, and
+// the resourceVersion the list is consistent with.
+func (s *Store) List(res, ns string) ([]*Entry, uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.tables[res]
+	if t == nil {
+		return nil, s.rv
+	}
+	if t.sorted == nil {
+		t.sorted = make([]string, 0, len(t.objs))
+		for k := range t.objs {
+			t.sorted = append(t.sorted, k)
+		}
+		sort.Strings(t.sorted)
+	}
+	keys := t.sorted
+	if ns != "" && t.namespaced {
+		prefix := ns + "/"
+		lo := sort.SearchStrings(keys, prefix)
+		hi := lo
+		for hi < len(keys) && strings.HasPrefix(keys[hi], prefix) {
+			hi++
+		}
+		keys = keys[lo:hi]
+	}
+	out := make([]*Entry, len(keys))
+	for i, k := range keys {
+		out[i] = t.objs[k]
+	}
+	return out, s.rv
+}
+
+// Mutation is returned by a MutateFunc: the object to store, or Delete.
+type Mutation struct {
+	Object map[string]any
+	Delete bool
+	// DryRun computes the result without storing it.
+	DryRun bool
+}
+
+// MutateFunc computes the next state from a deep copy of the current object
+// (nil when absent). Returning an error aborts with that error.
+type MutateFunc func(cur map[string]any) (Mutation, error)
+
+// Result reports what a mutation did.
+type Result struct {
+	Entry *Entry // stored entry, or the last state for a delete
+	Type  watch.EventType
+	// Noop is true when the new object equals the stored one.
+	Noop bool
+}
+
+// Mutate applies fn atomically to one object, assigns a resourceVersion,
+// writes or removes the file and emits the watch event.
+func (s *Store) Mutate(res, ns, name string, fn MutateFunc) (Result, error) {
+	s.mu.Lock()
+	t := s.tables[res]
+	if t == nil {
+		s.mu.Unlock()
+		return Result{}, fmt.Errorf("%s: %w", res, ErrNotRegistered)
+	}
+	k := key(ns, name)
+	cur := t.objs[k]
+	var in map[string]any
+	if cur != nil {
+		in = runtime.DeepCopyJSON(cur.Object)
+	}
+	m, err := fn(in)
+	if err != nil {
+		s.mu.Unlock()
+		return Result{}, err
+	}
+	ev, res2, err := s.commitLocked(res, t, ns, name, cur, m)
+	s.mu.Unlock()
+	if err == nil && ev != nil {
+		s.notify([]Event{*ev})
+	}
+	return res2, err
+}
+
+func (s *Store) commitLocked(res string, t *table, ns, name string, cur *Entry, m Mutation) (*Event, Result, error) {
+	k := key(ns, name)
+	p := s.path(res, t.namespaced, ns, name)
+	if m.DryRun {
+		if m.Delete {
+			if cur == nil {
+				return nil, Result{}, nil
+			}
+			return nil, Result{Entry: cur, Type: watch.Deleted}, nil
+		}
+		if cur != nil {
+			setRV(m.Object, strconv.FormatUint(cur.RV, 10))
+		}
+		ent, err := newEntry(m.Object, 0)
+		return nil, Result{Entry: ent, Type: watch.Modified, Noop: true}, err
+	}
+	if m.Delete {
+		if cur == nil {
+			return nil, Result{}, nil
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, Result{}, fmt.Errorf("remove %s: %w", p, err)
+		}
+		rv, err := s.nextRVLocked()
+		if err != nil {
+			return nil, Result{}, err
+		}
+		delete(t.objs, k)
+		t.sorted = nil
+		// The DELETED event carries the object at the deletion's RV, as
+		// kube-apiserver does.
+		last := withRV(cur.Object, rv)
+		ent, err := newEntry(last, rv)
+		if err != nil {
+			return nil, Result{}, err
+		}
+		ev := s.recordLocked(Event{Type: watch.Deleted, Resource: res, Namespace: ns, Name: name, RV: rv, Object: ent, Old: cur})
+		return &ev, Result{Entry: ent, Type: watch.Deleted}, nil
+	}
+	if cur != nil {
+		setRV(m.Object, strconv.FormatUint(cur.RV, 10))
+		data, err := json.Marshal(m.Object)
+		if err != nil {
+			return nil, Result{}, fmt.Errorf("encode object: %w", err)
+		}
+		if bytes.Equal(data, cur.JSON) {
+			return nil, Result{Entry: cur, Type: watch.Modified, Noop: true}, nil
+		}
+	}
+	rv, err := s.nextRVLocked()
+	if err != nil {
+		return nil, Result{}, err
+	}
+	setRV(m.Object, strconv.FormatUint(rv, 10))
+	ent, err := newEntry(m.Object, rv)
+	if err != nil {
+		return nil, Result{}, err
+	}
+	if t.namespaced {
+		if err := s.watchDirLocked(filepath.Dir(p)); err != nil {
+			return nil, Result{}, err
+		}
+	}
+	fileData, err := fileBytes(ent.Object)
+	if err != nil {
+		return nil, Result{}, err
+	}
+	if err := writeAtomic(p, fileData); err != nil {
+		return nil, Result{}, err
+	}
+	ent.hash = sha256.Sum256(fileData)
+	if cur == nil {
+		t.sorted = nil
+	}
+	t.objs[k] = ent
+	typ := watch.Added
+	if cur != nil {
+		typ = watch.Modified
+	}
+	ev := s.recordLocked(Event{Type: typ, Resource: res, Namespace: ns, Name: name, RV: rv, Object: ent, Old: cur})
+	return &ev, Result{Entry: ent, Type: typ}, nil
+}
+
+func newEntry(obj map[string]any, rv uint64) (*Entry, error) {
+	data, err := json.Marshal(obj)
+	if err != nil {
+		return nil, fmt.Errorf("encode object: %w", err)
+	}
+	return &Entry{Object: obj, JSON: data, RV: rv}, nil
+}
+
+// fileBytes is the on-disk form: indented for people who edit the files.
+func fileBytes(obj map[string]any) ([]byte, error) {
+	data, err := json.MarshalIndent(obj, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encode object: %w", err)
+	}
+	return append(data, '\n'), nil
+}
+
+func withRV(obj map[string]any, rv uint64) map[string]any {
+	out := runtime.DeepCopyJSON(obj)
+	setRV(out, strconv.FormatUint(rv, 10))
+	return out
+}
+
+func setRV(obj map[string]any, rv string) {
+	md, ok := obj["metadata"].(map[string]any)
+	if !ok {
+		md = map[string]any{}
+		obj["metadata"] = md
+	}
+	md["resourceVersion"] = rv
+}
+
+// writeAtomic writes through a temporary file in the same directory and a
+// rename, so readers (and fsnotify) never see a half-written file.
+func writeAtomic(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return fmt.Errorf("create temporary file for %s: %w", path, err)
+	}
+	tmp := f.Name()
+	if _, err := f.Write(data); err != nil {
+		_ = f.Close()
+		_ = os.Remove(tmp)
+		return fmt.Errorf("write %s: %w", tmp, err)
+	}
+	if err := f.Close(); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("close %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("rename %s: %w", tmp, err)
+	}
+	return nil
+}
+
+// decodeObject parses a JSON object into the number types unstructured
+// objects use.
+func decodeObject(data []byte) (map[string]any, error) {
+	var obj map[string]any
+	if err := utiljson.Unmarshal(data, &obj); err != nil {
+		return nil, err
+	}
+	if obj == nil {
+		return nil, errors.New("not a JSON object")
+	}
+	return obj, nil
+}
+
+func (s *Store) notify(events []Event) {
+	if s.opts.OnChange == nil {
+		return
+	}
+	for _, ev := range events {
+		s.opts.OnChange(ev)
+	}
+}
