@@ -1,0 +1,107 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/nstance-dev/nstance/internal/server/layout"
+	"github.com/nstance-dev/nstance/pkg/objstore"
+	"github.com/nstance-dev/nstance/pkg/objstore/dirstore"
+	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
+)
+
+// Options selects a store.
+type Options struct {
+	// Kind is "s3" or "file".
+	Kind string
+	// Bucket is the S3 bucket (kind s3). The endpoint and credentials come
+	// from the AWS SDK environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...,
+	// AWS_S3_USE_PATH_STYLE).
+	Bucket string
+	// Dir is the directory holding the objects (kind file).
+	Dir string
+	// Prefix is placed before every key.
+	Prefix string
+}
+
+// Open returns the store and the key layout for o.
+func Open(ctx context.Context, o Options) (objstore.Store, layout.Keys, error) {
+	keys := layout.New(o.Prefix)
+	if keys.Prefix != "" {
+		if err := objstore.ValidatePrefix(keys.Prefix); err != nil {
+			return nil, keys, fmt.Errorf("storage prefix: %w", err)
+		}
+	}
+	switch o.Kind {
+	case "s3":
+		if o.Bucket == "" {
+			return nil, keys, errors.New("storage: --bucket is required for s3 storage")
+		}
+		s, err := s3store.New(ctx, o.Bucket, "")
+		if err != nil {
+			return nil, keys, fmt.Errorf("storage: %w", err)
+		}
+		return s, keys, nil
+	case "file":
+		if o.Dir == "" {
+			return nil, keys, errors.New("storage: --storage-dir is required for file storage")
+		}
+		s, err := dirstore.Open(o.Dir)
+		if err != nil {
+			return nil, keys, fmt.Errorf("storage: %w", err)
+		}
+		return s, keys, nil
+	default:
+		return nil, keys, fmt.Errorf("storage: kind must be s3 or file, got %q", o.Kind)
+	}
+}
+
+// Permanent wraps an error that retrying will not fix.
+type Permanent struct{ Err error }
+
+func (p Permanent) Error() string { return p.Err.Error() }
+func (p Permanent) Unwrap() error { return p.Err }
+
+// Backoff configures Retry.
+type Backoff struct {
+	Initial time.Duration
+	Max     time.Duration
+}
+
+// DefaultBackoff starts at 200ms and caps at 10s.
+var DefaultBackoff = Backoff{Initial: 200 * time.Millisecond, Max: 10 * time.Second}
+
+// Retry calls fn until it succeeds, returns a Permanent error, or ctx ends,
+// sleeping with jittered exponential backoff between attempts.
+func Retry(ctx context.Context, log logr.Logger, what string, b Backoff, fn func(context.Context) error) error {
+	if b.Initial <= 0 {
+		b = DefaultBackoff
+	}
+	wait := b.Initial
+	for attempt := 1; ; attempt++ {
+		err := fn(ctx)
+		if err == nil {
+			return nil
+		}
+		var p Permanent
+		if errors.As(err, &p) {
+			return p.Err
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s: %w (last error: %v)", what, ctx.Err(), err)
+		}
+		sleep := wait/2 + time.Duration(rand.Int64N(int64(wait/2)+1))
+		log.Info("retrying", "what", what, "attempt", attempt, "in", sleep.String(), "error", err.Error())
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w (last error: %v)", what, ctx.Err(), err)
+		case <-time.After(sleep):
+		}
+		wait = min(wait*2, b.Max)
+	}
+}

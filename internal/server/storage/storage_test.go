@@ -1,0 +1,54 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/require"
+)
+
+func TestRetry(t *testing.T) {
+	b := Backoff{Initial: time.Millisecond, Max: 4 * time.Millisecond}
+	calls := 0
+	err := Retry(context.Background(), logr.Discard(), "x", b, func(context.Context) error {
+		calls++
+		if calls < 4 {
+			return errors.New("transient")
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 4, calls)
+
+	calls = 0
+	boom := errors.New("bad config")
+	err = Retry(context.Background(), logr.Discard(), "x", b, func(context.Context) error { calls++; return Permanent{boom} })
+	require.ErrorIs(t, err, boom)
+	require.Equal(t, 1, calls)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	err = Retry(ctx, logr.Discard(), "load", b, func(context.Context) error { return errors.New("down") })
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "down")
+}
+
+func TestOpenErrors(t *testing.T) {
+	ctx := context.Background()
+	for name, o := range map[string]Options{
+		"kind":      {Kind: "gcs"},
+		"no bucket": {Kind: "s3"},
+		"no dir":    {Kind: "file"},
+		"prefix":    {Kind: "file", Dir: t.TempDir(), Prefix: "a/../b"},
+	} {
+		_, _, err := Open(ctx, o)
+		require.Error(t, err, name)
+	}
+	s, keys, err := Open(ctx, Options{Kind: "file", Dir: t.TempDir(), Prefix: "/p/"})
+	require.NoError(t, err)
+	require.NotNil(t, s)
+	require.Equal(t, "p/cluster/ca.crt", keys.CACert())
+}
