@@ -1,0 +1,118 @@
+package groups
+
+import (
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/internal/server/layout"
+)
+
+// Overrides are per-instance settings given to CreateInstance.
+type Overrides struct {
+	Template     string
+	InstanceType string
+	SubnetPool   string
+	Vars         map[string]string
+	DrainTimeout time.Duration
+}
+
+// Effective is the merged configuration an instance is created with.
+type Effective struct {
+	Template     string
+	InstanceType string
+	SubnetPool   string
+	Vars         map[string]string
+	Args         map[string]string
+	DrainTimeout time.Duration
+}
+
+// Resolve merges, lowest precedence first: config defaults, the template, the
+// group spec (nil for an instance outside a group) and the overrides.
+// Strings take the last non-empty value; vars and args are merged key by key.
+func Resolve(cfg *config.Config, spec *Spec, o Overrides) (Effective, error) {
+	var e Effective
+	tmplName := o.Template
+	if tmplName == "" && spec != nil {
+		tmplName = spec.Template
+	}
+	if tmplName == "" {
+		return e, fmt.Errorf("template: required")
+	}
+	t, ok := cfg.Templates[tmplName]
+	if !ok {
+		return e, fmt.Errorf("template: unknown template %q", tmplName)
+	}
+	e.Template = tmplName
+	e.Vars, e.Args = map[string]string{}, map[string]string{}
+	maps.Copy(e.Vars, cfg.Defaults.Vars)
+	maps.Copy(e.Args, cfg.Defaults.Args)
+	maps.Copy(e.Vars, t.Vars)
+	maps.Copy(e.Args, t.Args)
+	e.InstanceType, e.SubnetPool = t.InstanceType, t.SubnetPool
+	e.DrainTimeout = cfg.Shard.DefaultDrainTimeout.D()
+	if spec != nil {
+		pick(&e.InstanceType, spec.InstanceType)
+		pick(&e.SubnetPool, spec.SubnetPool)
+		maps.Copy(e.Vars, spec.Vars)
+		if spec.DrainTimeout > 0 {
+			e.DrainTimeout = spec.DrainTimeout
+		}
+	}
+	pick(&e.InstanceType, o.InstanceType)
+	pick(&e.SubnetPool, o.SubnetPool)
+	maps.Copy(e.Vars, o.Vars)
+	if o.DrainTimeout > 0 {
+		e.DrainTimeout = o.DrainTimeout
+	}
+	if e.SubnetPool != "" {
+		if _, ok := cfg.Shard.SubnetPools[e.SubnetPool]; !ok {
+			return e, fmt.Errorf("subnet_pool: unknown subnet pool %q", e.SubnetPool)
+		}
+	}
+	return e, nil
+}
+
+func pick(dst *string, v string) {
+	if v != "" {
+		*dst = v
+	}
+}
+
+// FieldError names one bad field of a group spec.
+type FieldError = config.FieldError
+
+// Validate checks a dynamic group spec against the running config. Keys are
+// the GroupSpec field names.
+func Validate(cfg *config.Config, id string, s Spec) []FieldError {
+	var errs []FieldError
+	add := func(k, f string, a ...any) { errs = append(errs, FieldError{Key: k, Reason: fmt.Sprintf(f, a...)}) }
+	if id == "" {
+		add("group_id", "required")
+	} else if err := layout.ValidateID("group id", id); err != nil || len(id) > 50 {
+		add("group_id", "want 1-50 characters [A-Za-z0-9._-] starting with a letter or digit, got %q", id)
+	}
+	if s.Template == "" {
+		add("template", "required")
+	} else if _, ok := cfg.Templates[s.Template]; !ok {
+		add("template", "unknown template %q", s.Template)
+	}
+	if s.Size < 0 || s.Size > MaxSize {
+		add("size", "must be between 0 and %d, got %d", MaxSize, s.Size)
+	}
+	if s.SubnetPool != "" {
+		if _, ok := cfg.Shard.SubnetPools[s.SubnetPool]; !ok {
+			add("subnet_pool", "unknown subnet pool %q", s.SubnetPool)
+		}
+	}
+	if s.DrainTimeout < 0 {
+		add("drain_timeout", "must not be negative")
+	}
+	for k := range s.Vars {
+		if k == "" {
+			add("vars", "empty variable name")
+		}
+	}
+	return errs
+}

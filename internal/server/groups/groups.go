@@ -1,0 +1,346 @@
+package groups
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/tailscale/hujson"
+
+	"github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/internal/server/layout"
+	"github.com/nstance-dev/nstance/pkg/objstore"
+)
+
+// Errors returned by the registry.
+var (
+	ErrNotFound = errors.New("group not found")
+	ErrStatic   = errors.New("group is defined in the server config and cannot be changed through the API")
+	ErrETag     = errors.New("group etag does not match")
+)
+
+// MaxSize bounds a group's size.
+const MaxSize = 10000
+
+// Spec is the desired state of a group.
+type Spec struct {
+	Template     string            `json:"template"`
+	Size         int               `json:"size"`
+	InstanceType string            `json:"instance_type,omitempty"`
+	SubnetPool   string            `json:"subnet_pool,omitempty"`
+	Vars         map[string]string `json:"vars,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	DrainTimeout time.Duration     `json:"drain_timeout,omitempty"`
+}
+
+func (s Spec) clone() Spec {
+	s.Vars, s.Labels = maps.Clone(s.Vars), maps.Clone(s.Labels)
+	return s
+}
+
+// Group is one group with its bookkeeping.
+type Group struct {
+	Tenant    string    `json:"-"`
+	ID        string    `json:"-"`
+	Spec      Spec      `json:"spec"`
+	Static    bool      `json:"-"`
+	ETag      string    `json:"etag"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// Key identifies a group.
+type Key struct{ Tenant, ID string }
+
+func (k Key) String() string { return k.Tenant + "/" + k.ID }
+
+// Key returns the group's key.
+func (g *Group) Key() Key { return Key{g.Tenant, g.ID} }
+
+type document struct {
+	Version int                         `json:"version"`
+	Tenants map[string]map[string]Group `json:"tenants"`
+}
+
+// Registry holds the static and dynamic groups of one shard.
+type Registry struct {
+	obj   objstore.Store
+	keys  layout.Keys
+	shard string
+	now   func() time.Time
+
+	writeMu sync.Mutex
+	mu      sync.RWMutex
+	static  map[Key]*Group
+	dynamic map[Key]*Group
+	docETag string
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry(obj objstore.Store, keys layout.Keys, shard string) *Registry {
+	return &Registry{obj: obj, keys: keys, shard: shard, now: time.Now, static: map[Key]*Group{}, dynamic: map[Key]*Group{}}
+}
+
+func staticETag(k Key, s Spec) string {
+	b, _ := json.Marshal(s)
+	h := sha256.Sum256(append([]byte(k.String()+"\x00"), b...))
+	return "s-" + hex.EncodeToString(h[:8])
+}
+
+func newETag() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return "d-" + hex.EncodeToString(b)
+}
+
+// SetStatic replaces the static groups with those of cfg and returns the keys
+// whose static definition appeared, changed or disappeared.
+func (r *Registry) SetStatic(cfg *config.Config) []Key {
+	next := map[Key]*Group{}
+	now := r.now()
+	for tenant, gs := range cfg.Groups {
+		for id, g := range gs {
+			k := Key{tenant, id}
+			spec := Spec{Template: g.Template, Size: g.Size, InstanceType: g.InstanceType, SubnetPool: g.SubnetPool,
+				Vars: maps.Clone(g.Vars), DrainTimeout: g.DrainTimeout.D()}
+			next[k] = &Group{Tenant: tenant, ID: id, Spec: spec, Static: true, ETag: staticETag(k, spec), UpdatedAt: now}
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var changed []Key
+	for k, g := range next {
+		if old, ok := r.static[k]; ok && old.ETag == g.ETag {
+			next[k] = old
+			continue
+		}
+		changed = append(changed, k)
+	}
+	for k := range r.static {
+		if _, ok := next[k]; !ok {
+			changed = append(changed, k)
+		}
+	}
+	r.static = next
+	sortKeys(changed)
+	return changed
+}
+
+func sortKeys(ks []Key) {
+	sort.Slice(ks, func(i, j int) bool {
+		if ks[i].Tenant != ks[j].Tenant {
+			return ks[i].Tenant < ks[j].Tenant
+		}
+		return ks[i].ID < ks[j].ID
+	})
+}
+
+func (r *Registry) readDoc(ctx context.Context) (*document, string, error) {
+	o, err := r.obj.Get(ctx, r.keys.Groups(r.shard))
+	if errors.Is(err, objstore.ErrNotFound) {
+		return &document{Version: 1, Tenants: map[string]map[string]Group{}}, "", nil
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("reading dynamic groups: %w", err)
+	}
+	std, err := hujson.Standardize(o.Body)
+	if err != nil {
+		return nil, "", fmt.Errorf("dynamic groups %s are not valid JSONC: %w", r.keys.Groups(r.shard), err)
+	}
+	var d document
+	if err := json.Unmarshal(std, &d); err != nil {
+		return nil, "", fmt.Errorf("decoding dynamic groups: %w", err)
+	}
+	if d.Tenants == nil {
+		d.Tenants = map[string]map[string]Group{}
+	}
+	return &d, o.ETag, nil
+}
+
+func (r *Registry) install(d *document, etag string) []Key {
+	next := map[Key]*Group{}
+	for tenant, gs := range d.Tenants {
+		for id, g := range gs {
+			g := g
+			g.Tenant, g.ID = tenant, id
+			next[Key{tenant, id}] = &g
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var changed []Key
+	for k, g := range next {
+		if old, ok := r.dynamic[k]; !ok || old.ETag != g.ETag {
+			changed = append(changed, k)
+		}
+	}
+	for k := range r.dynamic {
+		if _, ok := next[k]; !ok {
+			changed = append(changed, k)
+		}
+	}
+	r.dynamic, r.docETag = next, etag
+	sortKeys(changed)
+	return changed
+}
+
+// Load reads the dynamic groups from storage and returns the changed keys.
+func (r *Registry) Load(ctx context.Context) ([]Key, error) {
+	r.writeMu.Lock()
+	defer r.writeMu.Unlock()
+	d, etag, err := r.readDoc(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return r.install(d, etag), nil
+}
+
+// Get returns a copy of one group. A static group hides a dynamic one of the same name.
+func (r *Registry) Get(k Key) (*Group, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	g, ok := r.static[k]
+	if !ok {
+		g, ok = r.dynamic[k]
+	}
+	if !ok {
+		return nil, false
+	}
+	c := *g
+	c.Spec = g.Spec.clone()
+	return &c, true
+}
+
+// List returns the groups of a tenant (all tenants when tenant is empty), sorted.
+func (r *Registry) List(tenant string) []*Group {
+	r.mu.RLock()
+	seen := map[Key]bool{}
+	var out []*Group
+	for _, m := range []map[Key]*Group{r.static, r.dynamic} {
+		for k, g := range m {
+			if (tenant != "" && k.Tenant != tenant) || seen[k] {
+				continue
+			}
+			seen[k] = true
+			c := *g
+			c.Spec = g.Spec.clone()
+			out = append(out, &c)
+		}
+	}
+	r.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Tenant != out[j].Tenant {
+			return out[i].Tenant < out[j].Tenant
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out
+}
+
+// modify runs fn over the stored document with optimistic concurrency,
+// retrying when another server wrote in between.
+func (r *Registry) modify(ctx context.Context, fn func(d *document) error) error {
+	r.writeMu.Lock()
+	defer r.writeMu.Unlock()
+	for attempt := 0; ; attempt++ {
+		d, etag, err := r.readDoc(ctx)
+		if err != nil {
+			return err
+		}
+		if err := fn(d); err != nil {
+			r.install(d, etag)
+			return err
+		}
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(d); err != nil {
+			return fmt.Errorf("encoding dynamic groups: %w", err)
+		}
+		opts := objstore.PutOptions{IfMatch: etag}
+		if etag == "" {
+			opts = objstore.PutOptions{IfNoneMatch: true}
+		}
+		newTag, err := r.obj.Put(ctx, r.keys.Groups(r.shard), buf.Bytes(), opts)
+		if errors.Is(err, objstore.ErrPreconditionFailed) && attempt < 5 {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("writing dynamic groups: %w", err)
+		}
+		r.install(d, newTag)
+		return nil
+	}
+}
+
+// Upsert creates or replaces a dynamic group. expectedETag, when set, must
+// match the stored group (and the group must exist).
+func (r *Registry) Upsert(ctx context.Context, k Key, spec Spec, expectedETag string) (*Group, bool, error) {
+	if _, ok := r.getStatic(k); ok {
+		return nil, false, fmt.Errorf("%s: %w", k, ErrStatic)
+	}
+	var out Group
+	created := false
+	err := r.modify(ctx, func(d *document) error {
+		gs := d.Tenants[k.Tenant]
+		if gs == nil {
+			gs = map[string]Group{}
+			d.Tenants[k.Tenant] = gs
+		}
+		old, exists := gs[k.ID]
+		if expectedETag != "" && (!exists || old.ETag != expectedETag) {
+			return fmt.Errorf("%s: %w (stored %q, expected %q)", k, ErrETag, old.ETag, expectedETag)
+		}
+		created = !exists
+		out = Group{Tenant: k.Tenant, ID: k.ID, Spec: spec.clone(), ETag: newETag(), UpdatedAt: r.now().UTC()}
+		gs[k.ID] = out
+		return nil
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	return &out, created, nil
+}
+
+func (r *Registry) getStatic(k Key) (*Group, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	g, ok := r.static[k]
+	return g, ok
+}
+
+// Delete removes a dynamic group and returns what it was.
+func (r *Registry) Delete(ctx context.Context, k Key, expectedETag string) (*Group, error) {
+	if _, ok := r.getStatic(k); ok {
+		return nil, fmt.Errorf("%s: %w", k, ErrStatic)
+	}
+	var out Group
+	err := r.modify(ctx, func(d *document) error {
+		old, ok := d.Tenants[k.Tenant][k.ID]
+		if !ok {
+			return fmt.Errorf("%s: %w", k, ErrNotFound)
+		}
+		if expectedETag != "" && old.ETag != expectedETag {
+			return fmt.Errorf("%s: %w (stored %q, expected %q)", k, ErrETag, old.ETag, expectedETag)
+		}
+		out = old
+		out.Tenant, out.ID = k.Tenant, k.ID
+		delete(d.Tenants[k.Tenant], k.ID)
+		if len(d.Tenants[k.Tenant]) == 0 {
+			delete(d.Tenants, k.Tenant)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

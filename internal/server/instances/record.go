@@ -1,0 +1,155 @@
+package instances
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"maps"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+// State is an instance's lifecycle position.
+type State string
+
+// Lifecycle states (see nstancev1.InstanceState).
+const (
+	StatePending         State = "pending"
+	StateCreating        State = "creating"
+	StateRunning         State = "running"
+	StateUnhealthy       State = "unhealthy"
+	StateStopped         State = "stopped"
+	StatePendingDeletion State = "pending_deletion"
+	StateDeleting        State = "deleting"
+)
+
+// Active reports whether the instance counts towards its group's size.
+func (s State) Active() bool {
+	switch s {
+	case StatePending, StateCreating, StateRunning, StateUnhealthy, StateStopped:
+		return true
+	}
+	return false
+}
+
+// Proto converts the state to its wire enum.
+func (s State) Proto() nstancev1.InstanceState {
+	switch s {
+	case StatePending:
+		return nstancev1.InstanceState_INSTANCE_STATE_PENDING
+	case StateCreating:
+		return nstancev1.InstanceState_INSTANCE_STATE_CREATING
+	case StateRunning:
+		return nstancev1.InstanceState_INSTANCE_STATE_RUNNING
+	case StateUnhealthy:
+		return nstancev1.InstanceState_INSTANCE_STATE_UNHEALTHY
+	case StateStopped:
+		return nstancev1.InstanceState_INSTANCE_STATE_STOPPED
+	case StatePendingDeletion:
+		return nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION
+	case StateDeleting:
+		return nstancev1.InstanceState_INSTANCE_STATE_DELETING
+	}
+	return nstancev1.InstanceState_INSTANCE_STATE_UNSPECIFIED
+}
+
+// Record is the durable record of one instance.
+type Record struct {
+	ID         string `json:"id"`
+	Tenant     string `json:"tenant"`
+	GroupID    string `json:"group_id,omitempty"`
+	Shard      string `json:"shard"`
+	ProviderID string `json:"provider_id"`
+	// OnDemand instances came from CreateInstance; they do not count towards
+	// their group's size and are not removed by scale-down.
+	OnDemand     bool              `json:"on_demand,omitempty"`
+	ClientToken  string            `json:"client_token,omitempty"`
+	State        State             `json:"state"`
+	Message      string            `json:"message,omitempty"`
+	Template     string            `json:"template"`
+	InstanceType string            `json:"instance_type,omitempty"`
+	SubnetPool   string            `json:"subnet_pool,omitempty"`
+	Vars         map[string]string `json:"vars,omitempty"`
+	Args         map[string]string `json:"args,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	// DrainTimeout is the effective drain timeout fixed at creation.
+	DrainTimeout time.Duration `json:"drain_timeout"`
+	CreatedAt    time.Time     `json:"created_at"`
+	UpdatedAt    time.Time     `json:"updated_at"`
+	LastHealthAt *time.Time    `json:"last_health_at,omitempty"`
+	// Deletion fields, set once the instance is chosen for removal.
+	DeletionReason nstancev1.DeletionReason `json:"deletion_reason,omitempty"`
+	DrainDeadline  *time.Time               `json:"drain_deadline,omitempty"`
+	DrainAcked     bool                     `json:"drain_acked,omitempty"`
+}
+
+// Clone returns a deep copy.
+func (r *Record) Clone() *Record {
+	c := *r
+	c.Vars, c.Args, c.Labels = maps.Clone(r.Vars), maps.Clone(r.Args), maps.Clone(r.Labels)
+	if r.LastHealthAt != nil {
+		t := *r.LastHealthAt
+		c.LastHealthAt = &t
+	}
+	if r.DrainDeadline != nil {
+		t := *r.DrainDeadline
+		c.DrainDeadline = &t
+	}
+	return &c
+}
+
+// Proto converts the record to its wire form.
+func (r *Record) Proto() *nstancev1.InstanceStatus {
+	st := &nstancev1.InstanceStatus{
+		InstanceId: r.ID, GroupId: r.GroupID, Shard: r.Shard, ProviderId: r.ProviderID,
+		State: r.State.Proto(), CreatedAt: timestamppb.New(r.CreatedAt), InstanceType: r.InstanceType,
+		Message: r.Message, Template: r.Template, ClientToken: r.ClientToken,
+		Addresses: []*nstancev1.InstanceAddress{{Type: nstancev1.AddressType_ADDRESS_TYPE_HOSTNAME, Address: r.ID}},
+	}
+	if r.LastHealthAt != nil {
+		st.LastHealthAt = timestamppb.New(*r.LastHealthAt)
+	}
+	if r.DrainDeadline != nil && r.State == StatePendingDeletion {
+		st.DrainDeadline = timestamppb.New(*r.DrainDeadline)
+	}
+	return st
+}
+
+// NewID returns a fresh instance id "{prefix}-{8 hex}", a DNS label. The
+// prefix (group id or template) is lower-cased, stripped of characters a DNS
+// label cannot hold and cut so the id stays within 63 characters.
+func NewID(prefix string) (string, error) {
+	b := make([]byte, 4)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("generating instance id: %w", err)
+	}
+	clean := make([]byte, 0, len(prefix))
+	for _, c := range []byte(prefix) {
+		switch {
+		case c >= 'A' && c <= 'Z':
+			clean = append(clean, c+'a'-'A')
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+			clean = append(clean, c)
+		case c == '-' || c == '_' || c == '.':
+			if len(clean) > 0 && clean[len(clean)-1] != '-' {
+				clean = append(clean, '-')
+			}
+		}
+	}
+	for len(clean) > 0 && clean[len(clean)-1] == '-' {
+		clean = clean[:len(clean)-1]
+	}
+	if len(clean) > 54 {
+		clean = clean[:54]
+		for len(clean) > 0 && clean[len(clean)-1] == '-' {
+			clean = clean[:len(clean)-1]
+		}
+	}
+	if len(clean) == 0 {
+		clean = []byte("i")
+	}
+	return string(clean) + "-" + hex.EncodeToString(b), nil
+}

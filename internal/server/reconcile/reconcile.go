@@ -1,0 +1,811 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/time/rate"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/internal/server/events"
+	"github.com/nstance-dev/nstance/internal/server/groups"
+	"github.com/nstance-dev/nstance/internal/server/instances"
+	"github.com/nstance-dev/nstance/internal/server/provider"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+// FallbackDrainTimeout applies when neither the instance, its group nor
+// shard.default_drain_timeout sets one.
+const FallbackDrainTimeout = 5 * time.Minute
+
+// Options configures a Reconciler.
+type Options struct {
+	Cluster string
+	Shard   string
+	// Config returns the running config; never nil once the reconciler runs.
+	Config    func() *config.Config
+	Groups    *groups.Registry
+	Instances *instances.Store
+	Provider  provider.Provider
+	Nonces    NonceMinter
+	// CACert returns the cluster CA certificate handed to new instances.
+	CACert func(ctx context.Context) ([]byte, error)
+	// RegistrationAddr and AgentAddr are passed to agents.
+	RegistrationAddr string
+	AgentAddr        string
+	Events           *events.Hubs
+	Log              logr.Logger
+	// Workers is the number of concurrent workers (default 4).
+	Workers int
+	// ResyncInterval is the period of the full pass (default 30s).
+	ResyncInterval time.Duration
+	// RetryBase and RetryMax bound the backoff of failed keys (default 200ms, 1m).
+	RetryBase, RetryMax time.Duration
+	Now                 func() time.Time
+}
+
+type kind byte
+
+const (
+	kindGroup kind = 'g'
+	kindInst  kind = 'i'
+)
+
+// item is a queue key: a group (tenant, id) or an instance (id).
+type item struct {
+	kind   kind
+	tenant string
+	id     string
+}
+
+func (it item) String() string {
+	if it.kind == kindGroup {
+		return "group " + it.tenant + "/" + it.id
+	}
+	return "instance " + it.id
+}
+
+// Reconciler drives groups and instances of one shard.
+type Reconciler struct {
+	o     Options
+	queue workqueue.TypedRateLimitingInterface[item]
+	log   logr.Logger
+
+	limMu   sync.Mutex
+	limiter *rate.Limiter
+	limCfg  config.RateLimit
+
+	statusMu   sync.Mutex
+	lastStatus map[groups.Key]string
+
+	createMu sync.Mutex // serialises client-token lookups with record creation
+
+	orphanMu sync.Mutex
+	orphans  map[string]time.Time
+}
+
+// New builds a reconciler. Keys may be enqueued before Run.
+func New(o Options) *Reconciler {
+	if o.Workers <= 0 {
+		o.Workers = 4
+	}
+	if o.ResyncInterval <= 0 {
+		o.ResyncInterval = 30 * time.Second
+	}
+	if o.RetryBase <= 0 {
+		o.RetryBase = 200 * time.Millisecond
+	}
+	if o.RetryMax <= 0 {
+		o.RetryMax = time.Minute
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Events == nil {
+		o.Events = events.NewHubs(0)
+	}
+	q := workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[item](o.RetryBase, o.RetryMax),
+		workqueue.TypedRateLimitingQueueConfig[item]{Name: "nstance-reconcile-" + o.Shard})
+	return &Reconciler{o: o, queue: q, log: o.Log.WithName("reconcile"), lastStatus: map[groups.Key]string{}, orphans: map[string]time.Time{}}
+}
+
+// Events returns the hubs the reconciler publishes to.
+func (r *Reconciler) Events() *events.Hubs { return r.o.Events }
+
+// Run loads state from storage, converges until ctx ends, then stops its
+// workers. A Reconciler runs once: create a new one after losing and
+// regaining leadership.
+func (r *Reconciler) Run(ctx context.Context) error {
+	if err := r.Load(ctx); err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < r.o.Workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r.processNext(ctx) {
+			}
+		}()
+	}
+	r.Resync(ctx)
+	t := time.NewTicker(r.o.ResyncInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			r.queue.ShutDown()
+			wg.Wait()
+			return nil
+		case <-t.C:
+			r.Resync(ctx)
+		}
+	}
+}
+
+// Load rebuilds the record index and dynamic groups from object storage and
+// applies the static groups of the running config.
+func (r *Reconciler) Load(ctx context.Context) error {
+	if err := r.o.Instances.Load(ctx); err != nil {
+		return fmt.Errorf("loading instances: %w", err)
+	}
+	if _, err := r.o.Groups.Load(ctx); err != nil {
+		return fmt.Errorf("loading groups: %w", err)
+	}
+	r.o.Groups.SetStatic(r.o.Config())
+	return nil
+}
+
+// ConfigChanged applies a new config: static groups are replaced, every
+// group is reconciled again and the create rate limit is updated.
+func (r *Reconciler) ConfigChanged() {
+	for _, k := range r.o.Groups.SetStatic(r.o.Config()) {
+		r.GroupChanged(k)
+	}
+	for _, g := range r.o.Groups.List("") {
+		r.enqueueGroup(g.Key())
+	}
+}
+
+// GroupChanged publishes the group's current state (or its deletion) and
+// reconciles it.
+func (r *Reconciler) GroupChanged(k groups.Key) {
+	if g, ok := r.o.Groups.Get(k); ok {
+		r.publishGroup(g, true)
+	} else {
+		r.statusMu.Lock()
+		delete(r.lastStatus, k)
+		r.statusMu.Unlock()
+		r.o.Events.Groups.Publish(k.Tenant, &nstancev1.GroupEvent{
+			Type: nstancev1.GroupEventType_GROUP_EVENT_TYPE_DELETE, GroupId: k.ID,
+			OccurredAt: timestamppb.New(r.o.Now()), Shard: r.o.Shard,
+		})
+	}
+	r.enqueueGroup(k)
+}
+
+func (r *Reconciler) enqueueGroup(k groups.Key) {
+	r.queue.Add(item{kind: kindGroup, tenant: k.Tenant, id: k.ID})
+}
+
+// EnqueueInstance schedules an instance for reconciliation.
+func (r *Reconciler) EnqueueInstance(id string) { r.queue.Add(item{kind: kindInst, id: id}) }
+
+// Resync enqueues every group, and every instance whose record disagrees
+// with what the provider reports or that has pending work. Provider
+// instances without a record are deleted when garbage collection is enabled
+// and they stay orphaned for the grace period.
+func (r *Reconciler) Resync(ctx context.Context) {
+	for _, g := range r.o.Groups.List("") {
+		r.enqueueGroup(g.Key())
+	}
+	// Groups that vanished but still own instances.
+	seenGroups := map[groups.Key]bool{}
+	listed, err := r.o.Provider.List(ctx)
+	if err != nil {
+		r.reportError("", "", "", nstancev1.ErrorSource_ERROR_SOURCE_PROVIDER, fmt.Errorf("listing provider instances: %w", err))
+	}
+	observed := make(map[string]provider.Instance, len(listed))
+	for _, inst := range listed {
+		observed[inst.InstanceID] = inst
+	}
+	recs := r.o.Instances.List(nil)
+	known := make(map[string]bool, len(recs))
+	for _, rec := range recs {
+		known[rec.ID] = true
+		if rec.GroupID != "" && !rec.OnDemand {
+			k := groups.Key{Tenant: rec.Tenant, ID: rec.GroupID}
+			if !seenGroups[k] {
+				seenGroups[k] = true
+				if _, ok := r.o.Groups.Get(k); !ok {
+					r.enqueueGroup(k)
+				}
+			}
+		}
+		obs, present := observed[rec.ID]
+		switch {
+		case err != nil:
+			r.EnqueueInstance(rec.ID)
+		case rec.State == instances.StatePending || rec.State == instances.StatePendingDeletion || rec.State == instances.StateDeleting:
+			r.EnqueueInstance(rec.ID)
+		case !present:
+			r.EnqueueInstance(rec.ID)
+		case obs.State == provider.StateRunning && rec.State != instances.StateRunning:
+			r.EnqueueInstance(rec.ID)
+		case obs.State == provider.StateStopped:
+			r.EnqueueInstance(rec.ID)
+		case rec.OnDemand && r.expired(rec, r.o.Config().Shard.Expiry.OndemandAge.D()):
+			r.EnqueueInstance(rec.ID)
+		}
+	}
+	if err == nil {
+		r.collectOrphans(ctx, listed, known)
+	}
+}
+
+func (r *Reconciler) collectOrphans(ctx context.Context, listed []provider.Instance, known map[string]bool) {
+	gc := r.o.Config().Shard.GarbageCollection
+	now := r.o.Now()
+	r.orphanMu.Lock()
+	defer r.orphanMu.Unlock()
+	current := map[string]time.Time{}
+	for _, inst := range listed {
+		if known[inst.InstanceID] {
+			continue
+		}
+		first, ok := r.orphans[inst.InstanceID]
+		if !ok {
+			first = now
+		}
+		current[inst.InstanceID] = first
+		if gc.Enabled && ok && now.Sub(first) >= gc.GracePeriod.D() {
+			// Re-check: a record may have been created since the list.
+			if _, has := r.o.Instances.Get(inst.InstanceID); has {
+				continue
+			}
+			r.log.Info("deleting orphaned provider instance", "instance", inst.InstanceID)
+			if err := r.o.Provider.Delete(ctx, inst.InstanceID); err != nil {
+				r.reportError("", "", inst.InstanceID, nstancev1.ErrorSource_ERROR_SOURCE_PROVIDER, fmt.Errorf("deleting orphan: %w", err))
+				continue
+			}
+			delete(current, inst.InstanceID)
+		}
+	}
+	r.orphans = current
+}
+
+func (r *Reconciler) processNext(ctx context.Context) bool {
+	it, shutdown := r.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer r.queue.Done(it)
+	var after time.Duration
+	var err error
+	if it.kind == kindGroup {
+		after, err = r.syncGroup(ctx, groups.Key{Tenant: it.tenant, ID: it.id})
+	} else {
+		after, err = r.syncInstance(ctx, it.id)
+	}
+	switch {
+	case err != nil:
+		r.log.V(1).Info("reconcile failed; retrying with backoff", "key", it.String(), "error", err.Error())
+		r.queue.AddRateLimited(it)
+	case after > 0:
+		r.queue.Forget(it)
+		r.queue.AddAfter(it, after)
+	default:
+		r.queue.Forget(it)
+	}
+	return true
+}
+
+// QueueLen returns the number of keys waiting (not counting delayed ones).
+func (r *Reconciler) QueueLen() int { return r.queue.Len() }
+
+func (r *Reconciler) cfg() *config.Config { return r.o.Config() }
+
+func (r *Reconciler) expired(rec *instances.Record, age time.Duration) bool {
+	return age > 0 && r.o.Now().Sub(rec.CreatedAt) >= age
+}
+
+// reserveCreate takes a create token; when none is available it returns how
+// long until one is.
+func (r *Reconciler) reserveCreate() (bool, time.Duration) {
+	rl := r.cfg().Shard.CreateRateLimit
+	if rl.PerMinute <= 0 {
+		return true, 0
+	}
+	r.limMu.Lock()
+	defer r.limMu.Unlock()
+	if r.limiter == nil || r.limCfg != rl {
+		burst := rl.Burst
+		if burst <= 0 {
+			burst = 1
+		}
+		r.limiter = rate.NewLimiter(rate.Limit(float64(rl.PerMinute)/60), burst)
+		r.limCfg = rl
+	}
+	now := r.o.Now()
+	if r.limiter.AllowN(now, 1) {
+		return true, 0
+	}
+	res := r.limiter.ReserveN(now, 1)
+	d := res.DelayFrom(now)
+	res.CancelAt(now)
+	if d < 10*time.Millisecond {
+		d = 10 * time.Millisecond
+	}
+	return false, d
+}
+
+func (r *Reconciler) syncGroup(ctx context.Context, k groups.Key) (time.Duration, error) {
+	cfg := r.cfg()
+	g, exists := r.o.Groups.Get(k)
+	var members []*instances.Record
+	for _, rec := range r.o.Instances.ListGroup(k.Tenant, k.ID) {
+		if !rec.OnDemand {
+			members = append(members, rec)
+		}
+	}
+	var active []*instances.Record
+	busy := 0
+	for _, rec := range members {
+		if rec.State.Active() {
+			active = append(active, rec)
+		} else {
+			busy++
+		}
+	}
+	var errs []error
+	if !exists {
+		for _, rec := range active {
+			if err := r.beginDeletion(ctx, rec.ID, nstancev1.DeletionReason_DELETION_REASON_GROUP_DELETED, false, "group deleted"); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		return 0, errors.Join(errs...)
+	}
+	now := r.o.Now()
+	ex := cfg.Shard.Expiry
+	keep := active[:0:0]
+	for _, rec := range active {
+		if r.expired(rec, ex.ForcedAge.D()) {
+			if err := r.beginDeletion(ctx, rec.ID, nstancev1.DeletionReason_DELETION_REASON_EXPIRY, false, "instance reached expiry.forced_age"); err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		keep = append(keep, rec)
+	}
+	size := g.Spec.Size
+	if ex.EligibleAge > 0 && busy == 0 && len(keep) == size && size > 0 {
+		allRunning := true
+		var oldest *instances.Record
+		for _, rec := range keep {
+			if rec.State != instances.StateRunning {
+				allRunning = false
+			}
+			if oldest == nil || rec.CreatedAt.Before(oldest.CreatedAt) {
+				oldest = rec
+			}
+		}
+		if allRunning && now.Sub(oldest.CreatedAt) >= ex.EligibleAge.D() {
+			if err := r.beginDeletion(ctx, oldest.ID, nstancev1.DeletionReason_DELETION_REASON_EXPIRY, false, "instance reached expiry.eligible_age"); err != nil {
+				errs = append(errs, err)
+			} else {
+				keep = removeID(keep, oldest.ID)
+			}
+		}
+	}
+	var after time.Duration
+	switch diff := size - len(keep); {
+	case diff > 0:
+		for i := 0; i < diff; i++ {
+			ok, wait := r.reserveCreate()
+			if !ok {
+				after = wait
+				break
+			}
+			if err := r.createForGroup(ctx, g, cfg); err != nil {
+				errs = append(errs, err)
+				break
+			}
+		}
+	case diff < 0:
+		for _, rec := range scaleDownOrder(keep)[:-diff] {
+			if err := r.beginDeletion(ctx, rec.ID, nstancev1.DeletionReason_DELETION_REASON_SCALE_DOWN, false, fmt.Sprintf("group scaled to %d", size)); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	r.publishGroup(g, false)
+	if len(errs) > 0 {
+		return 0, errors.Join(errs...)
+	}
+	return after, nil
+}
+
+func removeID(recs []*instances.Record, id string) []*instances.Record {
+	out := recs[:0:0]
+	for _, r := range recs {
+		if r.ID != id {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// scaleDownOrder puts the instances to remove first: those not running
+// (stopped, unhealthy, still starting), then the newest.
+func scaleDownOrder(recs []*instances.Record) []*instances.Record {
+	rank := func(s instances.State) int {
+		switch s {
+		case instances.StateStopped:
+			return 0
+		case instances.StateUnhealthy:
+			return 1
+		case instances.StatePending, instances.StateCreating:
+			return 2
+		}
+		return 3
+	}
+	out := append([]*instances.Record{}, recs...)
+	sort.SliceStable(out, func(i, j int) bool {
+		ri, rj := rank(out[i].State), rank(out[j].State)
+		if ri != rj {
+			return ri < rj
+		}
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.After(out[j].CreatedAt)
+		}
+		return out[i].ID > out[j].ID
+	})
+	return out
+}
+
+func (r *Reconciler) newRecord(tenant, groupID string, eff groups.Effective, labels map[string]string) (*instances.Record, error) {
+	prefix := groupID
+	if prefix == "" {
+		prefix = eff.Template
+	}
+	id, err := instances.NewID(prefix)
+	if err != nil {
+		return nil, err
+	}
+	now := r.o.Now().UTC()
+	return &instances.Record{
+		ID: id, Tenant: tenant, GroupID: groupID, Shard: r.o.Shard, ProviderID: provider.ID(r.o.Cluster, r.o.Shard, id),
+		State: instances.StatePending, Template: eff.Template, InstanceType: eff.InstanceType, SubnetPool: eff.SubnetPool,
+		Vars: eff.Vars, Args: eff.Args, Labels: labels, DrainTimeout: eff.DrainTimeout, CreatedAt: now, UpdatedAt: now,
+	}, nil
+}
+
+func (r *Reconciler) createForGroup(ctx context.Context, g *groups.Group, cfg *config.Config) error {
+	eff, err := groups.Resolve(cfg, &g.Spec, groups.Overrides{})
+	if err != nil {
+		err = fmt.Errorf("group %s: %w", g.Key(), err)
+		r.reportError(g.Tenant, g.ID, "", nstancev1.ErrorSource_ERROR_SOURCE_CONFIG, err)
+		return err
+	}
+	rec, err := r.newRecord(g.Tenant, g.ID, eff, g.Spec.Labels)
+	if err != nil {
+		return err
+	}
+	if err := r.o.Instances.Create(ctx, rec); err != nil {
+		r.reportError(g.Tenant, g.ID, rec.ID, nstancev1.ErrorSource_ERROR_SOURCE_RECONCILE, err)
+		return err
+	}
+	return r.launch(ctx, rec)
+}
+
+// launch asks the provider for a recorded instance. On failure the provider
+// side is cleaned up and the record removed so the group retries afresh.
+func (r *Reconciler) launch(ctx context.Context, rec *instances.Record) error {
+	fail := func(err error) error {
+		r.reportError(rec.Tenant, rec.GroupID, rec.ID, nstancev1.ErrorSource_ERROR_SOURCE_PROVIDER, err)
+		if derr := r.o.Provider.Delete(ctx, rec.ID); derr != nil {
+			r.log.Error(derr, "cleaning up failed create", "instance", rec.ID)
+		}
+		if rec.OnDemand {
+			// On-demand: keep the record (the caller holds its id) and retry.
+			_, _ = r.o.Instances.Update(ctx, rec.ID, func(x *instances.Record) error {
+				x.Message = err.Error()
+				x.UpdatedAt = r.o.Now().UTC()
+				return nil
+			})
+			return err
+		}
+		if derr := r.o.Instances.Delete(ctx, rec.ID); derr != nil {
+			r.log.Error(derr, "removing record of failed create", "instance", rec.ID)
+		}
+		return err
+	}
+	req := provider.CreateRequest{
+		InstanceID: rec.ID, ProviderID: rec.ProviderID, Cluster: r.o.Cluster, Shard: r.o.Shard, Tenant: rec.Tenant,
+		GroupID: rec.GroupID, Template: rec.Template, InstanceType: rec.InstanceType, SubnetPool: rec.SubnetPool,
+		Vars: rec.Vars, Args: rec.Args, Labels: rec.Labels, RegistrationAddr: r.o.RegistrationAddr, AgentAddr: r.o.AgentAddr,
+	}
+	if r.o.Nonces != nil {
+		tok, err := r.o.Nonces.MintAgentNonce(ctx, AgentNonceRequest{InstanceID: rec.ID, Tenant: rec.Tenant, GroupID: rec.GroupID})
+		if err != nil {
+			return fail(err)
+		}
+		req.AgentNonce = tok
+	}
+	if r.o.CACert != nil {
+		ca, err := r.o.CACert(ctx)
+		if err != nil {
+			return fail(fmt.Errorf("reading cluster CA: %w", err))
+		}
+		req.CACertPEM = ca
+	}
+	pctx, cancel := r.providerCtx(ctx)
+	inst, err := r.o.Provider.Create(pctx, req)
+	cancel()
+	if err != nil {
+		return fail(fmt.Errorf("creating instance %s: %w", rec.ID, err))
+	}
+	state := instances.StateCreating
+	if inst.State == provider.StateRunning {
+		state = instances.StateRunning
+	}
+	_, err = r.o.Instances.Update(ctx, rec.ID, func(x *instances.Record) error {
+		if !x.State.Active() {
+			return instances.ErrNoChange
+		}
+		x.State, x.Message, x.UpdatedAt = state, "", r.o.Now().UTC()
+		return nil
+	})
+	return err
+}
+
+func (r *Reconciler) providerCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := r.cfg().Shard.Timeouts.ProviderCall.D()
+	if d <= 0 {
+		d = 2 * time.Minute
+	}
+	return context.WithTimeout(ctx, d)
+}
+
+func (r *Reconciler) syncInstance(ctx context.Context, id string) (time.Duration, error) {
+	rec, ok := r.o.Instances.Get(id)
+	if !ok {
+		return 0, nil
+	}
+	gk := groups.Key{Tenant: rec.Tenant, ID: rec.GroupID}
+	defer func() {
+		if rec.GroupID != "" {
+			r.enqueueGroup(gk)
+		}
+	}()
+	now := r.o.Now()
+	switch rec.State {
+	case instances.StatePending:
+		if !rec.OnDemand {
+			// Left by a crash between record and provider call, or still waiting on the group's rate limit.
+			return 0, r.launch(ctx, rec)
+		}
+		ok, wait := r.reserveCreate()
+		if !ok {
+			return wait, nil
+		}
+		return 0, r.launch(ctx, rec)
+	case instances.StatePendingDeletion:
+		if rec.DrainAcked || rec.DrainDeadline == nil || !now.Before(*rec.DrainDeadline) {
+			return 0, r.deleteNow(ctx, rec)
+		}
+		return rec.DrainDeadline.Sub(now), nil
+	case instances.StateDeleting:
+		return 0, r.deleteNow(ctx, rec)
+	}
+	// Active and created: compare with the provider.
+	pctx, cancel := r.providerCtx(ctx)
+	obs, err := r.o.Provider.Status(pctx, id)
+	cancel()
+	if errors.Is(err, provider.ErrNotFound) {
+		msg := "instance disappeared from the provider"
+		r.reportError(rec.Tenant, rec.GroupID, rec.ID, nstancev1.ErrorSource_ERROR_SOURCE_PROVIDER, errors.New(msg))
+		return 0, r.finish(ctx, rec, nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY, msg)
+	}
+	if err != nil {
+		r.reportError(rec.Tenant, rec.GroupID, rec.ID, nstancev1.ErrorSource_ERROR_SOURCE_PROVIDER, err)
+		return 0, err
+	}
+	switch {
+	case obs.State == provider.StateStopped:
+		if rec.State != instances.StateStopped {
+			if _, err := r.o.Instances.Update(ctx, id, func(x *instances.Record) error {
+				if !x.State.Active() {
+					return instances.ErrNoChange
+				}
+				x.State, x.Message, x.UpdatedAt = instances.StateStopped, obs.Message, now.UTC()
+				return nil
+			}); err != nil {
+				return 0, err
+			}
+			r.reportError(rec.Tenant, rec.GroupID, rec.ID, nstancev1.ErrorSource_ERROR_SOURCE_PROVIDER, fmt.Errorf("instance stopped: %s", obs.Message))
+		}
+		return 0, r.beginDeletion(ctx, id, nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY, false, "instance stopped: "+obs.Message)
+	case obs.State == provider.StateRunning && rec.State != instances.StateRunning:
+		if _, err := r.o.Instances.Update(ctx, id, func(x *instances.Record) error {
+			if !x.State.Active() || x.State == instances.StateRunning {
+				return instances.ErrNoChange
+			}
+			x.State, x.Message, x.UpdatedAt = instances.StateRunning, "", now.UTC()
+			return nil
+		}); err != nil {
+			return 0, err
+		}
+	}
+	if rec.OnDemand && r.expired(rec, r.cfg().Shard.Expiry.OndemandAge.D()) {
+		return 0, r.beginDeletion(ctx, id, nstancev1.DeletionReason_DELETION_REASON_EXPIRY, false, "on-demand instance reached expiry.ondemand_age")
+	}
+	return 0, nil
+}
+
+// beginDeletion moves an active instance to pending_deletion (or straight to
+// deletion when skipDrain) and announces it. Instances already on their way
+// out are left alone.
+func (r *Reconciler) beginDeletion(ctx context.Context, id string, reason nstancev1.DeletionReason, skipDrain bool, msg string) error {
+	changed := false
+	now := r.o.Now().UTC()
+	rec, err := r.o.Instances.Update(ctx, id, func(x *instances.Record) error {
+		if !x.State.Active() {
+			if skipDrain && x.State == instances.StatePendingDeletion && !x.DrainAcked {
+				x.DrainAcked = true
+				x.UpdatedAt = now
+				return nil
+			}
+			return instances.ErrNoChange
+		}
+		d := x.DrainTimeout
+		if d <= 0 {
+			d = r.cfg().Shard.DefaultDrainTimeout.D()
+		}
+		if d <= 0 {
+			d = FallbackDrainTimeout
+		}
+		deadline := now.Add(d)
+		x.State, x.DeletionReason, x.DrainDeadline, x.DrainAcked = instances.StatePendingDeletion, reason, &deadline, skipDrain
+		x.Message, x.UpdatedAt = msg, now
+		changed = true
+		return nil
+	})
+	if err != nil {
+		if errors.Is(err, instances.ErrNotFound) {
+			return nil
+		}
+		return err
+	}
+	if changed && !skipDrain {
+		r.publishInstance(rec, nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION, msg)
+	}
+	r.EnqueueInstance(id)
+	if rec.GroupID != "" {
+		r.enqueueGroup(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
+	}
+	return nil
+}
+
+func (r *Reconciler) deleteNow(ctx context.Context, rec *instances.Record) error {
+	changed := false
+	rec, err := r.o.Instances.Update(ctx, rec.ID, func(x *instances.Record) error {
+		if x.State == instances.StateDeleting {
+			return instances.ErrNoChange
+		}
+		x.State, x.UpdatedAt = instances.StateDeleting, r.o.Now().UTC()
+		changed = true
+		return nil
+	})
+	if err != nil {
+		if errors.Is(err, instances.ErrNotFound) {
+			return nil
+		}
+		return err
+	}
+	if changed {
+		r.publishInstance(rec, nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_DELETING, rec.Message)
+	}
+	pctx, cancel := r.providerCtx(ctx)
+	err = r.o.Provider.Delete(pctx, rec.ID)
+	cancel()
+	if err != nil {
+		err = fmt.Errorf("deleting instance %s: %w", rec.ID, err)
+		r.reportError(rec.Tenant, rec.GroupID, rec.ID, nstancev1.ErrorSource_ERROR_SOURCE_PROVIDER, err)
+		return err
+	}
+	return r.finish(ctx, rec, rec.DeletionReason, rec.Message)
+}
+
+// finish removes the record of an instance that no longer exists at the
+// provider and announces the deletion.
+func (r *Reconciler) finish(ctx context.Context, rec *instances.Record, reason nstancev1.DeletionReason, msg string) error {
+	if err := r.o.Instances.Delete(ctx, rec.ID); err != nil {
+		return err
+	}
+	rec.DeletionReason = reason
+	r.publishInstance(rec, nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_DELETED, msg)
+	if rec.GroupID != "" {
+		r.enqueueGroup(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
+	}
+	return nil
+}
+
+func (r *Reconciler) publishInstance(rec *instances.Record, st nstancev1.InstanceEventStatus, msg string) {
+	ev := &nstancev1.InstanceEvent{
+		Status: st, Reason: rec.DeletionReason, InstanceId: rec.ID, ProviderId: rec.ProviderID, GroupId: rec.GroupID,
+		OccurredAt: timestamppb.New(r.o.Now()), Shard: r.o.Shard, Message: msg,
+	}
+	if st == nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION && rec.DrainDeadline != nil {
+		ev.DrainDeadline = timestamppb.New(*rec.DrainDeadline)
+	}
+	r.o.Events.Instances.Publish(rec.Tenant, ev)
+}
+
+func (r *Reconciler) reportError(tenant, group, inst string, src nstancev1.ErrorSource, err error) {
+	r.log.Info("reconcile error", "tenant", tenant, "group", group, "instance", inst, "error", err.Error())
+	ev := &nstancev1.ErrorEvent{Source: src, GroupId: group, InstanceId: inst, Message: err.Error(),
+		OccurredAt: timestamppb.New(r.o.Now()), Shard: r.o.Shard}
+	if tenant == "" {
+		r.o.Events.Errors.Broadcast(ev)
+		return
+	}
+	r.o.Events.Errors.Publish(tenant, ev)
+}
+
+// ReportConfigError publishes a config error to every tenant's watchers.
+func (r *Reconciler) ReportConfigError(err error) {
+	r.reportError("", "", "", nstancev1.ErrorSource_ERROR_SOURCE_CONFIG, err)
+}
+
+// GroupStatus returns the wire status of a group with its observed instances.
+func (r *Reconciler) GroupStatus(g *groups.Group) *nstancev1.GroupStatus {
+	var ids []string
+	ready := 0
+	for _, rec := range r.o.Instances.ListGroup(g.Tenant, g.ID) {
+		if rec.OnDemand || !rec.State.Active() {
+			continue
+		}
+		ids = append(ids, rec.ProviderID)
+		if rec.State == instances.StateRunning {
+			ready++
+		}
+	}
+	sort.Strings(ids)
+	return &nstancev1.GroupStatus{
+		Spec: SpecProto(g), ActualSize: uint32(len(ids)), ReadyCount: uint32(ready), ProviderIds: ids,
+		Static: g.Static, Etag: g.ETag, UpdatedAt: timestamppb.New(g.UpdatedAt), Shard: r.o.Shard,
+	}
+}
+
+func statusSignature(st *nstancev1.GroupStatus) string {
+	return fmt.Sprintf("%s|%d|%d|%s", st.Etag, st.ActualSize, st.ReadyCount, strings.Join(st.ProviderIds, ","))
+}
+
+// publishGroup sends an UPSERT when the group's status changed since the
+// last one sent (always when force).
+func (r *Reconciler) publishGroup(g *groups.Group, force bool) {
+	st := r.GroupStatus(g)
+	sig := statusSignature(st)
+	r.statusMu.Lock()
+	same := r.lastStatus[g.Key()] == sig
+	r.lastStatus[g.Key()] = sig
+	r.statusMu.Unlock()
+	if same && !force {
+		return
+	}
+	r.o.Events.Groups.Publish(g.Tenant, &nstancev1.GroupEvent{
+		Type: nstancev1.GroupEventType_GROUP_EVENT_TYPE_UPSERT, GroupId: g.ID, Group: st,
+		OccurredAt: timestamppb.New(r.o.Now()), Shard: r.o.Shard,
+	})
+}
