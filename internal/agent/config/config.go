@@ -1,0 +1,258 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Environment variables read by the agent. The first six are the ones the
+// local providers set (internal/server/provider/localagent).
+const (
+	EnvInstanceID       = "NSTANCE_INSTANCE_ID"
+	EnvProviderID       = "NSTANCE_PROVIDER_ID"
+	EnvShard            = "NSTANCE_SHARD"
+	EnvIdentityDir      = "NSTANCE_IDENTITY_DIR"
+	EnvRegistrationAddr = "NSTANCE_REGISTRATION_ADDR"
+	EnvAgentAddr        = "NSTANCE_AGENT_ADDR"
+	EnvServerName       = "NSTANCE_SERVER_NAME"
+	EnvKeysDir          = "NSTANCE_KEYS_DIR"
+	EnvFilesDir         = "NSTANCE_FILES_DIR"
+	EnvKeyFileMode      = "NSTANCE_KEY_FILE_MODE"
+	EnvFileMode         = "NSTANCE_FILE_MODE"
+	EnvDirMode          = "NSTANCE_DIR_MODE"
+	EnvMaxFileSize      = "NSTANCE_MAX_FILE_SIZE"
+	EnvMetricsInterval  = "NSTANCE_METRICS_INTERVAL"
+	EnvReconnectMin     = "NSTANCE_RECONNECT_MIN"
+	EnvReconnectMax     = "NSTANCE_RECONNECT_MAX"
+	EnvDiskPaths        = "NSTANCE_DISK_PATHS"
+	EnvTerminationFile  = "NSTANCE_TERMINATION_FILE"
+	EnvLogLevel         = "NSTANCE_LOG_LEVEL"
+)
+
+// Config is the agent's configuration.
+type Config struct {
+	InstanceID       string
+	ProviderID       string
+	Shard            string
+	RegistrationAddr string
+	AgentAddr        string
+	// ServerName overrides the TLS server name (default: host of the address).
+	ServerName string
+
+	IdentityDir string
+	KeysDir     string
+	FilesDir    string
+	KeyFileMode fs.FileMode
+	FileMode    fs.FileMode
+	DirMode     fs.FileMode
+	MaxFileSize int64
+
+	MetricsInterval time.Duration
+	ReconnectMin    time.Duration
+	ReconnectMax    time.Duration
+	DiskPaths       []string
+	// TerminationFile, when set, is polled for a JSON termination notice.
+	TerminationFile string
+	LogLevel        string
+}
+
+// Defaults.
+const (
+	DefaultKeyFileMode     fs.FileMode = 0o600
+	DefaultFileMode        fs.FileMode = 0o644
+	DefaultDirMode         fs.FileMode = 0o755
+	DefaultMaxFileSize                 = 1 << 20
+	DefaultMetricsInterval             = 10 * time.Second
+	DefaultReconnectMin                = 500 * time.Millisecond
+	DefaultReconnectMax                = 30 * time.Second
+)
+
+// Error lists every invalid variable.
+type Error struct{ Problems []string }
+
+func (e *Error) Error() string {
+	return "agent configuration: " + strings.Join(e.Problems, "; ")
+}
+
+type parser struct {
+	lookup func(string) (string, bool)
+	errs   []string
+}
+
+func (p *parser) get(name string) string {
+	v, _ := p.lookup(name)
+	return strings.TrimSpace(v)
+}
+
+func (p *parser) fail(name, format string, args ...any) {
+	p.errs = append(p.errs, name+": "+fmt.Sprintf(format, args...))
+}
+
+func (p *parser) required(name string) string {
+	v := p.get(name)
+	if v == "" {
+		p.fail(name, "required")
+	}
+	return v
+}
+
+func (p *parser) addr(name string) string {
+	v := p.required(name)
+	if v == "" {
+		return ""
+	}
+	host, port, err := net.SplitHostPort(v)
+	if err != nil || host == "" {
+		p.fail(name, "%q is not host:port", v)
+		return v
+	}
+	if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
+		p.fail(name, "port %q is not 1-65535", port)
+	}
+	return v
+}
+
+func (p *parser) dir(name, def string) string {
+	v := p.get(name)
+	if v == "" {
+		v = def
+	}
+	if v == "" {
+		return ""
+	}
+	if !filepath.IsAbs(v) {
+		abs, err := filepath.Abs(v)
+		if err != nil {
+			p.fail(name, "cannot make %q absolute: %v", v, err)
+			return v
+		}
+		v = abs
+	}
+	return filepath.Clean(v)
+}
+
+func (p *parser) mode(name string, def fs.FileMode) fs.FileMode {
+	v := p.get(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.ParseUint(strings.TrimPrefix(v, "0o"), 8, 32)
+	if err != nil || n == 0 || n > 0o777 {
+		p.fail(name, "%q is not an octal permission between 0001 and 0777", v)
+		return def
+	}
+	if n&0o400 == 0 {
+		p.fail(name, "%q does not let the owner read", v)
+	}
+	return fs.FileMode(n)
+}
+
+func (p *parser) duration(name string, def time.Duration) time.Duration {
+	v := p.get(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		p.fail(name, "%q is not a positive duration", v)
+		return def
+	}
+	return d
+}
+
+// Load reads the configuration through lookup (os.LookupEnv in production).
+func Load(lookup func(string) (string, bool)) (Config, error) {
+	if lookup == nil {
+		return Config{}, errors.New("agent configuration: no environment lookup")
+	}
+	p := &parser{lookup: lookup}
+	c := Config{
+		InstanceID:       p.required(EnvInstanceID),
+		ProviderID:       p.get(EnvProviderID),
+		Shard:            p.get(EnvShard),
+		RegistrationAddr: p.addr(EnvRegistrationAddr),
+		AgentAddr:        p.addr(EnvAgentAddr),
+		ServerName:       p.get(EnvServerName),
+		IdentityDir:      p.dir(EnvIdentityDir, ""),
+		KeyFileMode:      p.mode(EnvKeyFileMode, DefaultKeyFileMode),
+		FileMode:         p.mode(EnvFileMode, DefaultFileMode),
+		DirMode:          p.mode(EnvDirMode, DefaultDirMode),
+		MetricsInterval:  p.duration(EnvMetricsInterval, DefaultMetricsInterval),
+		ReconnectMin:     p.duration(EnvReconnectMin, DefaultReconnectMin),
+		ReconnectMax:     p.duration(EnvReconnectMax, DefaultReconnectMax),
+		TerminationFile:  p.get(EnvTerminationFile),
+		LogLevel:         strings.ToLower(p.get(EnvLogLevel)),
+		MaxFileSize:      DefaultMaxFileSize,
+	}
+	if c.IdentityDir == "" {
+		p.fail(EnvIdentityDir, "required")
+	} else {
+		base := filepath.Dir(c.IdentityDir)
+		c.KeysDir = p.dir(EnvKeysDir, filepath.Join(base, "keys"))
+		c.FilesDir = p.dir(EnvFilesDir, filepath.Join(base, "files"))
+		seen := map[string]string{}
+		for _, d := range []struct{ name, v string }{{EnvIdentityDir, c.IdentityDir}, {EnvKeysDir, c.KeysDir}, {EnvFilesDir, c.FilesDir}} {
+			if other, ok := seen[d.v]; ok {
+				p.fail(d.name, "must differ from %s (%s)", other, d.v)
+			}
+			seen[d.v] = d.name
+		}
+	}
+	if v := p.get(EnvMaxFileSize); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 || n > 64<<20 {
+			p.fail(EnvMaxFileSize, "%q is not a byte count between 1 and 67108864", v)
+		} else {
+			c.MaxFileSize = n
+		}
+	}
+	if c.ReconnectMax < c.ReconnectMin {
+		p.fail(EnvReconnectMax, "%s is below %s (%s)", c.ReconnectMax, EnvReconnectMin, c.ReconnectMin)
+	}
+	c.DiskPaths = []string{"/"}
+	if v := p.get(EnvDiskPaths); v != "" {
+		c.DiskPaths = nil
+		for _, d := range strings.Split(v, ",") {
+			if d = strings.TrimSpace(d); d == "" {
+				continue
+			}
+			if !filepath.IsAbs(d) {
+				p.fail(EnvDiskPaths, "%q is not an absolute path", d)
+				continue
+			}
+			c.DiskPaths = append(c.DiskPaths, filepath.Clean(d))
+		}
+		sort.Strings(c.DiskPaths)
+	}
+	switch c.LogLevel {
+	case "", "debug", "info", "warn", "error":
+	default:
+		p.fail(EnvLogLevel, "%q is not debug, info, warn or error", c.LogLevel)
+	}
+	if c.TerminationFile != "" && !filepath.IsAbs(c.TerminationFile) {
+		p.fail(EnvTerminationFile, "%q is not an absolute path", c.TerminationFile)
+	}
+	if len(p.errs) > 0 {
+		return Config{}, &Error{Problems: p.errs}
+	}
+	return c, nil
+}
+
+// ServerNameFor returns the TLS server name to verify for addr.
+func (c Config) ServerNameFor(addr string) string {
+	if c.ServerName != "" {
+		return c.ServerName
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	return host
+}

@@ -1,0 +1,547 @@
+package agentapi
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rsa"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/server/authz"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+// Request limits.
+const (
+	maxSubmittedKeys = 64
+	maxPublicKeyPEM  = 16 << 10
+	maxReportFiles   = 4096
+)
+
+// Options configure a Server.
+type Options struct {
+	Source Source
+	Keys   KeyStore
+	Signer Signer
+	Health HealthSink
+	Log    logr.Logger
+	// Now is the clock; time.Now when nil.
+	Now func() time.Time
+	// RepushInterval is the shortest gap between two drift-triggered pushes
+	// to one instance, and how long after a push a differing hash is still
+	// considered in flight (default 30s).
+	RepushInterval time.Duration
+	// RenewFraction: a certificate is re-issued once less than this share of
+	// its lifetime remains (default 1/3).
+	RenewFraction float64
+}
+
+// Server implements nstancev1.AgentServiceServer.
+type Server struct {
+	nstancev1.UnimplementedAgentServiceServer
+	o   Options
+	hub hub
+}
+
+var _ nstancev1.AgentServiceServer = (*Server)(nil)
+
+// New checks the options and returns a Server.
+func New(o Options) (*Server, error) {
+	if o.Source == nil || o.Keys == nil || o.Signer == nil || o.Health == nil {
+		return nil, errors.New("agentapi: source, key store, signer and health sink are required")
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.RepushInterval <= 0 {
+		o.RepushInterval = 30 * time.Second
+	}
+	if o.RenewFraction <= 0 || o.RenewFraction >= 1 {
+		o.RenewFraction = 1.0 / 3
+	}
+	return &Server{o: o, hub: hub{byID: map[string]*instanceState{}}}, nil
+}
+
+// Notify makes the open streams of the given instances re-plan and push
+// whatever changed (template or var change). With no ids, every connected
+// instance is re-planned.
+func (s *Server) Notify(instanceIDs ...string) {
+	if len(instanceIDs) == 0 {
+		s.hub.notifyAll()
+		return
+	}
+	for _, id := range instanceIDs {
+		s.hub.notify(id, false)
+	}
+}
+
+// Connected reports how many instances have at least one open stream.
+func (s *Server) Connected() int {
+	s.hub.mu.Lock()
+	defer s.hub.mu.Unlock()
+	n := 0
+	for _, st := range s.hub.byID {
+		if len(st.watchers) > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+func refFrom(ctx context.Context) (Ref, error) {
+	id, ok := authz.IdentityFrom(ctx)
+	if !ok {
+		return Ref{}, status.Error(codes.Unauthenticated, "no caller identity")
+	}
+	if id.Role != pki.RoleAgent {
+		return Ref{}, status.Errorf(codes.PermissionDenied, "role %q may not use the agent service", id.Role)
+	}
+	return Ref{InstanceID: id.ClientID, Tenant: id.Tenant, Shard: id.Shard, Group: id.Group}, nil
+}
+
+func (s *Server) plan(ctx context.Context, ref Ref) (*Plan, error) {
+	p, err := s.o.Source.Plan(ctx, ref)
+	switch {
+	case errors.Is(err, ErrUnknownInstance):
+		return nil, status.Errorf(codes.NotFound, "instance %s is not known to this shard", ref.InstanceID)
+	case err != nil:
+		return nil, status.Errorf(codes.Unavailable, "planning instance %s: %v", ref.InstanceID, err)
+	}
+	return p, nil
+}
+
+// KeyGenRequests implements nstancev1.AgentServiceServer.
+func (s *Server) KeyGenRequests(req *nstancev1.KeyGenRequestsRequest, stream nstancev1.AgentService_KeyGenRequestsServer) error {
+	ctx := stream.Context()
+	ref, err := refFrom(ctx)
+	if err != nil {
+		return err
+	}
+	w := s.hub.add(ref.InstanceID)
+	defer s.hub.remove(ref.InstanceID, w)
+	last := ""
+	for {
+		p, err := s.plan(ctx, ref)
+		if err != nil {
+			return err
+		}
+		h := hashKeys(p.Keys)
+		if h != last {
+			msg := &nstancev1.KeyGenRequest{Keys: p.Keys, ConfigHash: h, SentAt: timestamppb.New(s.o.Now())}
+			if err := stream.Send(msg); err != nil {
+				return err
+			}
+			last = h
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-w.ch:
+		}
+	}
+}
+
+// SubmitPublicKeys implements nstancev1.AgentServiceServer.
+func (s *Server) SubmitPublicKeys(ctx context.Context, req *nstancev1.SubmitPublicKeysRequest) (*nstancev1.SubmitPublicKeysResponse, error) {
+	ref, err := refFrom(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if len(req.GetKeys()) > maxSubmittedKeys {
+		return nil, status.Errorf(codes.InvalidArgument, "keys: more than %d entries", maxSubmittedKeys)
+	}
+	p, err := s.plan(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	specs := map[string]*nstancev1.KeySpec{}
+	for _, k := range p.Keys {
+		specs[k.GetName()] = k
+	}
+	resp := &nstancev1.SubmitPublicKeysResponse{}
+	seen := map[string]bool{}
+	reject := func(name, format string, args ...any) {
+		resp.Rejected = append(resp.Rejected, &nstancev1.RejectedKey{Name: name, Reason: fmt.Sprintf(format, args...)})
+	}
+	for _, k := range req.GetKeys() {
+		name := k.GetName()
+		spec, ok := specs[name]
+		switch {
+		case seen[name]:
+			reject(name, "submitted twice")
+			continue
+		case !ok:
+			reject(name, "the instance template asks for no key of this name")
+			continue
+		case k.GetType() != spec.GetType():
+			reject(name, "type %s does not match the requested %s", k.GetType(), spec.GetType())
+			continue
+		case len(k.GetPublicKeyPem()) > maxPublicKeyPEM:
+			reject(name, "public key PEM longer than %d bytes", maxPublicKeyPEM)
+			continue
+		}
+		seen[name] = true
+		pub, err := parsePublicKey(k.GetPublicKeyPem())
+		if err != nil {
+			reject(name, "%v", err)
+			continue
+		}
+		if got := keyTypeOf(pub); got != spec.GetType() {
+			reject(name, "public key is %s, requested %s", got, spec.GetType())
+			continue
+		}
+		if err := s.o.Keys.PutKey(ctx, ref, name, StoredKey{Type: k.GetType(), PublicKeyPEM: k.GetPublicKeyPem()}); err != nil {
+			return nil, status.Errorf(codes.Unavailable, "storing key %s: %v", name, err)
+		}
+		resp.Accepted = append(resp.Accepted, name)
+	}
+	changed, err := s.issue(ctx, ref, p)
+	if err != nil {
+		return nil, err
+	}
+	if changed {
+		s.hub.notify(ref.InstanceID, false)
+	}
+	s.o.Log.V(1).Info("public keys submitted", "instance", ref.InstanceID, "accepted", len(resp.Accepted), "rejected", len(resp.Rejected))
+	return resp, nil
+}
+
+// issue signs every certificate the plan asks for that is missing, was issued
+// for another spec, or is due for renewal. It reports whether any changed.
+func (s *Server) issue(ctx context.Context, ref Ref, p *Plan) (bool, error) {
+	stored, err := s.o.Keys.Keys(ctx, ref)
+	if err != nil {
+		return false, status.Errorf(codes.Unavailable, "reading stored keys: %v", err)
+	}
+	now := s.o.Now()
+	changed := false
+	for _, spec := range p.Keys {
+		cs := spec.GetCertificate()
+		if cs == nil {
+			continue
+		}
+		sk, ok := stored[spec.GetName()]
+		if !ok || sk.Type != spec.GetType() {
+			continue
+		}
+		specHash := hashMessage(cs)
+		if len(sk.CertPEM) > 0 && sk.CertSpecHash == specHash && !s.renewDue(sk, now) {
+			continue
+		}
+		pub, err := parsePublicKey(sk.PublicKeyPEM)
+		if err != nil {
+			s.o.Log.Error(err, "stored public key unusable", "instance", ref.InstanceID, "key", spec.GetName())
+			continue
+		}
+		certPEM, nb, na, err := s.o.Signer.Sign(ctx, ref, cs, pub)
+		if err != nil {
+			s.o.Log.Error(err, "issuing certificate", "instance", ref.InstanceID, "key", spec.GetName())
+			continue
+		}
+		ok, err = s.o.Keys.PutCertificate(ctx, ref, spec.GetName(), sk.PublicKeyPEM, certPEM, specHash, nb, na)
+		if err != nil {
+			return changed, status.Errorf(codes.Unavailable, "storing certificate %s: %v", spec.GetName(), err)
+		}
+		changed = changed || ok
+	}
+	return changed, nil
+}
+
+func (s *Server) renewDue(k StoredKey, now time.Time) bool {
+	life := k.NotAfter.Sub(k.NotBefore)
+	return life <= 0 || k.NotAfter.Sub(now) < time.Duration(float64(life)*s.o.RenewFraction)
+}
+
+// Files returns the complete file set of an instance and its hash, issuing
+// any certificate that is missing or due for renewal first.
+func (s *Server) Files(ctx context.Context, ref Ref) ([]*nstancev1.DeliveredFile, string, error) {
+	p, err := s.plan(ctx, ref)
+	if err != nil {
+		return nil, "", err
+	}
+	if _, err := s.issue(ctx, ref, p); err != nil {
+		return nil, "", err
+	}
+	stored, err := s.o.Keys.Keys(ctx, ref)
+	if err != nil {
+		return nil, "", status.Errorf(codes.Unavailable, "reading stored keys: %v", err)
+	}
+	out := make([]*nstancev1.DeliveredFile, 0, len(p.Files))
+	for _, f := range p.Files {
+		content := f.Content
+		if f.Key != "" {
+			sk, ok := stored[f.Key]
+			if !ok || len(sk.CertPEM) == 0 {
+				continue // not issued yet; a later push carries it
+			}
+			content = sk.CertPEM
+		}
+		sum := sha256.Sum256(content)
+		out = append(out, &nstancev1.DeliveredFile{Path: f.Path, Content: content, Mode: f.Mode, Kind: f.Kind, Sha256: hex.EncodeToString(sum[:])})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
+	return out, HashFiles(out), nil
+}
+
+// ReceiveFiles implements nstancev1.AgentServiceServer.
+func (s *Server) ReceiveFiles(req *nstancev1.ReceiveFilesRequest, stream nstancev1.AgentService_ReceiveFilesServer) error {
+	ctx := stream.Context()
+	ref, err := refFrom(ctx)
+	if err != nil {
+		return err
+	}
+	w := s.hub.add(ref.InstanceID)
+	defer s.hub.remove(ref.InstanceID, w)
+	last := req.GetConfigHash()
+	for {
+		files, h, err := s.Files(ctx, ref)
+		if err != nil {
+			return err
+		}
+		s.hub.setDesired(ref.InstanceID, h)
+		if h != last || w.force.Swap(false) {
+			if err := stream.Send(&nstancev1.FileDelivery{Files: files, ConfigHash: h, SentAt: timestamppb.New(s.o.Now())}); err != nil {
+				return err
+			}
+			s.hub.sent(ref.InstanceID, s.o.Now())
+			s.o.Log.V(1).Info("files pushed", "instance", ref.InstanceID, "files", len(files), "hash", h)
+			last = h
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-w.ch:
+		}
+	}
+}
+
+// ReportHealth implements nstancev1.AgentServiceServer.
+func (s *Server) ReportHealth(stream nstancev1.AgentService_ReportHealthServer) error {
+	ctx := stream.Context()
+	ref, err := refFrom(ctx)
+	if err != nil {
+		return err
+	}
+	var n uint64
+	var last time.Time
+	for {
+		r, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			resp := &nstancev1.ReportHealthResponse{ReportsReceived: n}
+			if n > 0 {
+				resp.LastReportAt = timestamppb.New(last)
+			}
+			return stream.SendAndClose(resp)
+		}
+		if err != nil {
+			return err
+		}
+		if len(r.GetFiles()) > maxReportFiles {
+			return status.Errorf(codes.InvalidArgument, "files: more than %d entries", maxReportFiles)
+		}
+		last = s.o.Now()
+		if err := s.o.Health.RecordHealth(ctx, ref, r, last); err != nil {
+			return status.Errorf(codes.Unavailable, "recording health: %v", err)
+		}
+		n++
+		if s.hub.drifted(ref.InstanceID, r.GetConfigHash(), last, s.o.RepushInterval) {
+			s.o.Log.Info("runtime config drift, pushing files again", "instance", ref.InstanceID, "agent_hash", r.GetConfigHash())
+		}
+	}
+}
+
+// HashFiles is the config hash of a complete file set: SHA-256 over the
+// sorted paths with kind, mode and content hash.
+func HashFiles(files []*nstancev1.DeliveredFile) string {
+	sorted := append([]*nstancev1.DeliveredFile(nil), files...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Path < sorted[j].Path })
+	h := sha256.New()
+	for _, f := range sorted {
+		fmt.Fprintf(h, "%s\x00%d\x00%o\x00%s\n", f.GetPath(), f.GetKind(), f.GetMode(), f.GetSha256())
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func hashKeys(keys []*nstancev1.KeySpec) string {
+	h := sha256.New()
+	for _, k := range keys {
+		h.Write([]byte(hashMessage(k)))
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func hashMessage(m proto.Message) string {
+	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+func parsePublicKey(s string) (crypto.PublicKey, error) {
+	b, rest := pem.Decode([]byte(s))
+	if b == nil || b.Type != "PUBLIC KEY" {
+		return nil, errors.New("no PUBLIC KEY PEM block")
+	}
+	if len(strings.TrimSpace(string(rest))) != 0 {
+		return nil, errors.New("data after the PUBLIC KEY block")
+	}
+	pub, err := x509.ParsePKIXPublicKey(b.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("parsing public key: %w", err)
+	}
+	return pub, nil
+}
+
+func keyTypeOf(pub crypto.PublicKey) nstancev1.KeyType {
+	switch k := pub.(type) {
+	case ed25519.PublicKey:
+		return nstancev1.KeyType_KEY_TYPE_ED25519
+	case *ecdsa.PublicKey:
+		switch k.Curve {
+		case elliptic.P256():
+			return nstancev1.KeyType_KEY_TYPE_ECDSA_P256
+		case elliptic.P384():
+			return nstancev1.KeyType_KEY_TYPE_ECDSA_P384
+		}
+	case *rsa.PublicKey:
+		switch k.N.BitLen() {
+		case 2048:
+			return nstancev1.KeyType_KEY_TYPE_RSA_2048
+		case 4096:
+			return nstancev1.KeyType_KEY_TYPE_RSA_4096
+		}
+	}
+	return nstancev1.KeyType_KEY_TYPE_UNSPECIFIED
+}
+
+// hub tracks the open streams of each instance so changes can wake them.
+type hub struct {
+	mu   sync.Mutex
+	byID map[string]*instanceState
+}
+
+type instanceState struct {
+	watchers   map[*watcher]struct{}
+	desired    string
+	lastSent   time.Time
+	lastRepush time.Time
+}
+
+type watcher struct {
+	ch    chan struct{}
+	force atomic.Bool
+}
+
+func (h *hub) state(id string) *instanceState {
+	st, ok := h.byID[id]
+	if !ok {
+		st = &instanceState{watchers: map[*watcher]struct{}{}}
+		h.byID[id] = st
+	}
+	return st
+}
+
+func (h *hub) add(id string) *watcher {
+	w := &watcher{ch: make(chan struct{}, 1)}
+	h.mu.Lock()
+	h.state(id).watchers[w] = struct{}{}
+	h.mu.Unlock()
+	return w
+}
+
+func (h *hub) remove(id string, w *watcher) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st := h.byID[id]
+	if st == nil {
+		return
+	}
+	delete(st.watchers, w)
+	if len(st.watchers) == 0 {
+		delete(h.byID, id)
+	}
+}
+
+func wake(w *watcher, force bool) {
+	if force {
+		w.force.Store(true)
+	}
+	select {
+	case w.ch <- struct{}{}:
+	default:
+	}
+}
+
+func (h *hub) notify(id string, force bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if st := h.byID[id]; st != nil {
+		for w := range st.watchers {
+			wake(w, force)
+		}
+	}
+}
+
+func (h *hub) notifyAll() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, st := range h.byID {
+		for w := range st.watchers {
+			wake(w, false)
+		}
+	}
+}
+
+func (h *hub) setDesired(id, hash string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if st := h.byID[id]; st != nil {
+		st.desired = hash
+	}
+}
+
+func (h *hub) sent(id string, at time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if st := h.byID[id]; st != nil {
+		st.lastSent = at
+	}
+}
+
+// drifted reports (and acts on) an agent hash that differs from the desired
+// one long enough after the last push: the file streams are forced to push.
+func (h *hub) drifted(id, agentHash string, now time.Time, gap time.Duration) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st := h.byID[id]
+	if st == nil || st.desired == "" || st.desired == agentHash {
+		return false
+	}
+	if now.Sub(st.lastSent) < gap || now.Sub(st.lastRepush) < gap {
+		return false
+	}
+	st.lastRepush = now
+	for w := range st.watchers {
+		wake(w, true)
+	}
+	return true
+}

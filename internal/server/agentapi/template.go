@@ -1,0 +1,188 @@
+package agentapi
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"text/template"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/nstance-dev/nstance/internal/server/config"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+// TemplateData is what file contents and certificate fields may refer to,
+// e.g. {{ .InstanceID }} or {{ .Vars.role }}.
+type TemplateData struct {
+	InstanceID   string
+	Tenant       string
+	Shard        string
+	Group        string
+	Template     string
+	InstanceType string
+	Vars         map[string]string
+	Args         map[string]string
+}
+
+// TemplateInput is an instance's template with the data to render it.
+type TemplateInput struct {
+	Template config.Template
+	Data     TemplateData
+}
+
+// TemplateSource is the Source that renders config templates.
+type TemplateSource struct {
+	// Lookup returns the template and effective vars of an instance, or an
+	// error wrapping ErrUnknownInstance.
+	Lookup func(ctx context.Context, ref Ref) (*TemplateInput, error)
+	// Secret returns a stored secret by name (files of kind secret).
+	Secret func(ctx context.Context, name string) ([]byte, error)
+	// CABundle is delivered for ca_bundle files without content.
+	CABundle []byte
+}
+
+var (
+	keyTypes = map[string]nstancev1.KeyType{
+		"ed25519": nstancev1.KeyType_KEY_TYPE_ED25519, "ecdsa-p256": nstancev1.KeyType_KEY_TYPE_ECDSA_P256,
+		"ecdsa-p384": nstancev1.KeyType_KEY_TYPE_ECDSA_P384, "rsa-2048": nstancev1.KeyType_KEY_TYPE_RSA_2048,
+		"rsa-4096": nstancev1.KeyType_KEY_TYPE_RSA_4096,
+	}
+	fileKinds = map[string]nstancev1.FileKind{
+		"certificate": nstancev1.FileKind_FILE_KIND_CERTIFICATE, "ca_bundle": nstancev1.FileKind_FILE_KIND_CA_BUNDLE,
+		"secret": nstancev1.FileKind_FILE_KIND_SECRET, "env": nstancev1.FileKind_FILE_KIND_ENV,
+		"json": nstancev1.FileKind_FILE_KIND_JSON, "string": nstancev1.FileKind_FILE_KIND_STRING,
+	}
+	usages = map[string]nstancev1.CertificateUsage{
+		"server_auth": nstancev1.CertificateUsage_CERTIFICATE_USAGE_SERVER_AUTH,
+		"client_auth": nstancev1.CertificateUsage_CERTIFICATE_USAGE_CLIENT_AUTH,
+	}
+)
+
+// Plan implements Source.
+func (s *TemplateSource) Plan(ctx context.Context, ref Ref) (*Plan, error) {
+	if s.Lookup == nil {
+		return nil, errors.New("template source: no lookup")
+	}
+	in, err := s.Lookup(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	t := in.Template
+	data := in.Data
+	p := &Plan{}
+	names := sortedKeys(t.Keys)
+	for _, name := range names {
+		k := t.Keys[name]
+		kt, ok := keyTypes[strings.ToLower(k.Type)]
+		if !ok {
+			return nil, fmt.Errorf("keys.%s.type: unknown key type %q", name, k.Type)
+		}
+		spec := &nstancev1.KeySpec{Name: name, Type: kt}
+		if c := k.Certificate; c != nil {
+			cs := &nstancev1.CertificateSpec{}
+			if cs.CommonName, err = render("keys."+name+".certificate.common_name", c.CommonName, data); err != nil {
+				return nil, err
+			}
+			for _, u := range c.Usages {
+				v, ok := usages[strings.ToLower(u)]
+				if !ok {
+					return nil, fmt.Errorf("keys.%s.certificate.usages: unknown usage %q", name, u)
+				}
+				cs.Usages = append(cs.Usages, v)
+			}
+			for field, list := range map[string]struct {
+				in  []string
+				out *[]string
+			}{"dns_names": {c.DNSNames, &cs.DnsNames}, "ip_addresses": {c.IPAddresses, &cs.IpAddresses}, "uris": {c.URIs, &cs.Uris}} {
+				for i, v := range list.in {
+					r, err := render(fmt.Sprintf("keys.%s.certificate.%s[%d]", name, field, i), v, data)
+					if err != nil {
+						return nil, err
+					}
+					*list.out = append(*list.out, r)
+				}
+			}
+			if d := c.Validity.D(); d > 0 {
+				cs.Validity = durationpb.New(d)
+			}
+			spec.Certificate = cs
+		}
+		p.Keys = append(p.Keys, spec)
+	}
+	for _, name := range sortedKeys(t.Files) {
+		f := t.Files[name]
+		key := "files." + name
+		kind, ok := fileKinds[strings.ToLower(f.Kind)]
+		if !ok {
+			return nil, fmt.Errorf("%s.kind: unknown file kind %q", key, f.Kind)
+		}
+		fs := FileSpec{Path: f.Path, Kind: kind}
+		if fs.Path == "" {
+			fs.Path = name
+		}
+		if f.Mode != "" {
+			m, err := strconv.ParseUint(strings.TrimPrefix(f.Mode, "0o"), 8, 32)
+			if err != nil || m > 0o777 {
+				return nil, fmt.Errorf("%s.mode: %q is not an octal permission", key, f.Mode)
+			}
+			fs.Mode = uint32(m)
+		}
+		switch kind {
+		case nstancev1.FileKind_FILE_KIND_CERTIFICATE:
+			if _, ok := t.Keys[f.Key]; !ok {
+				return nil, fmt.Errorf("%s.key: template has no key %q", key, f.Key)
+			}
+			fs.Key = f.Key
+		case nstancev1.FileKind_FILE_KIND_SECRET:
+			if s.Secret == nil {
+				return nil, fmt.Errorf("%s: no secret store configured", key)
+			}
+			if fs.Content, err = s.Secret(ctx, f.Secret); err != nil {
+				return nil, fmt.Errorf("%s.secret: %w", key, err)
+			}
+		case nstancev1.FileKind_FILE_KIND_CA_BUNDLE:
+			if f.Content == "" {
+				fs.Content = s.CABundle
+				break
+			}
+			fallthrough
+		default:
+			out, err := render(key+".content", f.Content, data)
+			if err != nil {
+				return nil, err
+			}
+			fs.Content = []byte(out)
+		}
+		p.Files = append(p.Files, fs)
+	}
+	return p, nil
+}
+
+func render(key, text string, data TemplateData) (string, error) {
+	if !strings.Contains(text, "{{") {
+		return text, nil
+	}
+	t, err := template.New(key).Option("missingkey=error").Parse(text)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", key, err)
+	}
+	var b bytes.Buffer
+	if err := t.Execute(&b, data); err != nil {
+		return "", fmt.Errorf("%s: %w", key, err)
+	}
+	return b.String(), nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
