@@ -351,6 +351,10 @@ func (s *Server) createObject(rq request, obj map[string]any, dryRun bool) (int,
 		return 0, nil, err
 	}
 	s.prepareCreate(rq.res, obj, time.Now())
+	obj, err := s.roundTrip(rq.res, obj)
+	if err != nil {
+		return 0, nil, err
+	}
 	if err := s.validate(rq.res, nil, obj); err != nil {
 		return 0, nil, err
 	}
@@ -418,6 +422,10 @@ func (s *Server) update(w http.ResponseWriter, r *http.Request, rq request) {
 			}
 			s.prepareCreate(rq.res, obj, time.Now())
 			created = true
+			obj, err := s.roundTrip(rq.res, obj)
+			if err != nil {
+				return store.Mutation{}, err
+			}
 			return store.Mutation{Object: obj}, s.validate(rq.res, nil, obj)
 		}
 		rv := str(md, "resourceVersion")
@@ -443,6 +451,10 @@ func (s *Server) update(w http.ResponseWriter, r *http.Request, rq request) {
 // finishUpdate validates an updated object and turns "deleting with no
 // finalizers left" into the final deletion.
 func (s *Server) finishUpdate(rq request, cur, next map[string]any) (store.Mutation, error) {
+	next, err := s.roundTrip(rq.res, next)
+	if err != nil {
+		return store.Mutation{}, err
+	}
 	if err := s.validate(rq.res, cur, next); err != nil {
 		return store.Mutation{}, err
 	}

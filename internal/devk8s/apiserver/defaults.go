@@ -1,12 +1,14 @@
 package apiserver
 
 import (
+	"fmt"
 	"reflect"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/uuid"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/nstance-dev/nstance/internal/devk8s/registry"
@@ -30,11 +32,7 @@ func (s *Server) defaultCreate(res *registry.Resource, obj map[string]any) {
 		obj["spec"] = map[string]any{"finalizers": []any{"kubernetes"}}
 		obj["status"] = map[string]any{"phase": "Active"}
 	case "pods":
-		defaultPod(obj)
-	case "secrets":
-		if str(obj, "type") == "" {
-			obj["type"] = "Opaque"
-		}
+		obj["status"] = map[string]any{"phase": "Pending", "qosClass": "BestEffort"}
 	case "customresourcedefinitions":
 		defaultCRD(obj)
 	case "poddisruptionbudgets":
@@ -42,7 +40,19 @@ func (s *Server) defaultCreate(res *registry.Resource, obj map[string]any) {
 	case "nodes":
 		spec, _ := obj["spec"].(map[string]any)
 		if spec == nil {
-			obj["spec"] = map[string]any{}
+			spec = map[string]any{}
+			obj["spec"] = spec
+		}
+		// The TaintNodesByCondition admission plugin marks new nodes not ready.
+		taints := asList(spec["taints"])
+		found := false
+		for _, t := range taints {
+			if m, _ := t.(map[string]any); str(m, "key") == "node.kubernetes.io/not-ready" {
+				found = true
+			}
+		}
+		if !found {
+			spec["taints"] = append(taints, map[string]any{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"})
 		}
 	}
 }
@@ -82,7 +92,50 @@ func defaultPod(obj map[string]any) {
 		}
 		setDefault(m, "imagePullPolicy", policy)
 	}
-	obj["status"] = map[string]any{"phase": "Pending", "qosClass": "BestEffort"}
+}
+
+// decodeDefaults are the defaults kube-apiserver applies whenever it decodes
+// a built-in object (create, update and patch alike).
+func decodeDefaults(res *registry.Resource, obj map[string]any) {
+	switch res.Resource {
+	case "pods":
+		defaultPod(obj)
+	case "secrets":
+		if str(obj, "type") == "" {
+			obj["type"] = "Opaque"
+		}
+	case "nodes":
+		if spec, _ := obj["spec"].(map[string]any); spec != nil {
+			if cidr := str(spec, "podCIDR"); cidr != "" {
+				if _, ok := spec["podCIDRs"]; !ok {
+					spec["podCIDRs"] = []any{cidr}
+				}
+			}
+		}
+	}
+}
+
+// roundTrip passes a built-in object through its Go type, as
+// kube-apiserver's decoding and encoding do: unknown fields go, and fields
+// the type always writes appear.
+func (s *Server) roundTrip(res *registry.Resource, obj map[string]any) (map[string]any, error) {
+	if !res.BuiltIn {
+		return obj, nil
+	}
+	typed, err := s.scheme.New(res.GVK())
+	if err != nil {
+		return obj, nil
+	}
+	decodeDefaults(res, obj)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj, typed); err != nil {
+		return nil, apierrors.NewBadRequest(fmt.Sprintf("decode %s: %v", res.Kind, err))
+	}
+	out, err := runtime.DefaultUnstructuredConverter.ToUnstructured(typed)
+	if err != nil {
+		return nil, apierrors.NewInternalError(err)
+	}
+	out["apiVersion"], out["kind"] = res.APIVersion(), res.Kind
+	return out, nil
 }
 
 // validate applies the few validation rules clients run into.

@@ -76,7 +76,7 @@ func (s *Server) deleteObject(res *registry.Resource, ns, name string, opts meta
 	if err := validPolicy(opts); err != nil {
 		return nil, false, err
 	}
-	deleted := false
+	deleted, stampPodDeletion := false, false
 	result, err := s.store.Mutate(res.StorageName(), ns, name, dryRunFunc(len(opts.DryRun) > 0, func(cur map[string]any) (store.Mutation, error) {
 		if cur == nil {
 			return store.Mutation{}, apierrors.NewNotFound(res.GroupResource(), name)
@@ -105,6 +105,15 @@ func (s *Server) deleteObject(res *registry.Resource, ns, name string, opts meta
 		grace, graceful := s.gracePeriod(res, cur, opts)
 		if len(fs) == 0 && !graceful && !specFinalizers(res, cur) {
 			deleted = true
+			if isPod(res) && !hasDeletionTimestamp(cur) {
+				// Pods are deleted gracefully even with no grace period:
+				// the deletion timestamp is recorded first.
+				stampPodDeletion = true
+				md["deletionTimestamp"] = timestamp(timeNow())
+				md["deletionGracePeriodSeconds"] = int64(0)
+				md["generation"] = generationOf(md) + 1
+				return store.Mutation{Object: cur}, nil
+			}
 			return store.Mutation{Delete: true}, nil
 		}
 		if hasDeletionTimestamp(cur) && !changed {
@@ -141,8 +150,22 @@ func (s *Server) deleteObject(res *registry.Resource, ns, name string, opts meta
 	if err != nil {
 		return nil, false, err
 	}
+	if stampPodDeletion && len(opts.DryRun) == 0 {
+		final, err := s.store.Mutate(res.StorageName(), ns, name, func(cur map[string]any) (store.Mutation, error) {
+			if cur == nil {
+				return store.Mutation{}, apierrors.NewNotFound(res.GroupResource(), name)
+			}
+			return store.Mutation{Delete: true}, nil
+		})
+		if err != nil {
+			return nil, false, err
+		}
+		return final.Entry, true, nil
+	}
 	return result.Entry, deleted, nil
 }
+
+func isPod(res *registry.Resource) bool { return res.Group == "" && res.Resource == "pods" }
 
 func validPolicy(opts metav1.DeleteOptions) error {
 	if opts.PropagationPolicy == nil {

@@ -161,6 +161,10 @@ func (s *Server) patch(w http.ResponseWriter, r *http.Request, rq request) {
 			}
 			s.prepareCreate(rq.res, obj, timeNow())
 			created = true
+			obj, err = s.roundTrip(rq.res, obj)
+			if err != nil {
+				return store.Mutation{}, err
+			}
 			return store.Mutation{Object: obj}, s.validate(rq.res, nil, obj)
 		}
 		obj, err := s.applyPatch(rq.res, pt, cur, body)

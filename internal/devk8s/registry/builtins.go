@@ -8,7 +8,7 @@ func builtins() []Resource {
 		{Version: "v1", Resource: "pods", Kind: "Pod", Namespaced: true, ShortNames: []string{"po"}, Categories: []string{"all"}, Status: true, Subresources: []string{"eviction"}, Generation: true, BuiltIn: true, ReturnDeleted: true, Storage: true},
 		{Version: "v1", Resource: "secrets", Kind: "Secret", Namespaced: true, BuiltIn: true, Storage: true},
 		{Version: "v1", Resource: "configmaps", Kind: "ConfigMap", Namespaced: true, ShortNames: []string{"cm"}, BuiltIn: true, Storage: true},
-		{Version: "v1", Resource: "serviceaccounts", Kind: "ServiceAccount", Namespaced: true, ShortNames: []string{"sa"}, Subresources: []string{"token"}, BuiltIn: true, Storage: true},
+		{Version: "v1", Resource: "serviceaccounts", Kind: "ServiceAccount", Namespaced: true, ShortNames: []string{"sa"}, Subresources: []string{"token"}, BuiltIn: true, ReturnDeleted: true, Storage: true},
 		{Version: "v1", Resource: "events", Kind: "Event", Namespaced: true, ShortNames: []string{"ev"}, BuiltIn: true, CreateOnUpdate: true, Storage: true},
 		{Group: "coordination.k8s.io", Version: "v1", Resource: "leases", Kind: "Lease", Namespaced: true, BuiltIn: true, CreateOnUpdate: true, Storage: true},
 		{Group: "policy", Version: "v1", Resource: "poddisruptionbudgets", Kind: "PodDisruptionBudget", Namespaced: true, ShortNames: []string{"pdb"}, Status: true, Generation: true, BuiltIn: true, Storage: true},

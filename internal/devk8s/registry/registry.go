@@ -275,7 +275,6 @@ func (r *Registry) AddCRD(crd *apiextensionsv1.CustomResourceDefinition) error {
 			Status:         v.Subresources != nil && v.Subresources.Status != nil,
 			Generation:     true,
 			PrinterColumns: v.AdditionalPrinterColumns,
-			ReturnDeleted:  true,
 			Storage:        v.Storage,
 		}
 		r.add(res)
