@@ -75,9 +75,12 @@ func (it item) String() string {
 
 // Reconciler drives groups and instances of one shard.
 type Reconciler struct {
-	o     Options
-	queue workqueue.TypedRateLimitingInterface[item]
-	log   logr.Logger
+	o   Options
+	log logr.Logger
+
+	qMu     sync.Mutex
+	queue   workqueue.TypedRateLimitingInterface[item]
+	running bool
 
 	limMu   sync.Mutex
 	limiter *rate.Limiter
@@ -112,28 +115,64 @@ func New(o Options) *Reconciler {
 	if o.Events == nil {
 		o.Events = events.NewHubs(0)
 	}
-	q := workqueue.NewTypedRateLimitingQueueWithConfig(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[item](o.RetryBase, o.RetryMax),
-		workqueue.TypedRateLimitingQueueConfig[item]{Name: "nstance-reconcile-" + o.Shard})
-	return &Reconciler{o: o, queue: q, log: o.Log.WithName("reconcile"), lastStatus: map[groups.Key]string{}, orphans: map[string]time.Time{}}
+	r := &Reconciler{o: o, log: o.Log.WithName("reconcile"), lastStatus: map[groups.Key]string{}, orphans: map[string]time.Time{}}
+	r.queue = r.newQueue()
+	return r
+}
+
+func (r *Reconciler) newQueue() workqueue.TypedRateLimitingInterface[item] {
+	return workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[item](r.o.RetryBase, r.o.RetryMax),
+		workqueue.TypedRateLimitingQueueConfig[item]{Name: "nstance-reconcile-" + r.o.Shard})
+}
+
+// q returns the queue of the current run.
+func (r *Reconciler) q() workqueue.TypedRateLimitingInterface[item] {
+	r.qMu.Lock()
+	defer r.qMu.Unlock()
+	return r.queue
+}
+
+// Running reports whether Run is active (the server leads its shard).
+func (r *Reconciler) Running() bool {
+	r.qMu.Lock()
+	defer r.qMu.Unlock()
+	return r.running
 }
 
 // Events returns the hubs the reconciler publishes to.
 func (r *Reconciler) Events() *events.Hubs { return r.o.Events }
 
-// Run loads state from storage, converges until ctx ends, then stops its
-// workers. A Reconciler runs once: create a new one after losing and
-// regaining leadership.
+// Run loads state from storage (rebuilding the cache), converges until ctx
+// ends, then stops its workers. Run it for each leadership term; it must not
+// run twice at once.
 func (r *Reconciler) Run(ctx context.Context) error {
+	r.qMu.Lock()
+	if r.running {
+		r.qMu.Unlock()
+		return errors.New("reconciler is already running")
+	}
+	q := r.newQueue()
+	r.queue, r.running = q, true
+	r.qMu.Unlock()
+	defer func() {
+		q.ShutDown()
+		r.qMu.Lock()
+		r.running = false
+		r.qMu.Unlock()
+	}()
 	if err := r.Load(ctx); err != nil {
 		return err
 	}
+	r.statusMu.Lock()
+	r.lastStatus = map[groups.Key]string{}
+	r.statusMu.Unlock()
 	var wg sync.WaitGroup
 	for i := 0; i < r.o.Workers; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for r.processNext(ctx) {
+			for r.processNext(ctx, q) {
 			}
 		}()
 	}
@@ -143,7 +182,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			r.queue.ShutDown()
+			q.ShutDown()
 			wg.Wait()
 			return nil
 		case <-t.C:
@@ -194,11 +233,11 @@ func (r *Reconciler) GroupChanged(k groups.Key) {
 }
 
 func (r *Reconciler) enqueueGroup(k groups.Key) {
-	r.queue.Add(item{kind: kindGroup, tenant: k.Tenant, id: k.ID})
+	r.q().Add(item{kind: kindGroup, tenant: k.Tenant, id: k.ID})
 }
 
 // EnqueueInstance schedules an instance for reconciliation.
-func (r *Reconciler) EnqueueInstance(id string) { r.queue.Add(item{kind: kindInst, id: id}) }
+func (r *Reconciler) EnqueueInstance(id string) { r.q().Add(item{kind: kindInst, id: id}) }
 
 // Resync enqueues every group, and every instance whose record disagrees
 // with what the provider reports or that has pending work. Provider
@@ -283,12 +322,12 @@ func (r *Reconciler) collectOrphans(ctx context.Context, listed []provider.Insta
 	r.orphans = current
 }
 
-func (r *Reconciler) processNext(ctx context.Context) bool {
-	it, shutdown := r.queue.Get()
+func (r *Reconciler) processNext(ctx context.Context, q workqueue.TypedRateLimitingInterface[item]) bool {
+	it, shutdown := q.Get()
 	if shutdown {
 		return false
 	}
-	defer r.queue.Done(it)
+	defer q.Done(it)
 	var after time.Duration
 	var err error
 	if it.kind == kindGroup {
@@ -299,18 +338,18 @@ func (r *Reconciler) processNext(ctx context.Context) bool {
 	switch {
 	case err != nil:
 		r.log.V(1).Info("reconcile failed; retrying with backoff", "key", it.String(), "error", err.Error())
-		r.queue.AddRateLimited(it)
+		q.AddRateLimited(it)
 	case after > 0:
-		r.queue.Forget(it)
-		r.queue.AddAfter(it, after)
+		q.Forget(it)
+		q.AddAfter(it, after)
 	default:
-		r.queue.Forget(it)
+		q.Forget(it)
 	}
 	return true
 }
 
 // QueueLen returns the number of keys waiting (not counting delayed ones).
-func (r *Reconciler) QueueLen() int { return r.queue.Len() }
+func (r *Reconciler) QueueLen() int { return r.q().Len() }
 
 func (r *Reconciler) cfg() *config.Config { return r.o.Config() }
 

@@ -1,0 +1,8 @@
+// Package operatorsvc is the gRPC Operator service of nstance-server: config
+// status and refresh, groups, instances, drain acknowledgement and the three
+// watch streams. Every call is scoped to the tenant of the caller's
+// certificate (read from the request context); another tenant's groups and
+// instances are invisible (NotFound), and watch streams only carry the
+// caller's tenant's events. RenewCertificate is delegated to an injected
+// CertificateRenewer (the server core's implementation).
+package operatorsvc

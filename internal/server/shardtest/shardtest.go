@@ -1,0 +1,254 @@
+package shardtest
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/internal/server/fleet"
+	"github.com/nstance-dev/nstance/internal/server/grpcserve"
+	"github.com/nstance-dev/nstance/internal/server/layout"
+	"github.com/nstance-dev/nstance/internal/server/liveconfig"
+	"github.com/nstance-dev/nstance/internal/server/provider"
+	"github.com/nstance-dev/nstance/internal/server/provider/mock"
+	"github.com/nstance-dev/nstance/internal/server/reconcile"
+	"github.com/nstance-dev/nstance/pkg/objstore"
+	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+// Options configures a fake shard. Zero values pick test defaults.
+type Options struct {
+	// ClusterID defaults to "test-cluster"; ShardID to "test-1".
+	ClusterID, ShardID string
+	// ConfigJSONC is the shard config; default Config(ClusterID, ShardID, "mock").
+	ConfigJSONC string
+	// Store defaults to a fresh in-memory store. Pass the store of a stopped
+	// shard to simulate a server restart.
+	Store objstore.Store
+	// Provider defaults to a fresh mock provider.
+	Provider provider.Provider
+	// CA defaults to a fresh test CA (reuse one across a restart so old client certificates still work).
+	CA *pki.CA
+	// ResyncInterval defaults to 200ms; RetryBase to 50ms.
+	ResyncInterval, RetryBase time.Duration
+	Log                       logr.Logger
+}
+
+// Shard is a running fake shard.
+type Shard struct {
+	ClusterID, ShardID string
+	// OperatorAddr is the mTLS Operator endpoint (127.0.0.1:port).
+	OperatorAddr string
+	CA           *pki.CA
+	Store        objstore.Store
+	Keys         layout.Keys
+	Provider     provider.Provider
+	Fleet        *fleet.Fleet
+	Config       *liveconfig.Holder
+
+	servers  *grpcserve.Servers
+	cancel   context.CancelFunc
+	done     chan error
+	stopOnce sync.Once
+}
+
+// Config returns a valid test shard config using the given provider kind.
+// Template "worker" (instance type test.small, subnet pool "default"),
+// default drain timeout 30s, no create rate limit, no expiry.
+func Config(clusterID, shardID, providerKind string) string {
+	return fmt.Sprintf(`{
+  // fake shard config
+  "cluster": { "id": %q, "storage": { "kind": "s3", "bucket": "test" } },
+  "shard": {
+    "id": %q,
+    "infra": { "provider": %q, "region": "test", "zone": "testa" },
+    "bind": {
+      "health_addr": "127.0.0.1:0", "election_addr": "127.0.0.1:0", "registration_addr": "127.0.0.1:0",
+      "operator_addr": "127.0.0.1:0", "agent_addr": "127.0.0.1:0",
+    },
+    "default_drain_timeout": "30s",
+    "subnet_pools": { "default": { "subnets": ["test-subnet-a"] } },
+  },
+  "defaults": { "vars": { "environment": "test" } },
+  "templates": {
+    "worker": { "kind": "worker", "arch": "amd64", "instance_type": "test.small", "subnet_pool": "default", "vars": { "role": "worker" } },
+  },
+  "groups": {},
+}`, clusterID, shardID, providerKind)
+}
+
+// Start runs a fake shard until the test ends.
+func Start(t testing.TB, o Options) *Shard {
+	t.Helper()
+	sh, err := start(o)
+	if err != nil {
+		t.Fatalf("starting fake shard: %v", err)
+	}
+	t.Cleanup(sh.Stop)
+	return sh
+}
+
+func start(o Options) (*Shard, error) {
+	if o.ClusterID == "" {
+		o.ClusterID = "test-cluster"
+	}
+	if o.ShardID == "" {
+		o.ShardID = "test-1"
+	}
+	if o.ConfigJSONC == "" {
+		o.ConfigJSONC = Config(o.ClusterID, o.ShardID, "mock")
+	}
+	if o.Store == nil {
+		o.Store = memstore.New()
+	}
+	if o.Provider == nil {
+		o.Provider = mock.New()
+	}
+	if o.ResyncInterval <= 0 {
+		o.ResyncInterval = 200 * time.Millisecond
+	}
+	if o.RetryBase <= 0 {
+		o.RetryBase = 50 * time.Millisecond
+	}
+	ctx := context.Background()
+	now := time.Now()
+	ca := o.CA
+	if ca == nil {
+		var err error
+		if ca, err = pki.GenerateCA(o.ClusterID, 24*time.Hour, now); err != nil {
+			return nil, err
+		}
+	}
+	keys := layout.New("")
+	cfgKey := keys.Config(o.ShardID)
+	// Keep a config already in storage (restart); otherwise upload ours.
+	obj, err := o.Store.Get(ctx, cfgKey)
+	if err != nil {
+		if _, err := o.Store.Put(ctx, cfgKey, []byte(o.ConfigJSONC), objstore.PutOptions{}); err != nil {
+			return nil, fmt.Errorf("uploading config: %w", err)
+		}
+		if obj, err = o.Store.Get(ctx, cfgKey); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := o.Store.Put(ctx, keys.CACert(), ca.CertPEM, objstore.PutOptions{}); err != nil {
+		return nil, fmt.Errorf("uploading CA: %w", err)
+	}
+	cfg, err := config.Parse(obj.Body)
+	if err != nil {
+		return nil, fmt.Errorf("test config: %w", err)
+	}
+	holder := liveconfig.New(o.Store, cfgKey, cfg, obj.ETag, obj.LastModified)
+	_, nonceKey, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	f, err := fleet.New(fleet.Options{
+		Store: o.Store, Keys: keys, Config: holder, Provider: o.Provider,
+		Nonces: reconcile.KeyMinter{Key: nonceKey, ClusterID: o.ClusterID, Shard: o.ShardID, TTL: 15 * time.Minute},
+		CACert: func(context.Context) ([]byte, error) { return ca.CertPEM, nil },
+		RegistrationAddr: "127.0.0.1:0", AgentAddr: "127.0.0.1:0",
+		Log: o.Log, ResyncInterval: o.ResyncInterval, RetryBase: o.RetryBase,
+	})
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	serverCert, err := ca.ServerKeyPair("nstance-server "+o.ShardID, []string{"127.0.0.1", "localhost"}, 24*time.Hour, now)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	servers, err := grpcserve.Start(grpcserve.Config{ClusterID: o.ClusterID, ServerCert: serverCert, ClientCAs: ca.Pool(), Operator: f.Service},
+		grpcserve.Listeners{Operator: ln})
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	sh := &Shard{ClusterID: o.ClusterID, ShardID: o.ShardID, OperatorAddr: ln.Addr().String(), CA: ca, Store: o.Store, Keys: keys,
+		Provider: o.Provider, Fleet: f, Config: holder, servers: servers, cancel: cancel, done: make(chan error, 1)}
+	go func() { sh.done <- f.Run(runCtx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for !f.Reconciler.Running() {
+		select {
+		case err := <-sh.done:
+			servers.Stop()
+			return nil, fmt.Errorf("reconciler stopped: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			sh.Stop()
+			return nil, fmt.Errorf("reconciler did not start")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return sh, nil
+}
+
+// Stop stops the reconciler and the listener. Instances stay at the provider
+// and records in storage, as after a server crash.
+func (s *Shard) Stop() {
+	s.stopOnce.Do(func() {
+		s.servers.Stop()
+		s.cancel()
+		<-s.done
+		s.Fleet.Events.Close()
+	})
+}
+
+// ClientTLS returns a TLS config with a fresh operator certificate for tenant.
+func (s *Shard) ClientTLS(tenant string) (*tls.Config, error) {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	clientID := "operator-" + strings.ToLower(tenant)
+	cert, _, err := s.CA.IssueClient(pki.ClientRequest{
+		Identity:  pki.Identity{ClusterID: s.ClusterID, Tenant: tenant, Role: pki.RoleOperator, ClientID: clientID},
+		PublicKey: pub, Validity: time.Hour,
+	}, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	tc := tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: priv, Leaf: cert}
+	return pki.ClientTLS(s.CA.Pool(), &tc, "127.0.0.1"), nil
+}
+
+// Dial opens an mTLS connection as an operator of tenant.
+func (s *Shard) Dial(tenant string) (*grpc.ClientConn, error) {
+	tc, err := s.ClientTLS(tenant)
+	if err != nil {
+		return nil, err
+	}
+	return grpc.NewClient(s.OperatorAddr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+}
+
+// Client returns an Operator client for tenant, closed when the test ends.
+func (s *Shard) Client(t testing.TB, tenant string) nstancev1.OperatorServiceClient {
+	t.Helper()
+	conn, err := s.Dial(tenant)
+	if err != nil {
+		t.Fatalf("dialing fake shard: %v", err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return nstancev1.NewOperatorServiceClient(conn)
+}
