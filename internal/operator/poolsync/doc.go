@@ -1,0 +1,8 @@
+// Package poolsync reconciles NstanceMachinePools. The size comes from the
+// MachinePool whose infrastructureRef names the pool; it is split over the
+// pool's shards (SplitReplicas) into one NstanceShardGroup per shard, named
+// {group}--{shard} and owned by the pool. The pool status follows the Cluster
+// API MachinePool contract: spec.providerIDList is the sorted union of the
+// shard groups' provider IDs, and status.replicas, ready and
+// initialization.provisioned summarise them.
+package poolsync

@@ -1,0 +1,348 @@
+package poolsync
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/ledger"
+	"github.com/nstance-dev/nstance/internal/operator/paused"
+)
+
+// InfraRefIndex indexes MachinePools by the name of the NstanceMachinePool
+// their spec.template.spec.infrastructureRef names.
+const InfraRefIndex = "nstance.dev/infrastructure-ref"
+
+// Condition reasons specific to pools.
+const (
+	// WaitingForMachinePoolReason: no MachinePool references the pool yet,
+	// so its size is unknown.
+	WaitingForMachinePoolReason = "WaitingForMachinePool"
+	// ShardGroupsNotReadyReason: some shard groups are not Ready.
+	ShardGroupsNotReadyReason = "ShardGroupsNotReady"
+)
+
+// Reconciler syncs NstanceMachinePools into NstanceShardGroups.
+type Reconciler struct {
+	Client client.Client
+	Ledger *ledger.Ledger
+}
+
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachinepools,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachinepools/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachinepools/finalizers,verbs=update
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstanceshardgroups,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinepools,verbs=get;list;watch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;patch;update
+
+// InfraRefName extracts the index value of a MachinePool.
+func InfraRefName(o client.Object) []string {
+	mp, ok := o.(*clusterv1.MachinePool)
+	if !ok {
+		return nil
+	}
+	ref := mp.Spec.Template.Spec.InfrastructureRef
+	if ref.APIGroup != infrav1.GroupVersion.Group || ref.Kind != "NstanceMachinePool" || ref.Name == "" {
+		return nil
+	}
+	return []string{ref.Name}
+}
+
+// Reconcile implements reconcile.Reconciler.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var pool infrav1.NstanceMachinePool
+	if err := r.Client.Get(ctx, req.NamespacedName, &pool); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	log := log.FromContext(ctx).WithValues("group", pool.Spec.Group)
+	ctx = ctrl.LoggerInto(ctx, log)
+
+	mp, err := r.machinePool(ctx, &pool)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	objs := []client.Object{&pool}
+	if mp != nil {
+		objs = append(objs, mp)
+	}
+	if p, err := paused.Check(ctx, r.Client, pool.Namespace, objs...); err != nil {
+		return ctrl.Result{}, err
+	} else if p {
+		log.V(1).Info("reconciliation paused")
+		return ctrl.Result{}, nil
+	}
+
+	if !pool.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, r.reconcileDelete(ctx, &pool)
+	}
+	if err := r.Ledger.Record(ctx, pool.Spec.Group, ledger.StateManaged); err != nil {
+		return ctrl.Result{}, err
+	}
+	if controllerutil.AddFinalizer(&pool, infrav1.MachinePoolFinalizer) {
+		if err := r.Client.Update(ctx, &pool); err != nil {
+			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
+		}
+	}
+	return ctrl.Result{}, r.reconcileNormal(ctx, &pool, mp)
+}
+
+// machinePool finds the MachinePool that uses pool as its infrastructure:
+// the owner set by core CAPI, else one whose infrastructureRef names it.
+func (r *Reconciler) machinePool(ctx context.Context, pool *infrav1.NstanceMachinePool) (*clusterv1.MachinePool, error) {
+	for _, ref := range pool.OwnerReferences {
+		if ref.Kind != "MachinePool" || !strings.HasPrefix(ref.APIVersion, clusterv1.GroupVersion.Group+"/") {
+			continue
+		}
+		var mp clusterv1.MachinePool
+		err := r.Client.Get(ctx, client.ObjectKey{Namespace: pool.Namespace, Name: ref.Name}, &mp)
+		if err == nil {
+			return &mp, nil
+		}
+		if !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("get MachinePool %s: %w", ref.Name, err)
+		}
+	}
+	var list clusterv1.MachinePoolList
+	if err := r.Client.List(ctx, &list, client.InNamespace(pool.Namespace), client.MatchingFields{InfraRefIndex: pool.Name}); err != nil {
+		return nil, fmt.Errorf("list MachinePools: %w", err)
+	}
+	if len(list.Items) == 0 {
+		return nil, nil
+	}
+	// Several MachinePools naming one pool is a user error; take the oldest.
+	slices.SortFunc(list.Items, func(a, b clusterv1.MachinePool) int {
+		return a.CreationTimestamp.Compare(b.CreationTimestamp.Time)
+	})
+	return &list.Items[0], nil
+}
+
+func (r *Reconciler) shardGroups(ctx context.Context, pool *infrav1.NstanceMachinePool) ([]infrav1.NstanceShardGroup, error) {
+	var list infrav1.NstanceShardGroupList
+	if err := r.Client.List(ctx, &list, client.InNamespace(pool.Namespace), client.MatchingLabels{infrav1.GroupLabel: pool.Spec.Group}); err != nil {
+		return nil, fmt.Errorf("list shard groups: %w", err)
+	}
+	out := list.Items[:0]
+	for _, sg := range list.Items {
+		if metav1.IsControlledBy(&sg, pool) {
+			out = append(out, sg)
+		}
+	}
+	return out, nil
+}
+
+func (r *Reconciler) reconcileDelete(ctx context.Context, pool *infrav1.NstanceMachinePool) error {
+	if !controllerutil.ContainsFinalizer(pool, infrav1.MachinePoolFinalizer) {
+		return nil
+	}
+	// Record first: from now on the import never brings this group back.
+	if err := r.Ledger.Record(ctx, pool.Spec.Group, ledger.StateDeleted); err != nil {
+		return err
+	}
+	sgs, err := r.shardGroups(ctx, pool)
+	if err != nil {
+		return err
+	}
+	for i := range sgs {
+		if sgs[i].DeletionTimestamp.IsZero() {
+			if err := r.Client.Delete(ctx, &sgs[i]); err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("delete shard group %s: %w", sgs[i].Name, err)
+			}
+		}
+	}
+	if len(sgs) > 0 {
+		before := pool.Status.DeepCopy()
+		setCond(pool, infrav1.ReadyCondition, false, infrav1.DeletingReason, fmt.Sprintf("waiting for %d shard groups to be deleted", len(sgs)))
+		// The shard groups' deletion events bring us back here.
+		return r.patchStatus(ctx, pool, before)
+	}
+	controllerutil.RemoveFinalizer(pool, infrav1.MachinePoolFinalizer)
+	if err := r.Client.Update(ctx, pool); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("remove finalizer: %w", err)
+	}
+	return nil
+}
+
+func (r *Reconciler) reconcileNormal(ctx context.Context, pool *infrav1.NstanceMachinePool, mp *clusterv1.MachinePool) error {
+	before := pool.Status.DeepCopy()
+	var desired int32
+	if mp != nil {
+		desired = ptr.Deref(mp.Spec.Replicas, 1)
+		sizes := SplitReplicas(desired, pool.Spec.Shards)
+		for _, shard := range pool.Spec.Shards {
+			if err := r.ensureShardGroup(ctx, pool, mp, shard, sizes[shard]); err != nil {
+				return err
+			}
+		}
+	}
+	sgs, err := r.shardGroups(ctx, pool)
+	if err != nil {
+		return err
+	}
+	// Shard groups of shards removed from spec.shards go away.
+	keep := make([]infrav1.NstanceShardGroup, 0, len(sgs))
+	for i := range sgs {
+		if slices.Contains(pool.Spec.Shards, sgs[i].Spec.Shard) {
+			keep = append(keep, sgs[i])
+			continue
+		}
+		if sgs[i].DeletionTimestamp.IsZero() {
+			if err := r.Client.Delete(ctx, &sgs[i]); err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("delete shard group %s: %w", sgs[i].Name, err)
+			}
+		}
+	}
+
+	agg := Aggregate(keep, pool.Spec.Shards, desired, pool.Generation)
+	if mp == nil {
+		agg.Ready = false
+		agg.Reason, agg.Message = WaitingForMachinePoolReason, "no MachinePool references this pool"
+	}
+	if !slices.Equal(pool.Spec.ProviderIDList, agg.ProviderIDs) {
+		patch := client.MergeFrom(pool.DeepCopy())
+		pool.Spec.ProviderIDList = agg.ProviderIDs
+		if err := r.Client.Patch(ctx, pool, patch); err != nil {
+			return fmt.Errorf("update providerIDList: %w", err)
+		}
+	}
+	pool.Status.Replicas = agg.Replicas
+	pool.Status.ReadyReplicas = agg.ReadyReplicas
+	pool.Status.Ready = agg.Ready
+	if agg.Ready {
+		pool.Status.Initialization.Provisioned = ptr.To(true)
+	}
+	pool.Status.ObservedGeneration = pool.Generation
+	setCond(pool, infrav1.ReadyCondition, agg.Ready, agg.Reason, agg.Message)
+	return r.patchStatus(ctx, pool, before)
+}
+
+func (r *Reconciler) ensureShardGroup(ctx context.Context, pool *infrav1.NstanceMachinePool, mp *clusterv1.MachinePool, shard string, size int32) error {
+	sg := &infrav1.NstanceShardGroup{ObjectMeta: metav1.ObjectMeta{
+		Namespace: pool.Namespace, Name: infrav1.ShardGroupName(pool.Spec.Group, shard),
+	}}
+	op, err := controllerutil.CreateOrPatch(ctx, r.Client, sg, func() error {
+		if !sg.DeletionTimestamp.IsZero() {
+			return nil
+		}
+		if sg.Labels == nil {
+			sg.Labels = map[string]string{}
+		}
+		sg.Labels[infrav1.GroupLabel] = pool.Spec.Group
+		sg.Labels[infrav1.ShardLabel] = shard
+		if mp.Spec.ClusterName != "" {
+			sg.Labels[clusterv1.ClusterNameLabel] = mp.Spec.ClusterName
+		}
+		if err := controllerutil.SetControllerReference(pool, sg, r.Client.Scheme()); err != nil {
+			return err
+		}
+		sg.Spec.Group = pool.Spec.Group
+		sg.Spec.Shard = shard
+		sg.Spec.Size = size
+		sg.Spec.Template = pool.Spec.Template
+		sg.Spec.InstanceType = pool.Spec.InstanceType
+		sg.Spec.SubnetPool = pool.Spec.SubnetPool
+		sg.Spec.Vars = maps.Clone(pool.Spec.Vars)
+		sg.Spec.DrainTimeout = pool.Spec.DrainTimeout.DeepCopy()
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("create or update shard group %s: %w", sg.Name, err)
+	}
+	if op != controllerutil.OperationResultNone {
+		log.FromContext(ctx).V(1).Info("shard group "+string(op), "shardGroup", sg.Name, "size", size)
+	}
+	return nil
+}
+
+func (r *Reconciler) patchStatus(ctx context.Context, pool *infrav1.NstanceMachinePool, before *infrav1.NstanceMachinePoolStatus) error {
+	if equality.Semantic.DeepEqual(before, &pool.Status) {
+		return nil
+	}
+	if err := r.Client.Status().Update(ctx, pool); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("update status: %w", err)
+	}
+	return nil
+}
+
+func setCond(pool *infrav1.NstanceMachinePool, typ string, ok bool, reason, msg string) {
+	st := metav1.ConditionFalse
+	if ok {
+		st = metav1.ConditionTrue
+	}
+	meta.SetStatusCondition(&pool.Status.Conditions, metav1.Condition{
+		Type: typ, Status: st, Reason: reason, Message: msg, ObservedGeneration: pool.Generation,
+	})
+}
+
+// Summary is a pool's status derived from its shard groups.
+type Summary struct {
+	ProviderIDs   []string
+	Replicas      int32
+	ReadyReplicas int32
+	Ready         bool
+	Reason        string
+	Message       string
+}
+
+// Aggregate summarises the shard groups of a pool that wants desired
+// replicas over shards. The pool is ready when every shard has a Ready shard
+// group and the instance count equals desired.
+func Aggregate(sgs []infrav1.NstanceShardGroup, shards []string, desired int32, _ int64) Summary {
+	var s Summary
+	ids := map[string]struct{}{}
+	byShard := map[string]*infrav1.NstanceShardGroup{}
+	for i := range sgs {
+		sg := &sgs[i]
+		byShard[sg.Spec.Shard] = sg
+		s.Replicas += sg.Status.Replicas
+		s.ReadyReplicas += sg.Status.ReadyReplicas
+		for _, id := range sg.Status.ProviderIDs {
+			ids[id] = struct{}{}
+		}
+	}
+	if len(ids) > 0 {
+		s.ProviderIDs = slices.Sorted(maps.Keys(ids))
+	}
+	var notReady []string
+	for _, shard := range shards {
+		sg, ok := byShard[shard]
+		if !ok {
+			notReady = append(notReady, shard+" (no shard group)")
+			continue
+		}
+		c := meta.FindStatusCondition(sg.Status.Conditions, infrav1.ReadyCondition)
+		if c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != sg.Generation {
+			why := "not synced"
+			if c != nil && c.Reason != "" {
+				why = c.Reason
+			}
+			notReady = append(notReady, shard+" ("+why+")")
+		}
+	}
+	switch {
+	case len(notReady) > 0:
+		s.Reason = ShardGroupsNotReadyReason
+		s.Message = "shard groups not ready: " + strings.Join(notReady, ", ")
+	case s.Replicas != desired:
+		s.Reason = infrav1.WaitingForReplicasReason
+		s.Message = fmt.Sprintf("%d of %d instances exist", s.Replicas, desired)
+	default:
+		s.Ready = true
+		s.Reason = infrav1.SyncedReason
+	}
+	return s
+}

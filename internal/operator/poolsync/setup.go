@@ -1,0 +1,37 @@
+package poolsync
+
+import (
+	"context"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+)
+
+// SetupWithManager registers the index and the controller.
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &clusterv1.MachinePool{}, InfraRefIndex, InfraRefName); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("nstancemachinepool").
+		For(&infrav1.NstanceMachinePool{}).
+		Owns(&infrav1.NstanceShardGroup{}).
+		Watches(&clusterv1.MachinePool{}, handler.EnqueueRequestsFromMapFunc(mapMachinePool)).
+		Complete(r)
+}
+
+// mapMachinePool turns a MachinePool event into a request for the
+// NstanceMachinePool its infrastructureRef names.
+func mapMachinePool(_ context.Context, o client.Object) []reconcile.Request {
+	names := InfraRefName(o)
+	out := make([]reconcile.Request, 0, len(names))
+	for _, n := range names {
+		out = append(out, reconcile.Request{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: n}})
+	}
+	return out
+}

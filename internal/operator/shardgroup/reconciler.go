@@ -1,0 +1,364 @@
+package shardgroup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/equality"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/metrics"
+	"github.com/nstance-dev/nstance/internal/operator/paused"
+	"github.com/nstance-dev/nstance/internal/operator/shardconn"
+	"github.com/nstance-dev/nstance/internal/operator/watch"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+// Event reasons.
+const (
+	EventShardUnreachable = "ShardUnreachable"
+	EventConfigRejected   = "ConfigRejected"
+	EventGroupDeleted     = "GroupDeleted"
+	EventUnknownShard     = "UnknownShard"
+)
+
+// Reconciler syncs NstanceShardGroups to the servers.
+type Reconciler struct {
+	Client   client.Client
+	Conns    *shardconn.Manager
+	Groups   *watch.Cache
+	Recorder events.EventRecorder
+	Metrics  *metrics.Metrics
+	// RetryDelay is how soon an unreachable shard is retried; zero means 5s.
+	RetryDelay time.Duration
+	// CallTimeout bounds one RPC; zero means 10s.
+	CallTimeout time.Duration
+	// Now defaults to time.Now.
+	Now func() time.Time
+}
+
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstanceshardgroups,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstanceshardgroups/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstanceshardgroups/finalizers,verbs=update
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachinepools,verbs=get;list;watch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch;update
+
+func (r *Reconciler) retry() time.Duration {
+	if r.RetryDelay > 0 {
+		return r.RetryDelay
+	}
+	return 5 * time.Second
+}
+
+func (r *Reconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+func (r *Reconciler) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := r.CallTimeout
+	if d <= 0 {
+		d = 10 * time.Second
+	}
+	return context.WithTimeout(ctx, d)
+}
+
+// Reconcile implements reconcile.Reconciler.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var sg infrav1.NstanceShardGroup
+	if err := r.Client.Get(ctx, req.NamespacedName, &sg); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	log := log.FromContext(ctx).WithValues("group", sg.Spec.Group, "shard", sg.Spec.Shard)
+	ctx = ctrl.LoggerInto(ctx, log)
+
+	owner, err := r.ownerPool(ctx, &sg)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	objs := []client.Object{&sg}
+	if owner != nil {
+		objs = append(objs, owner)
+	}
+	if p, err := paused.Check(ctx, r.Client, sg.Namespace, objs...); err != nil {
+		return ctrl.Result{}, err
+	} else if p {
+		log.V(1).Info("reconciliation paused")
+		return ctrl.Result{}, nil
+	}
+
+	if !sg.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, &sg)
+	}
+	if controllerutil.AddFinalizer(&sg, infrav1.ShardGroupFinalizer) {
+		if err := r.Client.Update(ctx, &sg); err != nil {
+			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
+		}
+	}
+	return r.reconcileNormal(ctx, &sg)
+}
+
+func (r *Reconciler) ownerPool(ctx context.Context, sg *infrav1.NstanceShardGroup) (*infrav1.NstanceMachinePool, error) {
+	ref := metav1.GetControllerOf(sg)
+	if ref == nil || ref.Kind != "NstanceMachinePool" {
+		return nil, nil
+	}
+	var pool infrav1.NstanceMachinePool
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: sg.Namespace, Name: ref.Name}, &pool); err != nil {
+		if kerrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("get owning pool: %w", err)
+	}
+	return &pool, nil
+}
+
+func (r *Reconciler) reconcileDelete(ctx context.Context, sg *infrav1.NstanceShardGroup) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(sg, infrav1.ShardGroupFinalizer) {
+		return ctrl.Result{}, nil
+	}
+	shard := sg.Spec.Shard
+	if !r.Conns.Known(shard) {
+		r.Recorder.Eventf(sg, nil, corev1.EventTypeWarning, EventUnknownShard, "Delete",
+			"shard %q is not configured; releasing the finalizer without deleting a server group", shard)
+		return ctrl.Result{}, r.removeFinalizer(ctx, sg)
+	}
+	c, err := r.Conns.Client(shard)
+	if errors.Is(err, shardconn.ErrNotStarted) {
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	}
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	cctx, cancel := r.callCtx(ctx)
+	start := time.Now()
+	_, err = c.DeleteGroup(cctx, &nstancev1.DeleteGroupRequest{GroupId: sg.Spec.Group})
+	cancel()
+	r.Metrics.ObserveSync(shard, "delete", time.Since(start), err)
+	if err != nil && status.Code(err) != codes.NotFound {
+		if unreachable(err) {
+			return r.markUnreachable(ctx, sg, err)
+		}
+		return ctrl.Result{}, fmt.Errorf("DeleteGroup %s on shard %s: %w", sg.Spec.Group, shard, err)
+	}
+	r.Groups.Delete(shard, sg.Spec.Group)
+	r.Recorder.Eventf(sg, nil, corev1.EventTypeNormal, EventGroupDeleted, "Delete", "group %s deleted on shard %s", sg.Spec.Group, shard)
+	return ctrl.Result{}, r.removeFinalizer(ctx, sg)
+}
+
+func (r *Reconciler) removeFinalizer(ctx context.Context, sg *infrav1.NstanceShardGroup) error {
+	if controllerutil.RemoveFinalizer(sg, infrav1.ShardGroupFinalizer) {
+		if err := r.Client.Update(ctx, sg); err != nil && !kerrors.IsNotFound(err) {
+			return fmt.Errorf("remove finalizer: %w", err)
+		}
+	}
+	return nil
+}
+
+func (r *Reconciler) reconcileNormal(ctx context.Context, sg *infrav1.NstanceShardGroup) (ctrl.Result, error) {
+	shard := sg.Spec.Shard
+	before := sg.Status.DeepCopy()
+	if !r.Conns.Known(shard) {
+		setCond(sg, infrav1.ShardReachableCondition, false, infrav1.UnknownShardReason, fmt.Sprintf("shard %q is not in the operator configuration", shard))
+		setCond(sg, infrav1.ReadyCondition, false, infrav1.UnknownShardReason, "shard is not configured")
+		if cond := meta.FindStatusCondition(before.Conditions, infrav1.ShardReachableCondition); cond == nil || cond.Reason != infrav1.UnknownShardReason {
+			r.Recorder.Eventf(sg, nil, corev1.EventTypeWarning, EventUnknownShard, "Sync", "shard %q is not in the operator configuration", shard)
+		}
+		return ctrl.Result{}, r.patchStatus(ctx, sg, before)
+	}
+	c, err := r.Conns.Client(shard)
+	if errors.Is(err, shardconn.ErrNotStarted) {
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	}
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if !r.Conns.Healthy(shard) {
+		return r.markUnreachable(ctx, sg, errors.New("connection to the shard is not ready"))
+	}
+
+	desired := DesiredSpec(sg)
+	current, cached := r.Groups.Get(shard, sg.Spec.Group)
+	upserted := false
+	if !cached || !SpecMatches(desired, current.GetSpec()) {
+		cctx, cancel := r.callCtx(ctx)
+		start := time.Now()
+		resp, err := c.UpsertGroup(cctx, &nstancev1.UpsertGroupRequest{Group: desired})
+		cancel()
+		r.Metrics.ObserveSync(shard, "upsert", time.Since(start), err)
+		if err != nil {
+			switch {
+			case unreachable(err):
+				return r.markUnreachable(ctx, sg, err)
+			case rejected(err):
+				setCond(sg, infrav1.ShardReachableCondition, true, infrav1.ShardConnectedReason, "")
+				setCond(sg, infrav1.ConfigValidCondition, false, infrav1.ConfigRejectedReason, status.Convert(err).Message())
+				setCond(sg, infrav1.ReadyCondition, false, infrav1.ConfigRejectedReason, "the server rejected the group")
+				if cond := meta.FindStatusCondition(before.Conditions, infrav1.ConfigValidCondition); cond == nil || cond.Status != metav1.ConditionFalse || cond.Message != status.Convert(err).Message() {
+					r.Recorder.Eventf(sg, nil, corev1.EventTypeWarning, EventConfigRejected, "Sync", "shard %s rejected group %s: %s", shard, sg.Spec.Group, status.Convert(err).Message())
+				}
+				sg.Status.ObservedGeneration = sg.Generation
+				// A rejected spec needs a spec change; retry slowly in case the
+				// server's config changed meanwhile.
+				return ctrl.Result{RequeueAfter: time.Minute}, r.patchStatus(ctx, sg, before)
+			default:
+				setCond(sg, infrav1.ReadyCondition, false, infrav1.SyncFailedReason, err.Error())
+				if perr := r.patchStatus(ctx, sg, before); perr != nil {
+					return ctrl.Result{}, perr
+				}
+				return ctrl.Result{}, fmt.Errorf("UpsertGroup %s on shard %s: %w", sg.Spec.Group, shard, err)
+			}
+		}
+		r.Groups.Put(shard, resp.GetGroup())
+		current = resp.GetGroup()
+		upserted = true
+	}
+
+	applyServerStatus(sg, current)
+	if upserted || sg.Status.LastSyncTime == nil || sg.Status.ObservedGeneration != sg.Generation {
+		now := metav1.NewTime(r.now())
+		sg.Status.LastSyncTime = &now
+	}
+	sg.Status.ObservedGeneration = sg.Generation
+	setCond(sg, infrav1.ShardReachableCondition, true, infrav1.ShardConnectedReason, "")
+	setCond(sg, infrav1.ConfigValidCondition, true, infrav1.ConfigAcceptedReason, "")
+	if sg.Status.Replicas == sg.Spec.Size {
+		setCond(sg, infrav1.ReadyCondition, true, infrav1.SyncedReason, "")
+	} else {
+		setCond(sg, infrav1.ReadyCondition, false, infrav1.WaitingForReplicasReason,
+			fmt.Sprintf("%d of %d instances exist", sg.Status.Replicas, sg.Spec.Size))
+	}
+	return ctrl.Result{}, r.patchStatus(ctx, sg, before)
+}
+
+func (r *Reconciler) markUnreachable(ctx context.Context, sg *infrav1.NstanceShardGroup, cause error) (ctrl.Result, error) {
+	before := sg.Status.DeepCopy()
+	msg := cause.Error()
+	if s, ok := status.FromError(cause); ok {
+		msg = s.Message()
+	}
+	prev := meta.FindStatusCondition(before.Conditions, infrav1.ShardReachableCondition)
+	if prev == nil || prev.Status != metav1.ConditionFalse {
+		r.Recorder.Eventf(sg, nil, corev1.EventTypeWarning, EventShardUnreachable, "Sync", "shard %s is unreachable: %s", sg.Spec.Shard, msg)
+	}
+	setCond(sg, infrav1.ShardReachableCondition, false, infrav1.ShardUnreachableReason, msg)
+	setCond(sg, infrav1.ReadyCondition, false, infrav1.ShardUnreachableReason, "shard is unreachable")
+	if err := r.patchStatus(ctx, sg, before); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{RequeueAfter: r.retry()}, nil
+}
+
+func (r *Reconciler) patchStatus(ctx context.Context, sg *infrav1.NstanceShardGroup, before *infrav1.NstanceShardGroupStatus) error {
+	if apierrors.Semantic.DeepEqual(before, &sg.Status) {
+		return nil
+	}
+	if err := r.Client.Status().Update(ctx, sg); err != nil {
+		if kerrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("update status: %w", err)
+	}
+	return nil
+}
+
+// applyServerStatus copies the server's view of the group into the status.
+func applyServerStatus(sg *infrav1.NstanceShardGroup, g *nstancev1.GroupStatus) {
+	sg.Status.Replicas = int32(g.GetActualSize())
+	sg.Status.ReadyReplicas = int32(g.GetReadyCount())
+	ids := slices.Clone(g.GetProviderIds())
+	slices.Sort(ids)
+	if len(ids) == 0 {
+		ids = nil
+	}
+	sg.Status.ProviderIDs = ids
+}
+
+func setCond(sg *infrav1.NstanceShardGroup, typ string, ok bool, reason, msg string) {
+	st := metav1.ConditionFalse
+	if ok {
+		st = metav1.ConditionTrue
+	}
+	meta.SetStatusCondition(&sg.Status.Conditions, metav1.Condition{
+		Type: typ, Status: st, Reason: reason, Message: msg, ObservedGeneration: sg.Generation,
+	})
+}
+
+// DesiredSpec is the server group spec an NstanceShardGroup asks for.
+func DesiredSpec(sg *infrav1.NstanceShardGroup) *nstancev1.GroupSpec {
+	spec := &nstancev1.GroupSpec{
+		GroupId:      sg.Spec.Group,
+		Template:     sg.Spec.Template,
+		Size:         uint32(max(sg.Spec.Size, 0)),
+		InstanceType: sg.Spec.InstanceType,
+		SubnetPool:   sg.Spec.SubnetPool,
+	}
+	if len(sg.Spec.Vars) > 0 {
+		spec.Vars = maps.Clone(sg.Spec.Vars)
+	}
+	if sg.Spec.DrainTimeout != nil {
+		spec.DrainTimeout = durationpb.New(sg.Spec.DrainTimeout.Duration)
+	}
+	return spec
+}
+
+// SpecMatches reports whether the server already has what desired asks for.
+// Fields left empty in desired are the server's to default and not compared.
+func SpecMatches(desired, server *nstancev1.GroupSpec) bool {
+	if server == nil || desired.GetGroupId() != server.GetGroupId() || desired.GetSize() != server.GetSize() {
+		return false
+	}
+	for _, f := range [][2]string{
+		{desired.GetTemplate(), server.GetTemplate()},
+		{desired.GetInstanceType(), server.GetInstanceType()},
+		{desired.GetSubnetPool(), server.GetSubnetPool()},
+	} {
+		if f[0] != "" && f[0] != f[1] {
+			return false
+		}
+	}
+	if len(desired.GetVars()) > 0 && !maps.Equal(desired.GetVars(), server.GetVars()) {
+		return false
+	}
+	if desired.GetDrainTimeout() != nil && desired.GetDrainTimeout().AsDuration() != server.GetDrainTimeout().AsDuration() {
+		return false
+	}
+	return true
+}
+
+// unreachable reports errors meaning the shard could not be talked to.
+func unreachable(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded:
+		return true
+	}
+	return false
+}
+
+// rejected reports errors meaning the server refused the group spec.
+func rejected(err error) bool {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied, codes.AlreadyExists:
+		return true
+	}
+	return false
+}

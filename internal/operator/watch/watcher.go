@@ -1,0 +1,251 @@
+package watch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+
+	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/metrics"
+	"github.com/nstance-dev/nstance/internal/operator/shardconn"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+// Stream names used in logs and metrics.
+const (
+	StreamGroups = "groups"
+	StreamErrors = "errors"
+)
+
+// Event reasons for server errors, by source.
+const (
+	EventProviderError  = "ProviderError"
+	EventConfigError    = "ConfigError"
+	EventReconcileError = "ReconcileError"
+)
+
+// Watcher runs WatchGroups and WatchErrors for every shard.
+type Watcher struct {
+	Conns    *shardconn.Manager
+	Cache    *Cache
+	Client   client.Client
+	Recorder events.EventRecorder
+	// Namespace holds the shard groups and pools.
+	Namespace string
+	// ClusterName names the NstanceCluster that receives Events for errors
+	// not tied to a group.
+	ClusterName string
+	// Trigger receives shard groups to reconcile; sends block, never drop.
+	Trigger chan<- event.GenericEvent
+	Metrics *metrics.Metrics
+	Log     logr.Logger
+	// MaxBackoff caps the delay between stream attempts; zero means 5s.
+	MaxBackoff time.Duration
+}
+
+// Start launches the stream loops; they stop when ctx ends.
+func (w *Watcher) Start(ctx context.Context) {
+	for _, shard := range w.Conns.ShardIDs() {
+		go w.loop(ctx, shard, StreamGroups, w.groupsOnce)
+		go w.loop(ctx, shard, StreamErrors, w.errorsOnce)
+	}
+}
+
+// loop keeps one stream open, reopening it with jittered exponential backoff.
+func (w *Watcher) loop(ctx context.Context, shard, stream string, once func(context.Context, string) error) {
+	log := w.Log.WithValues("shard", shard, "stream", stream)
+	maxDelay := w.MaxBackoff
+	if maxDelay <= 0 {
+		maxDelay = 5 * time.Second
+	}
+	delay := 100 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		if err := w.Conns.WaitReady(ctx, shard); err != nil {
+			return
+		}
+		if attempt > 0 {
+			w.Metrics.StreamReconnected(shard, stream)
+		}
+		opened := time.Now()
+		err := once(ctx, shard)
+		if ctx.Err() != nil {
+			return
+		}
+		if stream == StreamGroups {
+			w.Cache.Unsync(shard)
+		}
+		log.Info("stream ended; reopening", "error", err)
+		if time.Since(opened) > 30*time.Second {
+			delay = 100 * time.Millisecond
+		}
+		sleep := delay/2 + time.Duration(rand.Int64N(int64(delay)))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(sleep):
+		}
+		delay = min(delay*2, maxDelay)
+	}
+}
+
+// groupsOnce opens WatchGroups, resyncs the whole shard with ListGroups and
+// then applies events until the stream breaks.
+func (w *Watcher) groupsOnce(ctx context.Context, shard string) error {
+	c, err := w.Conns.Client(shard)
+	if err != nil {
+		return err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.WatchGroups(sctx, &nstancev1.WatchGroupsRequest{})
+	if err != nil {
+		return fmt.Errorf("open WatchGroups: %w", err)
+	}
+	list, err := c.ListGroups(sctx, &nstancev1.ListGroupsRequest{})
+	if err != nil {
+		return fmt.Errorf("ListGroups: %w", err)
+	}
+	w.Cache.Replace(shard, list.GetGroups())
+	w.Log.V(1).Info("shard resynced", "shard", shard, "groups", len(list.GetGroups()))
+	if err := w.triggerShard(ctx, shard); err != nil {
+		return err
+	}
+	for {
+		ev, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return errors.New("server closed the stream")
+			}
+			return err
+		}
+		id := ev.GetGroupId()
+		switch ev.GetType() {
+		case nstancev1.GroupEventType_GROUP_EVENT_TYPE_UPSERT:
+			if ev.GetGroup() == nil {
+				continue
+			}
+			w.Cache.Put(shard, ev.GetGroup())
+			if id == "" {
+				id = ev.GetGroup().GetSpec().GetGroupId()
+			}
+		case nstancev1.GroupEventType_GROUP_EVENT_TYPE_DELETE:
+			w.Cache.Delete(shard, id)
+		default:
+			continue
+		}
+		if id != "" {
+			w.trigger(ctx, id, shard)
+		}
+	}
+}
+
+func (w *Watcher) trigger(ctx context.Context, group, shard string) {
+	sg := &infrav1.NstanceShardGroup{}
+	sg.Namespace, sg.Name = w.Namespace, infrav1.ShardGroupName(group, shard)
+	select {
+	case w.Trigger <- event.GenericEvent{Object: sg}:
+	case <-ctx.Done():
+	}
+}
+
+func (w *Watcher) triggerShard(ctx context.Context, shard string) error {
+	var list infrav1.NstanceShardGroupList
+	if err := w.Client.List(ctx, &list, client.InNamespace(w.Namespace), client.MatchingLabels{infrav1.ShardLabel: shard}); err != nil {
+		return fmt.Errorf("list shard groups of shard %s: %w", shard, err)
+	}
+	for i := range list.Items {
+		w.trigger(ctx, list.Items[i].Spec.Group, shard)
+	}
+	return nil
+}
+
+// errorsOnce forwards WatchErrors events as Kubernetes Events.
+func (w *Watcher) errorsOnce(ctx context.Context, shard string) error {
+	c, err := w.Conns.Client(shard)
+	if err != nil {
+		return err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.WatchErrors(sctx, &nstancev1.WatchErrorsRequest{})
+	if err != nil {
+		return fmt.Errorf("open WatchErrors: %w", err)
+	}
+	for {
+		ev, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return errors.New("server closed the stream")
+			}
+			return err
+		}
+		if err := w.RecordError(ctx, shard, ev); err != nil {
+			w.Log.Error(err, "recording server error as an Event", "shard", shard)
+		}
+	}
+}
+
+// RecordError emits a Warning Event for a server error on the shard group
+// of its group and on that group's pool, or on the NstanceCluster when the
+// error names no known group.
+func (w *Watcher) RecordError(ctx context.Context, shard string, ev *nstancev1.ErrorEvent) error {
+	reason := EventReconcileError
+	switch ev.GetSource() {
+	case nstancev1.ErrorSource_ERROR_SOURCE_PROVIDER:
+		reason = EventProviderError
+	case nstancev1.ErrorSource_ERROR_SOURCE_CONFIG:
+		reason = EventConfigError
+	}
+	if ev.GetShard() != "" {
+		shard = ev.GetShard()
+	}
+	note := fmt.Sprintf("shard %s: %s", shard, ev.GetMessage())
+	if ev.GetInstanceId() != "" {
+		note = fmt.Sprintf("shard %s, instance %s: %s", shard, ev.GetInstanceId(), ev.GetMessage())
+	}
+	var targets []runtime.Object
+	if g := ev.GetGroupId(); g != "" {
+		var sg infrav1.NstanceShardGroup
+		err := w.Client.Get(ctx, client.ObjectKey{Namespace: w.Namespace, Name: infrav1.ShardGroupName(g, shard)}, &sg)
+		switch {
+		case err == nil:
+			targets = append(targets, &sg)
+			if ref := metav1.GetControllerOf(&sg); ref != nil && ref.Kind == "NstanceMachinePool" {
+				var pool infrav1.NstanceMachinePool
+				if err := w.Client.Get(ctx, client.ObjectKey{Namespace: w.Namespace, Name: ref.Name}, &pool); err == nil {
+					targets = append(targets, &pool)
+				}
+			}
+		case !apierrors.IsNotFound(err):
+			return fmt.Errorf("get shard group for group %s: %w", g, err)
+		}
+	}
+	if len(targets) == 0 && w.ClusterName != "" {
+		var nc infrav1.NstanceCluster
+		if err := w.Client.Get(ctx, client.ObjectKey{Namespace: w.Namespace, Name: w.ClusterName}, &nc); err == nil {
+			targets = append(targets, &nc)
+		} else if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("get NstanceCluster: %w", err)
+		}
+	}
+	if len(targets) == 0 {
+		w.Log.Info("server error with no object to attach an Event to", "shard", shard, "group", ev.GetGroupId(), "source", ev.GetSource().String(), "message", ev.GetMessage())
+		return nil
+	}
+	for _, t := range targets {
+		w.Recorder.Eventf(t, nil, corev1.EventTypeWarning, reason, "Reconcile", "%s", note)
+	}
+	return nil
+}
