@@ -364,6 +364,12 @@ func (s *Server) ReportHealth(stream nstancev1.AgentService_ReportHealthServer) 
 			return status.Errorf(codes.Unavailable, "recording health: %v", err)
 		}
 		n++
+		if s.hub.checkDue(ref.InstanceID, last, s.o.RepushInterval) {
+			// Re-plan now and then, so a change nobody announced is still noticed.
+			if _, h, err := s.Files(ctx, ref); err == nil {
+				s.hub.setDesired(ref.InstanceID, h)
+			}
+		}
 		if s.hub.drifted(ref.InstanceID, r.GetConfigHash(), last, s.o.RepushInterval) {
 			s.o.Log.Info("runtime config drift, pushing files again", "instance", ref.InstanceID, "agent_hash", r.GetConfigHash())
 		}
@@ -444,6 +450,7 @@ type instanceState struct {
 	desired    string
 	lastSent   time.Time
 	lastRepush time.Time
+	lastCheck  time.Time
 }
 
 type watcher struct {
@@ -517,6 +524,19 @@ func (h *hub) setDesired(id, hash string) {
 	if st := h.byID[id]; st != nil {
 		st.desired = hash
 	}
+}
+
+// checkDue reports whether the desired hash of an instance with open streams
+// should be recomputed (at most once per gap).
+func (h *hub) checkDue(id string, now time.Time, gap time.Duration) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st := h.byID[id]
+	if st == nil || now.Sub(st.lastCheck) < gap {
+		return false
+	}
+	st.lastCheck = now
+	return true
 }
 
 func (h *hub) sent(id string, at time.Time) {

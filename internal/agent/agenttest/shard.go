@@ -1,0 +1,221 @@
+package agenttest
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"fmt"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/nstance-dev/nstance/internal/nonce"
+	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/server/agentapi"
+	"github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/internal/server/grpcserve"
+	"github.com/nstance-dev/nstance/internal/server/layout"
+	"github.com/nstance-dev/nstance/internal/server/registration"
+	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
+)
+
+// Names used by the test shard.
+const (
+	ClusterID = "test-cluster"
+	ShardID   = "dev-1"
+	Tenant    = "acme"
+)
+
+// Instance is a test instance: its template and vars.
+type Instance struct {
+	ID       string
+	Group    string
+	Template config.Template
+	Vars     map[string]string
+}
+
+// Shard is the in-process server side.
+type Shard struct {
+	CA       *pki.CA
+	nonceKey ed25519.PrivateKey
+	objects  *memstore.Store
+	log      logr.Logger
+
+	// RepushInterval is passed to agentapi (set before Start).
+	RepushInterval time.Duration
+
+	mu        sync.Mutex
+	instances map[string]*Instance
+	servers   *grpcserve.Servers
+	regAddr   string
+	agentAddr string
+	Agent     *agentapi.Server
+	Keys      *agentapi.MemKeyStore
+	Health    *agentapi.Tracker
+}
+
+// New creates the CA and nonce key; call Start to serve.
+func New(log logr.Logger) (*Shard, error) {
+	ca, err := pki.GenerateCA(ClusterID, 24*time.Hour, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	_, nk, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	return &Shard{CA: ca, nonceKey: nk, objects: memstore.New(), log: log, instances: map[string]*Instance{}}, nil
+}
+
+// RegistrationAddr and AgentAddr are the listening addresses (stable across restarts).
+func (s *Shard) RegistrationAddr() string { s.mu.Lock(); defer s.mu.Unlock(); return s.regAddr }
+
+// AgentAddr is the Agent service address.
+func (s *Shard) AgentAddr() string { s.mu.Lock(); defer s.mu.Unlock(); return s.agentAddr }
+
+func listen(addr string) (net.Listener, error) {
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	var err error
+	for range 50 { // a just-closed port can take a moment to be free again
+		var ln net.Listener
+		if ln, err = net.Listen("tcp", addr); err == nil {
+			return ln, nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return nil, err
+}
+
+// Start serves both services, on the previous ports when restarting. Every
+// start has fresh agentapi state (key store, health tracker), as a real
+// server restart would.
+func (s *Shard) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.servers != nil {
+		return fmt.Errorf("agenttest: already running")
+	}
+	regLn, err := listen(s.regAddr)
+	if err != nil {
+		return err
+	}
+	agLn, err := listen(s.agentAddr)
+	if err != nil {
+		regLn.Close()
+		return err
+	}
+	s.regAddr, s.agentAddr = regLn.Addr().String(), agLn.Addr().String()
+	keys := layout.New("")
+	reg := &registration.Service{
+		Issuer:   &registration.Issuer{CA: s.CA, ClusterID: ClusterID, AgentValidity: time.Hour, OperatorValidity: time.Hour},
+		Verifier: &nonce.Verifier{Key: s.nonceKey.Public().(ed25519.PublicKey), ClusterID: ClusterID, Shard: ShardID, Leeway: time.Minute},
+		Ledger:   &nonce.Ledger{Store: s.objects, Keys: keys},
+		Objects:  s.objects, Keys: keys, ServerID: "test-server", Log: s.log.WithName("registration"),
+	}
+	s.Keys = agentapi.NewMemKeyStore()
+	s.Health = agentapi.NewTracker()
+	src := &agentapi.TemplateSource{Lookup: s.lookup, CABundle: s.CA.CertPEM}
+	s.Agent, err = agentapi.New(agentapi.Options{
+		Source: src, Keys: s.Keys, Signer: &agentapi.CASigner{CA: s.CA, MaxValidity: time.Hour},
+		Health: s.Health, Log: s.log.WithName("agentapi"), RepushInterval: s.RepushInterval,
+	})
+	if err != nil {
+		return err
+	}
+	cert, err := s.CA.ServerKeyPair("nstance-server", []string{"127.0.0.1"}, time.Hour, time.Now())
+	if err != nil {
+		return err
+	}
+	s.servers, err = grpcserve.Start(grpcserve.Config{
+		ClusterID: ClusterID, ServerCert: cert, ClientCAs: s.CA.Pool(), Registration: reg, Agent: s.Agent,
+	}, grpcserve.Listeners{Registration: regLn, Agent: agLn})
+	return err
+}
+
+// Stop closes listeners and every connection at once.
+func (s *Shard) Stop() {
+	s.mu.Lock()
+	srv := s.servers
+	s.servers = nil
+	s.mu.Unlock()
+	if srv != nil {
+		srv.Stop()
+	}
+}
+
+func (s *Shard) lookup(_ context.Context, ref agentapi.Ref) (*agentapi.TemplateInput, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in, ok := s.instances[ref.InstanceID]
+	if !ok {
+		return nil, fmt.Errorf("%w: %s", agentapi.ErrUnknownInstance, ref.InstanceID)
+	}
+	return &agentapi.TemplateInput{Template: in.Template, Data: agentapi.TemplateData{
+		InstanceID: in.ID, Tenant: ref.Tenant, Shard: ref.Shard, Group: in.Group, Vars: maps.Clone(in.Vars),
+	}}, nil
+}
+
+// Add records an instance and prepares its identity directory (nonce and CA
+// files, as the local providers do) under dir/<id>/identity. It returns the
+// agent's environment.
+func (s *Shard) Add(in Instance, dir string) ([]string, error) {
+	tok, err := nonce.Mint(s.nonceKey, nonce.Claims{Kind: nonce.KindAgent, ClusterID: ClusterID, Tenant: Tenant, Shard: ShardID, Group: in.Group,
+		RegisteredClaims: nonceSubject(in.ID)}, 10*time.Minute, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	idDir := filepath.Join(dir, in.ID, "identity")
+	if err := os.MkdirAll(idDir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(idDir, "nonce.jwt"), []byte(tok), 0o600); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(idDir, "ca.crt"), s.CA.CertPEM, 0o644); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	c := in
+	c.Vars = maps.Clone(in.Vars)
+	s.instances[in.ID] = &c
+	s.mu.Unlock()
+	return []string{
+		"NSTANCE_INSTANCE_ID=" + in.ID,
+		"NSTANCE_SHARD=" + ShardID,
+		"NSTANCE_IDENTITY_DIR=" + idDir,
+		"NSTANCE_REGISTRATION_ADDR=" + s.RegistrationAddr(),
+		"NSTANCE_AGENT_ADDR=" + s.AgentAddr(),
+	}, nil
+}
+
+// SetVars replaces an instance's vars and tells connected agents.
+func (s *Shard) SetVars(id string, vars map[string]string) {
+	s.mu.Lock()
+	if in, ok := s.instances[id]; ok {
+		in.Vars = maps.Clone(vars)
+	}
+	agent := s.Agent
+	s.mu.Unlock()
+	agent.Notify(id)
+}
+
+// SetTemplate replaces an instance's template without telling anyone (to
+// exercise drift detection through health reports) unless notify is set.
+func (s *Shard) SetTemplate(id string, t config.Template, notify bool) {
+	s.mu.Lock()
+	if in, ok := s.instances[id]; ok {
+		in.Template = t
+	}
+	agent := s.Agent
+	s.mu.Unlock()
+	if notify {
+		agent.Notify(id)
+	}
+}

@@ -1,0 +1,62 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+
+	"github.com/go-logr/logr"
+
+	"github.com/nstance-dev/nstance/internal/agent/backoff"
+	"github.com/nstance-dev/nstance/internal/agent/config"
+	"github.com/nstance-dev/nstance/internal/agent/files"
+	"github.com/nstance-dev/nstance/internal/agent/health"
+	"github.com/nstance-dev/nstance/internal/agent/identity"
+	"github.com/nstance-dev/nstance/internal/agent/keys"
+	"github.com/nstance-dev/nstance/internal/agent/register"
+	"github.com/nstance-dev/nstance/internal/agent/session"
+)
+
+var hostnamePattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$`)
+
+// Run registers if needed and keeps the agent session alive until ctx ends.
+func Run(ctx context.Context, cfg config.Config, version string, log logr.Logger) error {
+	id, err := identity.Open(cfg.IdentityDir)
+	if err != nil {
+		return err
+	}
+	bo := backoff.Backoff{Min: cfg.ReconnectMin, Max: cfg.ReconnectMax, Jitter: 0.2}
+	hostname, _ := os.Hostname()
+	if hostname = strings.ToLower(hostname); !hostnamePattern.MatchString(hostname) || len(hostname) > 253 {
+		hostname = ""
+	}
+	if err := register.Ensure(ctx, register.Options{
+		Addr: cfg.RegistrationAddr, ServerName: cfg.ServerNameFor(cfg.RegistrationAddr), Identity: id,
+		Hostname: hostname, Backoff: bo, Log: log.WithName("register"),
+	}); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("registration: %w", err)
+	}
+	ks, err := keys.NewStore(cfg.KeysDir, cfg.KeyFileMode)
+	if err != nil {
+		return err
+	}
+	fw, err := files.New(cfg.FilesDir, files.Options{MaxSize: cfg.MaxFileSize, FileMode: cfg.FileMode, DirMode: cfg.DirMode})
+	if err != nil {
+		return err
+	}
+	s, err := session.New(session.Options{
+		Addr: cfg.AgentAddr, ServerName: cfg.ServerNameFor(cfg.AgentAddr), Identity: id, Keys: ks, Files: fw,
+		Sampler: health.NewSampler("", cfg.DiskPaths), Interval: cfg.MetricsInterval, TerminationFile: cfg.TerminationFile,
+		Backoff: bo, AgentVersion: version, Log: log.WithName("session"),
+	})
+	if err != nil {
+		return err
+	}
+	log.Info("agent running", "instance", cfg.InstanceID, "agent_addr", cfg.AgentAddr, "files", cfg.FilesDir, "keys", cfg.KeysDir)
+	return s.Run(ctx)
+}
