@@ -1,0 +1,266 @@
+package manager
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	crconfig "sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/bootstrap"
+	"github.com/nstance-dev/nstance/internal/operator/clusterctl"
+	"github.com/nstance-dev/nstance/internal/operator/config"
+	"github.com/nstance-dev/nstance/internal/operator/importer"
+	"github.com/nstance-dev/nstance/internal/operator/ledger"
+	"github.com/nstance-dev/nstance/internal/operator/metrics"
+	"github.com/nstance-dev/nstance/internal/operator/poolsync"
+	"github.com/nstance-dev/nstance/internal/operator/shardconn"
+	"github.com/nstance-dev/nstance/internal/operator/shardgroup"
+	"github.com/nstance-dev/nstance/internal/operator/watch"
+)
+
+// LeaderElectionID is the Lease the operator replicas compete for.
+const LeaderElectionID = "nstance-operator-leader-election"
+
+// Options configure the operator.
+type Options struct {
+	Config     *config.Config
+	Env        config.Env
+	RestConfig *rest.Config
+
+	MetricsAddr string
+	ProbeAddr   string
+	LeaderElect bool
+
+	// Registrar defaults to the gRPC registration client.
+	Registrar bootstrap.Registrar
+	// MetricsRegistry defaults to controller-runtime's registry.
+	MetricsRegistry prometheus.Registerer
+	Log             logr.Logger
+
+	// Tuning, mostly for tests. Zero values pick production defaults.
+	MaxBackoff         time.Duration
+	RetryDelay         time.Duration
+	ImportWait         time.Duration
+	Workers            int
+	TokenTTL           time.Duration
+	AfterKeypairStored func() error
+	// SkipNameValidation allows several operators in one test process.
+	SkipNameValidation bool
+	// LeaseDurations shorten leader election in tests.
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+}
+
+// Operator is a configured, not yet started operator.
+type Operator struct {
+	opts    Options
+	Manager manager.Manager
+	Conns   *shardconn.Manager
+	Cache   *watch.Cache
+	Metrics *metrics.Metrics
+	trigger chan event.GenericEvent
+	direct  client.Client
+	ledger  *ledger.Ledger
+	// Imported is closed once the startup import finished.
+	Imported chan struct{}
+	// ImportResult is valid once Imported is closed.
+	ImportResult importer.Result
+}
+
+// NewScheme returns the scheme with every kind the operator touches.
+func NewScheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, clusterv1.AddToScheme, infrav1.AddToScheme} {
+		if err := add(s); err != nil {
+			return nil, fmt.Errorf("build scheme: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// New builds the manager, controllers and runnables.
+func New(ctx context.Context, o Options) (*Operator, error) {
+	if o.Config == nil || o.RestConfig == nil {
+		return nil, errors.New("operator: config and rest config are required")
+	}
+	scheme, err := NewScheme()
+	if err != nil {
+		return nil, err
+	}
+	restCfg := rest.CopyConfig(o.RestConfig)
+	if o.Env.K8sJSON {
+		restCfg.ContentType = runtime.ContentTypeJSON
+		restCfg.AcceptContentTypes = runtime.ContentTypeJSON
+	}
+	reg := o.MetricsRegistry
+	if reg == nil {
+		reg = ctrlmetrics.Registry
+	}
+	m, err := metrics.New(reg)
+	if err != nil {
+		return nil, err
+	}
+	ns := o.Env.Namespace
+	mopts := ctrl.Options{
+		Scheme:                        scheme,
+		Logger:                        o.Log,
+		Metrics:                       metricsserver.Options{BindAddress: cmp.Or(o.MetricsAddr, "0")},
+		HealthProbeBindAddress:        cmp.Or(o.ProbeAddr, "0"),
+		LeaderElection:                o.LeaderElect,
+		LeaderElectionID:              LeaderElectionID,
+		LeaderElectionNamespace:       ns,
+		LeaderElectionReleaseOnCancel: true,
+		Cache:                         cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
+		Controller:                    crconfig.Controller{SkipNameValidation: ptr.To(o.SkipNameValidation)},
+	}
+	if o.LeaseDuration > 0 {
+		mopts.LeaseDuration, mopts.RenewDeadline, mopts.RetryPeriod = &o.LeaseDuration, &o.RenewDeadline, &o.RetryPeriod
+	}
+	mgr, err := ctrl.NewManager(restCfg, mopts)
+	if err != nil {
+		return nil, fmt.Errorf("create controller manager: %w", err)
+	}
+	direct, err := client.New(restCfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, fmt.Errorf("create API client: %w", err)
+	}
+	shardAddrs := map[string]string{}
+	for id, s := range o.Config.Shards {
+		shardAddrs[id] = s.OperatorAddr
+	}
+	op := &Operator{
+		opts: o, Manager: mgr, Metrics: m, Cache: watch.NewCache(),
+		trigger: make(chan event.GenericEvent, 1024), direct: direct,
+		ledger:   ledger.New(direct, ns, ""),
+		Imported: make(chan struct{}),
+	}
+	op.Conns = shardconn.New(shardconn.Options{
+		Shards: shardAddrs, MaxBackoff: o.MaxBackoff, ClusterID: o.Config.ClusterID, Metrics: m,
+		Log: o.Log.WithName("shardconn"),
+		StoreCert: func(ctx context.Context, certPEM, keyPEM, caPEM []byte) error {
+			return bootstrap.StoreCert(ctx, direct, ns, o.Env.CertSecret, certPEM, keyPEM, caPEM)
+		},
+	})
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return nil, err
+	}
+	if err := mgr.AddReadyzCheck("shards", op.Conns.ReadyCheck); err != nil {
+		return nil, err
+	}
+	recorder := mgr.GetEventRecorder("nstance-operator")
+	sg := &shardgroup.Reconciler{
+		Client: mgr.GetClient(), Conns: op.Conns, Groups: op.Cache, Recorder: recorder, Metrics: m, RetryDelay: o.RetryDelay,
+	}
+	if err := sg.SetupWithManager(mgr, op.trigger, o.Workers); err != nil {
+		return nil, fmt.Errorf("set up shard group controller: %w", err)
+	}
+	pool := &poolsync.Reconciler{Client: mgr.GetClient(), Ledger: op.ledger}
+	if err := pool.SetupWithManager(ctx, mgr); err != nil {
+		return nil, fmt.Errorf("set up pool controller: %w", err)
+	}
+	server, caData, err := clusterctl.APIServerFrom(o.RestConfig)
+	if err != nil {
+		return nil, err
+	}
+	cc := &clusterctl.Reconciler{
+		Client: mgr.GetClient(), Shards: op.Conns.ShardIDs(), ManageKubeconfig: o.Env.CAPIEndpoint == "",
+		ServiceAccount: o.Env.CAPIServiceAccount, APIServer: server, CAData: caData, TokenTTL: o.TokenTTL,
+	}
+	if err := cc.SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("set up cluster controller: %w", err)
+	}
+	if err := mgr.Add(manager.RunnableFunc(op.sync)); err != nil {
+		return nil, err
+	}
+	return op, nil
+}
+
+// Start runs the operator until ctx ends or leadership is lost; both it and
+// a fatal sync error return an error.
+func (op *Operator) Start(ctx context.Context) error {
+	return op.Manager.Start(ctx)
+}
+
+// sync is the leader-only runnable: registration, connections, cluster
+// objects, watches and the startup import. An error is fatal.
+func (op *Operator) sync(ctx context.Context) error {
+	o := op.opts
+	log := o.Log.WithName("sync")
+	shards := make([]bootstrap.Shard, 0, len(o.Config.Shards))
+	for _, id := range o.Config.ShardIDs() {
+		shards = append(shards, bootstrap.Shard{ID: id, Addr: o.Config.Shards[id].RegistrationAddr})
+	}
+	registrar := o.Registrar
+	if registrar == nil {
+		registrar = bootstrap.GRPCRegistrar{}
+	}
+	creds, err := bootstrap.Ensure(ctx, op.direct, bootstrap.Options{
+		Namespace: o.Env.Namespace, CAConfigMap: o.Env.CAConfigMap, KeySecret: o.Env.KeySecret,
+		NonceSecret: o.Env.NonceSecret, CertSecret: o.Env.CertSecret, ClusterID: o.Config.ClusterID,
+		Shards: shards, Registrar: registrar, AfterKeypairStored: o.AfterKeypairStored, Log: o.Log.WithName("bootstrap"),
+	})
+	if err != nil {
+		return fmt.Errorf("operator registration: %w", err)
+	}
+	reader := op.Manager.GetClient()
+	op.Conns.OnChange(func(shard string, _ bool) {
+		go func() {
+			if err := shardgroup.TriggerShard(ctx, reader, op.trigger, o.Env.Namespace, shard); err != nil && ctx.Err() == nil {
+				log.Error(err, "requeue shard groups after health change", "shard", shard)
+			}
+		}()
+	})
+	if err := op.Conns.Start(ctx, creds); err != nil {
+		return err
+	}
+	endpoint := infrav1.APIEndpoint{}
+	server := o.Env.CAPIEndpoint
+	if server == "" {
+		server = o.RestConfig.Host
+	}
+	if ep, err := clusterctl.Endpoint(server); err == nil {
+		endpoint = ep
+	}
+	if err := clusterctl.EnsureObjects(ctx, op.direct, o.Env.Namespace, o.Config.ClusterID, endpoint); err != nil {
+		return err
+	}
+	w := &watch.Watcher{
+		Conns: op.Conns, Cache: op.Cache, Client: op.Manager.GetClient(), Recorder: op.Manager.GetEventRecorder("nstance-operator"),
+		Namespace: o.Env.Namespace, ClusterName: o.Config.ClusterID, Trigger: op.trigger, Metrics: op.Metrics,
+		Log: o.Log.WithName("watch"), MaxBackoff: o.MaxBackoff,
+	}
+	w.Start(ctx)
+	im := &importer.Importer{
+		Client: op.direct, Reader: op.Manager.GetAPIReader(), Conns: op.Conns, Ledger: op.ledger,
+		Namespace: o.Env.Namespace, ClusterName: o.Config.ClusterID, Metrics: op.Metrics, Log: o.Log.WithName("import"),
+		Wait: o.ImportWait,
+	}
+	res, err := im.Run(ctx)
+	op.ImportResult = res
+	close(op.Imported)
+	if err != nil && ctx.Err() == nil {
+		// Import problems (a name clash, an API error) are reported but do
+		// not stop syncing what Kubernetes already has.
+		log.Error(err, "startup import incomplete")
+	}
+	<-ctx.Done()
+	return nil
+}
