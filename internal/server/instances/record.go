@@ -24,6 +24,9 @@ const (
 	StateStopped         State = "stopped"
 	StatePendingDeletion State = "pending_deletion"
 	StateDeleting        State = "deleting"
+	// StateDeleted is never stored: records are removed once the provider
+	// instance is gone. It describes a record returned after the fact.
+	StateDeleted State = "deleted"
 )
 
 // Active reports whether the instance counts towards its group's size.
@@ -52,6 +55,8 @@ func (s State) Proto() nstancev1.InstanceState {
 		return nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION
 	case StateDeleting:
 		return nstancev1.InstanceState_INSTANCE_STATE_DELETING
+	case StateDeleted:
+		return nstancev1.InstanceState_INSTANCE_STATE_DELETED
 	}
 	return nstancev1.InstanceState_INSTANCE_STATE_UNSPECIFIED
 }

@@ -202,21 +202,19 @@ func (r *Reconciler) GetInstance(tenant, id, clientToken string) (*instances.Rec
 
 // DeleteInstance starts the deletion of a tenant's instance.
 func (r *Reconciler) DeleteInstance(ctx context.Context, tenant, id string, skipDrain bool) (*instances.Record, error) {
-	if _, err := r.tenantRecord(tenant, id); err != nil {
+	before, err := r.tenantRecord(tenant, id)
+	if err != nil {
 		return nil, err
 	}
 	if err := r.beginDeletion(ctx, id, nstancev1.DeletionReason_DELETION_REASON_ON_DEMAND_DELETE, skipDrain, "deletion requested through the API"); err != nil {
 		return nil, err
 	}
-	return r.currentOrGone(tenant, id)
-}
-
-func (r *Reconciler) currentOrGone(tenant, id string) (*instances.Record, error) {
-	rec, ok := r.o.Instances.Get(id)
-	if !ok {
-		return nil, fmt.Errorf("%w: instance %q was already deleted", ErrNotFound, id)
+	if rec, ok := r.o.Instances.Get(id); ok {
+		return rec, nil
 	}
-	return rec, nil
+	// Already gone (skip_drain on a fast provider): report it deleted.
+	before.State = instances.StateDeleted
+	return before, nil
 }
 
 // AcknowledgeDrained lets a pending-deletion instance be deleted now.
