@@ -232,11 +232,10 @@ func buildImage(o options, layerTar []byte, created time.Time) (v1.Image, error)
 		"SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt",
 	}
 	cf.Config.Labels = map[string]string{
-		"org.opencontainers.image.title":    o.name,
-		"org.opencontainers.image.version":  o.version,
-		"org.opencontainers.image.source":   o.source,
-		"org.opencontainers.image.created":  created.Format(time.RFC3339),
-		"org.opencontainers.image.licenses": "Apache-2.0",
+		"org.opencontainers.image.title":   o.name,
+		"org.opencontainers.image.version": o.version,
+		"org.opencontainers.image.source":  o.source,
+		"org.opencontainers.image.created": created.Format(time.RFC3339),
 	}
 	img, err = mutate.ConfigFile(img, cf)
 	if err != nil {
