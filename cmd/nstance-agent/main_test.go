@@ -1,0 +1,149 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nstance-dev/nstance/internal/agent/agenttest"
+	"github.com/nstance-dev/nstance/internal/server/config"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+func buildAgent(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "nstance-agent")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, string(out))
+	return bin
+}
+
+type proc struct {
+	cmd  *exec.Cmd
+	out  *bytes.Buffer
+	done chan error
+}
+
+func start(t *testing.T, bin string, env []string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(bin), out: &bytes.Buffer{}, done: make(chan error, 1)}
+	p.cmd.Env = append(os.Environ(), append(env, "NSTANCE_METRICS_INTERVAL=200ms", "NSTANCE_RECONNECT_MIN=50ms", "NSTANCE_RECONNECT_MAX=500ms")...)
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	require.NoError(t, p.cmd.Start())
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	return p
+}
+
+func (p *proc) wait(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-p.done:
+		return err
+	case <-time.After(15 * time.Second):
+		t.Fatalf("agent did not exit; output:\n%s", p.out)
+		return nil
+	}
+}
+
+func TestAgentProcess(t *testing.T) {
+	bin := buildAgent(t)
+	shard, err := agenttest.New(logr.Discard())
+	require.NoError(t, err)
+	require.NoError(t, shard.Start())
+	t.Cleanup(shard.Stop)
+	dir := t.TempDir()
+	tmpl := config.Template{
+		Keys:  map[string]config.TemplateKey{"k": {Type: "ed25519", Certificate: &config.TemplateCertificate{Usages: []string{"client_auth"}}}},
+		Files: map[string]config.TemplateFile{"k.crt": {Kind: "certificate", Key: "k"}, "n.env": {Kind: "env", Content: "N={{ .InstanceID }}\n"}},
+	}
+	envA, err := shard.Add(agenttest.Instance{ID: "proc-a", Group: "g", Template: tmpl}, dir)
+	require.NoError(t, err)
+	envB, err := shard.Add(agenttest.Instance{ID: "proc-b", Group: "g", Template: tmpl}, dir)
+	require.NoError(t, err)
+	a := start(t, bin, envA)
+	b := start(t, bin, envB)
+
+	converged := func(id string) bool {
+		rec, ok := shard.Health.Get(id)
+		return ok && len(rec.Last.GetFiles()) == 2 && rec.FileErrors == 0
+	}
+	require.Eventually(t, func() bool { return converged("proc-a") && converged("proc-b") }, 30*time.Second, 100*time.Millisecond,
+		"a:\n%s\nb:\n%s", a.out, b.out)
+
+	// SIGKILL: reports stop, and the tracker sees the instance overdue.
+	require.NoError(t, b.cmd.Process.Signal(syscall.SIGKILL))
+	require.Error(t, b.wait(t))
+	killedAt := time.Now()
+	require.Eventually(t, func() bool {
+		return shard.Health.Overdue([]string{"proc-a", "proc-b"}, killedAt, time.Now(), 200*time.Millisecond)["proc-b"] >= 3
+	}, 10*time.Second, 50*time.Millisecond)
+	require.NotContains(t, shard.Health.Overdue([]string{"proc-a"}, killedAt, time.Now(), time.Second), "proc-a")
+
+	// Restarted without a nonce: it reuses its stored identity.
+	_, err = os.Stat(filepath.Join(dir, "proc-b", "identity", "nonce.jwt"))
+	require.True(t, errors.Is(err, os.ErrNotExist))
+	before, _ := shard.Health.Get("proc-b")
+	b2 := start(t, bin, envB)
+	require.Eventually(t, func() bool {
+		rec, _ := shard.Health.Get("proc-b")
+		return rec.Reports > before.Reports+2
+	}, 20*time.Second, 100*time.Millisecond, "%s", b2.out)
+
+	// SIGTERM: clean exit with a final shutdown report.
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, a.wait(t), "%s", a.out)
+	rec, _ := shard.Health.Get("proc-a")
+	require.Equal(t, nstancev1.TerminationKind_TERMINATION_KIND_SHUTDOWN, rec.Last.GetTermination().GetKind())
+	require.NoError(t, b2.cmd.Process.Signal(syscall.SIGINT))
+	require.NoError(t, b2.wait(t), "%s", b2.out)
+}
+
+func TestAgentProcessFailures(t *testing.T) {
+	bin := buildAgent(t)
+	// Bad configuration: exit status 2 naming the variable.
+	p := start(t, bin, []string{"NSTANCE_INSTANCE_ID="})
+	err := p.wait(t)
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee)
+	require.Equal(t, 2, ee.ExitCode())
+	require.Contains(t, p.out.String(), "NSTANCE_INSTANCE_ID: required")
+
+	// A nonce that was already used: registration is refused for good.
+	shard, err := agenttest.New(logr.Discard())
+	require.NoError(t, err)
+	require.NoError(t, shard.Start())
+	t.Cleanup(shard.Stop)
+	dir := t.TempDir()
+	env, err := shard.Add(agenttest.Instance{ID: "dup", Template: config.Template{}}, dir)
+	require.NoError(t, err)
+	nonce, err := os.ReadFile(filepath.Join(dir, "dup", "identity", "nonce.jwt"))
+	require.NoError(t, err)
+	first := start(t, bin, env)
+	require.Eventually(t, func() bool { _, ok := shard.Health.Get("dup"); return ok }, 20*time.Second, 50*time.Millisecond)
+	require.NoError(t, first.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, first.wait(t))
+	// Wipe the identity and replay the nonce.
+	idDir := filepath.Join(dir, "dup", "identity")
+	require.NoError(t, os.Remove(filepath.Join(idDir, "agent.crt")))
+	require.NoError(t, os.WriteFile(filepath.Join(idDir, "nonce.jwt"), nonce, 0o600))
+	second := start(t, bin, env)
+	err = second.wait(t)
+	require.ErrorAs(t, err, &ee)
+	require.Equal(t, 1, ee.ExitCode())
+	require.Contains(t, second.out.String(), "registration refused")
+	require.Contains(t, second.out.String(), "already been used")
+}
