@@ -82,6 +82,9 @@ type Registry struct {
 	static  map[Key]*Group
 	dynamic map[Key]*Group
 	docETag string
+	// loaded is true once dynamic reflects the stored document at docETag,
+	// so writes can start from memory instead of re-reading storage.
+	loaded bool
 }
 
 // NewRegistry returns an empty registry.
@@ -187,9 +190,30 @@ func (r *Registry) install(d *document, etag string) []Key {
 			changed = append(changed, k)
 		}
 	}
-	r.dynamic, r.docETag = next, etag
+	r.dynamic, r.docETag, r.loaded = next, etag, true
 	sortKeys(changed)
 	return changed
+}
+
+// cachedDoc rebuilds the document from memory; ok is false before the first load.
+func (r *Registry) cachedDoc() (*document, string, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if !r.loaded {
+		return nil, "", false
+	}
+	d := &document{Version: 1, Tenants: map[string]map[string]Group{}}
+	for k, g := range r.dynamic {
+		gs := d.Tenants[k.Tenant]
+		if gs == nil {
+			gs = map[string]Group{}
+			d.Tenants[k.Tenant] = gs
+		}
+		c := *g
+		c.Spec = g.Spec.clone()
+		gs[k.ID] = c
+	}
+	return d, r.docETag, true
 }
 
 // Load reads the dynamic groups from storage and returns the changed keys.
@@ -251,11 +275,18 @@ func (r *Registry) modify(ctx context.Context, fn func(d *document) error) error
 	r.writeMu.Lock()
 	defer r.writeMu.Unlock()
 	for attempt := 0; ; attempt++ {
-		d, etag, err := r.readDoc(ctx)
-		if err != nil {
-			return err
+		// First try from memory; after a conflict, re-read storage.
+		d, etag, ok := r.cachedDoc()
+		if !ok || attempt > 0 {
+			var err error
+			if d, etag, err = r.readDoc(ctx); err != nil {
+				return err
+			}
 		}
 		if err := fn(d); err != nil {
+			if ok && attempt == 0 {
+				continue // confirm against storage before refusing
+			}
 			r.install(d, etag)
 			return err
 		}

@@ -1,0 +1,88 @@
+package fleet_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/internal/server/fleet"
+	"github.com/nstance-dev/nstance/internal/server/instances"
+	"github.com/nstance-dev/nstance/internal/server/layout"
+	"github.com/nstance-dev/nstance/internal/server/liveconfig"
+	"github.com/nstance-dev/nstance/internal/server/provider/mock"
+	"github.com/nstance-dev/nstance/internal/server/shardtest"
+	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+func rssMiB() float64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "VmRSS:") {
+			f := strings.Fields(line)
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// BenchmarkConverge1000Groups measures how long a mock-provider shard takes
+// to converge 1,000 groups of 10 instances from empty (records written to
+// in-memory object storage, nonces minted per instance omitted: no key).
+func BenchmarkConverge1000Groups(b *testing.B) {
+	const groupsN, size = 1000, 10
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		store := memstore.New()
+		cfg, err := config.Parse([]byte(shardtest.Config("bench", "bench-1", "mock")))
+		if err != nil {
+			b.Fatal(err)
+		}
+		holder := liveconfig.New(store, "config/bench-1.jsonc", cfg, "e1", time.Now())
+		f, err := fleet.New(fleet.Options{Store: store, Keys: layout.New(""), Config: holder, Provider: mock.New(), ResyncInterval: time.Hour})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		runtime.GC()
+		b.StartTimer()
+		start := time.Now()
+		go func() { done <- f.Run(ctx) }()
+		for !f.Reconciler.Running() {
+			time.Sleep(time.Millisecond)
+		}
+		for g := 0; g < groupsN; g++ {
+			if _, _, err := f.Reconciler.UpsertGroup(ctx, "bench", &nstancev1.GroupSpec{GroupId: fmt.Sprintf("g%04d", g), Template: "worker", Size: size}, ""); err != nil {
+				b.Fatal(err)
+			}
+		}
+		upserted := time.Since(start)
+		for {
+			if f.Instances.Len() == groupsN*size &&
+				len(f.Instances.List(func(r *instances.Record) bool { return r.State != instances.StateRunning })) == 0 {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		elapsed := time.Since(start)
+		b.StopTimer()
+		b.ReportMetric(elapsed.Seconds(), "s/converge")
+		b.ReportMetric(upserted.Seconds(), "s/upserts")
+		b.ReportMetric(float64(groupsN*size)/elapsed.Seconds(), "instances/s")
+		b.ReportMetric(rssMiB(), "MiB-RSS")
+		cancel()
+		<-done
+		b.StartTimer()
+	}
+}

@@ -1,0 +1,130 @@
+package groups_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/internal/server/groups"
+	"github.com/nstance-dev/nstance/internal/server/layout"
+	"github.com/nstance-dev/nstance/pkg/objstore"
+	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
+)
+
+func testConfig() *config.Config {
+	return &config.Config{
+		Shard: config.Shard{ID: "s1", DefaultDrainTimeout: config.Duration(time.Minute),
+			SubnetPools: map[string]config.SubnetPool{"a": {Subnets: []string{"x"}}, "b": {Subnets: []string{"y"}}}},
+		Defaults: config.Defaults{Vars: map[string]string{"env": "dev", "role": "none"}, Args: map[string]string{"v": "1"}},
+		Templates: map[string]config.Template{
+			"worker": {InstanceType: "small", SubnetPool: "a", Vars: map[string]string{"role": "worker", "t": "1"}},
+		},
+		Groups: map[string]map[string]config.Group{"acme": {"static": {Template: "worker", Size: 2}}},
+	}
+}
+
+func TestResolveMergesInOrder(t *testing.T) {
+	cfg := testConfig()
+	tests := []struct {
+		name string
+		spec *groups.Spec
+		o    groups.Overrides
+		want groups.Effective
+		err  string
+	}{
+		{"template only", nil, groups.Overrides{Template: "worker"}, groups.Effective{Template: "worker", InstanceType: "small", SubnetPool: "a",
+			Vars: map[string]string{"env": "dev", "role": "worker", "t": "1"}, Args: map[string]string{"v": "1"}, DrainTimeout: time.Minute}, ""},
+		{"group over template", &groups.Spec{Template: "worker", InstanceType: "big", SubnetPool: "b", Vars: map[string]string{"role": "db"}, DrainTimeout: time.Second},
+			groups.Overrides{}, groups.Effective{Template: "worker", InstanceType: "big", SubnetPool: "b",
+				Vars: map[string]string{"env": "dev", "role": "db", "t": "1"}, Args: map[string]string{"v": "1"}, DrainTimeout: time.Second}, ""},
+		{"request over group", &groups.Spec{Template: "worker", Vars: map[string]string{"role": "db"}},
+			groups.Overrides{InstanceType: "huge", Vars: map[string]string{"role": "gpu"}, DrainTimeout: time.Hour},
+			groups.Effective{Template: "worker", InstanceType: "huge", SubnetPool: "a",
+				Vars: map[string]string{"env": "dev", "role": "gpu", "t": "1"}, Args: map[string]string{"v": "1"}, DrainTimeout: time.Hour}, ""},
+		{"no template", nil, groups.Overrides{}, groups.Effective{}, "template: required"},
+		{"unknown template", nil, groups.Overrides{Template: "x"}, groups.Effective{}, "unknown template"},
+		{"unknown pool", nil, groups.Overrides{Template: "worker", SubnetPool: "zz"}, groups.Effective{}, "unknown subnet pool"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := groups.Resolve(cfg, tc.spec, tc.o)
+			if tc.err != "" {
+				require.ErrorContains(t, err, tc.err)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestRegistryPersistsAndProtectsStatic(t *testing.T) {
+	ctx := context.Background()
+	store := memstore.New()
+	r := groups.NewRegistry(store, layout.New(""), "s1")
+	changed := r.SetStatic(testConfig())
+	require.Equal(t, []groups.Key{{Tenant: "acme", ID: "static"}}, changed)
+	require.Empty(t, r.SetStatic(testConfig()), "same config, no change")
+	_, err := r.Load(ctx)
+	require.NoError(t, err)
+
+	_, _, err = r.Upsert(ctx, groups.Key{Tenant: "acme", ID: "static"}, groups.Spec{Template: "worker"}, "")
+	require.ErrorIs(t, err, groups.ErrStatic)
+	g, created, err := r.Upsert(ctx, groups.Key{Tenant: "acme", ID: "web"}, groups.Spec{Template: "worker", Size: 3}, "")
+	require.NoError(t, err)
+	require.True(t, created)
+	_, _, err = r.Upsert(ctx, groups.Key{Tenant: "acme", ID: "web"}, groups.Spec{Template: "worker", Size: 4}, "d-wrong")
+	require.ErrorIs(t, err, groups.ErrETag)
+	g2, created, err := r.Upsert(ctx, groups.Key{Tenant: "acme", ID: "web"}, groups.Spec{Template: "worker", Size: 4}, g.ETag)
+	require.NoError(t, err)
+	require.False(t, created)
+	require.NotEqual(t, g.ETag, g2.ETag)
+	_, _, err = r.Upsert(ctx, groups.Key{Tenant: "globex", ID: "web"}, groups.Spec{Template: "worker", Size: 1}, "")
+	require.NoError(t, err)
+
+	// Another registry (a restarted server) reads the same groups back.
+	r2 := groups.NewRegistry(store, layout.New(""), "s1")
+	_, err = r2.Load(ctx)
+	require.NoError(t, err)
+	got, ok := r2.Get(groups.Key{Tenant: "acme", ID: "web"})
+	require.True(t, ok)
+	require.Equal(t, 4, got.Spec.Size)
+	require.Len(t, r2.List("acme"), 1, "static groups come from config, not storage")
+	require.Len(t, r2.List("globex"), 1)
+
+	// A write by the other registry is seen by the first despite its cache.
+	_, err = r2.Delete(ctx, groups.Key{Tenant: "acme", ID: "web"}, "")
+	require.NoError(t, err)
+	_, _, err = r.Upsert(ctx, groups.Key{Tenant: "acme", ID: "web"}, groups.Spec{Template: "worker", Size: 9}, g2.ETag)
+	require.ErrorIs(t, err, groups.ErrETag, "etag checked against storage, not a stale cache")
+	_, err = r.Delete(ctx, groups.Key{Tenant: "acme", ID: "web"}, "")
+	require.ErrorIs(t, err, groups.ErrNotFound)
+
+	// A hand-edited JSONC document with comments loads; a torn one is an error, not a crash.
+	_, err = store.Put(ctx, layout.New("").Groups("s1"), []byte("{ // edited\n \"version\": 1, \"tenants\": {\"t\": {\"g\": {\"spec\": {\"template\": \"worker\", \"size\": 1}, \"etag\": \"x\",},},}, }"), objstore.PutOptions{})
+	require.NoError(t, err)
+	_, err = r2.Load(ctx)
+	require.NoError(t, err)
+	_, ok = r2.Get(groups.Key{Tenant: "t", ID: "g"})
+	require.True(t, ok)
+	_, err = store.Put(ctx, layout.New("").Groups("s1"), []byte("{\"tenants\": "), objstore.PutOptions{})
+	require.NoError(t, err)
+	_, err = r2.Load(ctx)
+	require.Error(t, err)
+	_, ok = r2.Get(groups.Key{Tenant: "t", ID: "g"})
+	require.True(t, ok, "last good groups kept")
+}
+
+func TestValidate(t *testing.T) {
+	cfg := testConfig()
+	require.Empty(t, groups.Validate(cfg, "web", groups.Spec{Template: "worker", Size: 1}))
+	fes := groups.Validate(cfg, "../x", groups.Spec{Template: "nope", Size: -1, SubnetPool: "zz"})
+	var keys []string
+	for _, fe := range fes {
+		keys = append(keys, fe.Key)
+	}
+	require.ElementsMatch(t, []string{"group_id", "template", "size", "subnet_pool"}, keys)
+}
