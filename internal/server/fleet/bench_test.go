@@ -2,6 +2,8 @@ package fleet_test
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"fmt"
 	"os"
 	"runtime"
@@ -12,10 +14,12 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/server/config"
 	"github.com/nstance-dev/nstance/internal/server/fleet"
+	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/layout"
 	"github.com/nstance-dev/nstance/internal/server/liveconfig"
 	"github.com/nstance-dev/nstance/internal/server/provider/mock"
+	"github.com/nstance-dev/nstance/internal/server/reconcile"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -38,7 +42,7 @@ func rssMiB() float64 {
 
 // BenchmarkConverge1000Groups measures how long a mock-provider shard takes
 // to converge 1,000 groups of 10 instances from empty (records written to
-// in-memory object storage, nonces minted per instance omitted: no key).
+// in-memory object storage, an Ed25519 agent nonce minted per instance).
 func BenchmarkConverge1000Groups(b *testing.B) {
 	const groupsN, size = 1000, 10
 	for i := 0; i < b.N; i++ {
@@ -49,7 +53,8 @@ func BenchmarkConverge1000Groups(b *testing.B) {
 			b.Fatal(err)
 		}
 		holder := liveconfig.New(store, "config/bench-1.jsonc", cfg, "e1", time.Now())
-		f, err := fleet.New(fleet.Options{Store: store, Keys: layout.New(""), Config: holder, Provider: mock.New(), ResyncInterval: time.Hour})
+		f, err := fleet.New(fleet.Options{Store: store, Keys: layout.New(""), Config: holder, Provider: mock.New(), ResyncInterval: time.Hour,
+			Nonces: benchMinter(b), CACert: func(context.Context) ([]byte, error) { return []byte("ca"), nil }})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -85,4 +90,61 @@ func BenchmarkConverge1000Groups(b *testing.B) {
 		<-done
 		b.StartTimer()
 	}
+}
+
+// BenchmarkConvergeStoredGroups starts a fresh server whose storage already
+// holds 1,000 dynamic groups of 10 (and no instances): pure reconcile time.
+func BenchmarkConvergeStoredGroups(b *testing.B) {
+	const groupsN, size = 1000, 10
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		store := memstore.New()
+		cfg, err := config.Parse([]byte(shardtest.Config("bench", "bench-1", "mock")))
+		if err != nil {
+			b.Fatal(err)
+		}
+		holder := liveconfig.New(store, "config/bench-1.jsonc", cfg, "e1", time.Now())
+		f, err := fleet.New(fleet.Options{Store: store, Keys: layout.New(""), Config: holder, Provider: mock.New(), ResyncInterval: time.Hour,
+			Nonces: benchMinter(b), CACert: func(context.Context) ([]byte, error) { return []byte("ca"), nil }})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		if _, err := f.Groups.Load(ctx); err != nil {
+			b.Fatal(err)
+		}
+		for g := 0; g < groupsN; g++ {
+			if _, _, err := f.Groups.Upsert(ctx, groups.Key{Tenant: "bench", ID: fmt.Sprintf("g%04d", g)}, groups.Spec{Template: "worker", Size: size}, ""); err != nil {
+				b.Fatal(err)
+			}
+		}
+		runtime.GC()
+		done := make(chan error, 1)
+		b.StartTimer()
+		start := time.Now()
+		go func() { done <- f.Run(ctx) }()
+		for {
+			if f.Instances.Len() == groupsN*size &&
+				len(f.Instances.List(func(r *instances.Record) bool { return r.State != instances.StateRunning })) == 0 {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		elapsed := time.Since(start)
+		b.StopTimer()
+		b.ReportMetric(elapsed.Seconds(), "s/converge")
+		b.ReportMetric(float64(groupsN*size)/elapsed.Seconds(), "instances/s")
+		b.ReportMetric(rssMiB(), "MiB-RSS")
+		cancel()
+		<-done
+		b.StartTimer()
+	}
+}
+
+func benchMinter(b *testing.B) reconcile.KeyMinter {
+	_, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return reconcile.KeyMinter{Key: key, ClusterID: "bench", Shard: "bench-1", TTL: 15 * time.Minute}
 }
