@@ -1,0 +1,72 @@
+{{/* Chart name, overridable. */}}
+{{- define "nstance-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: the release name when it already contains the chart name. */}}
+{{- define "nstance-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "nstance-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "nstance-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "nstance-operator.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "nstance-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: nstance
+cluster.x-k8s.io/provider: infrastructure-nstance
+{{- end }}
+
+{{- define "nstance-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "nstance-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Namespace the operator manages (NSTANCE_NAMESPACE). */}}
+{{- define "nstance-operator.workNamespace" -}}
+{{- default .Release.Namespace .Values.operator.namespace }}
+{{- end }}
+
+{{- define "nstance-operator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "nstance-operator.webhookServiceName" -}}
+{{- printf "%s-webhook" (include "nstance-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "nstance-operator.webhookSecretName" -}}
+{{- printf "%s-webhook-tls" (include "nstance-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* "true" when the webhook certificate comes from cert-manager. */}}
+{{- define "nstance-operator.useCertManager" -}}
+{{- $mode := toString .Values.webhook.certManager }}
+{{- if eq $mode "auto" }}
+{{- .Capabilities.APIVersions.Has "cert-manager.io/v1" }}
+{{- else }}
+{{- eq $mode "true" }}
+{{- end }}
+{{- end }}
+
+{{/* Directory controller-runtime's webhook server reads tls.crt/tls.key from. */}}
+{{- define "nstance-operator.webhookCertDir" -}}
+/tmp/k8s-webhook-server/serving-certs
+{{- end }}
