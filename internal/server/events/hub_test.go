@@ -90,7 +90,6 @@ func TestSlowWatcherIsDisconnectedNotBlocking(t *testing.T) {
 	require.Equal(t, 1, h.Subscribers("t"))
 }
 
-
 func TestBroadcastAndClose(t *testing.T) {
 	h := events.NewHub[string](8)
 	a, b := h.Subscribe("a"), h.Subscribe("b")

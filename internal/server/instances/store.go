@@ -49,7 +49,7 @@ type Store struct {
 
 	mu      sync.RWMutex
 	entries map[string]*entry
-	tokens  map[string]string // tenant + "\x00" + client token -> id
+	tokens  map[string]string              // tenant + "\x00" + client token -> id
 	byGroup map[string]map[string]struct{} // tenant + "\x00" + group -> ids
 
 	locks [64]sync.Mutex

@@ -7,13 +7,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/provider/localagent"
 	"github.com/nstance-dev/nstance/internal/server/provider/process"
 	"github.com/nstance-dev/nstance/internal/server/provider/tmux"
@@ -45,9 +45,11 @@ func pidAlive(pid int) bool {
 	return i > 0 && i+2 < len(s) && s[i+2] != 'Z'
 }
 
-func itoa(i int) string { b, _ := json.Marshal(i); return string(b) }
+func itoa(i int) string { return strconv.Itoa(i) }
 
-func instanceID(providerID string) string { return providerID[strings.LastIndexByte(providerID, '/')+1:] }
+func instanceID(providerID string) string {
+	return providerID[strings.LastIndexByte(providerID, '/')+1:]
+}
 
 func TestProcessProviderScaleDrainDeleteRestart(t *testing.T) {
 	stateDir, nodeDir := t.TempDir(), t.TempDir()
@@ -73,6 +75,7 @@ func TestProcessProviderScaleDrainDeleteRestart(t *testing.T) {
 		require.True(t, ok)
 		require.True(t, pidAlive(n), "agent process of %s runs", pid)
 	}
+	events.none(t, 50*time.Millisecond, func(*nstancev1.InstanceEvent) bool { return true })
 
 	// Restart while at size 3: a new server over the same storage and
 	// provider state adopts everything and creates nothing new.
@@ -216,5 +219,3 @@ func TestTmuxProviderWindowsAndNodes(t *testing.T) {
 		return len(windows()) == 0 && len(files) == 0
 	}, 10*time.Second, 50*time.Millisecond)
 }
-
-var _ = provider.ID

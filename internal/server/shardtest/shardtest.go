@@ -163,8 +163,8 @@ func start(o Options) (*Shard, error) {
 	}
 	f, err := fleet.New(fleet.Options{
 		Store: o.Store, Keys: keys, Config: holder, Provider: o.Provider,
-		Nonces: reconcile.KeyMinter{Key: nonceKey, ClusterID: o.ClusterID, Shard: o.ShardID, TTL: 15 * time.Minute},
-		CACert: func(context.Context) ([]byte, error) { return ca.CertPEM, nil },
+		Nonces:           reconcile.KeyMinter{Key: nonceKey, ClusterID: o.ClusterID, Shard: o.ShardID, TTL: 15 * time.Minute},
+		CACert:           func(context.Context) ([]byte, error) { return ca.CertPEM, nil },
 		RegistrationAddr: "127.0.0.1:0", AgentAddr: "127.0.0.1:0",
 		Log: o.Log, ResyncInterval: o.ResyncInterval, RetryBase: o.RetryBase,
 	})

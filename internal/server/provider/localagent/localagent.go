@@ -142,9 +142,9 @@ func WriteNode(nodeDir string, req provider.CreateRequest, now time.Time) error 
 	}
 	ts := now.UTC().Format(time.RFC3339)
 	labels := map[string]string{
-		"kubernetes.io/hostname":   req.InstanceID,
-		"nstance.dev/instance-id":  req.InstanceID,
-		"nstance.dev/shard":        req.Shard,
+		"kubernetes.io/hostname":  req.InstanceID,
+		"nstance.dev/instance-id": req.InstanceID,
+		"nstance.dev/shard":       req.Shard,
 		"node.kubernetes.io/exclude-from-external-load-balancers": "true",
 	}
 	if req.GroupID != "" {

@@ -95,7 +95,9 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 }
 
 // AttachNetwork implements provider.Provider; the mock has no network.
-func (p *Provider) AttachNetwork(ctx context.Context, att provider.NetworkAttachment) error { return nil }
+func (p *Provider) AttachNetwork(ctx context.Context, att provider.NetworkAttachment) error {
+	return nil
+}
 
 // Stop marks an instance stopped, as if its workload exited.
 func (p *Provider) Stop(id string) {

@@ -265,7 +265,9 @@ func (p *Provider) waitGone(ctx context.Context, c *child, d time.Duration) bool
 }
 
 // AttachNetwork implements provider.Provider; local processes share the host network.
-func (p *Provider) AttachNetwork(ctx context.Context, att provider.NetworkAttachment) error { return nil }
+func (p *Provider) AttachNetwork(ctx context.Context, att provider.NetworkAttachment) error {
+	return nil
+}
 
 func killGroup(pid int, sig syscall.Signal) {
 	if pid > 0 {

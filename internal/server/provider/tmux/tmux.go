@@ -291,7 +291,9 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 }
 
 // AttachNetwork implements provider.Provider; tmux windows share the host network.
-func (p *Provider) AttachNetwork(ctx context.Context, att provider.NetworkAttachment) error { return nil }
+func (p *Provider) AttachNetwork(ctx context.Context, att provider.NetworkAttachment) error {
+	return nil
+}
 
 // Socket returns the private tmux socket name, empty for the default server.
 func (p *Provider) Socket() string { return p.cfg.Socket }
