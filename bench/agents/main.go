@@ -56,9 +56,10 @@ func main() {
 	counts := flag.String("agents", "1000", "comma-separated agent counts to measure")
 	duration := flag.Duration("duration", 30*time.Second, "measuring time per count, after all agents are connected")
 	interval := flag.Duration("interval", time.Second, "report interval per agent")
+	lean := flag.Bool("lean", false, "server with small per-connection buffers (shared write buffer, 4 KiB read/write buffers)")
 	flag.Parse()
 	if *serve {
-		if err := runServer(); err != nil {
+		if err := runServer(*lean); err != nil {
 			fmt.Fprintln(os.Stderr, "server:", err)
 			os.Exit(1)
 		}
@@ -70,7 +71,7 @@ func main() {
 			fmt.Fprintf(os.Stderr, "bad agent count %q\n", c)
 			os.Exit(2)
 		}
-		if err := runLoad(n, *duration, *interval); err != nil {
+		if err := runLoad(n, *duration, *interval, *lean); err != nil {
 			fmt.Fprintln(os.Stderr, "load:", err)
 			os.Exit(1)
 		}
@@ -79,7 +80,7 @@ func main() {
 
 // runServer serves the Agent service with a one-file template for any
 // instance and prints the address, CA and the count of reports on demand.
-func runServer() error {
+func runServer(lean bool) error {
 	ca, err := pki.GenerateCA(clusterID, 24*time.Hour, time.Now())
 	if err != nil {
 		return err
@@ -107,7 +108,11 @@ func runServer() error {
 	if err != nil {
 		return err
 	}
-	srv, err := grpcserve.Start(grpcserve.Config{ClusterID: clusterID, ServerCert: cert, ClientCAs: ca.Pool(), Agent: api}, grpcserve.Listeners{Agent: ln})
+	var opts []grpc.ServerOption
+	if lean {
+		opts = []grpc.ServerOption{grpc.SharedWriteBuffer(true), grpc.ReadBufferSize(4 << 10), grpc.WriteBufferSize(4 << 10)}
+	}
+	srv, err := grpcserve.Start(grpcserve.Config{ClusterID: clusterID, ServerCert: cert, ClientCAs: ca.Pool(), Agent: api, ServerOptions: opts}, grpcserve.Listeners{Agent: ln})
 	if err != nil {
 		return err
 	}
@@ -129,12 +134,12 @@ type child struct {
 	hello hello
 }
 
-func startServer() (*child, error) {
+func startServer(lean bool) (*child, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(self, "-serve")
+	cmd := exec.Command(self, "-serve", "-lean="+strconv.FormatBool(lean))
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -190,8 +195,8 @@ func usage(pid int) (ticks uint64, rssKiB uint64, err error) {
 	return ut + st, rssKiB, nil
 }
 
-func runLoad(n int, duration, interval time.Duration) error {
-	srv, err := startServer()
+func runLoad(n int, duration, interval time.Duration, lean bool) error {
+	srv, err := startServer(lean)
 	if err != nil {
 		return err
 	}
@@ -269,8 +274,8 @@ func runLoad(n int, duration, interval time.Duration) error {
 	}
 	elapsed := time.Since(began).Seconds()
 	const hz = 100.0 // USER_HZ on Linux
-	fmt.Printf("agents=%d connected=%d connect_time=%s reports_per_s=%.0f server_cpu=%.1f%% server_rss=%.1fMiB peak_rss=%.1fMiB stream_failures=%d\n",
-		n, connected, connectTime.Round(100*time.Millisecond), float64(r1-r0)/elapsed, float64(t1-t0)/hz/elapsed*100,
+	fmt.Printf("lean=%t agents=%d connected=%d connect_time=%s reports_per_s=%.0f server_cpu=%.1f%% server_rss=%.1fMiB peak_rss=%.1fMiB stream_failures=%d\n",
+		lean, n, connected, connectTime.Round(100*time.Millisecond), float64(r1-r0)/elapsed, float64(t1-t0)/hz/elapsed*100,
 		float64(rss)/1024, float64(peakRSS)/1024, failures.Load())
 	cancel()
 	wg.Wait()
