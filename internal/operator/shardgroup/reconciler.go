@@ -228,8 +228,8 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, sg *infrav1.NstanceSha
 				return ctrl.Result{}, fmt.Errorf("UpsertGroup %s on shard %s: %w", sg.Spec.Group, shard, err)
 			}
 		}
-		r.Groups.Put(shard, resp.GetGroup())
-		current = resp.GetGroup()
+		r.Groups.PutResponse(shard, resp.GetGroup())
+		current, _ = r.Groups.Get(shard, sg.Spec.Group)
 		upserted = true
 	}
 

@@ -41,8 +41,16 @@ func (c *Cache) Synced(shard string) bool {
 	return c.synced[shard]
 }
 
-// Put stores a status unless the cache already holds a newer one.
-func (c *Cache) Put(shard string, g *nstancev1.GroupStatus) {
+// Put stores a status from the watch stream unless the cache already holds
+// a newer one. Stream events arrive in order, so an equal timestamp wins.
+func (c *Cache) Put(shard string, g *nstancev1.GroupStatus) { c.put(shard, g, true) }
+
+// PutResponse stores a status returned by an RPC. A stream event with the
+// same timestamp may already carry later counts, so it only replaces
+// strictly older entries.
+func (c *Cache) PutResponse(shard string, g *nstancev1.GroupStatus) { c.put(shard, g, false) }
+
+func (c *Cache) put(shard string, g *nstancev1.GroupStatus, equalWins bool) {
 	id := g.GetSpec().GetGroupId()
 	if id == "" {
 		return
@@ -54,8 +62,11 @@ func (c *Cache) Put(shard string, g *nstancev1.GroupStatus) {
 		m = map[string]*nstancev1.GroupStatus{}
 		c.groups[shard] = m
 	}
-	if cur, ok := m[id]; ok && cur.GetUpdatedAt().AsTime().After(g.GetUpdatedAt().AsTime()) {
-		return
+	if cur, ok := m[id]; ok {
+		curT, newT := cur.GetUpdatedAt().AsTime(), g.GetUpdatedAt().AsTime()
+		if curT.After(newT) || (!equalWins && curT.Equal(newT)) {
+			return
+		}
 	}
 	m[id] = proto.CloneOf(g)
 }

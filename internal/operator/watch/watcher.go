@@ -11,8 +11,8 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -113,6 +113,11 @@ func (w *Watcher) groupsOnce(ctx context.Context, shard string) error {
 	if err != nil {
 		return fmt.Errorf("open WatchGroups: %w", err)
 	}
+	// The server sends headers once the subscription is in place, so the
+	// list below cannot miss a change.
+	if _, err := stream.Header(); err != nil {
+		return fmt.Errorf("WatchGroups headers: %w", err)
+	}
 	list, err := c.ListGroups(sctx, &nstancev1.ListGroupsRequest{})
 	if err != nil {
 		return fmt.Errorf("ListGroups: %w", err)
@@ -182,6 +187,9 @@ func (w *Watcher) errorsOnce(ctx context.Context, shard string) error {
 	stream, err := c.WatchErrors(sctx, &nstancev1.WatchErrorsRequest{})
 	if err != nil {
 		return fmt.Errorf("open WatchErrors: %w", err)
+	}
+	if _, err := stream.Header(); err != nil {
+		return fmt.Errorf("WatchErrors headers: %w", err)
 	}
 	for {
 		ev, err := stream.Recv()
