@@ -25,18 +25,27 @@ var ErrExists = errors.New("instance already exists")
 // ErrNoChange may be returned by an Update function to skip the write.
 var ErrNoChange = errors.New("no change")
 
+// MirrorObject is one record object as written to storage.
+type MirrorObject struct {
+	Key  string
+	ETag string
+	Body []byte
+}
+
 // Mirror receives every change so a local cache (SQLite) can follow the
-// store. Calls happen after the object-storage write succeeded.
+// store. Calls happen after the object-storage write succeeded; keys are
+// full object keys.
 type Mirror interface {
 	// Reset replaces the whole mirrored set (after Load).
-	Reset(ctx context.Context, recs []*Record) error
-	Upsert(ctx context.Context, rec *Record) error
-	Delete(ctx context.Context, id string) error
+	Reset(ctx context.Context, objs []MirrorObject) error
+	Put(ctx context.Context, obj MirrorObject) error
+	Delete(ctx context.Context, key string) error
 }
 
 type entry struct {
 	rec  *Record
 	etag string
+	body []byte // only set while loading
 }
 
 // Store is the record store of one shard. Safe for concurrent use; updates to
@@ -91,14 +100,14 @@ func (s *Store) Load(ctx context.Context) error {
 				// A torn or foreign object is skipped, never fatal.
 				return nil
 			}
-			loaded[i] = &entry{rec: &r, etag: o.ETag}
+			loaded[i] = &entry{rec: &r, etag: o.ETag, body: o.Body}
 			return nil
 		})
 	}
 	if err := g.Wait(); err != nil {
 		return err
 	}
-	var recs []*Record
+	var objs []MirrorObject
 	s.mu.Lock()
 	s.entries, s.tokens, s.byGroup = map[string]*entry{}, map[string]string{}, map[string]map[string]struct{}{}
 	for _, e := range loaded {
@@ -106,11 +115,11 @@ func (s *Store) Load(ctx context.Context) error {
 			continue
 		}
 		s.setLocked(e.rec, e.etag)
-		recs = append(recs, e.rec.Clone())
+		objs = append(objs, MirrorObject{Key: s.keys.Instance(s.shard, e.rec.ID), ETag: e.etag, Body: e.body})
 	}
 	s.mu.Unlock()
 	if s.mirror != nil {
-		if err := s.mirror.Reset(ctx, recs); err != nil {
+		if err := s.mirror.Reset(ctx, objs); err != nil {
 			return fmt.Errorf("resetting cache: %w", err)
 		}
 	}
@@ -181,7 +190,7 @@ func (s *Store) Create(ctx context.Context, rec *Record) error {
 	}
 	s.set(rec.Clone(), etag)
 	if s.mirror != nil {
-		if err := s.mirror.Upsert(ctx, rec); err != nil {
+		if err := s.mirror.Put(ctx, MirrorObject{Key: s.keys.Instance(s.shard, rec.ID), ETag: etag, Body: body}); err != nil {
 			return fmt.Errorf("caching record %s: %w", rec.ID, err)
 		}
 	}
@@ -269,7 +278,7 @@ func (s *Store) Update(ctx context.Context, id string, fn func(*Record) error) (
 		}
 		s.set(rec.Clone(), newTag)
 		if s.mirror != nil {
-			if err := s.mirror.Upsert(ctx, rec); err != nil {
+			if err := s.mirror.Put(ctx, MirrorObject{Key: s.keys.Instance(s.shard, id), ETag: newTag, Body: body}); err != nil {
 				return nil, fmt.Errorf("caching record %s: %w", id, err)
 			}
 		}
@@ -322,7 +331,7 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	}
 	s.drop(id)
 	if s.mirror != nil {
-		if err := s.mirror.Delete(ctx, id); err != nil {
+		if err := s.mirror.Delete(ctx, s.keys.Instance(s.shard, id)); err != nil {
 			return fmt.Errorf("uncaching record %s: %w", id, err)
 		}
 	}

@@ -1,0 +1,115 @@
+package fleetapp
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nstance-dev/nstance/internal/server/app"
+	"github.com/nstance-dev/nstance/internal/server/cache"
+	"github.com/nstance-dev/nstance/internal/server/fleet"
+	"github.com/nstance-dev/nstance/internal/server/instances"
+	"github.com/nstance-dev/nstance/internal/server/liveconfig"
+	"github.com/nstance-dev/nstance/internal/server/operatorapi"
+	"github.com/nstance-dev/nstance/internal/server/reconcile"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+// Built is what Factory produced, kept for the app's leadership hook.
+type Built struct {
+	Fleet  *fleet.Fleet
+	Config *liveconfig.Holder
+}
+
+// Lead runs the reconciler until ctx (the leadership term) ends.
+func (b *Built) Lead(ctx context.Context) error { return b.Fleet.Run(ctx) }
+
+// Options tune the factory.
+type Options struct {
+	Local fleet.LocalOptions
+	// OnBuilt receives the assembled fleet (the app calls Lead per term).
+	OnBuilt func(*Built)
+	// ResyncInterval of the reconciler (default 30s).
+	ResyncInterval time.Duration
+}
+
+// Factory returns a ServiceFactory serving the full Operator API.
+func Factory(o Options) app.ServiceFactory {
+	return func(rt *app.Runtime) (app.Services, error) {
+		cfg := rt.Config
+		var mod time.Time
+		if rt.App != nil {
+			_, mod = rt.App.ConfigVersion()
+		}
+		holder := liveconfig.New(rt.Store, rt.Keys.Config(cfg.Shard.ID), cfg, rt.ConfigETag, mod)
+		prov, err := fleet.NewProvider(cfg.Shard.Infra, o.Local)
+		if err != nil {
+			return app.Services{}, err
+		}
+		core := &operatorapi.Core{Shard: cfg.Shard.ID, Config: holder, Issuer: rt.Issuer}
+		opts := fleet.Options{
+			Store: rt.Store, Keys: rt.Keys, Config: holder, Provider: prov,
+			Nonces: reconcile.KeyMinter{Key: rt.NonceKey, ClusterID: cfg.Cluster.ID, Shard: cfg.Shard.ID, TTL: cfg.Certificates.AgentNonceTTL.D()},
+			CACert: func(context.Context) ([]byte, error) {
+				if rt.CA == nil {
+					return nil, fmt.Errorf("cluster CA not loaded")
+				}
+				return rt.CA.CertPEM, nil
+			},
+			RegistrationAddr: cfg.Shard.Advertise.RegistrationAddr, AgentAddr: cfg.Shard.Advertise.AgentAddr,
+			Renewer: core, Log: rt.Log, ResyncInterval: o.ResyncInterval,
+		}
+		if rt.Cache != nil {
+			opts.Mirror = CacheMirror{Cache: rt.Cache, Prefix: rt.Keys.InstancePrefix(cfg.Shard.ID)}
+		}
+		f, err := fleet.New(opts)
+		if err != nil {
+			return app.Services{}, err
+		}
+		if o.OnBuilt != nil {
+			o.OnBuilt(&Built{Fleet: f, Config: holder})
+		}
+		return app.Services{Operator: f.Service, Agent: &nstancev1.UnimplementedAgentServiceServer{}}, nil
+	}
+}
+
+// CacheMirror keeps the app cache's "instance" kind in step with the store.
+type CacheMirror struct {
+	Cache  *cache.Cache
+	Prefix string
+}
+
+var _ instances.Mirror = CacheMirror{}
+
+// Reset implements instances.Mirror.
+func (m CacheMirror) Reset(ctx context.Context, objs []instances.MirrorObject) error {
+	have, err := m.Cache.List(ctx, app.KindInstance)
+	if err != nil {
+		return err
+	}
+	keep := map[string]bool{}
+	for _, o := range objs {
+		keep[o.Key] = true
+		if err := m.Put(ctx, o); err != nil {
+			return err
+		}
+	}
+	for _, e := range have {
+		if !keep[e.Key] {
+			if err := m.Cache.Delete(ctx, app.KindInstance, e.Key); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Put implements instances.Mirror.
+func (m CacheMirror) Put(ctx context.Context, o instances.MirrorObject) error {
+	return m.Cache.Put(ctx, cache.Entry{Kind: app.KindInstance, Key: o.Key, ETag: o.ETag, LastModified: time.Now(), Body: o.Body})
+}
+
+// Delete implements instances.Mirror.
+func (m CacheMirror) Delete(ctx context.Context, key string) error {
+	return m.Cache.Delete(ctx, app.KindInstance, key)
+}
