@@ -1,0 +1,584 @@
+package app
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+
+	"github.com/nstance-dev/nstance/internal/nonce"
+	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/secrets"
+	"github.com/nstance-dev/nstance/internal/server/bootstrap"
+	"github.com/nstance-dev/nstance/internal/server/cache"
+	"github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/internal/server/election"
+	"github.com/nstance-dev/nstance/internal/server/grpcserve"
+	"github.com/nstance-dev/nstance/internal/server/health"
+	"github.com/nstance-dev/nstance/internal/server/layout"
+	"github.com/nstance-dev/nstance/internal/server/operatorapi"
+	"github.com/nstance-dev/nstance/internal/server/registration"
+	"github.com/nstance-dev/nstance/internal/server/storage"
+	"github.com/nstance-dev/nstance/pkg/objstore"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+// DefaultHealthPort is the health port before any offset.
+const DefaultHealthPort = 8990
+
+// Cache kinds mirrored from storage.
+const (
+	KindInstance = "instance"
+	KindNonce    = "nonce"
+	KindGroups   = "groups"
+)
+
+// BindOverrides replace or shift the bind addresses from the config.
+type BindOverrides struct {
+	// PortOffset is added to every configured port (the dev stack uses 10*(N-1)).
+	PortOffset int
+	// Explicit addresses win over config and offset.
+	Health, Election, Registration, Operator, Agent string
+}
+
+// Options configures an App.
+type Options struct {
+	ServerID string
+	Shard    string
+	Store    objstore.Store
+	Keys     layout.Keys
+	// CacheDir holds db/{shard}.sqlite; empty keeps the cache in memory.
+	CacheDir string
+	// AdvertiseHosts are added to the server certificate SANs.
+	AdvertiseHosts []string
+	Bind           BindOverrides
+	// Getenv reads the encryption key variables; os.Getenv when nil.
+	Getenv func(string) string
+	Log    logr.Logger
+	// Registry receives the server metrics; a fresh one when nil.
+	Registry *prometheus.Registry
+	// Services builds the Operator and Agent services once the cluster
+	// material is loaded; operatorapi.Core and an unimplemented Agent service
+	// when nil.
+	Services ServiceFactory
+	// StorageBackoff overrides the retry backoff for storage calls.
+	StorageBackoff storage.Backoff
+}
+
+// Runtime is what service factories get to build their services.
+type Runtime struct {
+	Config     *config.Config
+	ConfigETag string
+	Store      objstore.Store
+	Keys       layout.Keys
+	Cache      *cache.Cache
+	CA         *pki.CA
+	NonceKey   ed25519.PrivateKey
+	Issuer     *registration.Issuer
+	App        *App
+	Log        logr.Logger
+}
+
+// Services are the shard-leader gRPC services beyond Registration.
+type Services struct {
+	Operator nstancev1.OperatorServiceServer
+	Agent    nstancev1.AgentServiceServer
+	// OnAgentRegistered is told about every registered agent.
+	OnAgentRegistered registration.AgentRegistered
+}
+
+// ServiceFactory builds Services.
+type ServiceFactory func(rt *Runtime) (Services, error)
+
+// Addrs are the bound listen addresses (empty until bound).
+type Addrs struct {
+	Health, Election, Registration, Operator, Agent string
+}
+
+// App is one nstance-server.
+type App struct {
+	o       Options
+	reg     *prometheus.Registry
+	ready   health.Readiness
+	metrics *metrics
+
+	mu         sync.Mutex
+	addrs      Addrs
+	cfg        *config.Config
+	cfgETag    string
+	cfgMod     time.Time
+	clusterEl  *election.Elector
+	shardEl    *election.Elector
+	cacheDB    *cache.Cache
+	grpcActive bool
+}
+
+// New checks options and returns an App.
+func New(o Options) (*App, error) {
+	if o.ServerID == "" {
+		return nil, errors.New("server id is required")
+	}
+	if err := layout.ValidateID("server id", o.ServerID); err != nil {
+		return nil, err
+	}
+	if err := layout.ValidateID("shard", o.Shard); err != nil {
+		return nil, err
+	}
+	if o.Store == nil {
+		return nil, errors.New("object store is required")
+	}
+	if o.Getenv == nil {
+		o.Getenv = os.Getenv
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	if o.StorageBackoff.Initial <= 0 {
+		o.StorageBackoff = storage.DefaultBackoff
+	}
+	a := &App{o: o, reg: o.Registry}
+	a.metrics = newMetrics(a)
+	return a, nil
+}
+
+// Addrs returns the addresses bound so far.
+func (a *App) Addrs() Addrs {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.addrs
+}
+
+// Ready reports whether /health answers 200.
+func (a *App) Ready() bool { return a.ready.Ready() }
+
+// ServingGRPC reports whether the gRPC listeners are up (shard leader).
+func (a *App) ServingGRPC() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.grpcActive
+}
+
+// ConfigVersion reports the etag and modification time of the loaded config.
+func (a *App) ConfigVersion() (string, time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.cfgETag, a.cfgMod
+}
+
+// Cache returns the open cache (nil before Run opened it).
+func (a *App) Cache() *cache.Cache {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.cacheDB
+}
+
+func (a *App) setAddr(f func(*Addrs)) {
+	a.mu.Lock()
+	f(&a.addrs)
+	a.mu.Unlock()
+}
+
+func (a *App) log() logr.Logger { return a.o.Log }
+
+func defaultHealthAddr(offset int) string {
+	return net.JoinHostPort("0.0.0.0", strconv.Itoa(DefaultHealthPort+offset))
+}
+
+// Run runs the server until ctx ends, then shuts down gracefully.
+func (a *App) Run(ctx context.Context) error {
+	log := a.log()
+	var bg sync.WaitGroup
+	defer bg.Wait()
+
+	healthAddr := a.o.Bind.Health
+	if healthAddr == "" {
+		healthAddr = defaultHealthAddr(a.o.Bind.PortOffset)
+	}
+	healthLn, err := net.Listen("tcp", healthAddr)
+	if err != nil {
+		return fmt.Errorf("binding health port %s: %w", healthAddr, err)
+	}
+	a.setAddr(func(ad *Addrs) { ad.Health = healthLn.Addr().String() })
+	stopHealth := serveHTTP(&bg, log, "health", healthLn, health.Handler(&a.ready, a.reg), nil)
+	defer stopHealth()
+	log.Info("health port listening", "addr", healthLn.Addr().String())
+
+	cfg, err := a.loadConfig(ctx)
+	if err != nil {
+		return err
+	}
+	if cfg.Shard.Bind.HealthAddr != "" && a.o.Bind.Health == "" && cfg.Shard.Bind.HealthAddr != healthAddr {
+		log.Info("health port is taken from flags, not from shard.bind.health_addr", "bound", healthAddr, "config", cfg.Shard.Bind.HealthAddr)
+	}
+
+	ring, err := secrets.LoadKeyring(keySource(cfg.Cluster.Secrets.EncryptionKey), keySources(cfg.Cluster.Secrets.PreviousKeys), a.o.Getenv)
+	if err != nil {
+		return fmt.Errorf("loading the encryption key: %w", err)
+	}
+
+	cachePath := ""
+	if a.o.CacheDir != "" {
+		cachePath = filepath.Join(a.o.CacheDir, "db", a.o.Shard+".sqlite")
+	}
+	db, err := cache.Open(ctx, cachePath)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	a.mu.Lock()
+	a.cacheDB = db
+	a.mu.Unlock()
+	if err := a.syncCache(ctx, db); err != nil {
+		return err
+	}
+	a.ready.SetCacheSynced(true)
+	log.Info("ready", "shard", a.o.Shard)
+
+	le := cfg.Cluster.LeaderElection
+	newElector := func(key string, onLeading func(context.Context, int64)) (*election.Elector, error) {
+		return election.New(election.Config{
+			Store: a.o.Store, Key: key, ID: a.o.ServerID, LeaseDuration: le.LeaseDuration.D(),
+			RenewInterval: le.RenewInterval.D(), RetryInterval: le.RetryInterval.D(), Log: log.WithName("election"), OnLeading: onLeading,
+		})
+	}
+	clusterEl, err := newElector(a.o.Keys.ClusterLeader(), nil)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.clusterEl = clusterEl
+	a.mu.Unlock()
+	electCtx, stopElections := context.WithCancel(context.WithoutCancel(ctx))
+	var electWG sync.WaitGroup
+	defer electWG.Wait()
+	defer stopElections()
+	electWG.Add(1)
+	go func() { defer electWG.Done(); _ = clusterEl.Run(electCtx) }()
+
+	cl, err := bootstrap.Ensure(ctx, bootstrap.Options{
+		ClusterID: cfg.Cluster.ID, Objects: a.o.Store, Secrets: &secrets.Store{Objects: a.o.Store, Ring: ring}, Keys: a.o.Keys,
+		CAValidity: cfg.Certificates.CAValidity.D(), IsLeader: clusterEl.Leading, RetryInterval: le.RetryInterval.D(), Log: log.WithName("bootstrap"),
+	})
+	if err != nil {
+		return err
+	}
+	serverCert, err := cl.CA.ServerKeyPair("nstance-server "+a.o.ServerID, a.certHosts(cfg), cfg.Certificates.ServerValidity.D(), time.Now())
+	if err != nil {
+		return fmt.Errorf("issuing the server certificate: %w", err)
+	}
+
+	bind := cfg.Shard.Bind
+	if err := bind.ApplyPortOffset(a.o.Bind.PortOffset); err != nil {
+		return err
+	}
+	override(&bind.ElectionAddr, a.o.Bind.Election)
+	override(&bind.RegistrationAddr, a.o.Bind.Registration)
+	override(&bind.OperatorAddr, a.o.Bind.Operator)
+	override(&bind.AgentAddr, a.o.Bind.Agent)
+
+	electLn, err := net.Listen("tcp", bind.ElectionAddr)
+	if err != nil {
+		return fmt.Errorf("binding election port %s: %w", bind.ElectionAddr, err)
+	}
+	a.setAddr(func(ad *Addrs) { ad.Election = electLn.Addr().String() })
+	stopElect := serveHTTP(&bg, log, "election", electLn, health.ElectionHandler(a.electionState), pki.ServerTLS(serverCert, nil, false))
+	defer stopElect()
+
+	issuer := &registration.Issuer{
+		CA: cl.CA, ClusterID: cfg.Cluster.ID,
+		AgentValidity: cfg.Certificates.AgentValidity.D(), OperatorValidity: cfg.Certificates.OperatorValidity.D(),
+	}
+	rt := &Runtime{Config: cfg, ConfigETag: a.cfgETag, Store: a.o.Store, Keys: a.o.Keys, Cache: db, CA: cl.CA, NonceKey: cl.NonceKey, Issuer: issuer, App: a, Log: log}
+	factory := a.o.Services
+	if factory == nil {
+		factory = DefaultServices
+	}
+	svcs, err := factory(rt)
+	if err != nil {
+		return fmt.Errorf("building services: %w", err)
+	}
+	reg := &registration.Service{
+		Issuer:   issuer,
+		Verifier: &nonce.Verifier{Key: cl.NonceKey.Public().(ed25519.PublicKey), ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, Leeway: 5 * time.Second},
+		Ledger:   &nonce.Ledger{Store: a.o.Store, Keys: a.o.Keys},
+		Objects:  a.o.Store, Keys: a.o.Keys, ServerID: a.o.ServerID,
+		OnAgentRegistered: svcs.OnAgentRegistered, Log: log.WithName("registration"),
+	}
+	gcfg := grpcserve.Config{
+		ClusterID: cfg.Cluster.ID, ServerCert: serverCert, ClientCAs: cl.CA.Pool(),
+		Registration: reg, Operator: svcs.Operator, Agent: svcs.Agent,
+		ServerOptions: []grpc.ServerOption{grpc.ChainUnaryInterceptor(a.metrics.unary), grpc.ChainStreamInterceptor(a.metrics.stream)},
+	}
+
+	shardEl, err := newElector(a.o.Keys.ShardLeader(a.o.Shard), func(lctx context.Context, term int64) {
+		a.leadShard(lctx, ctx, term, db, gcfg, &bind, cfg.Shard.Timeouts.Shutdown.D())
+	})
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.shardEl = shardEl
+	a.mu.Unlock()
+	electWG.Add(1)
+	go func() { defer electWG.Done(); _ = shardEl.Run(electCtx) }()
+
+	<-ctx.Done()
+	log.Info("shutting down")
+	stopElections()
+	electWG.Wait()
+	return nil
+}
+
+func override(dst *string, v string) {
+	if v != "" {
+		*dst = v
+	}
+}
+
+func keySource(k config.KeySource) secrets.Source {
+	return secrets.Source{Provider: k.Provider, Env: k.Env, File: k.File}
+}
+
+func keySources(ks []config.KeySource) []secrets.Source {
+	var out []secrets.Source
+	for _, k := range ks {
+		out = append(out, keySource(k))
+	}
+	return out
+}
+
+// DefaultServices serves the core Operator RPCs and an Agent service whose
+// RPCs answer Unimplemented.
+func DefaultServices(rt *Runtime) (Services, error) {
+	return Services{
+		Operator: &operatorapi.Core{Shard: rt.Config.Shard.ID, Config: rt.App, Issuer: rt.Issuer},
+		Agent:    &nstancev1.UnimplementedAgentServiceServer{},
+	}, nil
+}
+
+func (a *App) certHosts(cfg *config.Config) []string {
+	hosts := []string{"127.0.0.1", "::1", "localhost"}
+	hosts = append(hosts, a.o.AdvertiseHosts...)
+	hosts = append(hosts, cfg.Shard.Advertise.Hosts...)
+	if h, err := os.Hostname(); err == nil {
+		hosts = append(hosts, h)
+	}
+	return hosts
+}
+
+// loadConfig reads and validates config/{shard}.jsonc, retrying with backoff
+// on storage errors and on invalid documents (an operator may fix them).
+func (a *App) loadConfig(ctx context.Context) (*config.Config, error) {
+	var cfg *config.Config
+	key := a.o.Keys.Config(a.o.Shard)
+	err := storage.Retry(ctx, a.log(), "loading "+key, a.o.StorageBackoff, func(ctx context.Context) error {
+		obj, err := a.o.Store.Get(ctx, key)
+		if err != nil {
+			return fmt.Errorf("reading %s: %w", key, err)
+		}
+		c, err := config.Parse(obj.Body)
+		if err != nil {
+			return fmt.Errorf("%s is invalid: %w", key, err)
+		}
+		if c.Shard.ID != a.o.Shard {
+			return fmt.Errorf("%s: shard.id: is %q, but this server runs shard %q", key, c.Shard.ID, a.o.Shard)
+		}
+		cfg = c
+		a.mu.Lock()
+		a.cfg, a.cfgETag, a.cfgMod = c, obj.ETag, obj.LastModified
+		a.mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.ready.SetConfigLoaded(true)
+	a.log().Info("config loaded", "key", key)
+	return cfg, nil
+}
+
+func (a *App) cacheSources() []cache.Source {
+	return []cache.Source{
+		{Kind: KindInstance, Prefix: a.o.Keys.InstancePrefix(a.o.Shard)},
+		{Kind: KindNonce, Prefix: a.o.Keys.ShardNonce(a.o.Shard, "") /* ends in "/" */, SkipBodies: true},
+		{Kind: KindGroups, Key: a.o.Keys.Groups(a.o.Shard)},
+	}
+}
+
+func (a *App) syncCache(ctx context.Context, db *cache.Cache) error {
+	return storage.Retry(ctx, a.log(), "syncing the cache", a.o.StorageBackoff, func(ctx context.Context) error {
+		return db.Rebuild(ctx, a.o.Store, a.cacheSources(), time.Now())
+	})
+}
+
+// leadShard runs while this server holds the shard lease.
+func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cache, gcfg grpcserve.Config, bind *config.Bind, shutdown time.Duration) {
+	log := a.log().WithValues("term", term)
+	if err := a.syncCache(lctx, db); err != nil {
+		log.Error(err, "rebuilding the cache on leadership; stepping down")
+		return
+	}
+	ls, err := a.listenGRPC(bind)
+	if err != nil {
+		log.Error(err, "binding gRPC listeners; stepping down")
+		return
+	}
+	srv, err := grpcserve.Start(gcfg, ls)
+	if err != nil {
+		log.Error(err, "starting gRPC servers; stepping down")
+		return
+	}
+	a.mu.Lock()
+	a.grpcActive = true
+	a.mu.Unlock()
+	ad := a.Addrs()
+	log.Info("serving gRPC as shard leader", "registration", ad.Registration, "operator", ad.Operator, "agent", ad.Agent)
+	<-lctx.Done()
+	a.mu.Lock()
+	a.grpcActive = false
+	a.mu.Unlock()
+	if appCtx.Err() != nil {
+		srv.GracefulStop(shutdown)
+	} else {
+		// Leadership lost: another server may already serve; stop at once.
+		srv.Stop()
+	}
+	log.Info("stopped serving gRPC")
+}
+
+// listenGRPC binds the three gRPC listeners. A port chosen by the kernel
+// (":0") is remembered so later terms bind the same address again.
+func (a *App) listenGRPC(bind *config.Bind) (grpcserve.Listeners, error) {
+	prev := a.Addrs()
+	var ls grpcserve.Listeners
+	var opened []net.Listener
+	fail := func(err error) (grpcserve.Listeners, error) {
+		for _, l := range opened {
+			_ = l.Close()
+		}
+		return grpcserve.Listeners{}, err
+	}
+	for _, it := range []struct {
+		name string
+		addr string
+		prev string
+		dst  *net.Listener
+		set  func(*Addrs, string)
+	}{
+		{"registration", bind.RegistrationAddr, prev.Registration, &ls.Registration, func(ad *Addrs, s string) { ad.Registration = s }},
+		{"operator", bind.OperatorAddr, prev.Operator, &ls.Operator, func(ad *Addrs, s string) { ad.Operator = s }},
+		{"agent", bind.AgentAddr, prev.Agent, &ls.Agent, func(ad *Addrs, s string) { ad.Agent = s }},
+	} {
+		addr := it.addr
+		if it.prev != "" {
+			addr = it.prev
+		}
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fail(fmt.Errorf("binding %s port %s: %w", it.name, addr, err))
+		}
+		opened = append(opened, l)
+		*it.dst = l
+		a.setAddr(func(ad *Addrs) { it.set(ad, l.Addr().String()) })
+	}
+	return ls, nil
+}
+
+func (a *App) electionState() health.ElectionState {
+	a.mu.Lock()
+	ce, se, cfg := a.clusterEl, a.shardEl, a.cfg
+	a.mu.Unlock()
+	s := health.ElectionState{ServerID: a.o.ServerID, Shard: a.o.Shard}
+	if cfg != nil {
+		s.ClusterID = cfg.Cluster.ID
+	}
+	if ce != nil {
+		st := ce.Status()
+		s.ClusterLeader, s.ClusterLeaderHolder = st.Leading, st.Holder
+	}
+	if se != nil {
+		st := se.Status()
+		s.ShardLeader, s.ShardLeaderHolder, s.ShardTerm = st.Leading, st.Holder, st.Term
+	}
+	return s
+}
+
+// serveHTTP serves h on ln (over TLS when tlsCfg is set) and returns a
+// function that shuts the server down.
+func serveHTTP(wg *sync.WaitGroup, log logr.Logger, name string, ln net.Listener, h http.Handler, tlsCfg *tls.Config) func() {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	if tlsCfg != nil {
+		tlsCfg = tlsCfg.Clone()
+		tlsCfg.NextProtos = []string{"h2", "http/1.1"}
+		ln = tls.NewListener(ln, tlsCfg)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error(err, "http server stopped", "server", name)
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(ctx)
+		})
+	}
+}
+
+type metrics struct {
+	rpcs *prometheus.CounterVec
+}
+
+func newMetrics(a *App) *metrics {
+	m := &metrics{rpcs: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nstance_server_grpc_requests_total", Help: "gRPC requests handled, by full method and status code.",
+	}, []string{"method", "code"})}
+	a.reg.MustRegister(m.rpcs,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nstance_server_ready", Help: "1 when the config is loaded and the cache synced."},
+			func() float64 { return b2f(a.Ready()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nstance_server_shard_leader", Help: "1 while this server leads its shard."},
+			func() float64 { return b2f(a.electionState().ShardLeader) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nstance_server_cluster_leader", Help: "1 while this server leads the cluster."},
+			func() float64 { return b2f(a.electionState().ClusterLeader) }),
+	)
+	return m
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (m *metrics) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	resp, err := h(ctx, req)
+	m.rpcs.WithLabelValues(info.FullMethod, status.Code(err).String()).Inc()
+	return resp, err
+}
+
+func (m *metrics) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	err := h(srv, ss)
+	m.rpcs.WithLabelValues(info.FullMethod, status.Code(err).String()).Inc()
+	return err
+}

@@ -1,0 +1,174 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"encoding/base64"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nstance-dev/nstance/internal/nonce"
+	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/pkg/objstore"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+func TestHealthBeforeAndAfterConfig(t *testing.T) {
+	store := s3Store(t)
+	r := startApp(t, store, "srv-a", "s1")
+	require.Eventually(t, func() bool { return r.app.Addrs().Health != "" }, 5*time.Second, 10*time.Millisecond)
+	addr := r.app.Addrs().Health
+	// No config in storage: the server keeps retrying and reports 503.
+	for i := 0; i < 5; i++ {
+		require.Equal(t, http.StatusServiceUnavailable, healthCode(t, addr))
+		time.Sleep(50 * time.Millisecond)
+	}
+	putConfig(t, store, "c1", "s1")
+	require.Eventually(t, func() bool { return healthCode(t, addr) == http.StatusOK }, 10*time.Second, 20*time.Millisecond)
+
+	resp, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	require.Contains(t, string(body), "nstance_server_ready 1")
+
+	// The election port answers over HTTPS with a CA-signed certificate.
+	waitServing(t, 10*time.Second, r)
+	ca, _ := clusterMaterial(t, store)
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientTLS(ca.Pool(), nil, "127.0.0.1")}}
+	t.Cleanup(client.CloseIdleConnections)
+	eresp, err := client.Get("https://" + r.app.Addrs().Election + "/health")
+	require.NoError(t, err)
+	ebody, err := io.ReadAll(eresp.Body)
+	require.NoError(t, err)
+	require.NoError(t, eresp.Body.Close())
+	require.Equal(t, http.StatusOK, eresp.StatusCode)
+	require.Contains(t, string(ebody), `"shard_leader":true`)
+	require.Contains(t, string(ebody), `"cluster_leader":true`)
+}
+
+func TestInvalidConfigKeepsServerUnready(t *testing.T) {
+	store := s3Store(t)
+	_, err := store.Put(context.Background(), "config/s1.jsonc", []byte(`{"cluster": {"id": "c1", "bogus": true}}`), objPut())
+	require.NoError(t, err)
+	r := startApp(t, store, "srv-a", "s1")
+	require.Eventually(t, func() bool { return r.app.Addrs().Health != "" }, 5*time.Second, 10*time.Millisecond)
+	time.Sleep(300 * time.Millisecond)
+	require.Equal(t, http.StatusServiceUnavailable, healthCode(t, r.app.Addrs().Health))
+	// Fixing the config lets it start.
+	putConfig(t, store, "c1", "s1")
+	require.Eventually(t, func() bool { return healthCode(t, r.app.Addrs().Health) == http.StatusOK }, 10*time.Second, 20*time.Millisecond)
+}
+
+func TestNoPlaintextSecretsAfterBootstrap(t *testing.T) {
+	store := s3Store(t)
+	putConfig(t, store, "c1", "s1")
+	r := startApp(t, store, "srv-a", "s1")
+	waitServing(t, 10*time.Second, r)
+	ctx := context.Background()
+	objs, err := store.List(ctx, "")
+	require.NoError(t, err)
+	var keys []string
+	for _, o := range objs {
+		keys = append(keys, o.Key)
+		obj, err := store.Get(ctx, o.Key)
+		require.NoError(t, err)
+		for _, needle := range []string{"PRIVATE KEY", testKey, base64.StdEncoding.EncodeToString([]byte(testKey))} {
+			require.False(t, bytes.Contains(obj.Body, []byte(needle)), "%s contains %q", o.Key, needle)
+		}
+	}
+	require.Subset(t, keys, []string{"cluster/ca.crt", "cluster/secret/ca.key", "cluster/secret/nonce-signing.key", "cluster/leader.json", "shard/s1/leader.json"})
+	caObj, err := store.Get(ctx, "cluster/ca.crt")
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(string(caObj.Body), "-----BEGIN CERTIFICATE-----"))
+}
+
+func TestNonceAttacks(t *testing.T) {
+	store := s3Store(t)
+	putConfig(t, store, "c1", "s1")
+	putConfig(t, store, "c1", "s2")
+	a := startApp(t, store, "srv-a", "s1")
+	b := startApp(t, store, "srv-b", "s2")
+	waitServing(t, 15*time.Second, a)
+	waitServing(t, 15*time.Second, b)
+	ca, nonceKey := clusterMaterial(t, store)
+	foreignKey, _ := newKeyPEM(t)
+	regA := registrationClient(t, ca, a.app.Addrs().Registration)
+	regB := registrationClient(t, ca, b.app.Addrs().Registration)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	now := time.Now()
+	op := nonce.Claims{Kind: nonce.KindOperator, ClusterID: "c1", Tenant: "default", RegisteredClaims: jwt.RegisteredClaims{Subject: "op-1"}}
+	mint := func(c nonce.Claims, key []byte, ttl time.Duration, at time.Time) string {
+		tok, err := nonce.Mint(key, c, ttl, at)
+		require.NoError(t, err)
+		return tok
+	}
+	raw := func(m jwt.SigningMethod, key any) string {
+		c := op
+		c.ID, c.IssuedAt, c.NotBefore, c.ExpiresAt = "raw-jti", jwt.NewNumericDate(now), jwt.NewNumericDate(now), jwt.NewNumericDate(now.Add(time.Hour))
+		tok, err := jwt.NewWithClaims(m, c).SignedString(key)
+		require.NoError(t, err)
+		return tok
+	}
+	register := func(client nstancev1.RegistrationServiceClient, tok string) error {
+		_, pubPEM := newKeyPEM(t)
+		_, err := client.RegisterOperator(ctx, &nstancev1.RegisterOperatorRequest{Nonce: tok, PublicKeyPem: pubPEM})
+		return err
+	}
+	wrongCluster := op
+	wrongCluster.ClusterID = "c2"
+	later := op
+	later.NotBefore = jwt.NewNumericDate(now.Add(time.Hour))
+	agentNonce := nonce.Claims{Kind: nonce.KindAgent, ClusterID: "c1", Tenant: "default", Shard: "s1", RegisteredClaims: jwt.RegisteredClaims{Subject: "i-1"}}
+
+	// A nonce used once, for the replay cases.
+	used := mint(op, nonceKey, time.Hour, now)
+	require.NoError(t, register(regA, used))
+
+	cases := []struct {
+		name   string
+		client nstancev1.RegistrationServiceClient
+		token  string
+		prep   func()
+		code   string
+		reason string
+	}{
+		{"expired", regA, mint(op, nonceKey, time.Minute, now.Add(-time.Hour)), nil, "Unauthenticated", "expired"},
+		{"not yet valid", regA, mint(later, nonceKey, 2*time.Hour, now), nil, "Unauthenticated", "not valid yet"},
+		{"wrong cluster", regA, mint(wrongCluster, nonceKey, time.Hour, now), nil, "Unauthenticated", "another cluster"},
+		{"wrong kind", regA, mint(agentNonce, nonceKey, time.Hour, now), nil, "Unauthenticated", "another kind"},
+		{"alg none", regA, raw(jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType), nil, "Unauthenticated", "not signed with EdDSA"},
+		{"HS256 keyed with the public key", regA, raw(jwt.SigningMethodHS256, []byte(nonceKey.Public().(ed25519.PublicKey))), nil, "Unauthenticated", "not signed with EdDSA"},
+		{"foreign Ed25519 key", regA, mint(op, foreignKey, time.Hour, now), nil, "Unauthenticated", "does not verify"},
+		{"replay", regA, used, nil, "AlreadyExists", "already been used"},
+		{"replay on a second server after the first server's cache is wiped", regB, used, func() {
+			require.NoError(t, a.app.Cache().Wipe(ctx))
+		}, "AlreadyExists", "already been used"},
+	}
+	require.Len(t, cases, 9)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.prep != nil {
+				tc.prep()
+			}
+			err := register(tc.client, tc.token)
+			require.Error(t, err)
+			require.Contains(t, err.Error(), "code = "+tc.code)
+			require.Contains(t, err.Error(), tc.reason)
+		})
+	}
+	// The refused nonces did not disturb valid ones.
+	require.NoError(t, register(regB, mint(op, nonceKey, time.Hour, now)))
+}
+
+func objPut() objstore.PutOptions { return objstore.PutOptions{} }
