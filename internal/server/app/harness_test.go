@@ -61,11 +61,16 @@ type running struct {
 	cancel context.CancelFunc
 	done   chan error
 	once   sync.Once
+	err    error
 }
 
+// stop cancels the app and waits for Run to return (idempotent).
 func (r *running) stop() error {
-	r.once.Do(r.cancel)
-	return <-r.done
+	r.once.Do(func() {
+		r.cancel()
+		r.err = <-r.done
+	})
+	return r.err
 }
 
 func startApp(t *testing.T, store objstore.Store, id, shard string) *running {
@@ -81,7 +86,7 @@ func startApp(t *testing.T, store objstore.Store, id, shard string) *running {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{app: a, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- a.Run(ctx) }()
-	t.Cleanup(func() { r.once.Do(r.cancel); <-r.done; r.done <- nil })
+	t.Cleanup(func() { _ = r.stop() })
 	return r
 }
 
