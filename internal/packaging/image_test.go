@@ -1,0 +1,235 @@
+package packaging_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"crypto/sha256"
+	"crypto/x509"
+	"debug/buildinfo"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+const imageVersion = "v9.9.9-test"
+
+// readTar returns every regular file of a tar stream by name.
+func readTar(t *testing.T, r io.Reader) (map[string][]byte, map[string]*tar.Header) {
+	t.Helper()
+	files, headers := map[string][]byte{}, map[string]*tar.Header{}
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+		headers[strings.TrimPrefix(h.Name, "./")] = h
+		if h.Typeflag == tar.TypeReg {
+			data, err := io.ReadAll(tr)
+			require.NoError(t, err)
+			files[strings.TrimPrefix(h.Name, "./")] = data
+		}
+	}
+	return files, headers
+}
+
+type descriptor struct {
+	MediaType   string            `json:"mediaType"`
+	Digest      string            `json:"digest"`
+	Size        int64             `json:"size"`
+	Annotations map[string]string `json:"annotations"`
+}
+
+// blob returns a blob of the archive after checking its digest and size.
+func blob(t *testing.T, files map[string][]byte, d descriptor) []byte {
+	t.Helper()
+	hexDigest, ok := strings.CutPrefix(d.Digest, "sha256:")
+	require.True(t, ok, "digest %s", d.Digest)
+	data, ok := files["blobs/sha256/"+hexDigest]
+	require.True(t, ok, "blob %s missing", d.Digest)
+	sum := sha256.Sum256(data)
+	require.Equal(t, hexDigest, hex.EncodeToString(sum[:]), "blob content does not match its digest")
+	require.EqualValues(t, d.Size, len(data))
+	return data
+}
+
+// TestOperatorImageArchive builds the operator image the way `make
+// image-operator` does, twice, and checks the archive from the outside with
+// the standard library only.
+func TestOperatorImageArchive(t *testing.T) {
+	require.True(t, operatorExists(), "cmd/nstance-operator has no main package")
+	const name = "nstance-operator"
+	var archives [2][]byte
+	for i := range archives {
+		dist := t.TempDir()
+		run(t, root, "make", "-s", "image-operator", "DIST="+dist, "VERSION="+imageVersion, "IMAGE_ARCH="+runtime.GOARCH)
+		path := filepath.Join(dist, "images", name+"-"+imageVersion+"-linux-"+runtime.GOARCH+".tar")
+		data, err := os.ReadFile(path)
+		require.NoError(t, err)
+		archives[i] = data
+	}
+	require.True(t, bytes.Equal(archives[0], archives[1]), "two builds of the same inputs differ")
+
+	files, _ := readTar(t, bytes.NewReader(archives[0]))
+	require.JSONEq(t, `{"imageLayoutVersion":"1.0.0"}`, string(files["oci-layout"]))
+
+	// OCI layout: index -> manifest -> config and layer.
+	var index struct {
+		Manifests []descriptor `json:"manifests"`
+	}
+	require.NoError(t, json.Unmarshal(files["index.json"], &index))
+	require.Len(t, index.Manifests, 1)
+	ref := "ghcr.io/nstance-dev/" + name + ":" + imageVersion
+	require.Equal(t, ref, index.Manifests[0].Annotations["io.containerd.image.name"])
+	require.Equal(t, "application/vnd.oci.image.manifest.v1+json", index.Manifests[0].MediaType)
+	var manifest struct {
+		Config descriptor   `json:"config"`
+		Layers []descriptor `json:"layers"`
+	}
+	require.NoError(t, json.Unmarshal(blob(t, files, index.Manifests[0]), &manifest))
+	require.Len(t, manifest.Layers, 1)
+
+	// Docker `load` manifest over the same blobs.
+	var docker []struct {
+		Config   string
+		RepoTags []string
+		Layers   []string
+	}
+	require.NoError(t, json.Unmarshal(files["manifest.json"], &docker))
+	require.Len(t, docker, 1)
+	path := func(d descriptor) string { return "blobs/sha256/" + strings.TrimPrefix(d.Digest, "sha256:") }
+	require.Equal(t, path(manifest.Config), docker[0].Config)
+	require.Equal(t, []string{path(manifest.Layers[0])}, docker[0].Layers)
+	require.Equal(t, []string{ref}, docker[0].RepoTags)
+
+	var cfg struct {
+		OS           string `json:"os"`
+		Architecture string `json:"architecture"`
+		Config       struct {
+			User       string            `json:"User"`
+			Entrypoint []string          `json:"Entrypoint"`
+			Cmd        []string          `json:"Cmd"`
+			Labels     map[string]string `json:"Labels"`
+		} `json:"config"`
+		RootFS struct {
+			DiffIDs []string `json:"diff_ids"`
+		} `json:"rootfs"`
+	}
+	require.NoError(t, json.Unmarshal(blob(t, files, manifest.Config), &cfg))
+	require.Equal(t, "linux", cfg.OS)
+	require.Equal(t, runtime.GOARCH, cfg.Architecture)
+	require.Equal(t, "65532:65532", cfg.Config.User)
+	require.Equal(t, []string{"/usr/local/bin/" + name}, cfg.Config.Entrypoint)
+	require.Empty(t, cfg.Config.Cmd)
+	require.Equal(t, imageVersion, cfg.Config.Labels["org.opencontainers.image.version"])
+	require.Equal(t, "https://github.com/nstance-dev/nstance", cfg.Config.Labels["org.opencontainers.image.source"])
+
+	// The layer: gzip of a tar whose digest is the config's diff_id.
+	gz, err := gzip.NewReader(bytes.NewReader(blob(t, files, manifest.Layers[0])))
+	require.NoError(t, err)
+	layerTar, err := io.ReadAll(gz)
+	require.NoError(t, err)
+	sum := sha256.Sum256(layerTar)
+	require.Equal(t, []string{"sha256:" + hex.EncodeToString(sum[:])}, cfg.RootFS.DiffIDs)
+	rootfs, headers := readTar(t, bytes.NewReader(layerTar))
+	require.Contains(t, string(rootfs["etc/passwd"]), "nonroot:x:65532:65532:")
+	require.Contains(t, string(rootfs["etc/group"]), "nonroot:x:65532:")
+	pool := x509.NewCertPool()
+	require.True(t, pool.AppendCertsFromPEM(rootfs["etc/ssl/certs/ca-certificates.crt"]), "no CA certificates in the image")
+	binPath := "usr/local/bin/" + name
+	require.EqualValues(t, 0o755, headers[binPath].Mode&0o777)
+	require.EqualValues(t, 0o1777, headers["tmp/"].Mode&0o7777, "/tmp must be world-writable and sticky")
+
+	// The binary: static, CGO-free, version stamped, and it runs.
+	bin := filepath.Join(t.TempDir(), name)
+	require.NoError(t, os.WriteFile(bin, rootfs[binPath], 0o755))
+	info, err := buildinfo.ReadFile(bin)
+	require.NoError(t, err)
+	settings := map[string]string{}
+	for _, s := range info.Settings {
+		settings[s.Key] = s.Value
+	}
+	require.Equal(t, "0", settings["CGO_ENABLED"])
+	require.Equal(t, "linux", settings["GOOS"])
+	// -trimpath keeps -ldflags out of the build info; the stamped string is
+	// in the data section, provided the program links internal/version at
+	// all (the linker drops -X for packages it does not link).
+	if linksVersion(t, name) {
+		require.True(t, bytes.Contains(rootfs[binPath], []byte(imageVersion)), "version %s not stamped", imageVersion)
+	} else {
+		t.Logf("%s does not import internal/version; only the image label carries the version", name)
+	}
+	out, err := exec.Command(bin, "--help").CombinedOutput()
+	require.NoError(t, err, "%s --help:\n%s", name, out)
+
+	// Every flag the chart passes is one the binary knows.
+	for _, r := range renderings() {
+		_, c := deployment(t, render(t, r))
+		for _, arg := range c.Args {
+			flag := regexp.MustCompile(`^--?([a-z0-9-]+)`).FindStringSubmatch(arg)
+			require.NotNil(t, flag, "argument %q", arg)
+			require.Regexp(t, `(?m)^\s+--?`+regexp.QuoteMeta(flag[1])+`\b`, string(out), "the chart passes %s, which the operator does not accept", arg)
+		}
+	}
+}
+
+// linksVersion reports whether ./cmd/<name> depends on internal/version.
+func linksVersion(t *testing.T, name string) bool {
+	t.Helper()
+	deps := run(t, root, "go", "list", "-deps", "./cmd/"+name)
+	return slices.Contains(strings.Fields(deps), "github.com/nstance-dev/nstance/internal/version")
+}
+
+func TestContainerfiles(t *testing.T) {
+	gomod, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	require.NoError(t, err)
+	goVersion := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindSubmatch(gomod)
+	require.NotNil(t, goVersion)
+	for _, name := range []string{"nstance-operator", "nstance-server", "nstance-agent", "nstance-admin"} {
+		t.Run(name, func(t *testing.T) {
+			data, err := os.ReadFile(filepath.Join(root, "build", name, "Containerfile"))
+			require.NoError(t, err)
+			text := strings.ReplaceAll(string(data), "\\\n", " ")
+			var stages [][]string
+			for _, line := range strings.Split(text, "\n") {
+				line = strings.TrimSpace(line)
+				if line == "" || strings.HasPrefix(line, "#") {
+					continue
+				}
+				if strings.HasPrefix(line, "FROM ") {
+					stages = append(stages, nil)
+				}
+				if len(stages) > 0 {
+					stages[len(stages)-1] = append(stages[len(stages)-1], line)
+				}
+			}
+			require.Len(t, stages, 2, "a build stage and a runtime stage")
+			build, final := strings.Join(stages[0], "\n"), stages[1]
+			require.Contains(t, text, "ARG GO_VERSION="+string(goVersion[1]))
+			require.Contains(t, build, "CGO_ENABLED=0")
+			require.Contains(t, build, "-X github.com/nstance-dev/nstance/internal/version.Version=${VERSION}")
+			require.Contains(t, build, "./cmd/"+name)
+			require.Equal(t, "FROM scratch", final[0])
+			require.Equal(t, "USER 65532:65532", final[len(final)-2])
+			require.Equal(t, `ENTRYPOINT ["/usr/local/bin/`+name+`"]`, final[len(final)-1])
+			// The Makefile target builds the same way.
+			short := strings.TrimPrefix(name, "nstance-")
+			plan := run(t, root, "make", "-n", "image-"+short, "VERSION="+imageVersion)
+			require.Contains(t, plan, "CGO_ENABLED=0")
+			require.Contains(t, plan, "./cmd/"+name)
+			require.Contains(t, plan, "internal/version.Version="+imageVersion)
+		})
+	}
+}
