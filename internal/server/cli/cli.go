@@ -1,0 +1,149 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/zapr"
+	ucli "github.com/urfave/cli/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/nstance-dev/nstance/internal/server/app"
+	"github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/internal/server/storage"
+	"github.com/nstance-dev/nstance/internal/version"
+)
+
+// NewLogger builds the zap-backed logger; debug enables V(1) messages.
+func NewLogger(debug bool, w zapcore.WriteSyncer) (logr.Logger, func()) {
+	level := zapcore.InfoLevel
+	if debug {
+		level = zapcore.DebugLevel
+	}
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	core := zapcore.NewCore(zapcore.NewConsoleEncoder(enc), w, level)
+	z := zap.New(core)
+	return zapr.NewLogger(z), func() { _ = z.Sync() }
+}
+
+// App returns the nstance-server command.
+func App() *ucli.App {
+	return &ucli.App{
+		Name:    "nstance-server",
+		Usage:   "per-shard Nstance control plane",
+		Version: version.Version,
+		Flags: []ucli.Flag{
+			&ucli.StringFlag{Name: "id", Usage: "server id (default: host name)", EnvVars: []string{"NSTANCE_SERVER_ID"}},
+			&ucli.StringFlag{Name: "shard", Usage: "zone shard this server runs", EnvVars: []string{"NSTANCE_SHARD"}, Required: true},
+			&ucli.StringFlag{Name: "storage", Value: "s3", Usage: "object storage kind: s3 or file", EnvVars: []string{"NSTANCE_STORAGE"}},
+			&ucli.StringFlag{Name: "bucket", Usage: "S3 bucket (endpoint and credentials from AWS_* variables)", EnvVars: []string{"NSTANCE_STORAGE_BUCKET"}},
+			&ucli.StringFlag{Name: "prefix", Usage: "key prefix inside the bucket", EnvVars: []string{"NSTANCE_STORAGE_PREFIX"}},
+			&ucli.StringFlag{Name: "storage-dir", Usage: "directory for --storage file", EnvVars: []string{"NSTANCE_STORAGE_DIR"}},
+			&ucli.StringFlag{Name: "cache-dir", Usage: "directory of the SQLite cache (empty: in memory)", EnvVars: []string{"NSTANCE_CACHE_DIR"}},
+			&ucli.StringSliceFlag{Name: "advertise-host", Usage: "host name or IP clients use; added to the server certificate", EnvVars: []string{"NSTANCE_ADVERTISE_HOST"}},
+			&ucli.IntFlag{Name: "port-offset", Usage: "added to every configured port (dev stack: 10*(N-1))", EnvVars: []string{"NSTANCE_PORT_OFFSET"}},
+			&ucli.StringFlag{Name: "bind-health", Usage: "health address (default 0.0.0.0:8990 plus offset)", EnvVars: []string{"NSTANCE_BIND_HEALTH"}},
+			&ucli.StringFlag{Name: "bind-election", Usage: "override shard.bind.election_addr", EnvVars: []string{"NSTANCE_BIND_ELECTION"}},
+			&ucli.StringFlag{Name: "bind-registration", Usage: "override shard.bind.registration_addr", EnvVars: []string{"NSTANCE_BIND_REGISTRATION"}},
+			&ucli.StringFlag{Name: "bind-operator", Usage: "override shard.bind.operator_addr", EnvVars: []string{"NSTANCE_BIND_OPERATOR"}},
+			&ucli.StringFlag{Name: "bind-agent", Usage: "override shard.bind.agent_addr", EnvVars: []string{"NSTANCE_BIND_AGENT"}},
+			&ucli.BoolFlag{Name: "validate", Usage: "validate the shard config (from storage, or --config-file) and exit"},
+			&ucli.StringFlag{Name: "config-file", Usage: "with --validate: check this local file instead of storage"},
+			&ucli.BoolFlag{Name: "debug", Usage: "debug logging", EnvVars: []string{"NSTANCE_DEBUG"}},
+		},
+		Action: run,
+	}
+}
+
+func run(c *ucli.Context) error {
+	log, flush := NewLogger(c.Bool("debug"), zapcore.Lock(os.Stderr))
+	defer flush()
+	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	if c.Bool("validate") {
+		return validate(ctx, c, c.App.Writer)
+	}
+	if c.String("config-file") != "" {
+		return ucli.Exit("--config-file is only used with --validate", 2)
+	}
+	store, keys, err := storage.Open(ctx, storageOptions(c))
+	if err != nil {
+		return ucli.Exit(err.Error(), 2)
+	}
+	id := c.String("id")
+	if id == "" {
+		if id, err = os.Hostname(); err != nil {
+			return ucli.Exit(fmt.Sprintf("--id not given and host name unknown: %v", err), 2)
+		}
+	}
+	a, err := app.New(app.Options{
+		ServerID: id, Shard: c.String("shard"), Store: store, Keys: keys, CacheDir: c.String("cache-dir"),
+		AdvertiseHosts: c.StringSlice("advertise-host"),
+		Bind: app.BindOverrides{
+			PortOffset: c.Int("port-offset"), Health: c.String("bind-health"), Election: c.String("bind-election"),
+			Registration: c.String("bind-registration"), Operator: c.String("bind-operator"), Agent: c.String("bind-agent"),
+		},
+		Log: log.WithValues("server", id, "shard", c.String("shard")),
+	})
+	if err != nil {
+		return ucli.Exit(err.Error(), 2)
+	}
+	if err := a.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		log.Error(err, "server stopped")
+		return ucli.Exit(err.Error(), 1)
+	}
+	return nil
+}
+
+func storageOptions(c *ucli.Context) storage.Options {
+	return storage.Options{Kind: c.String("storage"), Bucket: c.String("bucket"), Dir: c.String("storage-dir"), Prefix: c.String("prefix")}
+}
+
+// validate checks one config document and reports every problem.
+func validate(ctx context.Context, c *ucli.Context, out io.Writer) error {
+	var data []byte
+	var source string
+	if f := c.String("config-file"); f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return ucli.Exit(fmt.Sprintf("reading %s: %v", f, err), 2)
+		}
+		data, source = b, f
+	} else {
+		store, keys, err := storage.Open(ctx, storageOptions(c))
+		if err != nil {
+			return ucli.Exit(err.Error(), 2)
+		}
+		key := keys.Config(c.String("shard"))
+		obj, err := store.Get(ctx, key)
+		if err != nil {
+			return ucli.Exit(fmt.Sprintf("reading %s: %v", key, err), 2)
+		}
+		data, source = obj.Body, key
+	}
+	cfg, err := config.Parse(data)
+	if err != nil {
+		if es, ok := config.AsErrors(err); ok {
+			for _, e := range es {
+				fmt.Fprintf(out, "%s: %s\n", source, e.Error())
+			}
+			return ucli.Exit(fmt.Sprintf("%s: %d problem(s)", source, len(es)), 1)
+		}
+		return ucli.Exit(fmt.Sprintf("%s: %v", source, err), 1)
+	}
+	if cfg.Shard.ID != c.String("shard") {
+		fmt.Fprintf(out, "%s: shard.id: is %q, but --shard is %q\n", source, cfg.Shard.ID, c.String("shard"))
+		return ucli.Exit(fmt.Sprintf("%s: 1 problem(s)", source), 1)
+	}
+	fmt.Fprintf(out, "%s: valid\n", source)
+	return nil
+}
