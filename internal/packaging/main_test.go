@@ -189,3 +189,9 @@ func execOut(dir, name string, args ...string) (string, error) {
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
+
+// fmtSscanf parses "major.minor.patch".
+func fmtSscanf(version string, major, minor *int) (int, error) {
+	var patch string
+	return fmt.Sscanf(version, "%d.%d.%s", major, minor, &patch)
+}

@@ -1,0 +1,180 @@
+package packaging_test
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	opconfig "github.com/nstance-dev/nstance/internal/operator/config"
+)
+
+var clusterctlVar = regexp.MustCompile(`\$\{([A-Z0-9_]+)(:=([^}]*))?\}`)
+
+// substitute does what clusterctl does with ${VAR} and ${VAR:=default},
+// returning the variables that had neither a value nor a default.
+func substitute(text string, vars map[string]string) (string, []string) {
+	var missing []string
+	out := clusterctlVar.ReplaceAllStringFunc(text, func(m string) string {
+		g := clusterctlVar.FindStringSubmatch(m)
+		if v, ok := vars[g[1]]; ok {
+			return v
+		}
+		if g[2] != "" {
+			return g[3]
+		}
+		if !slices.Contains(missing, g[1]) {
+			missing = append(missing, g[1])
+		}
+		return m
+	})
+	return out, missing
+}
+
+func components(t *testing.T) string {
+	t.Helper()
+	return run(t, root, filepath.Join(root, "deploy", "clusterctl", "components.sh"), helm(t), imageVersion)
+}
+
+func TestClusterctlComponents(t *testing.T) {
+	raw := components(t)
+	_, missing := substitute(raw, nil)
+	slices.Sort(missing)
+	require.Equal(t, []string{"NSTANCE_CLUSTER_ID", "NSTANCE_SHARDS"}, missing, "variables without defaults")
+
+	for _, tc := range []struct {
+		name string
+		vars map[string]string
+	}{
+		{"required variables only", map[string]string{
+			"NSTANCE_CLUSTER_ID": "prod-1",
+			"NSTANCE_SHARDS":     `{"us-west-2a":{"registration_addr":"10.0.0.1:8992","operator_addr":"10.0.0.1:8993"}}`,
+		}},
+		{"every variable", map[string]string{
+			"NSTANCE_CLUSTER_ID":    "prod-2",
+			"NSTANCE_TENANT":        "team-a",
+			"NSTANCE_SHARDS":        `{"a":{"registration_addr":"a.internal:8992","operator_addr":"a.internal:8993"},"b":{"registration_addr":"b:1","operator_addr":"b:2"}}`,
+			"NSTANCE_CA_CONFIGMAP":  "my-ca",
+			"NSTANCE_NONCE_SECRET":  "my-nonce",
+			"NSTANCE_CAPI_ENDPOINT": "https://api.example:6443",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			text, missing := substitute(raw, tc.vars)
+			require.Empty(t, missing)
+			require.NotContains(t, text, "${")
+			objs := decode(t, text)
+
+			// clusterctl's layout: its own namespace first, cert-manager for
+			// the webhook, the image of this release.
+			require.Equal(t, "Namespace", objs[0].Kind)
+			require.Equal(t, "nstance-system", objs[0].Metadata.Name)
+			for _, o := range objs {
+				if o.Kind != "Namespace" && o.Kind != "CustomResourceDefinition" && !strings.HasPrefix(o.Kind, "Cluster") && o.Kind != "ValidatingWebhookConfiguration" {
+					require.NotEmpty(t, o.Metadata.Namespace, "%s has no namespace", o)
+				}
+			}
+			require.Len(t, ofKind(objs, "Certificate"), 1)
+			require.Len(t, ofKind(objs, "CustomResourceDefinition"), 5)
+			_, generated := find(objs, "Secret", release+"-webhook-tls")
+			require.False(t, generated, "clusterctl components must not embed a generated key")
+
+			cmObj, ok := find(objs, "ConfigMap", release+"-config")
+			require.True(t, ok)
+			var cm corev1.ConfigMap
+			into(t, cmObj, &cm)
+			cfg, err := opconfig.Parse([]byte(cm.Data["config.yaml"]))
+			require.NoError(t, err)
+			require.Equal(t, tc.vars["NSTANCE_CLUSTER_ID"], cfg.ClusterID)
+
+			dObj, ok := find(objs, "Deployment", release)
+			require.True(t, ok)
+			var d appsv1.Deployment
+			into(t, dObj, &d)
+			c := d.Spec.Template.Spec.Containers[0]
+			require.Equal(t, "ghcr.io/nstance-dev/nstance-operator:"+imageVersion, c.Image)
+			env := map[string]string{}
+			for _, e := range c.Env {
+				env[e.Name] = e.Value
+			}
+			parsed, err := opconfig.ParseEnv(func(k string) string { return env[k] }, func() (string, error) { return "nstance-system", nil })
+			require.NoError(t, err)
+			require.Equal(t, tc.vars["NSTANCE_CAPI_ENDPOINT"], parsed.CAPIEndpoint)
+			if v := tc.vars["NSTANCE_CA_CONFIGMAP"]; v != "" {
+				require.Equal(t, v, parsed.CAConfigMap)
+			} else {
+				require.Equal(t, opconfig.DefaultCAConfigMap, parsed.CAConfigMap)
+			}
+
+			e := apiServer(t)
+			ensureNamespaces(t, e, "nstance-system")
+			var apply []object
+			for _, o := range withoutCertManager(t, objs) {
+				if o.Kind != "Namespace" { // created above; dry-run cannot create it for the rest
+					apply = append(apply, o)
+				}
+			}
+			applyDryRun(t, e, apply)
+		})
+	}
+}
+
+func TestClusterctlMetadata(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(root, "metadata.yaml"))
+	require.NoError(t, err)
+	var md struct {
+		APIVersion    string `json:"apiVersion"`
+		Kind          string `json:"kind"`
+		ReleaseSeries []struct {
+			Major    int    `json:"major"`
+			Minor    int    `json:"minor"`
+			Contract string `json:"contract"`
+		} `json:"releaseSeries"`
+	}
+	require.NoError(t, yaml.UnmarshalStrict(data, &md))
+	require.Equal(t, "clusterctl.cluster.x-k8s.io/v1alpha3", md.APIVersion)
+	require.Equal(t, "Metadata", md.Kind)
+	require.NotEmpty(t, md.ReleaseSeries)
+	for _, s := range md.ReleaseSeries {
+		require.Equal(t, "v1beta2", s.Contract)
+	}
+
+	// The chart's version belongs to a declared release series.
+	chart, err := os.ReadFile(filepath.Join(root, chartRel, "Chart.yaml"))
+	require.NoError(t, err)
+	var meta struct {
+		Version string `json:"version"`
+	}
+	require.NoError(t, yaml.Unmarshal(chart, &meta))
+	var major, minor int
+	_, err = fmtSscanf(meta.Version, &major, &minor)
+	require.NoError(t, err)
+	require.True(t, slices.ContainsFunc(md.ReleaseSeries, func(s struct {
+		Major    int    `json:"major"`
+		Minor    int    `json:"minor"`
+		Contract string `json:"contract"`
+	}) bool {
+		return s.Major == major && s.Minor == minor
+	}), "chart version %s has no release series in metadata.yaml", meta.Version)
+}
+
+// TestReleasePlan checks what `make release` would run, without compiling.
+func TestReleasePlan(t *testing.T) {
+	plan := run(t, root, "make", "-n", "release", "VERSION="+imageVersion, "DIST=/tmp/nstance-dist")
+	require.Contains(t, plan, "components.sh")
+	require.Contains(t, plan, "cp metadata.yaml /tmp/nstance-dist/metadata.yaml")
+	require.Contains(t, plan, "sha256sum")
+	require.Contains(t, plan, "CGO_ENABLED=0")
+	for _, b := range []string{"nstance-server", "nstance-agent", "nstance-operator", "nstance-admin"} {
+		for _, arch := range []string{"amd64", "arm64"} {
+			require.Contains(t, plan, b+"-linux-"+arch, "release lacks %s for linux/%s", b, arch)
+		}
+	}
+}
