@@ -175,3 +175,72 @@ release: release-manifests ## linux/amd64+arm64 binaries, checksums and clusterc
 	cd $(DIST) && sha256sum $(foreach b,$(RELEASE_BINARIES),$(foreach a,$(RELEASE_ARCHES),$(b)-linux-$(a))) \
 		infrastructure-components.yaml metadata.yaml > checksums.txt
 	@cat $(DIST)/checksums.txt
+
+##@ Development stack
+AIR_VERSION      := v1.67.4
+OVERMIND_VERSION := v2.5.1
+DEV_DIR          ?= temp
+DEV_SERVERS      ?= 2
+OVERMIND         := $(BIN)/overmind
+DEV_BINARIES     := dev-s3 dev-k8s nstance-admin nstance-agent
+comma            := ,
+
+$(BIN)/air:
+	GOBIN=$(BIN) $(GO) install github.com/air-verse/air@$(AIR_VERSION)
+# `go install` refuses Overmind (its go.mod has replace directives): build it
+# from the pinned tools module instead.
+$(BIN)/overmind: scripts/tools/overmind/go.mod
+	cd scripts/tools/overmind && $(GO) build -o $(BIN)/overmind github.com/DarthSim/overmind/v2
+
+.PHONY: check
+check: ## Verify go, tmux, air and overmind; install the pinned air and overmind into ./bin when missing.
+	@command -v $(GO) >/dev/null || { echo "check: go is missing (Go 1.26 needed)"; exit 1; }
+	@command -v tmux >/dev/null || { echo "check: tmux is missing (apt-get install tmux / brew install tmux)"; exit 1; }
+	@command -v curl >/dev/null || { echo "check: curl is missing"; exit 1; }
+	@[ -x $(BIN)/air ] && $(BIN)/air -v 2>/dev/null | grep -q '$(AIR_VERSION)' || $(MAKE) --no-print-directory -B $(BIN)/air
+	@[ -x $(OVERMIND) ] && $(OVERMIND) --version | grep -q '$(OVERMIND_VERSION:v%=%)' || $(MAKE) --no-print-directory -B $(BIN)/overmind
+	@echo "go:       $$($(GO) env GOVERSION) ($$(command -v $(GO)))"
+	@echo "tmux:     $$(tmux -V)"
+	@echo "air:      $$(command -v air) $(AIR_VERSION)"
+	@echo "overmind: $$(command -v overmind) $$(overmind --version)"
+
+.PHONY: dev-binaries
+dev-binaries:
+	@mkdir -p $(BIN)
+	@for b in $(DEV_BINARIES); do [ -d cmd/$$b ] || continue; CGO_ENABLED=0 $(GO) build -o $(BIN)/$$b ./cmd/$$b || exit 1; done
+
+# dev-start PROCESSES: run Procfile processes under Overmind (foreground;
+# Ctrl+C stops them). Refuses to start a second stack over a live one.
+define dev-start
+	@if [ -S $(DEV_DIR)/overmind.sock ] && $(OVERMIND) status -s $(DEV_DIR)/overmind.sock >/dev/null 2>&1; then \
+		echo "a dev stack is already running (overmind socket $(DEV_DIR)/overmind.sock); run 'make clean-dev' first"; exit 1; fi
+	@mkdir -p $(DEV_DIR)/pids
+	@date +%s > $(DEV_DIR)/pids/started-at
+	export NSTANCE_DEV_DIR=$(DEV_DIR) NSTANCE_DEV_SERVERS=$(DEV_SERVERS) $(2); \
+		echo $$$$ > $(DEV_DIR)/pids/overmind.pid; \
+		exec $(OVERMIND) start -s $(DEV_DIR)/overmind.sock -N -t 15 -l $(1) -m server=$(DEV_SERVERS)
+endef
+
+.PHONY: dev-tmux
+dev-tmux: check dev-binaries ## dev-s3 + 2 nstance-servers (shards dev-1, dev-2; ports 8990-8994, 9000-9004), agents in tmux.
+	$(call dev-start,s3$(comma)server,)
+
+.PHONY: dev-tmux-k8s
+dev-tmux-k8s: check dev-binaries ## dev-tmux plus dev-k8s (:6443) and nstance-operator.
+	$(call dev-start,s3$(comma)server$(comma)k8s$(comma)operator,)
+
+.PHONY: dev-tmux-apiserver
+dev-tmux-apiserver: check dev-binaries envtest-assets ## dev-tmux plus a real kube-apiserver + etcd (envtest binaries) and the operator.
+	$(call dev-start,s3$(comma)server$(comma)k8s$(comma)operator,NSTANCE_DEV_K8S=apiserver KUBEBUILDER_ASSETS=$$(scripts/envtest-assets.sh))
+
+.PHONY: dev-operator
+dev-operator: check dev-binaries ## The operator alone against temp/operator/kubeconfig (e.g. kind), servers from make dev-tmux.
+	NSTANCE_DEV_DIR=$(DEV_DIR) NSTANCE_DEV_SERVERS=$(DEV_SERVERS) scripts/dev-operator.sh external
+
+.PHONY: clean-dev
+clean-dev: ## Stop what the dev stack started (Overmind, agents' tmux session, recorded PIDs) and remove temp/.
+	@NSTANCE_DEV_DIR=$(DEV_DIR) scripts/dev-clean.sh
+
+.PHONY: e2e
+e2e: ## End-to-end test: dev-s3, 2 servers (tmux), dev-k8s, operator from built binaries, driven by JSON files.
+	$(GO) test -count=1 -timeout 10m -v ./test/e2e/

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# make clean-dev: end exactly what the dev stack started, then remove temp/.
+#  1. Overmind, through its own control socket (temp/overmind.sock): `quit`
+#     stops every Procfile process and Overmind's private tmux server.
+#  2. The agents' tmux session (nstance-dev-agents by exact name): the
+#     process trees of its panes get SIGTERM, then the session is killed.
+#  3. PIDs recorded under temp/pids/ (Overmind itself, etcd/apiserver, ...),
+#     each checked to be alive first.
+# Nothing is looked up by process name.
+source "$(dirname "$0")/dev-common.sh"
+
+alive() { kill -0 "$1" 2>/dev/null; }
+# descendants PID: PID and all its descendants (children first).
+descendants() {
+	local p=$1 c
+	for c in $(ps -o pid= --ppid "$p" 2>/dev/null); do descendants "$c"; done
+	echo "$p"
+}
+# stop_tree PID: SIGTERM a process tree, SIGKILL what is left after 5s.
+stop_tree() {
+	local pids p i
+	pids=$(descendants "$1")
+	for p in $pids; do kill -TERM "$p" 2>/dev/null || true; done
+	for i in $(seq 1 50); do
+		local left=0
+		for p in $pids; do alive "$p" && left=1; done
+		((left)) || return 0
+		sleep 0.1
+	done
+	for p in $pids; do kill -KILL "$p" 2>/dev/null || true; done
+}
+
+sock="$DEV_DIR/overmind.sock"
+if [[ -S $sock ]]; then
+	log "stopping Overmind ($sock)"
+	overmind quit -s "$sock" >/dev/null 2>&1 || true
+	for _ in $(seq 1 100); do [[ -S $sock ]] || break; sleep 0.2; done
+fi
+if [[ -f $DEV_DIR/pids/overmind.pid ]]; then
+	pid=$(cat "$DEV_DIR/pids/overmind.pid")
+	for _ in $(seq 1 50); do alive "$pid" || break; sleep 0.2; done
+	if alive "$pid"; then log "Overmind (pid $pid) did not quit; terminating it"; stop_tree "$pid"; fi
+	rm -f "$DEV_DIR/pids/overmind.pid"
+fi
+
+for session in "$DEV_AGENT_SESSION"; do
+	if tmux has-session -t "=$session" 2>/dev/null; then
+		log "stopping tmux session $session"
+		for pane in $(tmux list-panes -s -t "=$session" -F '#{pane_pid}' 2>/dev/null); do stop_tree "$pane"; done
+		tmux kill-session -t "=$session" 2>/dev/null || true
+	fi
+done
+
+if [[ -d $DEV_DIR/pids ]]; then
+	for f in "$DEV_DIR"/pids/*.pid; do
+		[[ -f $f ]] || continue
+		pid=$(cat "$f")
+		if [[ $pid =~ ^[0-9]+$ ]] && alive "$pid"; then log "stopping $(basename "$f" .pid) (pid $pid)"; stop_tree "$pid"; fi
+	done
+fi
+
+rm -rf "$DEV_DIR"
+log "removed $DEV_DIR/"

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Shared settings of the local dev stack; sourced by scripts/dev-*.sh.
+# Everything listens on 127.0.0.1 (never "localhost": it may resolve to ::1).
+set -euo pipefail
+
+NSTANCE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$NSTANCE_ROOT"
+export PATH="$NSTANCE_ROOT/bin:$PATH"
+
+DEV_DIR="${NSTANCE_DEV_DIR:-temp}"
+DEV_SERVERS="${NSTANCE_DEV_SERVERS:-2}"
+DEV_S3_ADDR="${NSTANCE_DEV_S3_ADDR:-127.0.0.1:8989}"
+DEV_K8S_ADDR="${NSTANCE_DEV_K8S_ADDR:-127.0.0.1:6443}"
+DEV_BUCKET=dev
+DEV_CLUSTER_ID=example-cluster
+DEV_TENANT=default
+DEV_NAMESPACE=default
+DEV_AGENT_SESSION="${NSTANCE_DEV_AGENT_SESSION:-nstance-dev-agents}"
+DEV_CONFIG_TEMPLATE="${NSTANCE_DEV_CONFIG:-examples/config-tmux.jsonc}"
+
+# Object storage settings every Nstance binary reads (pkg/objstore/s3store).
+export AWS_ACCESS_KEY_ID=dev AWS_SECRET_ACCESS_KEY=dev AWS_REGION=us-east-1
+export AWS_ENDPOINT_URL="http://$DEV_S3_ADDR" AWS_S3_USE_PATH_STYLE=true
+export NSTANCE_ENCRYPTION_KEY="${NSTANCE_ENCRYPTION_KEY:-thisisatest32bytekey123456789012}"
+
+log() { printf '[%s] %s\n' "${PS:-$(basename "$0")}" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# port_of N BASE: the port of server N (1-based) for a base port.
+port_of() { echo $(( $2 + 10 * ($1 - 1) )); }
+shard_of() { echo "dev-$1"; }
+
+# wait_for DESC SECONDS CMD...: retry CMD every 0.5s until it succeeds.
+wait_for() {
+	local desc=$1 secs=$2; shift 2
+	local deadline=$(( $(date +%s) + secs ))
+	until "$@" >/dev/null 2>&1; do
+		if (( $(date +%s) >= deadline )); then die "timed out after ${secs}s waiting for $desc"; fi
+		sleep 0.5
+	done
+	log "$desc: ok"
+}
+http_ok() { curl -fsS -o /dev/null --max-time 2 "$1"; }
+https_ok() { curl -fsSk -o /dev/null --max-time 2 "$1"; }
+
+# record_pid NAME PID: remembered so `make clean-dev` can end exactly it.
+record_pid() { mkdir -p "$DEV_DIR/pids"; echo "$2" > "$DEV_DIR/pids/$1.pid"; }
+
+# need_bin NAME: build ./bin/NAME unless it is present and newer than its sources.
+need_bin() {
+	local b=$1
+	if [[ -x bin/$b ]] && [[ -z "$(find cmd/$b internal pkg api -name '*.go' -newer bin/$b -print -quit 2>/dev/null)" ]]; then
+		return 0
+	fi
+	log "building bin/$b"
+	mkdir -p bin
+	CGO_ENABLED=0 go build -o "bin/$b" "./cmd/$b"
+}
+
+# shard_config N: print config/dev-N.jsonc, derived from examples/config-tmux.jsonc:
+# shard id dev-N, advertised addresses 127.0.0.1:{8992,8993,8994}+10*(N-1), and
+# the agent command scripts/dev-agent.sh (Air per agent) in session
+# $DEV_AGENT_SESSION. Bind addresses keep the base ports: the server adds
+# --port-offset itself.
+shard_config() {
+	local n=$1 out
+	local reg op agent
+	reg=$(port_of "$n" 8992); op=$(port_of "$n" 8993); agent=$(port_of "$n" 8994)
+	out=$(sed -E \
+		-e "s/\"id\": \"dev-1\"/\"id\": \"$(shard_of "$n")\"/" \
+		-e "s|\"advertise\": \{ \"hosts\": \[\"127.0.0.1\"\] \}|\"advertise\": { \"hosts\": [\"127.0.0.1\"], \"registration_addr\": \"127.0.0.1:$reg\", \"operator_addr\": \"127.0.0.1:$op\", \"agent_addr\": \"127.0.0.1:$agent\" }|" \
+		-e "s|\"options\": \{ \"session\": \"nstance-dev-agents\" \}|\"options\": { \"session\": \"$DEV_AGENT_SESSION\", \"command\": \"scripts/dev-agent.sh\" }|" \
+		"$DEV_CONFIG_TEMPLATE")
+	for want in "\"id\": \"$(shard_of "$n")\"" "\"registration_addr\": \"127.0.0.1:$reg\"" '"command": "scripts/dev-agent.sh"'; do
+		grep -qF "$want" <<<"$out" || die "$DEV_CONFIG_TEMPLATE changed shape: could not set $want (update shard_config in scripts/dev-common.sh)"
+	done
+	printf '%s\n' "$out"
+}
+
+# put_object KEY FILE: upload to the dev bucket through dev-s3.
+put_object() {
+	curl -fsS -X PUT --data-binary "@$2" -o /dev/null "http://$DEV_S3_ADDR/$DEV_BUCKET/$1"
+}

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Procfile `k8s`: dev-k8s on https://127.0.0.1:6443 with the Nstance and
+# Cluster API CRDs, objects as JSON files under temp/dev-k8s. It writes the
+# operator's kubeconfig to temp/operator/kubeconfig.
+source "$(dirname "$0")/dev-common.sh"
+need_bin dev-k8s
+capi_crds="$(go list -m -f '{{.Dir}}' sigs.k8s.io/cluster-api)/core/config/crd/bases"
+[[ -d $capi_crds ]] || die "Cluster API CRDs not found at $capi_crds (run: go mod download sigs.k8s.io/cluster-api)"
+mkdir -p "$DEV_DIR/dev-k8s" "$DEV_DIR/operator"
+exec bin/dev-k8s --addr "$DEV_K8S_ADDR" --dir "$DEV_DIR/dev-k8s" \
+	--kubeconfig-out "$DEV_DIR/operator/kubeconfig" \
+	--crd-dir config/crd/bases --crd-dir "$capi_crds"
