@@ -1,0 +1,173 @@
+package clustercmd_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/require"
+	"github.com/urfave/cli/v2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	"github.com/nstance-dev/nstance/internal/admin/clustercmd"
+	"github.com/nstance-dev/nstance/internal/devs3/devs3test"
+	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/server/app"
+	"github.com/nstance-dev/nstance/internal/server/layout"
+	"github.com/nstance-dev/nstance/pkg/objstore"
+	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+const encKey = "thisisatest32bytekey123456789012"
+
+const cfg = `{
+  "cluster": {"id": "example-cluster", "leader_election": {"lease_duration": "2s", "renew_interval": "500ms", "retry_interval": "200ms"}},
+  "shard": {"id": "dev-1", "infra": {"provider": "tmux", "region": "dev", "zone": "deva"},
+    "bind": {"health_addr": "127.0.0.1:0", "election_addr": "127.0.0.1:0", "registration_addr": "127.0.0.1:0", "operator_addr": "127.0.0.1:0", "agent_addr": "127.0.0.1:0"}},
+}`
+
+// startCluster runs dev-s3 and one server against it, with the AWS variables
+// the admin CLI reads pointing at the dev-s3.
+type cluster struct {
+	*app.App
+	store objstore.Store
+}
+
+func startCluster(t *testing.T) *cluster {
+	t.Helper()
+	s3 := devs3test.Start(t, "")
+	for k, v := range map[string]string{
+		"AWS_ENDPOINT_URL": s3.URL, "AWS_ACCESS_KEY_ID": "dev", "AWS_SECRET_ACCESS_KEY": "dev", "AWS_REGION": "us-east-1",
+		"AWS_S3_USE_PATH_STYLE": "true", "AWS_CONFIG_FILE": filepath.Join(t.TempDir(), "none"), "AWS_SHARED_CREDENTIALS_FILE": filepath.Join(t.TempDir(), "none"),
+		"NSTANCE_ENCRYPTION_KEY": encKey,
+	} {
+		t.Setenv(k, v)
+	}
+	store, err := s3store.NewWithClient(devs3test.Client(s3.URL), devs3test.Bucket, "")
+	require.NoError(t, err)
+	_, err = store.Put(context.Background(), "config/dev-1.jsonc", []byte(cfg), objstore.PutOptions{})
+	require.NoError(t, err)
+	a, err := app.New(app.Options{ServerID: "srv", Shard: "dev-1", Store: store, Keys: layout.New(""), Bind: app.BindOverrides{Health: "127.0.0.1:0"}, Log: logr.Discard()})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	require.Eventually(t, a.ServingGRPC, 20*time.Second, 20*time.Millisecond)
+	return &cluster{App: a, store: store}
+}
+
+func runAdmin(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	a := &cli.App{Name: "nstance-admin", Commands: []*cli.Command{clustercmd.Command()}, Writer: &out, ErrWriter: &out,
+		ExitErrHandler: func(*cli.Context, error) {}}
+	err := a.RunContext(context.Background(), append([]string{"nstance-admin"}, args...))
+	return out.String(), err
+}
+
+func TestNonceFromAdminRegistersOperator(t *testing.T) {
+	a := startCluster(t)
+	out, err := runAdmin(t, "cluster", "nonce", "--cluster-id", "example-cluster", "--storage-bucket", "dev", "--key-provider", "env", "--output", "-")
+	require.NoError(t, err)
+	tok := strings.TrimSpace(out)
+	require.Equal(t, 2, strings.Count(tok, "."), "a JWT on stdout, got %q", out)
+
+	// Register with the nonce the way the operator does.
+	dir := t.TempDir()
+	_, err = runAdmin(t, "cluster", "register-operator", "--cluster-id", "example-cluster", "--storage-bucket", "dev",
+		"--registration-addr", "127.0.0.1:1", "--out-dir", dir, "--timeout", "1s", "--nonce-file", filepath.Join(dir, "missing"))
+	require.ErrorContains(t, err, "reading nonce")
+
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	pubPEM, err := pki.MarshalPublicKeyPEM(pub)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	regConn := dialTLS(t, a.Addrs().Registration, nil, a)
+	resp, err := nstancev1.NewRegistrationServiceClient(regConn).RegisterOperator(ctx, &nstancev1.RegisterOperatorRequest{Nonce: tok, PublicKeyPem: string(pubPEM)})
+	require.NoError(t, err)
+	require.Equal(t, nstancev1.ClientRole_CLIENT_ROLE_OPERATOR, resp.GetIdentity().GetRole())
+	require.Equal(t, "spiffe://example-cluster/tenant/default/operator/nstance-operator", resp.GetIdentity().GetUri())
+
+	// The certificate opens the Operator service.
+	cert, err := pki.ParseCertificatePEM([]byte(resp.GetCertificatePem()))
+	require.NoError(t, err)
+	opConn := dialTLS(t, a.Addrs().Operator, &tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: priv}, a)
+	st, err := nstancev1.NewOperatorServiceClient(opConn).GetConfigStatus(ctx, &nstancev1.GetConfigStatusRequest{})
+	require.NoError(t, err)
+	require.Equal(t, "dev-1", st.GetShard())
+	require.NotEmpty(t, st.GetEtag())
+
+	// The same nonce cannot be used twice.
+	_, err = nstancev1.NewRegistrationServiceClient(regConn).RegisterOperator(ctx, &nstancev1.RegisterOperatorRequest{Nonce: tok, PublicKeyPem: string(pubPEM)})
+	require.Equal(t, codes.AlreadyExists, status.Code(err))
+}
+
+func TestRegisterOperatorWritesCredentials(t *testing.T) {
+	a := startCluster(t)
+	dir := t.TempDir()
+	out, err := runAdmin(t, "cluster", "register-operator", "--cluster-id", "example-cluster", "--storage-bucket", "dev",
+		"--registration-addr", a.Addrs().Registration, "--tenant", "acme", "--operator-id", "cli", "--out-dir", dir)
+	require.NoError(t, err, out)
+	require.Contains(t, out, "spiffe://example-cluster/tenant/acme/operator/cli")
+	pair, err := tls.LoadX509KeyPair(filepath.Join(dir, "operator.crt"), filepath.Join(dir, "operator.key"))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = nstancev1.NewOperatorServiceClient(dialTLS(t, a.Addrs().Operator, &pair, a)).GetConfigStatus(ctx, &nstancev1.GetConfigStatusRequest{})
+	require.NoError(t, err)
+}
+
+func TestNonceErrors(t *testing.T) {
+	startCluster(t)
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"wrong encryption key", []string{"--storage-bucket", "dev"}, map[string]string{"NSTANCE_ENCRYPTION_KEY": "another-32-byte-key-abcdefghijkl"}, "does not hold"},
+		{"no encryption key", []string{"--storage-bucket", "dev"}, map[string]string{"NSTANCE_ENCRYPTION_KEY": ""}, "NSTANCE_ENCRYPTION_KEY is not set"},
+		{"no bucket", nil, nil, "--storage-bucket is required"},
+		{"bad expiry", []string{"--storage-bucket", "dev", "--expiry", "-1h"}, nil, "--expiry must be positive"},
+		{"bad provider", []string{"--storage-bucket", "dev", "--key-provider", "kms"}, nil, "unknown provider"},
+		{"empty bucket", []string{"--storage-bucket", "dev", "--storage-prefix", "elsewhere"}, nil, "start the cluster leader first"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			_, err := runAdmin(t, append([]string{"cluster", "nonce", "--cluster-id", "example-cluster"}, tc.args...)...)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+func dialTLS(t *testing.T, addr string, cert *tls.Certificate, c *cluster) *grpc.ClientConn {
+	t.Helper()
+	obj, err := c.store.Get(context.Background(), "cluster/ca.crt")
+	require.NoError(t, err)
+	ca, err := pki.ParseCertificatePEM(obj.Body)
+	require.NoError(t, err)
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(pki.ClientTLS(pool, cert, "127.0.0.1"))))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
