@@ -1,0 +1,232 @@
+// Command registration measures RegisterAgent throughput and latency of an
+// in-process nstance-server over real TLS on loopback. Every registration
+// verifies an EdDSA nonce, signs a certificate and records the nonce as used
+// with a conditional create in object storage (dev-s3 over HTTP by default).
+//
+//	go run ./bench/registration -n 3000 -c 16 -storage s3
+package main
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/go-logr/logr"
+	"github.com/golang-jwt/jwt/v5"
+	"google.golang.org/grpc"
+	grpccreds "google.golang.org/grpc/credentials"
+
+	"github.com/nstance-dev/nstance/internal/devs3"
+	"github.com/nstance-dev/nstance/internal/nonce"
+	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/secrets"
+	"github.com/nstance-dev/nstance/internal/server/app"
+	"github.com/nstance-dev/nstance/internal/server/layout"
+	"github.com/nstance-dev/nstance/pkg/objstore"
+	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
+	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+const encKey = "thisisatest32bytekey123456789012"
+
+const config = `{
+  "cluster": {"id": "bench"},
+  "shard": {"id": "s1", "infra": {"provider": "tmux"},
+    "bind": {"health_addr": "127.0.0.1:0", "election_addr": "127.0.0.1:0", "registration_addr": "127.0.0.1:0", "operator_addr": "127.0.0.1:0", "agent_addr": "127.0.0.1:0"}},
+}`
+
+func main() {
+	n := flag.Int("n", 3000, "registrations to perform")
+	conc := flag.Int("c", 16, "concurrent clients")
+	storageKind := flag.String("storage", "s3", "s3 (in-process dev-s3 over HTTP) or mem")
+	conns := flag.Int("conns", 4, "TLS connections shared by the clients")
+	flag.Parse()
+	if err := run(*n, *conc, *conns, *storageKind); err != nil {
+		fmt.Fprintln(os.Stderr, "registration bench:", err)
+		os.Exit(1)
+	}
+}
+
+func openStore(ctx context.Context, kind string) (objstore.Store, func(), error) {
+	switch kind {
+	case "mem":
+		return memstore.New(), func() {}, nil
+	case "s3":
+		dir, err := os.MkdirTemp("", "bench-registration-")
+		if err != nil {
+			return nil, nil, err
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, nil, err
+		}
+		srv, err := devs3.Start(ctx, ln, devs3.Config{Bucket: "dev", Dir: dir, Log: logr.Discard()})
+		if err != nil {
+			return nil, nil, err
+		}
+		client := s3.New(s3.Options{
+			BaseEndpoint: aws.String(srv.URL), Region: "us-east-1", UsePathStyle: true,
+			Credentials:  credentials.NewStaticCredentialsProvider("dev", "dev", ""),
+			HTTPClient:   &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
+		})
+		st, err := s3store.NewWithClient(client, "dev", "")
+		if err != nil {
+			return nil, nil, err
+		}
+		return st, func() { _ = srv.Stop(); _ = os.RemoveAll(dir) }, nil
+	}
+	return nil, nil, fmt.Errorf("unknown storage %q", kind)
+}
+
+func run(n, conc, nconns int, storageKind string) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	store, cleanup, err := openStore(ctx, storageKind)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	if _, err := store.Put(ctx, "config/s1.jsonc", []byte(config), objstore.PutOptions{}); err != nil {
+		return err
+	}
+	a, err := app.New(app.Options{
+		ServerID: "bench", Shard: "s1", Store: store, Keys: layout.New(""), Bind: app.BindOverrides{Health: "127.0.0.1:0"},
+		Getenv: func(string) string { return encKey }, Log: logr.Discard(),
+	})
+	if err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	for !a.ServingGRPC() {
+		select {
+		case err := <-done:
+			return fmt.Errorf("server stopped: %w", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+
+	caPEM, nonceKey, err := material(ctx, store)
+	if err != nil {
+		return err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	clients := make([]nstancev1.RegistrationServiceClient, nconns)
+	for i := range clients {
+		conn, err := grpc.NewClient(a.Addrs().Registration, grpc.WithTransportCredentials(grpccreds.NewTLS(pki.ClientTLS(pool, nil, "127.0.0.1"))))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		clients[i] = nstancev1.NewRegistrationServiceClient(conn)
+	}
+
+	// Prepare nonces and keys up front so only the RPC is timed.
+	type job struct{ nonce, pub string }
+	jobs := make([]job, n)
+	for i := range jobs {
+		tok, err := nonce.Mint(nonceKey, nonce.Claims{Kind: nonce.KindAgent, ClusterID: "bench", Tenant: "default", Shard: "s1", Group: "g",
+			RegisteredClaims: jwt.RegisteredClaims{Subject: fmt.Sprintf("i-%06d", i)}}, 15*time.Minute, time.Now())
+		if err != nil {
+			return err
+		}
+		pub, _, err := ed25519.GenerateKey(rand.Reader)
+		if err != nil {
+			return err
+		}
+		p, err := pki.MarshalPublicKeyPEM(pub)
+		if err != nil {
+			return err
+		}
+		jobs[i] = job{tok, string(p)}
+	}
+	// Warm up the connections.
+	for _, c := range clients {
+		_, _ = c.RegisterAgent(ctx, &nstancev1.RegisterAgentRequest{})
+	}
+
+	lat := make([]time.Duration, n)
+	var next atomic.Int64
+	var failures atomic.Int64
+	var firstErr error
+	var errOnce sync.Once
+	var wg sync.WaitGroup
+	began := time.Now()
+	for w := 0; w < conc; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			c := clients[w%len(clients)]
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				t0 := time.Now()
+				_, err := c.RegisterAgent(ctx, &nstancev1.RegisterAgentRequest{Nonce: jobs[i].nonce, PublicKeyPem: jobs[i].pub, IpAddresses: []string{"10.0.0.1"}})
+				lat[i] = time.Since(t0)
+				if err != nil {
+					failures.Add(1)
+					errOnce.Do(func() { firstErr = err })
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	elapsed := time.Since(began)
+	if failures.Load() > 0 {
+		return fmt.Errorf("%d of %d registrations failed, first: %w", failures.Load(), n, firstErr)
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	pct := func(p float64) time.Duration { return lat[min(len(lat)-1, int(float64(len(lat))*p))] }
+	fmt.Printf("storage=%s n=%d concurrency=%d conns=%d elapsed=%s rate=%.0f/s p50=%s p90=%s p99=%s max=%s\n",
+		storageKind, n, conc, nconns, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds(),
+		pct(0.50).Round(10*time.Microsecond), pct(0.90).Round(10*time.Microsecond), pct(0.99).Round(10*time.Microsecond), lat[len(lat)-1].Round(10*time.Microsecond))
+	return nil
+}
+
+func material(ctx context.Context, store objstore.Store) ([]byte, ed25519.PrivateKey, error) {
+	keys := layout.New("")
+	ca, err := store.Get(ctx, keys.CACert())
+	if err != nil {
+		return nil, nil, err
+	}
+	k, err := secrets.ParseKey([]byte(encKey))
+	if err != nil {
+		return nil, nil, err
+	}
+	ring, err := secrets.NewKeyring(k)
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := (&secrets.Store{Objects: store, Ring: ring}).Get(ctx, keys.NonceSigningKey())
+	if err != nil {
+		return nil, nil, err
+	}
+	signer, err := pki.ParsePrivateKeyPEM(p)
+	if err != nil {
+		return nil, nil, err
+	}
+	key, ok := signer.(ed25519.PrivateKey)
+	if !ok {
+		return nil, nil, errors.New("nonce key is not Ed25519")
+	}
+	return ca.Body, key, nil
+}
