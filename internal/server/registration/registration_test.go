@@ -1,0 +1,144 @@
+package registration
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/nstance-dev/nstance/internal/nonce"
+	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/server/layout"
+	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+type fixture struct {
+	svc      *Service
+	nonceKey ed25519.PrivateKey
+	store    *memstore.Store
+	agents   atomic.Int32
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	ca, err := pki.GenerateCA("c1", 24*time.Hour, time.Now())
+	require.NoError(t, err)
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	store := memstore.New()
+	f := &fixture{nonceKey: priv, store: store}
+	f.svc = &Service{
+		Issuer:   &Issuer{CA: ca, ClusterID: "c1", AgentValidity: time.Hour, OperatorValidity: 2 * time.Hour},
+		Verifier: &nonce.Verifier{Key: pub, ClusterID: "c1", Shard: "s1"},
+		Ledger:   &nonce.Ledger{Store: store, Keys: layout.New("")},
+		Objects:  store, Keys: layout.New(""), ServerID: "srv", Log: logr.Discard(),
+		OnAgentRegistered: func(context.Context, *nonce.Claims, *Issued) { f.agents.Add(1) },
+	}
+	return f
+}
+
+func (f *fixture) agentNonce(t *testing.T) string {
+	t.Helper()
+	tok, err := nonce.Mint(f.nonceKey, nonce.Claims{Kind: nonce.KindAgent, ClusterID: "c1", Tenant: "acme", Shard: "s1", Group: "web",
+		RegisteredClaims: jwt.RegisteredClaims{Subject: "i-1"}}, time.Minute, time.Now())
+	require.NoError(t, err)
+	return tok
+}
+
+func pubPEM(t *testing.T) string {
+	t.Helper()
+	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	p, err := pki.MarshalPublicKeyPEM(pub)
+	require.NoError(t, err)
+	return string(p)
+}
+
+func TestBadFieldsDoNotSpendTheNonce(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	tok := f.agentNonce(t)
+	ca, err := pki.GenerateCA("x", time.Hour, time.Now())
+	require.NoError(t, err)
+	bad := []struct {
+		name string
+		req  *nstancev1.RegisterAgentRequest
+		want string
+	}{
+		{"no nonce", &nstancev1.RegisterAgentRequest{PublicKeyPem: pubPEM(t)}, "nonce: required"},
+		{"no key", &nstancev1.RegisterAgentRequest{Nonce: tok}, "public_key_pem"},
+		{"certificate instead of key", &nstancev1.RegisterAgentRequest{Nonce: tok, PublicKeyPem: string(ca.CertPEM)}, "public_key_pem"},
+		{"bad ip", &nstancev1.RegisterAgentRequest{Nonce: tok, PublicKeyPem: pubPEM(t), IpAddresses: []string{"10.0.0.300"}}, "ip_addresses[0]"},
+		{"bad hostname", &nstancev1.RegisterAgentRequest{Nonce: tok, PublicKeyPem: pubPEM(t), Hostname: "a b"}, "hostname"},
+	}
+	for _, tc := range bad {
+		_, err := f.svc.RegisterAgent(ctx, tc.req)
+		require.Equal(t, codes.InvalidArgument, status.Code(err), tc.name)
+		require.Contains(t, err.Error(), tc.want, tc.name)
+	}
+	objs, err := f.store.List(ctx, "shard/s1/nonces/")
+	require.NoError(t, err)
+	require.Empty(t, objs, "refused requests must not mark the nonce used")
+
+	resp, err := f.svc.RegisterAgent(ctx, &nstancev1.RegisterAgentRequest{Nonce: tok, PublicKeyPem: pubPEM(t), IpAddresses: []string{"10.0.0.7"}, Hostname: "web-1.example"})
+	require.NoError(t, err)
+	cert, err := pki.ParseCertificatePEM([]byte(resp.GetCertificatePem()))
+	require.NoError(t, err)
+	id, err := pki.IdentityFromCert(cert, "c1")
+	require.NoError(t, err)
+	require.Equal(t, pki.Identity{ClusterID: "c1", Tenant: "acme", Role: pki.RoleAgent, ClientID: "i-1", Shard: "s1", Group: "web"}, id)
+	require.Equal(t, "10.0.0.7", cert.IPAddresses[0].String())
+	require.Equal(t, []string{"web-1.example"}, cert.DNSNames)
+	require.Equal(t, int32(1), f.agents.Load())
+}
+
+func TestConcurrentUseOfOneNonce(t *testing.T) {
+	f := newFixture(t)
+	tok := f.agentNonce(t)
+	var ok, replayed atomic.Int32
+	var wg sync.WaitGroup
+	for i := 0; i < 16; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := f.svc.RegisterAgent(context.Background(), &nstancev1.RegisterAgentRequest{Nonce: tok, PublicKeyPem: pubPEM(t)})
+			switch status.Code(err) {
+			case codes.OK:
+				ok.Add(1)
+			case codes.AlreadyExists:
+				replayed.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, int32(1), ok.Load())
+	require.Equal(t, int32(15), replayed.Load())
+}
+
+func TestRegisterOperatorRecordsRegistration(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	tok, err := nonce.Mint(f.nonceKey, nonce.Claims{Kind: nonce.KindOperator, ClusterID: "c1", Tenant: "acme", RegisteredClaims: jwt.RegisteredClaims{Subject: "op"}}, time.Hour, time.Now())
+	require.NoError(t, err)
+	resp, err := f.svc.RegisterOperator(ctx, &nstancev1.RegisterOperatorRequest{Nonce: tok, PublicKeyPem: pubPEM(t)})
+	require.NoError(t, err)
+	require.Equal(t, nstancev1.ClientRole_CLIENT_ROLE_OPERATOR, resp.GetIdentity().GetRole())
+	require.WithinDuration(t, time.Now().Add(2*time.Hour), resp.GetExpiresAt().AsTime(), time.Minute)
+	rec, err := f.store.Get(ctx, "cluster/operators/op.json")
+	require.NoError(t, err)
+	require.Contains(t, string(rec.Body), `"tenant":"acme"`)
+	// An operator nonce is refused by RegisterAgent for its kind.
+	_, err = f.svc.RegisterAgent(ctx, &nstancev1.RegisterAgentRequest{Nonce: tok, PublicKeyPem: pubPEM(t)})
+	require.Equal(t, codes.Unauthenticated, status.Code(err))
+	require.Contains(t, err.Error(), "another kind")
+}
