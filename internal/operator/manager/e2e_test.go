@@ -39,12 +39,7 @@ func TestRegistrationLifecycle(t *testing.T) {
 	crashing.LeaderElect = true
 	crashing.AfterKeypairStored = func() error { return errors.New("injected crash") }
 	r := startOperator(t, crashing)
-	select {
-	case err := <-r.done:
-		require.ErrorContains(t, err, "injected crash")
-	case <-time.After(waitLong):
-		t.Fatal("operator did not stop after the injected crash")
-	}
+	require.ErrorContains(t, r.exited(t), "injected crash")
 	key, ok := get(t, f.ns, config.DefaultKeySecret, &corev1.Secret{})
 	require.True(t, ok, "keypair Secret stored before the crash")
 	_, ok = get(t, f.ns, config.DefaultCertSecret, &corev1.Secret{})
@@ -84,13 +79,9 @@ func TestRegistrationLifecycle(t *testing.T) {
 func TestFatalWithoutNonce(t *testing.T) {
 	f := newFixture(t, "shard-a")
 	r := startOperator(t, f.options(t))
-	select {
-	case err := <-r.done:
-		require.ErrorIs(t, err, bootstrap.ErrNonceMissing)
-		require.ErrorContains(t, err, config.DefaultNonceSecret)
-	case <-time.After(waitLong):
-		t.Fatal("operator kept running without a nonce")
-	}
+	err := r.exited(t)
+	require.ErrorIs(t, err, bootstrap.ErrNonceMissing)
+	require.ErrorContains(t, err, config.DefaultNonceSecret)
 }
 
 // serverSizes returns the spec size and actual size of group on each shard

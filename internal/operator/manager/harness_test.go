@@ -7,12 +7,12 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/testr"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/nonce"
@@ -226,7 +227,7 @@ func (f *fixture) options(t testing.TB) manager.Options {
 		},
 		RestConfig:         env.Config,
 		MetricsRegistry:    prometheus.NewRegistry(),
-		Log:                testr.NewWithOptions(t.(*testing.T), testr.Options{Verbosity: 0}),
+		Log:                testLogger(),
 		MaxBackoff:         300 * time.Millisecond,
 		RetryDelay:         300 * time.Millisecond,
 		ImportWait:         10 * time.Second,
@@ -238,7 +239,9 @@ func (f *fixture) options(t testing.TB) manager.Options {
 type running struct {
 	op     *manager.Operator
 	cancel context.CancelFunc
-	done   chan error
+	// done is closed when Start returned; err holds its result.
+	done chan struct{}
+	err  error
 }
 
 func startOperator(t testing.TB, o manager.Options) *running {
@@ -246,8 +249,11 @@ func startOperator(t testing.TB, o manager.Options) *running {
 	ctx, cancel := context.WithCancel(context.Background())
 	op, err := manager.New(ctx, o)
 	require.NoError(t, err)
-	r := &running{op: op, cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- op.Start(ctx) }()
+	r := &running{op: op, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		r.err = op.Start(ctx)
+		close(r.done)
+	}()
 	t.Cleanup(r.stop)
 	return r
 }
@@ -260,12 +266,24 @@ func (r *running) stop() {
 	}
 }
 
+// exited waits for the operator to stop on its own and returns its error.
+func (r *running) exited(t testing.TB) error {
+	t.Helper()
+	select {
+	case <-r.done:
+		return r.err
+	case <-time.After(waitLong):
+		t.Fatal("operator kept running")
+		return nil
+	}
+}
+
 func (r *running) waitImported(t testing.TB) {
 	t.Helper()
 	select {
 	case <-r.op.Imported:
-	case err := <-r.done:
-		t.Fatalf("operator stopped before import: %v", err)
+	case <-r.done:
+		t.Fatalf("operator stopped before import: %v", r.err)
 	case <-time.After(60 * time.Second):
 		t.Fatal("import did not finish")
 	}
@@ -349,3 +367,13 @@ const (
 	waitLong = 60 * time.Second
 	tick     = 50 * time.Millisecond
 )
+
+// testLogger writes operator logs to stderr with -v and discards them
+// otherwise. (A t.Log-based logger panics when background goroutines such
+// as the event broadcaster log after the test ended.)
+func testLogger() logr.Logger {
+	if !testing.Verbose() {
+		return logr.Discard()
+	}
+	return zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(true))
+}

@@ -5,6 +5,9 @@ import (
 	"os"
 	"testing"
 
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
 	"github.com/nstance-dev/nstance/internal/testing/kubetest"
 )
 
@@ -16,6 +19,7 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	ctrllog.SetLogger(logr.Discard())
 	e, stop, err := kubetest.StartEnv()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "start envtest: %v\n", err)
