@@ -43,6 +43,11 @@ func (s *Server) serveResource(w http.ResponseWriter, r *http.Request, group, ve
 	}
 	res, ok := s.reg.Lookup(schema.GroupVersionResource{Group: group, Version: ver, Resource: rest[0]})
 	if !ok || (!res.Namespaced && rq.namespace != "") {
+		if !s.reg.BuiltInGroup(group) {
+			// Custom resource groups answer like apiextensions-apiserver.
+			http.NotFound(w, r)
+			return
+		}
 		writeError(w, notFound())
 		return
 	}
@@ -285,6 +290,10 @@ func validateName(res *registry.Resource, name string) error {
 // checkNamespace fails when the namespace of a namespaced object is missing
 // or being deleted.
 func (s *Server) checkNamespace(res *registry.Resource, ns string, creating bool) error {
+	return s.checkNamespaceFor(res, ns, "", creating)
+}
+
+func (s *Server) checkNamespaceFor(res *registry.Resource, ns, name string, creating bool) error {
 	if !res.Namespaced {
 		return nil
 	}
@@ -293,9 +302,8 @@ func (s *Server) checkNamespace(res *registry.Resource, ns string, creating bool
 		return apierrors.NewNotFound(schema.GroupResource{Resource: "namespaces"}, ns)
 	}
 	if creating && hasDeletionTimestamp(e.Object) {
-		err := apierrors.NewForbidden(res.GroupResource(), "", fmt.Errorf("unable to create new content in namespace %s because it is being terminated", ns))
-		err.ErrStatus.Message = fmt.Sprintf("%s is forbidden: unable to create new content in namespace %s because it is being terminated", res.Resource, ns)
-		err.ErrStatus.Details = &metav1.StatusDetails{Group: res.Group, Kind: res.Resource, Causes: []metav1.StatusCause{{Type: "NamespaceTerminating", Message: fmt.Sprintf("namespace %s is being terminated", ns), Field: "metadata.namespace"}}}
+		err := apierrors.NewForbidden(res.GroupResource(), name, fmt.Errorf("unable to create new content in namespace %s because it is being terminated", ns))
+		err.ErrStatus.Details.Causes = []metav1.StatusCause{{Type: "NamespaceTerminating", Message: fmt.Sprintf("namespace %s is being terminated", ns), Field: "metadata.namespace"}}
 		return err
 	}
 	return nil
@@ -347,7 +355,7 @@ func (s *Server) createObject(rq request, obj map[string]any, dryRun bool) (int,
 	if err := validateName(rq.res, name); err != nil {
 		return 0, nil, err
 	}
-	if err := s.checkNamespace(rq.res, rq.namespace, true); err != nil {
+	if err := s.checkNamespaceFor(rq.res, rq.namespace, name, true); err != nil {
 		return 0, nil, err
 	}
 	s.prepareCreate(rq.res, obj, time.Now())
@@ -412,13 +420,15 @@ func (s *Server) update(w http.ResponseWriter, r *http.Request, rq request) {
 		return
 	}
 	created := false
+	// Checked before taking the store lock; used only if PUT creates.
+	nsErr := s.checkNamespace(rq.res, rq.namespace, true)
 	result, err := s.store.Mutate(rq.res.StorageName(), rq.namespace, rq.name, dryRunFunc(isDryRun(r), func(cur map[string]any) (store.Mutation, error) {
 		if cur == nil {
 			if !rq.res.CreateOnUpdate || rq.sub != "" {
 				return store.Mutation{}, apierrors.NewNotFound(rq.res.GroupResource(), rq.name)
 			}
-			if err := s.checkNamespace(rq.res, rq.namespace, true); err != nil {
-				return store.Mutation{}, err
+			if nsErr != nil {
+				return store.Mutation{}, nsErr
 			}
 			s.prepareCreate(rq.res, obj, time.Now())
 			created = true
@@ -430,7 +440,8 @@ func (s *Server) update(w http.ResponseWriter, r *http.Request, rq request) {
 		}
 		rv := str(md, "resourceVersion")
 		if rv == "" && !rq.res.BuiltIn {
-			return store.Mutation{}, apierrors.NewInvalid(rq.res.GVK().GroupKind(), rq.name, field.ErrorList{field.Invalid(field.NewPath("metadata", "resourceVersion"), int64(0), "must be specified for an update")})
+			gk := schemaGK(rq.res.Group, rq.res.Resource) // kube names custom resources by plural here
+			return store.Mutation{}, apierrors.NewInvalid(gk, rq.name, field.ErrorList{field.Invalid(field.NewPath("metadata", "resourceVersion"), int64(0), "must be specified for an update")})
 		}
 		if rv != "" && rv != rvOf(cur) {
 			return store.Mutation{}, conflict(rq.res, rq.name)
@@ -451,6 +462,7 @@ func (s *Server) update(w http.ResponseWriter, r *http.Request, rq request) {
 // finishUpdate validates an updated object and turns "deleting with no
 // finalizers left" into the final deletion.
 func (s *Server) finishUpdate(rq request, cur, next map[string]any) (store.Mutation, error) {
+	tidyMeta(next)
 	next, err := s.roundTrip(rq.res, next)
 	if err != nil {
 		return store.Mutation{}, err

@@ -9,7 +9,9 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/nstance-dev/nstance/internal/devk8s/registry"
@@ -83,11 +85,12 @@ func (s *Server) deleteObject(res *registry.Resource, ns, name string, opts meta
 		}
 		md := metaOf(cur)
 		if p := opts.Preconditions; p != nil {
+			gk := schema.GroupResource{Group: res.Group, Resource: res.Kind}
 			if p.UID != nil && string(*p.UID) != str(md, "uid") {
-				return store.Mutation{}, apierrors.NewConflict(res.GroupResource(), name, fmt.Errorf("Precondition failed: UID in precondition: %v, UID in object meta: %v", *p.UID, str(md, "uid")))
+				return store.Mutation{}, apierrors.NewConflict(gk, name, fmt.Errorf("the UID in the precondition (%s) does not match the UID in record (%s). The object might have been deleted and then recreated", *p.UID, str(md, "uid")))
 			}
 			if p.ResourceVersion != nil && *p.ResourceVersion != str(md, "resourceVersion") {
-				return store.Mutation{}, apierrors.NewConflict(res.GroupResource(), name, fmt.Errorf("Precondition failed: ResourceVersion in precondition: %v, ResourceVersion in object meta: %v", *p.ResourceVersion, str(md, "resourceVersion")))
+				return store.Mutation{}, apierrors.NewConflict(gk, name, fmt.Errorf("the ResourceVersion in the precondition (%s) does not match the ResourceVersion in record (%s). The object might have been modified", *p.ResourceVersion, str(md, "resourceVersion")))
 			}
 		}
 		fs := finalizers(md)
@@ -174,10 +177,10 @@ func validPolicy(opts metav1.DeleteOptions) error {
 	switch *opts.PropagationPolicy {
 	case metav1.DeletePropagationBackground, metav1.DeletePropagationForeground, metav1.DeletePropagationOrphan:
 	default:
-		return apierrors.NewBadRequest(fmt.Sprintf("DeleteOptions.meta.k8s.io \"\" is invalid: propagationPolicy: Unsupported value: %q: supported values: \"Foreground\", \"Background\", \"Orphan\", \"nil\"", *opts.PropagationPolicy))
+		return apierrors.NewInvalid(schema.GroupKind{Group: "meta.k8s.io", Kind: "DeleteOptions"}, "", field.ErrorList{field.NotSupported(field.NewPath("propagationPolicy"), *opts.PropagationPolicy, []string{"Foreground", "Background", "Orphan", "nil"})})
 	}
 	if opts.OrphanDependents != nil {
-		return apierrors.NewBadRequest("DeleteOptions.meta.k8s.io \"\" is invalid: propagationPolicy: Invalid value: \"" + string(*opts.PropagationPolicy) + "\": orphanDependents and deletionPropagation cannot be both set")
+		return apierrors.NewInvalid(schema.GroupKind{Group: "meta.k8s.io", Kind: "DeleteOptions"}, "", field.ErrorList{field.Invalid(field.NewPath("propagationPolicy"), *opts.PropagationPolicy, "orphanDependents and deletionPropagation cannot be both set")})
 	}
 	return nil
 }

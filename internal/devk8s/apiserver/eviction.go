@@ -22,8 +22,8 @@ func toTyped(obj map[string]any, out any) error {
 	return runtime.DefaultUnstructuredConverter.FromUnstructured(obj, out)
 }
 
-func tooManyRequests(cause string) error {
-	err := apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+func tooManyRequests(cause string, retryAfter int) error {
+	err := apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", retryAfter)
 	err.ErrStatus.Details.Causes = append(err.ErrStatus.Details.Causes, metav1.StatusCause{Type: policyv1.DisruptionBudgetCause, Message: cause})
 	return err
 }
@@ -146,7 +146,7 @@ func (s *Server) useDisruption(ns, podName string, pdb policyv1.PodDisruptionBud
 			return store.Mutation{}, apierrors.NewInternalError(err)
 		}
 		if p.Status.ObservedGeneration < p.Generation {
-			return store.Mutation{}, tooManyRequests(fmt.Sprintf("The disruption budget %s is still being processed by the server.", p.Name))
+			return store.Mutation{}, tooManyRequests(fmt.Sprintf("The disruption budget %s is still being processed by the server.", p.Name), 10)
 		}
 		if p.Status.DisruptionsAllowed < 0 {
 			return store.Mutation{}, apierrors.NewForbidden(schema.GroupResource{Group: "policy", Resource: "poddisruptionbudget"}, p.Name, fmt.Errorf("pdb disruptions allowed is negative"))
@@ -164,7 +164,7 @@ func (s *Server) useDisruption(ns, podName string, pdb policyv1.PodDisruptionBud
 			default:
 				msg = fmt.Sprintf("The disruption budget %s does not allow evicting pods currently", p.Name)
 			}
-			return store.Mutation{}, tooManyRequests(msg)
+			return store.Mutation{}, tooManyRequests(msg, 0)
 		}
 		p.Status.DisruptionsAllowed--
 		if p.Status.DisruptionsAllowed == 0 {

@@ -156,8 +156,28 @@ func generationOf(md map[string]any) int64 {
 	return g
 }
 
+// tidyMeta drops empty metadata collections, as encoding ObjectMeta does.
+func tidyMeta(obj map[string]any) {
+	md := metaOf(obj)
+	for _, k := range []string{"labels", "annotations", "finalizers", "ownerReferences"} {
+		switch v := md[k].(type) {
+		case map[string]any:
+			if len(v) == 0 {
+				delete(md, k)
+			}
+		case []any:
+			if len(v) == 0 {
+				delete(md, k)
+			}
+		case nil:
+			delete(md, k)
+		}
+	}
+}
+
 // prepareCreate fills server-managed fields of a new object.
 func (s *Server) prepareCreate(res *registry.Resource, obj map[string]any, now time.Time) {
+	tidyMeta(obj)
 	md := metaOf(obj)
 	md["uid"] = string(uuid.NewUUID())
 	md["creationTimestamp"] = timestamp(now)
@@ -212,7 +232,7 @@ func prepareUpdate(res *registry.Resource, sub string, cur, obj map[string]any) 
 	delete(md, "managedFields")
 	next["apiVersion"] = res.APIVersion()
 	next["kind"] = res.Kind
-	if res.Generation && specChanged(cur, next) {
+	if res.Generation && (specChanged(cur, next) || (!res.Status && !jsonEqual(cur["status"], next["status"]))) {
 		md["generation"] = generationOf(cmd) + 1
 	}
 	return next

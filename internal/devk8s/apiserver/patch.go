@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/mergepatch"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/yaml"
 
 	"github.com/nstance-dev/nstance/internal/devk8s/registry"
@@ -133,10 +134,12 @@ func (s *Server) patch(w http.ResponseWriter, r *http.Request, rq request) {
 		return
 	}
 	if pt == types.ApplyYAMLPatchType && r.URL.Query().Get("fieldManager") == "" {
-		writeError(w, apierrors.NewBadRequest("PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"))
+		writeError(w, apierrors.NewInvalid(schemaGK("meta.k8s.io", "PatchOptions"), "", field.ErrorList{field.Required(field.NewPath("fieldManager"), "is required for apply patch")}))
 		return
 	}
 	created := false
+	// Checked before taking the store lock; used only if apply creates.
+	nsErr := s.checkNamespace(rq.res, rq.namespace, true)
 	result, err := s.store.Mutate(rq.res.StorageName(), rq.namespace, rq.name, dryRunFunc(isDryRun(r), func(cur map[string]any) (store.Mutation, error) {
 		if cur == nil {
 			if pt != types.ApplyYAMLPatchType {
@@ -156,8 +159,8 @@ func (s *Server) patch(w http.ResponseWriter, r *http.Request, rq request) {
 			if n := str(md, "name"); n != rq.name {
 				return store.Mutation{}, apierrors.NewBadRequest(fmt.Sprintf("the name of the object (%s) does not match the name on the URL (%s)", n, rq.name))
 			}
-			if err := s.checkNamespace(rq.res, rq.namespace, true); err != nil {
-				return store.Mutation{}, err
+			if nsErr != nil {
+				return store.Mutation{}, nsErr
 			}
 			s.prepareCreate(rq.res, obj, timeNow())
 			created = true

@@ -53,9 +53,17 @@ func (s *Server) parseSelectors(res *registry.Resource, label, field string) (*s
 			}
 		}
 		for _, req := range fs.Requirements() {
-			if !allowed[req.Field] {
+			if allowed[req.Field] {
+				continue
+			}
+			if !res.BuiltIn {
 				return nil, apierrors.NewBadRequest(fmt.Sprintf("field label not supported: %s", req.Field))
 			}
+			known := []string{`"metadata.name"`, `"metadata.namespace"`}
+			for _, f := range fieldLabels[res.Resource] {
+				known = append(known, strconv.Quote(f))
+			}
+			return nil, apierrors.NewBadRequest(fmt.Sprintf("%q is not a known field selector: only %s", req.Field, strings.Join(known, ", ")))
 		}
 		sel.fields = fs
 	}

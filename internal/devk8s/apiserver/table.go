@@ -82,12 +82,10 @@ func builtinColumns(res *registry.Resource) []column {
 			pathCol("Restarts", "string", 0, "status", "restartCount"),
 			pathCol("Node", "string", 1, "spec", "nodeName"),
 		}
-	case "configmaps", "secrets":
-		return []column{{def: metav1.TableColumnDefinition{Name: "Data", Type: "integer"}, cell: func(o map[string]any) any {
-			d, _ := o["data"].(map[string]any)
-			b, _ := o["binaryData"].(map[string]any)
-			return int64(len(d) + len(b))
-		}}}
+	case "configmaps":
+		return []column{dataCol()}
+	case "secrets":
+		return []column{pathCol("Type", "string", 0, "type"), dataCol()}
 	case "poddisruptionbudgets":
 		return []column{
 			pathCol("Min Available", "string", 0, "spec", "minAvailable"),
@@ -100,6 +98,14 @@ func builtinColumns(res *registry.Resource) []column {
 		return []column{{def: metav1.TableColumnDefinition{Name: "Created At", Type: "date"}, cell: func(o map[string]any) any { return nestedString(o, "metadata", "creationTimestamp") }}}
 	}
 	return nil
+}
+
+func dataCol() column {
+	return column{def: metav1.TableColumnDefinition{Name: "Data", Type: "string"}, cell: func(o map[string]any) any {
+		d, _ := o["data"].(map[string]any)
+		b, _ := o["binaryData"].(map[string]any)
+		return int64(len(d) + len(b))
+	}}
 }
 
 func nodeStatus(o map[string]any) any {
@@ -190,21 +196,12 @@ func crdColumns(cols []apiextensionsv1.CustomResourceColumnDefinition) ([]column
 // table renders entries as a meta.k8s.io/v1 Table.
 func (s *Server) table(res *registry.Resource, entries []*store.Entry, cont string, r *http.Request) (*metav1.Table, error) {
 	cols := []column{nameCol()}
-	if res.PrinterColumns != nil {
+	if len(res.PrinterColumns) > 0 {
 		extra, err := crdColumns(res.PrinterColumns)
 		if err != nil {
 			return nil, err
 		}
 		cols = append(cols, extra...)
-		hasAge := false
-		for _, c := range res.PrinterColumns {
-			if c.Name == "Age" {
-				hasAge = true
-			}
-		}
-		if !hasAge {
-			cols = append(cols, ageCol())
-		}
 	} else {
 		cols = append(cols, builtinColumns(res)...)
 		cols = append(cols, ageCol())

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -307,6 +308,11 @@ func runTable(t *testing.T, cases []diffCase) {
 	}
 }
 
+var (
+	uuidRE   = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+	numberRE = regexp.MustCompile(`\(\d+\)`)
+)
+
 // volatile keys are dropped from compared objects wherever they appear.
 var volatile = map[string]bool{
 	"uid": true, "resourceVersion": true, "creationTimestamp": true, "managedFields": true,
@@ -356,6 +362,9 @@ func summary(r resp) any {
 		out := map[string]any{"code": r.Code}
 		for _, k := range []string{"status", "reason", "message", "code"} {
 			if v, ok := r.Obj[k]; ok {
+				if s, ok := v.(string); ok {
+					v = uuidRE.ReplaceAllString(numberRE.ReplaceAllString(s, "(<n>)"), "<uid>")
+				}
 				out["status."+k] = v
 			}
 		}

@@ -249,6 +249,18 @@ func versionKey(v string) [4]int {
 	return [4]int{1, stage, major, minor}
 }
 
+// BuiltInGroup reports whether a group has built-in (non-CRD) resources.
+func (r *Registry) BuiltInGroup(group string) bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for _, res := range r.resources {
+		if res.Group == group && res.BuiltIn {
+			return true
+		}
+	}
+	return false
+}
+
 // AddCRD registers (or re-registers) the served versions of a CRD.
 func (r *Registry) AddCRD(crd *apiextensionsv1.CustomResourceDefinition) error {
 	if crd.Spec.Names.Plural == "" || crd.Spec.Names.Kind == "" || crd.Spec.Group == "" {

@@ -462,8 +462,13 @@ func (s *Store) commitLocked(res string, t *table, ns, name string, cur *Entry, 
 		delete(t.objs, k)
 		t.sorted = nil
 		// The DELETED event carries the object at the deletion's RV, as
-		// kube-apiserver does.
-		last := withRV(cur.Object, rv)
+		// kube-apiserver does: the final state when the deletion came from
+		// an update (the last finalizer removed), else the stored one.
+		final := cur.Object
+		if m.Object != nil {
+			final = m.Object
+		}
+		last := withRV(final, rv)
 		ent, err := newEntry(last, rv)
 		if err != nil {
 			return nil, Result{}, err
