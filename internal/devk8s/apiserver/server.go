@@ -103,6 +103,10 @@ func New(ctx context.Context, log logr.Logger, opts Options) (*Server, error) {
 			return nil, fmt.Errorf("load %s: %w", res.StorageName(), err)
 		}
 	}
+	if err := s.ensureNamespaces(); err != nil {
+		_ = st.Close()
+		return nil, err
+	}
 	if err := s.installCRDFiles(ctx, opts.CRDFiles); err != nil {
 		_ = st.Close()
 		return nil, err
@@ -110,6 +114,23 @@ func New(ctx context.Context, log logr.Logger, opts Options) (*Server, error) {
 	s.wg.Add(1)
 	go s.collector(ctx)
 	return s, nil
+}
+
+// systemNamespaces exist in every cluster.
+var systemNamespaces = []string{"default", "kube-system", "kube-public", "kube-node-lease"}
+
+func (s *Server) ensureNamespaces() error {
+	res, _ := s.reg.Lookup(schema.GroupVersionResource{Version: "v1", Resource: "namespaces"})
+	for _, ns := range systemNamespaces {
+		if _, ok := s.store.Get("namespaces", "", ns); ok {
+			continue
+		}
+		obj := map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": ns}}
+		if _, _, err := s.createObject(request{res: res}, obj, false); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create namespace %s: %w", ns, err)
+		}
+	}
+	return nil
 }
 
 // Close stops background work and the store.
