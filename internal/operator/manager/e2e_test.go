@@ -8,10 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -115,8 +118,8 @@ func TestPoolSync(t *testing.T) {
 		b, okB := get(t, f.ns, "workers--shard-b", &infrav1.NstanceShardGroup{})
 		return okA && okB && a.Spec.Size == 3 && b.Spec.Size == 2
 	}, waitLong, tick)
-	sg, _ := get(t, f.ns, "workers--shard-a", &infrav1.NstanceShardGroup{})
-	require.True(t, slices.Contains(sg.Finalizers, infrav1.ShardGroupFinalizer) || sg.Finalizers == nil)
+	sg, ok := get(t, f.ns, "workers--shard-a", &infrav1.NstanceShardGroup{})
+	require.True(t, ok)
 	ref := metav1.GetControllerOf(sg)
 	require.NotNil(t, ref)
 	require.Equal(t, "workers", ref.Name)
@@ -124,6 +127,12 @@ func TestPoolSync(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return slices.Equal(f.serverSizes(t, "workers", "shard-a", "shard-b"), [][2]int{{3, 3}, {2, 2}})
 	}, waitLong, tick)
+	require.Eventually(t, func() bool {
+		sg, _ = get(t, f.ns, "workers--shard-a", &infrav1.NstanceShardGroup{})
+		return slices.Contains(sg.Finalizers, infrav1.ShardGroupFinalizer)
+	}, waitLong, tick)
+	pool0, _ := get(t, f.ns, "workers", &infrav1.NstanceMachinePool{})
+	require.Contains(t, pool0.Finalizers, infrav1.MachinePoolFinalizer)
 	var pool *infrav1.NstanceMachinePool
 	defer func() {
 		if t.Failed() {
@@ -153,6 +162,28 @@ func TestPoolSync(t *testing.T) {
 	require.Eventually(t, func() bool {
 		nc, ok := get(t, f.ns, clusterID, &infrav1.NstanceCluster{})
 		return ok && len(nc.Status.FailureDomains) == 2 && nc.Status.FailureDomains[0].Name == "shard-a" && nc.Status.Ready
+	}, waitLong, tick)
+
+	// The kubeconfig Secret for CAPI holds a ServiceAccount token.
+	var kc *corev1.Secret
+	require.Eventually(t, func() bool {
+		kc, ok = get(t, f.ns, clusterID+"-kubeconfig", &corev1.Secret{})
+		return ok
+	}, waitLong, tick)
+	require.Equal(t, clusterv1.ClusterSecretType, kc.Type)
+	kcfg, err := clientcmd.Load(kc.Data["value"])
+	require.NoError(t, err)
+	require.NotEmpty(t, kcfg.AuthInfos[kcfg.Contexts[kcfg.CurrentContext].AuthInfo].Token)
+
+	// Paused: a replica change waits until the annotation goes away.
+	setPaused(t, f.ns, "workers", true)
+	f.scale(t, "workers", 2)
+	time.Sleep(time.Second)
+	sg, _ = get(t, f.ns, "workers--shard-a", &infrav1.NstanceShardGroup{})
+	require.Equal(t, int32(3), sg.Spec.Size, "paused pool not resized")
+	setPaused(t, f.ns, "workers", false)
+	require.Eventually(t, func() bool {
+		return slices.Equal(f.serverSizes(t, "workers", "shard-a", "shard-b"), [][2]int{{1, 1}, {1, 1}})
 	}, waitLong, tick)
 
 	// Scale to 1: shard groups 1 and 0, servers follow.
@@ -246,7 +277,10 @@ func TestImportOnce(t *testing.T) {
 func TestShardOutage(t *testing.T) {
 	f := newFixture(t, "shard-a", "shard-b")
 	f.putNonce(t)
-	r := startOperator(t, f.options(t))
+	o := f.options(t)
+	reg := prometheus.NewRegistry()
+	o.MetricsRegistry = reg
+	r := startOperator(t, o)
 	r.waitImported(t)
 	f.createPool(t, "web", 4, "shard-a", "shard-b")
 	require.Eventually(t, func() bool {
@@ -261,6 +295,7 @@ func TestShardOutage(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return len(f.events(t, "NstanceShardGroup", "web--shard-b", "ShardUnreachable")) > 0
 	}, waitLong, tick)
+	require.ErrorContains(t, r.op.Conns.ReadyCheck(nil), "shard-b", "readiness reports the down shard")
 	sgA, _ := get(t, f.ns, "web--shard-a", &infrav1.NstanceShardGroup{})
 	require.Equal(t, metav1.ConditionTrue, condition(sgA.Status.Conditions, infrav1.ShardReachableCondition))
 
@@ -286,6 +321,17 @@ func TestShardOutage(t *testing.T) {
 			p.Status.Ready && len(p.Spec.ProviderIDList) == 6
 	}, waitLong, tick)
 
+	require.NoError(t, r.op.Conns.ReadyCheck(nil))
+	reconnects, err := testutil.GatherAndCount(reg, "nstance_operator_stream_reconnects_total")
+	require.NoError(t, err)
+	require.Positive(t, reconnects, "stream reconnects counted")
+	up, err := testutil.GatherAndCount(reg, "nstance_operator_shard_up")
+	require.NoError(t, err)
+	require.Equal(t, 2, up)
+	syncs, err := testutil.GatherAndCount(reg, "nstance_operator_group_sync_duration_seconds")
+	require.NoError(t, err)
+	require.Positive(t, syncs)
+
 	// A provider error on shard a becomes an Event on its shard group.
 	prov := f.shards["shard-a"].sh.Provider.(*mock.Provider)
 	prov.FailCreate(func(provider.CreateRequest) error { return fmt.Errorf("quota exceeded for test.small") })
@@ -303,6 +349,25 @@ func TestShardOutage(t *testing.T) {
 	}, waitLong, tick)
 }
 
+func setPaused(t testing.TB, ns, name string, on bool) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var p infrav1.NstanceMachinePool
+		if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &p); err != nil {
+			return false
+		}
+		if p.Annotations == nil {
+			p.Annotations = map[string]string{}
+		}
+		if on {
+			p.Annotations[clusterv1.PausedAnnotation] = ""
+		} else {
+			delete(p.Annotations, clusterv1.PausedAnnotation)
+		}
+		return env.Client.Update(context.Background(), &p) == nil
+	}, 10*time.Second, tick)
+}
+
 func containsAll(s string, parts ...string) bool {
 	for _, p := range parts {
 		if !contains(s, p) {
@@ -315,8 +380,6 @@ func containsAll(s string, parts ...string) bool {
 func contains(s, sub string) bool {
 	return len(sub) == 0 || (len(s) >= len(sub) && (s[:len(sub)] == sub || contains(s[1:], sub)))
 }
-
-var _ = client.ObjectKey{}
 
 func dump(t testing.TB, ns, pool string) func() string {
 	return func() string {
