@@ -88,6 +88,17 @@ func (t *Tracker) Overdue(ids []string, since, now time.Time, interval time.Dura
 	return out
 }
 
+// LastReport returns when an instance last reported.
+func (t *Tracker) LastReport(instanceID string) (time.Time, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	rec, ok := t.last[instanceID]
+	if !ok {
+		return time.Time{}, false
+	}
+	return rec.Received, true
+}
+
 // Forget drops an instance.
 func (t *Tracker) Forget(instanceID string) {
 	t.mu.Lock()

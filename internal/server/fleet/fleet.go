@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/server/agentapi"
 	"github.com/nstance-dev/nstance/internal/server/config"
 	"github.com/nstance-dev/nstance/internal/server/events"
 	"github.com/nstance-dev/nstance/internal/server/groups"
@@ -23,6 +26,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/provider/tmux"
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
 	"github.com/nstance-dev/nstance/pkg/objstore"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
 // Options configures a Fleet.
@@ -47,6 +51,30 @@ type Options struct {
 	ResyncInterval time.Duration
 	RetryBase      time.Duration
 	EventBuffer    int
+	// Agent, when its CA is set, builds the Agent service.
+	Agent AgentOptions
+}
+
+// AgentOptions configure the Agent service of a fleet.
+type AgentOptions struct {
+	// CA signs the certificates of agent-generated keys; nil means no Agent service.
+	CA *pki.CA
+	// CertValidity caps issued certificates (default 24h).
+	CertValidity time.Duration
+	// Secret resolves files of kind secret; nil rejects them.
+	Secret func(ctx context.Context, name string) ([]byte, error)
+	// Monitor turns on health monitoring (off for providers without agents).
+	Monitor bool
+	// HealthInterval, HealthMisses, StartupGrace and Surge tune the
+	// reconciler (see reconcile.Options).
+	HealthInterval time.Duration
+	HealthMisses   int
+	StartupGrace   time.Duration
+	Surge          int
+	// RepushInterval is passed to agentapi.
+	RepushInterval time.Duration
+	// OnReport, when set, also sees every accepted health report (after the reconciler).
+	OnReport func(ctx context.Context, ref agentapi.Ref, report *nstancev1.HealthReport, received time.Time)
 }
 
 // Fleet is the assembled instance management of one shard.
@@ -56,6 +84,11 @@ type Fleet struct {
 	Instances  *instances.Store
 	Groups     *groups.Registry
 	Events     *events.Hubs
+	// Agent is the Agent service (nil without AgentOptions.CA), with its
+	// key store and health tracker.
+	Agent     *agentapi.Server
+	AgentKeys *agentapi.MemKeyStore
+	Health    *agentapi.Tracker
 }
 
 // New assembles a fleet. The config holder must already hold a config.
@@ -68,15 +101,88 @@ func New(o Options) (*Fleet, error) {
 	hubs := events.NewHubs(o.EventBuffer)
 	store := instances.NewStore(o.Store, o.Keys, shard, o.Mirror)
 	reg := groups.NewRegistry(o.Store, o.Keys, shard)
-	rec := reconcile.New(reconcile.Options{
+	f := &Fleet{Instances: store, Groups: reg, Events: hubs}
+	ro := reconcile.Options{
 		Cluster: cfg.Cluster.ID, Shard: shard, Config: o.Config.Current, Groups: reg, Instances: store,
 		Provider: o.Provider, Nonces: o.Nonces, CACert: o.CACert, RegistrationAddr: o.RegistrationAddr,
 		AgentAddr: o.AgentAddr, Events: hubs, Log: o.Log, Workers: o.Workers, ResyncInterval: o.ResyncInterval,
-		RetryBase: o.RetryBase,
-	})
-	o.Config.OnChange(func(old, cur *config.Config) { rec.ConfigChanged() })
-	svc := operatorsvc.New(operatorsvc.Options{Shard: shard, Reconciler: rec, Config: o.Config, Renewer: o.Renewer, Tenant: o.Tenant})
-	return &Fleet{Reconciler: rec, Service: svc, Instances: store, Groups: reg, Events: hubs}, nil
+		RetryBase: o.RetryBase, HealthInterval: o.Agent.HealthInterval, HealthMisses: o.Agent.HealthMisses,
+		StartupGrace: o.Agent.StartupGrace, Surge: o.Agent.Surge,
+	}
+	if ao := o.Agent; ao.CA != nil {
+		if ao.CertValidity <= 0 {
+			ao.CertValidity = 24 * time.Hour
+		}
+		f.AgentKeys, f.Health = agentapi.NewMemKeyStore(), agentapi.NewTracker()
+		src := &agentapi.TemplateSource{Lookup: f.templateInput(o.Config), Secret: ao.Secret, CABundle: ao.CA.CertPEM}
+		srv, err := agentapi.New(agentapi.Options{
+			Source: src, Keys: f.AgentKeys, Signer: &agentapi.CASigner{CA: ao.CA, MaxValidity: ao.CertValidity},
+			Health: f.Health, Log: o.Log.WithName("agentapi"), RepushInterval: ao.RepushInterval,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("fleet: %w", err)
+		}
+		f.Agent = srv
+		ro.Agents = agentHooks{f}
+		if ao.Monitor {
+			ro.Health = f.Health
+		}
+	}
+	f.Reconciler = reconcile.New(ro)
+	if f.Health != nil {
+		r, monitor, observe := f.Reconciler, o.Agent.Monitor, o.Agent.OnReport
+		f.Health.OnReport = func(ctx context.Context, ref agentapi.Ref, rep *nstancev1.HealthReport, at time.Time) {
+			if monitor {
+				r.AgentReported(ref.InstanceID, rep.GetTermination())
+			}
+			if observe != nil {
+				observe(ctx, ref, rep, at)
+			}
+		}
+	}
+	o.Config.OnChange(func(old, cur *config.Config) { f.Reconciler.ConfigChanged() })
+	f.Service = operatorsvc.New(operatorsvc.Options{Shard: shard, Reconciler: f.Reconciler, Config: o.Config, Renewer: o.Renewer, Tenant: o.Tenant})
+	return f, nil
+}
+
+// agentHooks connects the reconciler to the Agent service.
+type agentHooks struct{ f *Fleet }
+
+func (h agentHooks) Notify(ids ...string) { h.f.Agent.Notify(ids...) }
+
+func (h agentHooks) Forget(id string) {
+	h.f.AgentKeys.Forget(id)
+	h.f.Health.Forget(id)
+}
+
+// templateInput resolves what an agent's files are rendered from: the
+// instance's template from the running config, and for group members the
+// vars their group resolves to now (so a var change is pushed); on-demand
+// instances keep the vars they were created with.
+func (f *Fleet) templateInput(holder *liveconfig.Holder) func(context.Context, agentapi.Ref) (*agentapi.TemplateInput, error) {
+	return func(_ context.Context, ref agentapi.Ref) (*agentapi.TemplateInput, error) {
+		rec, ok := f.Instances.Get(ref.InstanceID)
+		if !ok || rec.Tenant != ref.Tenant {
+			return nil, fmt.Errorf("%w: %s", agentapi.ErrUnknownInstance, ref.InstanceID)
+		}
+		cfg := holder.Current()
+		t, ok := cfg.Templates[rec.Template]
+		if !ok {
+			return nil, fmt.Errorf("instance %s: template %q is not in the running config", rec.ID, rec.Template)
+		}
+		vars := rec.Vars
+		if rec.GroupID != "" && !rec.OnDemand {
+			if g, ok := f.Groups.Get(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID}); ok {
+				if eff, err := groups.Resolve(cfg, &g.Spec, groups.Overrides{}); err == nil && eff.Template == rec.Template {
+					vars = eff.Vars
+				}
+			}
+		}
+		return &agentapi.TemplateInput{Template: t, Data: agentapi.TemplateData{
+			InstanceID: rec.ID, Tenant: rec.Tenant, Shard: rec.Shard, Group: rec.GroupID, Template: rec.Template,
+			InstanceType: rec.InstanceType, Vars: maps.Clone(vars), Args: maps.Clone(rec.Args),
+		}}, nil
+	}
 }
 
 // Run reconciles until ctx ends (one leadership term).
@@ -95,6 +201,8 @@ type LocalOptions struct {
 	Command string
 	// Session and Socket override the tmux options.
 	Session, Socket string
+	// Env is added to every agent's environment (KEY=VALUE).
+	Env []string
 }
 
 // NewProvider builds the provider named by shard.infra.provider. Options read
@@ -123,14 +231,14 @@ func NewProvider(infra config.Infra, lo LocalOptions) (provider.Provider, error)
 	case "tmux":
 		return tmux.New(tmux.Config{
 			Command: opt("command", lo.Command, "air -c scripts/air/agent.toml"), Session: opt("session", lo.Session, tmux.DefaultSession),
-			Socket: opt("socket", lo.Socket, ""), StateDir: stateDir, NodeDir: nodeDir, WorkDir: workDir,
+			Socket: opt("socket", lo.Socket, ""), StateDir: stateDir, NodeDir: nodeDir, WorkDir: workDir, Env: lo.Env,
 		})
 	case "process":
 		cmd := strings.Fields(opt("command", lo.Command, "bin/nstance-agent"))
 		if err := os.MkdirAll(stateDir, 0o700); err != nil {
 			return nil, err
 		}
-		return process.New(process.Config{Command: cmd, StateDir: stateDir, NodeDir: nodeDir, WorkDir: workDir})
+		return process.New(process.Config{Command: cmd, StateDir: stateDir, NodeDir: nodeDir, WorkDir: workDir, Env: lo.Env})
 	}
 	return nil, fmt.Errorf("shard.infra.provider: unsupported provider %q (want tmux, process or mock)", infra.Provider)
 }

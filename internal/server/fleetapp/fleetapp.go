@@ -31,6 +31,9 @@ type Options struct {
 	OnBuilt func(*Built)
 	// ResyncInterval of the reconciler (default 30s).
 	ResyncInterval time.Duration
+	// Agent tunes the Agent service and health monitoring; CA, certificate
+	// validity and Monitor are filled in from the runtime.
+	Agent fleet.AgentOptions
 }
 
 // Factory returns a ServiceFactory serving the full Operator API.
@@ -42,7 +45,12 @@ func Factory(o Options) app.ServiceFactory {
 			_, mod = rt.App.ConfigVersion()
 		}
 		holder := liveconfig.New(rt.Store, rt.Keys.Config(cfg.Shard.ID), cfg, rt.ConfigETag, mod)
-		prov, err := fleet.NewProvider(cfg.Shard.Infra, o.Local)
+		local := o.Local
+		if d := cfg.Shard.HealthCheckInterval.D(); d > 0 {
+			// Local agents report at the interval the server expects.
+			local.Env = append(append([]string{}, local.Env...), "NSTANCE_METRICS_INTERVAL="+d.String())
+		}
+		prov, err := fleet.NewProvider(cfg.Shard.Infra, local)
 		if err != nil {
 			return app.Services{}, err
 		}
@@ -57,8 +65,14 @@ func Factory(o Options) app.ServiceFactory {
 				return rt.CA.CertPEM, nil
 			},
 			RegistrationAddr: cfg.Shard.Advertise.RegistrationAddr, AgentAddr: cfg.Shard.Advertise.AgentAddr,
-			Renewer: core, Log: rt.Log, ResyncInterval: o.ResyncInterval,
+			Renewer: core, Log: rt.Log, ResyncInterval: o.ResyncInterval, Agent: o.Agent,
 		}
+		opts.Agent.CA = rt.CA
+		if opts.Agent.CertValidity <= 0 {
+			opts.Agent.CertValidity = cfg.Certificates.AgentValidity.D()
+		}
+		// The mock provider runs no agents, so there is nothing to monitor.
+		opts.Agent.Monitor = cfg.Shard.Infra.Provider != "mock"
 		if rt.Cache != nil {
 			opts.Mirror = CacheMirror{Cache: rt.Cache, Prefix: rt.Keys.InstancePrefix(cfg.Shard.ID)}
 		}
@@ -69,7 +83,11 @@ func Factory(o Options) app.ServiceFactory {
 		if o.OnBuilt != nil {
 			o.OnBuilt(&Built{Fleet: f, Config: holder})
 		}
-		return app.Services{Operator: f.Service, Agent: &nstancev1.UnimplementedAgentServiceServer{}}, nil
+		svcs := app.Services{Operator: f.Service, Agent: &nstancev1.UnimplementedAgentServiceServer{}}
+		if f.Agent != nil {
+			svcs.Agent = f.Agent
+		}
+		return svcs, nil
 	}
 }
 

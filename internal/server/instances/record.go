@@ -85,6 +85,9 @@ type Record struct {
 	CreatedAt    time.Time     `json:"created_at"`
 	UpdatedAt    time.Time     `json:"updated_at"`
 	LastHealthAt *time.Time    `json:"last_health_at,omitempty"`
+	// TerminationNotice is the kind of termination the platform announced
+	// through the agent (e.g. "spot"); the instance is replaced first.
+	TerminationNotice string `json:"termination_notice,omitempty"`
 	// Deletion fields, set once the instance is chosen for removal.
 	DeletionReason nstancev1.DeletionReason `json:"deletion_reason,omitempty"`
 	DrainDeadline  *time.Time               `json:"drain_deadline,omitempty"`

@@ -50,6 +50,26 @@ type Options struct {
 	// RetryBase and RetryMax bound the backoff of failed keys (default 200ms, 1m).
 	RetryBase, RetryMax time.Duration
 	Now                 func() time.Time
+
+	// Health, when set, turns on agent health monitoring: an instance is
+	// ready only while its agent reports, and is marked unhealthy (then
+	// replaced first and drained) after HealthMisses missed reports, or when
+	// no report came within StartupGrace of its creation (or of the term's
+	// start). Nil (providers without agents, e.g. mock) means provider state alone.
+	Health HealthSource
+	// HealthInterval is the expected report interval (default
+	// shard.health_check_interval, else 30s).
+	HealthInterval time.Duration
+	// HealthMisses is the number of missed reports that make an instance
+	// unhealthy (default 3).
+	HealthMisses int
+	// StartupGrace is how long a new instance may take to send its first report (default 5m).
+	StartupGrace time.Duration
+	// Surge is how many instances beyond its size a group may run while
+	// rotating instances whose infra settings drifted (default 1).
+	Surge int
+	// Agents is told about config and group changes and removed instances.
+	Agents AgentHooks
 }
 
 type kind byte
@@ -93,6 +113,12 @@ type Reconciler struct {
 
 	orphanMu sync.Mutex
 	orphans  map[string]time.Time
+
+	healthMu  sync.Mutex
+	reporting map[string]bool   // instances that reported this term
+	wasReady  map[string]bool   // readiness seen by the last health pass
+	checked   map[string]int    // missed reports already checked with the provider
+	notices   map[string]string // termination notices from agents
 }
 
 // New builds a reconciler. Keys may be enqueued before Run.
@@ -115,7 +141,14 @@ func New(o Options) *Reconciler {
 	if o.Events == nil {
 		o.Events = events.NewHubs(0)
 	}
-	r := &Reconciler{o: o, log: o.Log.WithName("reconcile"), lastStatus: map[groups.Key]string{}, orphans: map[string]time.Time{}}
+	if o.HealthMisses <= 0 {
+		o.HealthMisses = DefaultHealthMisses
+	}
+	if o.StartupGrace <= 0 {
+		o.StartupGrace = DefaultStartupGrace
+	}
+	r := &Reconciler{o: o, log: o.Log.WithName("reconcile"), lastStatus: map[groups.Key]string{}, orphans: map[string]time.Time{},
+		reporting: map[string]bool{}, wasReady: map[string]bool{}, checked: map[string]int{}, notices: map[string]string{}}
 	r.queue = r.newQueue()
 	return r
 }
@@ -167,6 +200,10 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	r.statusMu.Lock()
 	r.lastStatus = map[groups.Key]string{}
 	r.statusMu.Unlock()
+	termStart := r.o.Now()
+	r.healthMu.Lock()
+	r.reporting, r.wasReady, r.checked = map[string]bool{}, map[string]bool{}, map[string]int{}
+	r.healthMu.Unlock()
 	var wg sync.WaitGroup
 	for i := 0; i < r.o.Workers; i++ {
 		wg.Add(1)
@@ -179,6 +216,10 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	r.Resync(ctx)
 	t := time.NewTicker(r.o.ResyncInterval)
 	defer t.Stop()
+	// The health pass runs twice per report interval so a miss is seen promptly.
+	hi := r.healthInterval()
+	ht := time.NewTicker(hi / 2)
+	defer ht.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -187,6 +228,12 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 			r.Resync(ctx)
+		case <-ht.C:
+			r.healthPass(ctx, termStart)
+			if cur := r.healthInterval(); cur != hi {
+				hi = cur
+				ht.Reset(hi / 2)
+			}
 		}
 	}
 }
@@ -213,6 +260,9 @@ func (r *Reconciler) ConfigChanged() {
 	for _, g := range r.o.Groups.List("") {
 		r.enqueueGroup(g.Key())
 	}
+	if r.o.Agents != nil {
+		r.o.Agents.Notify()
+	}
 }
 
 // GroupChanged publishes the group's current state (or its deletion) and
@@ -228,6 +278,16 @@ func (r *Reconciler) GroupChanged(k groups.Key) {
 			Type: nstancev1.GroupEventType_GROUP_EVENT_TYPE_DELETE, GroupId: k.ID,
 			OccurredAt: timestamppb.New(r.o.Now()), Shard: r.o.Shard,
 		})
+	}
+	if r.o.Agents != nil {
+		// Group vars feed the members' files.
+		var ids []string
+		for _, rec := range r.o.Instances.ListGroup(k.Tenant, k.ID) {
+			ids = append(ids, rec.ID)
+		}
+		if len(ids) > 0 {
+			r.o.Agents.Notify(ids...)
+		}
 	}
 	r.enqueueGroup(k)
 }
@@ -278,7 +338,7 @@ func (r *Reconciler) Resync(ctx context.Context) {
 			r.EnqueueInstance(rec.ID)
 		case !present:
 			r.EnqueueInstance(rec.ID)
-		case obs.State == provider.StateRunning && rec.State != instances.StateRunning:
+		case obs.State == provider.StateRunning && rec.State != instances.StateRunning && rec.State != instances.StateUnhealthy:
 			r.EnqueueInstance(rec.ID)
 		case obs.State == provider.StateStopped:
 			r.EnqueueInstance(rec.ID)
@@ -431,7 +491,7 @@ func (r *Reconciler) syncGroup(ctx context.Context, k groups.Key) (time.Duration
 		allRunning := true
 		var oldest *instances.Record
 		for _, rec := range keep {
-			if rec.State != instances.StateRunning {
+			if rec.State != instances.StateRunning || urgent(rec) {
 				allRunning = false
 			}
 			if oldest == nil || rec.CreatedAt.Before(oldest.CreatedAt) {
@@ -446,25 +506,89 @@ func (r *Reconciler) syncGroup(ctx context.Context, k groups.Key) (time.Duration
 			}
 		}
 	}
-	var after time.Duration
-	switch diff := size - len(keep); {
-	case diff > 0:
-		for i := 0; i < diff; i++ {
-			ok, wait := r.reserveCreate()
-			if !ok {
-				after = wait
-				break
-			}
-			if err := r.createForGroup(ctx, g, cfg); err != nil {
-				errs = append(errs, err)
-				break
-			}
+	// Sort the members: urgent ones (unhealthy, stopped, termination
+	// announced) and drifted ones (created with other infra settings) are
+	// replaced first and drained once enough ready instances remain.
+	eff, effErr := groups.Resolve(cfg, &g.Spec, groups.Overrides{})
+	var urgents, drifted, fresh []*instances.Record
+	for _, rec := range keep {
+		switch {
+		case urgent(rec):
+			urgents = append(urgents, rec)
+		case effErr == nil && infraDrift(rec, eff):
+			drifted = append(drifted, rec)
+		default:
+			fresh = append(fresh, rec)
 		}
-	case diff < 0:
-		for _, rec := range scaleDownOrder(keep)[:-diff] {
+	}
+	// Scale down: members beyond the size (and the surge a rotation in
+	// progress may use) go, drifted ones first.
+	if excess := len(fresh) + len(drifted) - size - min(r.surge(), len(drifted)); excess > 0 {
+		order := append(scaleDownOrder(drifted), scaleDownOrder(fresh)...)
+		for _, rec := range order[:excess] {
 			if err := r.beginDeletion(ctx, rec.ID, nstancev1.DeletionReason_DELETION_REASON_SCALE_DOWN, false, fmt.Sprintf("group scaled to %d", size)); err != nil {
 				errs = append(errs, err)
+				continue
 			}
+			drifted, fresh = removeID(drifted, rec.ID), removeID(fresh, rec.ID)
+		}
+	}
+	// Retire what has been replaced: serving capacity (ready fresh and
+	// drifted members) must stay at the size without the retired instance.
+	capacity := 0
+	readyOf := map[string]bool{}
+	for _, rec := range append(append([]*instances.Record{}, fresh...), drifted...) {
+		if r.ready(rec, now) {
+			readyOf[rec.ID] = true
+			capacity++
+		}
+	}
+	sort.SliceStable(urgents, func(i, j int) bool { return urgents[i].CreatedAt.Before(urgents[j].CreatedAt) })
+	for i, rec := range urgents {
+		// Beyond the size, urgent instances go without waiting: their
+		// replacements are themselves failing.
+		if capacity < size && len(urgents)-i <= size {
+			break
+		}
+		reason, msg := nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY, "replaced: "+rec.Message
+		if rec.TerminationNotice != "" {
+			reason = nstancev1.DeletionReason_DELETION_REASON_SPOT_TERMINATION
+		}
+		if err := r.beginDeletion(ctx, rec.ID, reason, false, msg); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		urgents = removeID(urgents, rec.ID)
+	}
+	sort.SliceStable(drifted, func(i, j int) bool { return drifted[i].CreatedAt.Before(drifted[j].CreatedAt) })
+	for _, rec := range append([]*instances.Record{}, drifted...) {
+		after := capacity
+		if readyOf[rec.ID] {
+			after--
+		}
+		if after < size {
+			break
+		}
+		if err := r.beginDeletion(ctx, rec.ID, nstancev1.DeletionReason_DELETION_REASON_ROTATION, false, "rotated: infra settings changed"); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		capacity = after
+		drifted = removeID(drifted, rec.ID)
+	}
+	// Create: fresh members up to the size, within the surge allowance.
+	nActive := len(fresh) + len(drifted) + len(urgents)
+	allow := size + min(len(urgents), size) + min(r.surge(), len(drifted))
+	var after time.Duration
+	for i := 0; i < min(size-len(fresh), allow-nActive); i++ {
+		ok, wait := r.reserveCreate()
+		if !ok {
+			after = wait
+			break
+		}
+		if err := r.createForGroup(ctx, g, cfg); err != nil {
+			errs = append(errs, err)
+			break
 		}
 	}
 	r.publishGroup(g, false)
@@ -674,10 +798,15 @@ func (r *Reconciler) syncInstance(ctx context.Context, id string) (time.Duration
 			}
 			r.reportError(rec.Tenant, rec.GroupID, rec.ID, nstancev1.ErrorSource_ERROR_SOURCE_PROVIDER, fmt.Errorf("instance stopped: %s", obs.Message))
 		}
-		return 0, r.beginDeletion(ctx, id, nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY, false, "instance stopped: "+obs.Message)
-	case obs.State == provider.StateRunning && rec.State != instances.StateRunning:
+		if rec.GroupID == "" || rec.OnDemand {
+			return 0, r.beginDeletion(ctx, id, nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY, false, "instance stopped: "+obs.Message)
+		}
+		// Group members are replaced first; the group drains this one afterwards.
+		return 0, nil
+	case obs.State == provider.StateRunning && rec.State != instances.StateRunning && rec.State != instances.StateUnhealthy:
 		if _, err := r.o.Instances.Update(ctx, id, func(x *instances.Record) error {
-			if !x.State.Active() || x.State == instances.StateRunning {
+			// Unhealthy is only left by replacement.
+			if !x.State.Active() || x.State == instances.StateRunning || x.State == instances.StateUnhealthy {
 				return instances.ErrNoChange
 			}
 			x.State, x.Message, x.UpdatedAt = instances.StateRunning, "", now.UTC()
@@ -686,8 +815,18 @@ func (r *Reconciler) syncInstance(ctx context.Context, id string) (time.Duration
 			return 0, err
 		}
 	}
+	if err := r.noteHealth(ctx, rec); err != nil {
+		return 0, err
+	}
 	if rec.OnDemand && r.expired(rec, r.cfg().Shard.Expiry.OndemandAge.D()) {
 		return 0, r.beginDeletion(ctx, id, nstancev1.DeletionReason_DELETION_REASON_EXPIRY, false, "on-demand instance reached expiry.ondemand_age")
+	}
+	if rec.OnDemand && urgent(rec) && rec.State != instances.StateStopped {
+		reason := nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY
+		if rec.TerminationNotice != "" {
+			reason = nstancev1.DeletionReason_DELETION_REASON_SPOT_TERMINATION
+		}
+		return 0, r.beginDeletion(ctx, id, reason, false, rec.Message)
 	}
 	return 0, nil
 }
@@ -772,6 +911,7 @@ func (r *Reconciler) finish(ctx context.Context, rec *instances.Record, reason n
 	if err := r.o.Instances.Delete(ctx, rec.ID); err != nil {
 		return err
 	}
+	r.forget(rec.ID)
 	rec.DeletionReason = reason
 	r.publishInstance(rec, nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_DELETED, msg)
 	if rec.GroupID != "" {
@@ -811,12 +951,13 @@ func (r *Reconciler) ReportConfigError(err error) {
 func (r *Reconciler) GroupStatus(g *groups.Group) *nstancev1.GroupStatus {
 	var ids []string
 	ready := 0
+	now := r.o.Now()
 	for _, rec := range r.o.Instances.ListGroup(g.Tenant, g.ID) {
 		if rec.OnDemand || !rec.State.Active() {
 			continue
 		}
 		ids = append(ids, rec.ProviderID)
-		if rec.State == instances.StateRunning {
+		if r.ready(rec, now) {
 			ready++
 		}
 	}

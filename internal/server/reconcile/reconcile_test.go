@@ -162,7 +162,8 @@ func TestPendingRecordFromACrashIsLaunchedNotDuplicated(t *testing.T) {
 		require.NoError(t, err)
 		orphanID, _ = instances.NewID("web")
 		require.NoError(t, f.Instances.Create(ctx, &instances.Record{ID: orphanID, Tenant: "t", GroupID: "web", Shard: "s1",
-			ProviderID: provider.ID("c1", "s1", orphanID), State: instances.StatePending, Template: "worker", CreatedAt: time.Now()}))
+			ProviderID: provider.ID("c1", "s1", orphanID), State: instances.StatePending, Template: "worker", InstanceType: "test.small",
+			SubnetPool: "default", CreatedAt: time.Now()}))
 	})
 	require.Eventually(t, func() bool { return len(running(e, "web")) == 1 }, 5*time.Second, 10*time.Millisecond)
 	time.Sleep(300 * time.Millisecond)

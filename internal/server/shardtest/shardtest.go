@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/nstance-dev/nstance/internal/nonce"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/config"
 	"github.com/nstance-dev/nstance/internal/server/fleet"
@@ -25,6 +26,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/provider/mock"
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
+	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -46,6 +48,11 @@ type Options struct {
 	// ResyncInterval defaults to 200ms; RetryBase to 50ms.
 	ResyncInterval, RetryBase time.Duration
 	Log                       logr.Logger
+	// Agents also serves the Registration and Agent services (TLS, mTLS)
+	// so real agents can join; health monitoring is on.
+	Agents bool
+	// Agent tunes the Agent service and health monitoring (CA and Monitor are set by Start).
+	Agent fleet.AgentOptions
 }
 
 // Shard is a running fake shard.
@@ -53,12 +60,14 @@ type Shard struct {
 	ClusterID, ShardID string
 	// OperatorAddr is the mTLS Operator endpoint (127.0.0.1:port).
 	OperatorAddr string
-	CA           *pki.CA
-	Store        objstore.Store
-	Keys         layout.Keys
-	Provider     provider.Provider
-	Fleet        *fleet.Fleet
-	Config       *liveconfig.Holder
+	// RegistrationAddr and AgentAddr are set with Options.Agents.
+	RegistrationAddr, AgentAddr string
+	CA                          *pki.CA
+	Store                       objstore.Store
+	Keys                        layout.Keys
+	Provider                    provider.Provider
+	Fleet                       *fleet.Fleet
+	Config                      *liveconfig.Holder
 
 	servers  *grpcserve.Servers
 	cancel   context.CancelFunc
@@ -157,34 +166,73 @@ func start(o Options) (*Shard, error) {
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	var lns []net.Listener
+	closeAll := func() {
+		for _, l := range lns {
+			l.Close()
+		}
+	}
+	listen := func() (net.Listener, error) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err == nil {
+			lns = append(lns, l)
+		}
+		return l, err
+	}
+	ln, err := listen()
 	if err != nil {
 		return nil, err
+	}
+	regAddr, agentAddr := "127.0.0.1:0", "127.0.0.1:0"
+	var regLn, agentLn net.Listener
+	if o.Agents {
+		if regLn, err = listen(); err != nil {
+			closeAll()
+			return nil, err
+		}
+		if agentLn, err = listen(); err != nil {
+			closeAll()
+			return nil, err
+		}
+		regAddr, agentAddr = regLn.Addr().String(), agentLn.Addr().String()
+		o.Agent.CA, o.Agent.Monitor = ca, true
 	}
 	f, err := fleet.New(fleet.Options{
 		Store: o.Store, Keys: keys, Config: holder, Provider: o.Provider,
 		Nonces:           reconcile.KeyMinter{Key: nonceKey, ClusterID: o.ClusterID, Shard: o.ShardID, TTL: 15 * time.Minute},
 		CACert:           func(context.Context) ([]byte, error) { return ca.CertPEM, nil },
-		RegistrationAddr: "127.0.0.1:0", AgentAddr: "127.0.0.1:0",
-		Log: o.Log, ResyncInterval: o.ResyncInterval, RetryBase: o.RetryBase,
+		RegistrationAddr: regAddr, AgentAddr: agentAddr,
+		Log: o.Log, ResyncInterval: o.ResyncInterval, RetryBase: o.RetryBase, Agent: o.Agent,
 	})
 	if err != nil {
-		ln.Close()
+		closeAll()
 		return nil, err
 	}
 	serverCert, err := ca.ServerKeyPair("nstance-server "+o.ShardID, []string{"127.0.0.1", "localhost"}, 24*time.Hour, now)
 	if err != nil {
-		ln.Close()
+		closeAll()
 		return nil, err
 	}
-	servers, err := grpcserve.Start(grpcserve.Config{ClusterID: o.ClusterID, ServerCert: serverCert, ClientCAs: ca.Pool(), Operator: f.Service},
-		grpcserve.Listeners{Operator: ln})
+	gcfg := grpcserve.Config{ClusterID: o.ClusterID, ServerCert: serverCert, ClientCAs: ca.Pool(), Operator: f.Service}
+	gls := grpcserve.Listeners{Operator: ln}
+	if o.Agents {
+		gcfg.Registration = &registration.Service{
+			Issuer:   &registration.Issuer{CA: ca, ClusterID: o.ClusterID, AgentValidity: time.Hour, OperatorValidity: time.Hour},
+			Verifier: &nonce.Verifier{Key: nonceKey.Public().(ed25519.PublicKey), ClusterID: o.ClusterID, Shard: o.ShardID, Leeway: time.Minute},
+			Ledger:   &nonce.Ledger{Store: o.Store, Keys: keys},
+			Objects:  o.Store, Keys: keys, ServerID: "shardtest", Log: o.Log.WithName("registration"),
+		}
+		gcfg.Agent = f.Agent
+		gls.Registration, gls.Agent = regLn, agentLn
+	}
+	servers, err := grpcserve.Start(gcfg, gls)
 	if err != nil {
-		ln.Close()
+		closeAll()
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	sh := &Shard{ClusterID: o.ClusterID, ShardID: o.ShardID, OperatorAddr: ln.Addr().String(), CA: ca, Store: o.Store, Keys: keys,
+		RegistrationAddr: regAddr, AgentAddr: agentAddr,
 		Provider: o.Provider, Fleet: f, Config: holder, servers: servers, cancel: cancel, done: make(chan error, 1)}
 	go func() { sh.done <- f.Run(runCtx) }()
 	deadline := time.Now().Add(10 * time.Second)

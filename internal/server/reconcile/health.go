@@ -1,0 +1,237 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/nstance-dev/nstance/internal/server/groups"
+	"github.com/nstance-dev/nstance/internal/server/instances"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+// Health monitoring defaults.
+const (
+	DefaultHealthInterval = 30 * time.Second
+	DefaultHealthMisses   = 3
+	DefaultStartupGrace   = 5 * time.Minute
+	DefaultSurge          = 1
+	// healthPersistEvery bounds how often LastHealthAt is written to storage.
+	healthPersistEvery = time.Minute
+)
+
+// HealthSource tells when an instance's agent last reported (on this
+// server; the tracker is in memory and starts empty each term).
+type HealthSource interface {
+	LastReport(instanceID string) (time.Time, bool)
+}
+
+// AgentHooks lets the reconciler tell the Agent service about changes.
+type AgentHooks interface {
+	// Notify re-plans the files of the given instances (all when none).
+	Notify(instanceIDs ...string)
+	// Forget drops what is held for a deleted instance.
+	Forget(instanceID string)
+}
+
+func (r *Reconciler) healthInterval() time.Duration {
+	if r.o.HealthInterval > 0 {
+		return r.o.HealthInterval
+	}
+	if d := r.cfg().Shard.HealthCheckInterval.D(); d > 0 {
+		return d
+	}
+	return DefaultHealthInterval
+}
+
+func (r *Reconciler) surge() int {
+	if r.o.Surge > 0 {
+		return r.o.Surge
+	}
+	return DefaultSurge
+}
+
+// ready reports whether an instance serves: running at the provider and,
+// with health monitoring on, its agent reported within the allowed misses.
+func (r *Reconciler) ready(rec *instances.Record, now time.Time) bool {
+	if rec.State != instances.StateRunning {
+		return false
+	}
+	if r.o.Health == nil {
+		return true
+	}
+	last, ok := r.o.Health.LastReport(rec.ID)
+	return ok && now.Sub(last) < time.Duration(r.o.HealthMisses)*r.healthInterval()
+}
+
+// urgent reports whether an instance must be replaced as soon as possible.
+func urgent(rec *instances.Record) bool {
+	return rec.State == instances.StateUnhealthy || rec.State == instances.StateStopped || rec.TerminationNotice != ""
+}
+
+// infraDrift reports whether an instance was created with other infra
+// settings (template, instance type, subnet pool, args) than its group now asks for.
+func infraDrift(rec *instances.Record, eff groups.Effective) bool {
+	return rec.Template != eff.Template || rec.InstanceType != eff.InstanceType || rec.SubnetPool != eff.SubnetPool ||
+		!maps.Equal(rec.Args, eff.Args)
+}
+
+// AgentReported is called for every health report an agent sends. The
+// first report of an instance in a term, and a termination notice, wake the
+// instance (and through it its group).
+func (r *Reconciler) AgentReported(instanceID string, notice *nstancev1.TerminationNotice) {
+	if notice != nil {
+		kind := "unspecified"
+		switch notice.GetKind() {
+		case nstancev1.TerminationKind_TERMINATION_KIND_SPOT:
+			kind = "spot"
+		case nstancev1.TerminationKind_TERMINATION_KIND_MAINTENANCE:
+			kind = "maintenance"
+		case nstancev1.TerminationKind_TERMINATION_KIND_SHUTDOWN:
+			kind = "shutdown"
+		}
+		r.healthMu.Lock()
+		seen := r.notices[instanceID] == kind
+		r.notices[instanceID] = kind
+		r.healthMu.Unlock()
+		if !seen {
+			r.EnqueueInstance(instanceID)
+		}
+	}
+	r.healthMu.Lock()
+	first := !r.reporting[instanceID]
+	r.reporting[instanceID] = true
+	r.healthMu.Unlock()
+	if first {
+		r.EnqueueInstance(instanceID)
+	}
+}
+
+// healthPass checks every created instance's report age: a missed report
+// triggers a provider check, HealthMisses missed reports (or no report at
+// all within StartupGrace) mark it unhealthy. Instances whose readiness
+// changed wake their group.
+func (r *Reconciler) healthPass(ctx context.Context, termStart time.Time) {
+	if r.o.Health == nil {
+		return
+	}
+	now := r.o.Now()
+	interval := r.healthInterval()
+	wake := map[groups.Key]bool{}
+	for _, rec := range r.o.Instances.List(func(x *instances.Record) bool {
+		return x.State == instances.StateRunning || x.State == instances.StateCreating
+	}) {
+		last, ok := r.o.Health.LastReport(rec.ID)
+		rdy := r.ready(rec, now)
+		r.healthMu.Lock()
+		prevReady, known := r.wasReady[rec.ID]
+		r.wasReady[rec.ID] = rdy
+		checked := r.checked[rec.ID]
+		r.healthMu.Unlock()
+		if rec.GroupID != "" && known && prevReady != rdy {
+			wake[groups.Key{Tenant: rec.Tenant, ID: rec.GroupID}] = true
+		}
+		if !ok {
+			from := rec.CreatedAt
+			if termStart.After(from) {
+				from = termStart
+			}
+			if now.Sub(from) >= r.o.StartupGrace {
+				r.markUnhealthy(ctx, rec, fmt.Sprintf("agent sent no health report within %s", r.o.StartupGrace))
+			}
+			continue
+		}
+		missed := int(now.Sub(last) / interval)
+		switch {
+		case missed >= r.o.HealthMisses:
+			r.markUnhealthy(ctx, rec, fmt.Sprintf("agent missed %d health reports (last %s ago)", missed, now.Sub(last).Round(time.Millisecond)))
+		case missed > checked:
+			// A missed report: ask the provider whether the instance still runs.
+			r.healthMu.Lock()
+			r.checked[rec.ID] = missed
+			r.healthMu.Unlock()
+			r.EnqueueInstance(rec.ID)
+		case missed == 0 && checked > 0:
+			r.healthMu.Lock()
+			delete(r.checked, rec.ID)
+			r.healthMu.Unlock()
+		}
+		if rec.LastHealthAt == nil || last.Sub(*rec.LastHealthAt) >= healthPersistEvery {
+			r.EnqueueInstance(rec.ID)
+		}
+	}
+	for k := range wake {
+		r.enqueueGroup(k)
+	}
+}
+
+// markUnhealthy moves an instance to unhealthy; its group replaces it first
+// and drains it afterwards.
+func (r *Reconciler) markUnhealthy(ctx context.Context, rec *instances.Record, msg string) {
+	changed := false
+	_, err := r.o.Instances.Update(ctx, rec.ID, func(x *instances.Record) error {
+		if x.State != instances.StateRunning && x.State != instances.StateCreating {
+			return instances.ErrNoChange
+		}
+		x.State, x.Message, x.UpdatedAt = instances.StateUnhealthy, msg, r.o.Now().UTC()
+		changed = true
+		return nil
+	})
+	if err != nil {
+		r.log.Error(err, "marking instance unhealthy", "instance", rec.ID)
+		return
+	}
+	if !changed {
+		return
+	}
+	r.reportError(rec.Tenant, rec.GroupID, rec.ID, nstancev1.ErrorSource_ERROR_SOURCE_RECONCILE, fmt.Errorf("instance unhealthy: %s", msg))
+	if rec.GroupID != "" {
+		r.enqueueGroup(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
+	}
+}
+
+// noteHealth persists the last report time (throttled) and a termination
+// notice on the record of an active instance.
+func (r *Reconciler) noteHealth(ctx context.Context, rec *instances.Record) error {
+	if r.o.Health == nil {
+		return nil
+	}
+	last, ok := r.o.Health.LastReport(rec.ID)
+	r.healthMu.Lock()
+	notice := r.notices[rec.ID]
+	r.healthMu.Unlock()
+	persist := ok && (rec.LastHealthAt == nil || last.Sub(*rec.LastHealthAt) >= healthPersistEvery)
+	if !persist && (notice == "" || rec.TerminationNotice == notice) {
+		return nil
+	}
+	_, err := r.o.Instances.Update(ctx, rec.ID, func(x *instances.Record) error {
+		if !x.State.Active() {
+			return instances.ErrNoChange
+		}
+		if persist {
+			t := last.UTC()
+			x.LastHealthAt = &t
+		}
+		if notice != "" && x.TerminationNotice == "" {
+			x.TerminationNotice = notice
+			x.Message = "termination announced by the platform: " + notice
+		}
+		x.UpdatedAt = r.o.Now().UTC()
+		return nil
+	})
+	return err
+}
+
+// forget drops the per-instance health state of a removed instance.
+func (r *Reconciler) forget(id string) {
+	r.healthMu.Lock()
+	delete(r.reporting, id)
+	delete(r.wasReady, id)
+	delete(r.checked, id)
+	delete(r.notices, id)
+	r.healthMu.Unlock()
+	if r.o.Agents != nil {
+		r.o.Agents.Forget(id)
+	}
+}

@@ -1,0 +1,396 @@
+package shardtest_test
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/nstance-dev/nstance/internal/server/agentapi"
+	"github.com/nstance-dev/nstance/internal/server/fleet"
+	"github.com/nstance-dev/nstance/internal/server/instances"
+	"github.com/nstance-dev/nstance/internal/server/provider"
+	"github.com/nstance-dev/nstance/internal/server/provider/process"
+	"github.com/nstance-dev/nstance/internal/server/shardtest"
+	"github.com/nstance-dev/nstance/pkg/objstore"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+// Health settings of the agent tests: reports every 200ms, unhealthy after 3 misses.
+const (
+	reportEvery = 200 * time.Millisecond
+	misses      = 3
+)
+
+// agentBinary builds cmd/nstance-agent once per test binary run.
+var agentBinary = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "nstance-agent-bin-")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "nstance-agent")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/nstance-dev/nstance/cmd/nstance-agent").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("building nstance-agent: %v\n%s", err, out)
+	}
+	return bin, nil
+})
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if bin, err := agentBinary(); err == nil {
+		os.RemoveAll(filepath.Dir(bin))
+	}
+	os.Exit(code)
+}
+
+// agentConfig is the test shard config whose worker template delivers a
+// templated file and a certificate for a generated key.
+func agentConfig(role string) string {
+	return strings.Replace(shardtest.Config("test-cluster", "test-1", "process"),
+		`"worker": { "kind": "worker", "arch": "amd64", "instance_type": "test.small", "subnet_pool": "default", "vars": { "role": "worker" } },`,
+		fmt.Sprintf(`"worker": { "kind": "worker", "arch": "amd64", "instance_type": "test.small", "subnet_pool": "default", "vars": { "role": %q },
+      "keys": { "tls": { "type": "ed25519", "certificate": { "common_name": "{{ .InstanceID }}", "usages": ["server_auth"] } } },
+      "files": {
+        "role": { "kind": "string", "path": "role.txt", "content": "role={{ .Vars.role }} group={{ .Group }}" },
+        "tls": { "kind": "certificate", "path": "tls.crt", "key": "tls" },
+      } },`, role), 1)
+}
+
+// agentShard is a fake shard whose process provider runs the real agent.
+type agentShard struct {
+	sh       *shardtest.Shard
+	p        *process.Provider
+	c        nstancev1.OperatorServiceClient
+	stateDir string
+
+	mu    sync.Mutex
+	first map[string]time.Time // first health report per instance (server clock)
+}
+
+func startAgentShard(t *testing.T) *agentShard {
+	t.Helper()
+	bin, err := agentBinary()
+	require.NoError(t, err)
+	a := &agentShard{stateDir: t.TempDir(), first: map[string]time.Time{}}
+	a.p, err = process.New(process.Config{
+		Command: []string{bin}, StateDir: a.stateDir, StopTimeout: time.Second,
+		Env: []string{"NSTANCE_METRICS_INTERVAL=" + reportEvery.String(), "NSTANCE_RECONNECT_MIN=100ms", "NSTANCE_RECONNECT_MAX=1s"},
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		list, _ := a.p.List(context.Background())
+		for _, inst := range list {
+			_ = a.p.Delete(context.Background(), inst.InstanceID)
+		}
+	})
+	a.sh = shardtest.Start(t, shardtest.Options{
+		ConfigJSONC: agentConfig("worker"), Provider: a.p, Agents: true,
+		Agent: fleet.AgentOptions{
+			HealthInterval: reportEvery, HealthMisses: misses, StartupGrace: 30 * time.Second, RepushInterval: 500 * time.Millisecond,
+			OnReport: func(_ context.Context, ref agentapi.Ref, _ *nstancev1.HealthReport, at time.Time) {
+				a.mu.Lock()
+				if _, ok := a.first[ref.InstanceID]; !ok {
+					a.first[ref.InstanceID] = at
+				}
+				a.mu.Unlock()
+			},
+		},
+	})
+	a.c = a.sh.Client(t, "acme")
+	return a
+}
+
+func (a *agentShard) firstReport(id string) (time.Time, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	at, ok := a.first[id]
+	return at, ok
+}
+
+func (a *agentShard) upsert(t *testing.T, size uint32, instanceType string) {
+	t.Helper()
+	_, err := a.c.UpsertGroup(ctxT(t), &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{
+		GroupId: "workers", Template: "worker", Size: size, InstanceType: instanceType, DrainTimeout: durationpb.New(300 * time.Millisecond),
+	}})
+	require.NoError(t, err)
+}
+
+func (a *agentShard) ids(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	for _, pid := range group(t, a.c, "workers").GetProviderIds() {
+		out = append(out, instanceID(pid))
+	}
+	return out
+}
+
+func (a *agentShard) file(id, name string) string {
+	b, _ := os.ReadFile(filepath.Join(a.stateDir, id, "files", name))
+	return string(b)
+}
+
+// agentHash is the config hash the instance's agent last reported.
+func (a *agentShard) agentHash(id string) string {
+	rec, ok := a.sh.Fleet.Health.Get(id)
+	if !ok {
+		return ""
+	}
+	return rec.Last.GetConfigHash()
+}
+
+// serverHash is the hash of the files the server currently wants the instance to hold.
+func (a *agentShard) serverHash(t *testing.T, id string) string {
+	t.Helper()
+	_, h, err := a.sh.Fleet.Agent.Files(context.Background(), agentapi.Ref{InstanceID: id, Tenant: "acme", Shard: "test-1", Group: "workers"})
+	require.NoError(t, err)
+	return h
+}
+
+func (a *agentShard) watch(t *testing.T) (*collector[*nstancev1.InstanceEvent], *collector[*nstancev1.ErrorEvent]) {
+	t.Helper()
+	ctx := ctxT(t)
+	wi, err := a.c.WatchInstances(ctx, &nstancev1.WatchInstancesRequest{})
+	require.NoError(t, err)
+	_, err = wi.Header()
+	require.NoError(t, err)
+	we, err := a.c.WatchErrors(ctx, &nstancev1.WatchErrorsRequest{})
+	require.NoError(t, err)
+	_, err = we.Header()
+	require.NoError(t, err)
+	return collect(t, wi.Recv), collect(t, we.Recv)
+}
+
+func TestAgentsRegisterReceiveFilesAndGetVarChangesPushed(t *testing.T) {
+	a := startAgentShard(t)
+	a.upsert(t, 2, "")
+	g := waitGroup(t, a.c, "workers", 2)
+	require.Len(t, g.GetProviderIds(), 2)
+	ids := a.ids(t)
+
+	for _, id := range ids {
+		require.Eventually(t, func() bool {
+			return a.file(id, "role.txt") == "role=worker group=workers" && a.file(id, "tls.crt") != ""
+		}, 10*time.Second, 20*time.Millisecond, "files of %s delivered", id)
+		block, _ := pem.Decode([]byte(a.file(id, "tls.crt")))
+		require.NotNil(t, block)
+		cert, err := x509.ParseCertificate(block.Bytes)
+		require.NoError(t, err)
+		require.Equal(t, id, cert.Subject.CommonName)
+		require.NoError(t, cert.CheckSignatureFrom(a.sh.CA.Cert), "issued by the cluster CA")
+		st, err := os.Stat(filepath.Join(a.stateDir, id, "keys", "tls.key"))
+		require.NoError(t, err, "generated key on disk")
+		require.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+		require.Eventually(t, func() bool { return a.agentHash(id) == a.serverHash(t, id) }, 10*time.Second, 20*time.Millisecond,
+			"agent %s reports the hash of what it was sent", id)
+		status, err := a.c.GetInstanceStatus(ctxT(t), &nstancev1.GetInstanceStatusRequest{Lookup: &nstancev1.GetInstanceStatusRequest_InstanceId{InstanceId: id}})
+		require.NoError(t, err)
+		require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_RUNNING, status.GetInstance().GetState())
+		require.NotNil(t, status.GetInstance().GetLastHealthAt(), "first report recorded on the instance")
+	}
+	before := map[string]string{}
+	for _, id := range ids {
+		before[id] = a.agentHash(id)
+	}
+
+	// A template var changes: every agent gets its files again, with a new hash.
+	ctx := ctxT(t)
+	_, err := a.sh.Store.Put(ctx, a.sh.Keys.Config(a.sh.ShardID), []byte(agentConfig("web")), objstore.PutOptions{})
+	require.NoError(t, err)
+	res, err := a.c.RefreshConfig(ctx, &nstancev1.RefreshConfigRequest{})
+	require.NoError(t, err)
+	require.Equal(t, nstancev1.RefreshConfigOutcome_REFRESH_CONFIG_OUTCOME_UPDATED, res.GetOutcome(), res.GetMessage())
+	for _, id := range ids {
+		require.Eventually(t, func() bool { return a.file(id, "role.txt") == "role=web group=workers" }, 10*time.Second, 20*time.Millisecond,
+			"new var value written on %s", id)
+		require.Eventually(t, func() bool {
+			h := a.agentHash(id)
+			return h != before[id] && h == a.serverHash(t, id)
+		}, 10*time.Second, 20*time.Millisecond, "agent %s reports the new hash", id)
+	}
+	require.ElementsMatch(t, ids, a.ids(t), "a var change replaces no instance")
+}
+
+func TestUnhealthyAndKilledAgentsAreReplacedBeforeDrain(t *testing.T) {
+	a := startAgentShard(t)
+	insts, errs := a.watch(t)
+	a.upsert(t, 2, "")
+	waitGroup(t, a.c, "workers", 2)
+	initial := a.ids(t)
+	pids := map[string]int{}
+	for _, id := range initial {
+		pid, ok := a.p.PID(id)
+		require.True(t, ok)
+		pids[id] = pid
+	}
+
+	cases := []struct {
+		name    string
+		victim  string
+		signal  syscall.Signal
+		message string
+	}{
+		// A frozen agent: the process lives, reports stop; health monitoring notices.
+		{"frozen agent misses reports", initial[0], syscall.SIGSTOP, fmt.Sprintf("missed %d health reports", misses)},
+		// A killed agent: the provider check that follows a missed report finds it gone.
+		{"killed agent", initial[1], syscall.SIGKILL, "instance stopped"},
+	}
+	var pending []*nstancev1.InstanceEvent
+	for _, tc := range cases {
+		before := a.ids(t)
+		began := time.Now()
+		require.NoError(t, syscall.Kill(pids[tc.victim], tc.signal), tc.name)
+
+		ev := errs.next(t, 15*time.Second, func(e *nstancev1.ErrorEvent) bool { return e.GetInstanceId() == tc.victim })
+		require.Contains(t, ev.GetMessage(), tc.message, tc.name)
+		detected := time.Since(began)
+		require.Less(t, detected, time.Duration(misses+1)*reportEvery+3*time.Second, "%s: detected within the configured intervals", tc.name)
+		t.Logf("%s: detected after %s: %s", tc.name, detected.Round(time.Millisecond), ev.GetMessage())
+
+		pd := insts.next(t, 20*time.Second, func(e *nstancev1.InstanceEvent) bool {
+			return e.GetStatus() == nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION
+		})
+		require.Equal(t, tc.victim, pd.GetInstanceId(), "%s: only the victim is drained", tc.name)
+		require.Equal(t, nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY, pd.GetReason())
+		pending = append(pending, pd)
+		del := insts.next(t, 10*time.Second, func(e *nstancev1.InstanceEvent) bool {
+			return e.GetStatus() == nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_DELETED
+		})
+		require.Equal(t, tc.victim, del.GetInstanceId())
+		require.Eventually(t, func() bool { return !pidAlive(pids[tc.victim]) }, 5*time.Second, 20*time.Millisecond, "%s: process gone", tc.name)
+		_, ok := a.p.PID(tc.victim)
+		require.False(t, ok, "%s: deleted at the provider", tc.name)
+
+		g := waitGroup(t, a.c, "workers", 2)
+		var replacement string
+		for _, pid := range g.GetProviderIds() {
+			if id := instanceID(pid); !contains(before, id) {
+				replacement = id
+			}
+		}
+		require.NotEmpty(t, replacement, "%s: a new instance joined", tc.name)
+		at, ok := a.firstReport(replacement)
+		require.True(t, ok)
+		require.True(t, at.Before(pd.GetOccurredAt().AsTime()),
+			"%s: replacement %s reported (%s) before %s was announced pending deletion (%s)", tc.name, replacement, at, tc.victim, pd.GetOccurredAt().AsTime())
+		t.Logf("%s: replacement %s first report %s, %s pending deletion %s, deleted %s", tc.name, replacement,
+			at.Format("15:04:05.000"), tc.victim, pd.GetOccurredAt().AsTime().Local().Format("15:04:05.000"), del.GetOccurredAt().AsTime().Local().Format("15:04:05.000"))
+	}
+	require.Len(t, pending, 2)
+}
+
+func TestInstanceTypeChangeRotatesOneAtATime(t *testing.T) {
+	a := startAgentShard(t)
+	insts, _ := a.watch(t)
+	a.upsert(t, 2, "")
+	waitGroup(t, a.c, "workers", 2)
+	initial := a.ids(t)
+
+	// Sample the provider and the records throughout the rotation.
+	var mu sync.Mutex
+	var violations []string
+	minRunning, maxActive := 99, 0
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			list, err := a.p.List(context.Background())
+			if err != nil {
+				continue
+			}
+			running := 0
+			for _, inst := range list {
+				if inst.State == provider.StateRunning {
+					running++
+				}
+			}
+			active := 0
+			for _, rec := range a.sh.Fleet.Instances.ListGroup("acme", "workers") {
+				if rec.State.Active() {
+					active++
+				}
+			}
+			mu.Lock()
+			minRunning, maxActive = min(minRunning, running), max(maxActive, active)
+			if running < 2 {
+				violations = append(violations, fmt.Sprintf("%d running", running))
+			}
+			if active > 3 {
+				violations = append(violations, fmt.Sprintf("%d active (size 2 + surge 1)", active))
+			}
+			mu.Unlock()
+		}
+	}()
+
+	a.upsert(t, 2, "test.large")
+	var rotations []*nstancev1.InstanceEvent
+	deleted := map[string]bool{}
+	for len(deleted) < 2 {
+		ev := insts.next(t, 30*time.Second, func(*nstancev1.InstanceEvent) bool { return true })
+		require.Contains(t, initial, ev.GetInstanceId(), "only the old instances leave (%v)", ev)
+		switch ev.GetStatus() {
+		case nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION:
+			require.Equal(t, nstancev1.DeletionReason_DELETION_REASON_ROTATION, ev.GetReason())
+			rotations = append(rotations, ev)
+		case nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_DELETED:
+			deleted[ev.GetInstanceId()] = true
+		}
+	}
+	g := waitGroup(t, a.c, "workers", 2)
+	close(stop)
+	<-sampled
+	mu.Lock()
+	require.Empty(t, violations)
+	t.Logf("rotation: fewest running %d, most active %d", minRunning, maxActive)
+	mu.Unlock()
+
+	require.Len(t, rotations, 2)
+	var fresh []string
+	for _, pid := range g.GetProviderIds() {
+		id := instanceID(pid)
+		require.NotContains(t, initial, id)
+		rec, ok := a.sh.Fleet.Instances.Get(id)
+		require.True(t, ok)
+		require.Equal(t, "test.large", rec.InstanceType)
+		require.Equal(t, instances.StateRunning, rec.State)
+		fresh = append(fresh, id)
+	}
+	// The k-th old instance is announced only once k new ones have reported.
+	for k, ev := range rotations {
+		reported := 0
+		for _, id := range fresh {
+			if at, ok := a.firstReport(id); ok && at.Before(ev.GetOccurredAt().AsTime()) {
+				reported++
+			}
+		}
+		require.GreaterOrEqual(t, reported, k+1, "rotation %d of %s started with only %d replacements reporting", k+1, ev.GetInstanceId(), reported)
+		t.Logf("rotation %d: %s pending deletion at %s with %d replacement(s) reporting", k+1, ev.GetInstanceId(),
+			ev.GetOccurredAt().AsTime().Local().Format("15:04:05.000"), reported)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
