@@ -1,20 +1,3 @@
-// Package layout is the single place that names every object-storage key
-// nstance-server and nstance-admin read or write.
-//
-//	cluster/ca.crt                      cluster CA certificate, plain PEM
-//	cluster/secret/ca.key               CA private key, encrypted envelope
-//	cluster/secret/nonce-signing.key    Ed25519 nonce-signing key, encrypted envelope
-//	cluster/leader.json                 cluster leader lease
-//	cluster/operators/{id}.json         operator registrations
-//	config/{shard}.jsonc                shard server configuration (JSONC)
-//	groups/{shard}.jsonc                dynamic groups written through the Operator API
-//	shard/{shard}/leader.json           shard leader lease
-//	shard/{shard}/instances/{id}.json   instance records
-//	shard/{shard}/nonces/{jti}          used-nonce markers, created with If-None-Match
-//	cluster/nonces/{jti}                used operator-nonce markers (operator nonces are cluster-wide)
-//
-// Every key may be placed under a common prefix (Keys.Prefix) so several
-// clusters can share a bucket.
 package layout
 
 import (
