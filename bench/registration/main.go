@@ -81,8 +81,8 @@ func openStore(ctx context.Context, kind string) (objstore.Store, func(), error)
 		}
 		client := s3.New(s3.Options{
 			BaseEndpoint: aws.String(srv.URL), Region: "us-east-1", UsePathStyle: true,
-			Credentials:  credentials.NewStaticCredentialsProvider("dev", "dev", ""),
-			HTTPClient:   &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
+			Credentials: credentials.NewStaticCredentialsProvider("dev", "dev", ""),
+			HTTPClient:  &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
 		})
 		st, err := s3store.NewWithClient(client, "dev", "")
 		if err != nil {

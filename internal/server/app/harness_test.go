@@ -77,9 +77,9 @@ func startApp(t *testing.T, store objstore.Store, id, shard string) *running {
 	t.Helper()
 	a, err := New(Options{
 		ServerID: id, Shard: shard, Store: store, Keys: layout.New(""), CacheDir: t.TempDir(),
-		Bind:   BindOverrides{Health: "127.0.0.1:0"},
-		Getenv: func(k string) string { return map[string]string{"NSTANCE_ENCRYPTION_KEY": testKey}[k] },
-		Log:    testr.NewWithOptions(t, testr.Options{Verbosity: 0}).WithValues("server", id),
+		Bind:           BindOverrides{Health: "127.0.0.1:0"},
+		Getenv:         func(k string) string { return map[string]string{"NSTANCE_ENCRYPTION_KEY": testKey}[k] },
+		Log:            testr.NewWithOptions(t, testr.Options{Verbosity: 0}).WithValues("server", id),
 		StorageBackoff: storage.Backoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond},
 	})
 	require.NoError(t, err)
