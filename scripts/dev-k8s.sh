@@ -6,7 +6,10 @@ source "$(dirname "$0")/dev-common.sh"
 need_bin dev-k8s
 capi_crds="$(go list -m -f '{{.Dir}}' sigs.k8s.io/cluster-api)/core/config/crd/bases"
 [[ -d $capi_crds ]] || die "Cluster API CRDs not found at $capi_crds (run: go mod download sigs.k8s.io/cluster-api)"
-mkdir -p "$DEV_DIR/dev-k8s" "$DEV_DIR/operator"
+mkdir -p "$DEV_DIR/dev-k8s/namespaces" "$DEV_DIR/operator"
+# Namespace "default" exists in every real cluster; dev-k8s starts empty.
+ns="$DEV_DIR/dev-k8s/namespaces/$DEV_NAMESPACE.json"
+[[ -f $ns ]] || printf '{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"%s"}}\n' "$DEV_NAMESPACE" > "$ns"
 exec bin/dev-k8s --addr "$DEV_K8S_ADDR" --dir "$DEV_DIR/dev-k8s" \
 	--kubeconfig-out "$DEV_DIR/operator/kubeconfig" \
 	--crd-dir config/crd/bases --crd-dir "$capi_crds"

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# scripts/dev-apply.sh FILE...: put example objects into the dev cluster.
+# With dev-k8s (default) each object becomes the JSON file dev-k8s serves it
+# from; with NSTANCE_DEV_K8S=apiserver (or a kubeconfig not written by
+# dev-k8s) it runs kubectl apply against temp/operator/kubeconfig.
+# scripts/dev-apply.sh --delete FILE... removes them again.
+files=()
+for a in "$@"; do [[ $a == --delete || $a = /* ]] && files+=("$a") || files+=("$PWD/$a"); done
+set -- "${files[@]}"
+source "$(dirname "$0")/dev-common.sh"
+export KUBECONFIG="${KUBECONFIG:-$NSTANCE_ROOT/$DEV_DIR/operator/kubeconfig}"
+del=false
+if [[ ${1:-} == --delete ]]; then del=true; shift; fi
+(( $# )) || die "usage: scripts/dev-apply.sh [--delete] FILE..."
+for f in "$@"; do
+	[[ -f $f ]] || die "$f: no such file"
+	if [[ ${NSTANCE_DEV_K8S:-dev-k8s} != dev-k8s ]]; then
+		if $del; then kubectl delete -f "$f"; else kubectl apply -f "$f"; fi
+		continue
+	fi
+	read -r kind name ns < <(python3 -c 'import json,sys; o=json.load(open(sys.argv[1])); m=o["metadata"]; print(o["kind"], m["name"], m.get("namespace","default"))' "$f")
+	case $kind in
+	NstanceMachinePool | NstanceMachine | NstanceCluster | NstanceShardGroup | NstanceMachineTemplate)
+		res="$(tr '[:upper:]' '[:lower:]' <<<"$kind")s.infrastructure.cluster.x-k8s.io" ;;
+	MachinePool | Machine | Cluster) res="$(tr '[:upper:]' '[:lower:]' <<<"$kind")s.cluster.x-k8s.io" ;;
+	Pod | Secret | ConfigMap) res="$(tr '[:upper:]' '[:lower:]' <<<"$kind")s" ;;
+	*) die "$f: kind $kind is not mapped here; use kubectl with $KUBECONFIG" ;;
+	esac
+	dir="$DEV_DIR/dev-k8s/$res/$ns"
+	if $del; then rm -f "$dir/$name.json"; log "deleted $dir/$name.json"; continue; fi
+	mkdir -p "$dir"
+	cp "$f" "$dir/.$name.json.tmp" && mv "$dir/.$name.json.tmp" "$dir/$name.json"
+	log "wrote $dir/$name.json"
+done
