@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/server/agentapi"
 	"github.com/nstance-dev/nstance/internal/server/config"
 	"github.com/nstance-dev/nstance/internal/server/fleet"
 	"github.com/nstance-dev/nstance/internal/server/groups"
@@ -205,4 +207,124 @@ func TestRapidChangesAreNeverLost(t *testing.T) {
 		want += g%4 + 1
 	}
 	require.Len(t, list, want, "no provider instance leaked")
+}
+
+// reporter feeds health reports for a fleet's active instances, as agents would.
+type reporter struct {
+	mu      sync.Mutex
+	silent  map[string]bool
+	notices map[string]*nstancev1.TerminationNotice
+}
+
+func (rp *reporter) run(ctx context.Context, f *fleet.Fleet) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(30 * time.Millisecond):
+		}
+		for _, rec := range f.Instances.List(func(r *instances.Record) bool { return r.State.Active() }) {
+			rp.mu.Lock()
+			silent, notice := rp.silent[rec.ID], rp.notices[rec.ID]
+			rp.mu.Unlock()
+			if !silent {
+				_ = f.Health.RecordHealth(ctx, agentapi.Ref{InstanceID: rec.ID, Tenant: rec.Tenant, Group: rec.GroupID},
+					&nstancev1.HealthReport{Termination: notice}, time.Now())
+			}
+		}
+	}
+}
+
+func TestHealthProblemsAreReplacedFirst(t *testing.T) {
+	ca, err := pki.GenerateCA("c1", time.Hour, time.Now())
+	require.NoError(t, err)
+	cases := []struct {
+		name   string
+		act    func(rp *reporter, p *mock.Provider, victim string)
+		reason nstancev1.DeletionReason
+		errMsg string
+	}{
+		{"missed reports", func(rp *reporter, _ *mock.Provider, victim string) {
+			rp.mu.Lock()
+			rp.silent[victim] = true
+			rp.mu.Unlock()
+		}, nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY, "missed 3 health reports"},
+		{"spot termination notice", func(rp *reporter, _ *mock.Provider, victim string) {
+			rp.mu.Lock()
+			rp.notices[victim] = &nstancev1.TerminationNotice{Kind: nstancev1.TerminationKind_TERMINATION_KIND_SPOT}
+			rp.mu.Unlock()
+		}, nstancev1.DeletionReason_DELETION_REASON_SPOT_TERMINATION, ""},
+		{"provider stopped the instance", func(_ *reporter, p *mock.Provider, victim string) { p.Stop(victim) },
+			nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY, "stopped"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rp := &reporter{silent: map[string]bool{}, notices: map[string]*nstancev1.TerminationNotice{}}
+			cfg, err := config.Parse([]byte(shardtest.Config("c1", "s1", "mock")))
+			require.NoError(t, err)
+			store := memstore.New()
+			p := mock.New()
+			f, err := fleet.New(fleet.Options{Store: store, Keys: layout.New(""), Config: liveconfig.New(store, "config/s1.jsonc", cfg, "e1", time.Now()),
+				Provider: p, ResyncInterval: 100 * time.Millisecond, RetryBase: 20 * time.Millisecond,
+				Agent: fleet.AgentOptions{CA: ca, Monitor: true, HealthInterval: 100 * time.Millisecond, HealthMisses: 3, StartupGrace: 2 * time.Second}})
+			require.NoError(t, err)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- f.Run(ctx) }()
+			go rp.run(ctx, f)
+			t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+			require.Eventually(t, f.Reconciler.Running, 5*time.Second, time.Millisecond)
+			insts := f.Events.Instances.Subscribe("t")
+			t.Cleanup(insts.Close)
+			errs := f.Events.Errors.Subscribe("t")
+			t.Cleanup(errs.Close)
+			e := env{f: f, p: p, store: store}
+			upsert(t, e, "web", 2, 50*time.Millisecond)
+			ready := func() int { return int(f.Reconciler.GroupStatus(mustGroup(t, f, "web")).GetReadyCount()) }
+			require.Eventually(t, func() bool { return ready() == 2 }, 5*time.Second, 10*time.Millisecond)
+			initial := map[string]bool{}
+			for _, r := range running(e, "web") {
+				initial[r.ID] = true
+			}
+			victim := running(e, "web")[0].ID
+			tc.act(rp, p, victim)
+			if tc.errMsg != "" {
+				ev := <-errs.Events()
+				require.Equal(t, victim, ev.GetInstanceId())
+				require.Contains(t, ev.GetMessage(), tc.errMsg)
+			}
+			var ev *nstancev1.InstanceEvent
+			select {
+			case ev = <-insts.Events():
+			case <-time.After(10 * time.Second):
+				t.Fatal("no instance event")
+			}
+			require.Equal(t, nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION, ev.GetStatus())
+			require.Equal(t, victim, ev.GetInstanceId())
+			require.Equal(t, tc.reason, ev.GetReason())
+			// The replacement exists and reports by the time the victim is announced.
+			var fresh []string
+			for _, r := range f.Instances.ListGroup("t", "web") {
+				if !initial[r.ID] {
+					fresh = append(fresh, r.ID)
+				}
+			}
+			require.Len(t, fresh, 1)
+			_, reported := f.Health.LastReport(fresh[0])
+			require.True(t, reported, "replacement reported before the victim was drained")
+			require.Eventually(t, func() bool {
+				_, there := f.Instances.Get(victim)
+				return !there && ready() == 2
+			}, 5*time.Second, 10*time.Millisecond)
+			_, known := f.Health.LastReport(victim)
+			require.False(t, known, "health state of a deleted instance is dropped")
+		})
+	}
+}
+
+func mustGroup(t *testing.T, f *fleet.Fleet, id string) *groups.Group {
+	t.Helper()
+	g, ok := f.Groups.Get(groups.Key{Tenant: "t", ID: id})
+	require.True(t, ok)
+	return g
 }
