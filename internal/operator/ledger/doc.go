@@ -1,0 +1,6 @@
+// Package ledger durably records the names of every group the operator has
+// managed (created from Kubernetes or imported from a server), in a
+// ConfigMap. The startup import skips recorded groups, so a group whose pool
+// was deleted — while the server is still winding it down, or after a
+// restart — is never imported again.
+package ledger

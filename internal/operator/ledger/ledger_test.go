@@ -1,0 +1,39 @@
+package ledger_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/nstance-dev/nstance/internal/operator/ledger"
+	"github.com/nstance-dev/nstance/internal/testing/kubetest"
+)
+
+func TestLedgerPersists(t *testing.T) {
+	env := kubetest.Start(t)
+	ctx := t.Context()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "ledger-"}}
+	require.NoError(t, env.Client.Create(ctx, ns))
+
+	l := ledger.New(env.Client, ns.Name, "")
+	got, err := l.Load(ctx, env.Client)
+	require.NoError(t, err)
+	require.Empty(t, got, "no ConfigMap yet")
+
+	require.NoError(t, l.Record(ctx, "web", ledger.StateManaged))
+	require.NoError(t, l.RecordMany(ctx, map[string]string{"db": ledger.StateManaged, "old": ledger.StateDeleted}))
+	require.NoError(t, l.Record(ctx, "web", ledger.StateDeleted))
+
+	// A fresh ledger (a restarted operator) sees everything.
+	fresh := ledger.New(env.Client, ns.Name, "")
+	got, err = fresh.Load(ctx, env.Client)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"web": ledger.StateDeleted, "db": ledger.StateManaged, "old": ledger.StateDeleted}, got)
+
+	var cm corev1.ConfigMap
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns.Name, Name: ledger.DefaultName}, &cm))
+	require.Len(t, cm.Data, 3)
+}
