@@ -25,7 +25,10 @@ func TestCacheOrdering(t *testing.T) {
 		{"older event ignored", func(c *Cache) { c.Put("a", status("g", 2, t0.Add(time.Second))); c.Put("a", status("g", 1, t0)) }, 2},
 		{"equal event wins", func(c *Cache) { c.PutResponse("a", status("g", 0, t0)); c.Put("a", status("g", 3, t0)) }, 3},
 		{"equal response loses", func(c *Cache) { c.Put("a", status("g", 3, t0)); c.PutResponse("a", status("g", 0, t0)) }, 3},
-		{"newer response wins", func(c *Cache) { c.Put("a", status("g", 3, t0)); c.PutResponse("a", status("g", 0, t0.Add(time.Second))) }, 0},
+		{"newer response wins", func(c *Cache) {
+			c.Put("a", status("g", 3, t0))
+			c.PutResponse("a", status("g", 0, t0.Add(time.Second)))
+		}, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
