@@ -36,20 +36,26 @@ func startDev(t *testing.T, tls bool, crdPaths ...string) *devServer {
 func startDevIn(t *testing.T, dir string, tls bool, crdPaths ...string) *devServer {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
+	d, wait := launch(t, ctx, dir, tls, crdPaths...)
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, wait())
+	})
+	return d
+}
+
+func launch(t *testing.T, ctx context.Context, dir string, tls bool, crdPaths ...string) (*devServer, func() error) {
+	t.Helper()
 	kc := filepath.Join(dir, "kubeconfig")
 	run, err := app.Start(ctx, logr.Discard(), app.Config{
 		Addr: "127.0.0.1:0", Dir: filepath.Join(dir, "data"), TLS: tls, KubeconfigOut: kc,
 		CRDPaths: crdPaths, Controllers: true,
 	})
 	require.NoError(t, err)
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, run.Wait())
-	})
 	cfg, err := clientcmd.BuildConfigFromFlags("", kc)
 	require.NoError(t, err)
 	cfg.ContentType = "application/json"
-	return &devServer{dir: filepath.Join(dir, "data"), kubeconfig: kc, url: run.URL, config: cfg}
+	return &devServer{dir: filepath.Join(dir, "data"), kubeconfig: kc, url: run.URL, config: cfg}, run.Wait
 }
 
 // kubectl runs the envtest-built kubectl against the server.
