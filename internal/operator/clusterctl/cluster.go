@@ -55,7 +55,7 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstanceclusters/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get;create
+// +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=create
 // +kubebuilder:rbac:groups="",resources=serviceaccounts/token,verbs=create
 
 func (r *Reconciler) now() time.Time {
@@ -194,15 +194,10 @@ func (r *Reconciler) ensureKubeconfig(ctx context.Context, nc *infrav1.NstanceCl
 }
 
 func (r *Reconciler) ensureServiceAccount(ctx context.Context, namespace string) error {
+	// Create-only: an existing ServiceAccount (e.g. from the Helm chart) is
+	// kept, and the operator needs no read access to ServiceAccounts.
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: r.ServiceAccount}}
-	err := r.Client.Get(ctx, client.ObjectKeyFromObject(sa), sa)
-	if apierrors.IsNotFound(err) {
-		err = r.Client.Create(ctx, sa)
-		if apierrors.IsAlreadyExists(err) {
-			err = nil
-		}
-	}
-	if err != nil {
+	if err := r.Client.Create(ctx, sa); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("ensure ServiceAccount %s/%s: %w", namespace, r.ServiceAccount, err)
 	}
 	return nil

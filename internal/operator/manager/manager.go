@@ -37,6 +37,15 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/watch"
 )
 
+// RBAC the wiring itself needs: the leader election Lease, the bootstrap
+// ConfigMap and Secrets, and Events (both APIs, for the broadcaster's
+// fallback).
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch;update
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch;update
+
 // LeaderElectionID is the Lease the operator replicas compete for.
 const LeaderElectionID = "nstance-operator-leader-election"
 

@@ -1,0 +1,73 @@
+package manager_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/yaml"
+
+	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+)
+
+// TestGeneratedRBACSuffices runs the operator as a ServiceAccount bound only
+// to the ClusterRole generated from the RBAC markers (config/rbac), through
+// registration, leader election, a pool's lifecycle, Events and the
+// kubeconfig Secret. A verb missing from the markers makes it fail.
+func TestGeneratedRBACSuffices(t *testing.T) {
+	ctx := context.Background()
+	data, err := os.ReadFile(filepath.Join("..", "..", "..", "config", "rbac", "role.yaml"))
+	require.NoError(t, err, "run make generate-k8s")
+	var role rbacv1.ClusterRole
+	require.NoError(t, yaml.Unmarshal(data, &role))
+	require.Equal(t, "nstance-operator", role.Name)
+
+	f := newFixture(t, "shard-a", "shard-b")
+	f.putNonce(t)
+	role.Name = "nstance-operator-" + f.ns
+	require.NoError(t, env.Client.Create(ctx, &role))
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), &role) })
+	require.NoError(t, env.Client.Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "nstance-operator"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: f.ns, Name: "nstance-operator"}},
+	}))
+
+	o := f.options(t)
+	o.LeaderElect = true
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:" + f.ns + ":nstance-operator",
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + f.ns, "system:authenticated"},
+	}
+	o.RestConfig = cfg
+	r := startOperator(t, o)
+	r.waitImported(t)
+
+	f.createPool(t, "rbac", 3, "shard-a", "shard-b")
+	require.Eventually(t, func() bool {
+		p, _ := get(t, f.ns, "rbac", &infrav1.NstanceMachinePool{})
+		return p.Status.Ready && len(p.Spec.ProviderIDList) == 3
+	}, waitLong, tick)
+	require.Eventually(t, func() bool {
+		_, ok := get(t, f.ns, clusterID+"-kubeconfig", &corev1.Secret{})
+		return ok
+	}, waitLong, tick)
+	p, _ := get(t, f.ns, "rbac", &infrav1.NstanceMachinePool{})
+	require.NoError(t, env.Client.Delete(ctx, p))
+	require.NoError(t, env.Client.Delete(ctx, &clusterv1.MachinePool{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "rbac"}}))
+	require.Eventually(t, func() bool {
+		_, ok := get(t, f.ns, "rbac", &infrav1.NstanceMachinePool{})
+		return !ok
+	}, waitLong, tick)
+	require.Eventually(t, func() bool {
+		return len(f.events(t, "NstanceShardGroup", "rbac--shard-a", "GroupDeleted")) > 0
+	}, waitLong, tick, "Events are written")
+}
