@@ -99,6 +99,9 @@ type Services struct {
 	Agent    nstancev1.AgentServiceServer
 	// OnAgentRegistered is told about every registered agent.
 	OnAgentRegistered registration.AgentRegistered
+	// Lead, when set, runs for each shard-leadership term once the gRPC
+	// services serve (the reconciler); its context ends with the term.
+	Lead func(ctx context.Context) error
 }
 
 // ServiceFactory builds Services.
@@ -325,7 +328,7 @@ func (a *App) Run(ctx context.Context) error {
 	}
 
 	shardEl, err := newElector(a.o.Keys.ShardLeader(a.o.Shard), func(lctx context.Context, term int64) {
-		a.leadShard(lctx, ctx, term, db, gcfg, &bind, cfg.Shard.Timeouts.Shutdown.D())
+		a.leadShard(lctx, ctx, term, db, gcfg, svcs.Lead, &bind, cfg.Shard.Timeouts.Shutdown.D())
 	})
 	if err != nil {
 		return err
@@ -426,7 +429,7 @@ func (a *App) syncCache(ctx context.Context, db *cache.Cache) error {
 }
 
 // leadShard runs while this server holds the shard lease.
-func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cache, gcfg grpcserve.Config, bind *config.Bind, shutdown time.Duration) {
+func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cache, gcfg grpcserve.Config, lead func(context.Context) error, bind *config.Bind, shutdown time.Duration) {
 	log := a.log().WithValues("term", term)
 	if err := a.syncCache(lctx, db); err != nil {
 		log.Error(err, "rebuilding the cache on leadership; stepping down")
@@ -447,7 +450,30 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cach
 	a.mu.Unlock()
 	ad := a.Addrs()
 	log.Info("serving gRPC as shard leader", "registration", ad.Registration, "operator", ad.Operator, "agent", ad.Agent)
+	leadDone := make(chan struct{})
+	go func() {
+		defer close(leadDone)
+		if lead == nil {
+			return
+		}
+		// The term's work (loading state, reconciling) is retried until the
+		// term ends: a storage hiccup must not leave a leader that serves
+		// gRPC but never converges.
+		for {
+			err := lead(lctx)
+			if lctx.Err() != nil {
+				return
+			}
+			log.Error(err, "shard leadership work stopped; restarting it")
+			select {
+			case <-lctx.Done():
+				return
+			case <-time.After(2 * time.Second):
+			}
+		}
+	}()
 	<-lctx.Done()
+	<-leadDone
 	a.mu.Lock()
 	a.grpcActive = false
 	a.mu.Unlock()

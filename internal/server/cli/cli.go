@@ -17,6 +17,8 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/server/app"
 	"github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/internal/server/fleet"
+	"github.com/nstance-dev/nstance/internal/server/fleetapp"
 	"github.com/nstance-dev/nstance/internal/server/storage"
 	"github.com/nstance-dev/nstance/internal/version"
 )
@@ -58,6 +60,11 @@ func App() *ucli.App {
 			&ucli.BoolFlag{Name: "validate", Usage: "validate the shard config (from storage, or --config-file) and exit"},
 			&ucli.StringFlag{Name: "config-file", Usage: "with --validate: check this local file instead of storage"},
 			&ucli.BoolFlag{Name: "debug", Usage: "debug logging", EnvVars: []string{"NSTANCE_DEBUG"}},
+			&ucli.StringFlag{Name: "agent-command", Usage: "tmux/process providers: command each instance runs (overrides shard.infra.options.command)", EnvVars: []string{"NSTANCE_AGENT_COMMAND"}},
+			&ucli.StringFlag{Name: "agent-state-dir", Usage: "tmux/process providers: per-instance identity directories (default temp/agents)", EnvVars: []string{"NSTANCE_AGENT_STATE_DIR"}},
+			&ucli.StringFlag{Name: "node-dir", Usage: "tmux/process providers: fake Node JSON directory (default temp/dev-k8s/nodes; - disables)", EnvVars: []string{"NSTANCE_NODE_DIR"}},
+			&ucli.StringFlag{Name: "tmux-session", Usage: "tmux provider: session of the agent windows (default nstance-dev-agents)", EnvVars: []string{"NSTANCE_TMUX_SESSION"}},
+			&ucli.StringFlag{Name: "tmux-socket", Usage: "tmux provider: tmux socket name (-L)", EnvVars: []string{"NSTANCE_TMUX_SOCKET"}},
 		},
 		Action: run,
 	}
@@ -93,6 +100,10 @@ func run(c *ucli.Context) error {
 			Registration: c.String("bind-registration"), Operator: c.String("bind-operator"), Agent: c.String("bind-agent"),
 		},
 		Log: log.WithValues("server", id, "shard", c.String("shard")),
+		Services: fleetapp.Factory(fleetapp.Options{Local: fleet.LocalOptions{
+			Command: c.String("agent-command"), StateDir: c.String("agent-state-dir"), NodeDir: c.String("node-dir"),
+			Session: c.String("tmux-session"), Socket: c.String("tmux-socket"),
+		}}),
 	})
 	if err != nil {
 		return ucli.Exit(err.Error(), 2)
