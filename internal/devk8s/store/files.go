@@ -67,6 +67,9 @@ func (s *Store) handleFSEvent(ev fsnotify.Event) {
 			return
 		}
 	}
+	if len(parts) >= 2 && isObjectFile(parts[len(parts)-1]) && s.unchanged(parts, ev.Name) {
+		return // our own write: nothing to do, and no lock held for the read
+	}
 	s.mu.Lock()
 	var events []Event
 	t := s.tables[parts[0]]
@@ -117,6 +120,26 @@ func (s *Store) handleFSEvent(ev fsnotify.Event) {
 	}
 	s.mu.Unlock()
 	s.notify(events)
+}
+
+// unchanged reads a file without the store lock and reports whether it
+// matches the stored entry byte for byte (the common case: the event is
+// for a file the store itself just wrote).
+func (s *Store) unchanged(parts []string, path string) bool {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	hash := sha256.Sum256(data)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.tables[parts[0]]
+	if t == nil {
+		return true
+	}
+	ns, name := s.splitPath(parts[0], t, path)
+	cur := t.objs[key(ns, name)]
+	return cur != nil && cur.hash == hash
 }
 
 func (s *Store) splitPath(res string, t *table, path string) (string, string) {

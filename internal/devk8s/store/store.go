@@ -114,7 +114,7 @@ func Open(ctx context.Context, log logr.Logger, opts Options) (*Store, error) {
 	if opts.WatchBuffer <= 0 {
 		opts.WatchBuffer = DefaultWatchBuffer
 	}
-	if err := os.MkdirAll(filepath.Join(opts.Dir, stateDirName), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Join(opts.Dir, stateDirName, "tmp"), 0o755); err != nil {
 		return nil, fmt.Errorf("create data directory: %w", err)
 	}
 	s := &Store{
@@ -159,6 +159,10 @@ func (s *Store) Dir() string { return s.opts.Dir }
 
 type state struct {
 	ReservedResourceVersion uint64 `json:"reservedResourceVersion"`
+}
+
+func (s *Store) tmpDir() string {
+	return filepath.Join(s.opts.Dir, stateDirName, "tmp")
 }
 
 func (s *Store) statePath() string {
@@ -504,7 +508,7 @@ func (s *Store) commitLocked(res string, t *table, ns, name string, cur *Entry, 
 	if err != nil {
 		return nil, Result{}, err
 	}
-	if err := writeAtomic(p, fileData); err != nil {
+	if err := writeAtomicVia(p, s.tmpDir(), fileData); err != nil {
 		return nil, Result{}, err
 	}
 	ent.hash = sha256.Sum256(fileData)
@@ -552,14 +556,23 @@ func setRV(obj map[string]any, rv string) {
 	md["resourceVersion"] = rv
 }
 
-// writeAtomic writes through a temporary file in the same directory and a
-// rename, so readers (and fsnotify) never see a half-written file.
+// writeAtomic writes through a temporary file and a rename, so readers
+// (and fsnotify) never see a half-written file. tmpDir, on the same file
+// system, holds the temporary files (a small directory keeps file creation
+// cheap); empty means the target's directory.
 func writeAtomic(path string, data []byte) error {
+	return writeAtomicVia(path, "", data)
+}
+
+func writeAtomicVia(path, tmpDir string, data []byte) error {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	if tmpDir == "" {
+		tmpDir = dir
+	}
+	f, err := os.CreateTemp(tmpDir, "."+filepath.Base(path)+".tmp*")
 	if err != nil {
 		return fmt.Errorf("create temporary file for %s: %w", path, err)
 	}
