@@ -1,0 +1,507 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Binaries the stack is built from, once per test run.
+var binaries = []string{"dev-s3", "dev-k8s", "nstance-server", "nstance-agent", "nstance-operator", "nstance-admin"}
+
+const (
+	clusterID     = "example-cluster"
+	namespace     = "default"
+	bucket        = "dev"
+	encryptionKey = "thisisatest32bytekey123456789012"
+)
+
+// stack is dev-s3, two nstance-servers (tmux provider on a private tmux
+// socket), dev-k8s and nstance-operator, each a child process of the test
+// with its own process group, every port picked free on 127.0.0.1.
+type stack struct {
+	t       *testing.T
+	root    string // repository root
+	dir     string // runtime state (the test's temp/)
+	bin     string
+	k8sDir  string
+	socket  string // private tmux server (-L)
+	session string
+
+	s3Addr, k8sAddr, probeAddr string
+	servers                    []serverPorts
+
+	mu    sync.Mutex
+	procs []*proc
+}
+
+type serverPorts struct {
+	shard                                            string
+	health, election, registration, operator, agent string
+}
+
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+}
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildErr  error
+)
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Clean(filepath.Join(wd, "..", ".."))
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		t.Fatalf("repository root not found from %s", wd)
+	}
+	return root
+}
+
+// buildBinaries compiles every binary into one shared directory (one `go
+// build` call, so packages compile once and in parallel).
+func buildBinaries(t *testing.T, root string) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		buildDir, buildErr = os.MkdirTemp("", "nstance-e2e-bin-")
+		if buildErr != nil {
+			return
+		}
+		args := []string{"build", "-o", buildDir + string(filepath.Separator)}
+		for _, b := range binaries {
+			args = append(args, "./cmd/"+b)
+		}
+		cmd := exec.Command("go", args...)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return buildDir
+}
+
+// freeAddr returns a 127.0.0.1 address that was free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func newStack(t *testing.T) *stack {
+	t.Helper()
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Fatal("tmux is required for the end-to-end test (apt-get install tmux)")
+	}
+	root := repoRoot(t)
+	dir := t.TempDir()
+	s := &stack{
+		t: t, root: root, dir: dir, bin: buildBinaries(t, root),
+		k8sDir:  filepath.Join(dir, "dev-k8s"),
+		socket:  fmt.Sprintf("nstance-e2e-%d-%d", os.Getpid(), time.Now().UnixNano()%100000),
+		session: "nstance-e2e-agents",
+		s3Addr:  freeAddr(t), k8sAddr: freeAddr(t), probeAddr: freeAddr(t),
+	}
+	for n := 1; n <= 2; n++ {
+		s.servers = append(s.servers, serverPorts{
+			shard: fmt.Sprintf("dev-%d", n), health: freeAddr(t), election: freeAddr(t),
+			registration: freeAddr(t), operator: freeAddr(t), agent: freeAddr(t),
+		})
+	}
+	t.Cleanup(s.stop)
+	return s
+}
+
+func (s *stack) env() []string {
+	return append(os.Environ(),
+		"AWS_ACCESS_KEY_ID=dev", "AWS_SECRET_ACCESS_KEY=dev", "AWS_REGION=us-east-1",
+		"AWS_ENDPOINT_URL=http://"+s.s3Addr, "AWS_S3_USE_PATH_STYLE=true",
+		"NSTANCE_ENCRYPTION_KEY="+encryptionKey, "TMUX=",
+	)
+}
+
+// start runs a binary from the build directory; its output goes to
+// dir/logs/{name}.log.
+func (s *stack) start(name, binary string, extraEnv []string, args ...string) *proc {
+	s.t.Helper()
+	logs := filepath.Join(s.dir, "logs")
+	if err := os.MkdirAll(logs, 0o755); err != nil {
+		s.t.Fatal(err)
+	}
+	logPath := filepath.Join(logs, name+".log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(s.bin, binary), args...)
+	cmd.Dir = s.root
+	cmd.Env = append(s.env(), extraEnv...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		s.t.Fatalf("starting %s: %v", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); f.Close(); close(p.done) }()
+	s.mu.Lock()
+	s.procs = append(s.procs, p)
+	s.mu.Unlock()
+	return p
+}
+
+// stopProc ends one process group: SIGTERM, then SIGKILL after 10s.
+func stopProc(p *proc) {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+// stop tears everything down in reverse start order, then the private tmux
+// server; on failure it prints the tail of every log.
+func (s *stack) stop() {
+	agentPIDs := s.panePIDs()
+	s.mu.Lock()
+	procs := append([]*proc(nil), s.procs...)
+	s.mu.Unlock()
+	for i := len(procs) - 1; i >= 0; i-- {
+		stopProc(procs[i])
+	}
+	_ = exec.Command("tmux", "-L", s.socket, "kill-server").Run()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, pid := range agentPIDs {
+		for syscall.Kill(pid, 0) == nil && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if syscall.Kill(pid, 0) == nil {
+			s.t.Errorf("agent pane process %d still running after teardown", pid)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	if s.t.Failed() {
+		for _, p := range procs {
+			s.t.Logf("---- %s (%s), last lines:\n%s", p.name, p.log, tail(p.log, 40))
+		}
+	}
+}
+
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// tmux runs a command against the stack's private tmux server.
+func (s *stack) tmux(args ...string) (string, error) {
+	cmd := exec.Command("tmux", append([]string{"-L", s.socket}, args...)...)
+	cmd.Env = append(os.Environ(), "TMUX=")
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// agentWindows lists the instance ids with a window in the agents session.
+func (s *stack) agentWindows() []string {
+	out, err := s.tmux("list-windows", "-t", "="+s.session, "-F", "#{window_name}")
+	if err != nil {
+		return nil
+	}
+	var ids []string
+	for _, w := range strings.Fields(out) {
+		if id, ok := strings.CutPrefix(w, "nstance-agent-"); ok {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+func (s *stack) panePIDs() []int {
+	out, err := s.tmux("list-panes", "-a", "-F", "#{pane_pid}")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, f := range strings.Fields(out) {
+		if n, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, n)
+		}
+	}
+	return pids
+}
+
+// shardConfig derives server N's config from examples/config-tmux.jsonc:
+// shard id, loopback binds on the picked ports, advertised addresses, the
+// tmux provider on the private socket running the built agent directly, and
+// no static groups (the operator creates them).
+func (s *stack) shardConfig(n int) []byte {
+	s.t.Helper()
+	b, err := os.ReadFile(filepath.Join(s.root, "examples", "config-tmux.jsonc"))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	sp := s.servers[n-1]
+	options, _ := json.Marshal(map[string]string{
+		"session": s.session, "socket": s.socket, "command": filepath.Join(s.bin, "nstance-agent"),
+		"state_dir": filepath.Join(s.dir, "agents"), "node_dir": filepath.Join(s.k8sDir, "nodes"), "work_dir": s.dir,
+	})
+	host := func(a string) string { h, p, _ := net.SplitHostPort(a); return h + ":" + p }
+	repl := []struct{ old, new string }{
+		{`"id": "dev-1"`, `"id": "` + sp.shard + `"`},
+		{`"options": { "session": "nstance-dev-agents" }`, `"options": ` + string(options)},
+		{`"0.0.0.0:8990"`, `"` + host(sp.health) + `"`},
+		{`"0.0.0.0:8991"`, `"` + sp.election + `"`},
+		{`"0.0.0.0:8992"`, `"` + sp.registration + `"`},
+		{`"0.0.0.0:8993"`, `"` + sp.operator + `"`},
+		{`"0.0.0.0:8994"`, `"` + sp.agent + `"`},
+		{`"advertise": { "hosts": ["127.0.0.1"] }`, `"advertise": { "hosts": ["127.0.0.1"], "registration_addr": "` + sp.registration +
+			`", "operator_addr": "` + sp.operator + `", "agent_addr": "` + sp.agent + `" }`},
+		{`"workers": { "template": "worker", "size": 1, "drain_timeout": "2m" },`, ``},
+	}
+	out := string(b)
+	for _, r := range repl {
+		if !strings.Contains(out, r.old) {
+			s.t.Fatalf("examples/config-tmux.jsonc no longer contains %s; update shardConfig", r.old)
+		}
+		out = strings.Replace(out, r.old, r.new, 1)
+	}
+	return []byte(out)
+}
+
+func httpOK(url string) bool {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// eventually polls cond every 200ms until it holds or the timeout passes.
+func (s *stack) eventually(what string, timeout time.Duration, cond func() bool) {
+	s.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// up starts the whole stack and waits until the operator is registered.
+func (s *stack) up() {
+	t := s.t
+	t.Helper()
+	s.start("dev-s3", "dev-s3", nil, "--addr", s.s3Addr, "--bucket", bucket, "--dir", filepath.Join(s.dir, "dev-s3"))
+	s.eventually("dev-s3 /healthz", 20*time.Second, func() bool { return httpOK("http://" + s.s3Addr + "/healthz") })
+	for n := 1; n <= 2; n++ {
+		sp := s.servers[n-1]
+		req, _ := http.NewRequest(http.MethodPut, "http://"+s.s3Addr+"/"+bucket+"/config/"+sp.shard+".jsonc", bytes.NewReader(s.shardConfig(n)))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("uploading config/%s.jsonc: %v %v", sp.shard, err, resp)
+		}
+		resp.Body.Close()
+		s.start("server-"+sp.shard, "nstance-server", nil, "--shard", sp.shard, "--id", sp.shard+"-e2e",
+			"--bucket", bucket, "--cache-dir", filepath.Join(s.dir, "cache"), "--bind-health", sp.health)
+	}
+
+	ns := filepath.Join(s.k8sDir, "namespaces")
+	if err := os.MkdirAll(ns, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeJSON(t, filepath.Join(ns, namespace+".json"), map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": namespace}})
+	capi, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/cluster-api").Output()
+	if err != nil {
+		t.Fatalf("locating the Cluster API module: %v", err)
+	}
+	kubeconfig := filepath.Join(s.dir, "operator", "kubeconfig")
+	s.start("dev-k8s", "dev-k8s", nil, "--addr", s.k8sAddr, "--dir", s.k8sDir, "--kubeconfig-out", kubeconfig,
+		"--crd-dir", filepath.Join(s.root, "config", "crd", "bases"),
+		"--crd-dir", filepath.Join(strings.TrimSpace(string(capi)), "core", "config", "crd", "bases"))
+
+	for _, sp := range s.servers {
+		s.eventually(sp.shard+" /health 200", 60*time.Second, func() bool { return httpOK("http://" + sp.health + "/health") })
+	}
+	ca := filepath.Join(s.dir, "dev-s3", "cluster", "ca.crt")
+	s.eventually("cluster CA in dev-s3", 30*time.Second, func() bool { _, err := os.Stat(ca); return err == nil })
+	s.eventually("dev-k8s kubeconfig", 30*time.Second, func() bool { _, err := os.Stat(kubeconfig); return err == nil })
+
+	caPEM, err := os.ReadFile(ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.put("configmaps", "nstance-cluster-ca", map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
+		"metadata": map[string]any{"name": "nstance-cluster-ca", "namespace": namespace}, "data": map[string]any{"ca.crt": string(caPEM)}})
+	admin := exec.Command(filepath.Join(s.bin, "nstance-admin"), "cluster", "nonce", "--cluster-id", clusterID,
+		"--storage-bucket", bucket, "--key-provider", "env", "--expiry", "1h", "--output", "-")
+	admin.Env = s.env()
+	var stderr bytes.Buffer
+	admin.Stderr = &stderr
+	nonce, err := admin.Output()
+	if err != nil {
+		t.Fatalf("nstance-admin cluster nonce: %v: %s", err, stderr.String())
+	}
+	s.put("secrets", "nstance-operator-nonce", map[string]any{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+		"metadata": map[string]any{"name": "nstance-operator-nonce", "namespace": namespace},
+		"data":     map[string]any{"nonce.jwt": base64.StdEncoding.EncodeToString(bytes.TrimSpace(nonce))}})
+
+	var cfg strings.Builder
+	fmt.Fprintf(&cfg, "cluster_id: %s\ntenant: default\nshards:\n", clusterID)
+	for _, sp := range s.servers {
+		fmt.Fprintf(&cfg, "  %s:\n    registration_addr: %q\n    operator_addr: %q\n", sp.shard, sp.registration, sp.operator)
+	}
+	opCfg := filepath.Join(s.dir, "operator", "config.yaml")
+	if err := os.WriteFile(opCfg, []byte(cfg.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s.start("operator", "nstance-operator", []string{"KUBECONFIG=" + kubeconfig, "NSTANCE_NAMESPACE=" + namespace, "NSTANCE_K8S_JSON=true"},
+		"--config", opCfg, "--health-probe-bind-address", s.probeAddr)
+	s.eventually("operator registered (Secret nstance-operator-cert)", 60*time.Second, func() bool {
+		_, err := os.Stat(s.path("secrets", namespace, "nstance-operator-cert"))
+		return err == nil
+	})
+}
+
+// path is where dev-k8s keeps an object: {dir}/{resource}/{ns}/{name}.json.
+func (s *stack) path(resource, ns, name string) string {
+	if ns == "" {
+		return filepath.Join(s.k8sDir, resource, name+".json")
+	}
+	return filepath.Join(s.k8sDir, resource, ns, name+".json")
+}
+
+// Resource directories of dev-k8s (custom resources are kept under
+// {plural}.{group}).
+const (
+	resPools        = "machinepools.cluster.x-k8s.io"
+	resMachines     = "machines.cluster.x-k8s.io"
+	resNstancePools = "nstancemachinepools.infrastructure.cluster.x-k8s.io"
+	resShardGroups  = "nstanceshardgroups.infrastructure.cluster.x-k8s.io"
+)
+
+// put writes an object as its JSON file, the way a developer edits one.
+func (s *stack) put(resource, name string, obj map[string]any) {
+	s.t.Helper()
+	writeJSON(s.t, s.path(resource, namespace, name), obj)
+}
+
+func writeJSON(t *testing.T, path string, obj any) {
+	t.Helper()
+	b, err := json.MarshalIndent(obj, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// get reads an object's JSON file; ok is false when it does not exist.
+func (s *stack) get(resource, ns, name string) (map[string]any, bool) {
+	b, err := os.ReadFile(s.path(resource, ns, name))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, false
+	}
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	var obj map[string]any
+	if err := json.Unmarshal(b, &obj); err != nil {
+		return nil, false // being rewritten
+	}
+	return obj, true
+}
+
+// field walks nested maps: field(obj, "spec", "replicas").
+func field(obj map[string]any, keys ...string) any {
+	var cur any = obj
+	for _, k := range keys {
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return nil
+		}
+		cur = m[k]
+	}
+	return cur
+}
+
+// nodes lists the Node files (instance ids) in dev-k8s.
+func (s *stack) nodes() []string {
+	entries, _ := os.ReadDir(filepath.Join(s.k8sDir, "nodes"))
+	var ids []string
+	for _, e := range entries {
+		if n, ok := strings.CutSuffix(e.Name(), ".json"); ok && !strings.HasPrefix(n, ".") {
+			ids = append(ids, n)
+		}
+	}
+	return ids
+}
+
+// registered reports whether an agent holds its certificate and has
+// consumed its nonce.
+func (s *stack) registered(id string) bool {
+	idDir := filepath.Join(s.dir, "agents", id, "identity")
+	_, errCert := os.Stat(filepath.Join(idDir, "agent.crt"))
+	_, errNonce := os.Stat(filepath.Join(idDir, "nonce.jwt"))
+	return errCert == nil && errors.Is(errNonce, os.ErrNotExist)
+}
+
+// ctx is a short context for API calls.
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
