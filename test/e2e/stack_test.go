@@ -50,7 +50,7 @@ type stack struct {
 }
 
 type serverPorts struct {
-	shard                                            string
+	shard                                           string
 	health, election, registration, operator, agent string
 }
 
