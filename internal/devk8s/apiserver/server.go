@@ -182,9 +182,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte("ok"))
 		return
 	case "api":
+		if wantsAggregated(r) {
+			s.writeAggregated(w, true)
+			return
+		}
 		s.serveCoreVersions(w, r)
 		return
 	case "apis":
+		if wantsAggregated(r) {
+			s.writeAggregated(w, false)
+			return
+		}
 		s.serveGroups(w, r)
 		return
 	}

@@ -202,6 +202,53 @@ func semanticCases() []diffCase {
 		sort.Strings(out)
 		return out
 	})
+	for _, root := range []string{"/api", "/apis"} {
+		root := root
+		add("discovery/aggregated"+root, func(c *tc) any {
+			r, err := c.tg.do(c.ctx, http.MethodGet, root, "", nil, "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json")
+			if err != nil {
+				c.t.Fatal(err)
+			}
+			var out []string
+			items, _ := r.Obj["items"].([]any)
+			for _, it := range items {
+				g, _ := it.(map[string]any)
+				md, _ := g["metadata"].(map[string]any)
+				name, _ := md["name"].(string)
+				switch name {
+				case "", "policy", "coordination.k8s.io", testGroup:
+				default:
+					continue
+				}
+				vs, _ := g["versions"].([]any)
+				for _, v := range vs {
+					vm, _ := v.(map[string]any)
+					rs, _ := vm["resources"].([]any)
+					for _, x := range rs {
+						rm, _ := x.(map[string]any)
+						switch rm["resource"] {
+						case "pods", "configmaps", "nodes", "leases", "poddisruptionbudgets", "widgets", "gadgets":
+						default:
+							continue
+						}
+						var subs []string
+						sl, _ := rm["subresources"].([]any)
+						for _, sub := range sl {
+							sm, _ := sub.(map[string]any)
+							switch sm["subresource"] {
+							case "status", "eviction", "token": // the ones dev-k8s serves
+								subs = append(subs, fmt.Sprintf("%v:%v", sm["subresource"], sm["responseKind"]))
+							}
+						}
+						sort.Strings(subs)
+						out = append(out, fmt.Sprintf("%s/%v %v scope=%v kind=%v singular=%v subs=%v", name, vm["version"], rm["resource"], rm["scope"], rm["responseKind"], rm["singularResource"], subs))
+					}
+				}
+			}
+			sort.Strings(out)
+			return []any{r.Code, r.CT, out}
+		})
+	}
 	add("discovery/group", func(c *tc) any { return pick(c.get("/apis/policy"), "kind", "name", "preferredVersion") })
 	add("discovery/group-missing", func(c *tc) any { return c.get("/apis/nope.example.com").Code })
 	add("discovery/crd-group-version", func(c *tc) any {
