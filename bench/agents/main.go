@@ -22,6 +22,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,8 +60,12 @@ func main() {
 	duration := flag.Duration("duration", 30*time.Second, "measuring time per count, after all agents are connected")
 	interval := flag.Duration("interval", time.Second, "report interval per agent")
 	lean := flag.Bool("lean", false, "server with small per-connection buffers (shared write buffer, 4 KiB read/write buffers)")
+	memLimit := flag.Int64("memlimit", 0, "soft memory limit of the server child in MiB (debug.SetMemoryLimit, as GOMEMLIMIT); 0 for none")
 	flag.Parse()
 	if *serve {
+		if *memLimit > 0 {
+			debug.SetMemoryLimit(*memLimit << 20)
+		}
 		if err := runServer(*lean); err != nil {
 			fmt.Fprintln(os.Stderr, "server:", err)
 			os.Exit(1)
@@ -71,7 +78,7 @@ func main() {
 			fmt.Fprintf(os.Stderr, "bad agent count %q\n", c)
 			os.Exit(2)
 		}
-		if err := runLoad(n, *duration, *interval, *lean); err != nil {
+		if err := runLoad(n, *duration, *interval, *lean, *memLimit); err != nil {
 			fmt.Fprintln(os.Stderr, "load:", err)
 			os.Exit(1)
 		}
@@ -120,8 +127,23 @@ func runServer(lean bool) error {
 	b, _ := json.Marshal(hello{Addr: ln.Addr().String(), CACert: string(ca.CertPEM), CAKey: string(keyPEM)})
 	fmt.Println(string(b))
 	// Each stdin line asks for the report counter; EOF ends the server.
+	// A line "m" asks for Go memory figures instead (and writes the heap
+	// profile named by NSTANCE_BENCH_HEAPPROFILE, if set).
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
+		if sc.Text() == "m" {
+			runtime.GC()
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			if path := os.Getenv("NSTANCE_BENCH_HEAPPROFILE"); path != "" {
+				if f, err := os.Create(path); err == nil {
+					_ = pprof.WriteHeapProfile(f)
+					f.Close()
+				}
+			}
+			fmt.Printf("%d %d %d %d\n", runtime.NumGoroutine(), ms.HeapInuse, ms.StackInuse, ms.Sys)
+			continue
+		}
 		fmt.Printf("%d %d\n", reports.Load(), api.Connected())
 	}
 	return nil
@@ -134,12 +156,12 @@ type child struct {
 	hello hello
 }
 
-func startServer(lean bool) (*child, error) {
+func startServer(lean bool, memLimit int64) (*child, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(self, "-serve", "-lean="+strconv.FormatBool(lean))
+	cmd := exec.Command(self, "-serve", "-lean="+strconv.FormatBool(lean), "-memlimit="+strconv.FormatInt(memLimit, 10))
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -161,6 +183,18 @@ func startServer(lean bool) (*child, error) {
 		return nil, fmt.Errorf("server hello: %w", err)
 	}
 	return c, nil
+}
+
+// mem returns the server's goroutine count and Go heap, stack and total bytes.
+func (c *child) mem() (goroutines int, heap, stack, sys uint64, err error) {
+	if _, err := fmt.Fprintln(c.in, "m"); err != nil {
+		return 0, 0, 0, 0, err
+	}
+	if !c.out.Scan() {
+		return 0, 0, 0, 0, errors.New("server child exited")
+	}
+	_, err = fmt.Sscanf(c.out.Text(), "%d %d %d %d", &goroutines, &heap, &stack, &sys)
+	return goroutines, heap, stack, sys, err
 }
 
 func (c *child) counters() (reports uint64, connected int, err error) {
@@ -195,8 +229,8 @@ func usage(pid int) (ticks uint64, rssKiB uint64, err error) {
 	return ut + st, rssKiB, nil
 }
 
-func runLoad(n int, duration, interval time.Duration, lean bool) error {
-	srv, err := startServer(lean)
+func runLoad(n int, duration, interval time.Duration, lean bool, memLimit int64) error {
+	srv, err := startServer(lean, memLimit)
 	if err != nil {
 		return err
 	}
@@ -274,9 +308,14 @@ func runLoad(n int, duration, interval time.Duration, lean bool) error {
 	}
 	elapsed := time.Since(began).Seconds()
 	const hz = 100.0 // USER_HZ on Linux
-	fmt.Printf("lean=%t agents=%d connected=%d connect_time=%s reports_per_s=%.0f server_cpu=%.1f%% server_rss=%.1fMiB peak_rss=%.1fMiB stream_failures=%d\n",
-		lean, n, connected, connectTime.Round(100*time.Millisecond), float64(r1-r0)/elapsed, float64(t1-t0)/hz/elapsed*100,
+	fmt.Printf("memlimit=%dMiB lean=%t agents=%d connected=%d connect_time=%s reports_per_s=%.0f server_cpu=%.1f%% server_rss=%.1fMiB peak_rss=%.1fMiB stream_failures=%d\n",
+		memLimit, lean, n, connected, connectTime.Round(100*time.Millisecond), float64(r1-r0)/elapsed, float64(t1-t0)/hz/elapsed*100,
 		float64(rss)/1024, float64(peakRSS)/1024, failures.Load())
+	if g, heap, stack, sys, err := srv.mem(); err == nil {
+		const mib = 1 << 20
+		fmt.Printf("  server goroutines=%d (%.1f per agent) go_heap=%.1fMiB go_stacks=%.1fMiB go_sys=%.1fMiB per_agent_heap+stack=%.1fKiB\n",
+			g, float64(g)/float64(n), float64(heap)/mib, float64(stack)/mib, float64(sys)/mib, float64(heap+stack)/float64(n)/1024)
+	}
 	cancel()
 	wg.Wait()
 	return nil
