@@ -182,7 +182,7 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 		return nil, fmt.Errorf("set up shard group controller: %w", err)
 	}
 	pool := &poolsync.Reconciler{Client: mgr.GetClient(), Ledger: op.ledger}
-	if err := pool.SetupWithManager(ctx, mgr); err != nil {
+	if err := pool.SetupWithManager(ctx, mgr, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up pool controller: %w", err)
 	}
 	server, caData, err := clusterctl.APIServerFrom(o.RestConfig)

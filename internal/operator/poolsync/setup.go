@@ -6,6 +6,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -13,7 +14,10 @@ import (
 )
 
 // SetupWithManager registers the index and the controller.
-func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, workers int) error {
+	if workers <= 0 {
+		workers = 4
+	}
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &clusterv1.MachinePool{}, InfraRefIndex, InfraRefName); err != nil {
 		return err
 	}
@@ -22,6 +26,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 		For(&infrav1.NstanceMachinePool{}).
 		Owns(&infrav1.NstanceShardGroup{}).
 		Watches(&clusterv1.MachinePool{}, handler.EnqueueRequestsFromMapFunc(mapMachinePool)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
 		Complete(r)
 }
 
