@@ -87,7 +87,12 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 			s.Stop()
 			return nil, errors.New("grpcserve: agent listener without a service")
 		}
-		g := newServer(pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), authz.Policy{Role: pki.RoleAgent, ClusterID: cfg.ClusterID}.ServerOptions()...)
+		// Thousands of agents keep a connection each: small per-connection
+		// buffers and a shared write buffer cut the server's memory by about
+		// a quarter (bench/agents) at no cost for their small messages.
+		agentOpts := append(authz.Policy{Role: pki.RoleAgent, ClusterID: cfg.ClusterID}.ServerOptions(),
+			grpc.SharedWriteBuffer(true), grpc.ReadBufferSize(4<<10), grpc.WriteBufferSize(4<<10))
+		g := newServer(pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), agentOpts...)
 		nstancev1.RegisterAgentServiceServer(g, cfg.Agent)
 		s.serve("agent", g, ls.Agent)
 	}
