@@ -93,8 +93,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.Ledger.Record(ctx, pool.Spec.Group, ledger.StateManaged); err != nil {
 		return ctrl.Result{}, err
 	}
-	if controllerutil.AddFinalizer(&pool, infrav1.MachinePoolFinalizer) {
-		if err := r.Client.Update(ctx, &pool); err != nil {
+	if !controllerutil.ContainsFinalizer(&pool, infrav1.MachinePoolFinalizer) {
+		// Optimistic lock: a merge patch replaces the whole finalizer list.
+		patch := client.MergeFromWithOptions(pool.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		controllerutil.AddFinalizer(&pool, infrav1.MachinePoolFinalizer)
+		if err := r.Client.Patch(ctx, &pool, patch); err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
 		}
 	}
@@ -170,8 +173,10 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, pool *infrav1.NstanceM
 		// The shard groups' deletion events bring us back here.
 		return r.patchStatus(ctx, pool, before)
 	}
+	// Optimistic lock: a merge patch replaces the whole finalizer list.
+	patch := client.MergeFromWithOptions(pool.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	controllerutil.RemoveFinalizer(pool, infrav1.MachinePoolFinalizer)
-	if err := r.Client.Update(ctx, pool); err != nil && !apierrors.IsNotFound(err) {
+	if err := r.Client.Patch(ctx, pool, patch); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("remove finalizer: %w", err)
 	}
 	return nil

@@ -109,8 +109,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if !sg.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, &sg)
 	}
-	if controllerutil.AddFinalizer(&sg, infrav1.ShardGroupFinalizer) {
-		if err := r.Client.Update(ctx, &sg); err != nil {
+	if !controllerutil.ContainsFinalizer(&sg, infrav1.ShardGroupFinalizer) {
+		// Optimistic lock: a merge patch replaces the whole finalizer list.
+		patch := client.MergeFromWithOptions(sg.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		controllerutil.AddFinalizer(&sg, infrav1.ShardGroupFinalizer)
+		if err := r.Client.Patch(ctx, &sg, patch); err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
 		}
 	}
@@ -166,8 +169,11 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, sg *infrav1.NstanceSha
 }
 
 func (r *Reconciler) removeFinalizer(ctx context.Context, sg *infrav1.NstanceShardGroup) error {
-	if controllerutil.RemoveFinalizer(sg, infrav1.ShardGroupFinalizer) {
-		if err := r.Client.Update(ctx, sg); err != nil && !kerrors.IsNotFound(err) {
+	if controllerutil.ContainsFinalizer(sg, infrav1.ShardGroupFinalizer) {
+		// Optimistic lock: a merge patch replaces the whole finalizer list.
+		patch := client.MergeFromWithOptions(sg.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		controllerutil.RemoveFinalizer(sg, infrav1.ShardGroupFinalizer)
+		if err := r.Client.Patch(ctx, sg, patch); err != nil && !kerrors.IsNotFound(err) {
 			return fmt.Errorf("remove finalizer: %w", err)
 		}
 	}
