@@ -393,3 +393,44 @@ func dump(t testing.TB, ns, pool string) func() string {
 		return out
 	}
 }
+
+// TestPoolBeingDeletedNotReimported: a pool whose deletion waits on a down
+// shard is still being deleted when the operator restarts and finds the
+// group on that shard; the import leaves it alone (even without the ledger)
+// and the deletion completes.
+func TestPoolBeingDeletedNotReimported(t *testing.T) {
+	f := newFixture(t, "shard-a", "shard-b")
+	f.putNonce(t)
+	ctx := context.Background()
+	r := startOperator(t, f.options(t))
+	r.waitImported(t)
+	f.createPool(t, "gone", 2, "shard-a", "shard-b")
+	require.Eventually(t, func() bool {
+		return slices.Equal(f.serverSizes(t, "gone", "shard-a", "shard-b"), [][2]int{{1, 1}, {1, 1}})
+	}, waitLong, tick)
+
+	f.shards["shard-b"].stop()
+	pool, _ := get(t, f.ns, "gone", &infrav1.NstanceMachinePool{})
+	require.NoError(t, env.Client.Delete(ctx, pool))
+	require.Eventually(t, func() bool {
+		_, okA := get(t, f.ns, "gone--shard-a", &infrav1.NstanceShardGroup{})
+		sgB, okB := get(t, f.ns, "gone--shard-b", &infrav1.NstanceShardGroup{})
+		return !okA && okB && !sgB.DeletionTimestamp.IsZero()
+	}, waitLong, tick, "shard-a part deleted, shard-b part held by its finalizer")
+	r.stop()
+
+	// Drop the ledger too: the pool's own deletionTimestamp must suffice.
+	require.NoError(t, env.Client.Delete(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "nstance-operator-groups"}}))
+	f.shards["shard-b"].restart()
+	require.NotNil(t, f.shards["shard-b"].group(t, "gone"), "group still on shard-b")
+
+	r = startOperator(t, f.options(t))
+	r.waitImported(t)
+	require.Empty(t, r.op.ImportResult.Imported)
+	require.Eventually(t, func() bool {
+		_, okPool := get(t, f.ns, "gone", &infrav1.NstanceMachinePool{})
+		return !okPool && f.shards["shard-b"].group(t, "gone") == nil
+	}, waitLong, tick, "deletion completes on the recovered shard")
+	_, ok := get(t, f.ns, "gone", &infrav1.NstanceMachinePool{})
+	require.False(t, ok)
+}
