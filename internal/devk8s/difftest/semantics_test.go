@@ -870,7 +870,7 @@ func semanticCases() []diffCase {
 				conds = append(conds, fmt.Sprintf("%v=%v", m["type"], m["status"]))
 			}
 			sort.Strings(conds)
-			return len(conds) == 2
+			return len(conds) == 2 && conds[0] == "Established=True"
 		})
 		return []any{conds, pick(c.get(name), "status.acceptedNames.kind", "status.storedVersions")}
 	})

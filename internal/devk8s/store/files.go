@@ -157,6 +157,9 @@ func (s *Store) syncFileLocked(res string, t *table, path string, seen map[uint6
 	ns, name := s.splitPath(res, t, path)
 	k := key(ns, name)
 	cur := t.objs[k]
+	if s.pendingLocked(res, k) {
+		return Event{}, false // our own write is landing; its event follows
+	}
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		if cur == nil {

@@ -97,6 +97,10 @@ type Store struct {
 	lowWater uint64
 	watchers map[*Watcher]struct{}
 	watched  map[string]bool
+	// pending counts in-flight file writes per resource/key; fsnotify
+	// events for such files are ignored until the last write lands.
+	pending  map[string]int
+	keyLocks map[string]*keyLock
 
 	fsw  *fsnotify.Watcher
 	done chan struct{}
@@ -124,6 +128,8 @@ func Open(ctx context.Context, log logr.Logger, opts Options) (*Store, error) {
 		history:  make([]Event, opts.History),
 		watchers: map[*Watcher]struct{}{},
 		watched:  map[string]bool{},
+		pending:  map[string]int{},
+		keyLocks: map[string]*keyLock{},
 		done:     make(chan struct{}),
 	}
 	if err := s.loadState(); err != nil {
@@ -428,40 +434,117 @@ func (s *Store) Mutate(res, ns, name string, fn MutateFunc) (Result, error) {
 		s.mu.Unlock()
 		return Result{}, err
 	}
-	ev, res2, err := s.commitLocked(res, t, ns, name, cur, m)
+	ev, res2, op, err := s.commitLocked(res, t, ns, name, cur, m)
 	s.mu.Unlock()
-	if err == nil && ev != nil {
+	if err == nil && op != nil {
+		err = s.applyFileOp(op)
+	}
+	if ev != nil {
 		s.notify([]Event{*ev})
 	}
 	return res2, err
 }
 
-func (s *Store) commitLocked(res string, t *table, ns, name string, cur *Entry, m Mutation) (*Event, Result, error) {
+// fileOp is a file write or removal decided under the store lock and
+// carried out after it, so writes of different objects overlap.
+type fileOp struct {
+	pending string
+	t       *table
+	k       string
+	path    string
+	// ent is the entry the file must show; nil removes the file.
+	ent  *Entry
+	data []byte
+}
+
+type keyLock struct {
+	mu   sync.Mutex
+	refs int
+}
+
+// applyFileOp writes (or removes) one object's file. Writes of the same
+// object are serialised, and one that a newer change overtook is skipped:
+// the newer change writes the file itself.
+func (s *Store) applyFileOp(op *fileOp) error {
+	s.mu.Lock()
+	kl := s.keyLocks[op.pending]
+	if kl == nil {
+		kl = &keyLock{}
+		s.keyLocks[op.pending] = kl
+	}
+	kl.refs++
+	s.mu.Unlock()
+
+	kl.mu.Lock()
+	s.mu.Lock()
+	latest := op.t.objs[op.k] == op.ent
+	s.mu.Unlock()
+	var err error
+	if latest {
+		if op.ent == nil {
+			if rerr := os.Remove(op.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+				err = fmt.Errorf("remove %s: %w", op.path, rerr)
+			}
+		} else {
+			err = writeAtomicVia(op.path, s.tmpDir(), op.data)
+		}
+	}
+	kl.mu.Unlock()
+
+	s.mu.Lock()
+	if kl.refs--; kl.refs == 0 {
+		delete(s.keyLocks, op.pending)
+	}
+	if s.pending[op.pending]--; s.pending[op.pending] <= 0 {
+		delete(s.pending, op.pending)
+	}
+	s.mu.Unlock()
+	if err != nil {
+		s.log.Error(err, "object file out of date with the served object")
+	}
+	return err
+}
+
+// pendingLocked reports whether a file write for the object is in flight.
+func (s *Store) pendingLocked(res, k string) bool {
+	return s.pending[res+"/"+k] > 0
+}
+
+func (s *Store) commitLocked(res string, t *table, ns, name string, cur *Entry, m Mutation) (*Event, Result, *fileOp, error) {
+	ev, result, op, err := s.commitIndexLocked(res, t, ns, name, cur, m)
+	if op != nil {
+		op.pending = res + "/" + op.k
+		op.t = t
+		s.pending[op.pending]++
+	}
+	return ev, result, op, err
+}
+
+// commitIndexLocked updates the index and history; the file change it
+// returns is applied after the lock is released.
+func (s *Store) commitIndexLocked(res string, t *table, ns, name string, cur *Entry, m Mutation) (*Event, Result, *fileOp, error) {
 	k := key(ns, name)
 	p := s.path(res, t.namespaced, ns, name)
 	if m.DryRun {
 		if m.Delete {
 			if cur == nil {
-				return nil, Result{}, nil
+				return nil, Result{}, nil, nil
 			}
-			return nil, Result{Entry: cur, Type: watch.Deleted}, nil
+			return nil, Result{Entry: cur, Type: watch.Deleted}, nil, nil
 		}
 		if cur != nil {
 			setRV(m.Object, strconv.FormatUint(cur.RV, 10))
 		}
 		ent, err := newEntry(m.Object, 0)
-		return nil, Result{Entry: ent, Type: watch.Modified, Noop: true}, err
+		return nil, Result{Entry: ent, Type: watch.Modified, Noop: true}, nil, err
 	}
 	if m.Delete {
 		if cur == nil {
-			return nil, Result{}, nil
-		}
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, Result{}, fmt.Errorf("remove %s: %w", p, err)
+			return nil, Result{}, nil, nil
 		}
 		rv, err := s.nextRVLocked()
 		if err != nil {
-			return nil, Result{}, err
+			return nil, Result{}, nil, err
 		}
 		delete(t.objs, k)
 		t.sorted = nil
@@ -475,41 +558,38 @@ func (s *Store) commitLocked(res string, t *table, ns, name string, cur *Entry, 
 		last := withRV(final, rv)
 		ent, err := newEntry(last, rv)
 		if err != nil {
-			return nil, Result{}, err
+			return nil, Result{}, nil, err
 		}
 		ev := s.recordLocked(Event{Type: watch.Deleted, Resource: res, Namespace: ns, Name: name, RV: rv, Object: ent, Old: cur})
-		return &ev, Result{Entry: ent, Type: watch.Deleted}, nil
+		return &ev, Result{Entry: ent, Type: watch.Deleted}, &fileOp{k: k, path: p}, nil
 	}
 	if cur != nil {
 		setRV(m.Object, strconv.FormatUint(cur.RV, 10))
 		data, err := json.Marshal(m.Object)
 		if err != nil {
-			return nil, Result{}, fmt.Errorf("encode object: %w", err)
+			return nil, Result{}, nil, fmt.Errorf("encode object: %w", err)
 		}
 		if bytes.Equal(data, cur.JSON) {
-			return nil, Result{Entry: cur, Type: watch.Modified, Noop: true}, nil
+			return nil, Result{Entry: cur, Type: watch.Modified, Noop: true}, nil, nil
 		}
 	}
 	rv, err := s.nextRVLocked()
 	if err != nil {
-		return nil, Result{}, err
+		return nil, Result{}, nil, err
 	}
 	setRV(m.Object, strconv.FormatUint(rv, 10))
 	ent, err := newEntry(m.Object, rv)
 	if err != nil {
-		return nil, Result{}, err
+		return nil, Result{}, nil, err
 	}
 	if t.namespaced {
 		if err := s.watchDirLocked(filepath.Dir(p)); err != nil {
-			return nil, Result{}, err
+			return nil, Result{}, nil, err
 		}
 	}
 	fileData, err := fileBytes(ent.Object)
 	if err != nil {
-		return nil, Result{}, err
-	}
-	if err := writeAtomicVia(p, s.tmpDir(), fileData); err != nil {
-		return nil, Result{}, err
+		return nil, Result{}, nil, err
 	}
 	ent.hash = sha256.Sum256(fileData)
 	if cur == nil {
@@ -521,7 +601,7 @@ func (s *Store) commitLocked(res string, t *table, ns, name string, cur *Entry, 
 		typ = watch.Modified
 	}
 	ev := s.recordLocked(Event{Type: typ, Resource: res, Namespace: ns, Name: name, RV: rv, Object: ent, Old: cur})
-	return &ev, Result{Entry: ent, Type: typ}, nil
+	return &ev, Result{Entry: ent, Type: typ}, &fileOp{k: k, path: p, ent: ent, data: fileData}, nil
 }
 
 func newEntry(obj map[string]any, rv uint64) (*Entry, error) {
