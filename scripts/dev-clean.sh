@@ -31,11 +31,26 @@ stop_tree() {
 }
 
 sock="$DEV_DIR/overmind.sock"
+started=() # every process under Overmind's panes, as `overmind status` lists them
 if [[ -S $sock ]]; then
+	for pid in $(overmind status -s "$sock" 2>/dev/null | awk 'NR > 1 && $2 ~ /^[0-9]+$/ && $2 > 0 { print $2 }'); do
+		started+=($(descendants "$pid"))
+	done
 	log "stopping Overmind ($sock)"
 	overmind quit -s "$sock" >/dev/null 2>&1 || true
 	for _ in $(seq 1 100); do [[ -S $sock ]] || break; sleep 0.2; done
 fi
+# Air may exit before the binary it runs has finished shutting down: give
+# the processes Overmind ran up to 20s, then end what is left.
+for _ in $(seq 1 100); do
+	left=0
+	for pid in "${started[@]}"; do alive "$pid" && left=1; done
+	((left)) || break
+	sleep 0.2
+done
+for pid in "${started[@]}"; do
+	if alive "$pid"; then log "pid $pid (started under Overmind) still running; terminating it"; stop_tree "$pid"; fi
+done
 if [[ -f $DEV_DIR/pids/overmind.pid ]]; then
 	pid=$(cat "$DEV_DIR/pids/overmind.pid")
 	for _ in $(seq 1 50); do alive "$pid" || break; sleep 0.2; done
