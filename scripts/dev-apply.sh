@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # scripts/dev-apply.sh FILE...: put example objects into the dev cluster.
-# With dev-k8s (default) each object becomes the JSON file dev-k8s serves it
-# from; with NSTANCE_DEV_K8S=apiserver (or a kubeconfig not written by
-# dev-k8s) it runs kubectl apply against temp/operator/kubeconfig.
+# With dev-k8s each object becomes the JSON file dev-k8s serves it from; when
+# temp/operator/kubeconfig points elsewhere (make dev-tmux-apiserver, kind) it
+# runs kubectl apply with it.
 # scripts/dev-apply.sh --delete FILE... removes them again.
 files=()
 for a in "$@"; do [[ $a == --delete || $a = /* ]] && files+=("$a") || files+=("$PWD/$a"); done
 set -- "${files[@]}"
 source "$(dirname "$0")/dev-common.sh"
 export KUBECONFIG="${KUBECONFIG:-$NSTANCE_ROOT/$DEV_DIR/operator/kubeconfig}"
+envtest_kubectl="$(scripts/envtest-assets.sh --dir)/kubectl"
+[[ -x $envtest_kubectl ]] && export PATH="$(dirname "$envtest_kubectl"):$PATH"
 del=false
 if [[ ${1:-} == --delete ]]; then del=true; shift; fi
 (( $# )) || die "usage: scripts/dev-apply.sh [--delete] FILE..."
 for f in "$@"; do
 	[[ -f $f ]] || die "$f: no such file"
-	if [[ ${NSTANCE_DEV_K8S:-dev-k8s} != dev-k8s ]]; then
+	if [[ -f $KUBECONFIG ]] && ! grep -q 'name: dev-k8s' "$KUBECONFIG"; then
 		if $del; then kubectl delete -f "$f"; else kubectl apply -f "$f"; fi
 		continue
 	fi

@@ -3,6 +3,14 @@
 # Cluster API CRDs, objects as JSON files under temp/dev-k8s. It writes the
 # operator's kubeconfig to temp/operator/kubeconfig.
 source "$(dirname "$0")/dev-common.sh"
+if [[ ${NSTANCE_DEV_K8S:-dev-k8s} == apiserver ]]; then
+	# make dev-tmux-apiserver: a real kube-apiserver + etcd (envtest binaries)
+	# instead of dev-k8s; Node files from the tmux provider become real Nodes.
+	mkdir -p bin "$DEV_DIR/operator"
+	log "building bin/dev-apiserver"
+	go build -o bin/dev-apiserver ./scripts/tools/dev-apiserver
+	exec bin/dev-apiserver --kubeconfig-out "$DEV_DIR/operator/kubeconfig" --node-dir "$DEV_DIR/dev-k8s/nodes"
+fi
 need_bin dev-k8s
 capi_crds="$(go list -m -f '{{.Dir}}' sigs.k8s.io/cluster-api)/core/config/crd/bases"
 [[ -d $capi_crds ]] || die "Cluster API CRDs not found at $capi_crds (run: go mod download sigs.k8s.io/cluster-api)"

@@ -16,6 +16,9 @@
 # operator under Air with NSTANCE_K8S_JSON=true.
 source "$(dirname "$0")/dev-common.sh"
 mode=${1:-dev-k8s}
+[[ ${NSTANCE_DEV_K8S:-dev-k8s} == apiserver ]] && mode=external
+# The envtest kubectl (v1.36) when available.
+[[ -n ${KUBEBUILDER_ASSETS:-} && -x ${KUBEBUILDER_ASSETS}/kubectl ]] && export PATH="$KUBEBUILDER_ASSETS:$PATH"
 op_dir="$DEV_DIR/operator"
 export KUBECONFIG="$NSTANCE_ROOT/$op_dir/kubeconfig"
 mkdir -p "$op_dir"
@@ -27,6 +30,9 @@ if [[ $mode == dev-k8s ]]; then
 	wait_for "dev-k8s on $DEV_K8S_ADDR" 120 https_ok "https://$DEV_K8S_ADDR/version"
 	k8s_dir="$DEV_DIR/dev-k8s"
 else
+	if [[ ${NSTANCE_DEV_K8S:-} == apiserver ]]; then
+		wait_for "kube-apiserver kubeconfig ($op_dir/kubeconfig)" 180 test -s "$KUBECONFIG"
+	fi
 	[[ -f $KUBECONFIG ]] || die "$op_dir/kubeconfig is missing: write your cluster's kubeconfig there (e.g. kind get kubeconfig --name nstance-dev > $op_dir/kubeconfig)"
 	command -v kubectl >/dev/null || die "kubectl is required for an external cluster"
 	wait_for "Kubernetes API (kubectl version)" 120 kubectl version --request-timeout=2s

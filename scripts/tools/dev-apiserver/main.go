@@ -1,0 +1,137 @@
+// Command dev-apiserver runs a real kube-apiserver and etcd (the envtest
+// binaries from scripts/envtest-assets.sh) with the Nstance and Cluster API
+// CRDs installed, for `make dev-tmux-apiserver`: the kind experience without
+// Docker. It writes an admin kubeconfig for the operator and kubectl, and
+// mirrors the fake Node files the tmux provider writes (temp/dev-k8s/nodes)
+// into real Node objects so drains have something to act on. SIGINT/SIGTERM
+// stop the control plane.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/nstance-dev/nstance/internal/testing/kubetest"
+)
+
+func main() {
+	kubeconfigOut := flag.String("kubeconfig-out", "temp/operator/kubeconfig", "write the admin kubeconfig here")
+	nodeDir := flag.String("node-dir", "temp/dev-k8s/nodes", "mirror the Node JSON files of this directory into the cluster (empty: off)")
+	flag.Parse()
+	if err := run(*kubeconfigOut, *nodeDir); err != nil {
+		fmt.Fprintln(os.Stderr, "dev-apiserver:", err)
+		os.Exit(1)
+	}
+}
+
+func run(kubeconfigOut, nodeDir string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	env, stopEnv, err := kubetest.StartEnv()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := stopEnv(); err != nil {
+			fmt.Fprintln(os.Stderr, "dev-apiserver: stop:", err)
+		}
+	}()
+	kc, err := os.ReadFile(env.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(kubeconfigOut), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(kubeconfigOut, kc, 0o600); err != nil {
+		return err
+	}
+	fmt.Printf("kube-apiserver %s ready; kubeconfig %s (kubectl: %s)\n", env.Config.Host, kubeconfigOut, filepath.Join(env.AssetsDir, "kubectl"))
+	if nodeDir == "" {
+		<-ctx.Done()
+		return nil
+	}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		if err := syncNodes(ctx, env.Client, nodeDir); err != nil && ctx.Err() == nil {
+			fmt.Fprintln(os.Stderr, "dev-apiserver: node sync:", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// syncNodes creates a Node (with its Ready status) for every file and deletes
+// the Nodes it created whose file is gone.
+func syncNodes(ctx context.Context, c client.Client, dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	want := map[string]bool{}
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || strings.HasPrefix(name, ".") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		var node corev1.Node
+		if err := json.Unmarshal(b, &node); err != nil {
+			continue
+		}
+		want[node.Name] = true
+		var have corev1.Node
+		if err := c.Get(ctx, client.ObjectKey{Name: node.Name}, &have); err == nil {
+			continue
+		} else if !apierrors.IsNotFound(err) {
+			return err
+		}
+		status := node.Status
+		node.ResourceVersion, node.CreationTimestamp = "", have.CreationTimestamp
+		if node.Labels == nil {
+			node.Labels = map[string]string{}
+		}
+		node.Labels["nstance.dev/dev-node"] = "true"
+		if err := c.Create(ctx, &node); err != nil {
+			return fmt.Errorf("create Node %s: %w", node.Name, err)
+		}
+		node.Status = status
+		if err := c.Status().Update(ctx, &node); err != nil {
+			return fmt.Errorf("Node %s status: %w", node.Name, err)
+		}
+		fmt.Printf("Node %s created (%s)\n", node.Name, node.Spec.ProviderID)
+	}
+	var list corev1.NodeList
+	if err := c.List(ctx, &list, client.MatchingLabels{"nstance.dev/dev-node": "true"}); err != nil {
+		return err
+	}
+	for i := range list.Items {
+		n := &list.Items[i]
+		if !want[n.Name] {
+			if err := c.Delete(ctx, n); err != nil && !apierrors.IsNotFound(err) {
+				return err
+			}
+			fmt.Printf("Node %s deleted\n", n.Name)
+		}
+	}
+	return nil
+}
