@@ -56,4 +56,3 @@ func run(c *cli.Context) error {
 	}
 	return running.Wait()
 }
-

@@ -172,7 +172,7 @@ func (s *Server) serveOpenAPIV3(w http.ResponseWriter, _ *http.Request, sub stri
 		}
 		paths[p] = map[string]any{
 			"patch": map[string]any{
-				"operationId": "patch" + res.Kind,
+				"operationId":                     "patch" + res.Kind,
 				"x-kubernetes-group-version-kind": map[string]string{"group": group, "version": ver, "kind": res.Kind},
 				"parameters": []any{
 					map[string]any{"name": "fieldValidation", "in": "query", "schema": map[string]any{"type": "string"}},

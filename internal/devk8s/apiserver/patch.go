@@ -199,4 +199,3 @@ func (s *Server) patch(w http.ResponseWriter, r *http.Request, rq request) {
 	}
 	s.writeEntry(w, r, code, rq.res, result.Entry)
 }
-

@@ -176,7 +176,7 @@ func (c *tc) reqCT(method, path, ct string, body any) resp {
 	return r
 }
 
-func (c *tc) get(path string) resp    { return c.req(http.MethodGet, path, nil) }
+func (c *tc) get(path string) resp { return c.req(http.MethodGet, path, nil) }
 func (c *tc) post(path string, body any) resp {
 	return c.req(http.MethodPost, path, body)
 }

@@ -1,10 +1,6 @@
 package difftest
 
-import (
-	"fmt"
-	"net/http"
-	"testing"
-)
+import "testing"
 
 // kind describes one resource for the per-kind CRUD cases.
 type kind struct {
@@ -61,13 +57,19 @@ var kinds = []kind{
 		},
 		mutate: func(o map[string]any) { o["spec"] = map[string]any{"holderIdentity": "b", "leaseDurationSeconds": 30} }},
 	{name: "widget", apiVersion: testGroup + "/v1", kind: "Widget", collection: "/apis/" + testGroup + "/v1/namespaces/{ns}/widgets",
-		body:   func(c *tc, _ string) map[string]any { return map[string]any{"spec": map[string]any{"color": "red", "size": 1}} },
+		body: func(c *tc, _ string) map[string]any {
+			return map[string]any{"spec": map[string]any{"color": "red", "size": 1}}
+		},
 		mutate: func(o map[string]any) { o["spec"] = map[string]any{"color": "blue", "size": 2} }},
 	{name: "gadget", apiVersion: testGroup + "/v1", kind: "Gadget", collection: "/apis/" + testGroup + "/v1/gadgets", cluster: true,
-		body:   func(c *tc, _ string) map[string]any { return map[string]any{"spec": map[string]any{"color": "green", "size": 3}} },
+		body: func(c *tc, _ string) map[string]any {
+			return map[string]any{"spec": map[string]any{"color": "green", "size": 3}}
+		},
 		mutate: func(o map[string]any) { o["spec"] = map[string]any{"color": "green", "size": 4} }},
 	{name: "node", apiVersion: "v1", kind: "Node", collection: "/api/v1/nodes", cluster: true,
-		body:   func(c *tc, _ string) map[string]any { return map[string]any{"spec": map[string]any{"podCIDR": "10.0.0.0/24"}} },
+		body: func(c *tc, _ string) map[string]any {
+			return map[string]any{"spec": map[string]any{"podCIDR": "10.0.0.0/24"}}
+		},
 		mutate: func(o map[string]any) { o["spec"] = map[string]any{"podCIDR": "10.0.0.0/24", "unschedulable": true} }},
 	{name: "pdb", apiVersion: "policy/v1", kind: "PodDisruptionBudget", collection: "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
 		body: func(c *tc, _ string) map[string]any {
@@ -176,5 +178,3 @@ func TestKinds(t *testing.T) {
 	runTable(t, kindCases())
 }
 
-var _ = fmt.Sprint
-var _ = http.MethodGet
