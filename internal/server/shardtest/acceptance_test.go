@@ -202,9 +202,11 @@ func TestTmuxProviderWindowsAndNodes(t *testing.T) {
 		}
 		sort.Strings(want)
 		require.Eventually(t, func() bool { return strings.Join(windows(), ",") == strings.Join(want, ",") }, 5*time.Second, 20*time.Millisecond)
-		files, err := os.ReadDir(nodeDir)
-		require.NoError(t, err)
-		require.Len(t, files, len(want))
+		// The provider removes a Node file just after killing its window.
+		require.Eventually(t, func() bool {
+			files, err := os.ReadDir(nodeDir)
+			return err == nil && len(files) == len(want)
+		}, 5*time.Second, 20*time.Millisecond, "one Node file per window")
 	}
 	upsert(t, c, "web", 3, time.Second)
 	check(waitGroup(t, c, "web", 3))

@@ -121,8 +121,11 @@ func (p *Provider) windows(ctx context.Context) (map[string]window, error) {
 	out, err := p.tmux(ctx, "list-windows", "-t", "="+p.cfg.Session, "-F", "#{window_name}\t#{pane_dead}\t#{pane_dead_status}")
 	if err != nil {
 		msg := err.Error()
+		// "no current target" is what tmux 3.3 says while a server whose
+		// last session just closed is still shutting down.
 		if strings.Contains(msg, "can't find session") || strings.Contains(msg, "no server running") ||
-			strings.Contains(msg, "error connecting") || strings.Contains(msg, "No such file") {
+			strings.Contains(msg, "error connecting") || strings.Contains(msg, "No such file") ||
+			strings.Contains(msg, "no current target") || strings.Contains(msg, "server exited unexpectedly") {
 			return map[string]window{}, nil
 		}
 		return nil, err
