@@ -22,7 +22,7 @@ KUSTOMIZE_VERSION          := v5.8.2
 BINARIES := nstance-server nstance-agent nstance-operator nstance-admin dev-k8s dev-s3
 GO_TEST_FLAGS ?= -count=1 -timeout 20m
 # Generated files checked by `make verify`.
-GENERATED := pkg/proto api/v1beta1/zz_generated.deepcopy.go config/crd config/rbac
+GENERATED := pkg/proto api/v1beta1/zz_generated.deepcopy.go config/crd config/rbac deploy/helm/nstance-operator/files
 
 ##@ General
 .PHONY: help
@@ -46,7 +46,7 @@ $(BINARIES): ## Build one binary, e.g. `make nstance-admin`.
 
 ##@ Code generation
 .PHONY: generate
-generate: generate-proto generate-k8s ## Regenerate protobuf code, deepcopy, CRDs and RBAC.
+generate: generate-proto generate-k8s helm-sync ## Regenerate protobuf code, deepcopy, CRDs, RBAC and the chart's copies of them.
 
 .PHONY: generate-proto
 generate-proto: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc ## Regenerate Go code from proto/.
