@@ -190,7 +190,7 @@ func (s *Server) serveOpenAPIV3(w http.ResponseWriter, _ *http.Request, sub stri
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
 		"openapi":    "3.0.0",
-		"info":       map[string]string{"title": "Kubernetes", "version": version["gitVersion"]},
+		"info":       map[string]string{"title": "Kubernetes", "version": versionInfo()["gitVersion"]},
 		"paths":      paths,
 		"components": map[string]any{"schemas": map[string]any{}},
 	})

@@ -23,13 +23,21 @@ type selector struct {
 
 // fieldLabels lists the field selector keys each kind supports beyond
 // metadata.name and metadata.namespace.
-var fieldLabels = map[string][]string{
-	"pods":    {"spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName", "spec.hostNetwork", "status.phase", "status.podIP", "status.nominatedNodeName"},
-	"nodes":   {"spec.unschedulable"},
-	"secrets": {"type"},
-	"events": {"involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid", "involvedObject.apiVersion",
-		"involvedObject.resourceVersion", "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type"},
-	"namespaces": {"status.phase"},
+func fieldLabels(resource string) []string {
+	switch resource {
+	case "pods":
+		return []string{"spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName", "spec.hostNetwork", "status.phase", "status.podIP", "status.nominatedNodeName"}
+	case "nodes":
+		return []string{"spec.unschedulable"}
+	case "secrets":
+		return []string{"type"}
+	case "events":
+		return []string{"involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid", "involvedObject.apiVersion",
+			"involvedObject.resourceVersion", "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type"}
+	case "namespaces":
+		return []string{"status.phase"}
+	}
+	return nil
 }
 
 func (s *Server) parseSelectors(res *registry.Resource, label, field string) (*selector, error) {
@@ -48,7 +56,7 @@ func (s *Server) parseSelectors(res *registry.Resource, label, field string) (*s
 		}
 		allowed := map[string]bool{"metadata.name": true, "metadata.namespace": true}
 		if res.BuiltIn {
-			for _, f := range fieldLabels[res.Resource] {
+			for _, f := range fieldLabels(res.Resource) {
 				allowed[f] = true
 			}
 		}
@@ -60,7 +68,7 @@ func (s *Server) parseSelectors(res *registry.Resource, label, field string) (*s
 				return nil, apierrors.NewBadRequest(fmt.Sprintf("field label not supported: %s", req.Field))
 			}
 			known := []string{`"metadata.name"`, `"metadata.namespace"`}
-			for _, f := range fieldLabels[res.Resource] {
+			for _, f := range fieldLabels(res.Resource) {
 				known = append(known, strconv.Quote(f))
 			}
 			return nil, apierrors.NewBadRequest(fmt.Sprintf("%q is not a known field selector: only %s", req.Field, strings.Join(known, ", ")))
@@ -89,7 +97,7 @@ func (sel *selector) matches(obj map[string]any) bool {
 	if sel.res.Namespaced {
 		set["metadata.namespace"] = str(md, "namespace")
 	}
-	for _, f := range fieldLabels[sel.res.Resource] {
+	for _, f := range fieldLabels(sel.res.Resource) {
 		set[f] = fieldValue(obj, f)
 	}
 	return sel.fields.Matches(set)

@@ -22,17 +22,19 @@ import (
 	"github.com/nstance-dev/nstance/internal/devk8s/store"
 )
 
-// Version is what /version reports.
-var version = map[string]string{
-	"major":        "1",
-	"minor":        "36",
-	"gitVersion":   "v1.36.3-dev-k8s",
-	"gitCommit":    "dev-k8s",
-	"gitTreeState": "clean",
-	"buildDate":    "2026-01-01T00:00:00Z",
-	"goVersion":    "go1.26",
-	"compiler":     "gc",
-	"platform":     "linux/amd64",
+// versionInfo is what /version reports.
+func versionInfo() map[string]string {
+	return map[string]string{
+		"major":        "1",
+		"minor":        "36",
+		"gitVersion":   "v1.36.3-dev-k8s",
+		"gitCommit":    "dev-k8s",
+		"gitTreeState": "clean",
+		"buildDate":    "2026-01-01T00:00:00Z",
+		"goVersion":    "go1.26",
+		"compiler":     "gc",
+		"platform":     "linux/amd64",
+	}
 }
 
 // Options configure a Server.
@@ -117,11 +119,13 @@ func New(ctx context.Context, log logr.Logger, opts Options) (*Server, error) {
 }
 
 // systemNamespaces exist in every cluster.
-var systemNamespaces = []string{"default", "kube-system", "kube-public", "kube-node-lease"}
+func systemNamespaces() []string {
+	return []string{"default", "kube-system", "kube-public", "kube-node-lease"}
+}
 
 func (s *Server) ensureNamespaces() error {
 	res, _ := s.reg.Lookup(schema.GroupVersionResource{Version: "v1", Resource: "namespaces"})
-	for _, ns := range systemNamespaces {
+	for _, ns := range systemNamespaces() {
 		if _, ok := s.store.Get("namespaces", "", ns); ok {
 			continue
 		}
@@ -140,6 +144,10 @@ func (s *Server) Close() error {
 	s.wg.Wait()
 	return err
 }
+
+// StopWatches ends open watches so that a graceful HTTP shutdown does not
+// wait for them.
+func (s *Server) StopWatches() { s.store.StopWatches() }
 
 // Registry exposes the resource table.
 func (s *Server) Registry() *registry.Registry { return s.reg }
@@ -174,7 +182,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path := strings.Trim(r.URL.Path, "/")
 	switch path {
 	case "version":
-		writeJSON(w, http.StatusOK, version)
+		writeJSON(w, http.StatusOK, versionInfo())
 		return
 	case "healthz", "readyz", "livez":
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -113,6 +113,10 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, rq request) {
 		_ = ww.send(watch.Error, data)
 		return
 	}
+	if errors.Is(err, store.ErrStopping) {
+		writeError(w, apierrors.NewServiceUnavailable(err.Error()))
+		return
+	}
 	if err != nil {
 		writeError(w, err)
 		return

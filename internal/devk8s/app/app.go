@@ -59,6 +59,7 @@ func Start(ctx context.Context, log logr.Logger, cfg Config) (*Running, error) {
 	}
 	host := clientHost(ln.Addr())
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	hs.RegisterOnShutdown(srv.StopWatches)
 	run := &Running{Server: srv, http: hs, done: make(chan error, 1)}
 	scheme := "http"
 	if cfg.TLS {

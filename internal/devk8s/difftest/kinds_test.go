@@ -177,4 +177,3 @@ func kindCases() []diffCase {
 func TestKinds(t *testing.T) {
 	runTable(t, kindCases())
 }
-

@@ -101,6 +101,7 @@ type Store struct {
 	// events for such files are ignored until the last write lands.
 	pending  map[string]int
 	keyLocks map[string]*keyLock
+	stopping bool
 
 	fsw  *fsnotify.Watcher
 	done chan struct{}
@@ -158,6 +159,17 @@ func (s *Store) Close() error {
 	}
 	s.mu.Unlock()
 	return err
+}
+
+// StopWatches ends every watch and refuses new ones: used when the server
+// shuts down so that watch requests finish promptly.
+func (s *Store) StopWatches() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopping = true
+	for w := range s.watchers {
+		s.closeWatcherLocked(w, false)
+	}
 }
 
 // Dir returns the data directory.

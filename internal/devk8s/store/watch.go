@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 )
@@ -13,6 +14,9 @@ type ExpiredError struct {
 func (e *ExpiredError) Error() string {
 	return fmt.Sprintf("too old resource version: %d (%d)", e.Requested, e.Oldest)
 }
+
+// ErrStopping is returned for watches started while the store shuts down.
+var ErrStopping = errors.New("server is shutting down")
 
 // Watcher receives the events of one resource (optionally one namespace).
 // When it falls more than the buffer behind, its channel is closed and
@@ -74,6 +78,9 @@ func (s *Store) Watch(res, ns string, fromRV uint64, sendInitial bool) (*WatchSt
 	t := s.tables[res]
 	if t == nil {
 		return nil, fmt.Errorf("%s: %w", res, ErrNotRegistered)
+	}
+	if s.stopping {
+		return nil, ErrStopping
 	}
 	start := &WatchStart{RV: s.rv}
 	if sendInitial {
