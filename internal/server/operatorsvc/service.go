@@ -332,7 +332,8 @@ func flush[T any](sub *events.Sub[T], send func(T) error) error {
 	}
 }
 
-// WatchInstances implements the RPC.
+// WatchInstances implements the RPC: PENDING_DELETION events for every
+// instance still awaiting a drain acknowledgement, then changes.
 func (s *Service) WatchInstances(req *nstancev1.WatchInstancesRequest, stream nstancev1.OperatorService_WatchInstancesServer) error {
 	ctx := stream.Context()
 	t, err := s.leaderTenant(ctx)
@@ -351,6 +352,15 @@ func (s *Service) WatchInstances(req *nstancev1.WatchInstancesRequest, stream ns
 			return nil
 		}
 		return stream.Send(ev)
+	}
+	// Re-announce every drain still waiting for an acknowledgement: an
+	// operator that was down or reconnecting when the PENDING_DELETION
+	// event was published would otherwise never acknowledge it. Subscribing
+	// first means a deletion may be announced twice, never missed.
+	for _, ev := range s.o.Reconciler.PendingDrains(t) {
+		if err := send(ev); err != nil {
+			return err
+		}
 	}
 	for {
 		select {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nstance-dev/nstance/internal/server/config"
 	"github.com/nstance-dev/nstance/internal/server/groups"
@@ -242,4 +243,27 @@ func (r *Reconciler) AcknowledgeDrained(ctx context.Context, tenant, id string) 
 	}
 	r.EnqueueInstance(id)
 	return rec, nil
+}
+
+// PendingDrains returns a PENDING_DELETION event for every instance of the
+// tenant that still waits for a drain acknowledgement, sorted by id. A
+// watcher that connects (or reconnects) receives them first, so a drain
+// announced while no operator listened is never lost.
+func (r *Reconciler) PendingDrains(tenant string) []*nstancev1.InstanceEvent {
+	recs := r.o.Instances.List(func(x *instances.Record) bool {
+		return x.Tenant == tenant && x.State == instances.StatePendingDeletion && !x.DrainAcked
+	})
+	out := make([]*nstancev1.InstanceEvent, 0, len(recs))
+	for _, rec := range recs {
+		ev := &nstancev1.InstanceEvent{
+			Status: nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION, Reason: rec.DeletionReason,
+			InstanceId: rec.ID, ProviderId: rec.ProviderID, GroupId: rec.GroupID,
+			OccurredAt: timestamppb.New(rec.UpdatedAt), Shard: r.o.Shard, Message: rec.Message,
+		}
+		if rec.DrainDeadline != nil {
+			ev.DrainDeadline = timestamppb.New(*rec.DrainDeadline)
+		}
+		out = append(out, ev)
+	}
+	return out
 }

@@ -297,3 +297,49 @@ func TestOnDemandInstanceIdempotentAndProviderErrorsRetried(t *testing.T) {
 	list, _ := p.List(context.Background())
 	require.Empty(t, list)
 }
+
+// A watcher that connects after an instance went pending-deletion (an
+// operator restart, a stream reconnect) still learns about the drain, with
+// its deadline; once acknowledged it is no longer re-announced.
+func TestWatchInstancesReannouncesPendingDrains(t *testing.T) {
+	sh := shardtest.Start(t, shardtest.Options{})
+	c := sh.Client(t, "acme")
+	ctx := ctxT(t)
+	upsert(t, c, "web", 2, 30*time.Second)
+	g := waitGroup(t, c, "web", 2)
+	victim := instanceID(g.GetProviderIds()[0])
+	resp, err := c.DeleteInstance(ctx, &nstancev1.DeleteInstanceRequest{InstanceId: victim})
+	require.NoError(t, err)
+	require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION, resp.GetInstance().GetState())
+
+	tests := []struct {
+		name   string
+		tenant string
+		want   bool
+	}{
+		{"same tenant sees the pending drain", "acme", true},
+		{"other tenant sees nothing", "globex", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			w := watch(t, sh.Client(t, tc.tenant))
+			match := func(e *nstancev1.InstanceEvent) bool {
+				return e.GetInstanceId() == victim && e.GetStatus() == nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION
+			}
+			if !tc.want {
+				w.instances.none(t, 300*time.Millisecond, match)
+				return
+			}
+			ev := w.instances.next(t, 5*time.Second, match)
+			require.Equal(t, g.GetProviderIds()[0], ev.GetProviderId())
+			require.Equal(t, resp.GetInstance().GetDrainDeadline().AsTime(), ev.GetDrainDeadline().AsTime())
+			require.Equal(t, nstancev1.DeletionReason_DELETION_REASON_ON_DEMAND_DELETE, ev.GetReason())
+		})
+	}
+	_, err = c.AcknowledgeDrained(ctx, &nstancev1.AcknowledgeDrainedRequest{InstanceId: victim})
+	require.NoError(t, err)
+	w := watch(t, c)
+	w.instances.none(t, 300*time.Millisecond, func(e *nstancev1.InstanceEvent) bool {
+		return e.GetInstanceId() == victim && e.GetStatus() == nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION
+	})
+}
