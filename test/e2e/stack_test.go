@@ -206,7 +206,13 @@ func (s *stack) stop() {
 	for i := len(procs) - 1; i >= 0; i-- {
 		stopProc(procs[i])
 	}
-	_ = exec.Command("tmux", "-L", s.socket, "kill-server").Run()
+	_, _ = s.tmux("kill-server")
+	// tmux leaves the socket file of a server that exited behind.
+	tmpDir := os.Getenv("TMUX_TMPDIR")
+	if tmpDir == "" {
+		tmpDir = "/tmp"
+	}
+	_ = os.Remove(filepath.Join(tmpDir, fmt.Sprintf("tmux-%d", os.Getuid()), s.socket))
 	deadline := time.Now().Add(10 * time.Second)
 	for _, pid := range agentPIDs {
 		for syscall.Kill(pid, 0) == nil && time.Now().Before(deadline) {
@@ -219,7 +225,7 @@ func (s *stack) stop() {
 	}
 	if s.t.Failed() {
 		for _, p := range procs {
-			s.t.Logf("---- %s (%s), last lines:\n%s", p.name, p.log, tail(p.log, 40))
+			s.t.Logf("---- %s (%s), last lines:\n%s", p.name, p.log, tail(p.log, 30))
 		}
 	}
 }
@@ -366,7 +372,7 @@ func (s *stack) up() {
 		"--crd-dir", filepath.Join(strings.TrimSpace(string(capi)), "core", "config", "crd", "bases"))
 
 	for _, sp := range s.servers {
-		s.eventually(sp.shard+" /health 200", 60*time.Second, func() bool { return httpOK("http://" + sp.health + "/health") })
+		s.eventually(sp.shard+" /health 200", 120*time.Second, func() bool { return httpOK("http://" + sp.health + "/health") })
 	}
 	ca := filepath.Join(s.dir, "dev-s3", "cluster", "ca.crt")
 	s.eventually("cluster CA in dev-s3", 30*time.Second, func() bool { _, err := os.Stat(ca); return err == nil })
@@ -402,7 +408,7 @@ func (s *stack) up() {
 	}
 	s.start("operator", "nstance-operator", []string{"KUBECONFIG=" + kubeconfig, "NSTANCE_NAMESPACE=" + namespace, "NSTANCE_K8S_JSON=true"},
 		"--config", opCfg, "--health-probe-bind-address", s.probeAddr)
-	s.eventually("operator registered (Secret nstance-operator-cert)", 60*time.Second, func() bool {
+	s.eventually("operator registered (Secret nstance-operator-cert)", 120*time.Second, func() bool {
 		_, err := os.Stat(s.path("secrets", namespace, "nstance-operator-cert"))
 		return err == nil
 	})
