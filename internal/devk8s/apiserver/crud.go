@@ -30,6 +30,11 @@ type request struct {
 	namespace string
 	name      string
 	sub       string
+	// manager is the field manager recorded in managedFields ("" for
+	// dev-k8s's own controllers, which leave managedFields alone).
+	manager string
+	// applied is set when managedFields were already computed by apply.
+	applied bool
 }
 
 func (s *Server) serveResource(w http.ResponseWriter, r *http.Request, group, ver string, rest []string) {
@@ -52,6 +57,7 @@ func (s *Server) serveResource(w http.ResponseWriter, r *http.Request, group, ve
 		return
 	}
 	rq.res = res
+	rq.manager = managerName(r)
 	if len(rest) >= 2 {
 		rq.name = rest[1]
 	}
@@ -366,6 +372,7 @@ func (s *Server) createObject(rq request, obj map[string]any, dryRun bool) (int,
 	if err := s.validate(rq.res, nil, obj); err != nil {
 		return 0, nil, err
 	}
+	obj = s.trackUpdate(rq.res, "", nil, obj, rq.manager)
 	if dryRun {
 		if _, exists := s.store.Get(rq.res.StorageName(), rq.namespace, name); exists {
 			return 0, nil, apierrors.NewAlreadyExists(rq.res.GroupResource(), name)
@@ -436,7 +443,10 @@ func (s *Server) update(w http.ResponseWriter, r *http.Request, rq request) {
 			if err != nil {
 				return store.Mutation{}, err
 			}
-			return store.Mutation{Object: obj}, s.validate(rq.res, nil, obj)
+			if err := s.validate(rq.res, nil, obj); err != nil {
+				return store.Mutation{}, err
+			}
+			return store.Mutation{Object: s.trackUpdate(rq.res, "", nil, obj, rq.manager)}, nil
 		}
 		rv := str(md, "resourceVersion")
 		if rv == "" && !rq.res.BuiltIn {
@@ -469,6 +479,9 @@ func (s *Server) finishUpdate(rq request, cur, next map[string]any) (store.Mutat
 	}
 	if err := s.validate(rq.res, cur, next); err != nil {
 		return store.Mutation{}, err
+	}
+	if !rq.applied {
+		next = s.trackUpdate(rq.res, rq.sub, cur, next, rq.manager)
 	}
 	if hasDeletionTimestamp(cur) {
 		old := map[string]bool{}

@@ -185,7 +185,6 @@ func (s *Server) prepareCreate(res *registry.Resource, obj map[string]any, now t
 	delete(md, "deletionTimestamp")
 	delete(md, "deletionGracePeriodSeconds")
 	delete(md, "selfLink")
-	delete(md, "managedFields")
 	if res.Generation {
 		md["generation"] = int64(1)
 	} else {
@@ -229,7 +228,11 @@ func prepareUpdate(res *registry.Resource, sub string, cur, obj map[string]any) 
 		}
 	}
 	delete(md, "selfLink")
-	delete(md, "managedFields")
+	if _, ok := md["managedFields"]; !ok {
+		if mf, ok := cmd["managedFields"]; ok {
+			md["managedFields"] = mf
+		}
+	}
 	next["apiVersion"] = res.APIVersion()
 	next["kind"] = res.Kind
 	if res.Generation && (specChanged(cur, next) || (!res.Status && !jsonEqual(cur["status"], next["status"]))) {

@@ -52,6 +52,28 @@ func unsupportedMediaType(accepted []string) error {
 	}}
 }
 
+// applyConfig runs server-side apply of a YAML or JSON configuration.
+func (s *Server) applyConfig(rq request, cur map[string]any, body []byte, force bool) (map[string]any, error) {
+	js, err := yamlToJSON(body)
+	if err != nil {
+		return nil, apierrors.NewBadRequest(err.Error())
+	}
+	applied, err := decodeBody(js)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkTypeMeta(applied, rq.res); err != nil {
+		return nil, err
+	}
+	if str(applied, "apiVersion") == "" || str(applied, "kind") == "" {
+		return nil, apierrors.NewBadRequest("apiVersion and kind must be set in an applied configuration")
+	}
+	if err := admitObject(rq, applied); err != nil {
+		return nil, err
+	}
+	return s.serverSideApply(rq.res, rq.sub, cur, applied, rq.manager, force)
+}
+
 // applyPatch computes the patched form of cur (nil cur only for apply).
 func (s *Server) applyPatch(res *registry.Resource, pt types.PatchType, cur map[string]any, patch []byte) (map[string]any, error) {
 	curJSON, err := json.Marshal(cur)
@@ -91,17 +113,6 @@ func (s *Server) applyPatch(res *registry.Resource, pt types.PatchType, cur map[
 			}
 			return nil, unprocessable(err.Error())
 		}
-	case types.ApplyYAMLPatchType:
-		applied, err := yamlToJSON(patch)
-		if err != nil {
-			return nil, apierrors.NewBadRequest(err.Error())
-		}
-		// Server-side apply is approximated by a merge of the applied
-		// configuration into the live object: fields the configuration
-		// sets win; fields it omits are kept.
-		if out, err = jsonpatch.MergePatch(curJSON, applied); err != nil {
-			return nil, apierrors.NewBadRequest(err.Error())
-		}
 	default:
 		return nil, unsupportedMediaType(patchTypes(res))
 	}
@@ -140,25 +151,35 @@ func (s *Server) patch(w http.ResponseWriter, r *http.Request, rq request) {
 	created := false
 	// Checked before taking the store lock; used only if apply creates.
 	nsErr := s.checkNamespace(rq.res, rq.namespace, true)
+	apply := pt == types.ApplyYAMLPatchType
+	force := isTrue(r.URL.Query().Get("force"))
+	urq := rq
+	urq.applied = apply
 	result, err := s.store.Mutate(rq.res.StorageName(), rq.namespace, rq.name, dryRunFunc(isDryRun(r), func(cur map[string]any) (store.Mutation, error) {
+		if cur == nil && !apply {
+			return store.Mutation{}, apierrors.NewNotFound(rq.res.GroupResource(), rq.name)
+		}
+		var obj map[string]any
+		var err error
+		if apply {
+			obj, err = s.applyConfig(urq, cur, body, force)
+		} else {
+			obj, err = s.applyPatch(rq.res, pt, cur, body)
+		}
+		if err != nil {
+			return store.Mutation{}, err
+		}
+		if err := checkTypeMeta(obj, rq.res); err != nil {
+			return store.Mutation{}, err
+		}
+		md := metaOf(obj)
+		if n := str(md, "name"); n != rq.name {
+			return store.Mutation{}, apierrors.NewBadRequest(fmt.Sprintf("the name of the object (%s) does not match the name on the URL (%s)", n, rq.name))
+		}
+		if err := admitObject(rq, obj); err != nil {
+			return store.Mutation{}, err
+		}
 		if cur == nil {
-			if pt != types.ApplyYAMLPatchType {
-				return store.Mutation{}, apierrors.NewNotFound(rq.res.GroupResource(), rq.name)
-			}
-			obj, err := s.applyPatch(rq.res, pt, map[string]any{}, body)
-			if err != nil {
-				return store.Mutation{}, err
-			}
-			if err := checkTypeMeta(obj, rq.res); err != nil {
-				return store.Mutation{}, err
-			}
-			if err := admitObject(rq, obj); err != nil {
-				return store.Mutation{}, err
-			}
-			md := metaOf(obj)
-			if n := str(md, "name"); n != rq.name {
-				return store.Mutation{}, apierrors.NewBadRequest(fmt.Sprintf("the name of the object (%s) does not match the name on the URL (%s)", n, rq.name))
-			}
 			if nsErr != nil {
 				return store.Mutation{}, nsErr
 			}
@@ -170,24 +191,10 @@ func (s *Server) patch(w http.ResponseWriter, r *http.Request, rq request) {
 			}
 			return store.Mutation{Object: obj}, s.validate(rq.res, nil, obj)
 		}
-		obj, err := s.applyPatch(rq.res, pt, cur, body)
-		if err != nil {
-			return store.Mutation{}, err
-		}
-		if err := checkTypeMeta(obj, rq.res); err != nil {
-			return store.Mutation{}, err
-		}
-		md := metaOf(obj)
 		if rv := str(md, "resourceVersion"); rv != "" && rv != rvOf(cur) {
 			return store.Mutation{}, conflict(rq.res, rq.name)
 		}
-		if n := str(md, "name"); n != rq.name {
-			return store.Mutation{}, apierrors.NewBadRequest(fmt.Sprintf("the name of the object (%s) does not match the name on the URL (%s)", n, rq.name))
-		}
-		if err := admitObject(rq, obj); err != nil {
-			return store.Mutation{}, err
-		}
-		return s.finishUpdate(rq, cur, prepareUpdate(rq.res, rq.sub, cur, obj))
+		return s.finishUpdate(urq, cur, prepareUpdate(rq.res, rq.sub, cur, obj))
 	}))
 	if err != nil {
 		writeError(w, err)

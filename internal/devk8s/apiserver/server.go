@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/util/managedfields"
 
 	"github.com/nstance-dev/nstance/internal/devk8s/registry"
 	"github.com/nstance-dev/nstance/internal/devk8s/store"
@@ -63,6 +64,10 @@ type Server struct {
 	opts  Options
 	ctx   context.Context
 
+	fmMu          sync.Mutex
+	fieldManagers map[string]*managedfields.FieldManager
+	builtinTypes  managedfields.TypeConverter
+
 	scheme   *runtime.Scheme
 	codecs   serializer.CodecFactory
 	tokenKey []byte
@@ -87,7 +92,8 @@ func New(ctx context.Context, log logr.Logger, opts Options) (*Server, error) {
 	if _, err := rand.Read(key); err != nil {
 		return nil, fmt.Errorf("token signing key: %w", err)
 	}
-	s := &Server{log: log, reg: registry.New(), opts: opts, ctx: ctx, gcKick: make(chan struct{}, 1), scheme: scheme, codecs: serializer.NewCodecFactory(scheme), tokenKey: key}
+	s := &Server{log: log, reg: registry.New(), opts: opts, ctx: ctx, gcKick: make(chan struct{}, 1), scheme: scheme, codecs: serializer.NewCodecFactory(scheme), tokenKey: key,
+		fieldManagers: map[string]*managedfields.FieldManager{}}
 	st, err := store.Open(ctx, log.WithName("store"), store.Options{
 		Dir:         opts.Dir,
 		History:     opts.History,
