@@ -351,12 +351,24 @@ func (s *Server) createObject(rq request, obj map[string]any, dryRun bool) (int,
 	md := metaOf(obj)
 	name := str(md, "name")
 	if name == "" {
-		if gen := str(md, "generateName"); gen != "" {
-			name = generateName(gen)
-			md["name"] = name
-		} else {
+		gen := str(md, "generateName")
+		if gen == "" {
 			return 0, nil, apierrors.NewInvalid(rq.res.GVK().GroupKind(), "", field.ErrorList{field.Required(field.NewPath("metadata", "name"), "name or generateName is required")})
 		}
+		// A generated name that is taken is drawn again, as kube-apiserver
+		// does, a few times before giving up.
+		var code int
+		var out *store.Entry
+		var err error
+		for attempt := 0; attempt < 8; attempt++ {
+			attemptObj := deepCopy(obj)
+			metaOf(attemptObj)["name"] = generateName(gen)
+			code, out, err = s.createObject(rq, attemptObj, dryRun)
+			if !apierrors.IsAlreadyExists(err) {
+				break
+			}
+		}
+		return code, out, err
 	}
 	if err := validateName(rq.res, name); err != nil {
 		return 0, nil, err
