@@ -6,7 +6,7 @@
 source "$(dirname "$0")/dev-common.sh"
 [[ -n ${NSTANCE_INSTANCE_ID:-} ]] || die "NSTANCE_INSTANCE_ID is not set (this script is started by the tmux provider)"
 if [[ ${NSTANCE_DEV_AGENT_AIR:-true} == true ]] && command -v air >/dev/null; then
-	exec air -c scripts/air/agent.toml
+	exec air -c scripts/air/agent.toml -tmp_dir "$NSTANCE_IDENTITY_DIR/../air"
 fi
 need_bin nstance-agent
 exec bin/nstance-agent

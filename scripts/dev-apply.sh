@@ -8,7 +8,7 @@ files=()
 for a in "$@"; do [[ $a == --delete || $a = /* ]] && files+=("$a") || files+=("$PWD/$a"); done
 set -- "${files[@]}"
 source "$(dirname "$0")/dev-common.sh"
-export KUBECONFIG="${KUBECONFIG:-$NSTANCE_ROOT/$DEV_DIR/operator/kubeconfig}"
+export KUBECONFIG="${KUBECONFIG:-$DEV_DIR_ABS/operator/kubeconfig}"
 envtest_kubectl="$(scripts/envtest-assets.sh --dir)/kubectl"
 [[ -x $envtest_kubectl ]] && export PATH="$(dirname "$envtest_kubectl"):$PATH"
 del=false

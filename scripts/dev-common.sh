@@ -8,7 +8,11 @@ cd "$NSTANCE_ROOT"
 export PATH="$NSTANCE_ROOT/bin:$PATH"
 
 DEV_DIR="${NSTANCE_DEV_DIR:-temp}"
+# DEV_DIR_ABS is DEV_DIR as an absolute path (DEV_DIR may be either).
+case $DEV_DIR in /*) DEV_DIR_ABS=$DEV_DIR ;; *) DEV_DIR_ABS=$NSTANCE_ROOT/$DEV_DIR ;; esac
 DEV_SERVERS="${NSTANCE_DEV_SERVERS:-2}"
+# Server N's ports are NSTANCE_DEV_PORT_BASE (8990) + 0..4 + 10*(N-1).
+DEV_PORT_BASE="${NSTANCE_DEV_PORT_BASE:-8990}"
 DEV_S3_ADDR="${NSTANCE_DEV_S3_ADDR:-127.0.0.1:8989}"
 DEV_K8S_ADDR="${NSTANCE_DEV_K8S_ADDR:-127.0.0.1:6443}"
 DEV_BUCKET=dev
@@ -26,8 +30,10 @@ export NSTANCE_ENCRYPTION_KEY="${NSTANCE_ENCRYPTION_KEY:-thisisatest32bytekey123
 log() { printf '[%s] %s\n' "${PS:-$(basename "$0")}" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-# port_of N BASE: the port of server N (1-based) for a base port.
-port_of() { echo $(( $2 + 10 * ($1 - 1) )); }
+# port_of N BASE: the port of server N (1-based) for a base port (8990..8994).
+port_of() { echo $(( $2 + DEV_PORT_BASE - 8990 + 10 * ($1 - 1) )); }
+# port_offset N: the --port-offset of server N.
+port_offset() { echo $(( DEV_PORT_BASE - 8990 + 10 * ($1 - 1) )); }
 shard_of() { echo "dev-$1"; }
 
 # wait_for DESC SECONDS CMD...: retry CMD every 0.5s until it succeeds.

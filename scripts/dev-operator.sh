@@ -20,7 +20,7 @@ mode=${1:-dev-k8s}
 # The envtest kubectl (v1.36) when available.
 [[ -n ${KUBEBUILDER_ASSETS:-} && -x ${KUBEBUILDER_ASSETS}/kubectl ]] && export PATH="$KUBEBUILDER_ASSETS:$PATH"
 op_dir="$DEV_DIR/operator"
-export KUBECONFIG="$NSTANCE_ROOT/$op_dir/kubeconfig"
+export KUBECONFIG="$DEV_DIR_ABS/operator/kubeconfig"
 mkdir -p "$op_dir"
 
 for ((n = 1; n <= DEV_SERVERS; n++)); do
@@ -87,8 +87,11 @@ log "wrote $op_dir/config.yaml"
 
 export NSTANCE_NAMESPACE="$DEV_NAMESPACE" NSTANCE_K8S_JSON=true
 args=(--config "$op_dir/config.yaml" --health-probe-bind-address "127.0.0.1:${NSTANCE_DEV_OPERATOR_PROBE_PORT:-8081}")
+out="$DEV_DIR/air/operator/nstance-operator"
+mkdir -p "$DEV_DIR/air/operator"
 if [[ ${NSTANCE_DEV_AIR:-true} == true ]]; then
-	exec air -c scripts/air/operator.toml -- "${args[@]}"
+	exec air -c scripts/air/operator.toml -tmp_dir "$DEV_DIR/air/operator" \
+		-build.cmd "go build -o $out ./cmd/nstance-operator" -build.bin "$out" -build.full_bin "exec $out" -- "${args[@]}"
 fi
-go build -o "$DEV_DIR/air/operator/nstance-operator" ./cmd/nstance-operator
-exec "$DEV_DIR/air/operator/nstance-operator" "${args[@]}"
+go build -o "$out" ./cmd/nstance-operator
+exec "$out" "${args[@]}"

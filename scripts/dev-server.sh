@@ -13,7 +13,7 @@ if [[ -z $n ]]; then
 fi
 [[ $n =~ ^[1-9][0-9]*$ ]] || die "server instance number must be 1, 2, ...; got '$n'"
 shard=$(shard_of "$n")
-offset=$(( 10 * (n - 1) ))
+offset=$(port_offset "$n")
 
 wait_for "dev-s3 at $DEV_S3_ADDR" 60 http_ok "http://$DEV_S3_ADDR/healthz"
 mkdir -p "$DEV_DIR/config" "$DEV_DIR/cache" "$DEV_DIR/agents" "$DEV_DIR/air/server-$n"
