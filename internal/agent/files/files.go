@@ -2,7 +2,6 @@ package files
 
 import (
 	"bytes"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
@@ -17,6 +16,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/nstance-dev/nstance/internal/atomicfile"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -160,7 +160,7 @@ func (w *Writer) write(f *nstancev1.DeliveredFile) (string, error) {
 			return "", err
 		}
 	}
-	if err := writeAtomic(root, rel, content, mode); err != nil {
+	if err := atomicfile.Write(root, rel, content, mode); err != nil {
 		return "", fmt.Errorf("file %q: %w", rel, err)
 	}
 	return hexSum, nil
@@ -234,37 +234,6 @@ func refuseSymlinks(root *os.Root, rel string) error {
 		if i == len(parts)-1 && !fi.Mode().IsRegular() {
 			return fmt.Errorf("file %q: existing entry is not a regular file", rel)
 		}
-	}
-	return nil
-}
-
-// writeAtomic writes content to a temporary sibling and renames it over rel.
-func writeAtomic(root *os.Root, rel string, content []byte, mode fs.FileMode) error {
-	var rnd [6]byte
-	if _, err := rand.Read(rnd[:]); err != nil {
-		return fmt.Errorf("temporary name: %w", err)
-	}
-	tmp := path.Join(path.Dir(rel), "."+path.Base(rel)+".tmp-"+hex.EncodeToString(rnd[:]))
-	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return fmt.Errorf("creating temporary file: %w", err)
-	}
-	_, err = f.Write(content)
-	if err == nil {
-		err = f.Chmod(mode)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = root.Rename(tmp, rel)
-	}
-	if err != nil {
-		_ = root.Remove(tmp)
-		return fmt.Errorf("writing: %w", err)
 	}
 	return nil
 }

@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -16,6 +15,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/nstance-dev/nstance/internal/atomicfile"
 )
 
 // File names inside the identity directory. NonceFile and CAFile match what
@@ -106,7 +107,7 @@ func (d *Dir) Key() (ed25519.PrivateKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("identity: encoding key: %w", err)
 	}
-	if err := writeAtomic(d.Path(KeyFile), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+	if err := atomicfile.WritePath(d.Path(KeyFile), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
 		return nil, err
 	}
 	return k, nil
@@ -143,11 +144,11 @@ func (d *Dir) SaveCertificate(certPEM, chainPEM string) error {
 		if _, err := parseCert([]byte(chainPEM)); err != nil {
 			return fmt.Errorf("identity: CA chain: %w", err)
 		}
-		if err := writeAtomic(d.Path(CAChainFile), []byte(chainPEM), 0o644); err != nil {
+		if err := atomicfile.WritePath(d.Path(CAChainFile), []byte(chainPEM), 0o644); err != nil {
 			return err
 		}
 	}
-	return writeAtomic(d.Path(CertFile), []byte(certPEM), 0o644)
+	return atomicfile.WritePath(d.Path(CertFile), []byte(certPEM), 0o644)
 }
 
 // Certificate returns the stored client certificate with its key, or
@@ -248,34 +249,4 @@ func parseCert(b []byte) (*x509.Certificate, error) {
 		return nil, errors.New("no CERTIFICATE PEM block")
 	}
 	return x509.ParseCertificate(blk.Bytes)
-}
-
-func writeAtomic(path string, data []byte, mode fs.FileMode) error {
-	var rnd [6]byte
-	if _, err := rand.Read(rnd[:]); err != nil {
-		return fmt.Errorf("identity: temporary name: %w", err)
-	}
-	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp-"+hex.EncodeToString(rnd[:]))
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return fmt.Errorf("identity: writing %s: %w", path, err)
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Chmod(mode)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("identity: writing %s: %w", path, err)
-	}
-	return nil
 }

@@ -20,6 +20,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/nstance-dev/nstance/internal/keytype"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -56,29 +57,6 @@ func Generate(t nstancev1.KeyType) (crypto.Signer, error) {
 	default:
 		return nil, fmt.Errorf("unsupported key type %s", t)
 	}
-}
-
-// TypeOf reports the KeyType of a public key, or KEY_TYPE_UNSPECIFIED.
-func TypeOf(pub crypto.PublicKey) nstancev1.KeyType {
-	switch k := pub.(type) {
-	case ed25519.PublicKey:
-		return nstancev1.KeyType_KEY_TYPE_ED25519
-	case *ecdsa.PublicKey:
-		switch k.Curve {
-		case elliptic.P256():
-			return nstancev1.KeyType_KEY_TYPE_ECDSA_P256
-		case elliptic.P384():
-			return nstancev1.KeyType_KEY_TYPE_ECDSA_P384
-		}
-	case *rsa.PublicKey:
-		switch k.N.BitLen() {
-		case 2048:
-			return nstancev1.KeyType_KEY_TYPE_RSA_2048
-		case 4096:
-			return nstancev1.KeyType_KEY_TYPE_RSA_4096
-		}
-	}
-	return nstancev1.KeyType_KEY_TYPE_UNSPECIFIED
 }
 
 // PublicPEM encodes the public half of key as PKIX PEM.
@@ -195,7 +173,7 @@ func (s *Store) Apply(req *nstancev1.KeyGenRequest) ([]*nstancev1.PublicKey, err
 	out := make([]*nstancev1.PublicKey, 0, len(req.GetKeys()))
 	for _, spec := range req.GetKeys() {
 		key, err := s.Load(spec.GetName())
-		if err != nil || TypeOf(key.Public()) != spec.GetType() {
+		if err != nil || keytype.Of(key.Public()) != spec.GetType() {
 			if key, err = Generate(spec.GetType()); err != nil {
 				return nil, fmt.Errorf("key %q: %w", spec.GetName(), err)
 			}

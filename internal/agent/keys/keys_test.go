@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/nstance-dev/nstance/internal/keytype"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -38,7 +39,7 @@ func TestApplyEveryKeyType(t *testing.T) {
 		require.Equal(t, req.Keys[i].Type, p.Type)
 		pub, err := ParsePublicPEM(p.PublicKeyPem)
 		require.NoError(t, err)
-		require.Equal(t, p.Type, TypeOf(pub))
+		require.Equal(t, p.Type, keytype.Of(pub))
 		priv, err := s.Load(p.Name)
 		require.NoError(t, err)
 		require.True(t, priv.Public().(interface{ Equal(crypto.PublicKey) bool }).Equal(pub))

@@ -3,10 +3,6 @@ package agentapi
 import (
 	"context"
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/ed25519"
-	"crypto/elliptic"
-	"crypto/rsa"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
@@ -26,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/nstance-dev/nstance/internal/keytype"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/authz"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -206,7 +203,7 @@ func (s *Server) SubmitPublicKeys(ctx context.Context, req *nstancev1.SubmitPubl
 			reject(name, "%v", err)
 			continue
 		}
-		if got := keyTypeOf(pub); got != spec.GetType() {
+		if got := keytype.Of(pub); got != spec.GetType() {
 			reject(name, "public key is %s, requested %s", got, spec.GetType())
 			continue
 		}
@@ -415,28 +412,6 @@ func parsePublicKey(s string) (crypto.PublicKey, error) {
 		return nil, fmt.Errorf("parsing public key: %w", err)
 	}
 	return pub, nil
-}
-
-func keyTypeOf(pub crypto.PublicKey) nstancev1.KeyType {
-	switch k := pub.(type) {
-	case ed25519.PublicKey:
-		return nstancev1.KeyType_KEY_TYPE_ED25519
-	case *ecdsa.PublicKey:
-		switch k.Curve {
-		case elliptic.P256():
-			return nstancev1.KeyType_KEY_TYPE_ECDSA_P256
-		case elliptic.P384():
-			return nstancev1.KeyType_KEY_TYPE_ECDSA_P384
-		}
-	case *rsa.PublicKey:
-		switch k.N.BitLen() {
-		case 2048:
-			return nstancev1.KeyType_KEY_TYPE_RSA_2048
-		case 4096:
-			return nstancev1.KeyType_KEY_TYPE_RSA_4096
-		}
-	}
-	return nstancev1.KeyType_KEY_TYPE_UNSPECIFIED
 }
 
 // hub tracks the open streams of each instance so changes can wake them.
