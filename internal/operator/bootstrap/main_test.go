@@ -1,7 +1,6 @@
 package bootstrap_test
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
@@ -12,22 +11,5 @@ import (
 var env *kubetest.Env
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	e, stop, err := kubetest.StartEnv()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "start envtest: %v\n", err)
-		return 1
-	}
-	env = e
-	code := m.Run()
-	if err := stop(); err != nil {
-		fmt.Fprintf(os.Stderr, "stop envtest: %v\n", err)
-		if code == 0 {
-			code = 1
-		}
-	}
-	return code
+	os.Exit(kubetest.RunMain(m, &env))
 }

@@ -205,3 +205,23 @@ func RepoRoot() (string, error) {
 	}
 	return root, nil
 }
+
+// RunMain is the body of a package's TestMain: it starts one control plane
+// for every test of the package, stores it in *env, runs the tests and stops
+// it. It returns the exit code for os.Exit.
+func RunMain(m *testing.M, env **Env) int {
+	e, stop, err := StartEnv()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "start envtest: %v\n", err)
+		return 1
+	}
+	*env = e
+	code := m.Run()
+	if err := stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "stop envtest: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
+}
