@@ -115,6 +115,8 @@ func TestPoolLifecycle(t *testing.T) {
 	})
 
 	// Scale to 1 by editing the MachinePool file.
+	t.Logf("2 replicas: agents %v registered, Nodes and pool status in place after %s", ids, time.Since(created).Round(100*time.Millisecond))
+	scaled := time.Now()
 	mp, ok := s.get(resPools, namespace, pool)
 	if !ok {
 		t.Fatal("MachinePool file vanished")
@@ -139,6 +141,9 @@ func TestPoolLifecycle(t *testing.T) {
 		return ok && len(strs(field(obj, "spec", "providerIDList"))) == 1 && field(obj, "status", "ready") == true
 	})
 
+	t.Logf("scaled to 1 (%s removed) in %s", gone, time.Since(scaled).Round(100*time.Millisecond))
+	deleted := time.Now()
+
 	// Delete the pool (through the API, as kubectl delete would: finalizers run).
 	s.delete(schema.GroupVersionResource{Group: "cluster.x-k8s.io", Version: "v1beta2", Resource: "machinepools"}, pool)
 	s.delete(schema.GroupVersionResource{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta1", Resource: "nstancemachinepools"}, pool)
@@ -148,6 +153,7 @@ func TestPoolLifecycle(t *testing.T) {
 		_, g2 := s.get(resShardGroups, namespace, pool+"--dev-2")
 		return !p && !g1 && !g2 && len(s.agentWindows()) == 0 && len(s.nodes()) == 0
 	})
+	t.Logf("pool deleted and cleaned up in %s", time.Since(deleted).Round(100*time.Millisecond))
 }
 
 // delete removes an object through the Kubernetes API of dev-k8s.
