@@ -23,9 +23,8 @@ for f in "$@"; do
 	read -r kind name ns < <(python3 -c 'import json,sys; o=json.load(open(sys.argv[1])); m=o["metadata"]; print(o["kind"], m["name"], m.get("namespace","default"))' "$f")
 	case $kind in
 	NstanceMachinePool | NstanceMachine | NstanceCluster | NstanceShardGroup | NstanceMachineTemplate)
-		res="$(tr '[:upper:]' '[:lower:]' <<<"$kind")s.infrastructure.cluster.x-k8s.io" ;;
-	MachinePool | Machine | Cluster) res="$(tr '[:upper:]' '[:lower:]' <<<"$kind")s.cluster.x-k8s.io" ;;
-	Pod | Secret | ConfigMap) res="$(tr '[:upper:]' '[:lower:]' <<<"$kind")s" ;;
+		res="$(tr '[:upper:]' '[:lower:]' <<<"$kind")s" ;;
+	MachinePool | Machine | Cluster | Pod | Secret | ConfigMap) res="$(tr '[:upper:]' '[:lower:]' <<<"$kind")s" ;;
 	*) die "$f: kind $kind is not mapped here; use kubectl with $KUBECONFIG" ;;
 	esac
 	dir="$DEV_DIR/dev-k8s/$res/$ns"

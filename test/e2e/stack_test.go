@@ -425,10 +425,10 @@ func (s *stack) path(resource, ns, name string) string {
 // Resource directories of dev-k8s (custom resources are kept under
 // {plural}.{group}).
 const (
-	resPools        = "machinepools.cluster.x-k8s.io"
-	resMachines     = "machines.cluster.x-k8s.io"
-	resNstancePools = "nstancemachinepools.infrastructure.cluster.x-k8s.io"
-	resShardGroups  = "nstanceshardgroups.infrastructure.cluster.x-k8s.io"
+	resPools        = "machinepools"
+	resMachines     = "machines"
+	resNstancePools = "nstancemachinepools"
+	resShardGroups  = "nstanceshardgroups"
 )
 
 // put writes an object as its JSON file, the way a developer edits one.

@@ -187,7 +187,7 @@ func TestHandWrittenCRDIsServed(t *testing.T) {
 	crd := `{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition",
 "spec":{"group":"hand.example.com","scope":"Namespaced","names":{"plural":"notes","kind":"Note"},
 "versions":[{"name":"v1","served":true,"storage":true,"schema":{"openAPIV3Schema":{"type":"object"}}}]}}`
-	crdDir := filepath.Join(dir, "customresourcedefinitions.apiextensions.k8s.io")
+	crdDir := filepath.Join(dir, "customresourcedefinitions")
 	require.NoError(t, os.WriteFile(filepath.Join(crdDir, "notes.hand.example.com.json"), []byte(crd), 0o644))
 	require.Eventually(t, func() bool {
 		code, _ := call(t, http.MethodGet, hs.URL+"/apis/hand.example.com/v1/namespaces/default/notes", "")
@@ -195,7 +195,7 @@ func TestHandWrittenCRDIsServed(t *testing.T) {
 	}, 5*time.Second, 20*time.Millisecond)
 	code, obj := call(t, http.MethodPost, hs.URL+"/apis/hand.example.com/v1/namespaces/default/notes", `{"apiVersion":"hand.example.com/v1","kind":"Note","metadata":{"name":"n"}}`)
 	require.Equal(t, http.StatusCreated, code, "%v", obj)
-	_, err := os.Stat(filepath.Join(dir, "notes.hand.example.com", "default", "n.json"))
+	_, err := os.Stat(filepath.Join(dir, "notes", "default", "n.json"))
 	require.NoError(t, err)
 }
 

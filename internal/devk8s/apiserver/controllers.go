@@ -84,8 +84,8 @@ func (s *Server) cleanupCRDs() {
 		}
 		group := nestedString(e.Object, "spec", "group")
 		plural := nestedString(e.Object, "spec", "names", "plural")
-		crs, _ := s.store.List(registry.StorageName(group, plural), "")
-		crRes, ok := s.reg.ByStorageName(registry.StorageName(group, plural))
+		crs, _ := s.store.List(s.reg.StorageDir(group, plural), "")
+		crRes, ok := s.reg.ByStorageName(s.reg.StorageDir(group, plural))
 		if ok {
 			for _, cr := range crs {
 				cmd := metaOf(cr.Object)

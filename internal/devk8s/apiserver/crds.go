@@ -23,7 +23,7 @@ import (
 )
 
 const (
-	crdStorage   = "customresourcedefinitions.apiextensions.k8s.io"
+	crdStorage   = "customresourcedefinitions"
 	crdFinalizer = "customresourcecleanup.apiextensions.k8s.io"
 )
 
@@ -48,7 +48,7 @@ func (s *Server) crdChanged(ev store.Event) {
 		s.log.Error(err, "register CRD", "crd", name)
 		return
 	}
-	storage := registry.StorageName(crd.Spec.Group, crd.Spec.Names.Plural)
+	storage := s.reg.StorageDir(crd.Spec.Group, crd.Spec.Names.Plural)
 	if err := s.store.Register(storage, crd.Spec.Scope == apiextensionsv1.NamespaceScoped); err != nil {
 		s.log.Error(err, "load custom resources", "crd", name)
 	}

@@ -39,6 +39,8 @@ type Resource struct {
 	// Storage is true for the version whose objects are stored (CRDs serve
 	// every version from the same files).
 	Storage bool
+
+	dir string
 }
 
 // GVR returns the group, version and resource.
@@ -62,17 +64,12 @@ func (r *Resource) APIVersion() string {
 }
 
 // StorageName is the directory under the data directory holding the
-// resource's files: the plural for the core group, plural.group otherwise.
+// resource's files, chosen by Registry.StorageDir when it was registered.
 func (r *Resource) StorageName() string {
-	return StorageName(r.Group, r.Resource)
-}
-
-// StorageName returns the directory name for a group and plural resource.
-func StorageName(group, resource string) string {
-	if group == "" {
-		return resource
+	if r.dir == "" {
+		return r.Resource
 	}
-	return resource + "." + group
+	return r.dir
 }
 
 // Verbs lists the verbs the resource supports.
@@ -88,11 +85,18 @@ type Registry struct {
 	groups []string
 	// crdOwned maps a CRD name to the resources it registered.
 	crdOwned map[string][]schema.GroupVersionResource
+	// core holds the plurals of the built-in core group resources.
+	core map[string]bool
 }
 
 // New returns a registry holding the built-in resources.
 func New() *Registry {
-	r := &Registry{resources: map[schema.GroupVersionResource]*Resource{}, crdOwned: map[string][]schema.GroupVersionResource{}}
+	r := &Registry{resources: map[schema.GroupVersionResource]*Resource{}, crdOwned: map[string][]schema.GroupVersionResource{}, core: map[string]bool{}}
+	for _, res := range builtins() {
+		if res.Group == "" {
+			r.core[res.Resource] = true
+		}
+	}
 	for _, res := range builtins() {
 		res := res
 		r.add(&res)
@@ -100,7 +104,20 @@ func New() *Registry {
 	return r
 }
 
+// StorageDir returns the directory name for a group and plural resource:
+// the plural itself, as developers expect (nodes/, nstancemachinepools/,
+// leases/), except for a non-core group whose plural is also a core
+// resource (events.k8s.io events), stored as plural.group so the two never
+// share files.
+func (r *Registry) StorageDir(group, resource string) string {
+	if group == "" || !r.core[resource] {
+		return resource
+	}
+	return resource + "." + group
+}
+
 func (r *Registry) add(res *Resource) {
+	res.dir = r.StorageDir(res.Group, res.Resource)
 	if res.ListKind == "" {
 		res.ListKind = res.Kind + "List"
 	}
@@ -268,6 +285,13 @@ func (r *Registry) AddCRD(crd *apiextensionsv1.CustomResourceDefinition) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	dir := r.StorageDir(crd.Spec.Group, crd.Spec.Names.Plural)
+	for _, other := range r.resources {
+		if other.Group != crd.Spec.Group && other.StorageName() == dir {
+			return fmt.Errorf("crd %q: plural %q is already served by group %q and stored in %s/; "+
+				"dev-k8s keeps one directory per plural", crd.Name, crd.Spec.Names.Plural, other.Group, dir)
+		}
+	}
 	r.removeCRDLocked(crd.Name)
 	var owned []schema.GroupVersionResource
 	for _, v := range crd.Spec.Versions {

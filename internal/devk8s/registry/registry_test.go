@@ -48,10 +48,10 @@ func TestCRDLifecycle(t *testing.T) {
 	require.True(t, res.Status)
 	require.True(t, res.Namespaced)
 	require.Equal(t, "ThingList", res.ListKind)
-	require.Equal(t, "things.example.com", res.StorageName())
+	require.Equal(t, "things", res.StorageName(), "a plural no core resource uses is stored under its own name")
 	_, ok = r.Lookup(schema.GroupVersionResource{Group: "example.com", Version: "v2", Resource: "things"})
 	require.False(t, ok, "unserved versions are not served")
-	stored, ok := r.ByStorageName("things.example.com")
+	stored, ok := r.ByStorageName("things")
 	require.True(t, ok)
 	require.Equal(t, "v1", stored.Version)
 	require.False(t, r.BuiltInGroup("example.com"))
@@ -70,4 +70,31 @@ func TestInvalidCRD(t *testing.T) {
 	c := crd()
 	c.Spec.Names.Plural = ""
 	require.Error(t, New().AddCRD(c))
+}
+
+func TestStorageDirs(t *testing.T) {
+	r := New()
+	cases := []struct {
+		group, resource, want string
+	}{
+		{"", "nodes", "nodes"},
+		{"", "secrets", "secrets"},
+		{"coordination.k8s.io", "leases", "leases"},
+		{"infrastructure.cluster.x-k8s.io", "nstancemachinepools", "nstancemachinepools"},
+		{"cluster.x-k8s.io", "machinepools", "machinepools"},
+		{"events.k8s.io", "events", "events.events.k8s.io"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.group+"/"+tc.resource, func(t *testing.T) {
+			require.Equal(t, tc.want, r.StorageDir(tc.group, tc.resource))
+		})
+	}
+
+	// A CRD whose plural another group already stores is refused, not mixed
+	// into the same directory.
+	require.NoError(t, r.AddCRD(crd(apiextensionsv1.CustomResourceDefinitionVersion{Name: "v1", Served: true, Storage: true})))
+	other := crd(apiextensionsv1.CustomResourceDefinitionVersion{Name: "v1", Served: true, Storage: true})
+	other.Name, other.Spec.Group = "things.other.example.com", "other.example.com"
+	err := r.AddCRD(other)
+	require.ErrorContains(t, err, `plural "things" is already served by group "example.com"`)
 }
