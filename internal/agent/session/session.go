@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nstance-dev/nstance/internal/agent/backoff"
 	"github.com/nstance-dev/nstance/internal/agent/files"
@@ -288,14 +287,14 @@ func (s *Session) healthLoop(parent, ctx context.Context, c nstancev1.AgentServi
 	}
 }
 
-// final sends a last report carrying a shutdown notice and closes the stream.
+// final sends a last report and closes the stream. It carries a termination
+// notice only when the platform announced one: an agent process stopping
+// (an upgrade, a restart under Air) says nothing about the VM, and the server
+// replaces instances whose VM is going away.
 func (s *Session) final(stream nstancev1.AgentService_ReportHealthClient) error {
 	r, err := s.Report(time.Now())
 	if err != nil {
 		return err
-	}
-	if r.Termination == nil {
-		r.Termination = &nstancev1.TerminationNotice{Kind: nstancev1.TerminationKind_TERMINATION_KIND_SHUTDOWN, Deadline: timestamppb.Now(), Message: "agent stopping"}
 	}
 	done := make(chan error, 1)
 	go func() {
