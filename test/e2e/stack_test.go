@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nstance-dev/nstance/internal/server/provider/tmux"
 )
 
 // Binaries the stack is built from, once per test run.
@@ -208,11 +210,7 @@ func (s *stack) stop() {
 	}
 	_, _ = s.tmux("kill-server")
 	// tmux leaves the socket file of a server that exited behind.
-	tmpDir := os.Getenv("TMUX_TMPDIR")
-	if tmpDir == "" {
-		tmpDir = "/tmp"
-	}
-	_ = os.Remove(filepath.Join(tmpDir, fmt.Sprintf("tmux-%d", os.Getuid()), s.socket))
+	_ = os.Remove(tmux.SocketPath(s.socket))
 	deadline := time.Now().Add(10 * time.Second)
 	for _, pid := range agentPIDs {
 		for syscall.Kill(pid, 0) == nil && time.Now().Before(deadline) {

@@ -174,7 +174,10 @@ func TestProcessProviderScaleDrainDeleteRestart(t *testing.T) {
 func TestTmuxProviderWindowsAndNodes(t *testing.T) {
 	socket := "nstance-shardtest-" + itoa(os.Getpid()) + "-" + itoa(int(time.Now().UnixNano()%1e9))
 	session := "agents-tmux-acceptance"
-	t.Cleanup(func() { _ = exec.Command("tmux", "-L", socket, "kill-server").Run() })
+	t.Cleanup(func() {
+		_ = exec.Command("tmux", "-L", socket, "kill-server").Run()
+		_ = os.Remove(tmux.SocketPath(socket))
+	})
 	nodeDir := t.TempDir()
 	p, err := tmux.New(tmux.Config{Command: "sleep 3600", Session: session, Socket: socket, StateDir: t.TempDir(), NodeDir: nodeDir})
 	require.NoError(t, err)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -300,3 +301,14 @@ func (p *Provider) AttachNetwork(ctx context.Context, att provider.NetworkAttach
 
 // Socket returns the private tmux socket name, empty for the default server.
 func (p *Provider) Socket() string { return p.cfg.Socket }
+
+// SocketPath is where tmux keeps the socket of a server started with
+// `-L name`. tmux leaves the file behind when such a server is killed, so
+// whoever created a private server removes it.
+func SocketPath(name string) string {
+	dir := os.Getenv("TMUX_TMPDIR")
+	if dir == "" {
+		dir = "/tmp" // tmux ignores TMPDIR
+	}
+	return filepath.Join(dir, fmt.Sprintf("tmux-%d", os.Getuid()), name)
+}

@@ -26,7 +26,10 @@ func newProvider(t *testing.T, command string) (*tmux.Provider, string, string, 
 	stateDir, nodeDir := t.TempDir(), t.TempDir()
 	p, err := tmux.New(tmux.Config{Command: command, Session: session, Socket: socket, StateDir: stateDir, NodeDir: nodeDir})
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = exec.Command("tmux", "-L", socket, "kill-server").Run() })
+	t.Cleanup(func() {
+		_ = exec.Command("tmux", "-L", socket, "kill-server").Run()
+		_ = os.Remove(tmux.SocketPath(socket))
+	})
 	run := func(args ...string) string {
 		out, _ := exec.Command("tmux", append([]string{"-L", socket}, args...)...).CombinedOutput()
 		return string(out)
