@@ -10,6 +10,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -28,6 +29,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/bootstrap"
 	"github.com/nstance-dev/nstance/internal/operator/clusterctl"
 	"github.com/nstance-dev/nstance/internal/operator/config"
+	"github.com/nstance-dev/nstance/internal/operator/drain"
 	"github.com/nstance-dev/nstance/internal/operator/importer"
 	"github.com/nstance-dev/nstance/internal/operator/ledger"
 	"github.com/nstance-dev/nstance/internal/operator/metrics"
@@ -76,6 +78,10 @@ type Options struct {
 	SkipNameValidation bool
 	// LeaseDurations shorten leader election in tests.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// DrainRetryInterval separates eviction passes of one drain; zero means 2s.
+	DrainRetryInterval time.Duration
+	// OnDrainAcknowledged observes acknowledged drains (tests, benchmarks).
+	OnDrainAcknowledged func(shard, instanceID string, skipped bool)
 }
 
 // Operator is a configured, not yet started operator.
@@ -88,6 +94,7 @@ type Operator struct {
 	trigger chan event.GenericEvent
 	direct  client.Client
 	ledger  *ledger.Ledger
+	Drain   *drain.Coordinator
 	// Imported is closed once the startup import finished.
 	Imported chan struct{}
 	// ImportResult is valid once Imported is closed.
@@ -196,6 +203,23 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	if err := cc.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up cluster controller: %w", err)
 	}
+	if err := drain.SetupIndexes(ctx, mgr); err != nil {
+		return nil, err
+	}
+	clientset, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return nil, fmt.Errorf("create clientset: %w", err)
+	}
+	op.Drain = &drain.Coordinator{
+		Policy: clientset.PolicyV1().RESTClient(),
+		Conns:  op.Conns, Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Recorder: recorder, Namespace: ns,
+		NodeRecorder: mgr.GetEventRecorderFor("nstance-operator"), //nolint:staticcheck // see drain.Coordinator.NodeRecorder
+		Log:          o.Log.WithName("drain"), RetryInterval: o.DrainRetryInterval, MaxBackoff: o.MaxBackoff,
+		OnAcknowledged: o.OnDrainAcknowledged,
+	}
+	if err := op.Drain.SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("set up drain controller: %w", err)
+	}
 	if err := mgr.Add(manager.RunnableFunc(op.sync)); err != nil {
 		return nil, err
 	}
@@ -257,6 +281,7 @@ func (op *Operator) sync(ctx context.Context) error {
 		Log: o.Log.WithName("watch"), MaxBackoff: o.MaxBackoff,
 	}
 	w.Start(ctx)
+	op.Drain.Start(ctx)
 	im := &importer.Importer{
 		Client: op.direct, Reader: op.Manager.GetAPIReader(), Conns: op.Conns, Ledger: op.ledger,
 		Namespace: o.Env.Namespace, ClusterName: o.Config.ClusterID, Metrics: op.Metrics, Log: o.Log.WithName("import"),

@@ -34,11 +34,15 @@ func TestGeneratedRBACSuffices(t *testing.T) {
 	role.Name = "nstance-operator-" + f.ns
 	require.NoError(t, env.Client.Create(ctx, &role))
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), &role) })
-	require.NoError(t, env.Client.Create(ctx, &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "nstance-operator"},
+	// Bound cluster-wide as the chart does: Nodes are cluster-scoped, and
+	// drains list and evict pods of every namespace.
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: role.Name},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
 		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: f.ns, Name: "nstance-operator"}},
-	}))
+	}
+	require.NoError(t, env.Client.Create(ctx, binding))
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), binding) })
 
 	o := f.options(t)
 	o.LeaderElect = true

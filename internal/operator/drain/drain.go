@@ -1,0 +1,573 @@
+package drain
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/shardconn"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachines,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachines/status,verbs=get;update;patch
+
+// Index names registered by SetupIndexes.
+const (
+	// NodeProviderIDIndex indexes Nodes by spec.providerID.
+	NodeProviderIDIndex = "spec.providerID"
+	// MachineInstanceIndex indexes NstanceMachines by "{shard}/{instanceID}".
+	MachineInstanceIndex = "status.shardInstance"
+)
+
+// Event reasons, on the Node (and the NstanceMachine when there is one).
+const (
+	ReasonDrainStarted     = "DrainStarted"
+	ReasonEvictionBlocked  = "EvictionBlocked"
+	ReasonEvictionFailed   = "EvictionFailed"
+	ReasonDrained          = "Drained"
+	ReasonDrainSkipped     = "DrainSkipped"
+	ReasonDeadlineExceeded = "DrainDeadlineExceeded"
+	ReasonInstanceDeleted  = "InstanceDeleted"
+)
+
+// ConditionDrained is set on the NstanceMachine of an instance being drained.
+const ConditionDrained = "Drained"
+
+// StoppedPrefix starts the message the server gives a deletion it began
+// because the provider reported the VM stopped.
+const StoppedPrefix = "instance stopped"
+
+// Key names one instance: Namespace is the shard, Name the instance ID.
+type Key = reconcile.Request
+
+type drainState struct {
+	providerID string
+	group      string
+	reason     nstancev1.DeletionReason
+	deadline   time.Time
+	// announced is when the pending deletion was first seen.
+	announced time.Time
+	started   bool
+	acked     bool
+	deleted   bool
+	blocked   string
+}
+
+// Coordinator drains Nodes for instances pending deletion. It is a
+// controller keyed by {shard}/{instanceID}: stream loops record what each
+// shard announced and enqueue the instance; Reconcile makes one
+// non-blocking pass (cordon, evict what can be evicted) and requeues while
+// pods remain.
+type Coordinator struct {
+	Conns *shardconn.Manager
+	// Client reads Nodes and NstanceMachines from the cache and writes.
+	Client client.Client
+	// Reader lists Pods of a Node uncached (pods of every namespace).
+	Reader client.Reader
+	// Policy posts evictions. client-go would otherwise sleep and retry a
+	// PodDisruptionBudget refusal (429 with Retry-After) inside the call;
+	// the coordinator retries it on its own schedule instead.
+	Policy   rest.Interface
+	Recorder events.EventRecorder
+	// NodeRecorder records Events about Nodes. The events.k8s.io recorder
+	// drops Events about cluster-scoped objects (they have no namespace);
+	// the core/v1 recorder files them in "default", where kubectl describe
+	// node finds them.
+	NodeRecorder record.EventRecorder
+	Namespace    string
+	Log          logr.Logger
+	// RetryInterval separates eviction passes while pods remain; zero means 2s.
+	RetryInterval time.Duration
+	// MaxBackoff caps the delay between stream attempts; zero means 5s.
+	MaxBackoff time.Duration
+	// Workers is the number of drains progressing at once; zero means 16.
+	Workers int
+	// OnAcknowledged, when set, is called after a drain was acknowledged
+	// (tests and benchmarks measure with it).
+	OnAcknowledged func(shard, instanceID string, skipped bool)
+
+	mu     sync.Mutex
+	drains map[Key]*drainState
+	queue  chan event.TypedGenericEvent[Key]
+}
+
+// SetupIndexes registers the field indexes the coordinator (and the machine
+// controller) look objects up by.
+func SetupIndexes(ctx context.Context, mgr ctrl.Manager) error {
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &corev1.Node{}, NodeProviderIDIndex, func(o client.Object) []string {
+		if id := o.(*corev1.Node).Spec.ProviderID; id != "" {
+			return []string{id}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("index Nodes by providerID: %w", err)
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &infrav1.NstanceMachine{}, MachineInstanceIndex, func(o client.Object) []string {
+		m := o.(*infrav1.NstanceMachine)
+		if m.Status.InstanceID == "" || m.Status.Shard == "" {
+			return nil
+		}
+		return []string{m.Status.Shard + "/" + m.Status.InstanceID}
+	}); err != nil {
+		return fmt.Errorf("index NstanceMachines by instance: %w", err)
+	}
+	return nil
+}
+
+// SetupWithManager registers the drain controller. Call Start (from a
+// leader-only runnable, once the shard connections exist) to open the
+// streams.
+func (c *Coordinator) SetupWithManager(mgr ctrl.Manager) error {
+	c.drains = map[Key]*drainState{}
+	c.queue = make(chan event.TypedGenericEvent[Key], 1024)
+	src := source.TypedChannel[Key, Key](c.queue, handler.TypedFuncs[Key, Key]{
+		GenericFunc: func(_ context.Context, e event.TypedGenericEvent[Key], q workqueue.TypedRateLimitingInterface[Key]) {
+			q.Add(e.Object)
+		},
+	})
+	return ctrl.NewControllerManagedBy(mgr).Named("drain").
+		WatchesRawSource(src).
+		WithOptions(controller.Options{MaxConcurrentReconciles: cmp.Or(c.Workers, 16)}).
+		Complete(c)
+}
+
+// Start opens one WatchInstances stream per shard; they stop with ctx.
+func (c *Coordinator) Start(ctx context.Context) {
+	for _, shard := range c.Conns.ShardIDs() {
+		go c.loop(ctx, shard)
+	}
+}
+
+func (c *Coordinator) loop(ctx context.Context, shard string) {
+	log := c.Log.WithValues("shard", shard)
+	maxDelay := cmp.Or(c.MaxBackoff, 5*time.Second)
+	delay := 100 * time.Millisecond
+	for {
+		if err := c.Conns.WaitReady(ctx, shard); err != nil {
+			return
+		}
+		opened := time.Now()
+		err := c.watchOnce(ctx, shard)
+		if ctx.Err() != nil {
+			return
+		}
+		log.Info("instance stream ended; reopening", "error", err)
+		if time.Since(opened) > 30*time.Second {
+			delay = 100 * time.Millisecond
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay/2 + time.Duration(rand.Int64N(int64(delay)))):
+		}
+		delay = min(delay*2, maxDelay)
+	}
+}
+
+// watchOnce follows one stream. On connect the server re-announces every
+// drain still waiting for an acknowledgement, so nothing is lost while the
+// stream was down.
+func (c *Coordinator) watchOnce(ctx context.Context, shard string) error {
+	cl, err := c.Conns.Client(shard)
+	if err != nil {
+		return err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := cl.WatchInstances(sctx, &nstancev1.WatchInstancesRequest{})
+	if err != nil {
+		return fmt.Errorf("open WatchInstances: %w", err)
+	}
+	for {
+		ev, err := stream.Recv()
+		if err != nil {
+			return fmt.Errorf("receive instance event: %w", err)
+		}
+		c.Observe(ctx, shard, ev)
+	}
+}
+
+// Observe records one instance event and enqueues the instance. It blocks
+// while the queue is full rather than dropping the event.
+func (c *Coordinator) Observe(ctx context.Context, shard string, ev *nstancev1.InstanceEvent) {
+	key := Key{NamespacedName: types.NamespacedName{Namespace: cmp.Or(ev.GetShard(), shard), Name: ev.GetInstanceId()}}
+	if key.Name == "" {
+		return
+	}
+	c.mu.Lock()
+	st := c.drains[key]
+	switch ev.GetStatus() {
+	case nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION:
+		if st == nil || st.deleted {
+			st = &drainState{announced: time.Now()}
+			c.drains[key] = st
+		}
+		st.providerID, st.group, st.reason = ev.GetProviderId(), ev.GetGroupId(), ev.GetReason()
+		if d := ev.GetDrainDeadline(); d != nil {
+			st.deadline = d.AsTime()
+		}
+	case nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_DELETING:
+		// The server no longer waits for us; a drain in progress stops.
+		if st != nil {
+			st.acked = true
+		}
+		c.mu.Unlock()
+		return
+	case nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_DELETED:
+		if st == nil {
+			st = &drainState{}
+			c.drains[key] = st
+		}
+		st.deleted, st.providerID = true, cmp.Or(ev.GetProviderId(), st.providerID)
+	default:
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
+	select {
+	case c.queue <- event.TypedGenericEvent[Key]{Object: key}:
+	case <-ctx.Done():
+	}
+}
+
+func (c *Coordinator) state(key Key) (drainState, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st, ok := c.drains[key]
+	if !ok {
+		return drainState{}, false
+	}
+	return *st, true
+}
+
+func (c *Coordinator) update(key Key, fn func(*drainState)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if st, ok := c.drains[key]; ok {
+		fn(st)
+	}
+}
+
+func (c *Coordinator) forget(key Key) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.drains, key)
+}
+
+// Pending returns the number of instances the coordinator is tracking.
+func (c *Coordinator) Pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.drains)
+}
+
+// Reconcile makes one pass over one instance's drain.
+func (c *Coordinator) Reconcile(ctx context.Context, key Key) (reconcile.Result, error) {
+	st, ok := c.state(key)
+	if !ok {
+		return reconcile.Result{}, nil
+	}
+	shard, id := key.Namespace, key.Name
+	log := c.Log.WithValues("shard", shard, "instance", id)
+	if st.deleted {
+		if err := c.cleanup(ctx, shard, id); err != nil {
+			return reconcile.Result{}, err
+		}
+		c.forget(key)
+		return reconcile.Result{}, nil
+	}
+	if st.acked {
+		return reconcile.Result{}, nil
+	}
+	cl, err := c.Conns.Client(shard)
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("shard %s: %w", shard, err)
+	}
+	resp, err := cl.GetInstanceStatus(ctx, &nstancev1.GetInstanceStatusRequest{Lookup: &nstancev1.GetInstanceStatusRequest_InstanceId{InstanceId: id}})
+	if status.Code(err) == codes.NotFound {
+		c.update(key, func(s *drainState) { s.deleted = true })
+		return reconcile.Result{Requeue: true}, nil
+	}
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("get status of instance %s on shard %s: %w", id, shard, err)
+	}
+	inst := resp.GetInstance()
+	if d := inst.GetDrainDeadline(); d != nil {
+		st.deadline = d.AsTime()
+	}
+	machine, err := c.machineFor(ctx, shard, id)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	switch inst.GetState() {
+	case nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION:
+	case nstancev1.InstanceState_INSTANCE_STATE_DELETING, nstancev1.InstanceState_INSTANCE_STATE_DELETED:
+		// Already on its way out: nothing left to acknowledge.
+		c.update(key, func(s *drainState) { s.acked = true })
+		return reconcile.Result{}, nil
+	default:
+		// Not pending deletion (any more): nothing to do until announced again.
+		log.V(1).Info("instance is not pending deletion", "state", inst.GetState().String())
+		c.forget(key)
+		return reconcile.Result{}, nil
+	}
+	node, err := c.nodeFor(ctx, st.providerID)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if vmGone(inst) {
+		return c.acknowledge(ctx, key, st, node, machine, true, "VM is already stopped or gone; drain skipped: "+inst.GetMessage())
+	}
+	if node == nil {
+		return c.acknowledge(ctx, key, st, nil, machine, true, fmt.Sprintf("no Node has providerID %q; nothing to drain", st.providerID))
+	}
+	if !st.deadline.IsZero() && !time.Now().Before(st.deadline) {
+		c.emit(node, machine, corev1.EventTypeWarning, ReasonDeadlineExceeded, "drain deadline %s passed with pods still on the node; the server deletes the instance anyway", st.deadline.Format(time.RFC3339))
+		return c.acknowledge(ctx, key, st, node, machine, false, "")
+	}
+	if !st.started {
+		c.emit(node, machine, corev1.EventTypeNormal, ReasonDrainStarted, "draining for instance %s on shard %s (%s), deadline %s",
+			id, shard, st.reason.String(), st.deadline.Format(time.RFC3339))
+		c.update(key, func(s *drainState) { s.started = true })
+	}
+	if !node.Spec.Unschedulable {
+		patch := client.MergeFrom(node.DeepCopy())
+		node.Spec.Unschedulable = true
+		if err := c.Client.Patch(ctx, node, patch); err != nil {
+			return reconcile.Result{}, fmt.Errorf("cordon Node %s: %w", node.Name, err)
+		}
+	}
+	remaining, blocked, err := c.evictPass(ctx, node)
+	if err != nil {
+		c.emit(node, machine, corev1.EventTypeWarning, ReasonEvictionFailed, "%v", err)
+	}
+	if remaining == 0 {
+		return c.acknowledge(ctx, key, st, node, machine, false, "")
+	}
+	note := fmt.Sprintf("%d pods left", remaining)
+	if len(blocked) > 0 {
+		note = fmt.Sprintf("%d pods left; eviction refused by a PodDisruptionBudget for %s", remaining, strings.Join(blocked, ", "))
+		if note != st.blocked {
+			c.emit(node, machine, corev1.EventTypeWarning, ReasonEvictionBlocked, "%s", note)
+		}
+	}
+	c.update(key, func(s *drainState) { s.blocked = note })
+	c.setCondition(ctx, machine, metav1.ConditionFalse, "Draining", note)
+	wait := cmp.Or(c.RetryInterval, 2*time.Second)
+	if !st.deadline.IsZero() {
+		wait = max(min(wait, time.Until(st.deadline)), time.Millisecond)
+	}
+	return reconcile.Result{RequeueAfter: wait}, nil
+}
+
+// vmGone reports whether the provider already said the VM is stopped, failed
+// or deleted, so there is no point in draining its node.
+func vmGone(inst *nstancev1.InstanceStatus) bool {
+	switch inst.GetState() {
+	case nstancev1.InstanceState_INSTANCE_STATE_STOPPED, nstancev1.InstanceState_INSTANCE_STATE_DELETED:
+		return true
+	}
+	return strings.HasPrefix(inst.GetMessage(), StoppedPrefix)
+}
+
+// skipPod reports pods a drain leaves alone: DaemonSet pods (the
+// controller would recreate them), mirror pods (the kubelet owns them) and
+// pods that already finished.
+func skipPod(p *corev1.Pod) bool {
+	if _, ok := p.Annotations[corev1.MirrorPodAnnotationKey]; ok {
+		return true
+	}
+	if ref := metav1.GetControllerOf(p); ref != nil && ref.Kind == "DaemonSet" {
+		return true
+	}
+	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+}
+
+// evictPass evicts every evictable pod not yet terminating and returns how
+// many evictable pods are still on the node and which were refused (429,
+// a PodDisruptionBudget). Refused pods are retried on the next pass.
+func (c *Coordinator) evictPass(ctx context.Context, node *corev1.Node) (int, []string, error) {
+	var pods corev1.PodList
+	if err := c.Reader.List(ctx, &pods, client.MatchingFields{"spec.nodeName": node.Name}); err != nil {
+		return 0, nil, fmt.Errorf("list pods on Node %s: %w", node.Name, err)
+	}
+	remaining := 0
+	var blocked []string
+	var errs []error
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if skipPod(p) {
+			continue
+		}
+		remaining++
+		if p.DeletionTimestamp != nil {
+			continue
+		}
+		ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
+		err := c.Policy.Post().AbsPath("/api/v1").Namespace(p.Namespace).Resource("pods").Name(p.Name).
+			SubResource("eviction").Body(ev).MaxRetries(0).Do(ctx).Error()
+		switch {
+		case err == nil:
+		case apierrors.IsNotFound(err):
+			remaining--
+		case apierrors.IsTooManyRequests(err):
+			blocked = append(blocked, p.Namespace+"/"+p.Name)
+		default:
+			errs = append(errs, fmt.Errorf("evict pod %s/%s: %w", p.Namespace, p.Name, err))
+		}
+	}
+	// Pods deleted without grace are gone already; count what is left.
+	if remaining > 0 && len(blocked) == 0 && len(errs) == 0 {
+		var after corev1.PodList
+		if err := c.Reader.List(ctx, &after, client.MatchingFields{"spec.nodeName": node.Name}); err != nil {
+			return remaining, nil, fmt.Errorf("list pods on Node %s: %w", node.Name, err)
+		}
+		remaining = 0
+		for i := range after.Items {
+			if !skipPod(&after.Items[i]) {
+				remaining++
+			}
+		}
+	}
+	slices.Sort(blocked)
+	return remaining, blocked, errors.Join(errs...)
+}
+
+func (c *Coordinator) acknowledge(ctx context.Context, key Key, st drainState, node *corev1.Node, machine *infrav1.NstanceMachine, skipped bool, why string) (reconcile.Result, error) {
+	cl, err := c.Conns.Client(key.Namespace)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	_, err = cl.AcknowledgeDrained(ctx, &nstancev1.AcknowledgeDrainedRequest{InstanceId: key.Name})
+	switch status.Code(err) {
+	case codes.OK, codes.NotFound, codes.Aborted, codes.FailedPrecondition:
+		// Acknowledged, or the server stopped waiting for one.
+	default:
+		return reconcile.Result{}, fmt.Errorf("acknowledge drain of instance %s on shard %s: %w", key.Name, key.Namespace, err)
+	}
+	c.update(key, func(s *drainState) { s.acked = true })
+	if skipped {
+		c.emit(node, machine, corev1.EventTypeNormal, ReasonDrainSkipped, "%s", why)
+		c.setCondition(ctx, machine, metav1.ConditionTrue, ReasonDrainSkipped, why)
+	} else {
+		c.emit(node, machine, corev1.EventTypeNormal, ReasonDrained, "node drained for instance %s in %s; deletion acknowledged",
+			key.Name, time.Since(st.announced).Round(time.Millisecond))
+		c.setCondition(ctx, machine, metav1.ConditionTrue, ReasonDrained, "node drained; deletion acknowledged")
+	}
+	c.Log.V(1).Info("drain acknowledged", "shard", key.Namespace, "instance", key.Name, "skipped", skipped)
+	if c.OnAcknowledged != nil {
+		c.OnAcknowledged(key.Namespace, key.Name, skipped)
+	}
+	return reconcile.Result{}, nil
+}
+
+func (c *Coordinator) nodeFor(ctx context.Context, providerID string) (*corev1.Node, error) {
+	if providerID == "" {
+		return nil, nil
+	}
+	var nodes corev1.NodeList
+	if err := c.Client.List(ctx, &nodes, client.MatchingFields{NodeProviderIDIndex: providerID}); err != nil {
+		return nil, fmt.Errorf("find Node with providerID %s: %w", providerID, err)
+	}
+	if len(nodes.Items) == 0 {
+		return nil, nil
+	}
+	return &nodes.Items[0], nil
+}
+
+func (c *Coordinator) machineFor(ctx context.Context, shard, id string) (*infrav1.NstanceMachine, error) {
+	var list infrav1.NstanceMachineList
+	if err := c.Client.List(ctx, &list, client.InNamespace(c.Namespace), client.MatchingFields{MachineInstanceIndex: shard + "/" + id}); err != nil {
+		return nil, fmt.Errorf("find NstanceMachine of instance %s: %w", id, err)
+	}
+	if len(list.Items) == 0 {
+		return nil, nil
+	}
+	return &list.Items[0], nil
+}
+
+// cleanup removes what stood for a deleted instance: the owning Machine
+// when there is one (core Cluster API then deletes the NstanceMachine),
+// otherwise the NstanceMachine itself.
+func (c *Coordinator) cleanup(ctx context.Context, shard, id string) error {
+	m, err := c.machineFor(ctx, shard, id)
+	if err != nil || m == nil {
+		return err
+	}
+	if !m.DeletionTimestamp.IsZero() {
+		return nil
+	}
+	for _, ref := range m.OwnerReferences {
+		if ref.Kind != "Machine" || !strings.HasPrefix(ref.APIVersion, clusterv1.GroupVersion.Group+"/") {
+			continue
+		}
+		machine := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: m.Namespace, Name: ref.Name}}
+		c.emit(nil, m, corev1.EventTypeNormal, ReasonInstanceDeleted, "instance %s was deleted on shard %s; deleting Machine %s", id, shard, ref.Name)
+		if err := c.Client.Delete(ctx, machine, client.Preconditions{UID: &ref.UID}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return fmt.Errorf("delete Machine %s: %w", ref.Name, err)
+		}
+		return nil
+	}
+	c.emit(nil, m, corev1.EventTypeNormal, ReasonInstanceDeleted, "instance %s was deleted on shard %s; deleting NstanceMachine", id, shard)
+	if err := c.Client.Delete(ctx, m); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete NstanceMachine %s: %w", m.Name, err)
+	}
+	return nil
+}
+
+func (c *Coordinator) emit(node *corev1.Node, machine *infrav1.NstanceMachine, typ, reason, format string, args ...any) {
+	if node != nil && c.NodeRecorder != nil {
+		c.NodeRecorder.Eventf(node, typ, reason, format, args...)
+	}
+	if machine != nil && c.Recorder != nil {
+		c.Recorder.Eventf(machine, nil, typ, reason, "Drain", format, args...)
+	}
+}
+
+func (c *Coordinator) setCondition(ctx context.Context, m *infrav1.NstanceMachine, st metav1.ConditionStatus, reason, msg string) {
+	if m == nil {
+		return
+	}
+	patch := client.MergeFrom(m.DeepCopy())
+	if !meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{Type: ConditionDrained, Status: st, Reason: reason,
+		Message: msg, ObservedGeneration: m.Generation}) {
+		return
+	}
+	if err := c.Client.Status().Patch(ctx, m, patch); err != nil && !apierrors.IsNotFound(err) {
+		c.Log.Error(err, "set Drained condition", "nstanceMachine", m.Name)
+	}
+}

@@ -1,0 +1,311 @@
+package manager_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/nstance-dev/nstance/internal/operator/drain"
+	"github.com/nstance-dev/nstance/internal/server/provider/mock"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+// acks records acknowledged drains.
+type acks struct {
+	mu   sync.Mutex
+	at   map[string]time.Time
+	skip map[string]bool
+}
+
+func newAcks() *acks { return &acks{at: map[string]time.Time{}, skip: map[string]bool{}} }
+
+func (a *acks) record(_, id string, skipped bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.at[id], a.skip[id] = time.Now(), skipped
+}
+
+func (a *acks) get(id string) (time.Time, bool, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	at, ok := a.at[id]
+	return at, a.skip[id], ok
+}
+
+// onDemand creates an instance directly on a shard and returns its status.
+func onDemand(t testing.TB, f *fakeShard, drainTimeout time.Duration) *nstancev1.InstanceStatus {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := f.client(t).CreateInstance(ctx, &nstancev1.CreateInstanceRequest{Template: "worker",
+		DrainTimeout: durationpb.New(drainTimeout), ClientToken: fmt.Sprintf("t-%d", time.Now().UnixNano())})
+	require.NoError(t, err)
+	inst := resp.GetInstance()
+	require.NotEmpty(t, inst.GetProviderId())
+	require.Eventually(t, func() bool {
+		st := instanceState(t, f, inst.GetInstanceId())
+		return st == nstancev1.InstanceState_INSTANCE_STATE_RUNNING
+	}, waitLong, tick)
+	return inst
+}
+
+// instanceState returns the server's state of an instance; DELETED when it is gone.
+func instanceState(t testing.TB, f *fakeShard, id string) nstancev1.InstanceState {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := f.client(t).GetInstanceStatus(ctx, &nstancev1.GetInstanceStatusRequest{Lookup: &nstancev1.GetInstanceStatusRequest_InstanceId{InstanceId: id}})
+	if status.Code(err) == codes.NotFound {
+		return nstancev1.InstanceState_INSTANCE_STATE_DELETED
+	}
+	require.NoError(t, err)
+	return resp.GetInstance().GetState()
+}
+
+func deleteInstance(t testing.TB, f *fakeShard, id string) time.Time {
+	t.Helper()
+	resp, err := f.client(t).DeleteInstance(context.Background(), &nstancev1.DeleteInstanceRequest{InstanceId: id})
+	require.NoError(t, err)
+	require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION, resp.GetInstance().GetState())
+	return resp.GetInstance().GetDrainDeadline().AsTime()
+}
+
+func createNode(t testing.TB, name, providerID string) {
+	t.Helper()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{ProviderID: providerID}}
+	require.NoError(t, env.Client.Create(context.Background(), node))
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), node) })
+}
+
+type podKind int
+
+const (
+	plainPod podKind = iota
+	daemonSetPod
+	mirrorPod
+)
+
+func createPod(t testing.TB, ns, name, node string, kind podKind, labels map[string]string) {
+	t.Helper()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
+		Spec: corev1.PodSpec{NodeName: node, TerminationGracePeriodSeconds: ptr.To[int64](0),
+			Containers: []corev1.Container{{Name: "c", Image: "example.invalid/app"}}},
+	}
+	switch kind {
+	case daemonSetPod:
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "ds", UID: types.UID("ds-" + name), Controller: ptr.To(true)}}
+	case mirrorPod:
+		p.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: "hash"}
+	}
+	require.NoError(t, env.Client.Create(context.Background(), p))
+	// Running and ready, as a kubelet would report: the Eviction API lets
+	// pending pods go regardless of PodDisruptionBudgets.
+	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+	require.NoError(t, env.Client.Status().Update(context.Background(), p))
+}
+
+func podExists(t testing.TB, ns, name string) bool {
+	t.Helper()
+	_, ok := get(t, ns, name, &corev1.Pod{})
+	return ok
+}
+
+func createPDB(t testing.TB, ns, name string, selector map[string]string) {
+	t.Helper()
+	require.NoError(t, env.Client.Create(context.Background(), &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: ptr.To(intstr.FromInt32(1)),
+			Selector: &metav1.LabelSelector{MatchLabels: selector}},
+	}))
+}
+
+// allowPDB plays the disruption controller (not part of envtest): it
+// reports one allowed disruption.
+func allowPDB(t testing.TB, ns, name string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var pdb policyv1.PodDisruptionBudget
+		if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &pdb); err != nil {
+			return false
+		}
+		pdb.Status = policyv1.PodDisruptionBudgetStatus{ObservedGeneration: pdb.Generation, DisruptionsAllowed: 1,
+			CurrentHealthy: 1, DesiredHealthy: 0, ExpectedPods: 1}
+		return env.Client.Status().Update(context.Background(), &pdb) == nil
+	}, waitLong, tick)
+}
+
+func nodeCordoned(t testing.TB, name string) bool {
+	t.Helper()
+	n, ok := get(t, "", name, &corev1.Node{})
+	return ok && n.Spec.Unschedulable
+}
+
+// nodeEvents returns the notes of Events with reason about a Node.
+func nodeEvents(t testing.TB, node, reason string) []string {
+	t.Helper()
+	var list eventsv1.EventList
+	require.NoError(t, env.Client.List(context.Background(), &list))
+	var out []string
+	for _, e := range list.Items {
+		if e.Regarding.Kind == "Node" && e.Regarding.Name == node && e.Reason == reason {
+			out = append(out, e.Note)
+		}
+	}
+	return out
+}
+
+func TestDrain(t *testing.T) {
+	f := newFixture(t, "shard-a", "shard-b")
+	f.putNonce(t)
+	a := newAcks()
+	o := f.options(t)
+	o.DrainRetryInterval = 100 * time.Millisecond
+	o.OnDrainAcknowledged = a.record
+	r := startOperator(t, o)
+	r.waitImported(t)
+	shardA, shardB := f.shards["shard-a"], f.shards["shard-b"]
+
+	t.Run("ten pods with a DaemonSet, a mirror and a PDB-protected pod", func(t *testing.T) {
+		inst := onDemand(t, shardA, 30*time.Second)
+		node := "node-" + inst.GetInstanceId()
+		createNode(t, node, inst.GetProviderId())
+		for i := range 7 {
+			createPod(t, f.ns, fmt.Sprintf("app-%d", i), node, plainPod, nil)
+		}
+		createPod(t, f.ns, "ds", node, daemonSetPod, nil)
+		createPod(t, f.ns, "mirror", node, mirrorPod, nil)
+		createPod(t, f.ns, "guarded", node, plainPod, map[string]string{"app": "guarded"})
+		createPDB(t, f.ns, "guarded", map[string]string{"app": "guarded"})
+
+		deadline := deleteInstance(t, shardA, inst.GetInstanceId())
+		require.Eventually(t, func() bool {
+			for i := range 7 {
+				if podExists(t, f.ns, fmt.Sprintf("app-%d", i)) {
+					return false
+				}
+			}
+			return nodeCordoned(t, node) && len(nodeEvents(t, node, drain.ReasonEvictionBlocked)) > 0
+		}, waitLong, tick)
+		require.True(t, podExists(t, f.ns, "guarded"), "a PDB refusal is retried, not skipped")
+		_, _, acked := a.get(inst.GetInstanceId())
+		require.False(t, acked, "no acknowledgement while a pod remains")
+		require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION, instanceState(t, shardA, inst.GetInstanceId()))
+
+		allowPDB(t, f.ns, "guarded")
+		require.Eventually(t, func() bool {
+			return instanceState(t, shardA, inst.GetInstanceId()) == nstancev1.InstanceState_INSTANCE_STATE_DELETED
+		}, waitLong, tick)
+		at, skipped, acked := a.get(inst.GetInstanceId())
+		require.True(t, acked)
+		require.False(t, skipped)
+		require.True(t, at.Before(deadline), "acknowledged at %s, deadline %s", at, deadline)
+		require.False(t, podExists(t, f.ns, "guarded"))
+		require.True(t, podExists(t, f.ns, "ds"), "DaemonSet pods stay")
+		require.True(t, podExists(t, f.ns, "mirror"), "mirror pods stay")
+		require.Eventually(t, func() bool { return len(nodeEvents(t, node, drain.ReasonDrained)) > 0 }, waitLong, tick)
+	})
+
+	t.Run("VM already stopped: acknowledged without drain", func(t *testing.T) {
+		inst := onDemand(t, shardB, 30*time.Second)
+		node := "node-" + inst.GetInstanceId()
+		createNode(t, node, inst.GetProviderId())
+		createPod(t, f.ns, "stays", node, plainPod, nil)
+		shardB.sh.Provider.(*mock.Provider).Stop(inst.GetInstanceId())
+		require.Eventually(t, func() bool {
+			_, _, ok := a.get(inst.GetInstanceId())
+			return ok
+		}, waitLong, tick)
+		_, skipped, _ := a.get(inst.GetInstanceId())
+		require.True(t, skipped)
+		require.True(t, podExists(t, f.ns, "stays"), "no eviction")
+		require.False(t, nodeCordoned(t, node), "no cordon")
+		require.Eventually(t, func() bool { return len(nodeEvents(t, node, drain.ReasonDrainSkipped)) > 0 }, waitLong, tick)
+		require.Eventually(t, func() bool {
+			return instanceState(t, shardB, inst.GetInstanceId()) == nstancev1.InstanceState_INSTANCE_STATE_DELETED
+		}, waitLong, tick)
+	})
+
+	t.Run("three drains progress in parallel", func(t *testing.T) {
+		type victim struct {
+			shard *fakeShard
+			inst  *nstancev1.InstanceStatus
+			node  string
+		}
+		var vs []victim
+		for i, sh := range []*fakeShard{shardA, shardB, shardA} {
+			inst := onDemand(t, sh, 30*time.Second)
+			v := victim{shard: sh, inst: inst, node: "node-" + inst.GetInstanceId()}
+			createNode(t, v.node, inst.GetProviderId())
+			label := map[string]string{"app": fmt.Sprintf("par-%d", i)}
+			createPod(t, f.ns, fmt.Sprintf("par-%d", i), v.node, plainPod, label)
+			createPDB(t, f.ns, fmt.Sprintf("par-%d", i), label)
+			vs = append(vs, v)
+		}
+		for _, v := range vs {
+			deleteInstance(t, v.shard, v.inst.GetInstanceId())
+		}
+		// Every drain is cordoned and blocked at the same time: none waits
+		// for another to finish.
+		require.Eventually(t, func() bool {
+			for _, v := range vs {
+				if !nodeCordoned(t, v.node) || len(nodeEvents(t, v.node, drain.ReasonEvictionBlocked)) == 0 {
+					return false
+				}
+			}
+			return true
+		}, waitLong, tick)
+		for i := range vs {
+			allowPDB(t, f.ns, fmt.Sprintf("par-%d", i))
+		}
+		for _, v := range vs {
+			require.Eventually(t, func() bool {
+				return instanceState(t, v.shard, v.inst.GetInstanceId()) == nstancev1.InstanceState_INSTANCE_STATE_DELETED
+			}, waitLong, tick)
+			_, skipped, ok := a.get(v.inst.GetInstanceId())
+			require.True(t, ok)
+			require.False(t, skipped)
+		}
+	})
+}
+
+// A drain announced while no operator runs is acknowledged by the next one:
+// the server re-announces pending drains when the stream opens.
+func TestDrainAnnouncedWhileOperatorDown(t *testing.T) {
+	f := newFixture(t, "shard-a")
+	f.putNonce(t)
+	shardA := f.shards["shard-a"]
+	inst := onDemand(t, shardA, 30*time.Second)
+	createNode(t, "node-"+inst.GetInstanceId(), inst.GetProviderId())
+	createPod(t, f.ns, "late", "node-"+inst.GetInstanceId(), plainPod, nil)
+	deadline := deleteInstance(t, shardA, inst.GetInstanceId())
+
+	a := newAcks()
+	o := f.options(t)
+	o.DrainRetryInterval = 100 * time.Millisecond
+	o.OnDrainAcknowledged = a.record
+	startOperator(t, o)
+	require.Eventually(t, func() bool {
+		return instanceState(t, shardA, inst.GetInstanceId()) == nstancev1.InstanceState_INSTANCE_STATE_DELETED
+	}, waitLong, tick)
+	at, skipped, ok := a.get(inst.GetInstanceId())
+	require.True(t, ok)
+	require.False(t, skipped)
+	require.True(t, at.Before(deadline))
+	require.False(t, podExists(t, f.ns, "late"))
+}
