@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -32,7 +33,9 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/drain"
 	"github.com/nstance-dev/nstance/internal/operator/importer"
 	"github.com/nstance-dev/nstance/internal/operator/ledger"
+	"github.com/nstance-dev/nstance/internal/operator/machine"
 	"github.com/nstance-dev/nstance/internal/operator/metrics"
+	"github.com/nstance-dev/nstance/internal/operator/ondemand"
 	"github.com/nstance-dev/nstance/internal/operator/poolsync"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 	"github.com/nstance-dev/nstance/internal/operator/shardgroup"
@@ -80,6 +83,8 @@ type Options struct {
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// DrainRetryInterval separates eviction passes of one drain; zero means 2s.
 	DrainRetryInterval time.Duration
+	// MachinePollInterval re-reads pending instances of NstanceMachines; zero means 2s.
+	MachinePollInterval time.Duration
 	// OnDrainAcknowledged observes acknowledged drains (tests, benchmarks).
 	OnDrainAcknowledged func(shard, instanceID string, skipped bool)
 }
@@ -144,8 +149,12 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 		LeaderElectionID:              LeaderElectionID,
 		LeaderElectionNamespace:       ns,
 		LeaderElectionReleaseOnCancel: true,
-		Cache:                         cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
-		Controller:                    crconfig.Controller{SkipNameValidation: ptr.To(o.SkipNameValidation)},
+		Cache: cache.Options{
+			DefaultNamespaces: map[string]cache.Config{ns: {}},
+			// On-demand pods may live in any namespace.
+			ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: {Namespaces: map[string]cache.Config{cache.AllNamespaces: {}}}},
+		},
+		Controller: crconfig.Controller{SkipNameValidation: ptr.To(o.SkipNameValidation)},
 	}
 	if o.LeaseDuration > 0 {
 		mopts.LeaseDuration, mopts.RenewDeadline, mopts.RetryPeriod = &o.LeaseDuration, &o.RenewDeadline, &o.RetryPeriod
@@ -219,6 +228,20 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	}
 	if err := op.Drain.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up drain controller: %w", err)
+	}
+	var defaultShard string
+	if ids := o.Config.ShardIDs(); len(ids) > 0 {
+		defaultShard = ids[0]
+	}
+	mr := &machine.Reconciler{Client: mgr.GetClient(), Conns: op.Conns, Recorder: recorder, Namespace: ns,
+		DefaultShard: defaultShard, PollInterval: o.MachinePollInterval, Log: o.Log.WithName("machine")}
+	if err := mr.SetupWithManager(mgr, o.Workers); err != nil {
+		return nil, fmt.Errorf("set up machine controller: %w", err)
+	}
+	od := &ondemand.Reconciler{Client: mgr.GetClient(), Namespace: ns, ClusterName: o.Config.ClusterID,
+		DefaultShard: defaultShard, Recorder: recorder}
+	if err := od.SetupWithManager(mgr, o.Workers); err != nil {
+		return nil, fmt.Errorf("set up on-demand controller: %w", err)
 	}
 	if err := mgr.Add(manager.RunnableFunc(op.sync)); err != nil {
 		return nil, err

@@ -1,0 +1,6 @@
+// Package machine reconciles NstanceMachines (individual instances): it
+// creates the instance on the shard named by the owning Machine's
+// failureDomain, polls it until it runs, reports providerID, readiness and
+// addresses per the Cluster API contract, and deletes the instance behind a
+// finalizer.
+package machine

@@ -1,0 +1,327 @@
+package machine
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/paused"
+	"github.com/nstance-dev/nstance/internal/operator/shardconn"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachines,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachines/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachines/finalizers,verbs=update
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachinetemplates,verbs=get;list;watch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch
+
+// Finalizer keeps an NstanceMachine until its instance is deleted.
+const Finalizer = "nstancemachine.infrastructure.cluster.x-k8s.io"
+
+// Condition types and reasons on NstanceMachines.
+const (
+	ConditionReady            = "Ready"
+	ConditionInstanceCreated  = "InstanceCreated"
+	ReasonWaitingForMachine   = "WaitingForMachine"
+	ReasonUnknownShard        = "UnknownShard"
+	ReasonCreateFailed        = "CreateFailed"
+	ReasonCreated             = "Created"
+	ReasonInstanceRunning     = "InstanceRunning"
+	ReasonInstanceNotRunning  = "InstanceNotRunning"
+	ReasonInstanceGone        = "InstanceGone"
+	ReasonDeleting            = "Deleting"
+	ReasonShardUnreachable    = "ShardUnreachable"
+	instanceLabelMachine      = "nstance.dev/machine"
+	instanceLabelMachineSpace = "nstance.dev/namespace"
+)
+
+// Reconciler reconciles NstanceMachines.
+type Reconciler struct {
+	Client    client.Client
+	Conns     *shardconn.Manager
+	Recorder  events.EventRecorder
+	Namespace string
+	// DefaultShard is used when neither spec.shard nor the owning
+	// Machine's failureDomain names one: the first configured shard.
+	DefaultShard string
+	// PollInterval re-reads a pending instance; zero means 2s.
+	PollInterval time.Duration
+	Log          logr.Logger
+}
+
+// SetupWithManager registers the controller.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, workers int) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&infrav1.NstanceMachine{}).
+		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(machineToInfra)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: cmp.Or(workers, 4)}).
+		Complete(r)
+}
+
+func machineToInfra(_ context.Context, o client.Object) []reconcile.Request {
+	m, ok := o.(*clusterv1.Machine)
+	if !ok {
+		return nil
+	}
+	ref := m.Spec.InfrastructureRef
+	if ref.Kind != "NstanceMachine" || ref.APIGroup != infrav1.GroupVersion.Group || ref.Name == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: m.Namespace, Name: ref.Name}}}
+}
+
+// OwnerMachine returns the Machine named in the NstanceMachine's owner
+// references, or nil.
+func OwnerMachine(ctx context.Context, c client.Reader, nm *infrav1.NstanceMachine) (*clusterv1.Machine, error) {
+	for _, ref := range nm.OwnerReferences {
+		if ref.Kind != "Machine" || !strings.HasPrefix(ref.APIVersion, clusterv1.GroupVersion.Group+"/") {
+			continue
+		}
+		var m clusterv1.Machine
+		if err := c.Get(ctx, client.ObjectKey{Namespace: nm.Namespace, Name: ref.Name}, &m); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, nil
+			}
+			return nil, fmt.Errorf("get Machine %s: %w", ref.Name, err)
+		}
+		return &m, nil
+	}
+	return nil, nil
+}
+
+func (r *Reconciler) poll() time.Duration { return cmp.Or(r.PollInterval, 2*time.Second) }
+
+// Reconcile moves one NstanceMachine towards its instance.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var nm infrav1.NstanceMachine
+	if err := r.Client.Get(ctx, req.NamespacedName, &nm); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	machine, err := OwnerMachine(ctx, r.Client, &nm)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	var machineObj client.Object
+	if machine != nil {
+		machineObj = machine
+	}
+	if p, err := paused.Check(ctx, r.Client, nm.Namespace, &nm, machineObj); err != nil || p {
+		return reconcile.Result{}, err
+	}
+	before := nm.DeepCopy()
+	var res reconcile.Result
+	if !nm.DeletionTimestamp.IsZero() {
+		res, err = r.reconcileDelete(ctx, &nm)
+	} else {
+		res, err = r.reconcileNormal(ctx, &nm, machine)
+	}
+	if nm.DeletionTimestamp.IsZero() || controllerutil.ContainsFinalizer(&nm, Finalizer) {
+		nm.Status.ObservedGeneration = nm.Generation
+		if perr := r.patchStatus(ctx, before, &nm); perr != nil && err == nil {
+			err = perr
+		}
+	}
+	return res, err
+}
+
+func (r *Reconciler) patchStatus(ctx context.Context, before, nm *infrav1.NstanceMachine) error {
+	if equalStatus(before, nm) {
+		return nil
+	}
+	if err := r.Client.Status().Patch(ctx, nm, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("patch NstanceMachine %s status: %w", nm.Name, err)
+	}
+	return nil
+}
+
+func equalStatus(a, b *infrav1.NstanceMachine) bool {
+	return fmt.Sprintf("%+v", a.Status) == fmt.Sprintf("%+v", b.Status)
+}
+
+func setCond(nm *infrav1.NstanceMachine, typ string, st metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&nm.Status.Conditions, metav1.Condition{Type: typ, Status: st, Reason: reason, Message: msg, ObservedGeneration: nm.Generation})
+}
+
+// shardFor picks the shard: spec.shard, the Machine's failureDomain, or the
+// default. ok is false while a Cluster API-managed NstanceMachine waits for
+// its owning Machine (which carries the failure domain).
+func (r *Reconciler) shardFor(nm *infrav1.NstanceMachine, machine *clusterv1.Machine) (string, bool) {
+	if nm.Spec.Shard != "" {
+		return nm.Spec.Shard, true
+	}
+	if machine != nil {
+		return cmp.Or(machine.Spec.FailureDomain, r.DefaultShard), true
+	}
+	if _, managed := nm.Labels[clusterv1.ClusterNameLabel]; managed {
+		return "", false
+	}
+	return r.DefaultShard, true
+}
+
+func (r *Reconciler) reconcileNormal(ctx context.Context, nm *infrav1.NstanceMachine, machine *clusterv1.Machine) (reconcile.Result, error) {
+	if controllerutil.AddFinalizer(nm, Finalizer) {
+		if err := r.Client.Update(ctx, nm); err != nil {
+			return reconcile.Result{}, fmt.Errorf("add finalizer to NstanceMachine %s: %w", nm.Name, err)
+		}
+	}
+	if nm.Status.InstanceID == "" {
+		shard, ok := r.shardFor(nm, machine)
+		if !ok {
+			setCond(nm, ConditionInstanceCreated, metav1.ConditionFalse, ReasonWaitingForMachine, "waiting for the owning Machine")
+			return reconcile.Result{}, nil
+		}
+		if !r.Conns.Known(shard) {
+			setCond(nm, ConditionInstanceCreated, metav1.ConditionFalse, ReasonUnknownShard, fmt.Sprintf("shard %q is not in the operator configuration", shard))
+			return reconcile.Result{}, nil
+		}
+		cl, err := r.Conns.Client(shard)
+		if err != nil {
+			setCond(nm, ConditionInstanceCreated, metav1.ConditionFalse, ReasonShardUnreachable, err.Error())
+			return reconcile.Result{RequeueAfter: r.poll()}, nil
+		}
+		req := &nstancev1.CreateInstanceRequest{
+			GroupId: nm.Spec.Group, Template: nm.Spec.Template, InstanceType: nm.Spec.InstanceType,
+			SubnetPool: nm.Spec.SubnetPool, Vars: nm.Spec.Vars, ClientToken: string(nm.UID),
+			Labels: map[string]string{instanceLabelMachine: nm.Name, instanceLabelMachineSpace: nm.Namespace},
+		}
+		resp, err := cl.CreateInstance(ctx, req)
+		if err != nil {
+			msg := fmt.Sprintf("CreateInstance on shard %s: %v", shard, status.Convert(err).Message())
+			setCond(nm, ConditionInstanceCreated, metav1.ConditionFalse, ReasonCreateFailed, msg)
+			if r.Recorder != nil {
+				r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, ReasonCreateFailed, "Create", "%s", msg)
+			}
+			return reconcile.Result{}, fmt.Errorf("%s", msg)
+		}
+		inst := resp.GetInstance()
+		nm.Status.InstanceID, nm.Status.Shard, nm.Status.FailureDomain = inst.GetInstanceId(), shard, shard
+		setCond(nm, ConditionInstanceCreated, metav1.ConditionTrue, ReasonCreated, "instance "+inst.GetInstanceId()+" created on shard "+shard)
+		if r.Recorder != nil {
+			r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, ReasonCreated, "Create", "instance %s created on shard %s", inst.GetInstanceId(), shard)
+		}
+	}
+	cl, err := r.Conns.Client(nm.Status.Shard)
+	if err != nil {
+		return reconcile.Result{RequeueAfter: r.poll()}, nil
+	}
+	resp, err := cl.GetInstanceStatus(ctx, &nstancev1.GetInstanceStatusRequest{Lookup: &nstancev1.GetInstanceStatusRequest_InstanceId{InstanceId: nm.Status.InstanceID}})
+	if status.Code(err) == codes.NotFound {
+		nm.Status.Ready, nm.Status.State = false, "deleted"
+		setCond(nm, ConditionReady, metav1.ConditionFalse, ReasonInstanceGone, "the instance no longer exists on shard "+nm.Status.Shard)
+		return reconcile.Result{}, nil
+	}
+	if err != nil {
+		setCond(nm, ConditionReady, metav1.ConditionUnknown, ReasonShardUnreachable, status.Convert(err).Message())
+		return reconcile.Result{RequeueAfter: r.poll()}, nil
+	}
+	inst := resp.GetInstance()
+	nm.Status.State = stateName(inst.GetState())
+	nm.Status.Addresses = addresses(inst.GetAddresses())
+	if inst.GetState() != nstancev1.InstanceState_INSTANCE_STATE_RUNNING {
+		nm.Status.Ready = false
+		setCond(nm, ConditionReady, metav1.ConditionFalse, ReasonInstanceNotRunning, "instance is "+nm.Status.State)
+		return reconcile.Result{RequeueAfter: r.poll()}, nil
+	}
+	if nm.Spec.ProviderID != inst.GetProviderId() {
+		patch := client.MergeFrom(nm.DeepCopy())
+		nm.Spec.ProviderID = inst.GetProviderId()
+		if err := r.Client.Patch(ctx, nm, patch); err != nil {
+			return reconcile.Result{}, fmt.Errorf("set providerID of NstanceMachine %s: %w", nm.Name, err)
+		}
+	}
+	nm.Status.Ready = true
+	nm.Status.Initialization.Provisioned = ptr.To(true)
+	setCond(nm, ConditionReady, metav1.ConditionTrue, ReasonInstanceRunning, "instance "+inst.GetInstanceId()+" is running")
+	return reconcile.Result{}, nil
+}
+
+func (r *Reconciler) reconcileDelete(ctx context.Context, nm *infrav1.NstanceMachine) (reconcile.Result, error) {
+	if !controllerutil.ContainsFinalizer(nm, Finalizer) {
+		return reconcile.Result{}, nil
+	}
+	gone := nm.Status.InstanceID == ""
+	if !gone {
+		cl, err := r.Conns.Client(nm.Status.Shard)
+		if err != nil {
+			return reconcile.Result{RequeueAfter: r.poll()}, nil
+		}
+		resp, err := cl.GetInstanceStatus(ctx, &nstancev1.GetInstanceStatusRequest{Lookup: &nstancev1.GetInstanceStatusRequest_InstanceId{InstanceId: nm.Status.InstanceID}})
+		switch {
+		case status.Code(err) == codes.NotFound:
+			gone = true
+		case err != nil:
+			setCond(nm, ConditionReady, metav1.ConditionFalse, ReasonShardUnreachable, status.Convert(err).Message())
+			return reconcile.Result{RequeueAfter: r.poll()}, nil
+		default:
+			switch resp.GetInstance().GetState() {
+			case nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION, nstancev1.InstanceState_INSTANCE_STATE_DELETING:
+				// Already on its way out (the drain coordinator acknowledges).
+			default:
+				if _, err := cl.DeleteInstance(ctx, &nstancev1.DeleteInstanceRequest{InstanceId: nm.Status.InstanceID}); err != nil && status.Code(err) != codes.NotFound {
+					return reconcile.Result{}, fmt.Errorf("DeleteInstance %s on shard %s: %w", nm.Status.InstanceID, nm.Status.Shard, err)
+				}
+			}
+			nm.Status.Ready = false
+			nm.Status.State = stateName(resp.GetInstance().GetState())
+			setCond(nm, ConditionReady, metav1.ConditionFalse, ReasonDeleting, "waiting for instance "+nm.Status.InstanceID+" to be deleted")
+		}
+	}
+	if !gone {
+		return reconcile.Result{RequeueAfter: r.poll()}, nil
+	}
+	controllerutil.RemoveFinalizer(nm, Finalizer)
+	if err := r.Client.Update(ctx, nm); err != nil && !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, fmt.Errorf("remove finalizer from NstanceMachine %s: %w", nm.Name, err)
+	}
+	return reconcile.Result{}, nil
+}
+
+func stateName(s nstancev1.InstanceState) string {
+	return strings.ToLower(strings.TrimPrefix(s.String(), "INSTANCE_STATE_"))
+}
+
+func addresses(in []*nstancev1.InstanceAddress) []infrav1.MachineAddress {
+	var out []infrav1.MachineAddress
+	for _, a := range in {
+		var t infrav1.MachineAddressType
+		switch a.GetType() {
+		case nstancev1.AddressType_ADDRESS_TYPE_INTERNAL_IP:
+			t = infrav1.MachineInternalIP
+		case nstancev1.AddressType_ADDRESS_TYPE_EXTERNAL_IP:
+			t = infrav1.MachineExternalIP
+		case nstancev1.AddressType_ADDRESS_TYPE_INTERNAL_DNS:
+			t = infrav1.MachineInternalDNS
+		case nstancev1.AddressType_ADDRESS_TYPE_EXTERNAL_DNS:
+			t = infrav1.MachineExternalDNS
+		case nstancev1.AddressType_ADDRESS_TYPE_HOSTNAME:
+			t = infrav1.MachineHostName
+		default:
+			continue
+		}
+		if a.GetAddress() != "" && len(out) < 32 {
+			out = append(out, infrav1.MachineAddress{Type: t, Address: a.GetAddress()})
+		}
+	}
+	return out
+}

@@ -1,0 +1,175 @@
+package manager_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/machine"
+	"github.com/nstance-dev/nstance/internal/operator/ondemand"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+// machinePair creates a Machine and its NstanceMachine, owned as core
+// Cluster API would own it.
+func (f *fixture) machinePair(t testing.TB, name, group, failureDomain string) {
+	t.Helper()
+	ctx := context.Background()
+	m := &clusterv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name, Labels: map[string]string{clusterv1.ClusterNameLabel: clusterID}},
+		Spec: clusterv1.MachineSpec{ClusterName: clusterID, FailureDomain: failureDomain,
+			Bootstrap:         clusterv1.Bootstrap{DataSecretName: ptr.To("")},
+			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "NstanceMachine", Name: name}},
+	}
+	require.NoError(t, env.Client.Create(ctx, m))
+	require.NoError(t, env.Client.Create(ctx, &infrav1.NstanceMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name, Labels: map[string]string{clusterv1.ClusterNameLabel: clusterID},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: clusterv1.GroupVersion.String(), Kind: "Machine", Name: name, UID: m.UID}}},
+		Spec: infrav1.NstanceMachineSpec{Group: group},
+	}))
+}
+
+func (f *fixture) waitGroupOnShards(t testing.TB, group string, shards ...string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		for _, s := range shards {
+			if f.shards[s].group(t, group) == nil {
+				return false
+			}
+		}
+		return true
+	}, waitLong, tick)
+}
+
+func waitMachineRunning(t testing.TB, ns, name string) *infrav1.NstanceMachine {
+	t.Helper()
+	var nm *infrav1.NstanceMachine
+	require.Eventually(t, func() bool {
+		got, ok := get(t, ns, name, &infrav1.NstanceMachine{})
+		nm = got
+		return ok && got.Status.Ready && got.Spec.ProviderID != ""
+	}, waitLong, tick)
+	return nm
+}
+
+func TestMachineLifecycle(t *testing.T) {
+	f := newFixture(t, "shard-a", "shard-b")
+	f.putNonce(t)
+	o := f.options(t)
+	o.DrainRetryInterval, o.MachinePollInterval = 100*time.Millisecond, 100*time.Millisecond
+	r := startOperator(t, o)
+	r.waitImported(t)
+	f.createPool(t, "solo", 0, "shard-a", "shard-b")
+	f.waitGroupOnShards(t, "solo", "shard-a", "shard-b")
+
+	tests := []struct {
+		name          string
+		failureDomain string
+		wantShard     string
+		// serverSide deletes the instance through the shard instead of
+		// deleting the NstanceMachine.
+		serverSide bool
+	}{
+		{name: "failure domain picks the shard", failureDomain: "shard-b", wantShard: "shard-b"},
+		{name: "no failure domain: first shard", failureDomain: "", wantShard: "shard-a"},
+		{name: "deleted on the server: Machine cleaned up", failureDomain: "shard-b", wantShard: "shard-b", serverSide: true},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			name := []string{"m-fd", "m-default", "m-server"}[i]
+			f.machinePair(t, name, "solo", tc.failureDomain)
+			nm := waitMachineRunning(t, f.ns, name)
+			require.Equal(t, tc.wantShard, nm.Status.Shard)
+			require.Equal(t, tc.wantShard, nm.Status.FailureDomain)
+			require.True(t, ptr.Deref(nm.Status.Initialization.Provisioned, false))
+			require.NotEmpty(t, nm.Status.Addresses)
+			require.Contains(t, nm.Finalizers, machine.Finalizer)
+			sh := f.shards[tc.wantShard]
+			require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_RUNNING, instanceState(t, sh, nm.Status.InstanceID))
+			resp, err := sh.client(t).GetInstanceStatus(context.Background(), &nstancev1.GetInstanceStatusRequest{
+				Lookup: &nstancev1.GetInstanceStatusRequest_InstanceId{InstanceId: nm.Status.InstanceID}})
+			require.NoError(t, err)
+			require.Equal(t, resp.GetInstance().GetProviderId(), nm.Spec.ProviderID)
+
+			if tc.serverSide {
+				deleteInstance(t, sh, nm.Status.InstanceID)
+				require.Eventually(t, func() bool {
+					_, ok := get(t, f.ns, name, &clusterv1.Machine{})
+					return !ok
+				}, waitLong, tick, "the drain coordinator deletes the Machine of a deleted instance")
+				require.NoError(t, env.Client.Delete(context.Background(), nm))
+			} else {
+				require.NoError(t, env.Client.Delete(context.Background(), nm))
+			}
+			require.Eventually(t, func() bool {
+				_, ok := get(t, f.ns, name, &infrav1.NstanceMachine{})
+				return !ok
+			}, waitLong, tick)
+			require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_DELETED, instanceState(t, sh, nm.Status.InstanceID))
+		})
+	}
+}
+
+func TestOnDemandPod(t *testing.T) {
+	f := newFixture(t, "shard-a", "shard-b")
+	f.putNonce(t)
+	o := f.options(t)
+	o.DrainRetryInterval, o.MachinePollInterval = 100*time.Millisecond, 100*time.Millisecond
+	r := startOperator(t, o)
+	r.waitImported(t)
+	f.createPool(t, "burst", 0, "shard-a", "shard-b")
+	f.waitGroupOnShards(t, "burst", "shard-a", "shard-b")
+	ctx := context.Background()
+	apps := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "apps-"}}
+	require.NoError(t, env.Client.Create(ctx, apps))
+
+	tests := []struct {
+		name        string
+		annotations map[string]string
+		wantShard   string
+	}{
+		{"group only", map[string]string{ondemand.AnnotationGroup: "burst"}, "shard-a"},
+		{"group, instance type and shard", map[string]string{ondemand.AnnotationGroup: "burst",
+			ondemand.AnnotationInstanceType: "test.small", ondemand.AnnotationShard: "shard-b"}, "shard-b"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Namespace: apps.Name, GenerateName: "job-", Annotations: tc.annotations},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/job"}}},
+			}
+			require.NoError(t, env.Client.Create(ctx, pod))
+			name := ondemand.Name(pod)
+			var m *clusterv1.Machine
+			require.Eventually(t, func() bool {
+				got, ok := get(t, f.ns, name, &clusterv1.Machine{})
+				m = got
+				return ok
+			}, waitLong, tick)
+			require.Equal(t, clusterID, m.Spec.ClusterName)
+			require.NotNil(t, m.Spec.Bootstrap.DataSecretName)
+			require.Equal(t, clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "NstanceMachine", Name: name}, m.Spec.InfrastructureRef)
+			require.Equal(t, tc.wantShard, m.Spec.FailureDomain)
+			nm := waitMachineRunning(t, f.ns, name)
+			require.Equal(t, tc.wantShard, nm.Status.Shard)
+			require.Equal(t, tc.annotations[ondemand.AnnotationInstanceType], nm.Spec.InstanceType)
+			require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_RUNNING, instanceState(t, f.shards[tc.wantShard], nm.Status.InstanceID))
+
+			require.NoError(t, env.Client.Delete(ctx, pod))
+			require.Eventually(t, func() bool {
+				_, podOK := get(t, pod.Namespace, pod.Name, &corev1.Pod{})
+				_, mOK := get(t, f.ns, name, &clusterv1.Machine{})
+				_, nmOK := get(t, f.ns, name, &infrav1.NstanceMachine{})
+				return !podOK && !mOK && !nmOK
+			}, waitLong, tick)
+			require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_DELETED, instanceState(t, f.shards[tc.wantShard], nm.Status.InstanceID))
+		})
+	}
+}
