@@ -60,14 +60,11 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client configuration: %w", err)
 	}
-	// The operator serves no admission webhooks yet; the flag is accepted so
-	// deployments can set it ahead of them.
-	_ = disableWebhook
 	ctx := ctrl.SetupSignalHandler()
 	op, err := manager.New(ctx, manager.Options{
 		Config: cfg, Env: env, RestConfig: restCfg,
 		MetricsAddr: metricsAddr, ProbeAddr: probeAddr, LeaderElect: leaderElect,
-		Log: log,
+		DisableWebhooks: disableWebhook, Log: log,
 	})
 	if err != nil {
 		return err

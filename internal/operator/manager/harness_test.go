@@ -232,6 +232,7 @@ func (f *fixture) options(t testing.TB) manager.Options {
 		RetryDelay:         300 * time.Millisecond,
 		ImportWait:         10 * time.Second,
 		SkipNameValidation: true,
+		DisableWebhooks:    true,
 	}
 }
 

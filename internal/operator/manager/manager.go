@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/operator/bootstrap"
@@ -40,6 +41,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 	"github.com/nstance-dev/nstance/internal/operator/shardgroup"
 	"github.com/nstance-dev/nstance/internal/operator/watch"
+	opwebhook "github.com/nstance-dev/nstance/internal/operator/webhook"
 )
 
 // RBAC the wiring itself needs: the leader election Lease, the bootstrap
@@ -83,6 +85,14 @@ type Options struct {
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// DrainRetryInterval separates eviction passes of one drain; zero means 2s.
 	DrainRetryInterval time.Duration
+	// DisableWebhooks turns the admission webhook server off (--disable-webhooks).
+	DisableWebhooks bool
+	// WebhookHost, WebhookPort and WebhookCertDir configure the webhook
+	// server; zero values mean controller-runtime's defaults (all
+	// interfaces, 9443, /tmp/k8s-webhook-server/serving-certs).
+	WebhookHost    string
+	WebhookPort    int
+	WebhookCertDir string
 	// MachinePollInterval re-reads pending instances of NstanceMachines; zero means 2s.
 	MachinePollInterval time.Duration
 	// OnDrainAcknowledged observes acknowledged drains (tests, benchmarks).
@@ -156,6 +166,9 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 		},
 		Controller: crconfig.Controller{SkipNameValidation: ptr.To(o.SkipNameValidation)},
 	}
+	if !o.DisableWebhooks {
+		mopts.WebhookServer = webhook.NewServer(webhook.Options{Host: o.WebhookHost, Port: o.WebhookPort, CertDir: o.WebhookCertDir})
+	}
 	if o.LeaseDuration > 0 {
 		mopts.LeaseDuration, mopts.RenewDeadline, mopts.RetryPeriod = &o.LeaseDuration, &o.RenewDeadline, &o.RetryPeriod
 	}
@@ -228,6 +241,11 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	}
 	if err := op.Drain.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up drain controller: %w", err)
+	}
+	if !o.DisableWebhooks {
+		if err := opwebhook.Setup(mgr); err != nil {
+			return nil, fmt.Errorf("set up NstanceMachinePool webhook: %w", err)
+		}
 	}
 	var defaultShard string
 	if ids := o.Config.ShardIDs(); len(ids) > 0 {
