@@ -228,7 +228,11 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	if err := drain.SetupIndexes(ctx, mgr); err != nil {
 		return nil, err
 	}
-	clientset, err := kubernetes.NewForConfig(restCfg)
+	// Evictions get their own client with a higher rate limit than
+	// client-go's default (5/s): many drains evict in parallel.
+	evictCfg := rest.CopyConfig(restCfg)
+	evictCfg.QPS, evictCfg.Burst = 100, 200
+	clientset, err := kubernetes.NewForConfig(evictCfg)
 	if err != nil {
 		return nil, fmt.Errorf("create clientset: %w", err)
 	}
