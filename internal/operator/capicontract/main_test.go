@@ -1,0 +1,19 @@
+package capicontract_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/nstance-dev/nstance/internal/testing/kubetest"
+)
+
+// env is one API server for the package; each test uses its own namespace.
+var env *kubetest.Env
+
+func TestMain(m *testing.M) {
+	ctrllog.SetLogger(logr.Discard())
+	os.Exit(kubetest.RunMain(m, &env))
+}
