@@ -208,9 +208,11 @@ func startCAPI(t *testing.T, ns string) {
 	scheme, err := kubetest.NewScheme()
 	require.NoError(t, err)
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme:                 scheme,
-		Logger:                 logr.Discard(),
-		Cache:                  setup.ManagerCacheOptions(scheme, "capi-contract", ns, 10*time.Minute),
+		Scheme: scheme,
+		Logger: logr.Discard(),
+		// The name must be unique per process: CAPI registers informer
+		// names globally and panics on a repeat (go test -count=2).
+		Cache:                  setup.ManagerCacheOptions(scheme, "capi-contract-"+ns, ns, 10*time.Minute),
 		Client:                 setup.ManagerClientOptions(),
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
