@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -142,8 +143,10 @@ func TestServiceAccountPermissions(t *testing.T) {
 	operator := "system:serviceaccount:" + r.namespace + ":" + release
 	workload := "system:serviceaccount:" + r.work() + ":" + opconfig.DefaultCAPIServiceAccount
 	var want []access
-	// Everything the operator's RBAC markers declare.
-	for _, rule := range generatedRules(t) {
+	// Everything the operator's RBAC markers declare, cluster-wide and in
+	// the managed namespace.
+	clusterRules, namespacedRules := generatedRoles(t)
+	for _, rule := range slices.Concat(clusterRules, namespacedRules) {
 		for _, g := range rule.APIGroups {
 			for _, res := range rule.Resources {
 				resource, sub, _ := strings.Cut(res, "/")
@@ -209,5 +212,16 @@ func TestServiceAccountPermissions(t *testing.T) {
 	} {
 		a.user = workload
 		require.False(t, allowed(t, e, a), "%s allowed: %s", workload, a)
+	}
+	// The operator's Secret and token access ends at the managed namespace.
+	for _, a := range []access{
+		{namespace: "kube-system", resource: "secrets", verb: "get", name: "any"},
+		{namespace: "kube-system", resource: "secrets", verb: "list"},
+		{resource: "secrets", verb: "list"},
+		{resource: "secrets", verb: "watch"},
+		{namespace: "kube-system", resource: "serviceaccounts", subresource: "token", verb: "create", name: "default"},
+	} {
+		a.user = operator
+		require.False(t, allowed(t, e, a), "%s allowed: %s", operator, a)
 	}
 }

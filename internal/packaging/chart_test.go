@@ -20,6 +20,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/operator/bootstrap"
 	opconfig "github.com/nstance-dev/nstance/internal/operator/config"
+	opmanager "github.com/nstance-dev/nstance/internal/operator/manager"
 )
 
 const release = "nstance-operator"
@@ -139,12 +140,31 @@ func TestChartCopiesMatchConfig(t *testing.T) {
 // chart uses it.
 func generatedRules(t *testing.T) []rbacv1.PolicyRule {
 	t.Helper()
+	cluster, _ := generatedRoles(t)
+	return cluster
+}
+
+// generatedRoles reads the operator's marker-generated RBAC as the chart
+// uses it: the ClusterRole's rules and the rules of the Role generated from
+// the markers with namespace=, which apply in the operator's namespace.
+func generatedRoles(t *testing.T) (cluster, namespaced []rbacv1.PolicyRule) {
+	t.Helper()
 	data, err := os.ReadFile(filepath.Join(root, chartRel, "files", "rbac", "role.yaml"))
 	require.NoError(t, err)
-	var role rbacv1.ClusterRole
-	require.NoError(t, yaml.UnmarshalStrict(data, &role))
-	require.NotEmpty(t, role.Rules)
-	return role.Rules
+	for doc := range strings.SplitSeq(string(data), "\n---\n") {
+		var role rbacv1.ClusterRole
+		require.NoError(t, yaml.UnmarshalStrict([]byte(doc), &role))
+		switch role.Kind {
+		case "ClusterRole":
+			cluster = role.Rules
+		case "Role":
+			require.Equal(t, opmanager.RoleNamespace, role.Namespace)
+			namespaced = role.Rules
+		}
+	}
+	require.NotEmpty(t, cluster)
+	require.NotEmpty(t, namespaced)
+	return cluster, namespaced
 }
 
 func TestChartRenders(t *testing.T) {
@@ -326,7 +346,25 @@ func checkRBAC(t *testing.T, r rendering, objs []object) {
 	require.True(t, ok)
 	var manager rbacv1.ClusterRole
 	into(t, o, &manager)
-	require.Equal(t, generatedRules(t), manager.Rules)
+	clusterRules, namespacedRules := generatedRoles(t)
+	require.Equal(t, clusterRules, manager.Rules)
+	// Secrets and ServiceAccount tokens are never granted cluster-wide.
+	for _, rule := range manager.Rules {
+		for _, res := range rule.Resources {
+			require.NotContains(t, []string{"secrets", "serviceaccounts", "serviceaccounts/token"}, res, "cluster-wide rule %+v", rule)
+		}
+	}
+	// The namespaced Role is the generated one, in the managed namespace,
+	// bound to the operator.
+	o, ok = find(objs, "Role", release+"-manager")
+	require.True(t, ok)
+	require.Equal(t, r.work(), o.Metadata.Namespace)
+	var nsRole rbacv1.Role
+	into(t, o, &nsRole)
+	require.Equal(t, namespacedRules, nsRole.Rules)
+	o, ok = find(objs, "RoleBinding", release+"-manager")
+	require.True(t, ok)
+	require.Equal(t, r.work(), o.Metadata.Namespace)
 
 	// Nothing grants a wildcard.
 	for _, kind := range []string{"ClusterRole", "Role"} {

@@ -46,12 +46,20 @@ import (
 
 // RBAC the wiring itself needs: the leader election Lease, the bootstrap
 // ConfigMap and Secrets, and Events (both APIs, for the broadcaster's
-// fallback).
+// fallback). Secrets are granted only in the operator's namespace: the
+// namespace= markers generate a Role in RoleNamespace that the chart and
+// the tests bind in the operator's actual namespace, and the manager's
+// cache reads Secrets in that namespace only.
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",namespace=nstance-system,resources=secrets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch;update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch;update
+
+// RoleNamespace is the namespace the generated namespaced Role
+// (config/rbac/role.yaml) names; deployments bind its rules in the
+// operator's own namespace instead.
+const RoleNamespace = "nstance-system"
 
 // LeaderElectionID is the Lease the operator replicas compete for.
 const LeaderElectionID = "nstance-operator-leader-election"
@@ -161,8 +169,13 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 		LeaderElectionReleaseOnCancel: true,
 		Cache: cache.Options{
 			DefaultNamespaces: map[string]cache.Config{ns: {}},
-			// On-demand pods may live in any namespace.
-			ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: {Namespaces: map[string]cache.Config{cache.AllNamespaces: {}}}},
+			ByObject: map[client.Object]cache.ByObject{
+				// On-demand pods may live in any namespace.
+				&corev1.Pod{}: {Namespaces: map[string]cache.Config{cache.AllNamespaces: {}}},
+				// Secrets only ever in the operator's namespace: the RBAC
+				// grants them nowhere else (namespaced Role).
+				&corev1.Secret{}: {Namespaces: map[string]cache.Config{ns: {}}},
+			},
 		},
 		Controller: crconfig.Controller{SkipNameValidation: ptr.To(o.SkipNameValidation)},
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -15,6 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/manager"
 )
 
 // TestGeneratedRBACSuffices runs the operator as a ServiceAccount bound only
@@ -26,8 +28,20 @@ func TestGeneratedRBACSuffices(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join("..", "..", "..", "config", "rbac", "role.yaml"))
 	require.NoError(t, err, "run make generate-k8s")
 	var role rbacv1.ClusterRole
-	require.NoError(t, yaml.Unmarshal(data, &role))
+	var nsRole rbacv1.Role
+	for doc := range strings.SplitSeq(string(data), "\n---\n") {
+		var meta metav1.TypeMeta
+		require.NoError(t, yaml.Unmarshal([]byte(doc), &meta))
+		switch meta.Kind {
+		case "ClusterRole":
+			require.NoError(t, yaml.Unmarshal([]byte(doc), &role))
+		case "Role":
+			require.NoError(t, yaml.Unmarshal([]byte(doc), &nsRole))
+		}
+	}
 	require.Equal(t, "nstance-operator", role.Name)
+	require.Equal(t, manager.RoleNamespace, nsRole.Namespace)
+	require.NotEmpty(t, nsRole.Rules, "Secrets and tokens come from the namespaced Role")
 
 	f := newFixture(t, "shard-a", "shard-b")
 	f.putNonce(t)
@@ -43,6 +57,15 @@ func TestGeneratedRBACSuffices(t *testing.T) {
 	}
 	require.NoError(t, env.Client.Create(ctx, binding))
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), binding) })
+	// The namespaced rules (Secrets, ServiceAccount tokens) are bound only
+	// in the operator's namespace, as the chart does.
+	nsRole.ObjectMeta = metav1.ObjectMeta{Namespace: f.ns, Name: "nstance-operator"}
+	require.NoError(t, env.Client.Create(ctx, &nsRole))
+	require.NoError(t, env.Client.Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "nstance-operator"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: nsRole.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: f.ns, Name: "nstance-operator"}},
+	}))
 
 	o := f.options(t)
 	o.LeaderElect = true
