@@ -116,6 +116,9 @@ type Coordinator struct {
 	MaxBackoff time.Duration
 	// Workers is the number of drains progressing at once; zero means 16.
 	Workers int
+	// EvictionsPerNode bounds the eviction requests one drain has in
+	// flight at once; zero means 8.
+	EvictionsPerNode int
 	// OnAcknowledged, when set, is called after a drain was acknowledged
 	// (tests and benchmarks measure with it).
 	OnAcknowledged func(shard, instanceID string, skipped bool)
@@ -417,6 +420,13 @@ func skipPod(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
 
+// evict posts one Eviction for p through the policy client.
+func (c *Coordinator) evict(ctx context.Context, p *corev1.Pod) error {
+	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
+	return c.Policy.Post().AbsPath("/api/v1").Namespace(p.Namespace).Resource("pods").Name(p.Name).
+		SubResource("eviction").Body(ev).MaxRetries(0).Do(ctx).Error()
+}
+
 // evictPass evicts every evictable pod not yet terminating and returns how
 // many evictable pods are still on the node and which were refused (429,
 // a PodDisruptionBudget). Refused pods are retried on the next pass.
@@ -425,31 +435,48 @@ func (c *Coordinator) evictPass(ctx context.Context, node *corev1.Node) (int, []
 	if err := c.Reader.List(ctx, &pods, client.MatchingFields{"spec.nodeName": node.Name}); err != nil {
 		return 0, nil, fmt.Errorf("list pods on Node %s: %w", node.Name, err)
 	}
-	remaining := 0
-	var blocked []string
-	var errs []error
+	// Evictions go out concurrently: an Eviction takes the API server far
+	// longer than a DELETE (~95ms against ~3ms measured in envtest, see
+	// bench/RESULTS.md), so evicting one pod after another made a node's
+	// drain grow by that much per pod.
+	var (
+		mu        sync.Mutex
+		remaining int
+		blocked   []string
+		errs      []error
+		wg        sync.WaitGroup
+	)
+	sem := make(chan struct{}, cmp.Or(c.EvictionsPerNode, 8))
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		if skipPod(p) {
 			continue
 		}
+		mu.Lock()
 		remaining++
+		mu.Unlock()
 		if p.DeletionTimestamp != nil {
+			// Already terminating (an earlier eviction or someone else).
 			continue
 		}
-		ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
-		err := c.Policy.Post().AbsPath("/api/v1").Namespace(p.Namespace).Resource("pods").Name(p.Name).
-			SubResource("eviction").Body(ev).MaxRetries(0).Do(ctx).Error()
-		switch {
-		case err == nil:
-		case apierrors.IsNotFound(err):
-			remaining--
-		case apierrors.IsTooManyRequests(err):
-			blocked = append(blocked, p.Namespace+"/"+p.Name)
-		default:
-			errs = append(errs, fmt.Errorf("evict pod %s/%s: %w", p.Namespace, p.Name, err))
-		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			err := c.evict(ctx, p)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+			case apierrors.IsNotFound(err):
+				remaining--
+			case apierrors.IsTooManyRequests(err):
+				blocked = append(blocked, p.Namespace+"/"+p.Name)
+			default:
+				errs = append(errs, fmt.Errorf("evict pod %s/%s: %w", p.Namespace, p.Name, err))
+			}
+		})
 	}
+	wg.Wait()
 	// Pods deleted without grace are gone already; count what is left.
 	if remaining > 0 && len(blocked) == 0 && len(errs) == 0 {
 		var after corev1.PodList
