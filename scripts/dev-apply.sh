@@ -3,7 +3,8 @@
 # With dev-k8s each object becomes the JSON file dev-k8s serves it from; when
 # temp/operator/kubeconfig points elsewhere (make dev-tmux-apiserver, kind) it
 # runs kubectl apply with it.
-# scripts/dev-apply.sh --delete FILE... removes them again.
+# scripts/dev-apply.sh --delete FILE... removes them again (through the API
+# with kubectl when there is one, so finalizers run).
 files=()
 for a in "$@"; do [[ $a == --delete || $a = /* ]] && files+=("$a") || files+=("$PWD/$a"); done
 set -- "${files[@]}"
@@ -28,7 +29,17 @@ for f in "$@"; do
 	*) die "$f: kind $kind is not mapped here; use kubectl with $KUBECONFIG" ;;
 	esac
 	dir="$DEV_DIR/dev-k8s/$res/$ns"
-	if $del; then rm -f "$dir/$name.json"; log "deleted $dir/$name.json"; continue; fi
+	if $del; then
+		# Through the API when possible: removing the file skips finalizers
+		# (an NstanceMachine's deletes its instance, a pool's its groups).
+		if [[ -f $KUBECONFIG ]] && command -v kubectl >/dev/null; then
+			kubectl delete --ignore-not-found -f "$f"
+		else
+			rm -f "$dir/$name.json"
+			log "deleted $dir/$name.json (no kubectl: finalizers skipped)"
+		fi
+		continue
+	fi
 	mkdir -p "$dir"
 	cp "$f" "$dir/.$name.json.tmp" && mv "$dir/.$name.json.tmp" "$dir/$name.json"
 	log "wrote $dir/$name.json"

@@ -15,9 +15,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
@@ -51,7 +53,10 @@ func strs(v any) []string {
 
 // TestPoolLifecycle: an example pool with 2 replicas over dev-1 and dev-2
 // gets two registered agents and two Nodes; scaling the MachinePool file to 1
-// removes one instance; deleting the pool removes everything.
+// drains (cordon, evict) and removes one instance; an on-demand pod gets its
+// own Machine, NstanceMachine and instance, which go with the pod; deleting
+// the pool removes everything. The standalone NstanceMachine example gets
+// an instance too.
 func TestPoolLifecycle(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end test; skipped with -short")
@@ -62,8 +67,12 @@ func TestPoolLifecycle(t *testing.T) {
 	t.Logf("stack up, operator registered after %s", time.Since(begin).Round(100*time.Millisecond))
 
 	const pool = "nstance-test"
+	// The example's drainTimeout (30s) stays: scale-down must finish well
+	// before it, released by the drain and not by the deadline.
 	nmp := s.example("nstancemachinepool.json")
-	nmp["spec"].(map[string]any)["drainTimeout"] = "1s"
+	drainTimeout, err := time.ParseDuration(field(nmp, "spec", "drainTimeout").(string))
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, drainTimeout, 20*time.Second, "the drain step needs a deadline it cannot hit by accident")
 	s.put(resNstancePools, pool, nmp)
 	s.put(resPools, pool, s.example("machinepool.json"))
 	created := time.Now()
@@ -114,23 +123,65 @@ func TestPoolLifecycle(t *testing.T) {
 		return slices.Equal(got, providerIDs) && field(obj, "status", "ready") == true
 	})
 
-	// Scale to 1 by editing the MachinePool file.
+	// One plain pod on each Node, plus a mirror pod (which a drain leaves
+	// alone) on each; then scale to 1 by editing the MachinePool file.
 	t.Logf("2 replicas: agents %v registered, Nodes and pool status in place after %s", ids, time.Since(created).Round(100*time.Millisecond))
+	for _, id := range ids {
+		s.put("pods", "work-"+id, nodePod("work-"+id, id, false))
+		s.put("pods", "mirror-"+id, nodePod("mirror-"+id, id, true))
+	}
+	for _, id := range ids {
+		s.eventually("pods on "+id+" stored with a uid", 10*time.Second, func() bool {
+			w, ok1 := s.get("pods", namespace, "work-"+id)
+			m, ok2 := s.get("pods", namespace, "mirror-"+id)
+			return ok1 && ok2 && field(w, "metadata", "uid") != nil && field(m, "metadata", "uid") != nil
+		})
+	}
 	scaled := time.Now()
 	mp, ok := s.get(resPools, namespace, pool)
-	if !ok {
-		t.Fatal("MachinePool file vanished")
-	}
+	require.True(t, ok, "MachinePool file vanished")
 	mp["spec"].(map[string]any)["replicas"] = 1
 	s.put(resPools, pool, mp)
-	s.eventually("one agent window left", 90*time.Second, func() bool { return len(s.agentWindows()) == 1 })
-	kept := s.agentWindows()[0]
-	var gone string
-	for _, id := range ids {
-		if id != kept {
+
+	// Watch until one window is left. Windows are read before pod and Node
+	// files in every round, so a window seen gone had its pod evicted first
+	// whenever the pod file is gone in the same round.
+	cordoned := map[string]bool{}
+	var gone, kept string
+	s.eventually("one agent window left, well before the drain deadline", drainTimeout/2, func() bool {
+		windows := s.agentWindows()
+		for _, id := range ids {
+			if node, ok := s.get("nodes", "", id); ok && field(node, "spec", "unschedulable") == true {
+				cordoned[id] = true
+			}
+			if slices.Contains(windows, id) {
+				continue
+			}
+			_, podLeft := s.get("pods", namespace, "work-"+id)
+			require.False(t, podLeft, "instance %s was deleted while its pod work-%s was still on its Node", id, id)
 			gone = id
 		}
-	}
+		if len(windows) == 1 {
+			kept = windows[0]
+		}
+		return len(windows) == 1 && gone != ""
+	})
+	require.Contains(t, ids, kept)
+	require.True(t, cordoned[gone], "Node %s was never seen with spec.unschedulable: true before it went", gone)
+	require.False(t, cordoned[kept], "the surviving Node %s was cordoned", kept)
+	s.eventually("a Drained Event on Node "+gone, 10*time.Second, func() bool {
+		return slices.Contains(s.nodeEventReasons(gone), "Drained")
+	})
+	require.NotContains(t, s.nodeEventReasons(gone), "DrainDeadlineExceeded")
+	_, ok = s.get("pods", namespace, "mirror-"+gone)
+	require.True(t, ok, "the drain evicted the mirror pod on %s", gone)
+	survivor, ok := s.get("pods", namespace, "work-"+kept)
+	require.True(t, ok, "the pod on the surviving Node %s was removed", kept)
+	require.Nil(t, field(survivor, "metadata", "deletionTimestamp"), "the pod on the surviving Node %s is being deleted", kept)
+	node, ok := s.get("nodes", "", kept)
+	require.True(t, ok, "the surviving Node %s vanished", kept)
+	require.NotEqual(t, true, field(node, "spec", "unschedulable"), "the surviving Node %s is cordoned", kept)
+
 	s.eventually("removed instance's Node file and state gone", 30*time.Second, func() bool {
 		_, node := s.get("nodes", "", gone)
 		_, err := os.Stat(filepath.Join(s.dir, "agents", gone))
@@ -142,6 +193,10 @@ func TestPoolLifecycle(t *testing.T) {
 	})
 
 	t.Logf("scaled to 1 (%s removed) in %s", gone, time.Since(scaled).Round(100*time.Millisecond))
+
+	s.onDemand(kept)
+	s.single(kept)
+
 	deleted := time.Now()
 
 	// Delete the pool (through the API, as kubectl delete would: finalizers run).
@@ -171,4 +226,137 @@ func (s *stack) delete(gvr schema.GroupVersionResource, name string) {
 	if err := dyn.Resource(gvr).Namespace(namespace).Delete(ctx(s.t), name, metav1.DeleteOptions{}); err != nil {
 		s.t.Fatalf("deleting %s %s: %v", gvr.Resource, name, err)
 	}
+}
+
+// nodePod is a pod bound to a Node, with a short grace period so that its
+// eviction takes a moment (dev-k8s finishes it as a kubelet would). A mirror
+// pod carries the kubelet's annotation, which a drain skips.
+func nodePod(name, node string, mirror bool) map[string]any {
+	md := map[string]any{"name": name, "namespace": namespace}
+	if mirror {
+		md["annotations"] = map[string]any{"kubernetes.io/config.mirror": "e2e"}
+	}
+	return map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": md,
+		"spec": map[string]any{"nodeName": node, "terminationGracePeriodSeconds": 2,
+			"containers": []any{map[string]any{"name": "c", "image": "busybox"}}}}
+}
+
+// nodeEventReasons lists the reasons of the core/v1 Events about a Node.
+func (s *stack) nodeEventReasons(node string) []string {
+	dir := filepath.Join(s.k8sDir, "events", namespace)
+	entries, _ := os.ReadDir(dir)
+	var reasons []string
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || strings.HasPrefix(name, ".") {
+			continue
+		}
+		ev, ok := s.get("events", namespace, name)
+		if ok && field(ev, "involvedObject", "kind") == "Node" && field(ev, "involvedObject", "name") == node {
+			reasons = append(reasons, field(ev, "reason").(string))
+		}
+	}
+	return reasons
+}
+
+// onDemand writes examples/dev-k8s/pod-on-demand.json (group nstance-test)
+// and follows it to a Machine, an NstanceMachine and an agent with its Node;
+// deleting the pod file removes all of them. poolInstance is the pool's
+// instance, which must stay.
+func (s *stack) onDemand(poolInstance string) {
+	t := s.t
+	t.Helper()
+	begin := time.Now()
+	pod := s.example("pod-on-demand.json")
+	name := field(pod, "metadata", "name").(string)
+	require.Equal(t, namespace, field(pod, "metadata", "namespace"))
+	require.Equal(t, "nstance-test", field(pod, "metadata", "annotations", "on-demand.nstance.dev/group"))
+	s.put("pods", name, pod)
+
+	var uid string
+	s.eventually("pod "+name+" stored with a uid", 10*time.Second, func() bool {
+		obj, ok := s.get("pods", namespace, name)
+		uid, _ = field(obj, "metadata", "uid").(string)
+		return ok && uid != ""
+	})
+	od := "od-" + uid
+	s.eventually("Machine and NstanceMachine "+od, 30*time.Second, func() bool {
+		_, m := s.get(resMachines, namespace, od)
+		_, nm := s.get(resNstanceMachines, namespace, od)
+		return m && nm
+	})
+	m, _ := s.get(resMachines, namespace, od)
+	require.Equal(t, clusterID, field(m, "spec", "clusterName"))
+	require.Equal(t, "NstanceMachine", field(m, "spec", "infrastructureRef", "kind"))
+	require.Equal(t, od, field(m, "spec", "infrastructureRef", "name"))
+
+	var id string
+	s.eventually("an agent window for the on-demand instance", 60*time.Second, func() bool {
+		for _, w := range s.agentWindows() {
+			if w != poolInstance {
+				id = w
+			}
+		}
+		return id != ""
+	})
+	s.eventually("on-demand agent "+id+" registered and its Node file", 60*time.Second, func() bool {
+		_, ok := s.get("nodes", "", id)
+		return ok && s.registered(id)
+	})
+	node, _ := s.get("nodes", "", id)
+	providerID, _ := field(node, "spec", "providerID").(string)
+	require.NotEmpty(t, providerID, "Node %s has no spec.providerID", id)
+	s.eventually("NstanceMachine "+od+" has the Node's providerID and is ready", 30*time.Second, func() bool {
+		nm, ok := s.get(resNstanceMachines, namespace, od)
+		return ok && field(nm, "spec", "providerID") == providerID && field(nm, "status", "ready") == true
+	})
+	nm, _ := s.get(resNstanceMachines, namespace, od)
+	require.Equal(t, id, field(nm, "status", "instanceID"))
+	t.Logf("on-demand pod: instance %s ready, NstanceMachine %s carries its providerID, after %s", id, od, time.Since(begin).Round(100*time.Millisecond))
+
+	removed := time.Now()
+	require.NoError(t, os.Remove(s.path("pods", namespace, name)))
+	s.eventually("on-demand Machine, NstanceMachine, agent window and Node gone", 30*time.Second, func() bool {
+		_, m := s.get(resMachines, namespace, od)
+		_, nm := s.get(resNstanceMachines, namespace, od)
+		_, n := s.get("nodes", "", id)
+		return !m && !nm && !n && !slices.Contains(s.agentWindows(), id)
+	})
+	require.Contains(t, s.agentWindows(), poolInstance, "the pool's instance went with the on-demand one")
+	t.Logf("on-demand pod deleted: its instance %s cleaned up in %s", id, time.Since(removed).Round(100*time.Millisecond))
+}
+
+// single writes examples/dev-k8s/nstancemachine.json and machine.json (one
+// instance outside any pool) and waits for the instance, its Node and a ready
+// NstanceMachine; deleting the NstanceMachine through the API (its finalizer
+// runs) deletes the instance.
+func (s *stack) single(poolInstance string) {
+	t := s.t
+	t.Helper()
+	begin := time.Now()
+	nm := s.example("nstancemachine.json")
+	name := field(nm, "metadata", "name").(string)
+	s.put(resNstanceMachines, name, nm)
+	s.put(resMachines, name, s.example("machine.json"))
+	var id string
+	s.eventually("NstanceMachine "+name+" ready with the providerID of its Node", 60*time.Second, func() bool {
+		obj, ok := s.get(resNstanceMachines, namespace, name)
+		id, _ = field(obj, "status", "instanceID").(string)
+		if !ok || id == "" || field(obj, "status", "ready") != true {
+			return false
+		}
+		node, ok := s.get("nodes", "", id)
+		return ok && field(obj, "spec", "providerID") == field(node, "spec", "providerID")
+	})
+	require.Contains(t, s.agentWindows(), id)
+	t.Logf("NstanceMachine %s: instance %s ready after %s", name, id, time.Since(begin).Round(100*time.Millisecond))
+
+	s.delete(schema.GroupVersionResource{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta1", Resource: "nstancemachines"}, name)
+	s.delete(schema.GroupVersionResource{Group: "cluster.x-k8s.io", Version: "v1beta2", Resource: "machines"}, name)
+	s.eventually("NstanceMachine "+name+", its agent window and Node gone", 30*time.Second, func() bool {
+		_, obj := s.get(resNstanceMachines, namespace, name)
+		_, node := s.get("nodes", "", id)
+		return !obj && !node && !slices.Contains(s.agentWindows(), id)
+	})
+	require.Contains(t, s.agentWindows(), poolInstance, "the pool's instance went with %s", name)
 }

@@ -423,10 +423,11 @@ func (s *stack) path(resource, ns, name string) string {
 // Resource directories of dev-k8s (custom resources are kept under
 // {plural}.{group}).
 const (
-	resPools        = "machinepools"
-	resMachines     = "machines"
-	resNstancePools = "nstancemachinepools"
-	resShardGroups  = "nstanceshardgroups"
+	resPools           = "machinepools"
+	resMachines        = "machines"
+	resNstanceMachines = "nstancemachines"
+	resNstancePools    = "nstancemachinepools"
+	resShardGroups     = "nstanceshardgroups"
 )
 
 // put writes an object as its JSON file, the way a developer edits one.
