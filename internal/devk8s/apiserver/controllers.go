@@ -159,8 +159,15 @@ func (s *Server) collectGarbage() {
 			alive, deleteMe := 0, false
 			var orphanFrom []string
 			for _, ref := range refs {
-				owner, _, ok := s.ownerState(ns, ref)
+				owner, ownerRes, ok := s.ownerState(ns, ref)
 				if !ok {
+					if ownerRes == nil {
+						// An owner of a kind this server does not serve
+						// (apps/v1 DaemonSet, say) cannot be looked up;
+						// kube-apiserver's collector leaves such dependents
+						// alone rather than deleting them.
+						alive++
+					}
 					continue
 				}
 				alive++

@@ -96,6 +96,19 @@ func TestControllers(t *testing.T) {
 		})
 	}
 
+	t.Run("gc-unserved-owner-kind", func(t *testing.T) {
+		// A dependent of a missing ConfigMap goes; one owned by a kind dev-k8s
+		// does not serve stays, as with kube-apiserver's collector.
+		_, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "dep-unserved", OwnerReferences: []metav1.OwnerReference{{
+			APIVersion: "apps/v1", Kind: "DaemonSet", Name: "ds", UID: "00000000-0000-0000-0000-0000000000d5",
+		}}}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		owned("dep-missing-owner", &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "never-created", UID: "00000000-0000-0000-0000-00000000dead"}})
+		require.Eventually(t, gone("dep-missing-owner"), 10*time.Second, 50*time.Millisecond)
+		_, err = cms.Get(ctx, "dep-unserved", metav1.GetOptions{})
+		require.NoError(t, err)
+	})
+
 	t.Run("namespace-deletion", func(t *testing.T) {
 		_, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "doomed"}}, metav1.CreateOptions{})
 		require.NoError(t, err)
