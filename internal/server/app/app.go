@@ -305,7 +305,7 @@ func (a *App) Run(ctx context.Context) error {
 		CA: cl.CA, ClusterID: cfg.Cluster.ID,
 		AgentValidity: cfg.Certificates.AgentValidity.D(), OperatorValidity: cfg.Certificates.OperatorValidity.D(),
 	}
-	rt := &Runtime{Config: cfg, ConfigETag: a.cfgETag, Store: a.o.Store, Keys: a.o.Keys, Cache: db, CA: cl.CA, NonceKey: cl.NonceKey, Issuer: issuer, App: a, Log: log}
+	rt := &Runtime{Config: withAdvertiseDefaults(cfg, bind), ConfigETag: a.cfgETag, Store: a.o.Store, Keys: a.o.Keys, Cache: db, CA: cl.CA, NonceKey: cl.NonceKey, Issuer: issuer, App: a, Log: log}
 	factory := a.o.Services
 	if factory == nil {
 		factory = DefaultServices
@@ -344,6 +344,31 @@ func (a *App) Run(ctx context.Context) error {
 	stopElections()
 	electWG.Wait()
 	return nil
+}
+
+// withAdvertiseDefaults fills the advertised gRPC addresses the config
+// leaves empty from the first advertised host and the port actually bound
+// (after --port-offset and --bind-* flags), so agents and operators are told
+// a reachable address without the config repeating every port.
+func withAdvertiseDefaults(cfg *config.Config, bind config.Bind) *config.Config {
+	adv := cfg.Shard.Advertise
+	if len(adv.Hosts) == 0 {
+		return cfg
+	}
+	fill := func(dst *string, bindAddr string) {
+		if *dst != "" {
+			return
+		}
+		if _, port, err := net.SplitHostPort(bindAddr); err == nil && port != "" && port != "0" {
+			*dst = net.JoinHostPort(adv.Hosts[0], port)
+		}
+	}
+	fill(&adv.RegistrationAddr, bind.RegistrationAddr)
+	fill(&adv.AgentAddr, bind.AgentAddr)
+	fill(&adv.OperatorAddr, bind.OperatorAddr)
+	c := *cfg
+	c.Shard.Advertise = adv
+	return &c
 }
 
 func override(dst *string, v string) {
