@@ -91,8 +91,11 @@ lint: ## gofmt and go vet.
 
 .PHONY: bench
 bench: ## Run every benchmark and print the figures (see bench/RESULTS.md).
-	KUBEBUILDER_ASSETS=$$(scripts/envtest-assets.sh) $(GO) test -run '^$$' -bench . -benchmem -count 1 ./...
-	@for b in bench/*/; do [ -f $$b/main.go ] && $(GO) run ./$$b || true; done
+	KUBEBUILDER_ASSETS=$$(scripts/envtest-assets.sh) $(GO) test -run '^$$' -bench . -benchmem -count 1 -timeout 45m ./...
+	$(GO) run ./bench/devs3 -duration 5s -runs 5
+	$(GO) run ./bench/registration -n 5000 -c 16 -storage s3
+	KUBEBUILDER_ASSETS=$$(scripts/envtest-assets.sh) $(GO) run ./bench/devk8s
+	$(GO) run ./bench/agents -agents 1000,5000,10000
 
 ##@ Tools
 $(BIN)/controller-gen:
