@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -64,6 +65,11 @@ type Entry struct {
 // no Close.
 type Bucket struct {
 	root string
+
+	// spares holds paths in .dev-s3/spare of replaced bodies kept for
+	// reuse as the next write's temp file (see spare.go).
+	mu     sync.Mutex
+	spares []string
 }
 
 // Open prepares dir as a bucket. A missing dir is created (mode 0o755, with
@@ -96,7 +102,7 @@ func Open(dir string) (*Bucket, error) {
 	if err := os.Remove(probe.Name()); err != nil {
 		return nil, fmt.Errorf("bucket directory %s: remove probe file: %w", abs, err)
 	}
-	for _, sub := range []string{"meta", "locks"} {
+	for _, sub := range []string{"meta", "locks", spareDir} {
 		if err := os.MkdirAll(filepath.Join(abs, HiddenDir, sub), 0o755); err != nil {
 			return nil, fmt.Errorf("bucket directory %s: create %s: %w", abs, filepath.Join(HiddenDir, sub), err)
 		}
@@ -219,14 +225,9 @@ func (b *Bucket) Open(ctx context.Context, key string) (*os.File, Info, error) {
 	if err != nil {
 		return nil, Info{}, err
 	}
-	f, err := os.Open(p)
+	f, fi, err := openBody(key, p)
 	if err != nil {
-		return nil, Info{}, notFound(key, err)
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, Info{}, fmt.Errorf("stat %s: %w", key, err)
+		return nil, Info{}, err
 	}
 	if !fi.Mode().IsRegular() {
 		f.Close()
@@ -275,10 +276,15 @@ func (b *Bucket) describe(key string, fi fs.FileInfo, f *os.File) (Info, error) 
 	if f == nil {
 		p, _ := b.path(key)
 		var err error
-		if f, err = os.Open(p); err != nil {
-			return Info{}, notFound(key, err)
+		if f, fi, err = openBody(key, p); err != nil {
+			return Info{}, err
 		}
 		defer f.Close()
+		info.Size, info.ModTime = fi.Size(), fi.ModTime()
+		if sc != nil && sc.matches(fi) {
+			info.ETag = sc.MD5
+			return info, nil
+		}
 	}
 	h := md5.New()
 	if _, err := io.Copy(h, f); err != nil {
@@ -314,10 +320,9 @@ func (b *Bucket) Put(ctx context.Context, key string, body io.Reader, meta map[s
 		}
 	}
 
-	dir := filepath.Dir(p)
-	tmp, err := b.createTemp(dir, key)
+	tmp, err := b.takeSpare()
 	if err != nil {
-		return Info{}, err
+		return Info{}, fmt.Errorf("put %s: %w", key, err)
 	}
 	committed := false
 	defer func() {
@@ -327,18 +332,31 @@ func (b *Bucket) Put(ctx context.Context, key string, body io.Reader, meta map[s
 		}
 	}()
 	h := md5.New()
-	if _, err := io.Copy(io.MultiWriter(tmp, h), body); err != nil {
+	n, err := io.Copy(io.MultiWriter(tmp, h), body)
+	if err != nil {
 		return Info{}, fmt.Errorf("write %s: %w", key, err)
 	}
-	if err := tmp.Chmod(0o644); err != nil {
-		return Info{}, fmt.Errorf("chmod %s: %w", key, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return Info{}, fmt.Errorf("close %s: %w", key, err)
-	}
-	fi, err := os.Stat(tmp.Name())
+	fi, err := tmp.Stat()
 	if err != nil {
 		return Info{}, fmt.Errorf("stat %s: %w", key, err)
+	}
+	if fi.Size() > n { // a reused spare that held a longer body
+		if err := tmp.Truncate(n); err != nil {
+			return Info{}, fmt.Errorf("truncate %s: %w", key, err)
+		}
+		if fi, err = tmp.Stat(); err != nil {
+			return Info{}, fmt.Errorf("stat %s: %w", key, err)
+		}
+	}
+	if fi.Mode().Perm() != 0o644 {
+		if err := tmp.Chmod(0o644); err != nil {
+			return Info{}, fmt.Errorf("chmod %s: %w", key, err)
+		}
+	}
+	// Closing drops the spare's exclusive flock; no reader can reach the
+	// file before it is renamed into place.
+	if err := tmp.Close(); err != nil {
+		return Info{}, fmt.Errorf("close %s: %w", key, err)
 	}
 	ino, size, mtime := identity(fi)
 	sum := hex.EncodeToString(h.Sum(nil))
@@ -350,14 +368,11 @@ func (b *Bucket) Put(ctx context.Context, key string, body io.Reader, meta map[s
 		if err := b.writeSidecar(key, &sidecar{Ino: ino, Size: size, MtimeNs: mtime, MD5: sum, Meta: meta}); err != nil {
 			return Info{}, err
 		}
-	} else if err := os.Remove(b.metaPath(key)); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
+	} else if err := removeFile(b.metaPath(key)); err != nil {
 		return Info{}, fmt.Errorf("remove stale metadata of %s: %w", key, err)
 	}
-	if err := replace(tmp.Name(), p); err != nil {
-		if st, serr := os.Stat(p); serr == nil && st.IsDir() {
-			return Info{}, fmt.Errorf("%w: %q is a prefix of other objects (a directory on disk)", objstore.ErrInvalidKey, key)
-		}
-		return Info{}, fmt.Errorf("rename into %s: %w", key, err)
+	if err := b.install(tmp.Name(), p, key); err != nil {
+		return Info{}, err
 	}
 	committed = true
 	return Info{Key: key, Size: size, ModTime: fi.ModTime(), ETag: sum, Meta: meta}, nil
