@@ -297,23 +297,27 @@ func (s *Service) WatchGroups(req *nstancev1.WatchGroupsRequest, stream nstancev
 			return err
 		}
 	}
+	return pump(ctx, sub, func(ev *nstancev1.GroupEvent) error {
+		if !wanted(req.GetGroupIds(), ev.GetGroupId()) {
+			return nil
+		}
+		return stream.Send(ev)
+	})
+}
+
+// pump sends a subscription's events until the client goes away or the
+// subscription is closed (then what it still buffered is sent first).
+func pump[T any](ctx context.Context, sub *events.Sub[T], send func(T) error) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case ev := <-sub.Events():
-			if wanted(req.GetGroupIds(), ev.GetGroupId()) {
-				if err := stream.Send(ev); err != nil {
-					return err
-				}
+			if err := send(ev); err != nil {
+				return err
 			}
 		case <-sub.Done():
-			return flush(sub, func(ev *nstancev1.GroupEvent) error {
-				if !wanted(req.GetGroupIds(), ev.GetGroupId()) {
-					return nil
-				}
-				return stream.Send(ev)
-			})
+			return flush(sub, send)
 		}
 	}
 }
@@ -362,18 +366,7 @@ func (s *Service) WatchInstances(req *nstancev1.WatchInstancesRequest, stream ns
 			return err
 		}
 	}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev := <-sub.Events():
-			if err := send(ev); err != nil {
-				return err
-			}
-		case <-sub.Done():
-			return flush(sub, send)
-		}
-	}
+	return pump(ctx, sub, send)
 }
 
 // WatchErrors implements the RPC.
@@ -399,16 +392,5 @@ func (s *Service) WatchErrors(req *nstancev1.WatchErrorsRequest, stream nstancev
 		}
 		return stream.Send(ev)
 	}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev := <-sub.Events():
-			if err := send(ev); err != nil {
-				return err
-			}
-		case <-sub.Done():
-			return flush(sub, send)
-		}
-	}
+	return pump(ctx, sub, send)
 }
