@@ -72,6 +72,9 @@ func TestParseErrors(t *testing.T) {
 		{"cert without key", [2]string{`"kind": "worker"}`, `"kind": "worker", "files": {"f": {"kind": "certificate", "key": "k"}}}`}, "templates.t.files.f.key", `unknown key "k"`},
 		{"bad key type", [2]string{`"kind": "worker"}`, `"kind": "worker", "keys": {"k": {"type": "dsa"}}}`}, "templates.t.keys.k.type", "must be one of"},
 		{"missing provider", [2]string{`"provider": "tmux", `, ``}, "shard.infra.provider", "required"},
+		{"negative health misses", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "health_misses": -1`}, "shard.health_misses", "must not be negative"},
+		{"negative rotation surge", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "rotation_surge": -2`}, "shard.rotation_surge", "must not be negative"},
+		{"negative startup grace", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "agent_startup_grace": "-1m"`}, "shard.agent_startup_grace", "must not be negative"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

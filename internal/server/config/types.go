@@ -81,12 +81,21 @@ type LeaderElection struct {
 
 // Shard holds the settings of this zone shard.
 type Shard struct {
-	ID                  string                `json:"id"`
-	Infra               Infra                 `json:"infra"`
-	Bind                Bind                  `json:"bind"`
-	Advertise           Advertise             `json:"advertise"`
-	Timeouts            Timeouts              `json:"timeouts"`
-	HealthCheckInterval Duration              `json:"health_check_interval"`
+	ID                  string    `json:"id"`
+	Infra               Infra     `json:"infra"`
+	Bind                Bind      `json:"bind"`
+	Advertise           Advertise `json:"advertise"`
+	Timeouts            Timeouts  `json:"timeouts"`
+	HealthCheckInterval Duration  `json:"health_check_interval"`
+	// HealthMisses is how many missed reports make an instance unhealthy
+	// (0: the default, 3).
+	HealthMisses int `json:"health_misses"`
+	// AgentStartupGrace is how long a new instance may take to send its first
+	// health report (0: the default, 5m).
+	AgentStartupGrace Duration `json:"agent_startup_grace"`
+	// RotationSurge is how many instances beyond its size a group may run
+	// while rotating drifted members (0: the default, 1).
+	RotationSurge       int                   `json:"rotation_surge"`
 	DefaultDrainTimeout Duration              `json:"default_drain_timeout"`
 	CreateRateLimit     RateLimit             `json:"create_rate_limit"`
 	SubnetPools         map[string]SubnetPool `json:"subnet_pools"`

@@ -182,6 +182,15 @@ func (c *Config) Validate() error {
 		}
 	}
 	ch.positive("shard.health_check_interval", s.HealthCheckInterval)
+	ch.positive("shard.agent_startup_grace", s.AgentStartupGrace)
+	for _, n := range []struct {
+		key string
+		v   int
+	}{{"shard.health_misses", s.HealthMisses}, {"shard.rotation_surge", s.RotationSurge}} {
+		if n.v < 0 {
+			ch.add(n.key, "must not be negative, got %d", n.v)
+		}
+	}
 	ch.positive("shard.default_drain_timeout", s.DefaultDrainTimeout)
 	if s.CreateRateLimit.PerMinute < 0 {
 		ch.add("shard.create_rate_limit.per_minute", "must not be negative")

@@ -45,11 +45,37 @@ func (r *Reconciler) healthInterval() time.Duration {
 	return DefaultHealthInterval
 }
 
+// The tuning below comes from the options when set (tests), else from the
+// live shard config, else the defaults, so a RefreshConfig applies it.
+
 func (r *Reconciler) surge() int {
 	if r.o.Surge > 0 {
 		return r.o.Surge
 	}
+	if n := r.cfg().Shard.RotationSurge; n > 0 {
+		return n
+	}
 	return DefaultSurge
+}
+
+func (r *Reconciler) healthMisses() int {
+	if r.o.HealthMisses > 0 {
+		return r.o.HealthMisses
+	}
+	if n := r.cfg().Shard.HealthMisses; n > 0 {
+		return n
+	}
+	return DefaultHealthMisses
+}
+
+func (r *Reconciler) startupGrace() time.Duration {
+	if r.o.StartupGrace > 0 {
+		return r.o.StartupGrace
+	}
+	if d := r.cfg().Shard.AgentStartupGrace.D(); d > 0 {
+		return d
+	}
+	return DefaultStartupGrace
 }
 
 // ready reports whether an instance serves: running at the provider and,
@@ -62,7 +88,7 @@ func (r *Reconciler) ready(rec *instances.Record, now time.Time) bool {
 		return true
 	}
 	last, ok := r.o.Health.LastReport(rec.ID)
-	return ok && now.Sub(last) < time.Duration(r.o.HealthMisses)*r.healthInterval()
+	return ok && now.Sub(last) < time.Duration(r.healthMisses())*r.healthInterval()
 }
 
 // urgent reports whether an instance must be replaced as soon as possible.
@@ -137,14 +163,14 @@ func (r *Reconciler) healthPass(ctx context.Context, termStart time.Time) {
 			if termStart.After(from) {
 				from = termStart
 			}
-			if now.Sub(from) >= r.o.StartupGrace {
-				r.markUnhealthy(ctx, rec, fmt.Sprintf("agent sent no health report within %s", r.o.StartupGrace))
+			if grace := r.startupGrace(); now.Sub(from) >= grace {
+				r.markUnhealthy(ctx, rec, fmt.Sprintf("agent sent no health report within %s", grace))
 			}
 			continue
 		}
 		missed := int(now.Sub(last) / interval)
 		switch {
-		case missed >= r.o.HealthMisses:
+		case missed >= r.healthMisses():
 			r.markUnhealthy(ctx, rec, fmt.Sprintf("agent missed %d health reports (last %s ago)", missed, now.Sub(last).Round(time.Millisecond)))
 		case missed > checked:
 			// A missed report: ask the provider whether the instance still runs.

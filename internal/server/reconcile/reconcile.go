@@ -141,12 +141,6 @@ func New(o Options) *Reconciler {
 	if o.Events == nil {
 		o.Events = events.NewHubs(0)
 	}
-	if o.HealthMisses <= 0 {
-		o.HealthMisses = DefaultHealthMisses
-	}
-	if o.StartupGrace <= 0 {
-		o.StartupGrace = DefaultStartupGrace
-	}
 	r := &Reconciler{o: o, log: o.Log.WithName("reconcile"), lastStatus: map[groups.Key]string{}, orphans: map[string]time.Time{},
 		reporting: map[string]bool{}, wasReady: map[string]bool{}, checked: map[string]int{}, notices: map[string]string{}}
 	r.queue = r.newQueue()
