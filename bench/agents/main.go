@@ -59,14 +59,13 @@ func main() {
 	counts := flag.String("agents", "1000", "comma-separated agent counts to measure")
 	duration := flag.Duration("duration", 30*time.Second, "measuring time per count, after all agents are connected")
 	interval := flag.Duration("interval", time.Second, "report interval per agent")
-	lean := flag.Bool("lean", false, "server with small per-connection buffers (shared write buffer, 4 KiB read/write buffers)")
 	memLimit := flag.Int64("memlimit", 0, "soft memory limit of the server child in MiB (debug.SetMemoryLimit, as GOMEMLIMIT); 0 for none")
 	flag.Parse()
 	if *serve {
 		if *memLimit > 0 {
 			debug.SetMemoryLimit(*memLimit << 20)
 		}
-		if err := runServer(*lean); err != nil {
+		if err := runServer(); err != nil {
 			fmt.Fprintln(os.Stderr, "server:", err)
 			os.Exit(1)
 		}
@@ -78,7 +77,7 @@ func main() {
 			fmt.Fprintf(os.Stderr, "bad agent count %q\n", c)
 			os.Exit(2)
 		}
-		if err := runLoad(n, *duration, *interval, *lean, *memLimit); err != nil {
+		if err := runLoad(n, *duration, *interval, *memLimit); err != nil {
 			fmt.Fprintln(os.Stderr, "load:", err)
 			os.Exit(1)
 		}
@@ -87,7 +86,9 @@ func main() {
 
 // runServer serves the Agent service with a one-file template for any
 // instance and prints the address, CA and the count of reports on demand.
-func runServer(lean bool) error {
+// The agent listener's small per-connection buffers are grpcserve's own
+// defaults, so the bench measures the server as it ships.
+func runServer() error {
 	ca, err := pki.GenerateCA(clusterID, 24*time.Hour, time.Now())
 	if err != nil {
 		return err
@@ -115,11 +116,7 @@ func runServer(lean bool) error {
 	if err != nil {
 		return err
 	}
-	var opts []grpc.ServerOption
-	if lean {
-		opts = []grpc.ServerOption{grpc.SharedWriteBuffer(true), grpc.ReadBufferSize(4 << 10), grpc.WriteBufferSize(4 << 10)}
-	}
-	srv, err := grpcserve.Start(grpcserve.Config{ClusterID: clusterID, ServerCert: cert, ClientCAs: ca.Pool(), Agent: api, ServerOptions: opts}, grpcserve.Listeners{Agent: ln})
+	srv, err := grpcserve.Start(grpcserve.Config{ClusterID: clusterID, ServerCert: cert, ClientCAs: ca.Pool(), Agent: api}, grpcserve.Listeners{Agent: ln})
 	if err != nil {
 		return err
 	}
@@ -156,12 +153,12 @@ type child struct {
 	hello hello
 }
 
-func startServer(lean bool, memLimit int64) (*child, error) {
+func startServer(memLimit int64) (*child, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(self, "-serve", "-lean="+strconv.FormatBool(lean), "-memlimit="+strconv.FormatInt(memLimit, 10))
+	cmd := exec.Command(self, "-serve", "-memlimit="+strconv.FormatInt(memLimit, 10))
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -229,8 +226,8 @@ func usage(pid int) (ticks uint64, rssKiB uint64, err error) {
 	return ut + st, rssKiB, nil
 }
 
-func runLoad(n int, duration, interval time.Duration, lean bool, memLimit int64) error {
-	srv, err := startServer(lean, memLimit)
+func runLoad(n int, duration, interval time.Duration, memLimit int64) error {
+	srv, err := startServer(memLimit)
 	if err != nil {
 		return err
 	}
@@ -308,8 +305,8 @@ func runLoad(n int, duration, interval time.Duration, lean bool, memLimit int64)
 	}
 	elapsed := time.Since(began).Seconds()
 	const hz = 100.0 // USER_HZ on Linux
-	fmt.Printf("memlimit=%dMiB lean=%t agents=%d connected=%d connect_time=%s reports_per_s=%.0f server_cpu=%.1f%% server_rss=%.1fMiB peak_rss=%.1fMiB stream_failures=%d\n",
-		memLimit, lean, n, connected, connectTime.Round(100*time.Millisecond), float64(r1-r0)/elapsed, float64(t1-t0)/hz/elapsed*100,
+	fmt.Printf("memlimit=%dMiB agents=%d connected=%d connect_time=%s reports_per_s=%.0f server_cpu=%.1f%% server_rss=%.1fMiB peak_rss=%.1fMiB stream_failures=%d\n",
+		memLimit, n, connected, connectTime.Round(100*time.Millisecond), float64(r1-r0)/elapsed, float64(t1-t0)/hz/elapsed*100,
 		float64(rss)/1024, float64(peakRSS)/1024, failures.Load())
 	if g, heap, stack, sys, err := srv.mem(); err == nil {
 		const mib = 1 << 20
