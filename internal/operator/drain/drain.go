@@ -67,10 +67,6 @@ const (
 // ConditionDrained is set on the NstanceMachine of an instance being drained.
 const ConditionDrained = "Drained"
 
-// StoppedPrefix starts the message the server gives a deletion it began
-// because the provider reported the VM stopped.
-const StoppedPrefix = "instance stopped"
-
 // Key names one instance: Namespace is the shard, Name the instance ID.
 type Key = reconcile.Request
 
@@ -404,7 +400,7 @@ func vmGone(inst *nstancev1.InstanceStatus) bool {
 	case nstancev1.InstanceState_INSTANCE_STATE_STOPPED, nstancev1.InstanceState_INSTANCE_STATE_DELETED:
 		return true
 	}
-	return strings.HasPrefix(inst.GetMessage(), StoppedPrefix)
+	return inst.GetWorkloadGone()
 }
 
 // skipPod reports pods a drain leaves alone: DaemonSet pods (the

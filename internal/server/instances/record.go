@@ -88,6 +88,9 @@ type Record struct {
 	// TerminationNotice is the kind of termination the platform announced
 	// through the agent (e.g. "spot"); the instance is replaced first.
 	TerminationNotice string `json:"termination_notice,omitempty"`
+	// WorkloadGone is set once the provider reported the VM stopped, deleted
+	// or failed; a drain of it has nothing to evict.
+	WorkloadGone bool `json:"workload_gone,omitempty"`
 	// Deletion fields, set once the instance is chosen for removal.
 	DeletionReason nstancev1.DeletionReason `json:"deletion_reason,omitempty"`
 	DrainDeadline  *time.Time               `json:"drain_deadline,omitempty"`
@@ -114,7 +117,7 @@ func (r *Record) Proto() *nstancev1.InstanceStatus {
 	st := &nstancev1.InstanceStatus{
 		InstanceId: r.ID, GroupId: r.GroupID, Shard: r.Shard, ProviderId: r.ProviderID,
 		State: r.State.Proto(), CreatedAt: timestamppb.New(r.CreatedAt), InstanceType: r.InstanceType,
-		Message: r.Message, Template: r.Template, ClientToken: r.ClientToken,
+		Message: r.Message, Template: r.Template, ClientToken: r.ClientToken, WorkloadGone: r.WorkloadGone,
 		Addresses: []*nstancev1.InstanceAddress{{Type: nstancev1.AddressType_ADDRESS_TYPE_HOSTNAME, Address: r.ID}},
 	}
 	if r.LastHealthAt != nil {

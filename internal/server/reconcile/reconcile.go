@@ -786,6 +786,7 @@ func (r *Reconciler) syncInstance(ctx context.Context, id string) (time.Duration
 					return instances.ErrNoChange
 				}
 				x.State, x.Message, x.UpdatedAt = instances.StateStopped, obs.Message, now.UTC()
+				x.WorkloadGone = true
 				return nil
 			}); err != nil {
 				return 0, err

@@ -78,6 +78,7 @@ func instanceStatus() *nstancev1.InstanceStatus {
 		Template:      "k8s-worker",
 		DrainDeadline: ts(5 * time.Minute),
 		ClientToken:   "machine-uid-42",
+		WorkloadGone:  true,
 	}
 }
 

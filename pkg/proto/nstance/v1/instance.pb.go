@@ -251,7 +251,10 @@ type InstanceStatus struct {
 	// Deadline for the drain acknowledgement; set only while pending deletion.
 	DrainDeadline *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=drain_deadline,json=drainDeadline,proto3" json:"drain_deadline,omitempty"`
 	// Client token given to CreateInstance, if the instance was created on demand.
-	ClientToken   string `protobuf:"bytes,13,opt,name=client_token,json=clientToken,proto3" json:"client_token,omitempty"`
+	ClientToken string `protobuf:"bytes,13,opt,name=client_token,json=clientToken,proto3" json:"client_token,omitempty"`
+	// True once the provider reported the VM stopped, deleted or failed: there
+	// is nothing left on it to drain.
+	WorkloadGone  bool `protobuf:"varint,14,opt,name=workload_gone,json=workloadGone,proto3" json:"workload_gone,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -377,6 +380,13 @@ func (x *InstanceStatus) GetClientToken() string {
 	return ""
 }
 
+func (x *InstanceStatus) GetWorkloadGone() bool {
+	if x != nil {
+		return x.WorkloadGone
+	}
+	return false
+}
+
 var File_nstance_v1_instance_proto protoreflect.FileDescriptor
 
 const file_nstance_v1_instance_proto_rawDesc = "" +
@@ -385,7 +395,7 @@ const file_nstance_v1_instance_proto_rawDesc = "" +
 	"nstance.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"X\n" +
 	"\x0fInstanceAddress\x12+\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x17.nstance.v1.AddressTypeR\x04type\x12\x18\n" +
-	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xad\x04\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xd2\x04\n" +
 	"\x0eInstanceStatus\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x19\n" +
@@ -403,7 +413,8 @@ const file_nstance_v1_instance_proto_rawDesc = "" +
 	" \x01(\tR\amessage\x12\x1a\n" +
 	"\btemplate\x18\v \x01(\tR\btemplate\x12A\n" +
 	"\x0edrain_deadline\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\rdrainDeadline\x12!\n" +
-	"\fclient_token\x18\r \x01(\tR\vclientToken*\xb7\x02\n" +
+	"\fclient_token\x18\r \x01(\tR\vclientToken\x12#\n" +
+	"\rworkload_gone\x18\x0e \x01(\bR\fworkloadGone*\xb7\x02\n" +
 	"\rInstanceState\x12\x1e\n" +
 	"\x1aINSTANCE_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16INSTANCE_STATE_PENDING\x10\x01\x12\x1b\n" +
