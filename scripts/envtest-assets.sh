@@ -22,10 +22,17 @@ if [ "$force" = "--dir" ]; then
 	exit 0
 fi
 
+# complete reports whether $dir holds the three binaries at the pinned versions.
+# Each binary's whole output is captured before it is matched: piping into
+# `grep -q` lets grep exit early, the binary dies of SIGPIPE and, under
+# pipefail, a good cache would randomly look broken.
 complete() {
-	[ -x "$dir/kube-apiserver" ] && [ -x "$dir/etcd" ] && [ -x "$dir/kubectl" ] &&
-		"$dir/kube-apiserver" --version 2>/dev/null | grep -q "v$K8S_VERSION" &&
-		"$dir/etcd" --version 2>/dev/null | grep -q "$ETCD_VERSION"
+	local out
+	[ -x "$dir/kube-apiserver" ] && [ -x "$dir/etcd" ] && [ -x "$dir/kubectl" ] || return 1
+	out=$("$dir/kube-apiserver" --version 2>/dev/null) || return 1
+	[[ "$out" == *"v$K8S_VERSION"* ]] || return 1
+	out=$("$dir/etcd" --version 2>/dev/null) || return 1
+	[[ "$out" == *"$ETCD_VERSION"* ]] || return 1
 }
 
 if [ "$force" != "--force" ] && complete; then
