@@ -20,9 +20,13 @@ func moreCases() []diffCase {
 		c.must(c.post(cmPath, cm("a", map[string]any{"case": c.ns}, nil)))
 		return summary(c.get("/api/v1/configmaps?labelSelector=case%3D" + c.ns))
 	})
-	add("list/resource-version-0", func(c *tc) any {
-		c.must(c.post(cmPath, cm("a", nil, nil)))
-		return listNames(c.get(cmPath + "?resourceVersion=0"))
+	// A read with resourceVersion=0 may be served by kube-apiserver's watch
+	// cache before it has seen a write made a moment ago, so the cases ask
+	// for "not older than" the create's resourceVersion: the cache waits for
+	// it and both servers answer deterministically.
+	add("list/resource-version-not-older-than-create", func(c *tc) any {
+		rv := createdRV(c, c.must(c.post(cmPath, cm("a", nil, nil))))
+		return listNames(c.get(cmPath + "?resourceVersion=" + rv))
 	})
 	add("list/limit-zero", func(c *tc) any {
 		c.must(c.post(cmPath, cm("a", nil, nil)))
@@ -35,8 +39,8 @@ func moreCases() []diffCase {
 		return listNames(c.get("/api/v1/namespaces?labelSelector=" + q("kubernetes.io/metadata.name="+c.ns)))
 	})
 	add("get/resource-version-param", func(c *tc) any {
-		c.must(c.post(cmPath, cm("a", nil, map[string]any{"k": "v"})))
-		return summary(c.get(cmPath + "/a?resourceVersion=0"))
+		rv := createdRV(c, c.must(c.post(cmPath, cm("a", nil, map[string]any{"k": "v"}))))
+		return summary(c.get(cmPath + "/a?resourceVersion=" + rv))
 	})
 	add("fields/events-involved-object", func(c *tc) any {
 		c.must(c.post("/api/v1/namespaces/{ns}/events", event(c, "e1", "p1")))
@@ -145,4 +149,15 @@ func moreCases() []diffCase {
 
 func TestMore(t *testing.T) {
 	runTable(t, moreCases())
+}
+
+// createdRV is the resourceVersion of the object a create returned.
+func createdRV(c *tc, r resp) string {
+	c.t.Helper()
+	md, _ := r.Obj["metadata"].(map[string]any)
+	rv, _ := md["resourceVersion"].(string)
+	if rv == "" {
+		c.t.Fatalf("%s: create returned no resourceVersion: %s", c.tg.name, r.Raw)
+	}
+	return rv
 }
