@@ -16,7 +16,7 @@ func main() {
 	// second signal kills the process.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	go func() { <-ctx.Done(); stop() }()
-	err := adminapp.New().RunContext(ctx, os.Args)
+	err := adminapp.Run(ctx, adminapp.New(), os.Args)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "nstance-admin:", err)

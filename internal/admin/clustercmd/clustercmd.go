@@ -17,7 +17,9 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/urfave/cli/v2"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 
 	"github.com/nstance-dev/nstance/internal/admin/cmdutil"
 	"github.com/nstance-dev/nstance/internal/admin/output"
@@ -359,6 +361,13 @@ func register(ctx context.Context, c *cli.Context, log logr.Logger) (*registrati
 	defer conn.Close()
 	resp, err := nstancev1.NewRegistrationServiceClient(conn).RegisterOperator(ctx, &nstancev1.RegisterOperatorRequest{Nonce: tok, PublicKeyPem: string(pubPEM)})
 	if err != nil {
+		switch status.Code(err) {
+		case codes.InvalidArgument, codes.AlreadyExists, codes.PermissionDenied, codes.Unauthenticated, codes.FailedPrecondition:
+			// Refused: the new key was never registered.
+			_ = os.Remove(pendingKey)
+		default:
+			log.Info("the registration may have happened; the new key is kept", "file", pendingKey)
+		}
 		return nil, fmt.Errorf("registering with %s: %w", host, err)
 	}
 	log.V(1).Info("registered", "identity", resp.GetIdentity().GetUri(), "dir", dir)

@@ -141,7 +141,10 @@ func instanceCommand() *cli.Command {
 							return s.printInstance(n, in)
 						}
 						msg := fmt.Sprintf("%s: instance %s is %s", n, id, stateName(in.GetState()))
-						if in.GetState() == nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION {
+						switch {
+						case c.Bool("skip-drain"):
+							msg += "; it is deleted without waiting for a drain"
+						case in.GetState() == nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION:
 							msg += fmt.Sprintf(" until its drain is acknowledged (nstance-admin instance ack-drain %s) or the deadline %s passes", id, timeString(in.GetDrainDeadline()))
 						}
 						_, err = fmt.Fprintln(s.p.W, msg)
