@@ -298,12 +298,17 @@ func TestInstanceCommands(t *testing.T) {
 
 // watch runs a --watch command until stop is called; stop returns its error.
 func watch(t *testing.T, args ...string) (out *syncBuffer, stop func() error) {
+	out, _, stop = watchLogs(t, args...)
+	return out, stop
+}
+
+// watchLogs is watch that also returns what the command logs.
+func watchLogs(t *testing.T, args ...string) (out, logs *syncBuffer, stop func() error) {
 	t.Helper()
-	out = &syncBuffer{}
-	var errOut syncBuffer
+	out, logs = &syncBuffer{}, &syncBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- runCtx(ctx, out, &errOut, args...) }()
+	go func() { done <- runCtx(ctx, out, logs, args...) }()
 	stopped := false
 	var result error
 	stop = func() error {
@@ -319,7 +324,7 @@ func watch(t *testing.T, args ...string) (out *syncBuffer, stop func() error) {
 		return result
 	}
 	t.Cleanup(func() { _ = stop() })
-	return out, stop
+	return out, logs, stop
 }
 
 // waitFor waits until the output contains want, failing with the output.
