@@ -373,13 +373,17 @@ func TestWatchGroupsPrintsLaterChanges(t *testing.T) {
 	out, stop := watch(t, e.args("group list", "--all-shards", "--watch", "-o", "json")...)
 	waitFor(t, out, hasGroupEvent(t, "ADDED", "db", 1), "the initial list")
 
-	_, err = run(t, e.args("group scale db", "--shard", "dev-1", "--size", "2")...)
+	// Changes go straight through the Operator API: only one nstance-admin
+	// runs at a time in this process (urfave/cli keeps global help state).
+	ctx := context.Background()
+	a, b := e.a.Client(t, "default"), e.b.Client(t, "default")
+	_, err = shard.Scale(ctx, a, "db", 2)
 	require.NoError(t, err)
 	waitFor(t, out, hasGroupEvent(t, "MODIFIED", "db", 2), "the scale-up")
-	_, err = run(t, e.args("group create web", "--shard", "dev-2", "--template", "worker", "--size", "0")...)
+	_, err = b.UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: "web", Template: "worker"}})
 	require.NoError(t, err)
 	waitFor(t, out, hasGroupEvent(t, "ADDED", "web", 0), "a group created after the start")
-	_, err = run(t, e.args("group delete web", "--shard", "dev-2")...)
+	_, err = b.DeleteGroup(ctx, &nstancev1.DeleteGroupRequest{GroupId: "web"})
 	require.NoError(t, err)
 	waitFor(t, out, hasGroupEvent(t, "DELETED", "web", -1), "the deletion")
 	require.NoError(t, stop(), "a watch ends cleanly when its context ends")
@@ -392,7 +396,7 @@ func TestWatchGroupsPrintsLaterChanges(t *testing.T) {
 	waitFor(t, out, func(s string) bool {
 		return strings.HasPrefix(s, "EVENT     SHARD  GROUP  TEMPLATE  SIZE  ACTUAL  READY  STATIC\nADDED     dev-1  db     worker    2     ")
 	}, "the table header and initial row")
-	_, err = run(t, e.args("group scale db", "--shard", "dev-1", "--size", "3")...)
+	_, err = shard.Scale(ctx, a, "db", 3)
 	require.NoError(t, err)
 	waitFor(t, out, func(s string) bool { return strings.Contains(s, "\nMODIFIED  dev-1  db     worker    3     ") }, "a MODIFIED row")
 	require.NoError(t, stop())
@@ -400,43 +404,41 @@ func TestWatchGroupsPrintsLaterChanges(t *testing.T) {
 
 func TestWatchInstancesPrintsLaterChanges(t *testing.T) {
 	e := twoShards(t)
-	out, stop := watch(t, e.args("instance list", "--shard", "dev-1", "--watch", "--interval", "50ms", "-o", "json")...)
-	_, err := run(t, e.args("group create web", "--shard", "dev-1", "--template", "worker", "--size", "1")...)
+	ctx := context.Background()
+	a := e.a.Client(t, "default")
+	_, err := a.UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: "web", Template: "worker", Size: 1}})
 	require.NoError(t, err)
-	var id string
-	waitFor(t, out, func(s string) bool {
-		for _, ev := range events(t, s) {
-			if ev.Object["state"] == "INSTANCE_STATE_RUNNING" {
-				id = ev.Object["instance_id"].(string)
-				return true
-			}
-		}
-		return false
-	}, "the new instance running")
-	evs := events(t, out.String())
-	require.Equal(t, "ADDED", evs[0].Type)
-	require.Equal(t, id, evs[0].Object["instance_id"])
+	g := waitGroup(t, e.a, "web", 1)
+	id := g.GetProviderIds()[0][strings.LastIndex(g.GetProviderIds()[0], "/")+1:]
 
-	_, err = run(t, e.args("instance delete", id)...)
+	out, stop := watch(t, e.args("instance list", "--shard", "dev-1", "--watch", "--interval", "50ms", "-o", "json")...)
+	has := func(typ, id, state string) func(string) bool {
+		return func(s string) bool {
+			for _, ev := range events(t, s) {
+				if ev.Type == typ && ev.Object["instance_id"] == id && (state == "" || ev.Object["state"] == state) {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	waitFor(t, out, has("ADDED", id, "INSTANCE_STATE_RUNNING"), "the initial list")
+
+	// Changes made by someone else after the start appear.
+	_, err = a.DeleteInstance(ctx, &nstancev1.DeleteInstanceRequest{InstanceId: id})
 	require.NoError(t, err)
+	waitFor(t, out, has("MODIFIED", id, "INSTANCE_STATE_PENDING_DELETION"), "the deletion request")
+	_, err = a.AcknowledgeDrained(ctx, &nstancev1.AcknowledgeDrainedRequest{InstanceId: id})
+	require.NoError(t, err)
+	waitFor(t, out, has("DELETED", id, ""), "the instance gone")
 	waitFor(t, out, func(s string) bool {
 		for _, ev := range events(t, s) {
-			if ev.Type == "MODIFIED" && ev.Object["instance_id"] == id && ev.Object["state"] == "INSTANCE_STATE_PENDING_DELETION" {
+			if ev.Type == "ADDED" && ev.Object["instance_id"] != id {
 				return true
 			}
 		}
 		return false
-	}, "the deletion request")
-	_, err = run(t, e.args("instance ack-drain", id)...)
-	require.NoError(t, err)
-	waitFor(t, out, func(s string) bool {
-		for _, ev := range events(t, s) {
-			if ev.Type == "DELETED" && ev.Object["instance_id"] == id {
-				return true
-			}
-		}
-		return false
-	}, "the instance gone")
+	}, "its replacement")
 	require.NoError(t, stop())
 }
 
