@@ -32,13 +32,26 @@ func FileFlags() []cli.Flag {
 	}
 }
 
-// SettingFlags are the four connection settings a context holds.
-func SettingFlags() []cli.Flag {
+// SettingFlags are the four connection settings a context holds, each with
+// its NSTANCE_ADMIN_* variable.
+func SettingFlags() []cli.Flag { return settingFlags(true) }
+
+// ContextSettingFlags are SettingFlags without the variables, for `context
+// set`: a context holds what was typed, not what the shell happened to export.
+func ContextSettingFlags() []cli.Flag { return settingFlags(false) }
+
+func settingFlags(withEnv bool) []cli.Flag {
+	env := func(v string) []string {
+		if withEnv {
+			return []string{v}
+		}
+		return nil
+	}
 	return []cli.Flag{
-		&cli.StringFlag{Name: FlagServers, Usage: "shard Operator endpoints, shard=host:port,...", EnvVars: []string{"NSTANCE_ADMIN_SERVERS"}},
-		&cli.StringFlag{Name: FlagCACert, Usage: "cluster CA certificate (PEM)", EnvVars: []string{"NSTANCE_ADMIN_CA_CERT"}},
-		&cli.StringFlag{Name: FlagCert, Usage: "operator client certificate (PEM)", EnvVars: []string{"NSTANCE_ADMIN_CERT"}},
-		&cli.StringFlag{Name: FlagKey, Usage: "operator client key (PEM)", EnvVars: []string{"NSTANCE_ADMIN_KEY"}},
+		&cli.StringFlag{Name: FlagServers, Usage: "shard Operator endpoints, shard=host:port,...", EnvVars: env("NSTANCE_ADMIN_SERVERS")},
+		&cli.StringFlag{Name: FlagCACert, Usage: "cluster CA certificate (PEM)", EnvVars: env("NSTANCE_ADMIN_CA_CERT")},
+		&cli.StringFlag{Name: FlagCert, Usage: "operator client certificate (PEM)", EnvVars: env("NSTANCE_ADMIN_CERT")},
+		&cli.StringFlag{Name: FlagKey, Usage: "operator client key (PEM)", EnvVars: env("NSTANCE_ADMIN_KEY")},
 	}
 }
 

@@ -117,7 +117,7 @@ func setCommand() *cli.Command {
 		Name:      "set",
 		Usage:     "create a context or change the settings given; the first context becomes the current one",
 		ArgsUsage: "NAME",
-		Flags:     flags(conn.SettingFlags()...),
+		Flags:     flags(conn.ContextSettingFlags()...),
 		Action: func(c *cli.Context) error {
 			p, err := output.New(c)
 			if err != nil {

@@ -43,6 +43,7 @@ func TestSetUseListShowDelete(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o600), st.Mode().Perm())
 
+	t.Setenv("NSTANCE_ADMIN_CERT", filepath.Join(dir, "op.crt")) // never copied into a context
 	out, err = run(t, "set", "prod", "--servers", "eu-1=10.0.0.1:8993")
 	require.NoError(t, err)
 	require.Equal(t, "context prod created in "+path+"\n", out, "the current context stays")
