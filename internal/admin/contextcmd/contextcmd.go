@@ -224,8 +224,12 @@ func useCommand() *cli.Command {
 
 func deleteCommand() *cli.Command {
 	return &cli.Command{
-		Name: "delete", Usage: "remove a context", ArgsUsage: "NAME", Flags: []cli.Flag{pathFlag()},
+		Name: "delete", Usage: "remove a context", ArgsUsage: "NAME", Flags: flags(),
 		Action: func(c *cli.Context) error {
+			p, err := output.New(c)
+			if err != nil {
+				return err
+			}
 			name, err := oneName(c)
 			if err != nil {
 				return err
@@ -234,7 +238,13 @@ func deleteCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			_, err = fmt.Fprintf(c.App.Writer, "context %s deleted from %s\n", name, path)
+			if p.Machine() {
+				return p.Document(struct {
+					Deleted string `json:"deleted"`
+					File    string `json:"file"`
+				}{name, path})
+			}
+			_, err = fmt.Fprintf(p.W, "context %s deleted from %s\n", name, path)
 			return err
 		},
 	}

@@ -75,8 +75,11 @@ func TestSetUseListShowDelete(t *testing.T) {
 
 	_, err = run(t, "use", "nope")
 	require.EqualError(t, err, `no context named "nope" (known: dev, prod)`)
-	_, err = run(t, "delete", "prod")
+	_, err = run(t, "delete", "prod", "-o", "bogus")
+	require.ErrorContains(t, err, "unknown output format")
+	out, err = run(t, "delete", "prod", "-o", "json")
 	require.NoError(t, err)
+	require.JSONEq(t, `{"deleted":"prod","file":"`+path+`"}`, out)
 	out, err = run(t, "list", "-o", "json")
 	require.NoError(t, err)
 	var list struct{ Items []map[string]any }
