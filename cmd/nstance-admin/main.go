@@ -2,24 +2,23 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 
-	"github.com/urfave/cli/v2"
-
-	"github.com/nstance-dev/nstance/internal/admin/clustercmd"
-	"github.com/nstance-dev/nstance/internal/admin/shardcmd"
-	"github.com/nstance-dev/nstance/internal/version"
+	"github.com/nstance-dev/nstance/internal/admin/adminapp"
 )
 
 func main() {
-	app := &cli.App{
-		Name:     "nstance-admin",
-		Usage:    "administer an Nstance cluster and its shards",
-		Version:  version.Version,
-		Commands: append([]*cli.Command{clustercmd.Command()}, shardcmd.Commands()...),
-	}
-	if err := app.Run(os.Args); err != nil {
+	// SIGINT and SIGTERM end watches and `serve` cleanly (exit code 0); a
+	// second signal kills the process.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() { <-ctx.Done(); stop() }()
+	err := adminapp.Run(ctx, adminapp.New(), os.Args)
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "nstance-admin:", err)
 		os.Exit(1)
 	}

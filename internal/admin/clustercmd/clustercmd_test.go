@@ -7,6 +7,8 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,13 +16,12 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
-	"github.com/urfave/cli/v2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
-	"github.com/nstance-dev/nstance/internal/admin/clustercmd"
+	"github.com/nstance-dev/nstance/internal/admin/adminapp"
 	"github.com/nstance-dev/nstance/internal/devs3/devs3test"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/app"
@@ -71,23 +72,47 @@ func startCluster(t *testing.T) *cluster {
 
 func runAdmin(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	var out bytes.Buffer
-	a := &cli.App{Name: "nstance-admin", Commands: []*cli.Command{clustercmd.Command()}, Writer: &out, ErrWriter: &out,
-		ExitErrHandler: func(*cli.Context, error) {}}
-	err := a.RunContext(context.Background(), append([]string{"nstance-admin"}, args...))
+	var out, errOut bytes.Buffer
+	a := adminapp.New()
+	a.Writer, a.ErrWriter = &out, &errOut
+	err := adminapp.Run(context.Background(), a, append([]string{"nstance-admin"}, args...))
 	return out.String(), err
 }
 
 func TestNonceFromAdminRegistersOperator(t *testing.T) {
 	a := startCluster(t)
+	// The old spellings (--storage-bucket, --output -) still work.
 	out, err := runAdmin(t, "cluster", "nonce", "--cluster-id", "example-cluster", "--storage-bucket", "dev", "--key-provider", "env", "--output", "-")
 	require.NoError(t, err)
 	tok := strings.TrimSpace(out)
 	require.Equal(t, 2, strings.Count(tok, "."), "a JWT on stdout, got %q", out)
+	require.Equal(t, tok+"\n", out)
+
+	out, err = runAdmin(t, "cluster", "nonce", "--cluster-id", "example-cluster", "--bucket", "dev", "-o", "json", "--expiry", "1h")
+	require.NoError(t, err)
+	var nj map[string]string
+	require.NoError(t, json.Unmarshal([]byte(out), &nj), out)
+	require.Equal(t, 2, strings.Count(nj["nonce"], "."))
+	require.Equal(t, "example-cluster", nj["cluster_id"])
+	require.Equal(t, "nstance-operator", nj["operator_id"])
+	exp, err := time.Parse(time.RFC3339, nj["expires_at"])
+	require.NoError(t, err)
+	require.WithinDuration(t, time.Now().Add(time.Hour), exp, time.Minute)
+
+	outFile := filepath.Join(t.TempDir(), "nonce.jwt")
+	out, err = runAdmin(t, "cluster", "nonce", "--cluster-id", "example-cluster", "--bucket", "dev", "--out-file", outFile)
+	require.NoError(t, err)
+	require.Empty(t, out, "with --out-file nothing goes to stdout")
+	b, err := os.ReadFile(outFile)
+	require.NoError(t, err)
+	require.Equal(t, 2, strings.Count(strings.TrimSpace(string(b)), "."))
+	fi, err := os.Stat(outFile)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
 
 	// Register with the nonce the way the operator does.
 	dir := t.TempDir()
-	_, err = runAdmin(t, "cluster", "register-operator", "--cluster-id", "example-cluster", "--storage-bucket", "dev",
+	_, err = runAdmin(t, "cluster", "register-operator", "--cluster-id", "example-cluster", "--bucket", "dev",
 		"--registration-addr", "127.0.0.1:1", "--out-dir", dir, "--timeout", "1s", "--nonce-file", filepath.Join(dir, "missing"))
 	require.ErrorContains(t, err, "reading nonce")
 
@@ -120,10 +145,35 @@ func TestNonceFromAdminRegistersOperator(t *testing.T) {
 func TestRegisterOperatorWritesCredentials(t *testing.T) {
 	a := startCluster(t)
 	dir := t.TempDir()
-	out, err := runAdmin(t, "cluster", "register-operator", "--cluster-id", "example-cluster", "--storage-bucket", "dev",
+	t.Setenv("NSTANCE_STORAGE_BUCKET", "dev")
+	out, err := runAdmin(t, "cluster", "register-operator", "--cluster-id", "example-cluster",
 		"--registration-addr", a.Addrs().Registration, "--tenant", "acme", "--operator-id", "cli", "--out-dir", dir)
 	require.NoError(t, err, out)
 	require.Contains(t, out, "spiffe://example-cluster/tenant/acme/operator/cli")
+	require.Contains(t, out, "nstance-admin context set NAME --servers SHARD=HOST:PORT --ca-cert "+filepath.Join(dir, "ca.crt"))
+	firstKey, err := os.ReadFile(filepath.Join(dir, "operator.key"))
+	require.NoError(t, err)
+
+	// A registration that fails keeps the key and certificate already there.
+	_, err = runAdmin(t, "cluster", "register-operator", "--cluster-id", "example-cluster", "--registration-addr", a.Addrs().Registration,
+		"--out-dir", dir, "--nonce-file", filepath.Join(dir, "operator.crt"))
+	require.ErrorContains(t, err, "registering with")
+	key, err := os.ReadFile(filepath.Join(dir, "operator.key"))
+	require.NoError(t, err)
+	require.Equal(t, firstKey, key)
+	require.NoFileExists(t, filepath.Join(dir, "operator.key.new"), "a refused registration leaves no key behind")
+
+	// JSON output, a second identity in another directory.
+	dir2 := t.TempDir()
+	out, err = runAdmin(t, "cluster", "register-operator", "--cluster-id", "example-cluster", "--registration-addr", a.Addrs().Registration,
+		"--operator-id", "cli2", "--out-dir", dir2, "-o", "json")
+	require.NoError(t, err)
+	var res map[string]string
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+	require.Equal(t, "spiffe://example-cluster/tenant/default/operator/cli2", res["identity"])
+	require.Equal(t, filepath.Join(dir2, "operator.crt"), res["cert"])
+	_, err = time.Parse(time.RFC3339, res["expires_at"])
+	require.NoError(t, err)
 	pair, err := tls.LoadX509KeyPair(filepath.Join(dir, "operator.crt"), filepath.Join(dir, "operator.key"))
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -142,10 +192,13 @@ func TestNonceErrors(t *testing.T) {
 	}{
 		{"wrong encryption key", []string{"--storage-bucket", "dev"}, map[string]string{"NSTANCE_ENCRYPTION_KEY": "another-32-byte-key-abcdefghijkl"}, "does not hold"},
 		{"no encryption key", []string{"--storage-bucket", "dev"}, map[string]string{"NSTANCE_ENCRYPTION_KEY": ""}, "NSTANCE_ENCRYPTION_KEY is not set"},
-		{"no bucket", nil, nil, "--storage-bucket is required"},
-		{"bad expiry", []string{"--storage-bucket", "dev", "--expiry", "-1h"}, nil, "--expiry must be positive"},
-		{"bad provider", []string{"--storage-bucket", "dev", "--key-provider", "kms"}, nil, "unknown provider"},
-		{"empty bucket", []string{"--storage-bucket", "dev", "--storage-prefix", "elsewhere"}, nil, "start the cluster leader first"},
+		{"no bucket", nil, nil, "--bucket (or NSTANCE_STORAGE_BUCKET) is required"},
+		{"old and new bucket names disagree", []string{"--bucket", "dev", "--storage-bucket", "other"}, nil, `--bucket "dev" and --storage-bucket "other" (its old name) disagree`},
+		{"bad output", []string{"--bucket", "dev", "-o", "nonce.jwt"}, nil, `unknown output format "nonce.jwt": want one of table, json, yaml (to write to a file, use --out-file)`},
+		{"bad expiry", []string{"--bucket", "dev", "--expiry", "-1h"}, nil, "--expiry must be positive"},
+		{"bad provider", []string{"--bucket", "dev", "--key-provider", "kms"}, nil, "unknown provider"},
+		{"empty bucket", []string{"--bucket", "dev", "--prefix", "elsewhere"}, nil, "start the cluster leader first"},
+		{"empty bucket, old prefix name", []string{"--bucket", "dev", "--storage-prefix", "elsewhere"}, nil, "start the cluster leader first"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -31,11 +31,8 @@ func ParseServers(s string) (map[string]string, error) {
 		if !ok {
 			return nil, fmt.Errorf("--servers: %q is not shard=host:port", part)
 		}
-		if err := layout.ValidateID("shard id", name); err != nil {
+		if err := ValidateServer(name, addr); err != nil {
 			return nil, fmt.Errorf("--servers: %w", err)
-		}
-		if _, _, err := net.SplitHostPort(addr); err != nil {
-			return nil, fmt.Errorf("--servers: shard %s: %w", name, err)
 		}
 		if _, dup := out[name]; dup {
 			return nil, fmt.Errorf("--servers: shard %s listed twice", name)
@@ -46,6 +43,30 @@ func ParseServers(s string) (map[string]string, error) {
 		return nil, errors.New("--servers: no shard given")
 	}
 	return out, nil
+}
+
+// ValidateServer checks one shard=host:port entry.
+func ValidateServer(shard, addr string) error {
+	if err := layout.ValidateID("shard id", shard); err != nil {
+		return err
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("shard %s: %w", shard, err)
+	}
+	if host == "" || port == "" {
+		return fmt.Errorf("shard %s: %q is not host:port", shard, addr)
+	}
+	return nil
+}
+
+// FormatServers is the inverse of ParseServers, sorted by shard.
+func FormatServers(servers map[string]string) string {
+	parts := make([]string, 0, len(servers))
+	for _, name := range sortedKeys(servers) {
+		parts = append(parts, name+"="+servers[name])
+	}
+	return strings.Join(parts, ",")
 }
 
 // Credentials are the operator certificate files.

@@ -238,6 +238,20 @@ func (s *Service) GetInstanceStatus(ctx context.Context, req *nstancev1.GetInsta
 	return &nstancev1.GetInstanceStatusResponse{Instance: rec.Proto()}, nil
 }
 
+// ListInstances implements the RPC.
+func (s *Service) ListInstances(ctx context.Context, req *nstancev1.ListInstancesRequest) (*nstancev1.ListInstancesResponse, error) {
+	t, err := s.leaderTenant(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, st := range req.GetStates() {
+		if _, known := nstancev1.InstanceState_name[int32(st)]; !known || st == nstancev1.InstanceState_INSTANCE_STATE_UNSPECIFIED {
+			return nil, status.Errorf(codes.InvalidArgument, "states: %v is not an instance state", st)
+		}
+	}
+	return &nstancev1.ListInstancesResponse{Instances: s.o.Reconciler.ListInstances(t, req.GetGroupIds(), req.GetStates())}, nil
+}
+
 // AcknowledgeDrained implements the RPC.
 func (s *Service) AcknowledgeDrained(ctx context.Context, req *nstancev1.AcknowledgeDrainedRequest) (*nstancev1.AcknowledgeDrainedResponse, error) {
 	t, err := s.leaderTenant(ctx)

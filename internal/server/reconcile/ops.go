@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -199,6 +200,22 @@ func (r *Reconciler) GetInstance(tenant, id, clientToken string) (*instances.Rec
 		return rec, nil
 	}
 	return r.tenantRecord(tenant, id)
+}
+
+// ListInstances returns a tenant's instances, sorted by id. Empty filters
+// match everything; otherwise an instance must belong to one of groupIDs and
+// be in one of states.
+func (r *Reconciler) ListInstances(tenant string, groupIDs []string, states []nstancev1.InstanceState) []*nstancev1.InstanceStatus {
+	recs := r.o.Instances.List(func(x *instances.Record) bool {
+		return x.Tenant == tenant &&
+			(len(groupIDs) == 0 || slices.Contains(groupIDs, x.GroupID)) &&
+			(len(states) == 0 || slices.Contains(states, x.State.Proto()))
+	})
+	out := make([]*nstancev1.InstanceStatus, 0, len(recs))
+	for _, rec := range recs {
+		out = append(out, rec.Proto())
+	}
+	return out
 }
 
 // DeleteInstance starts the deletion of a tenant's instance.

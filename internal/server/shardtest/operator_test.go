@@ -343,3 +343,45 @@ func TestWatchInstancesReannouncesPendingDrains(t *testing.T) {
 		return e.GetInstanceId() == victim && e.GetStatus() == nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION
 	})
 }
+
+func TestListInstancesFiltersByGroupStateAndTenant(t *testing.T) {
+	sh := shardtest.Start(t, shardtest.Options{})
+	acme, other := sh.Client(t, "acme"), sh.Client(t, "globex")
+	ctx := ctxT(t)
+	upsert(t, acme, "web", 2, 0)
+	upsert(t, acme, "db", 1, 0)
+	upsert(t, other, "web", 1, 0)
+	web := waitGroup(t, acme, "web", 2)
+	waitGroup(t, acme, "db", 1)
+	waitGroup(t, other, "web", 1)
+
+	all, err := acme.ListInstances(ctx, &nstancev1.ListInstancesRequest{})
+	require.NoError(t, err)
+	require.Len(t, all.GetInstances(), 3, "another tenant's instances are never listed")
+	for i, in := range all.GetInstances() {
+		require.Equal(t, sh.ShardID, in.GetShard())
+		require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_RUNNING, in.GetState())
+		if i > 0 {
+			require.Less(t, all.GetInstances()[i-1].GetInstanceId(), in.GetInstanceId(), "sorted by id")
+		}
+	}
+
+	webOnly, err := acme.ListInstances(ctx, &nstancev1.ListInstancesRequest{GroupIds: []string{"web"}})
+	require.NoError(t, err)
+	require.Len(t, webOnly.GetInstances(), 2)
+	require.Equal(t, web.GetProviderIds(), []string{webOnly.GetInstances()[0].GetProviderId(), webOnly.GetInstances()[1].GetProviderId()})
+
+	victim := webOnly.GetInstances()[0].GetInstanceId()
+	_, err = acme.DeleteInstance(ctx, &nstancev1.DeleteInstanceRequest{InstanceId: victim})
+	require.NoError(t, err)
+	pending, err := acme.ListInstances(ctx, &nstancev1.ListInstancesRequest{States: []nstancev1.InstanceState{nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION}})
+	require.NoError(t, err)
+	require.Len(t, pending.GetInstances(), 1)
+	require.Equal(t, victim, pending.GetInstances()[0].GetInstanceId())
+	require.NotNil(t, pending.GetInstances()[0].GetDrainDeadline())
+
+	_, err = acme.ListInstances(ctx, &nstancev1.ListInstancesRequest{States: []nstancev1.InstanceState{nstancev1.InstanceState_INSTANCE_STATE_UNSPECIFIED}})
+	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+	_, err = acme.ListInstances(ctx, &nstancev1.ListInstancesRequest{States: []nstancev1.InstanceState{99}})
+	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+}

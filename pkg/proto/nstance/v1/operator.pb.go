@@ -1236,6 +1236,107 @@ func (x *GetInstanceStatusResponse) GetInstance() *InstanceStatus {
 	return nil
 }
 
+// ListInstancesRequest asks for the instances of the caller's tenant.
+type ListInstancesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only instances of these groups; empty means every instance, on-demand ones included.
+	GroupIds []string `protobuf:"bytes,1,rep,name=group_ids,json=groupIds,proto3" json:"group_ids,omitempty"`
+	// Only instances in these states; empty means every state.
+	States        []InstanceState `protobuf:"varint,2,rep,packed,name=states,proto3,enum=nstance.v1.InstanceState" json:"states,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListInstancesRequest) Reset() {
+	*x = ListInstancesRequest{}
+	mi := &file_nstance_v1_operator_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListInstancesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListInstancesRequest) ProtoMessage() {}
+
+func (x *ListInstancesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nstance_v1_operator_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListInstancesRequest.ProtoReflect.Descriptor instead.
+func (*ListInstancesRequest) Descriptor() ([]byte, []int) {
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ListInstancesRequest) GetGroupIds() []string {
+	if x != nil {
+		return x.GroupIds
+	}
+	return nil
+}
+
+func (x *ListInstancesRequest) GetStates() []InstanceState {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+// ListInstancesResponse lists instances.
+type ListInstancesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Instances sorted by instance id.
+	Instances     []*InstanceStatus `protobuf:"bytes,1,rep,name=instances,proto3" json:"instances,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListInstancesResponse) Reset() {
+	*x = ListInstancesResponse{}
+	mi := &file_nstance_v1_operator_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListInstancesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListInstancesResponse) ProtoMessage() {}
+
+func (x *ListInstancesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nstance_v1_operator_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListInstancesResponse.ProtoReflect.Descriptor instead.
+func (*ListInstancesResponse) Descriptor() ([]byte, []int) {
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ListInstancesResponse) GetInstances() []*InstanceStatus {
+	if x != nil {
+		return x.Instances
+	}
+	return nil
+}
+
 // AcknowledgeDrainedRequest reports that an instance's node was drained.
 type AcknowledgeDrainedRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1247,7 +1348,7 @@ type AcknowledgeDrainedRequest struct {
 
 func (x *AcknowledgeDrainedRequest) Reset() {
 	*x = AcknowledgeDrainedRequest{}
-	mi := &file_nstance_v1_operator_proto_msgTypes[16]
+	mi := &file_nstance_v1_operator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1259,7 +1360,7 @@ func (x *AcknowledgeDrainedRequest) String() string {
 func (*AcknowledgeDrainedRequest) ProtoMessage() {}
 
 func (x *AcknowledgeDrainedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nstance_v1_operator_proto_msgTypes[16]
+	mi := &file_nstance_v1_operator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1272,7 +1373,7 @@ func (x *AcknowledgeDrainedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcknowledgeDrainedRequest.ProtoReflect.Descriptor instead.
 func (*AcknowledgeDrainedRequest) Descriptor() ([]byte, []int) {
-	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{16}
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AcknowledgeDrainedRequest) GetInstanceId() string {
@@ -1293,7 +1394,7 @@ type AcknowledgeDrainedResponse struct {
 
 func (x *AcknowledgeDrainedResponse) Reset() {
 	*x = AcknowledgeDrainedResponse{}
-	mi := &file_nstance_v1_operator_proto_msgTypes[17]
+	mi := &file_nstance_v1_operator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1305,7 +1406,7 @@ func (x *AcknowledgeDrainedResponse) String() string {
 func (*AcknowledgeDrainedResponse) ProtoMessage() {}
 
 func (x *AcknowledgeDrainedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nstance_v1_operator_proto_msgTypes[17]
+	mi := &file_nstance_v1_operator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1318,7 +1419,7 @@ func (x *AcknowledgeDrainedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcknowledgeDrainedResponse.ProtoReflect.Descriptor instead.
 func (*AcknowledgeDrainedResponse) Descriptor() ([]byte, []int) {
-	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{17}
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AcknowledgeDrainedResponse) GetInstance() *InstanceStatus {
@@ -1339,7 +1440,7 @@ type WatchGroupsRequest struct {
 
 func (x *WatchGroupsRequest) Reset() {
 	*x = WatchGroupsRequest{}
-	mi := &file_nstance_v1_operator_proto_msgTypes[18]
+	mi := &file_nstance_v1_operator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1351,7 +1452,7 @@ func (x *WatchGroupsRequest) String() string {
 func (*WatchGroupsRequest) ProtoMessage() {}
 
 func (x *WatchGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nstance_v1_operator_proto_msgTypes[18]
+	mi := &file_nstance_v1_operator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1364,7 +1465,7 @@ func (x *WatchGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchGroupsRequest.ProtoReflect.Descriptor instead.
 func (*WatchGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{18}
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WatchGroupsRequest) GetGroupIds() []string {
@@ -1395,7 +1496,7 @@ type GroupEvent struct {
 
 func (x *GroupEvent) Reset() {
 	*x = GroupEvent{}
-	mi := &file_nstance_v1_operator_proto_msgTypes[19]
+	mi := &file_nstance_v1_operator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1407,7 +1508,7 @@ func (x *GroupEvent) String() string {
 func (*GroupEvent) ProtoMessage() {}
 
 func (x *GroupEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_nstance_v1_operator_proto_msgTypes[19]
+	mi := &file_nstance_v1_operator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1420,7 +1521,7 @@ func (x *GroupEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupEvent.ProtoReflect.Descriptor instead.
 func (*GroupEvent) Descriptor() ([]byte, []int) {
-	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{19}
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GroupEvent) GetType() GroupEventType {
@@ -1476,7 +1577,7 @@ type WatchInstancesRequest struct {
 
 func (x *WatchInstancesRequest) Reset() {
 	*x = WatchInstancesRequest{}
-	mi := &file_nstance_v1_operator_proto_msgTypes[20]
+	mi := &file_nstance_v1_operator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1488,7 +1589,7 @@ func (x *WatchInstancesRequest) String() string {
 func (*WatchInstancesRequest) ProtoMessage() {}
 
 func (x *WatchInstancesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nstance_v1_operator_proto_msgTypes[20]
+	mi := &file_nstance_v1_operator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1501,7 +1602,7 @@ func (x *WatchInstancesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchInstancesRequest.ProtoReflect.Descriptor instead.
 func (*WatchInstancesRequest) Descriptor() ([]byte, []int) {
-	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{20}
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WatchInstancesRequest) GetGroupIds() []string {
@@ -1538,7 +1639,7 @@ type InstanceEvent struct {
 
 func (x *InstanceEvent) Reset() {
 	*x = InstanceEvent{}
-	mi := &file_nstance_v1_operator_proto_msgTypes[21]
+	mi := &file_nstance_v1_operator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1550,7 +1651,7 @@ func (x *InstanceEvent) String() string {
 func (*InstanceEvent) ProtoMessage() {}
 
 func (x *InstanceEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_nstance_v1_operator_proto_msgTypes[21]
+	mi := &file_nstance_v1_operator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1563,7 +1664,7 @@ func (x *InstanceEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceEvent.ProtoReflect.Descriptor instead.
 func (*InstanceEvent) Descriptor() ([]byte, []int) {
-	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{21}
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *InstanceEvent) GetStatus() InstanceEventStatus {
@@ -1642,7 +1743,7 @@ type WatchErrorsRequest struct {
 
 func (x *WatchErrorsRequest) Reset() {
 	*x = WatchErrorsRequest{}
-	mi := &file_nstance_v1_operator_proto_msgTypes[22]
+	mi := &file_nstance_v1_operator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1654,7 +1755,7 @@ func (x *WatchErrorsRequest) String() string {
 func (*WatchErrorsRequest) ProtoMessage() {}
 
 func (x *WatchErrorsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nstance_v1_operator_proto_msgTypes[22]
+	mi := &file_nstance_v1_operator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1667,7 +1768,7 @@ func (x *WatchErrorsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchErrorsRequest.ProtoReflect.Descriptor instead.
 func (*WatchErrorsRequest) Descriptor() ([]byte, []int) {
-	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{22}
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WatchErrorsRequest) GetGroupIds() []string {
@@ -1705,7 +1806,7 @@ type ErrorEvent struct {
 
 func (x *ErrorEvent) Reset() {
 	*x = ErrorEvent{}
-	mi := &file_nstance_v1_operator_proto_msgTypes[23]
+	mi := &file_nstance_v1_operator_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1717,7 +1818,7 @@ func (x *ErrorEvent) String() string {
 func (*ErrorEvent) ProtoMessage() {}
 
 func (x *ErrorEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_nstance_v1_operator_proto_msgTypes[23]
+	mi := &file_nstance_v1_operator_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1730,7 +1831,7 @@ func (x *ErrorEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorEvent.ProtoReflect.Descriptor instead.
 func (*ErrorEvent) Descriptor() ([]byte, []int) {
-	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{23}
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ErrorEvent) GetSource() ErrorSource {
@@ -1786,7 +1887,7 @@ type RenewCertificateRequest struct {
 
 func (x *RenewCertificateRequest) Reset() {
 	*x = RenewCertificateRequest{}
-	mi := &file_nstance_v1_operator_proto_msgTypes[24]
+	mi := &file_nstance_v1_operator_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1798,7 +1899,7 @@ func (x *RenewCertificateRequest) String() string {
 func (*RenewCertificateRequest) ProtoMessage() {}
 
 func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nstance_v1_operator_proto_msgTypes[24]
+	mi := &file_nstance_v1_operator_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1811,7 +1912,7 @@ func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RenewCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{24}
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RenewCertificateRequest) GetPublicKeyPem() string {
@@ -1838,7 +1939,7 @@ type RenewCertificateResponse struct {
 
 func (x *RenewCertificateResponse) Reset() {
 	*x = RenewCertificateResponse{}
-	mi := &file_nstance_v1_operator_proto_msgTypes[25]
+	mi := &file_nstance_v1_operator_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1850,7 +1951,7 @@ func (x *RenewCertificateResponse) String() string {
 func (*RenewCertificateResponse) ProtoMessage() {}
 
 func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nstance_v1_operator_proto_msgTypes[25]
+	mi := &file_nstance_v1_operator_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1863,7 +1964,7 @@ func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RenewCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{25}
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RenewCertificateResponse) GetCertificatePem() string {
@@ -1958,7 +2059,12 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"\fclient_token\x18\x02 \x01(\tH\x00R\vclientTokenB\b\n" +
 	"\x06lookup\"S\n" +
 	"\x19GetInstanceStatusResponse\x126\n" +
-	"\binstance\x18\x01 \x01(\v2\x1a.nstance.v1.InstanceStatusR\binstance\"<\n" +
+	"\binstance\x18\x01 \x01(\v2\x1a.nstance.v1.InstanceStatusR\binstance\"f\n" +
+	"\x14ListInstancesRequest\x12\x1b\n" +
+	"\tgroup_ids\x18\x01 \x03(\tR\bgroupIds\x121\n" +
+	"\x06states\x18\x02 \x03(\x0e2\x19.nstance.v1.InstanceStateR\x06states\"Q\n" +
+	"\x15ListInstancesResponse\x128\n" +
+	"\tinstances\x18\x01 \x03(\v2\x1a.nstance.v1.InstanceStatusR\tinstances\"<\n" +
 	"\x19AcknowledgeDrainedRequest\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\"T\n" +
@@ -2040,7 +2146,7 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"\x18ERROR_SOURCE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15ERROR_SOURCE_PROVIDER\x10\x01\x12\x17\n" +
 	"\x13ERROR_SOURCE_CONFIG\x10\x02\x12\x1a\n" +
-	"\x16ERROR_SOURCE_RECONCILE\x10\x032\xec\b\n" +
+	"\x16ERROR_SOURCE_RECONCILE\x10\x032\xc2\t\n" +
 	"\x0fOperatorService\x12Z\n" +
 	"\x0fGetConfigStatus\x12\".nstance.v1.GetConfigStatusRequest\x1a#.nstance.v1.GetConfigStatusResponse\x12T\n" +
 	"\rRefreshConfig\x12 .nstance.v1.RefreshConfigRequest\x1a!.nstance.v1.RefreshConfigResponse\x12K\n" +
@@ -2050,7 +2156,8 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"\vDeleteGroup\x12\x1e.nstance.v1.DeleteGroupRequest\x1a\x1f.nstance.v1.DeleteGroupResponse\x12W\n" +
 	"\x0eCreateInstance\x12!.nstance.v1.CreateInstanceRequest\x1a\".nstance.v1.CreateInstanceResponse\x12W\n" +
 	"\x0eDeleteInstance\x12!.nstance.v1.DeleteInstanceRequest\x1a\".nstance.v1.DeleteInstanceResponse\x12`\n" +
-	"\x11GetInstanceStatus\x12$.nstance.v1.GetInstanceStatusRequest\x1a%.nstance.v1.GetInstanceStatusResponse\x12c\n" +
+	"\x11GetInstanceStatus\x12$.nstance.v1.GetInstanceStatusRequest\x1a%.nstance.v1.GetInstanceStatusResponse\x12T\n" +
+	"\rListInstances\x12 .nstance.v1.ListInstancesRequest\x1a!.nstance.v1.ListInstancesResponse\x12c\n" +
 	"\x12AcknowledgeDrained\x12%.nstance.v1.AcknowledgeDrainedRequest\x1a&.nstance.v1.AcknowledgeDrainedResponse\x12G\n" +
 	"\vWatchGroups\x12\x1e.nstance.v1.WatchGroupsRequest\x1a\x16.nstance.v1.GroupEvent0\x01\x12P\n" +
 	"\x0eWatchInstances\x12!.nstance.v1.WatchInstancesRequest\x1a\x19.nstance.v1.InstanceEvent0\x01\x12G\n" +
@@ -2070,7 +2177,7 @@ func file_nstance_v1_operator_proto_rawDescGZIP() []byte {
 }
 
 var file_nstance_v1_operator_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_nstance_v1_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_nstance_v1_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_nstance_v1_operator_proto_goTypes = []any{
 	(RefreshConfigOutcome)(0),          // 0: nstance.v1.RefreshConfigOutcome
 	(GroupEventType)(0),                // 1: nstance.v1.GroupEventType
@@ -2093,83 +2200,90 @@ var file_nstance_v1_operator_proto_goTypes = []any{
 	(*DeleteInstanceResponse)(nil),     // 18: nstance.v1.DeleteInstanceResponse
 	(*GetInstanceStatusRequest)(nil),   // 19: nstance.v1.GetInstanceStatusRequest
 	(*GetInstanceStatusResponse)(nil),  // 20: nstance.v1.GetInstanceStatusResponse
-	(*AcknowledgeDrainedRequest)(nil),  // 21: nstance.v1.AcknowledgeDrainedRequest
-	(*AcknowledgeDrainedResponse)(nil), // 22: nstance.v1.AcknowledgeDrainedResponse
-	(*WatchGroupsRequest)(nil),         // 23: nstance.v1.WatchGroupsRequest
-	(*GroupEvent)(nil),                 // 24: nstance.v1.GroupEvent
-	(*WatchInstancesRequest)(nil),      // 25: nstance.v1.WatchInstancesRequest
-	(*InstanceEvent)(nil),              // 26: nstance.v1.InstanceEvent
-	(*WatchErrorsRequest)(nil),         // 27: nstance.v1.WatchErrorsRequest
-	(*ErrorEvent)(nil),                 // 28: nstance.v1.ErrorEvent
-	(*RenewCertificateRequest)(nil),    // 29: nstance.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil),   // 30: nstance.v1.RenewCertificateResponse
-	nil,                                // 31: nstance.v1.CreateInstanceRequest.VarsEntry
-	nil,                                // 32: nstance.v1.CreateInstanceRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),      // 33: google.protobuf.Timestamp
-	(*ValidationError)(nil),            // 34: nstance.v1.ValidationError
-	(*GroupStatus)(nil),                // 35: nstance.v1.GroupStatus
-	(*GroupSpec)(nil),                  // 36: nstance.v1.GroupSpec
-	(*durationpb.Duration)(nil),        // 37: google.protobuf.Duration
-	(*InstanceStatus)(nil),             // 38: nstance.v1.InstanceStatus
-	(*ClientIdentity)(nil),             // 39: nstance.v1.ClientIdentity
+	(*ListInstancesRequest)(nil),       // 21: nstance.v1.ListInstancesRequest
+	(*ListInstancesResponse)(nil),      // 22: nstance.v1.ListInstancesResponse
+	(*AcknowledgeDrainedRequest)(nil),  // 23: nstance.v1.AcknowledgeDrainedRequest
+	(*AcknowledgeDrainedResponse)(nil), // 24: nstance.v1.AcknowledgeDrainedResponse
+	(*WatchGroupsRequest)(nil),         // 25: nstance.v1.WatchGroupsRequest
+	(*GroupEvent)(nil),                 // 26: nstance.v1.GroupEvent
+	(*WatchInstancesRequest)(nil),      // 27: nstance.v1.WatchInstancesRequest
+	(*InstanceEvent)(nil),              // 28: nstance.v1.InstanceEvent
+	(*WatchErrorsRequest)(nil),         // 29: nstance.v1.WatchErrorsRequest
+	(*ErrorEvent)(nil),                 // 30: nstance.v1.ErrorEvent
+	(*RenewCertificateRequest)(nil),    // 31: nstance.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil),   // 32: nstance.v1.RenewCertificateResponse
+	nil,                                // 33: nstance.v1.CreateInstanceRequest.VarsEntry
+	nil,                                // 34: nstance.v1.CreateInstanceRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),      // 35: google.protobuf.Timestamp
+	(*ValidationError)(nil),            // 36: nstance.v1.ValidationError
+	(*GroupStatus)(nil),                // 37: nstance.v1.GroupStatus
+	(*GroupSpec)(nil),                  // 38: nstance.v1.GroupSpec
+	(*durationpb.Duration)(nil),        // 39: google.protobuf.Duration
+	(*InstanceStatus)(nil),             // 40: nstance.v1.InstanceStatus
+	(InstanceState)(0),                 // 41: nstance.v1.InstanceState
+	(*ClientIdentity)(nil),             // 42: nstance.v1.ClientIdentity
 }
 var file_nstance_v1_operator_proto_depIdxs = []int32{
-	33, // 0: nstance.v1.GetConfigStatusResponse.last_modified:type_name -> google.protobuf.Timestamp
+	35, // 0: nstance.v1.GetConfigStatusResponse.last_modified:type_name -> google.protobuf.Timestamp
 	0,  // 1: nstance.v1.RefreshConfigResponse.outcome:type_name -> nstance.v1.RefreshConfigOutcome
-	34, // 2: nstance.v1.RefreshConfigResponse.validation_errors:type_name -> nstance.v1.ValidationError
-	35, // 3: nstance.v1.ListGroupsResponse.groups:type_name -> nstance.v1.GroupStatus
-	36, // 4: nstance.v1.UpsertGroupRequest.group:type_name -> nstance.v1.GroupSpec
-	35, // 5: nstance.v1.UpsertGroupResponse.group:type_name -> nstance.v1.GroupStatus
-	31, // 6: nstance.v1.CreateInstanceRequest.vars:type_name -> nstance.v1.CreateInstanceRequest.VarsEntry
-	32, // 7: nstance.v1.CreateInstanceRequest.labels:type_name -> nstance.v1.CreateInstanceRequest.LabelsEntry
-	37, // 8: nstance.v1.CreateInstanceRequest.drain_timeout:type_name -> google.protobuf.Duration
-	38, // 9: nstance.v1.CreateInstanceResponse.instance:type_name -> nstance.v1.InstanceStatus
-	38, // 10: nstance.v1.DeleteInstanceResponse.instance:type_name -> nstance.v1.InstanceStatus
-	38, // 11: nstance.v1.GetInstanceStatusResponse.instance:type_name -> nstance.v1.InstanceStatus
-	38, // 12: nstance.v1.AcknowledgeDrainedResponse.instance:type_name -> nstance.v1.InstanceStatus
-	1,  // 13: nstance.v1.GroupEvent.type:type_name -> nstance.v1.GroupEventType
-	35, // 14: nstance.v1.GroupEvent.group:type_name -> nstance.v1.GroupStatus
-	33, // 15: nstance.v1.GroupEvent.occurred_at:type_name -> google.protobuf.Timestamp
-	2,  // 16: nstance.v1.InstanceEvent.status:type_name -> nstance.v1.InstanceEventStatus
-	3,  // 17: nstance.v1.InstanceEvent.reason:type_name -> nstance.v1.DeletionReason
-	33, // 18: nstance.v1.InstanceEvent.drain_deadline:type_name -> google.protobuf.Timestamp
-	33, // 19: nstance.v1.InstanceEvent.occurred_at:type_name -> google.protobuf.Timestamp
-	4,  // 20: nstance.v1.WatchErrorsRequest.sources:type_name -> nstance.v1.ErrorSource
-	4,  // 21: nstance.v1.ErrorEvent.source:type_name -> nstance.v1.ErrorSource
-	33, // 22: nstance.v1.ErrorEvent.occurred_at:type_name -> google.protobuf.Timestamp
-	33, // 23: nstance.v1.RenewCertificateResponse.expires_at:type_name -> google.protobuf.Timestamp
-	39, // 24: nstance.v1.RenewCertificateResponse.identity:type_name -> nstance.v1.ClientIdentity
-	5,  // 25: nstance.v1.OperatorService.GetConfigStatus:input_type -> nstance.v1.GetConfigStatusRequest
-	7,  // 26: nstance.v1.OperatorService.RefreshConfig:input_type -> nstance.v1.RefreshConfigRequest
-	9,  // 27: nstance.v1.OperatorService.ListGroups:input_type -> nstance.v1.ListGroupsRequest
-	11, // 28: nstance.v1.OperatorService.UpsertGroup:input_type -> nstance.v1.UpsertGroupRequest
-	13, // 29: nstance.v1.OperatorService.DeleteGroup:input_type -> nstance.v1.DeleteGroupRequest
-	15, // 30: nstance.v1.OperatorService.CreateInstance:input_type -> nstance.v1.CreateInstanceRequest
-	17, // 31: nstance.v1.OperatorService.DeleteInstance:input_type -> nstance.v1.DeleteInstanceRequest
-	19, // 32: nstance.v1.OperatorService.GetInstanceStatus:input_type -> nstance.v1.GetInstanceStatusRequest
-	21, // 33: nstance.v1.OperatorService.AcknowledgeDrained:input_type -> nstance.v1.AcknowledgeDrainedRequest
-	23, // 34: nstance.v1.OperatorService.WatchGroups:input_type -> nstance.v1.WatchGroupsRequest
-	25, // 35: nstance.v1.OperatorService.WatchInstances:input_type -> nstance.v1.WatchInstancesRequest
-	27, // 36: nstance.v1.OperatorService.WatchErrors:input_type -> nstance.v1.WatchErrorsRequest
-	29, // 37: nstance.v1.OperatorService.RenewCertificate:input_type -> nstance.v1.RenewCertificateRequest
-	6,  // 38: nstance.v1.OperatorService.GetConfigStatus:output_type -> nstance.v1.GetConfigStatusResponse
-	8,  // 39: nstance.v1.OperatorService.RefreshConfig:output_type -> nstance.v1.RefreshConfigResponse
-	10, // 40: nstance.v1.OperatorService.ListGroups:output_type -> nstance.v1.ListGroupsResponse
-	12, // 41: nstance.v1.OperatorService.UpsertGroup:output_type -> nstance.v1.UpsertGroupResponse
-	14, // 42: nstance.v1.OperatorService.DeleteGroup:output_type -> nstance.v1.DeleteGroupResponse
-	16, // 43: nstance.v1.OperatorService.CreateInstance:output_type -> nstance.v1.CreateInstanceResponse
-	18, // 44: nstance.v1.OperatorService.DeleteInstance:output_type -> nstance.v1.DeleteInstanceResponse
-	20, // 45: nstance.v1.OperatorService.GetInstanceStatus:output_type -> nstance.v1.GetInstanceStatusResponse
-	22, // 46: nstance.v1.OperatorService.AcknowledgeDrained:output_type -> nstance.v1.AcknowledgeDrainedResponse
-	24, // 47: nstance.v1.OperatorService.WatchGroups:output_type -> nstance.v1.GroupEvent
-	26, // 48: nstance.v1.OperatorService.WatchInstances:output_type -> nstance.v1.InstanceEvent
-	28, // 49: nstance.v1.OperatorService.WatchErrors:output_type -> nstance.v1.ErrorEvent
-	30, // 50: nstance.v1.OperatorService.RenewCertificate:output_type -> nstance.v1.RenewCertificateResponse
-	38, // [38:51] is the sub-list for method output_type
-	25, // [25:38] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	36, // 2: nstance.v1.RefreshConfigResponse.validation_errors:type_name -> nstance.v1.ValidationError
+	37, // 3: nstance.v1.ListGroupsResponse.groups:type_name -> nstance.v1.GroupStatus
+	38, // 4: nstance.v1.UpsertGroupRequest.group:type_name -> nstance.v1.GroupSpec
+	37, // 5: nstance.v1.UpsertGroupResponse.group:type_name -> nstance.v1.GroupStatus
+	33, // 6: nstance.v1.CreateInstanceRequest.vars:type_name -> nstance.v1.CreateInstanceRequest.VarsEntry
+	34, // 7: nstance.v1.CreateInstanceRequest.labels:type_name -> nstance.v1.CreateInstanceRequest.LabelsEntry
+	39, // 8: nstance.v1.CreateInstanceRequest.drain_timeout:type_name -> google.protobuf.Duration
+	40, // 9: nstance.v1.CreateInstanceResponse.instance:type_name -> nstance.v1.InstanceStatus
+	40, // 10: nstance.v1.DeleteInstanceResponse.instance:type_name -> nstance.v1.InstanceStatus
+	40, // 11: nstance.v1.GetInstanceStatusResponse.instance:type_name -> nstance.v1.InstanceStatus
+	41, // 12: nstance.v1.ListInstancesRequest.states:type_name -> nstance.v1.InstanceState
+	40, // 13: nstance.v1.ListInstancesResponse.instances:type_name -> nstance.v1.InstanceStatus
+	40, // 14: nstance.v1.AcknowledgeDrainedResponse.instance:type_name -> nstance.v1.InstanceStatus
+	1,  // 15: nstance.v1.GroupEvent.type:type_name -> nstance.v1.GroupEventType
+	37, // 16: nstance.v1.GroupEvent.group:type_name -> nstance.v1.GroupStatus
+	35, // 17: nstance.v1.GroupEvent.occurred_at:type_name -> google.protobuf.Timestamp
+	2,  // 18: nstance.v1.InstanceEvent.status:type_name -> nstance.v1.InstanceEventStatus
+	3,  // 19: nstance.v1.InstanceEvent.reason:type_name -> nstance.v1.DeletionReason
+	35, // 20: nstance.v1.InstanceEvent.drain_deadline:type_name -> google.protobuf.Timestamp
+	35, // 21: nstance.v1.InstanceEvent.occurred_at:type_name -> google.protobuf.Timestamp
+	4,  // 22: nstance.v1.WatchErrorsRequest.sources:type_name -> nstance.v1.ErrorSource
+	4,  // 23: nstance.v1.ErrorEvent.source:type_name -> nstance.v1.ErrorSource
+	35, // 24: nstance.v1.ErrorEvent.occurred_at:type_name -> google.protobuf.Timestamp
+	35, // 25: nstance.v1.RenewCertificateResponse.expires_at:type_name -> google.protobuf.Timestamp
+	42, // 26: nstance.v1.RenewCertificateResponse.identity:type_name -> nstance.v1.ClientIdentity
+	5,  // 27: nstance.v1.OperatorService.GetConfigStatus:input_type -> nstance.v1.GetConfigStatusRequest
+	7,  // 28: nstance.v1.OperatorService.RefreshConfig:input_type -> nstance.v1.RefreshConfigRequest
+	9,  // 29: nstance.v1.OperatorService.ListGroups:input_type -> nstance.v1.ListGroupsRequest
+	11, // 30: nstance.v1.OperatorService.UpsertGroup:input_type -> nstance.v1.UpsertGroupRequest
+	13, // 31: nstance.v1.OperatorService.DeleteGroup:input_type -> nstance.v1.DeleteGroupRequest
+	15, // 32: nstance.v1.OperatorService.CreateInstance:input_type -> nstance.v1.CreateInstanceRequest
+	17, // 33: nstance.v1.OperatorService.DeleteInstance:input_type -> nstance.v1.DeleteInstanceRequest
+	19, // 34: nstance.v1.OperatorService.GetInstanceStatus:input_type -> nstance.v1.GetInstanceStatusRequest
+	21, // 35: nstance.v1.OperatorService.ListInstances:input_type -> nstance.v1.ListInstancesRequest
+	23, // 36: nstance.v1.OperatorService.AcknowledgeDrained:input_type -> nstance.v1.AcknowledgeDrainedRequest
+	25, // 37: nstance.v1.OperatorService.WatchGroups:input_type -> nstance.v1.WatchGroupsRequest
+	27, // 38: nstance.v1.OperatorService.WatchInstances:input_type -> nstance.v1.WatchInstancesRequest
+	29, // 39: nstance.v1.OperatorService.WatchErrors:input_type -> nstance.v1.WatchErrorsRequest
+	31, // 40: nstance.v1.OperatorService.RenewCertificate:input_type -> nstance.v1.RenewCertificateRequest
+	6,  // 41: nstance.v1.OperatorService.GetConfigStatus:output_type -> nstance.v1.GetConfigStatusResponse
+	8,  // 42: nstance.v1.OperatorService.RefreshConfig:output_type -> nstance.v1.RefreshConfigResponse
+	10, // 43: nstance.v1.OperatorService.ListGroups:output_type -> nstance.v1.ListGroupsResponse
+	12, // 44: nstance.v1.OperatorService.UpsertGroup:output_type -> nstance.v1.UpsertGroupResponse
+	14, // 45: nstance.v1.OperatorService.DeleteGroup:output_type -> nstance.v1.DeleteGroupResponse
+	16, // 46: nstance.v1.OperatorService.CreateInstance:output_type -> nstance.v1.CreateInstanceResponse
+	18, // 47: nstance.v1.OperatorService.DeleteInstance:output_type -> nstance.v1.DeleteInstanceResponse
+	20, // 48: nstance.v1.OperatorService.GetInstanceStatus:output_type -> nstance.v1.GetInstanceStatusResponse
+	22, // 49: nstance.v1.OperatorService.ListInstances:output_type -> nstance.v1.ListInstancesResponse
+	24, // 50: nstance.v1.OperatorService.AcknowledgeDrained:output_type -> nstance.v1.AcknowledgeDrainedResponse
+	26, // 51: nstance.v1.OperatorService.WatchGroups:output_type -> nstance.v1.GroupEvent
+	28, // 52: nstance.v1.OperatorService.WatchInstances:output_type -> nstance.v1.InstanceEvent
+	30, // 53: nstance.v1.OperatorService.WatchErrors:output_type -> nstance.v1.ErrorEvent
+	32, // 54: nstance.v1.OperatorService.RenewCertificate:output_type -> nstance.v1.RenewCertificateResponse
+	41, // [41:55] is the sub-list for method output_type
+	27, // [27:41] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_nstance_v1_operator_proto_init() }
@@ -2190,7 +2304,7 @@ func file_nstance_v1_operator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nstance_v1_operator_proto_rawDesc), len(file_nstance_v1_operator_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   28,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,6 +27,7 @@ const (
 	OperatorService_CreateInstance_FullMethodName     = "/nstance.v1.OperatorService/CreateInstance"
 	OperatorService_DeleteInstance_FullMethodName     = "/nstance.v1.OperatorService/DeleteInstance"
 	OperatorService_GetInstanceStatus_FullMethodName  = "/nstance.v1.OperatorService/GetInstanceStatus"
+	OperatorService_ListInstances_FullMethodName      = "/nstance.v1.OperatorService/ListInstances"
 	OperatorService_AcknowledgeDrained_FullMethodName = "/nstance.v1.OperatorService/AcknowledgeDrained"
 	OperatorService_WatchGroups_FullMethodName        = "/nstance.v1.OperatorService/WatchGroups"
 	OperatorService_WatchInstances_FullMethodName     = "/nstance.v1.OperatorService/WatchInstances"
@@ -58,6 +59,8 @@ type OperatorServiceClient interface {
 	DeleteInstance(ctx context.Context, in *DeleteInstanceRequest, opts ...grpc.CallOption) (*DeleteInstanceResponse, error)
 	// GetInstanceStatus returns the current record of one instance.
 	GetInstanceStatus(ctx context.Context, in *GetInstanceStatusRequest, opts ...grpc.CallOption) (*GetInstanceStatusResponse, error)
+	// ListInstances returns the caller's instances in the shard, optionally filtered by group and state.
+	ListInstances(ctx context.Context, in *ListInstancesRequest, opts ...grpc.CallOption) (*ListInstancesResponse, error)
 	// AcknowledgeDrained tells the server that an instance's node is drained and it may be deleted.
 	AcknowledgeDrained(ctx context.Context, in *AcknowledgeDrainedRequest, opts ...grpc.CallOption) (*AcknowledgeDrainedResponse, error)
 	// WatchGroups sends every current group as an UPSERT event, then each later change.
@@ -152,6 +155,16 @@ func (c *operatorServiceClient) GetInstanceStatus(ctx context.Context, in *GetIn
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetInstanceStatusResponse)
 	err := c.cc.Invoke(ctx, OperatorService_GetInstanceStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *operatorServiceClient) ListInstances(ctx context.Context, in *ListInstancesRequest, opts ...grpc.CallOption) (*ListInstancesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListInstancesResponse)
+	err := c.cc.Invoke(ctx, OperatorService_ListInstances_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -259,6 +272,8 @@ type OperatorServiceServer interface {
 	DeleteInstance(context.Context, *DeleteInstanceRequest) (*DeleteInstanceResponse, error)
 	// GetInstanceStatus returns the current record of one instance.
 	GetInstanceStatus(context.Context, *GetInstanceStatusRequest) (*GetInstanceStatusResponse, error)
+	// ListInstances returns the caller's instances in the shard, optionally filtered by group and state.
+	ListInstances(context.Context, *ListInstancesRequest) (*ListInstancesResponse, error)
 	// AcknowledgeDrained tells the server that an instance's node is drained and it may be deleted.
 	AcknowledgeDrained(context.Context, *AcknowledgeDrainedRequest) (*AcknowledgeDrainedResponse, error)
 	// WatchGroups sends every current group as an UPSERT event, then each later change.
@@ -302,6 +317,9 @@ func (UnimplementedOperatorServiceServer) DeleteInstance(context.Context, *Delet
 }
 func (UnimplementedOperatorServiceServer) GetInstanceStatus(context.Context, *GetInstanceStatusRequest) (*GetInstanceStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetInstanceStatus not implemented")
+}
+func (UnimplementedOperatorServiceServer) ListInstances(context.Context, *ListInstancesRequest) (*ListInstancesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListInstances not implemented")
 }
 func (UnimplementedOperatorServiceServer) AcknowledgeDrained(context.Context, *AcknowledgeDrainedRequest) (*AcknowledgeDrainedResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method AcknowledgeDrained not implemented")
@@ -483,6 +501,24 @@ func _OperatorService_GetInstanceStatus_Handler(srv interface{}, ctx context.Con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _OperatorService_ListInstances_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListInstancesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServiceServer).ListInstances(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: OperatorService_ListInstances_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServiceServer).ListInstances(ctx, req.(*ListInstancesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _OperatorService_AcknowledgeDrained_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(AcknowledgeDrainedRequest)
 	if err := dec(in); err != nil {
@@ -590,6 +626,10 @@ var OperatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetInstanceStatus",
 			Handler:    _OperatorService_GetInstanceStatus_Handler,
+		},
+		{
+			MethodName: "ListInstances",
+			Handler:    _OperatorService_ListInstances_Handler,
 		},
 		{
 			MethodName: "AcknowledgeDrained",
