@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nstance-dev/nstance/internal/testing/hosttools"
 )
 
 // TestMakeDevTmuxK8s runs the human path, `make dev-tmux-k8s` under Overmind
@@ -18,6 +20,9 @@ import (
 func TestMakeDevTmuxK8s(t *testing.T) {
 	if os.Getenv("NSTANCE_E2E_OVERMIND") != "1" {
 		t.Skip("set NSTANCE_E2E_OVERMIND=1 to run make dev-tmux-k8s under Overmind")
+	}
+	for _, tool := range []string{"make", "tmux", "curl", "ps", "git"} {
+		hosttools.Require(t, tool)
 	}
 	root := repoRoot(t)
 	logDir := t.TempDir()
