@@ -1,0 +1,121 @@
+# scripts/lib/progress.sh: progress output for steps that can take long.
+# Sourced by scripts/*.sh, .ci/run and Makefile recipes; needs bash.
+#
+#   progress_run DESC CMD...
+#       Runs CMD in the foreground (stdin, stdout and Ctrl+C behave as if run
+#       directly). Prints "DESC", then "DESC: still running (1m20s)" every
+#       NSTANCE_PROGRESS_INTERVAL seconds while CMD runs, then
+#       "DESC: done in 2m05s" or "DESC: failed (exit 2) after 5s", and
+#       returns CMD's status. CMD should be a program: a shell function would
+#       run with errexit ignored.
+#   progress_wait DESC LIMIT CMD...
+#       Retries CMD (output discarded) every half second until it succeeds.
+#       Prints "waiting for DESC (limit LIMITs)", "still waiting for DESC
+#       (40s of LIMITs)" every interval and "DESC: ready after 12s"; returns 1
+#       with "gave up waiting for DESC after LIMITs" when LIMIT passes.
+#   progress_elapsed SECONDS    prints 75 as "1m15s".
+#
+# Every line goes to stderr through progress_say, so stdout stays free for a
+# script's result. progress_say prints "TAG: message" with TAG from
+# PROGRESS_TAG (default: the script's name); redefine it after sourcing to
+# match a script's own log format. NSTANCE_PROGRESS_INTERVAL (seconds,
+# fractions allowed; default 20) keeps the gap between two lines under 30s;
+# tests set it lower.
+
+progress_say() { printf '%s: %s\n' "${PROGRESS_TAG:-${0##*/}}" "$*" >&2; }
+
+progress_elapsed() {
+	local s=$1
+	if ((s >= 60)); then printf '%dm%02ds\n' $((s / 60)) $((s % 60)); else printf '%ds\n' "$s"; fi
+}
+
+# _progress_interval prints the heartbeat interval or fails on a bad value.
+_progress_interval() {
+	local v=${NSTANCE_PROGRESS_INTERVAL:-20}
+	if [[ ! $v =~ ^([0-9]+([.][0-9]+)?|[.][0-9]+)$ ]] || [[ $v =~ ^[0.]+$ ]]; then
+		echo "NSTANCE_PROGRESS_INTERVAL=$v: want a positive number of seconds, e.g. 20 or 0.5" >&2
+		return 2
+	fi
+	echo "$v"
+}
+
+# _progress_now_ms: wall clock in milliseconds.
+_progress_now_ms() {
+	if [[ -n ${EPOCHREALTIME:-} ]]; then
+		local t=${EPOCHREALTIME/[.,]/}
+		echo $((10#$t / 1000))
+	else
+		echo $(($(date +%s) * 1000))
+	fi
+}
+
+# _progress_beat DESC START INTERVAL: the heartbeat. Reads the pipe that
+# progress_run holds open; prints a line at every read timeout and returns
+# when the pipe closes (progress_run finished, or its shell died).
+_progress_beat() {
+	local desc=$1 start=$2 interval=$3 line rc now
+	while :; do
+		rc=0
+		read -r -t "$interval" line || rc=$?
+		((rc > 128)) || return 0
+		printf -v now '%(%s)T' -1
+		progress_say "$desc: still running ($(progress_elapsed $((now - start))))"
+	done
+}
+
+progress_run() {
+	local desc=$1 interval start now rc=0 beat beat_pid
+	shift
+	interval=$(_progress_interval) || return 2
+	printf -v start '%(%s)T' -1
+	progress_say "$desc"
+	if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 404)); then
+		exec {beat}> >(_progress_beat "$desc" "$start" "$interval")
+		beat_pid=$!
+		# CMD must not hold the heartbeat's pipe open (a daemon it starts would
+		# keep the heartbeat alive).
+		"$@" {beat}>&- || rc=$?
+		exec {beat}>&-
+		wait "$beat_pid" 2>/dev/null || true
+	else
+		# bash before 4.4 (macOS's /bin/bash): no heartbeat, only start and end.
+		"$@" || rc=$?
+	fi
+	printf -v now '%(%s)T' -1
+	if ((rc == 0)); then
+		progress_say "$desc: done in $(progress_elapsed $((now - start)))"
+	else
+		progress_say "$desc: failed (exit $rc) after $(progress_elapsed $((now - start)))"
+	fi
+	return "$rc"
+}
+
+progress_wait() {
+	local desc=$1 limit=$2 interval interval_ms poll start next now
+	shift 2
+	if [[ ! $limit =~ ^[1-9][0-9]*$ ]]; then
+		echo "progress_wait: limit '$limit' for $desc must be a whole number of seconds" >&2
+		return 2
+	fi
+	interval=$(_progress_interval) || return 2
+	interval_ms=$(awk -v s="$interval" 'BEGIN { printf "%d", s * 1000 }')
+	poll=0.5
+	((interval_ms >= 500)) || poll=$interval
+	start=$(_progress_now_ms)
+	next=$((start + interval_ms))
+	progress_say "waiting for $desc (limit ${limit}s)"
+	until "$@" >/dev/null 2>&1; do
+		now=$(_progress_now_ms)
+		if ((now - start >= limit * 1000)); then
+			progress_say "gave up waiting for $desc after ${limit}s"
+			return 1
+		fi
+		if ((now >= next)); then
+			progress_say "still waiting for $desc ($(progress_elapsed $(((now - start) / 1000))) of ${limit}s)"
+			next=$((now + interval_ms))
+		fi
+		sleep "$poll"
+	done
+	now=$(_progress_now_ms)
+	progress_say "$desc: ready after $(progress_elapsed $(((now - start) / 1000)))"
+}
