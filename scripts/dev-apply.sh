@@ -11,7 +11,7 @@ set -- "${files[@]}"
 source "$(dirname "$0")/dev-common.sh"
 export KUBECONFIG="${KUBECONFIG:-$DEV_DIR_ABS/operator/kubeconfig}"
 envtest_kubectl="$(scripts/envtest-assets.sh --dir)/kubectl"
-[[ -x $envtest_kubectl ]] && export PATH="$(dirname "$envtest_kubectl"):$PATH"
+[[ -x $envtest_kubectl ]] && PATH="${envtest_kubectl%/kubectl}:$PATH"
 del=false
 if [[ ${1:-} == --delete ]]; then del=true; shift; fi
 (( $# )) || die "usage: scripts/dev-apply.sh [--delete] FILE..."

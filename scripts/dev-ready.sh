@@ -56,7 +56,9 @@ summary=(
 )
 if [[ $with_k8s == true ]]; then
 	if [[ $k8s_mode == apiserver ]]; then
-		summary+=("kube-api    $(kubeconfig_server) (envtest kube-apiserver; kubectl: export PATH=$(scripts/envtest-assets.sh --dir):\$PATH)")
+		server=$(kubeconfig_server)
+		assets=$(scripts/envtest-assets.sh --dir)
+		summary+=("kube-api    $server (envtest kube-apiserver; its kubectl: export PATH=$assets:\$PATH)")
 	else
 		summary+=("dev-k8s     https://$DEV_K8S_ADDR  objects as JSON files in $DEV_DIR_ABS/dev-k8s/")
 	fi
