@@ -237,7 +237,7 @@ func TestEnvtestWaitsForRunningBuild(t *testing.T) {
 		t.Fatalf("exit %d; output:\n%s", r.code, r.text())
 	}
 	requireGaps(t, r, end)
-	if !r.has("envtest-assets: cached in "+filepath.Join(cache, assetsDir)+" (built while this call waited)") {
+	if !r.has("envtest-assets: cached in " + filepath.Join(cache, assetsDir) + " (built while this call waited)") {
 		t.Errorf("no 'built while this call waited' line; output:\n%s", r.text())
 	}
 	if !r.has("waiting for it to finish: still running (") {
