@@ -3,10 +3,10 @@
 #
 #   progress_run DESC CMD...
 #       Runs CMD in the foreground (stdin, stdout and Ctrl+C behave as if run
-#       directly). Prints "DESC", then "DESC: still running (1m20s)" every
+#       directly). Prints "DESC", then "NAME: still running (1m20s)" every
 #       NSTANCE_PROGRESS_INTERVAL seconds while CMD runs, then
-#       "DESC: done in 2m05s" or "DESC: failed (exit 2) after 5s", and
-#       returns CMD's status. CMD should be a program: a shell function would
+#       "NAME: done in 2m05s" or "NAME: failed (exit 2) after 5s", and
+#       returns CMD's status. NAME is DESC without a trailing " (details)". CMD should be a program: a shell function would
 #       run with errexit ignored.
 #   progress_wait DESC LIMIT CMD...
 #       Retries CMD (output discarded) every half second until it succeeds.
@@ -64,13 +64,14 @@ _progress_beat() {
 }
 
 progress_run() {
-	local desc=$1 interval start now rc=0 beat beat_pid
+	local desc=$1 name interval start now rc=0 beat beat_pid
 	shift
+	name=${desc%% (*}
 	interval=$(_progress_interval) || return 2
 	printf -v start '%(%s)T' -1
 	progress_say "$desc"
 	if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 404)); then
-		exec {beat}> >(_progress_beat "$desc" "$start" "$interval")
+		exec {beat}> >(_progress_beat "$name" "$start" "$interval")
 		beat_pid=$!
 		# CMD must not hold the heartbeat's pipe open (a daemon it starts would
 		# keep the heartbeat alive).
@@ -83,9 +84,9 @@ progress_run() {
 	fi
 	printf -v now '%(%s)T' -1
 	if ((rc == 0)); then
-		progress_say "$desc: done in $(progress_elapsed $((now - start)))"
+		progress_say "$name: done in $(progress_elapsed $((now - start)))"
 	else
-		progress_say "$desc: failed (exit $rc) after $(progress_elapsed $((now - start)))"
+		progress_say "$name: failed (exit $rc) after $(progress_elapsed $((now - start)))"
 	fi
 	return "$rc"
 }

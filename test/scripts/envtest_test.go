@@ -186,7 +186,8 @@ func TestEnvtestBuildProgress(t *testing.T) {
 		"envtest-assets: building into " + dir + " because " + dir + "/kube-apiserver is missing",
 		"envtest-assets: building kube-apiserver and kubectl v" + k8sVersion,
 		"envtest-assets: building etcd v" + etcdVersion,
-		"still running (",
+		"envtest-assets: building kube-apiserver and kubectl v" + k8sVersion + ": still running (",
+		"envtest-assets: building etcd v" + etcdVersion + ": done in",
 		"envtest-assets: built in",
 	} {
 		if !r.has(want) {

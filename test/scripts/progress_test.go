@@ -13,7 +13,7 @@ import (
 func TestProgressRunHeartbeat(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)
-	s := startCmd(t, bashLib(t, root, `progress_run "slow step" bash -c 'echo step-output; sleep 3; exit 3' || echo "status $?"`))
+	s := startCmd(t, bashLib(t, root, `progress_run "slow step (three seconds)" bash -c 'echo step-output; sleep 3; exit 3' || echo "status $?"`))
 	r, end := s.wait(t, 30*time.Second)
 	if r.code != 0 {
 		t.Fatalf("exit %d; output:\n%s", r.code, r.text())
@@ -21,7 +21,7 @@ func TestProgressRunHeartbeat(t *testing.T) {
 	requireGaps(t, r, end)
 	first, beat := -1, -1
 	for i, l := range r.lines {
-		if l.text == "test: slow step" && first < 0 {
+		if l.text == "test: slow step (three seconds)" && first < 0 {
 			first = i
 		}
 		if strings.HasPrefix(l.text, "test: slow step: still running") && beat < 0 {
@@ -29,7 +29,7 @@ func TestProgressRunHeartbeat(t *testing.T) {
 		}
 	}
 	if first < 0 || beat < first {
-		t.Errorf("want the line %q before the first heartbeat; output:\n%s", "test: slow step", r.text())
+		t.Errorf("want the line %q before the first heartbeat; output:\n%s", "test: slow step (three seconds)", r.text())
 	}
 	if n := r.count("test: slow step: still running ("); n < 2 {
 		t.Errorf("%d heartbeat lines in 3s at a %s interval; output:\n%s", n, interval, r.text())
