@@ -146,6 +146,9 @@ func TestMakeDevTmuxK8s(t *testing.T) {
 	}
 	time.Sleep(time.Second) // the summary's remaining lines
 	out := allOutput()
+	if i := strings.Index(out, "nstance dev stack is up"); i >= 0 {
+		t.Logf("summary:\n%s", strings.Join(strings.SplitN(out[i:], "\n", 12)[:11], "\n"))
+	}
 	for _, want := range []string{
 		fmt.Sprintf("http://127.0.0.1:%d", base-1),
 		fmt.Sprintf("https://127.0.0.1:%d", base+50),

@@ -77,6 +77,8 @@ var (
 	// A pipe into a reader that may stop early: under pipefail the writer's
 	// SIGPIPE fails the pipeline at random.
 	earlyExitPipe = regexp.MustCompile(`(?:^|[^|])\|\s*(?:grep\b[^|]*?\s(?:-[a-zA-Z]*[qm]|--quiet|--silent|--max-count)|head\b|awk\b[^|]*\bexit\b|sed\b[^|]*[0-9;{]q\b)`)
+	// `cmd < <(other)`: other's failure is invisible.
+	procSubstInput = regexp.MustCompile(`<\s*<\(`)
 	// An assignment at the start of a statement.
 	assignment = regexp.MustCompile(`(?:^|[\s;&|(])[A-Za-z_][A-Za-z_0-9]*=`)
 	// export/local/readonly/declare of a command substitution: the builtin's
@@ -138,6 +140,9 @@ func TestScriptsHaveNoPipefailRaces(t *testing.T) {
 			if earlyExitPipe.MatchString(c) {
 				t.Errorf("%s:%d pipes into a reader that can exit early (SIGPIPE + pipefail): capture the output first\n\t%s", f, l.n, strings.TrimSpace(l.text))
 			}
+			if procSubstInput.MatchString(c) {
+				t.Errorf("%s:%d reads from a process substitution, whose exit status is lost: capture the output first\n\t%s", f, l.n, strings.TrimSpace(l.text))
+			}
 			if lostStatus(l.text, subst) {
 				t.Errorf("%s:%d drops a command substitution's exit status: assign it on its own line first\n\t%s", f, l.n, strings.TrimSpace(l.text))
 			}
@@ -158,6 +163,9 @@ func TestPipefailPatterns(t *testing.T) {
 		if !earlyExitPipe.MatchString(code(bad)) && !earlyExitPipe.MatchString(bad) {
 			t.Errorf("not flagged as an early-exit pipe: %s", bad)
 		}
+	}
+	if !procSubstInput.MatchString(code(`read -r a b < <(python3 -c 'x' "$f")`)) {
+		t.Error("input from a process substitution not flagged")
 	}
 	for _, good := range []string{`a || grep -q x f`, `git ls-files | grep -v '^x/'`, `ps | awk '{ print $2 }'`, `grep -q x "$f"`} {
 		if earlyExitPipe.MatchString(code(good)) {
