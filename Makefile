@@ -21,6 +21,9 @@ KUSTOMIZE_VERSION          := v5.8.2
 
 BINARIES := nstance-server nstance-agent nstance-operator nstance-admin dev-k8s dev-s3
 GO_TEST_FLAGS ?= -count=1 -timeout 20m
+# go-install,PACKAGE@VERSION: `go install` into ./bin with progress (scripts/lib/progress.sh).
+go-install = @source scripts/lib/progress.sh; PROGRESS_TAG=tools; \
+	progress_run "go install $(1) into ./bin" env GOBIN=$(BIN) $(GO) install $(1)
 # Generated files checked by `make verify`.
 GENERATED := pkg/proto api/v1beta1/zz_generated.deepcopy.go config/crd config/rbac deploy/helm/nstance-operator/files
 
@@ -99,14 +102,15 @@ test: verify lint test-go ## Everything CI runs: generated-code check, lint, uni
 
 .PHONY: test-go
 test-go: ## Unit and envtest tests (builds the envtest binaries on first use).
-	assets=$$(scripts/envtest-assets.sh); KUBEBUILDER_ASSETS=$$assets $(GO) test $(GO_TEST_FLAGS) ./...
+	@assets=$$(scripts/envtest-assets.sh); source scripts/lib/progress.sh; PROGRESS_TAG=test-go; \
+		progress_run "go test $(GO_TEST_FLAGS) ./... (KUBEBUILDER_ASSETS=$$assets)" env KUBEBUILDER_ASSETS=$$assets $(GO) test $(GO_TEST_FLAGS) ./...
 
 .PHONY: lint
 lint: ## gofmt and go vet.
 	@files=$$(git ls-files '*.go' | grep -v '^scripts/envtest/'); \
 	unformatted=$$(gofmt -l $$files) || { echo "gofmt failed (see above)"; exit 1; }; \
 	if [ -n "$$unformatted" ]; then echo "not gofmt-ed:"; echo "$$unformatted"; exit 1; fi
-	$(GO) vet ./...
+	@source scripts/lib/progress.sh; PROGRESS_TAG=lint; progress_run "go vet ./..." $(GO) vet ./...
 
 .PHONY: bench
 bench: ## Run every benchmark and print the figures (see bench/RESULTS.md).
@@ -118,15 +122,15 @@ bench: ## Run every benchmark and print the figures (see bench/RESULTS.md).
 
 ##@ Tools
 $(BIN)/controller-gen:
-	GOBIN=$(BIN) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
+	$(call go-install,sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION))
 $(BIN)/protoc-gen-go:
-	GOBIN=$(BIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	$(call go-install,google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION))
 $(BIN)/protoc-gen-go-grpc:
-	GOBIN=$(BIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	$(call go-install,google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION))
 $(BIN)/buf:
-	GOBIN=$(BIN) $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
+	$(call go-install,github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION))
 $(BIN)/kustomize:
-	GOBIN=$(BIN) $(GO) install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
+	$(call go-install,sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION))
 
 .PHONY: tools
 tools: $(BIN)/controller-gen $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/buf $(BIN)/kustomize ## Install pinned tools into ./bin.
@@ -146,7 +150,7 @@ RELEASE_BINARIES  := nstance-server nstance-agent nstance-operator nstance-admin
 RELEASE_ARCHES    := amd64 arm64
 
 $(BIN)/helm:
-	GOBIN=$(BIN) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	$(call go-install,helm.sh/helm/v3/cmd/helm@$(HELM_VERSION))
 
 # build-image: static linux binary for $(IMAGE_ARCH), then an image archive
 # (OCI layout + docker manifest.json) written by scripts/image, no daemon.
@@ -210,11 +214,12 @@ DEV_BINARIES     := dev-s3 dev-k8s nstance-admin nstance-agent nstance-server ns
 comma            := ,
 
 $(BIN)/air:
-	GOBIN=$(BIN) $(GO) install github.com/air-verse/air@$(AIR_VERSION)
+	$(call go-install,github.com/air-verse/air@$(AIR_VERSION))
 # `go install` refuses Overmind (its go.mod has replace directives): build it
 # from the pinned tools module instead.
 $(BIN)/overmind: scripts/tools/overmind/go.mod
-	cd scripts/tools/overmind && $(GO) build -o $(BIN)/overmind github.com/DarthSim/overmind/v2
+	@source scripts/lib/progress.sh; PROGRESS_TAG=tools; cd scripts/tools/overmind && \
+		progress_run "go build bin/overmind (module scripts/tools/overmind)" $(GO) build -o $(BIN)/overmind github.com/DarthSim/overmind/v2
 
 # check captures each tool's version output whole before matching it: piping
 # into `grep -q` ends the pipe early and, under pipefail, reinstalls at random.

@@ -15,6 +15,11 @@
 #       with "gave up waiting for DESC after LIMITs" when LIMIT passes.
 #   progress_elapsed SECONDS    prints 75 as "1m15s".
 #
+# Nesting: progress_run passes NSTANCE_PROGRESS_NEST (a directory) to CMD. A
+# progress_run or progress_wait inside CMD, in this shell or another script,
+# leaves a file named after its PID there while it runs, and the outer
+# heartbeat stays quiet meanwhile: one heartbeat at a time, the innermost.
+#
 # Every line goes to stderr through progress_say, so stdout stays free for a
 # script's result. progress_say prints "TAG: message" with TAG from
 # PROGRESS_TAG (default: the script's name); redefine it after sourcing to
@@ -49,35 +54,68 @@ _progress_now_ms() {
 	fi
 }
 
-# _progress_beat DESC START INTERVAL: the heartbeat. Reads the pipe that
-# progress_run holds open; prints a line at every read timeout and returns
-# when the pipe closes (progress_run finished, or its shell died).
+# _progress_mark / _progress_unmark: announce to an enclosing progress_run
+# that this step reports its own progress (see Nesting above). _progress_mark
+# sets _progress_marker (not a command substitution: the file is named after
+# this shell's PID, which a subshell would not have).
+_progress_mark() {
+	_progress_marker=
+	if [[ -n ${NSTANCE_PROGRESS_NEST:-} && -d $NSTANCE_PROGRESS_NEST ]]; then
+		_progress_marker=$NSTANCE_PROGRESS_NEST/$BASHPID
+		: >"$_progress_marker" 2>/dev/null || _progress_marker=
+	fi
+}
+_progress_unmark() { if [[ -n $1 ]]; then rm -f "$1"; fi; }
+
+# _progress_inner NEST: a step inside is reporting (its process is alive).
+_progress_inner() {
+	local m
+	for m in "$1"/*; do
+		[[ -e $m ]] || continue
+		kill -0 "${m##*/}" 2>/dev/null && return 0
+	done
+	return 1
+}
+
+# _progress_beat NAME START INTERVAL NEST: the heartbeat. Reads the pipe that
+# progress_run holds open; prints a line at every read timeout (unless a
+# step inside reports) and returns when the pipe closes (progress_run
+# finished, or its shell died).
 _progress_beat() {
-	local desc=$1 start=$2 interval=$3 line rc now
+	local name=$1 start=$2 interval=$3 nest=$4 line rc now msg
 	while :; do
 		rc=0
 		read -r -t "$interval" line || rc=$?
 		((rc > 128)) || return 0
 		printf -v now '%(%s)T' -1
-		progress_say "$desc: still running ($(progress_elapsed $((now - start))))"
+		msg="$name: still running ($(progress_elapsed $((now - start))))"
+		# Checked right before printing; an inner step starting in between
+		# can still see one last outer line.
+		_progress_inner "$nest" && continue
+		progress_say "$msg"
 	done
 }
 
 progress_run() {
-	local desc=$1 name interval start now rc=0 beat beat_pid
+	local desc=$1 name interval start now rc=0 beat beat_pid marker nest
 	shift
 	name=${desc%% (*}
 	interval=$(_progress_interval) || return 2
 	printf -v start '%(%s)T' -1
+	# Marked before the first line and unmarked after the last, so the outer
+	# heartbeat never falls between them.
+	_progress_mark
+	marker=$_progress_marker
 	progress_say "$desc"
-	if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 404)); then
-		exec {beat}> >(_progress_beat "$name" "$start" "$interval")
+	if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 404)) && nest=$(mktemp -d "${TMPDIR:-/tmp}/progress.XXXXXX"); then
+		exec {beat}> >(_progress_beat "$name" "$start" "$interval" "$nest")
 		beat_pid=$!
 		# CMD must not hold the heartbeat's pipe open (a daemon it starts would
 		# keep the heartbeat alive).
-		"$@" {beat}>&- || rc=$?
+		NSTANCE_PROGRESS_NEST=$nest "$@" {beat}>&- || rc=$?
 		exec {beat}>&-
 		wait "$beat_pid" 2>/dev/null || true
+		rm -rf "$nest"
 	else
 		# bash before 4.4 (macOS's /bin/bash): no heartbeat, only start and end.
 		"$@" || rc=$?
@@ -88,11 +126,12 @@ progress_run() {
 	else
 		progress_say "$name: failed (exit $rc) after $(progress_elapsed $((now - start)))"
 	fi
+	_progress_unmark "$marker"
 	return "$rc"
 }
 
 progress_wait() {
-	local desc=$1 limit=$2 interval interval_ms poll start next now
+	local desc=$1 limit=$2 interval interval_ms poll start next now marker
 	shift 2
 	if [[ ! $limit =~ ^[1-9][0-9]*$ ]]; then
 		echo "progress_wait: limit '$limit' for $desc must be a whole number of seconds" >&2
@@ -104,11 +143,14 @@ progress_wait() {
 	((interval_ms >= 500)) || poll=$interval
 	start=$(_progress_now_ms)
 	next=$((start + interval_ms))
+	_progress_mark
+	marker=$_progress_marker
 	progress_say "waiting for $desc (limit ${limit}s)"
 	until "$@" >/dev/null 2>&1; do
 		now=$(_progress_now_ms)
 		if ((now - start >= limit * 1000)); then
 			progress_say "gave up waiting for $desc after ${limit}s"
+			_progress_unmark "$marker"
 			return 1
 		fi
 		if ((now >= next)); then
@@ -119,4 +161,5 @@ progress_wait() {
 	done
 	now=$(_progress_now_ms)
 	progress_say "$desc: ready after $(progress_elapsed $(((now - start) / 1000)))"
+	_progress_unmark "$marker"
 }

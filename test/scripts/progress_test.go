@@ -131,3 +131,54 @@ func TestProgressSettings(t *testing.T) {
 		}
 	}
 }
+
+// A progress_run inside another (here in a child script, as make inside
+// .ci/run): only the innermost step beats, the outer one resumes after it,
+// and the gaps stay within the bound throughout.
+func TestProgressRunNested(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	inner := `source scripts/lib/progress.sh; PROGRESS_TAG=inner; sleep 1.5; progress_run "inner step" sleep 2.5; sleep 1.5`
+	r, end := run(t, bashLib(t, root, `progress_run "outer step" bash -c '`+inner+`'`), 30*time.Second)
+	if r.code != 0 {
+		t.Fatalf("exit %d; output:\n%s", r.code, r.text())
+	}
+	requireGaps(t, r, end)
+	var innerStart, innerEnd time.Time
+	for _, l := range r.lines {
+		switch l.text {
+		case "inner: inner step":
+			innerStart = l.at
+		case "inner: inner step: done in 3s", "inner: inner step: done in 2s":
+			innerEnd = l.at
+		}
+	}
+	if innerStart.IsZero() || innerEnd.IsZero() {
+		t.Fatalf("inner start or end missing; output:\n%s", r.text())
+	}
+	// The outer heartbeat checks for an inner step just before it prints, so
+	// one outer line may still land right after the inner step's first line,
+	// never later.
+	var outerBefore, outerDuring, outerAfter, innerBeats int
+	for _, l := range r.lines {
+		switch {
+		case strings.HasPrefix(l.text, "test: outer step: still running"):
+			switch {
+			case !l.at.After(innerStart):
+				outerBefore++
+			case l.at.After(innerEnd):
+				outerAfter++
+			default:
+				outerDuring++
+				if outerDuring > 1 || innerBeats > 0 {
+					t.Errorf("outer heartbeat %q while the inner step reports; output:\n%s", l.text, r.text())
+				}
+			}
+		case strings.HasPrefix(l.text, "inner: inner step: still running"):
+			innerBeats++
+		}
+	}
+	if outerBefore == 0 || outerAfter == 0 || innerBeats < 2 {
+		t.Errorf("heartbeats: outer %d before and %d after the inner step, inner %d; output:\n%s", outerBefore, outerAfter, innerBeats, r.text())
+	}
+}

@@ -210,7 +210,7 @@ var (
 	// Words that name a program without running it: `command -v make`,
 	// array literals such as tools=(make:make ...).
 	notCommands  = regexp.MustCompile(`command -v \S+|\b\w+=\([^)]*\)`)
-	longMakeStep = regexp.MustCompile(`\$\(GO\)\s+(?:build|install)\b|\$\(MAKE\)`)
+	longMakeStep = regexp.MustCompile(`\$\(GO\)\s+(?:build|install|test|vet)\b|\$\(MAKE\)|\$\(call go-install,`)
 )
 
 // requireProgress fails for every line of text with a long step that does
@@ -272,13 +272,28 @@ func TestLongStepsReportProgress(t *testing.T) {
 
 	mk := readFile(t, root, "Makefile")
 	prereqs, recipe := recipes(mk)
-	for _, target := range []string{"build", "dev-binaries", "check"} {
+	// The targets `make test` and `make dev-tmux-k8s` run, and every tool
+	// installed into ./bin.
+	targets := []string{"build", "dev-binaries", "check", "test-go", "lint", "verify-tidy"}
+	for target := range recipe {
+		if strings.HasPrefix(target, "$(BIN)/") || target == "$(OVERMIND)" {
+			targets = append(targets, target)
+		}
+	}
+	if len(targets) < 10 {
+		t.Errorf("found only %d tool rules: %q", len(targets)-6, targets[6:])
+	}
+	goInstall := regexp.MustCompile(`(?m)^go-install = .*\\\n\s*progress_run `)
+	if !goInstall.MatchString(mk) {
+		t.Error("the Makefile's go-install does not run through progress_run")
+	}
+	for _, target := range targets {
 		r, ok := recipe[target]
 		if !ok {
 			t.Errorf("Makefile has no recipe for %s", target)
 			continue
 		}
-		requireProgress(t, "Makefile "+target, r, longMakeStep, nil)
+		requireProgress(t, "Makefile "+target, r, longMakeStep, func(c string) bool { return strings.Contains(c, "$(call go-install,") })
 	}
 	// The start-up: its prerequisites are the targets checked above, its
 	// processes are the Procfile entries checked below, and `ready` waits for
