@@ -227,7 +227,7 @@ $(BIN)/overmind: scripts/tools/overmind/go.mod
 check: ## Verify go, tmux, air and overmind; install the pinned air and overmind into ./bin when missing.
 	@command -v $(GO) >/dev/null || { echo "check: go is missing (Go 1.26 needed)"; exit 1; }
 	@command -v tmux >/dev/null || { echo "check: tmux is missing (apt-get install tmux / brew install tmux)"; exit 1; }
-	@command -v curl >/dev/null || { echo "check: curl is missing"; exit 1; }
+	@command -v curl >/dev/null || { echo "check: curl is missing (apt-get install curl)"; exit 1; }
 	@source scripts/lib/progress.sh; PROGRESS_TAG=check; \
 	have=$$($(BIN)/air -v 2>&1 || true); \
 	if [[ $$have != *'$(AIR_VERSION)'* ]]; then \

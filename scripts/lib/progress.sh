@@ -6,8 +6,8 @@
 #       directly). Prints "DESC", then "NAME: still running (1m20s)" every
 #       NSTANCE_PROGRESS_INTERVAL seconds while CMD runs, then
 #       "NAME: done in 2m05s" or "NAME: failed (exit 2) after 5s", and
-#       returns CMD's status. NAME is DESC without a trailing " (details)". CMD should be a program: a shell function would
-#       run with errexit ignored.
+#       returns CMD's status. NAME is DESC without a trailing " (details)".
+#       CMD should be a program: a shell function runs with errexit ignored.
 #   progress_wait DESC LIMIT CMD...
 #       Retries CMD (output discarded) every half second until it succeeds.
 #       Prints "waiting for DESC (limit LIMITs)", "still waiting for DESC
