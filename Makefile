@@ -21,6 +21,9 @@ KUSTOMIZE_VERSION          := v5.8.2
 
 BINARIES := nstance-server nstance-agent nstance-operator nstance-admin dev-k8s dev-s3
 GO_TEST_FLAGS ?= -count=1 -timeout 20m
+# go-install,PACKAGE@VERSION: `go install` into ./bin with progress (scripts/lib/progress.sh).
+go-install = @source scripts/lib/progress.sh; PROGRESS_TAG=tools; \
+	progress_run "go install $(1) into ./bin" env GOBIN=$(BIN) $(GO) install $(1)
 # Generated files checked by `make verify`.
 GENERATED := pkg/proto api/v1beta1/zz_generated.deepcopy.go config/crd config/rbac deploy/helm/nstance-operator/files
 
@@ -35,8 +38,10 @@ help: ## Show this help.
 .PHONY: build
 build: ## Build every binary into ./bin.
 	@mkdir -p $(BIN)
-	@for b in $(BINARIES); do \
-		if [ -d cmd/$$b ]; then $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/$$b ./cmd/$$b || exit 1; fi; \
+	@source scripts/lib/progress.sh; PROGRESS_TAG=build; \
+	for b in $(BINARIES); do \
+		[ -d cmd/$$b ] || continue; \
+		progress_run "go build bin/$$b" $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/$$b ./cmd/$$b; \
 	done
 
 .PHONY: $(BINARIES)
@@ -63,13 +68,29 @@ generate-k8s: $(BIN)/controller-gen ## Regenerate deepcopy, CRDs and RBAC from G
 	fi
 
 .PHONY: verify
-verify: generate ## Fail when generated files differ from what is committed.
+verify: generate verify-tidy ## Fail when generated files differ from what is committed or a go.mod is not tidy.
 	@drift=$$(git status --porcelain --untracked-files=all -- $(GENERATED)); \
 	if [ -n "$$drift" ]; then \
 		echo "generated files are out of date; run 'make generate' and commit:"; echo "$$drift"; \
 		git --no-pager diff --stat -- $(GENERATED); exit 1; \
 	fi
 	@echo "generated files are up to date"
+
+# The main module and the tool modules under scripts/ (each has its own go.mod).
+GO_MODULES := . scripts/envtest/etcd scripts/envtest/kube-apiserver scripts/tools/overmind scripts/image
+
+.PHONY: verify-tidy
+verify-tidy: ## Fail when `go mod tidy` would change a go.mod or go.sum.
+	@source scripts/lib/progress.sh; PROGRESS_TAG=verify-tidy; failed=; \
+	for m in $(GO_MODULES); do \
+		rc=0; drift=$$(cd $$m && GONOSUMDB=k8s.io progress_run "go mod tidy -diff in $$m" $(GO) mod tidy -diff) || rc=$$?; \
+		if [ $$rc -ne 0 ]; then \
+			echo "$$m: go mod tidy -diff failed (exit $$rc); run 'cd $$m && go mod tidy' and commit go.mod and go.sum:"; \
+			echo "$$drift"; failed=1; \
+		fi; \
+	done; \
+	[ -z "$$failed" ] || exit 1; \
+	echo "go.mod and go.sum are tidy in: $(GO_MODULES)"
 
 ##@ Test
 .PHONY: envtest-assets
@@ -81,33 +102,35 @@ test: verify lint test-go ## Everything CI runs: generated-code check, lint, uni
 
 .PHONY: test-go
 test-go: ## Unit and envtest tests (builds the envtest binaries on first use).
-	KUBEBUILDER_ASSETS=$$(scripts/envtest-assets.sh) $(GO) test $(GO_TEST_FLAGS) ./...
+	@assets=$$(scripts/envtest-assets.sh); source scripts/lib/progress.sh; PROGRESS_TAG=test-go; \
+		progress_run "go test $(GO_TEST_FLAGS) ./... (KUBEBUILDER_ASSETS=$$assets)" env KUBEBUILDER_ASSETS=$$assets $(GO) test $(GO_TEST_FLAGS) ./...
 
 .PHONY: lint
 lint: ## gofmt and go vet.
-	@unformatted=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^scripts/envtest/') 2>/dev/null); \
+	@files=$$(git ls-files '*.go' | grep -v '^scripts/envtest/'); \
+	unformatted=$$(gofmt -l $$files) || { echo "gofmt failed (see above)"; exit 1; }; \
 	if [ -n "$$unformatted" ]; then echo "not gofmt-ed:"; echo "$$unformatted"; exit 1; fi
-	$(GO) vet ./...
+	@source scripts/lib/progress.sh; PROGRESS_TAG=lint; progress_run "go vet ./..." $(GO) vet ./...
 
 .PHONY: bench
 bench: ## Run every benchmark and print the figures (see bench/RESULTS.md).
-	KUBEBUILDER_ASSETS=$$(scripts/envtest-assets.sh) $(GO) test -run '^$$' -bench . -benchmem -count 1 -timeout 45m ./...
+	assets=$$(scripts/envtest-assets.sh); KUBEBUILDER_ASSETS=$$assets $(GO) test -run '^$$' -bench . -benchmem -count 1 -timeout 45m ./...
 	$(GO) run ./bench/devs3 -duration 5s -runs 5
 	$(GO) run ./bench/registration -n 5000 -c 16 -storage s3
-	KUBEBUILDER_ASSETS=$$(scripts/envtest-assets.sh) $(GO) run ./bench/devk8s
+	assets=$$(scripts/envtest-assets.sh); KUBEBUILDER_ASSETS=$$assets $(GO) run ./bench/devk8s
 	$(GO) run ./bench/agents -agents 1000,5000,10000
 
 ##@ Tools
 $(BIN)/controller-gen:
-	GOBIN=$(BIN) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
+	$(call go-install,sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION))
 $(BIN)/protoc-gen-go:
-	GOBIN=$(BIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	$(call go-install,google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION))
 $(BIN)/protoc-gen-go-grpc:
-	GOBIN=$(BIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	$(call go-install,google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION))
 $(BIN)/buf:
-	GOBIN=$(BIN) $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
+	$(call go-install,github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION))
 $(BIN)/kustomize:
-	GOBIN=$(BIN) $(GO) install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
+	$(call go-install,sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION))
 
 .PHONY: tools
 tools: $(BIN)/controller-gen $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/buf $(BIN)/kustomize ## Install pinned tools into ./bin.
@@ -127,7 +150,7 @@ RELEASE_BINARIES  := nstance-server nstance-agent nstance-operator nstance-admin
 RELEASE_ARCHES    := amd64 arm64
 
 $(BIN)/helm:
-	GOBIN=$(BIN) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	$(call go-install,helm.sh/helm/v3/cmd/helm@$(HELM_VERSION))
 
 # build-image: static linux binary for $(IMAGE_ARCH), then an image archive
 # (OCI layout + docker manifest.json) written by scripts/image, no daemon.
@@ -185,35 +208,50 @@ OVERMIND_VERSION := v2.5.1
 DEV_DIR          ?= temp
 DEV_SERVERS      ?= 2
 OVERMIND         := $(BIN)/overmind
-DEV_BINARIES     := dev-s3 dev-k8s nstance-admin nstance-agent
+# nstance-server and nstance-operator run under Air, which builds its own
+# copies; building them here fills the build cache first, with progress.
+DEV_BINARIES     := dev-s3 dev-k8s nstance-admin nstance-agent nstance-server nstance-operator
 comma            := ,
 
 $(BIN)/air:
-	GOBIN=$(BIN) $(GO) install github.com/air-verse/air@$(AIR_VERSION)
+	$(call go-install,github.com/air-verse/air@$(AIR_VERSION))
 # `go install` refuses Overmind (its go.mod has replace directives): build it
 # from the pinned tools module instead.
 $(BIN)/overmind: scripts/tools/overmind/go.mod
-	cd scripts/tools/overmind && $(GO) build -o $(BIN)/overmind github.com/DarthSim/overmind/v2
+	@source scripts/lib/progress.sh; PROGRESS_TAG=tools; cd scripts/tools/overmind && \
+		progress_run "go build bin/overmind (module scripts/tools/overmind)" $(GO) build -o $(BIN)/overmind github.com/DarthSim/overmind/v2
 
+# check captures each tool's version output whole before matching it: piping
+# into `grep -q` ends the pipe early and, under pipefail, reinstalls at random.
 .PHONY: check
 check: ## Verify go, tmux, air and overmind; install the pinned air and overmind into ./bin when missing.
 	@command -v $(GO) >/dev/null || { echo "check: go is missing (Go 1.26 needed)"; exit 1; }
 	@command -v tmux >/dev/null || { echo "check: tmux is missing (apt-get install tmux / brew install tmux)"; exit 1; }
-	@command -v curl >/dev/null || { echo "check: curl is missing"; exit 1; }
-	@[ -x $(BIN)/air ] && $(BIN)/air -v 2>/dev/null | grep -q '$(AIR_VERSION)' || $(MAKE) --no-print-directory -B $(BIN)/air
-	@[ -x $(OVERMIND) ] && $(OVERMIND) --version | grep -q '$(OVERMIND_VERSION:v%=%)' || $(MAKE) --no-print-directory -B $(BIN)/overmind
+	@command -v curl >/dev/null || { echo "check: curl is missing (apt-get install curl)"; exit 1; }
+	@source scripts/lib/progress.sh; PROGRESS_TAG=check; \
+	have=$$($(BIN)/air -v 2>&1 || true); \
+	if [[ $$have != *'$(AIR_VERSION)'* ]]; then \
+		progress_run "installing air $(AIR_VERSION) into ./bin (go install)" $(MAKE) --no-print-directory -B $(BIN)/air; fi; \
+	have=$$($(OVERMIND) --version 2>&1 || true); \
+	if [[ $$have != *'$(OVERMIND_VERSION:v%=%)'* ]]; then \
+		progress_run "building overmind $(OVERMIND_VERSION) into ./bin (module scripts/tools/overmind)" $(MAKE) --no-print-directory -B $(OVERMIND); fi
 	@echo "go:       $$($(GO) env GOVERSION) ($$(command -v $(GO)))"
 	@echo "tmux:     $$(tmux -V)"
 	@echo "air:      $$(command -v air) $(AIR_VERSION)"
 	@echo "overmind: $$(command -v overmind) $$(overmind --version)"
 
 .PHONY: dev-binaries
-dev-binaries:
+dev-binaries: ## Build the dev stack's binaries into ./bin, naming each.
 	@mkdir -p $(BIN)
-	@for b in $(DEV_BINARIES); do [ -d cmd/$$b ] || continue; CGO_ENABLED=0 $(GO) build -o $(BIN)/$$b ./cmd/$$b || exit 1; done
+	@source scripts/lib/progress.sh; PROGRESS_TAG=dev-binaries; \
+	for b in $(DEV_BINARIES); do \
+		[ -d cmd/$$b ] || continue; \
+		progress_run "go build bin/$$b" env CGO_ENABLED=0 $(GO) build -o $(BIN)/$$b ./cmd/$$b; \
+	done
 
-# dev-start PROCESSES: run Procfile processes under Overmind (foreground;
-# Ctrl+C stops them). Refuses to start a second stack over a live one.
+# dev-start PROCESSES,ENV: run Procfile processes under Overmind (foreground;
+# Ctrl+C stops them) plus `ready`, which waits for them and prints a summary.
+# Refuses to start a second stack over a live one.
 define dev-start
 	@if [ -S $(DEV_DIR)/overmind.sock ] && $(OVERMIND) status -s $(DEV_DIR)/overmind.sock >/dev/null 2>&1; then \
 		echo "a dev stack is already running (overmind socket $(DEV_DIR)/overmind.sock); run 'make clean-dev' first"; exit 1; fi
@@ -221,12 +259,12 @@ define dev-start
 	@date +%s > $(DEV_DIR)/pids/started-at
 	export NSTANCE_DEV_DIR=$(DEV_DIR) NSTANCE_DEV_SERVERS=$(DEV_SERVERS) $(2); \
 		echo $$$$ > $(DEV_DIR)/pids/overmind.pid; \
-		exec $(OVERMIND) start -s $(DEV_DIR)/overmind.sock -N -t 15 -l $(1) -m server=$(DEV_SERVERS)
+		exec $(OVERMIND) start -s $(DEV_DIR)/overmind.sock -N -t 15 -l $(1)$(comma)ready -c ready -m server=$(DEV_SERVERS)
 endef
 
 .PHONY: dev-tmux
 dev-tmux: check dev-binaries ## dev-s3 + 2 nstance-servers (shards dev-1, dev-2; ports 8990-8994, 9000-9004), agents in tmux.
-	$(call dev-start,s3$(comma)server,)
+	$(call dev-start,s3$(comma)server,NSTANCE_DEV_WITH_K8S=false)
 
 .PHONY: dev-tmux-k8s
 dev-tmux-k8s: check dev-binaries ## dev-tmux plus dev-k8s (:6443) and nstance-operator.
@@ -234,7 +272,7 @@ dev-tmux-k8s: check dev-binaries ## dev-tmux plus dev-k8s (:6443) and nstance-op
 
 .PHONY: dev-tmux-apiserver
 dev-tmux-apiserver: check dev-binaries envtest-assets ## dev-tmux plus a real kube-apiserver + etcd (envtest binaries) and the operator.
-	$(call dev-start,s3$(comma)server$(comma)k8s$(comma)operator,NSTANCE_DEV_K8S=apiserver KUBEBUILDER_ASSETS=$$(scripts/envtest-assets.sh))
+	$(call dev-start,s3$(comma)server$(comma)k8s$(comma)operator,NSTANCE_DEV_K8S=apiserver KUBEBUILDER_ASSETS=$$(scripts/envtest-assets.sh --dir))
 
 .PHONY: dev-operator
 dev-operator: check dev-binaries ## The operator alone against temp/operator/kubeconfig (e.g. kind), servers from make dev-tmux.

@@ -11,7 +11,7 @@ set -- "${files[@]}"
 source "$(dirname "$0")/dev-common.sh"
 export KUBECONFIG="${KUBECONFIG:-$DEV_DIR_ABS/operator/kubeconfig}"
 envtest_kubectl="$(scripts/envtest-assets.sh --dir)/kubectl"
-[[ -x $envtest_kubectl ]] && export PATH="$(dirname "$envtest_kubectl"):$PATH"
+[[ -x $envtest_kubectl ]] && PATH="${envtest_kubectl%/kubectl}:$PATH"
 del=false
 if [[ ${1:-} == --delete ]]; then del=true; shift; fi
 (( $# )) || die "usage: scripts/dev-apply.sh [--delete] FILE..."
@@ -21,7 +21,15 @@ for f in "$@"; do
 		if $del; then kubectl delete -f "$f"; else kubectl apply -f "$f"; fi
 		continue
 	fi
-	read -r kind name ns < <(python3 -c 'import json,sys; o=json.load(open(sys.argv[1])); m=o["metadata"]; print(o["kind"], m["name"], m.get("namespace","default"))' "$f")
+	meta=$(python3 -c '
+import json, sys
+try:
+    o = json.load(open(sys.argv[1])); m = o["metadata"]
+    print(o["kind"], m["name"], m.get("namespace", "default"))
+except Exception as e:
+    sys.exit("%s: %s: %s" % (sys.argv[1], type(e).__name__, e))' "$f") ||
+		die "$f: not a Kubernetes object in JSON (needs kind and metadata.name)"
+	read -r kind name ns <<<"$meta"
 	case $kind in
 	NstanceMachinePool | NstanceMachine | NstanceCluster | NstanceShardGroup | NstanceMachineTemplate)
 		res="$(tr '[:upper:]' '[:lower:]' <<<"$kind")s" ;;

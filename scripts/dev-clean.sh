@@ -10,6 +10,13 @@
 source "$(dirname "$0")/dev-common.sh"
 
 alive() { kill -0 "$1" 2>/dev/null; }
+gone() { ! alive "$1"; }
+# none_alive PID...: none of the PIDs is running.
+none_alive() {
+	local p
+	for p in "$@"; do alive "$p" && return 1; done
+	return 0
+}
 # descendants PID: PID and all its descendants (children first).
 descendants() {
 	local p=$1 c
@@ -38,22 +45,19 @@ if [[ -S $sock ]]; then
 	done
 	log "stopping Overmind ($sock)"
 	overmind quit -s "$sock" >/dev/null 2>&1 || true
-	for _ in $(seq 1 100); do [[ -S $sock ]] || break; sleep 0.2; done
+	progress_wait "Overmind to quit (socket $sock removed)" 20 test ! -S "$sock" || log "Overmind's socket is still there; going on"
 fi
 # Air may exit before the binary it runs has finished shutting down: give
 # the processes Overmind ran up to 20s, then end what is left.
-for _ in $(seq 1 100); do
-	left=0
-	for pid in "${started[@]}"; do alive "$pid" && left=1; done
-	((left)) || break
-	sleep 0.2
-done
+if ((${#started[@]})); then
+	progress_wait "the ${#started[@]} processes Overmind ran to exit" 20 none_alive "${started[@]}" || true
+fi
 for pid in "${started[@]}"; do
 	if alive "$pid"; then log "pid $pid (started under Overmind) still running; terminating it"; stop_tree "$pid"; fi
 done
 if [[ -f $DEV_DIR/pids/overmind.pid ]]; then
 	pid=$(cat "$DEV_DIR/pids/overmind.pid")
-	for _ in $(seq 1 50); do alive "$pid" || break; sleep 0.2; done
+	progress_wait "Overmind (pid $pid) to exit" 10 gone "$pid" || true
 	if alive "$pid"; then log "Overmind (pid $pid) did not quit; terminating it"; stop_tree "$pid"; fi
 	rm -f "$DEV_DIR/pids/overmind.pid"
 fi

@@ -29,6 +29,9 @@ export NSTANCE_ENCRYPTION_KEY="${NSTANCE_ENCRYPTION_KEY:-thisisatest32bytekey123
 
 log() { printf '[%s] %s\n' "${PS:-$(basename "$0")}" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+# Long steps and waits report through scripts/lib/progress.sh, in log's format.
+source "$NSTANCE_ROOT/scripts/lib/progress.sh"
+progress_say() { log "$@"; }
 
 # port_of N BASE: the port of server N (1-based) for a base port (8990..8994).
 port_of() { echo $(( $2 + DEV_PORT_BASE - 8990 + 10 * ($1 - 1) )); }
@@ -36,15 +39,11 @@ port_of() { echo $(( $2 + DEV_PORT_BASE - 8990 + 10 * ($1 - 1) )); }
 port_offset() { echo $(( DEV_PORT_BASE - 8990 + 10 * ($1 - 1) )); }
 shard_of() { echo "dev-$1"; }
 
-# wait_for DESC SECONDS CMD...: retry CMD every 0.5s until it succeeds.
+# wait_for DESC SECONDS CMD...: retry CMD every 0.5s until it succeeds; says
+# what it waits for, the limit and how long it has waited (progress_wait).
 wait_for() {
 	local desc=$1 secs=$2; shift 2
-	local deadline=$(( $(date +%s) + secs ))
-	until "$@" >/dev/null 2>&1; do
-		if (( $(date +%s) >= deadline )); then die "timed out after ${secs}s waiting for $desc"; fi
-		sleep 0.5
-	done
-	log "$desc: ok"
+	progress_wait "$desc" "$secs" "$@" || die "timed out after ${secs}s waiting for $desc"
 }
 http_ok() { curl -fsS -o /dev/null --max-time 2 "$1"; }
 https_ok() { curl -fsSk -o /dev/null --max-time 2 "$1"; }
@@ -58,9 +57,8 @@ need_bin() {
 	if [[ -x bin/$b ]] && [[ -z "$(find cmd/$b internal pkg api -name '*.go' -newer bin/$b -print -quit 2>/dev/null)" ]]; then
 		return 0
 	fi
-	log "building bin/$b"
 	mkdir -p bin
-	CGO_ENABLED=0 go build -o "bin/$b" "./cmd/$b"
+	progress_run "building bin/$b" env CGO_ENABLED=0 go build -o "bin/$b" "./cmd/$b"
 }
 
 # shard_config N: print config/dev-N.jsonc, derived from examples/config-tmux.jsonc:

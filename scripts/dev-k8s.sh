@@ -7,8 +7,7 @@ if [[ ${NSTANCE_DEV_K8S:-dev-k8s} == apiserver ]]; then
 	# make dev-tmux-apiserver: a real kube-apiserver + etcd (envtest binaries)
 	# instead of dev-k8s; Node files from the tmux provider become real Nodes.
 	mkdir -p bin "$DEV_DIR/operator"
-	log "building bin/dev-apiserver"
-	go build -o bin/dev-apiserver ./scripts/tools/dev-apiserver
+	progress_run "building bin/dev-apiserver" go build -o bin/dev-apiserver ./scripts/tools/dev-apiserver
 	exec bin/dev-apiserver --kubeconfig-out "$DEV_DIR/operator/kubeconfig" --node-dir "$DEV_DIR/dev-k8s/nodes"
 fi
 need_bin dev-k8s

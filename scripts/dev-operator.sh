@@ -95,5 +95,5 @@ if [[ ${NSTANCE_DEV_AIR:-true} == true ]]; then
 	exec air -c scripts/air/operator.toml -tmp_dir "$DEV_DIR/air/operator" \
 		-build.cmd "go build -o $out ./cmd/nstance-operator" -build.bin "$out" -build.full_bin "exec $out" -- "${args[@]}"
 fi
-go build -o "$out" ./cmd/nstance-operator
+progress_run "building $out" go build -o "$out" ./cmd/nstance-operator
 exec "$out" "${args[@]}"

@@ -29,5 +29,5 @@ if [[ ${NSTANCE_DEV_AIR:-true} == true ]]; then
 	exec air -c scripts/air/server.toml -tmp_dir "$DEV_DIR/air/server-$n" \
 		-build.cmd "go build -o $out ./cmd/nstance-server" -build.bin "$out" -build.full_bin "exec $out" -- "${args[@]}"
 fi
-go build -o "$out" ./cmd/nstance-server
+progress_run "building $out" go build -o "$out" ./cmd/nstance-server
 exec "$out" "${args[@]}"

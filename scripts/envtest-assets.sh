@@ -5,45 +5,114 @@
 #
 #   scripts/envtest-assets.sh          build if missing, print the directory
 #   scripts/envtest-assets.sh --force  rebuild
+#   scripts/envtest-assets.sh --check  exit 0 when the cache is complete, 1 when
+#                                      not (says why on stderr); builds nothing
 #   scripts/envtest-assets.sh --dir    print the directory only, build nothing
+#
+# Concurrent callers are safe: a build holds an exclusive lock on
+# $cache/.lock; a second caller waits for it and then finds the cache built.
+# Progress (what is built, elapsed time every NSTANCE_PROGRESS_INTERVAL
+# seconds) goes to stderr.
 set -euo pipefail
 
 K8S_VERSION=1.36.3
 ETCD_VERSION=3.6.16
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${NSTANCE_ENVTEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nstance/envtest}
+case $cache in /*) ;; *) cache=$PWD/$cache ;; esac
 dir="$cache/k8s-$K8S_VERSION-etcd-$ETCD_VERSION"
-force=${1:-}
+mode=${1:-}
+case $mode in
+"" | --force | --check | --dir) ;;
+*)
+	echo "usage: scripts/envtest-assets.sh [--force | --check | --dir]" >&2
+	exit 2
+	;;
+esac
 
+# shellcheck source=lib/progress.sh
+source "$root/scripts/lib/progress.sh"
+PROGRESS_TAG=envtest-assets
 log() { echo "envtest-assets: $*" >&2; }
 
-if [ "$force" = "--dir" ]; then
+if [ "$mode" = "--dir" ]; then
 	echo "$dir"
 	exit 0
 fi
 
-# complete reports whether $dir holds the three binaries at the pinned versions.
-# Each binary's whole output is captured before it is matched: piping into
-# `grep -q` lets grep exit early, the binary dies of SIGPIPE and, under
-# pipefail, a good cache would randomly look broken.
+# complete reports whether $dir holds the three binaries at the pinned
+# versions; when not, $why says what is wrong. Each binary's whole output is
+# captured before it is matched: piping into `grep -q` lets grep exit early,
+# the binary dies of SIGPIPE and, under pipefail, a good cache would randomly
+# look broken.
+why=
 complete() {
-	local out
-	[ -x "$dir/kube-apiserver" ] && [ -x "$dir/etcd" ] && [ -x "$dir/kubectl" ] || return 1
-	out=$("$dir/kube-apiserver" --version 2>/dev/null) || return 1
-	[[ "$out" == *"v$K8S_VERSION"* ]] || return 1
-	out=$("$dir/etcd" --version 2>/dev/null) || return 1
-	[[ "$out" == *"$ETCD_VERSION"* ]] || return 1
+	local out b
+	for b in kube-apiserver etcd kubectl; do
+		[ -x "$dir/$b" ] || { why="$dir/$b is missing"; return 1; }
+	done
+	out=$("$dir/kube-apiserver" --version 2>&1) || { why="$dir/kube-apiserver --version failed: $out"; return 1; }
+	[[ $out == *"v$K8S_VERSION"* ]] || { why="$dir/kube-apiserver reports '$out', want v$K8S_VERSION"; return 1; }
+	out=$("$dir/etcd" --version 2>&1) || { why="$dir/etcd --version failed: $out"; return 1; }
+	[[ $out == *"etcd Version: $ETCD_VERSION"* ]] || { why="$dir/etcd reports '${out%%$'\n'*}', want $ETCD_VERSION"; return 1; }
 }
 
-if [ "$force" != "--force" ] && complete; then
+if [ "$mode" = "--check" ]; then
+	if complete; then
+		log "cached and complete in $dir"
+		exit 0
+	fi
+	log "not built: $why"
+	exit 1
+fi
+
+if [ "$mode" != "--force" ] && complete; then
 	log "cached in $dir"
 	echo "$dir"
 	exit 0
 fi
 
+# One build at a time per cache directory.
 mkdir -p "$cache"
+work=
+lockdir=
+cleanup() {
+	if [ -n "$work" ]; then rm -rf "$work"; fi
+	if [ -n "$lockdir" ]; then rm -rf "$lockdir"; fi
+}
+trap cleanup EXIT
+exec 9>>"$cache/.lock"
+if command -v flock >/dev/null 2>&1; then
+	if ! flock -n 9; then
+		progress_run "another envtest-assets.sh is building in $cache; waiting for it to finish" flock 9
+	fi
+else
+	# No flock(1) (macOS): a lock directory holding the owner's PID; a dead
+	# owner's lock is taken over.
+	take_lock() {
+		local owner
+		while ! mkdir "$cache/.lock.d" 2>/dev/null; do
+			owner=$(cat "$cache/.lock.d/pid" 2>/dev/null || true)
+			if [ -n "$owner" ] && ! kill -0 "$owner" 2>/dev/null; then rm -rf "$cache/.lock.d"; continue; fi
+			sleep 1
+		done
+		echo $$ >"$cache/.lock.d/pid"
+	}
+	if ! mkdir "$cache/.lock.d" 2>/dev/null; then
+		progress_run "another envtest-assets.sh is building in $cache; waiting for it to finish" take_lock
+	else
+		echo $$ >"$cache/.lock.d/pid"
+	fi
+	lockdir="$cache/.lock.d"
+fi
+if [ "$mode" != "--force" ] && complete; then
+	log "cached in $dir (built while this call waited)"
+	echo "$dir"
+	exit 0
+fi
+log "building into $dir because $why"
+
 work=$(mktemp -d "$cache/.build.XXXXXX")
-trap 'rm -rf "$work"' EXIT
 
 version_flags="-X k8s.io/component-base/version.gitVersion=v$K8S_VERSION"
 version_flags+=" -X k8s.io/component-base/version.gitMajor=${K8S_VERSION%%.*}"
@@ -53,23 +122,17 @@ version_flags+=" -X k8s.io/component-base/version.gitTreeState=clean"
 version_flags+=" -X k8s.io/client-go/pkg/version.gitVersion=v$K8S_VERSION"
 
 start=$(date +%s)
-log "building kube-apiserver and kubectl v$K8S_VERSION (takes several minutes on 2 cores)"
-(
-	cd "$root/scripts/envtest/kube-apiserver"
-	# A few k8s.io modules are missing from the checksum database; go.sum is committed.
-	GONOSUMDB=k8s.io GOFLAGS=-mod=readonly CGO_ENABLED=0 \
-		go build -trimpath -ldflags "-s -w $version_flags" -o "$work/" \
-		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
-)
-log "building etcd v$ETCD_VERSION"
-(
-	cd "$root/scripts/envtest/etcd"
-	GOFLAGS=-mod=readonly CGO_ENABLED=0 \
-		go build -trimpath -ldflags "-s -w" -o "$work/etcd" go.etcd.io/etcd/server/v3
-)
+# A few k8s.io modules are missing from the checksum database; go.sum is committed.
+cd "$root/scripts/envtest/kube-apiserver"
+progress_run "building kube-apiserver and kubectl v$K8S_VERSION (k8s.io/kubernetes, module scripts/envtest/kube-apiserver; several minutes on 2 cores)" \
+	env GONOSUMDB=k8s.io GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $version_flags" -o "$work/" \
+	k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl >&2 9>&-
+cd "$root/scripts/envtest/etcd"
+progress_run "building etcd v$ETCD_VERSION (go.etcd.io/etcd/server/v3, module scripts/envtest/etcd)" \
+	env GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/etcd" go.etcd.io/etcd/server/v3 >&2 9>&-
 rm -rf "$dir"
 mv "$work" "$dir"
-trap - EXIT
-complete || { log "built binaries in $dir do not report the expected versions"; exit 1; }
-log "built in $(( $(date +%s) - start ))s into $dir"
+work=
+complete || { log "built binaries in $dir do not report the expected versions: $why"; exit 1; }
+log "built in $(progress_elapsed $(($(date +%s) - start))) into $dir"
 echo "$dir"

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/nstance-dev/nstance/internal/devs3/devs3test"
+	"github.com/nstance-dev/nstance/internal/testing/hosttools"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -70,6 +71,7 @@ func TestKillLeaderStandbyTakesOver(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the server binary")
 	}
+	hosttools.Require(t, "tmux") // the shard's provider
 	bin := filepath.Join(t.TempDir(), "nstance-server")
 	build := exec.Command("go", "build", "-o", bin, ".")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nstance-dev/nstance/internal/devs3/devs3test"
+	"github.com/nstance-dev/nstance/internal/testing/hosttools"
 )
 
 // opLog counts the S3 operations dev-s3 logs at V(1).
@@ -53,8 +54,7 @@ type awsCLI struct {
 }
 
 func newAWSCLI(t *testing.T, endpoint string) *awsCLI {
-	bin, err := exec.LookPath("aws")
-	require.NoError(t, err, "the aws CLI is required for this test (CI machines have it); install it, e.g. pip install awscli")
+	bin := hosttools.Require(t, "aws")
 	home := t.TempDir()
 	env := []string{
 		"PATH=" + os.Getenv("PATH"),

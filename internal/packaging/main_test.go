@@ -19,6 +19,7 @@ import (
 	apiyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
+	"github.com/nstance-dev/nstance/internal/testing/hosttools"
 	"github.com/nstance-dev/nstance/internal/testing/kubetest"
 )
 
@@ -87,6 +88,9 @@ func helm(t *testing.T) string {
 // run executes a command and returns stdout, failing the test with stderr.
 func run(t *testing.T, dir, name string, args ...string) string {
 	t.Helper()
+	if !filepath.IsAbs(name) {
+		hosttools.Require(t, name)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)

@@ -1,23 +1,32 @@
 package e2e
 
 import (
+	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nstance-dev/nstance/internal/testing/hosttools"
 )
 
 // TestMakeDevTmuxK8s runs the human path, `make dev-tmux-k8s` under Overmind
 // and Air, in its own state directory, port range and agents session, then
-// `make clean-dev`, and checks nothing is left running. It rebuilds
-// everything under Air, so it only runs with NSTANCE_E2E_OVERMIND=1.
+// `make clean-dev`, and checks nothing is left running. The start-up prints
+// a line at least every 30s and ends with the summary (URLs, kubeconfig,
+// how to attach and stop). It rebuilds everything under Air, so it only runs
+// with NSTANCE_E2E_OVERMIND=1.
 func TestMakeDevTmuxK8s(t *testing.T) {
 	if os.Getenv("NSTANCE_E2E_OVERMIND") != "1" {
 		t.Skip("set NSTANCE_E2E_OVERMIND=1 to run make dev-tmux-k8s under Overmind")
+	}
+	for _, tool := range []string{"make", "tmux", "curl", "ps", "git"} {
+		hosttools.Require(t, tool)
 	}
 	root := repoRoot(t)
 	logDir := t.TempDir()
@@ -39,10 +48,55 @@ func TestMakeDevTmuxK8s(t *testing.T) {
 	defer logf.Close()
 	start := time.Now()
 	cmd := exec.Command("make", "--no-print-directory", "dev-tmux-k8s", "DEV_DIR="+dir)
-	cmd.Dir, cmd.Env, cmd.Stdout, cmd.Stderr = root, env, logf, logf
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Dir, cmd.Env, cmd.Stdout, cmd.Stderr = root, env, pw, pw
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
+	}
+	pw.Close()
+	// Every output line with the time it arrived, also copied to make.log.
+	type outLine struct {
+		at   time.Time
+		text string
+	}
+	var (
+		mu    sync.Mutex
+		lines []outLine
+	)
+	go func() {
+		defer pr.Close()
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64*1024), 1024*1024)
+		for sc.Scan() {
+			mu.Lock()
+			lines = append(lines, outLine{time.Now(), sc.Text()})
+			fmt.Fprintln(logf, sc.Text())
+			mu.Unlock()
+		}
+	}()
+	// summary returns the lines up to the summary's first line, or nil.
+	summary := func() []outLine {
+		mu.Lock()
+		defer mu.Unlock()
+		for i, l := range lines {
+			if strings.Contains(l.text, "nstance dev stack is up") {
+				return append([]outLine(nil), lines[:i+1]...)
+			}
+		}
+		return nil
+	}
+	allOutput := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		var b strings.Builder
+		for _, l := range lines {
+			b.WriteString(l.text + "\n")
+		}
+		return b.String()
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
@@ -79,6 +133,36 @@ func TestMakeDevTmuxK8s(t *testing.T) {
 	for n := 0; n < 2; n++ {
 		url := fmt.Sprintf("http://127.0.0.1:%d/health", base+10*n)
 		wait(url, 5*time.Minute, func() bool { return httpOK(url) })
+	}
+	wait("start-up summary", 10*time.Minute, func() bool { return summary() != nil })
+	upTo := summary()
+	t.Logf("summary printed %s after make dev-tmux-k8s", upTo[len(upTo)-1].at.Sub(start).Round(time.Second))
+	prev := start
+	for _, l := range upTo {
+		if gap := l.at.Sub(prev); gap > 30*time.Second {
+			t.Errorf("start-up printed nothing for %s before %q", gap.Round(time.Second), l.text)
+		}
+		prev = l.at
+	}
+	time.Sleep(time.Second) // the summary's remaining lines
+	out := allOutput()
+	if i := strings.Index(out, "nstance dev stack is up"); i >= 0 {
+		t.Logf("summary:\n%s", strings.Join(strings.SplitN(out[i:], "\n", 12)[:11], "\n"))
+	}
+	for _, want := range []string{
+		fmt.Sprintf("http://127.0.0.1:%d", base-1),
+		fmt.Sprintf("https://127.0.0.1:%d", base+50),
+		fmt.Sprintf("http://127.0.0.1:%d/health (dev-1)", base),
+		fmt.Sprintf("http://127.0.0.1:%d/health (dev-2)", base+10),
+		fmt.Sprintf("http://127.0.0.1:%d/readyz", base+51),
+		"export KUBECONFIG=" + filepath.Join(dir, "operator", "kubeconfig"),
+		"tmux attach -t " + session,
+		"bin/overmind connect -s " + filepath.Join(dir, "overmind.sock"),
+		"Ctrl+C", "make clean-dev",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("start-up summary lacks %q", want)
+		}
 	}
 	wait("first agent registered", 5*time.Minute, func() bool {
 		m, _ := filepath.Glob(filepath.Join(dir, "agents", "*", "identity", "agent.crt"))

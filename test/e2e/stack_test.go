@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/nstance-dev/nstance/internal/server/provider/tmux"
+	"github.com/nstance-dev/nstance/internal/testing/hosttools"
 )
 
 // Binaries the stack is built from, once per test run.
@@ -122,9 +123,7 @@ func freeAddr(t *testing.T) string {
 
 func newStack(t *testing.T) *stack {
 	t.Helper()
-	if _, err := exec.LookPath("tmux"); err != nil {
-		t.Fatal("tmux is required for the end-to-end test (apt-get install tmux)")
-	}
+	hosttools.Require(t, "tmux")
 	root := repoRoot(t)
 	dir := t.TempDir()
 	s := &stack{

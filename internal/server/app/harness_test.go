@@ -22,6 +22,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/secrets"
 	"github.com/nstance-dev/nstance/internal/server/layout"
 	"github.com/nstance-dev/nstance/internal/server/storage"
+	"github.com/nstance-dev/nstance/internal/testing/hosttools"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -75,6 +76,7 @@ func (r *running) stop() error {
 
 func startApp(t *testing.T, store objstore.Store, id, shard string) *running {
 	t.Helper()
+	hosttools.Require(t, "tmux") // testConfig's provider
 	a, err := New(Options{
 		ServerID: id, Shard: shard, Store: store, Keys: layout.New(""), CacheDir: t.TempDir(),
 		Bind:           BindOverrides{Health: "127.0.0.1:0"},

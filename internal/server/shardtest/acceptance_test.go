@@ -18,6 +18,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/provider/process"
 	"github.com/nstance-dev/nstance/internal/server/provider/tmux"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
+	"github.com/nstance-dev/nstance/internal/testing/hosttools"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -172,6 +173,7 @@ func TestProcessProviderScaleDrainDeleteRestart(t *testing.T) {
 }
 
 func TestTmuxProviderWindowsAndNodes(t *testing.T) {
+	hosttools.Require(t, "tmux")
 	socket := "nstance-shardtest-" + itoa(os.Getpid()) + "-" + itoa(int(time.Now().UnixNano()%1e9))
 	session := "agents-tmux-acceptance"
 	t.Cleanup(func() {

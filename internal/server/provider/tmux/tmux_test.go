@@ -15,12 +15,14 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/provider/localagent"
 	"github.com/nstance-dev/nstance/internal/server/provider/tmux"
+	"github.com/nstance-dev/nstance/internal/testing/hosttools"
 )
 
 // newProvider uses a private tmux server (socket) and session per test and
 // kills only that server afterwards.
 func newProvider(t *testing.T, command string) (*tmux.Provider, string, string, func(args ...string) string) {
 	t.Helper()
+	hosttools.Require(t, "tmux")
 	socket := fmt.Sprintf("nstance-test-%d-%d", os.Getpid(), time.Now().UnixNano())
 	session := "agents-" + strings.ReplaceAll(t.Name(), "/", "-")
 	stateDir, nodeDir := t.TempDir(), t.TempDir()
