@@ -86,7 +86,7 @@ func (w *Watcher) loop(ctx context.Context, shard, stream string, once func(cont
 		if stream == StreamGroups {
 			w.Cache.Unsync(shard)
 		}
-		log.Info("stream ended; reopening", "error", err)
+		log.Error(err, "stream ended; reopening")
 		if time.Since(opened) > 30*time.Second {
 			delay = 100 * time.Millisecond
 		}
