@@ -5,6 +5,7 @@
 # agent under Air so agent code changes restart it.
 source "$(dirname "$0")/dev-common.sh"
 [[ -n ${NSTANCE_INSTANCE_ID:-} ]] || die "NSTANCE_INSTANCE_ID is not set (this script is started by the tmux provider)"
+export NSTANCE_LOG_FORMAT="${NSTANCE_LOG_FORMAT:-text}" # readable in the tmux window
 if [[ ${NSTANCE_DEV_AGENT_AIR:-true} == true ]] && command -v air >/dev/null; then
 	exec air -c scripts/air/agent.toml -tmp_dir "$NSTANCE_IDENTITY_DIR/../air"
 fi

@@ -88,7 +88,7 @@ log "wrote $op_dir/config.yaml"
 export NSTANCE_NAMESPACE="$DEV_NAMESPACE" NSTANCE_K8S_JSON=true
 # Webhooks need a serving certificate and an API server that calls back; the
 # dev stack runs without them, as the seed suggests for development.
-args=(--config "$op_dir/config.yaml" --health-probe-bind-address "127.0.0.1:${NSTANCE_DEV_OPERATOR_PROBE_PORT:-8081}" --disable-webhooks)
+args=(--config "$op_dir/config.yaml" --kubeconfig "$KUBECONFIG" --health-probe-bind-address "127.0.0.1:${NSTANCE_DEV_OPERATOR_PROBE_PORT:-8081}" --disable-webhooks --log-format "${NSTANCE_LOG_FORMAT:-text}")
 out="$DEV_DIR/air/operator/nstance-operator"
 mkdir -p "$DEV_DIR/air/operator"
 if [[ ${NSTANCE_DEV_AIR:-true} == true ]]; then

@@ -23,7 +23,7 @@ log "uploaded config/$shard.jsonc; health on 127.0.0.1:$(port_of "$n" 8990)"
 
 args=(--shard "$shard" --id "$shard-a" --port-offset "$offset"
 	--cache-dir "$DEV_DIR/cache" --bucket "$DEV_BUCKET"
-	--agent-state-dir "$DEV_DIR/agents" --node-dir "$DEV_DIR/dev-k8s/nodes")
+	--agent-state-dir "$DEV_DIR/agents" --node-dir "$DEV_DIR/dev-k8s/nodes" --log-format "${NSTANCE_LOG_FORMAT:-text}")
 out="$DEV_DIR/air/server-$n/nstance-server"
 if [[ ${NSTANCE_DEV_AIR:-true} == true ]]; then
 	exec air -c scripts/air/server.toml -tmp_dir "$DEV_DIR/air/server-$n" \

@@ -2,10 +2,14 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -14,8 +18,17 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nstance-dev/nstance/internal/agent/agenttest"
+	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/internal/version"
 )
+
+func testCA(t *testing.T) *pki.CA {
+	t.Helper()
+	ca, err := pki.GenerateCA("c1", time.Hour, time.Now())
+	require.NoError(t, err)
+	return ca
+}
 
 func buildAgent(t *testing.T) string {
 	t.Helper()
@@ -25,15 +38,33 @@ func buildAgent(t *testing.T) string {
 	return bin
 }
 
+// syncBuffer is the output of a running process, safe to read meanwhile.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
 type proc struct {
 	cmd  *exec.Cmd
-	out  *bytes.Buffer
+	out  *syncBuffer
 	done chan error
 }
 
 func start(t *testing.T, bin string, env []string) *proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(bin), out: &bytes.Buffer{}, done: make(chan error, 1)}
+	p := &proc{cmd: exec.Command(bin), out: &syncBuffer{}, done: make(chan error, 1)}
 	p.cmd.Env = append(os.Environ(), append(env, "NSTANCE_METRICS_INTERVAL=200ms", "NSTANCE_RECONNECT_MIN=50ms", "NSTANCE_RECONNECT_MAX=500ms")...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	require.NoError(t, p.cmd.Start())
@@ -145,4 +176,60 @@ func TestAgentProcessFailures(t *testing.T) {
 	require.Equal(t, 1, ee.ExitCode())
 	require.Contains(t, second.out.String(), "registration refused")
 	require.Contains(t, second.out.String(), "already been used")
+}
+
+func TestAgentArgumentsAndLogs(t *testing.T) {
+	bin := buildAgent(t)
+	out, err := exec.Command(bin, "--version").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Equal(t, "nstance-agent "+version.Version+"\n", string(out))
+	out, err = exec.Command(bin, "--help").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "NSTANCE_LOG_FORMAT")
+	out, err = exec.Command(bin, "--bogus").CombinedOutput()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee)
+	require.Equal(t, 2, ee.ExitCode())
+	require.Contains(t, string(out), `unknown argument "--bogus"`)
+
+	// A bad log variable is named, like every other.
+	p := start(t, bin, []string{"NSTANCE_INSTANCE_ID=x", "NSTANCE_LOG_FORMAT=xml"})
+	require.ErrorAs(t, p.wait(t), &ee)
+	require.Equal(t, 2, ee.ExitCode())
+	require.Contains(t, p.out.String(), `NSTANCE_LOG_FORMAT: log format "xml"`)
+
+	// JSON logs: the version first; a server that is not there is one error
+	// line per attempt, with no stack trace.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	idDir := filepath.Join(t.TempDir(), "identity")
+	require.NoError(t, os.MkdirAll(idDir, 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(idDir, "nonce.jwt"), []byte("x.y.z"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(idDir, "ca.crt"), testCA(t).CertPEM, 0o600))
+	p = start(t, bin, []string{"NSTANCE_INSTANCE_ID=logs", "NSTANCE_IDENTITY_DIR=" + idDir,
+		"NSTANCE_REGISTRATION_ADDR=" + addr, "NSTANCE_AGENT_ADDR=" + addr, "NSTANCE_LOG_FORMAT=json"})
+	var lines []map[string]any
+	require.Eventually(t, func() bool {
+		lines = lines[:0]
+		for _, line := range strings.Split(strings.TrimSpace(p.out.String()), "\n") {
+			var m map[string]any
+			if json.Unmarshal([]byte(line), &m) != nil {
+				return false
+			}
+			lines = append(lines, m)
+		}
+		return len(lines) >= 3
+	}, 20*time.Second, 50*time.Millisecond, "%s", p.out.String())
+	require.Equal(t, "starting", lines[0]["msg"])
+	require.Equal(t, "nstance-agent", lines[0]["binary"])
+	require.Equal(t, version.Version, lines[0]["version"])
+	for _, l := range lines[1:] {
+		require.Equal(t, "error", l["level"], "%v", l)
+		require.Contains(t, l["msg"], "registration failed")
+		require.NotContains(t, l, "stacktrace")
+	}
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, p.wait(t))
 }

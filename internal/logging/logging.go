@@ -154,5 +154,5 @@ func resolveFormat(format string, w io.Writer) string {
 
 // Started logs the binary's name and version; every binary calls it first.
 func Started(log logr.Logger, binary, version string, keysAndValues ...any) {
-	log.Info("starting", append([]any{"binary", binary, "version", version}, keysAndValues...)...)
+	log.WithCallDepth(1).Info("starting", append([]any{"binary", binary, "version", version}, keysAndValues...)...)
 }

@@ -194,6 +194,16 @@ func checkDeployment(t *testing.T, r rendering, objs []object) {
 	require.Contains(t, c.Args, "--metrics-bind-address=:8080")
 	require.Contains(t, c.Args, "--config="+opconfig.DefaultPath)
 	require.Equal(t, !r.webhook, slices.Contains(c.Args, "--disable-webhooks"))
+	require.Equal(t, r.webhook, slices.Contains(c.Args, "--webhook-port=9443"))
+	require.Equal(t, r.webhook, slices.Contains(c.Args, "--webhook-cert-dir=/tmp/k8s-webhook-server/serving-certs"))
+	level := "info"
+	if r.name == "sample" {
+		level = "debug"
+	}
+	require.Contains(t, c.Args, "--log-level="+level)
+	for _, a := range c.Args {
+		require.False(t, strings.HasPrefix(a, "--log-format"), "the image's NSTANCE_LOG_FORMAT=json decides the format: %s", a)
+	}
 	require.Subset(t, d.Spec.Template.Labels, d.Spec.Selector.MatchLabels)
 
 	ports := map[string]int32{}
@@ -271,6 +281,7 @@ func checkDeployment(t *testing.T, r rendering, objs []object) {
 	for name := range env {
 		require.True(t, strings.HasPrefix(name, "NSTANCE_"), "unexpected env %s", name)
 	}
+	require.NotContains(t, env, "NSTANCE_LOG_FORMAT", "the image's JSON format stays in force")
 	require.Equal(t, pod.ServiceAccountName, release)
 	_, ok = find(objs, "ServiceAccount", pod.ServiceAccountName)
 	require.True(t, ok)
@@ -423,6 +434,7 @@ func checkWebhook(t *testing.T, r rendering, objs []object) {
 	require.Equal(t, "webhook", service.Spec.Ports[0].TargetPort.String())
 	_, c := deployment(t, objs)
 	require.True(t, slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "webhook" && p.ContainerPort == 9443 }))
+	require.Contains(t, c.Args, "--webhook-port=9443", "the operator listens where the container port and the Service point")
 
 	if r.certManager {
 		require.Empty(t, wh.ClientConfig.CABundle)

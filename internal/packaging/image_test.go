@@ -119,6 +119,7 @@ func TestOperatorImageArchive(t *testing.T) {
 		Architecture string `json:"architecture"`
 		Config       struct {
 			User       string            `json:"User"`
+			Env        []string          `json:"Env"`
 			Entrypoint []string          `json:"Entrypoint"`
 			Cmd        []string          `json:"Cmd"`
 			Labels     map[string]string `json:"Labels"`
@@ -131,6 +132,7 @@ func TestOperatorImageArchive(t *testing.T) {
 	require.Equal(t, "linux", cfg.OS)
 	require.Equal(t, runtime.GOARCH, cfg.Architecture)
 	require.Equal(t, "65532:65532", cfg.Config.User)
+	require.Contains(t, cfg.Config.Env, "NSTANCE_LOG_FORMAT=json", "production images log JSON")
 	require.Equal(t, []string{"/usr/local/bin/" + name}, cfg.Config.Entrypoint)
 	require.Empty(t, cfg.Config.Cmd)
 	require.Equal(t, imageVersion, cfg.Config.Labels["org.opencontainers.image.version"])
@@ -222,6 +224,9 @@ func TestContainerfiles(t *testing.T) {
 			require.Contains(t, build, "-X github.com/nstance-dev/nstance/internal/version.Version=${VERSION}")
 			require.Contains(t, build, "./cmd/"+name)
 			require.Equal(t, "FROM scratch", final[0])
+			require.True(t, slices.ContainsFunc(final, func(l string) bool {
+				return strings.HasPrefix(l, "ENV ") && strings.Contains(l, " NSTANCE_LOG_FORMAT=json")
+			}), "the runtime stage sets NSTANCE_LOG_FORMAT=json")
 			require.Equal(t, "USER 65532:65532", final[len(final)-2])
 			require.Equal(t, `ENTRYPOINT ["/usr/local/bin/`+name+`"]`, final[len(final)-1])
 			// The Makefile target builds the same way.

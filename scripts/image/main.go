@@ -230,6 +230,8 @@ func buildImage(o options, layerTar []byte, created time.Time) (v1.Image, error)
 		"PATH=/usr/local/bin",
 		"HOME=/home/nonroot",
 		"SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt",
+		// Logs are JSON lines in every image, whatever stderr is.
+		"NSTANCE_LOG_FORMAT=json",
 	}
 	cf.Config.Labels = map[string]string{
 		"org.opencontainers.image.title":   o.name,

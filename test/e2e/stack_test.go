@@ -403,8 +403,8 @@ func (s *stack) up() {
 	if err := os.WriteFile(opCfg, []byte(cfg.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s.start("operator", "nstance-operator", []string{"KUBECONFIG=" + kubeconfig, "NSTANCE_NAMESPACE=" + namespace, "NSTANCE_K8S_JSON=true"},
-		"--config", opCfg, "--health-probe-bind-address", s.probeAddr, "--disable-webhooks")
+	s.start("operator", "nstance-operator", []string{"NSTANCE_NAMESPACE=" + namespace, "NSTANCE_K8S_JSON=true"},
+		"--kubeconfig", kubeconfig, "--config", opCfg, "--health-probe-bind-address", s.probeAddr, "--disable-webhooks")
 	s.eventually("operator registered (Secret nstance-operator-cert)", 120*time.Second, func() bool {
 		_, err := os.Stat(s.path("secrets", namespace, "nstance-operator-cert"))
 		return err == nil

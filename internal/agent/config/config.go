@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nstance-dev/nstance/internal/logging"
 )
 
 // Environment variables read by the agent. The first six are the ones the
@@ -34,6 +36,7 @@ const (
 	EnvDiskPaths        = "NSTANCE_DISK_PATHS"
 	EnvTerminationFile  = "NSTANCE_TERMINATION_FILE"
 	EnvLogLevel         = "NSTANCE_LOG_LEVEL"
+	EnvLogFormat        = "NSTANCE_LOG_FORMAT"
 )
 
 // Config is the agent's configuration.
@@ -60,7 +63,8 @@ type Config struct {
 	DiskPaths       []string
 	// TerminationFile, when set, is polled for a JSON termination notice.
 	TerminationFile string
-	LogLevel        string
+	// Log is the logging set-up (NSTANCE_LOG_LEVEL, NSTANCE_LOG_FORMAT).
+	Log logging.Options
 }
 
 // Defaults.
@@ -188,7 +192,7 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		ReconnectMin:     p.duration(EnvReconnectMin, DefaultReconnectMin),
 		ReconnectMax:     p.duration(EnvReconnectMax, DefaultReconnectMax),
 		TerminationFile:  p.get(EnvTerminationFile),
-		LogLevel:         strings.ToLower(p.get(EnvLogLevel)),
+		Log:              logging.Defaults(),
 		MaxFileSize:      DefaultMaxFileSize,
 	}
 	if c.IdentityDir == "" {
@@ -231,10 +235,17 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		}
 		sort.Strings(c.DiskPaths)
 	}
-	switch c.LogLevel {
-	case "", "debug", "info", "warn", "error":
-	default:
-		p.fail(EnvLogLevel, "%q is not debug, info, warn or error", c.LogLevel)
+	if v := p.get(EnvLogLevel); v != "" {
+		if _, err := logging.ParseLevel(v); err != nil {
+			p.fail(EnvLogLevel, "%v", err)
+		}
+		c.Log.Level = v
+	}
+	if v := p.get(EnvLogFormat); v != "" {
+		if err := (logging.Options{Format: v}).Validate(); err != nil {
+			p.fail(EnvLogFormat, "%v", err)
+		}
+		c.Log.Format = v
 	}
 	if c.TerminationFile != "" && !filepath.IsAbs(c.TerminationFile) {
 		p.fail(EnvTerminationFile, "%q is not an absolute path", c.TerminationFile)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/nstance-dev/nstance/internal/logging"
 )
 
 func env(m map[string]string) func(string) (string, bool) {
@@ -32,6 +34,7 @@ func TestLoadDefaults(t *testing.T) {
 	require.Equal(t, int64(DefaultMaxFileSize), c.MaxFileSize)
 	require.Equal(t, []string{"/"}, c.DiskPaths)
 	require.Equal(t, "127.0.0.1", c.ServerNameFor(c.AgentAddr))
+	require.Equal(t, logging.Defaults(), c.Log)
 }
 
 func TestLoadOverrides(t *testing.T) {
@@ -44,6 +47,8 @@ func TestLoadOverrides(t *testing.T) {
 	m[EnvMetricsInterval] = "1s"
 	m[EnvDiskPaths] = "/var, /"
 	m[EnvServerName] = "nstance.local"
+	m[EnvLogLevel] = "2"
+	m[EnvLogFormat] = "text"
 	c, err := Load(env(m))
 	require.NoError(t, err)
 	require.Equal(t, "/k", c.KeysDir)
@@ -54,6 +59,7 @@ func TestLoadOverrides(t *testing.T) {
 	require.Equal(t, time.Second, c.MetricsInterval)
 	require.Equal(t, []string{"/", "/var"}, c.DiskPaths)
 	require.Equal(t, "nstance.local", c.ServerNameFor(c.AgentAddr))
+	require.Equal(t, logging.Options{Level: "2", Format: "text"}, c.Log)
 }
 
 func TestLoadErrorsNameTheVariable(t *testing.T) {
@@ -72,7 +78,8 @@ func TestLoadErrorsNameTheVariable(t *testing.T) {
 		{"backoff order", EnvReconnectMin, "1m", EnvReconnectMax},
 		{"relative disk", EnvDiskPaths, "var", EnvDiskPaths},
 		{"same dirs", EnvFilesDir, "/var/lib/nstance/identity", "must differ"},
-		{"log level", EnvLogLevel, "loud", EnvLogLevel},
+		{"log level", EnvLogLevel, "loud", EnvLogLevel + `: log level "loud"`},
+		{"log format", EnvLogFormat, "xml", EnvLogFormat + `: log format "xml"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := base()

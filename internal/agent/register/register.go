@@ -70,7 +70,7 @@ func Ensure(ctx context.Context, o Options) error {
 		if permanent(err) {
 			return fmt.Errorf("%w: %v", ErrRefused, err)
 		}
-		o.Log.Info("registration failed, retrying", "addr", o.Addr, "error", err.Error())
+		o.Log.Error(err, "registration failed; retrying", "addr", o.Addr)
 		if werr := o.Backoff.Wait(ctx); werr != nil {
 			return fmt.Errorf("registering: %w (last error: %v)", werr, err)
 		}

@@ -104,18 +104,11 @@ func (s *Session) Run(ctx context.Context) error {
 		if time.Since(start) > 4*s.o.Interval+b.Max {
 			b.Reset()
 		}
-		s.o.Log.Info("agent connection lost, reconnecting", "addr", s.o.Addr, "error", errString(err))
+		s.o.Log.Error(err, "agent connection lost; reconnecting", "addr", s.o.Addr)
 		if b.Wait(ctx) != nil {
 			return nil
 		}
 	}
-}
-
-func errString(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
 }
 
 // connect runs one connection until a stream fails or ctx ends.
@@ -194,7 +187,7 @@ func (s *Session) keyLoop(ctx context.Context, c nstancev1.AgentServiceClient) e
 			return fmt.Errorf("submitting public keys: %w", err)
 		}
 		for _, r := range resp.GetRejected() {
-			s.o.Log.Info("server rejected a public key", "key", r.GetName(), "reason", r.GetReason())
+			s.o.Log.Error(errors.New(r.GetReason()), "server rejected a public key", "key", r.GetName())
 		}
 		s.o.Log.V(1).Info("public keys submitted", "accepted", len(resp.GetAccepted()))
 	}
@@ -214,7 +207,7 @@ func (s *Session) fileLoop(ctx context.Context, c nstancev1.AgentServiceClient, 
 		for _, st := range s.o.Files.Apply(d) {
 			if st.GetState() != nstancev1.FileState_FILE_STATE_OK {
 				bad++
-				s.o.Log.Info("delivered file rejected", "path", st.GetPath(), "reason", st.GetMessage())
+				s.o.Log.Error(errors.New(st.GetMessage()), "delivered file rejected", "path", st.GetPath())
 			}
 		}
 		s.mu.Lock()

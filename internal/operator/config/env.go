@@ -53,13 +53,17 @@ type Env struct {
 // EnvFromOS reads the environment of the process. The namespace falls back to
 // the pod's own namespace from the mounted ServiceAccount.
 func EnvFromOS() (Env, error) {
-	return ParseEnv(os.Getenv, func() (string, error) {
-		data, err := os.ReadFile(serviceAccountNamespaceFile)
-		if err != nil {
-			return "", err
-		}
-		return strings.TrimSpace(string(data)), nil
-	})
+	return ParseEnv(os.Getenv, PodNamespace)
+}
+
+// PodNamespace reads the namespace of the pod the process runs in from its
+// mounted ServiceAccount.
+func PodNamespace() (string, error) {
+	data, err := os.ReadFile(serviceAccountNamespaceFile)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(data)), nil
 }
 
 // ParseEnv builds an Env from getenv, calling podNamespace only when

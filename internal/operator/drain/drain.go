@@ -184,7 +184,7 @@ func (c *Coordinator) loop(ctx context.Context, shard string) {
 		if ctx.Err() != nil {
 			return
 		}
-		log.Info("instance stream ended; reopening", "error", err)
+		log.Error(err, "instance stream ended; reopening")
 		if time.Since(opened) > 30*time.Second {
 			delay = 100 * time.Millisecond
 		}

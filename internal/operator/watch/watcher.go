@@ -86,7 +86,7 @@ func (w *Watcher) loop(ctx context.Context, shard, stream string, once func(cont
 		if stream == StreamGroups {
 			w.Cache.Unsync(shard)
 		}
-		log.Info("stream ended; reopening", "error", err)
+		log.Error(err, "stream ended; reopening")
 		if time.Since(opened) > 30*time.Second {
 			delay = 100 * time.Millisecond
 		}
@@ -249,7 +249,7 @@ func (w *Watcher) RecordError(ctx context.Context, shard string, ev *nstancev1.E
 		}
 	}
 	if len(targets) == 0 {
-		w.Log.Info("server error with no object to attach an Event to", "shard", shard, "group", ev.GetGroupId(), "source", ev.GetSource().String(), "message", ev.GetMessage())
+		w.Log.Error(errors.New(ev.GetMessage()), "server error with no object to attach an Event to", "shard", shard, "group", ev.GetGroupId(), "source", ev.GetSource().String())
 		return nil
 	}
 	for _, t := range targets {

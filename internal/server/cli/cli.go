@@ -9,12 +9,9 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/go-logr/logr"
-	"github.com/go-logr/zapr"
 	ucli "github.com/urfave/cli/v2"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
+	"github.com/nstance-dev/nstance/internal/logging"
 	"github.com/nstance-dev/nstance/internal/server/app"
 	"github.com/nstance-dev/nstance/internal/server/config"
 	"github.com/nstance-dev/nstance/internal/server/fleet"
@@ -23,17 +20,18 @@ import (
 	"github.com/nstance-dev/nstance/internal/version"
 )
 
-// NewLogger builds the zap-backed logger; debug enables V(1) messages.
-func NewLogger(debug bool, w zapcore.WriteSyncer) (logr.Logger, func()) {
-	level := zapcore.InfoLevel
-	if debug {
-		level = zapcore.DebugLevel
+// envPrefix names the environment variables of every flag.
+const envPrefix = "NSTANCE"
+
+// logOptions reads --log-level and --log-format. The hidden, deprecated
+// --debug (NSTANCE_DEBUG) still means --log-level debug unless a level is
+// given explicitly.
+func logOptions(c *ucli.Context) logging.Options {
+	o := logging.FromCLI(c)
+	if c.Bool("debug") && !c.IsSet("log-level") {
+		o.Level = "debug"
 	}
-	enc := zap.NewProductionEncoderConfig()
-	enc.EncodeTime = zapcore.ISO8601TimeEncoder
-	core := zapcore.NewCore(zapcore.NewConsoleEncoder(enc), w, level)
-	z := zap.New(core)
-	return zapr.NewLogger(z), func() { _ = z.Sync() }
+	return o
 }
 
 // App returns the nstance-server command.
@@ -42,7 +40,7 @@ func App() *ucli.App {
 		Name:    "nstance-server",
 		Usage:   "per-shard Nstance control plane",
 		Version: version.Version,
-		Flags: []ucli.Flag{
+		Flags: append(logging.CLIFlags(envPrefix),
 			&ucli.StringFlag{Name: "id", Usage: "server id (default: host name)", EnvVars: []string{"NSTANCE_SERVER_ID"}},
 			&ucli.StringFlag{Name: "shard", Usage: "zone shard this server runs", EnvVars: []string{"NSTANCE_SHARD"}, Required: true},
 			&ucli.StringFlag{Name: "storage", Value: "s3", Usage: "object storage kind: s3 or file", EnvVars: []string{"NSTANCE_STORAGE"}},
@@ -59,19 +57,22 @@ func App() *ucli.App {
 			&ucli.StringFlag{Name: "bind-agent", Usage: "override shard.bind.agent_addr", EnvVars: []string{"NSTANCE_BIND_AGENT"}},
 			&ucli.BoolFlag{Name: "validate", Usage: "validate the shard config (from storage, or --config-file) and exit"},
 			&ucli.StringFlag{Name: "config-file", Usage: "with --validate: check this local file instead of storage"},
-			&ucli.BoolFlag{Name: "debug", Usage: "debug logging", EnvVars: []string{"NSTANCE_DEBUG"}},
+			&ucli.BoolFlag{Name: "debug", Usage: "deprecated: use --log-level debug", EnvVars: []string{"NSTANCE_DEBUG"}, Hidden: true},
 			&ucli.StringFlag{Name: "agent-command", Usage: "tmux/process providers: command each instance runs (overrides shard.infra.options.command)", EnvVars: []string{"NSTANCE_AGENT_COMMAND"}},
 			&ucli.StringFlag{Name: "agent-state-dir", Usage: "tmux/process providers: per-instance identity directories (default temp/agents)", EnvVars: []string{"NSTANCE_AGENT_STATE_DIR"}},
 			&ucli.StringFlag{Name: "node-dir", Usage: "tmux/process providers: fake Node JSON directory (default temp/dev-k8s/nodes; - disables)", EnvVars: []string{"NSTANCE_NODE_DIR"}},
 			&ucli.StringFlag{Name: "tmux-session", Usage: "tmux provider: session of the agent windows (default nstance-dev-agents)", EnvVars: []string{"NSTANCE_TMUX_SESSION"}},
 			&ucli.StringFlag{Name: "tmux-socket", Usage: "tmux provider: tmux socket name (-L)", EnvVars: []string{"NSTANCE_TMUX_SOCKET"}},
-		},
+		),
 		Action: run,
 	}
 }
 
 func run(c *ucli.Context) error {
-	log, flush := NewLogger(c.Bool("debug"), zapcore.Lock(os.Stderr))
+	log, flush, err := logging.New(logOptions(c), c.App.ErrWriter)
+	if err != nil {
+		return ucli.Exit(err.Error(), 2)
+	}
 	defer flush()
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -82,14 +83,21 @@ func run(c *ucli.Context) error {
 	if c.String("config-file") != "" {
 		return ucli.Exit("--config-file is only used with --validate", 2)
 	}
+	logging.Started(log, "nstance-server", version.Version, "shard", c.String("shard"))
+	// Start-up failures are logged once, as errors, in the chosen format;
+	// the exit code tells a supervisor what happened.
+	fail := func(err error, msg string, code int) error {
+		log.Error(err, msg)
+		return ucli.Exit("", code)
+	}
 	store, keys, err := storage.Open(ctx, storageOptions(c))
 	if err != nil {
-		return ucli.Exit(err.Error(), 2)
+		return fail(err, "opening object storage", 2)
 	}
 	id := c.String("id")
 	if id == "" {
 		if id, err = os.Hostname(); err != nil {
-			return ucli.Exit(fmt.Sprintf("--id not given and host name unknown: %v", err), 2)
+			return fail(err, "--id not given and the host name is unknown", 2)
 		}
 	}
 	a, err := app.New(app.Options{
@@ -106,12 +114,12 @@ func run(c *ucli.Context) error {
 		}}),
 	})
 	if err != nil {
-		return ucli.Exit(err.Error(), 2)
+		return fail(err, "invalid server options", 2)
 	}
 	if err := a.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
-		log.Error(err, "server stopped")
-		return ucli.Exit(err.Error(), 1)
+		return fail(err, "server stopped", 1)
 	}
+	log.Info("server stopped")
 	return nil
 }
 

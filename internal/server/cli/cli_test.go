@@ -2,12 +2,17 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	ucli "github.com/urfave/cli/v2"
+
+	"github.com/nstance-dev/nstance/internal/logging"
+	"github.com/nstance-dev/nstance/internal/version"
 )
 
 func TestValidateFlag(t *testing.T) {
@@ -41,4 +46,88 @@ func TestValidateFlag(t *testing.T) {
 			require.Contains(t, out.String(), tc.wantOut)
 		})
 	}
+}
+
+func TestLogFlags(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want logging.Options
+	}{
+		{"defaults", nil, nil, logging.Defaults()},
+		{"flags", []string{"--log-level", "warn", "--log-format", "text"}, nil, logging.Options{Level: "warn", Format: "text"}},
+		{"env", nil, map[string]string{"NSTANCE_LOG_LEVEL": "2", "NSTANCE_LOG_FORMAT": "json"}, logging.Options{Level: "2", Format: "json"}},
+		{"flag beats env", []string{"--log-level", "error"}, map[string]string{"NSTANCE_LOG_LEVEL": "debug"}, logging.Options{Level: "error", Format: "auto"}},
+		{"deprecated --debug", []string{"--debug"}, nil, logging.Options{Level: "debug", Format: "auto"}},
+		{"deprecated NSTANCE_DEBUG", nil, map[string]string{"NSTANCE_DEBUG": "true"}, logging.Options{Level: "debug", Format: "auto"}},
+		{"explicit level beats --debug", []string{"--debug", "--log-level", "warn"}, nil, logging.Options{Level: "warn", Format: "auto"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, k := range []string{"NSTANCE_LOG_LEVEL", "NSTANCE_LOG_FORMAT", "NSTANCE_DEBUG"} {
+				t.Setenv(k, tc.env[k])
+				if _, ok := tc.env[k]; !ok {
+					require.NoError(t, os.Unsetenv(k))
+				}
+			}
+			a := App()
+			var got logging.Options
+			a.Action = func(c *ucli.Context) error { got = logOptions(c); return nil }
+			require.NoError(t, a.Run(append([]string{"nstance-server", "--shard", "s"}, tc.args...)))
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestHelpAndVersion(t *testing.T) {
+	a := App()
+	var out bytes.Buffer
+	a.Writer = &out
+	require.NoError(t, a.Run([]string{"nstance-server", "--help"}))
+	require.Contains(t, out.String(), "--log-level")
+	require.Contains(t, out.String(), "NSTANCE_LOG_FORMAT")
+	require.NotContains(t, out.String(), "--debug", "the deprecated alias stays hidden")
+
+	out.Reset()
+	a = App()
+	a.Writer = &out
+	require.NoError(t, a.Run([]string{"nstance-server", "--version"}))
+	require.Contains(t, out.String(), version.Version)
+}
+
+func TestBadLogLevelIsRefused(t *testing.T) {
+	a := App()
+	var out bytes.Buffer
+	a.Writer, a.ErrWriter = &out, &out
+	a.ExitErrHandler = func(*ucli.Context, error) {}
+	err := a.Run([]string{"nstance-server", "--shard", "s", "--log-level", "loud"})
+	require.ErrorContains(t, err, `log level "loud"`)
+	var ec ucli.ExitCoder
+	require.ErrorAs(t, err, &ec)
+	require.Equal(t, 2, ec.ExitCode())
+}
+
+// TestStartupLogs: the version is logged first, and a start-up failure is one
+// error line in the chosen format, without a stack trace.
+func TestStartupLogs(t *testing.T) {
+	a := App()
+	var out, logs bytes.Buffer
+	a.Writer, a.ErrWriter = &out, &logs
+	a.ExitErrHandler = func(*ucli.Context, error) {}
+	err := a.Run([]string{"nstance-server", "--shard", "s", "--storage", "file", "--log-format", "json"})
+	var ec ucli.ExitCoder
+	require.ErrorAs(t, err, &ec)
+	require.Equal(t, 2, ec.ExitCode())
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	require.Len(t, lines, 2, logs.String())
+	var started, failed map[string]any
+	require.NoError(t, json.Unmarshal([]byte(lines[0]), &started))
+	require.Equal(t, "starting", started["msg"])
+	require.Equal(t, "nstance-server", started["binary"])
+	require.Equal(t, version.Version, started["version"])
+	require.NoError(t, json.Unmarshal([]byte(lines[1]), &failed))
+	require.Equal(t, "error", failed["level"])
+	require.Contains(t, failed["error"], "--storage-dir is required")
+	require.NotContains(t, failed, "stacktrace")
 }

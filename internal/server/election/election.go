@@ -150,7 +150,9 @@ func (e *Elector) tryAcquire(ctx context.Context, obs *observation) (Lease, stri
 	case errors.Is(err, objstore.ErrNotFound):
 		opts.IfNoneMatch = true
 	case err != nil:
-		e.cfg.Log.V(1).Info("reading lease failed", "key", e.cfg.Key, "error", err.Error())
+		if ctx.Err() == nil {
+			e.cfg.Log.Error(err, "reading lease failed", "key", e.cfg.Key)
+		}
 		return Lease{}, "", false
 	default:
 		e.set(func(s *Status) { s.Holder, s.Term = cur.Holder, cur.Term })
@@ -168,8 +170,8 @@ func (e *Elector) tryAcquire(ctx context.Context, obs *observation) (Lease, stri
 	}
 	newTag, err := e.write(ctx, next, opts)
 	if err != nil {
-		if !errors.Is(err, objstore.ErrPreconditionFailed) {
-			e.cfg.Log.V(1).Info("writing lease failed", "key", e.cfg.Key, "error", err.Error())
+		if !errors.Is(err, objstore.ErrPreconditionFailed) && ctx.Err() == nil {
+			e.cfg.Log.Error(err, "writing lease failed", "key", e.cfg.Key)
 		}
 		return Lease{}, "", false
 	}
@@ -237,6 +239,6 @@ func (e *Elector) release(etag string, term int64) {
 	defer cancel()
 	now := e.cfg.Now().UTC()
 	if _, err := e.write(ctx, Lease{RenewedAt: now, ExpiresAt: now, Term: term}, objstore.PutOptions{IfMatch: etag}); err != nil {
-		e.cfg.Log.V(1).Info("releasing lease failed", "key", e.cfg.Key, "error", err.Error())
+		e.cfg.Log.Error(err, "releasing lease failed", "key", e.cfg.Key)
 	}
 }

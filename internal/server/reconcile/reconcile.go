@@ -927,7 +927,7 @@ func (r *Reconciler) publishInstance(rec *instances.Record, st nstancev1.Instanc
 }
 
 func (r *Reconciler) reportError(tenant, group, inst string, src nstancev1.ErrorSource, err error) {
-	r.log.Info("reconcile error", "tenant", tenant, "group", group, "instance", inst, "error", err.Error())
+	r.log.Error(err, "reconcile error", "tenant", tenant, "group", group, "instance", inst)
 	ev := &nstancev1.ErrorEvent{Source: src, GroupId: group, InstanceId: inst, Message: err.Error(),
 		OccurredAt: timestamppb.New(r.o.Now()), Shard: r.o.Shard}
 	if tenant == "" {

@@ -96,7 +96,7 @@ func Retry(ctx context.Context, log logr.Logger, what string, b Backoff, fn func
 			return fmt.Errorf("%s: %w (last error: %v)", what, ctx.Err(), err)
 		}
 		sleep := wait/2 + time.Duration(rand.Int64N(int64(wait/2)+1))
-		log.Info("retrying", "what", what, "attempt", attempt, "in", sleep.String(), "error", err.Error())
+		log.Error(err, "retrying", "what", what, "attempt", attempt, "in", sleep.String())
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%s: %w (last error: %v)", what, ctx.Err(), err)

@@ -66,7 +66,8 @@ cluster.x-k8s.io/provider: infrastructure-nstance
 {{- end }}
 {{- end }}
 
-{{/* Directory controller-runtime's webhook server reads tls.crt/tls.key from. */}}
+{{/* Directory the webhook certificate Secret is mounted at and passed as
+  --webhook-cert-dir (controller-runtime's default). */}}
 {{- define "nstance-operator.webhookCertDir" -}}
 /tmp/k8s-webhook-server/serving-certs
 {{- end }}

@@ -1,0 +1,262 @@
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/nstance-dev/nstance/internal/logging"
+	"github.com/nstance-dev/nstance/internal/operator/config"
+)
+
+// Name is the binary's name.
+const Name = "nstance-operator"
+
+// envPrefix names every variable of the operator.
+const envPrefix = "NSTANCE"
+
+// Environment variables of the flags. NSTANCE_NAMESPACE and the object names
+// are defined by internal/operator/config, which reads them.
+const (
+	EnvConfig          = "NSTANCE_CONFIG"
+	EnvProbeAddr       = "NSTANCE_HEALTH_PROBE_BIND_ADDRESS"
+	EnvMetricsAddr     = "NSTANCE_METRICS_BIND_ADDRESS"
+	EnvLeaderElect     = "NSTANCE_LEADER_ELECT"
+	EnvDisableWebhooks = "NSTANCE_DISABLE_WEBHOOKS"
+	EnvWebhookHost     = "NSTANCE_WEBHOOK_HOST"
+	EnvWebhookPort     = "NSTANCE_WEBHOOK_PORT"
+	EnvWebhookCertDir  = "NSTANCE_WEBHOOK_CERT_DIR"
+	// EnvKubeconfig is client-go's variable; --kubeconfig wins over it.
+	EnvKubeconfig = "KUBECONFIG"
+)
+
+// Defaults of the flags.
+const (
+	DefaultProbeAddr   = ":8081"
+	DefaultMetricsAddr = "0"
+	DefaultWebhookPort = 9443
+)
+
+// DefaultWebhookCertDir is controller-runtime's default serving-certificate
+// directory, /tmp/k8s-webhook-server/serving-certs.
+func DefaultWebhookCertDir() string {
+	return filepath.Join(os.TempDir(), "k8s-webhook-server", "serving-certs")
+}
+
+// Flags are the parsed command line.
+type Flags struct {
+	ConfigPath string
+	// Kubeconfig is an explicit kubeconfig file; empty means KUBECONFIG,
+	// then the in-cluster configuration, then ~/.kube/config.
+	Kubeconfig string
+	// Namespace holds the Cluster API and Nstance objects the operator
+	// reconciles and its own Secrets, ConfigMaps and Lease. Empty here means
+	// NSTANCE_NAMESPACE, then the pod's namespace (config.ParseEnv).
+	Namespace       string
+	ProbeAddr       string
+	MetricsAddr     string
+	LeaderElect     bool
+	DisableWebhooks bool
+	WebhookHost     string
+	WebhookPort     int
+	WebhookCertDir  string
+	Log             logging.Options
+	Version         bool
+}
+
+// envVar documents one environment variable that is not a flag's.
+type envVar struct{ name, usage string }
+
+// objectVars are the variables internal/operator/config reads besides
+// NSTANCE_NAMESPACE (which is --namespace).
+func objectVars() []envVar {
+	return []envVar{
+		{config.EnvCAConfigMap, fmt.Sprintf("ConfigMap holding the cluster CA under ca.crt (default %s)", config.DefaultCAConfigMap)},
+		{config.EnvNonceSecret, fmt.Sprintf("Secret holding the one-time registration nonce under nonce.jwt (default %s)", config.DefaultNonceSecret)},
+		{config.EnvCertSecret, fmt.Sprintf("Secret the operator stores its client certificate in (default %s)", config.DefaultCertSecret)},
+		{config.EnvKeySecret, fmt.Sprintf("Secret the operator stores its Ed25519 keypair in (default %s)", config.DefaultKeySecret)},
+		{config.EnvCAPIEndpoint, "workload API server URL; when set, the operator does not manage the <cluster>-kubeconfig Secret"},
+		{config.EnvCAPIServiceAccount, fmt.Sprintf("ServiceAccount whose tokens go into the managed kubeconfig Secret (default %s)", config.DefaultCAPIServiceAccount)},
+		{config.EnvK8sJSON, "true: talk JSON instead of protobuf to the Kubernetes API (dev-k8s needs it)"},
+	}
+}
+
+// envDefaults turns environment values into flag defaults, collecting every bad
+// value.
+type envDefaults struct {
+	lookup func(string) (string, bool)
+	errs   []error
+}
+
+func (p *envDefaults) str(name, def string) string {
+	if v, ok := p.lookup(name); ok && strings.TrimSpace(v) != "" {
+		return strings.TrimSpace(v)
+	}
+	return def
+}
+
+func (p *envDefaults) boolean(name string, def bool) bool {
+	raw := p.str(name, "")
+	if raw == "" {
+		return def
+	}
+	v, err := strconv.ParseBool(raw)
+	if err != nil {
+		p.errs = append(p.errs, fmt.Errorf("%s=%q: want true or false", name, raw))
+		return def
+	}
+	return v
+}
+
+func (p *envDefaults) integer(name string, def int) int {
+	raw := p.str(name, "")
+	if raw == "" {
+		return def
+	}
+	v, err := strconv.Atoi(raw)
+	if err != nil {
+		p.errs = append(p.errs, fmt.Errorf("%s=%q: not a number", name, raw))
+		return def
+	}
+	return v
+}
+
+// newFlagSet registers every flag on a fresh FlagSet; defaults come from the
+// environment through p.
+func newFlagSet(f *Flags, p *envDefaults) *flag.FlagSet {
+	fs := flag.NewFlagSet(Name, flag.ContinueOnError)
+	fs.StringVar(&f.ConfigPath, "config", p.str(EnvConfig, config.DefaultPath),
+		"operator configuration file: cluster, tenant and shard endpoints")
+	fs.StringVar(&f.Kubeconfig, "kubeconfig", "",
+		"kubeconfig file of the management cluster; without it: $KUBECONFIG, the pod's ServiceAccount, then ~/.kube/config")
+	fs.StringVar(&f.Namespace, "namespace", p.str(config.EnvNamespace, ""),
+		"namespace whose Cluster API and Nstance objects the operator reconciles; it also holds the operator's Secrets, ConfigMaps and leader-election Lease (default: the pod's namespace)")
+	fs.StringVar(&f.ProbeAddr, "health-probe-bind-address", p.str(EnvProbeAddr, DefaultProbeAddr),
+		"address of /healthz and /readyz (0 disables them)")
+	fs.StringVar(&f.MetricsAddr, "metrics-bind-address", p.str(EnvMetricsAddr, DefaultMetricsAddr),
+		"address of /metrics (0 disables it)")
+	fs.BoolVar(&f.LeaderElect, "leader-elect", p.boolean(EnvLeaderElect, false),
+		"run under leader election, so only one replica reconciles")
+	fs.BoolVar(&f.DisableWebhooks, "disable-webhooks", p.boolean(EnvDisableWebhooks, false),
+		"do not serve the admission webhooks (development without serving certificates)")
+	fs.StringVar(&f.WebhookHost, "webhook-host", p.str(EnvWebhookHost, ""),
+		"address the webhook server binds to (default: every interface)")
+	fs.IntVar(&f.WebhookPort, "webhook-port", p.integer(EnvWebhookPort, DefaultWebhookPort),
+		"port of the webhook server")
+	fs.StringVar(&f.WebhookCertDir, "webhook-cert-dir", p.str(EnvWebhookCertDir, DefaultWebhookCertDir()),
+		"directory holding the webhook serving certificate (tls.crt, tls.key)")
+	fs.BoolVar(&f.Version, "version", false, "print the version and exit")
+	f.Log.BindFlags(fs, envPrefix, func(k string) string { v, _ := p.lookup(k); return v })
+	return fs
+}
+
+// flagEnv maps each flag to the variable it is read from.
+func flagEnv() map[string]string {
+	return map[string]string{
+		"config": EnvConfig, "kubeconfig": EnvKubeconfig, "namespace": config.EnvNamespace,
+		"health-probe-bind-address": EnvProbeAddr, "metrics-bind-address": EnvMetricsAddr,
+		"leader-elect": EnvLeaderElect, "disable-webhooks": EnvDisableWebhooks,
+		"webhook-host": EnvWebhookHost, "webhook-port": EnvWebhookPort, "webhook-cert-dir": EnvWebhookCertDir,
+		"log-level": logging.EnvLevel(envPrefix), "log-format": logging.EnvFormat(envPrefix),
+	}
+}
+
+// Parse reads the command line (without the program name) over the
+// environment seen through lookupEnv: a flag wins over its variable, which
+// wins over the default. -h and --help write the usage to out and return
+// flag.ErrHelp. Every bad value is reported at once.
+func Parse(args []string, lookupEnv func(string) (string, bool), out io.Writer) (Flags, error) {
+	var f Flags
+	p := &envDefaults{lookup: lookupEnv}
+	fs := newFlagSet(&f, p)
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			Usage(out, fs)
+		}
+		return Flags{}, err
+	}
+	if fs.NArg() > 0 {
+		p.errs = append(p.errs, fmt.Errorf("unexpected argument %q (the operator takes only flags)", fs.Arg(0)))
+	}
+	p.errs = append(p.errs, f.validate()...)
+	if len(p.errs) > 0 {
+		return Flags{}, errors.Join(p.errs...)
+	}
+	return f, nil
+}
+
+func (f Flags) validate() []error {
+	var errs []error
+	if f.ConfigPath == "" {
+		errs = append(errs, errors.New("--config: a file is required"))
+	}
+	if f.Namespace != "" {
+		for _, msg := range validation.IsDNS1123Label(f.Namespace) {
+			errs = append(errs, fmt.Errorf("--namespace %q: %s", f.Namespace, msg))
+		}
+	}
+	for _, a := range []struct{ name, addr string }{
+		{"--health-probe-bind-address", f.ProbeAddr}, {"--metrics-bind-address", f.MetricsAddr},
+	} {
+		if a.addr == "0" {
+			continue
+		}
+		if _, port, err := net.SplitHostPort(a.addr); err != nil {
+			errs = append(errs, fmt.Errorf("%s %q: want host:port, :port or 0", a.name, a.addr))
+		} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+			errs = append(errs, fmt.Errorf("%s %q: port must be a number between 0 and 65535", a.name, a.addr))
+		}
+	}
+	if f.WebhookPort < 1 || f.WebhookPort > 65535 {
+		errs = append(errs, fmt.Errorf("--webhook-port %d: must be between 1 and 65535", f.WebhookPort))
+	}
+	if !f.DisableWebhooks && f.WebhookCertDir == "" {
+		errs = append(errs, errors.New("--webhook-cert-dir: a directory is required while webhooks are enabled"))
+	}
+	if err := f.Log.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
+}
+
+// Usage writes the help: every flag with its variable, then every other
+// variable the operator reads.
+func Usage(w io.Writer, fs *flag.FlagSet) {
+	env := flagEnv()
+	fmt.Fprintf(w, "Usage: %s [flags]\n\n", Name)
+	fmt.Fprintf(w, "The Nstance Cluster API infrastructure provider: keeps the Cluster API and Nstance\n")
+	fmt.Fprintf(w, "objects of one namespace in sync with the nstance-server of every shard.\n\n")
+	fmt.Fprintf(w, "Flags (each also read from the variable named; a flag given here wins):\n")
+	fs.VisitAll(func(fl *flag.Flag) {
+		typ, usage := flag.UnquoteUsage(fl)
+		head := "  --" + fl.Name
+		if typ != "" {
+			head += " " + typ
+		}
+		fmt.Fprintln(w, head)
+		var notes []string
+		if v, ok := env[fl.Name]; ok && !strings.Contains(usage, v) {
+			notes = append(notes, "env "+v)
+		}
+		if fl.DefValue != "" && fl.DefValue != "false" && !strings.Contains(usage, "(default") {
+			notes = append(notes, "default "+fl.DefValue)
+		}
+		if len(notes) > 0 {
+			usage += " [" + strings.Join(notes, "; ") + "]"
+		}
+		fmt.Fprintf(w, "      %s\n", usage)
+	})
+	fmt.Fprintf(w, "\nEnvironment variables naming the objects the operator uses (in --namespace):\n")
+	for _, v := range objectVars() {
+		fmt.Fprintf(w, "  %s\n      %s\n", v.name, v.usage)
+	}
+}

@@ -1,0 +1,292 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/require"
+	"k8s.io/client-go/rest"
+
+	"github.com/nstance-dev/nstance/internal/logging"
+	"github.com/nstance-dev/nstance/internal/operator/config"
+	"github.com/nstance-dev/nstance/internal/version"
+)
+
+func lookup(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestDefaults(t *testing.T) {
+	f, err := Parse(nil, lookup(nil), nil)
+	require.NoError(t, err)
+	require.Equal(t, Flags{
+		ConfigPath: config.DefaultPath, ProbeAddr: ":8081", MetricsAddr: "0", WebhookPort: 9443,
+		WebhookCertDir: filepath.Join(os.TempDir(), "k8s-webhook-server", "serving-certs"), Log: logging.Defaults(),
+	}, f)
+}
+
+// TestFlagBeatsEnvBeatsDefault checks every flag both ways: set only by its
+// variable, and set by the flag while the variable says something else.
+func TestFlagBeatsEnvBeatsDefault(t *testing.T) {
+	tests := []struct {
+		flag, env, envValue, flagValue string
+		get                            func(Flags) any
+		fromEnv, fromFlag              any
+	}{
+		{"config", EnvConfig, "/env.yaml", "/flag.yaml", func(f Flags) any { return f.ConfigPath }, "/env.yaml", "/flag.yaml"},
+		{"namespace", config.EnvNamespace, "env-ns", "flag-ns", func(f Flags) any { return f.Namespace }, "env-ns", "flag-ns"},
+		{"health-probe-bind-address", EnvProbeAddr, "127.0.0.1:1", ":2", func(f Flags) any { return f.ProbeAddr }, "127.0.0.1:1", ":2"},
+		{"metrics-bind-address", EnvMetricsAddr, ":3", "0", func(f Flags) any { return f.MetricsAddr }, ":3", "0"},
+		{"leader-elect", EnvLeaderElect, "true", "false", func(f Flags) any { return f.LeaderElect }, true, false},
+		{"disable-webhooks", EnvDisableWebhooks, "1", "false", func(f Flags) any { return f.DisableWebhooks }, true, false},
+		{"webhook-host", EnvWebhookHost, "127.0.0.1", "::1", func(f Flags) any { return f.WebhookHost }, "127.0.0.1", "::1"},
+		{"webhook-port", EnvWebhookPort, "9555", "9666", func(f Flags) any { return f.WebhookPort }, 9555, 9666},
+		{"webhook-cert-dir", EnvWebhookCertDir, "/env/certs", "/flag/certs", func(f Flags) any { return f.WebhookCertDir }, "/env/certs", "/flag/certs"},
+		{"log-level", "NSTANCE_LOG_LEVEL", "debug", "3", func(f Flags) any { return f.Log.Level }, "debug", "3"},
+		{"log-format", "NSTANCE_LOG_FORMAT", "text", "json", func(f Flags) any { return f.Log.Format }, "text", "json"},
+	}
+	covered := map[string]bool{}
+	for _, tc := range tests {
+		covered[tc.flag] = true
+		t.Run(tc.flag, func(t *testing.T) {
+			env := lookup(map[string]string{tc.env: tc.envValue})
+			f, err := Parse(nil, env, nil)
+			require.NoError(t, err)
+			require.Equal(t, tc.fromEnv, tc.get(f))
+			f, err = Parse([]string{"--" + tc.flag + "=" + tc.flagValue}, env, nil)
+			require.NoError(t, err)
+			require.Equal(t, tc.fromFlag, tc.get(f))
+		})
+	}
+	// Every flag with a variable is covered above (kubeconfig's is client-go's
+	// KUBECONFIG, checked by TestRestConfig).
+	for name, env := range flagEnv() {
+		if env != EnvKubeconfig {
+			require.True(t, covered[name], "flag --%s (%s) has no precedence case", name, env)
+		}
+	}
+}
+
+func TestBadValuesAreRefused(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want []string
+	}{
+		{"port not a number in env", nil, map[string]string{EnvWebhookPort: "https"}, []string{`NSTANCE_WEBHOOK_PORT="https": not a number`}},
+		{"port out of range", []string{"--webhook-port=70000"}, nil, []string{"--webhook-port 70000: must be between 1 and 65535"}},
+		{"port zero", []string{"--webhook-port", "0"}, nil, []string{"--webhook-port 0"}},
+		{"port not a number", []string{"--webhook-port=x"}, nil, []string{`invalid value "x" for flag -webhook-port`}},
+		{"bool in env", nil, map[string]string{EnvLeaderElect: "maybe"}, []string{`NSTANCE_LEADER_ELECT="maybe": want true or false`}},
+		{"namespace", []string{"--namespace", "Not_A_Namespace"}, nil, []string{`--namespace "Not_A_Namespace"`}},
+		{"namespace in env", nil, map[string]string{config.EnvNamespace: "a/b"}, []string{`--namespace "a/b"`}},
+		{"probe address", []string{"--health-probe-bind-address", "8081"}, nil, []string{`--health-probe-bind-address "8081": want host:port`}},
+		{"metrics port", nil, map[string]string{EnvMetricsAddr: ":http"}, []string{`--metrics-bind-address ":http": port must be a number`}},
+		{"log level", []string{"--log-level", "loud"}, nil, []string{`log level "loud"`}},
+		{"log format in env", nil, map[string]string{"NSTANCE_LOG_FORMAT": "xml"}, []string{`log format "xml"`}},
+		{"empty config", []string{"--config="}, nil, []string{"--config: a file is required"}},
+		{"empty cert dir", []string{"--webhook-cert-dir="}, nil, []string{"--webhook-cert-dir: a directory is required"}},
+		{"positional argument", []string{"run"}, nil, []string{`unexpected argument "run"`}},
+		{"unknown flag", []string{"--zap-log-level=debug"}, nil, []string{"flag provided but not defined: -zap-log-level"}},
+		{"every problem at once", []string{"--webhook-port=0", "--log-level=loud"}, map[string]string{EnvLeaderElect: "maybe"},
+			[]string{"--webhook-port 0", `log level "loud"`, "NSTANCE_LEADER_ELECT"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse(tc.args, lookup(tc.env), nil)
+			require.Error(t, err)
+			for _, w := range tc.want {
+				require.ErrorContains(t, err, w)
+			}
+		})
+	}
+	// Without webhooks no certificate directory is needed.
+	_, err := Parse([]string{"--disable-webhooks", "--webhook-cert-dir="}, lookup(nil), nil)
+	require.NoError(t, err)
+}
+
+// operatorVariables finds every NSTANCE_* string literal in the non-test Go
+// files of this module's packages that nstance-operator links, i.e. every
+// variable the operator can read by name.
+func operatorVariables(t *testing.T) []string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-deps", "-f",
+		`{{if and (not .Standard) .Module}}{{if .Module.Main}}{{.Dir}}{{"\t"}}{{join .GoFiles " "}}{{end}}{{end}}`,
+		"github.com/nstance-dev/nstance/cmd/nstance-operator").Output()
+	require.NoError(t, err, "go list")
+	name := regexp.MustCompile(`^NSTANCE_[A-Z0-9_]+$`)
+	seen := map[string]bool{}
+	var vars []string
+	fset := token.NewFileSet()
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		dir, files, _ := strings.Cut(line, "\t")
+		for _, file := range strings.Fields(files) {
+			f, err := parser.ParseFile(fset, filepath.Join(dir, file), nil, parser.SkipObjectResolution)
+			require.NoError(t, err)
+			ast.Inspect(f, func(n ast.Node) bool {
+				lit, ok := n.(*ast.BasicLit)
+				if !ok || lit.Kind != token.STRING {
+					return true
+				}
+				if s, err := strconv.Unquote(lit.Value); err == nil && name.MatchString(s) && !seen[s] {
+					seen[s] = true
+					vars = append(vars, s)
+				}
+				return true
+			})
+		}
+	}
+	return vars
+}
+
+func TestHelpListsEveryVariable(t *testing.T) {
+	var out bytes.Buffer
+	_, err := Parse([]string{"--help"}, lookup(nil), &out)
+	require.ErrorIs(t, err, flag.ErrHelp)
+	help := out.String()
+
+	vars := operatorVariables(t)
+	// Sanity: the scan finds the variables internal/operator/config reads.
+	require.Contains(t, vars, config.EnvNamespace)
+	require.Contains(t, vars, config.EnvK8sJSON)
+	require.Contains(t, vars, EnvWebhookPort)
+	for _, v := range flagEnv() {
+		vars = append(vars, v)
+	}
+	for _, v := range vars {
+		require.Regexp(t, `(?m)\b`+regexp.QuoteMeta(v)+`\b`, help, "--help does not list %s", v)
+	}
+	// Every flag is listed, and every flag but --version has a variable.
+	fs := newFlagSet(&Flags{}, &envDefaults{lookup: lookup(nil)})
+	fs.VisitAll(func(fl *flag.Flag) {
+		require.Regexp(t, `(?m)^\s+--`+regexp.QuoteMeta(fl.Name)+`\b`, help)
+		if fl.Name != "version" {
+			require.Contains(t, flagEnv(), fl.Name, "--%s has no environment variable", fl.Name)
+		}
+	})
+}
+
+func TestMainVersionHelpAndUsageErrors(t *testing.T) {
+	var out, errOut bytes.Buffer
+	require.Equal(t, ExitOK, Main([]string{"--version"}, &out, &errOut))
+	require.Equal(t, Name+" "+version.Version+"\n", out.String())
+	require.Empty(t, errOut.String())
+
+	out.Reset()
+	require.Equal(t, ExitOK, Main([]string{"--help"}, &out, &errOut))
+	require.Contains(t, out.String(), "Usage: "+Name)
+
+	out.Reset()
+	require.Equal(t, ExitUsage, Main([]string{"--webhook-port=0"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "--webhook-port 0")
+	require.Contains(t, errOut.String(), "--help")
+}
+
+// TestMainLogsStartAndOneErrorLine: the version comes first, and a typo in
+// the configuration file is one error line, without a stack trace.
+func TestMainLogsStartAndOneErrorLine(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("cluster_id: c1\ntenant: t\nshardz: {}\n"), 0o600))
+	var out, logs bytes.Buffer
+	require.Equal(t, ExitError, Main([]string{"--config", path, "--log-format", "json"}, &out, &logs))
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	require.Len(t, lines, 2, logs.String())
+	var started, failed map[string]any
+	require.NoError(t, json.Unmarshal([]byte(lines[0]), &started))
+	require.Equal(t, "starting", started["msg"])
+	require.Equal(t, Name, started["binary"])
+	require.Equal(t, version.Version, started["version"])
+	require.NoError(t, json.Unmarshal([]byte(lines[1]), &failed))
+	require.Equal(t, "error", failed["level"])
+	require.Equal(t, "invalid operator configuration", failed["msg"])
+	require.Contains(t, failed["error"], "shardz")
+	require.NotContains(t, failed, "stacktrace")
+}
+
+func TestEnvNamespace(t *testing.T) {
+	getenv := func(k string) string { return map[string]string{config.EnvNamespace: "from-env"}[k] }
+	pod := func() (string, error) { return "from-pod", nil }
+	noPod := func() (string, error) { return "", errors.New("not in a pod") }
+
+	e, err := Flags{Namespace: "from-flag"}.Env(getenv, pod)
+	require.NoError(t, err)
+	require.Equal(t, "from-flag", e.Namespace)
+	e, err = Flags{}.Env(getenv, pod)
+	require.NoError(t, err)
+	require.Equal(t, "from-env", e.Namespace)
+	e, err = Flags{}.Env(func(string) string { return "" }, pod)
+	require.NoError(t, err)
+	require.Equal(t, "from-pod", e.Namespace)
+	e, err = Flags{Namespace: "from-flag"}.Env(func(string) string { return "" }, noPod)
+	require.NoError(t, err, "--namespace is enough outside a pod")
+	require.Equal(t, "from-flag", e.Namespace)
+	_, err = Flags{}.Env(func(string) string { return "" }, noPod)
+	require.ErrorContains(t, err, config.EnvNamespace)
+}
+
+func TestManagerOptions(t *testing.T) {
+	f, err := Parse([]string{"--leader-elect", "--webhook-port=9555", "--webhook-cert-dir=/c", "--webhook-host=127.0.0.1",
+		"--health-probe-bind-address=:1", "--metrics-bind-address=:2"}, lookup(nil), nil)
+	require.NoError(t, err)
+	cfg, rc := &config.Config{ClusterID: "c"}, &rest.Config{Host: "https://h"}
+	o := f.ManagerOptions(cfg, config.Env{Namespace: "ns"}, rc, logr.Discard())
+	require.Same(t, cfg, o.Config)
+	require.Same(t, rc, o.RestConfig)
+	require.Equal(t, "ns", o.Env.Namespace)
+	require.True(t, o.LeaderElect)
+	require.False(t, o.DisableWebhooks)
+	require.Equal(t, 9555, o.WebhookPort)
+	require.Equal(t, "/c", o.WebhookCertDir)
+	require.Equal(t, "127.0.0.1", o.WebhookHost)
+	require.Equal(t, ":1", o.ProbeAddr)
+	require.Equal(t, ":2", o.MetricsAddr)
+}
+
+func writeKubeconfig(t *testing.T, server string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(path, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "`+server+`"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`), 0o600))
+	return path
+}
+
+func TestRestConfig(t *testing.T) {
+	flagFile := writeKubeconfig(t, "https://from-flag:6443")
+	envFile := writeKubeconfig(t, "https://from-env:6443")
+	t.Setenv(EnvKubeconfig, envFile)
+
+	cfg, err := RestConfig(flagFile)
+	require.NoError(t, err)
+	require.Equal(t, "https://from-flag:6443", cfg.Host, "--kubeconfig wins over KUBECONFIG")
+	require.Equal(t, "t", cfg.BearerToken)
+	cfg, err = RestConfig("")
+	require.NoError(t, err)
+	require.Equal(t, "https://from-env:6443", cfg.Host)
+
+	_, err = RestConfig(filepath.Join(t.TempDir(), "missing"))
+	require.ErrorContains(t, err, "--kubeconfig")
+	require.ErrorContains(t, err, "no such file")
+	bad := filepath.Join(t.TempDir(), "bad")
+	require.NoError(t, os.WriteFile(bad, []byte("clusters: ["), 0o600))
+	_, err = RestConfig(bad)
+	require.ErrorContains(t, err, "--kubeconfig "+bad)
+}

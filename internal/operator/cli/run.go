@@ -1,0 +1,136 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/go-logr/logr"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
+
+	"github.com/nstance-dev/nstance/internal/logging"
+	"github.com/nstance-dev/nstance/internal/operator/config"
+	"github.com/nstance-dev/nstance/internal/operator/manager"
+	"github.com/nstance-dev/nstance/internal/version"
+)
+
+// Exit codes of Main.
+const (
+	ExitOK    = 0
+	ExitError = 1
+	ExitUsage = 2
+)
+
+// Main runs the operator with the process's arguments (without the program
+// name) and environment until a signal or a fatal error, and returns the
+// exit code. Start-up problems are one log line each.
+func Main(args []string, stdout, stderr io.Writer) int {
+	f, err := Parse(args, os.LookupEnv, stdout)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return ExitOK
+	case err != nil:
+		fmt.Fprintf(stderr, "%s: %v\nRun %s --help for the flags and variables.\n", Name, err, Name)
+		return ExitUsage
+	case f.Version:
+		fmt.Fprintln(stdout, Name, version.Version)
+		return ExitOK
+	}
+	log, flush, err := logging.New(f.Log, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", Name, err)
+		return ExitUsage
+	}
+	defer flush()
+	ctrl.SetLogger(log)
+	klog.SetLogger(log)
+	logging.Started(log, Name, version.Version)
+
+	cfg, err := config.Load(f.ConfigPath)
+	if err != nil {
+		log.Error(err, "invalid operator configuration")
+		return ExitError
+	}
+	env, err := f.Env(os.Getenv, config.PodNamespace)
+	if err != nil {
+		log.Error(err, "invalid environment")
+		return ExitError
+	}
+	restCfg, err := RestConfig(f.Kubeconfig)
+	if err != nil {
+		log.Error(err, "no Kubernetes client configuration")
+		return ExitError
+	}
+	ctx := ctrl.SetupSignalHandler()
+	op, err := manager.New(ctx, f.ManagerOptions(cfg, env, restCfg, log))
+	if err != nil {
+		log.Error(err, "setting up the operator")
+		return ExitError
+	}
+	log.Info("running", "cluster", cfg.ClusterID, "tenant", cfg.Tenant, "shards", cfg.ShardIDs(),
+		"namespace", env.Namespace, "apiServer", restCfg.Host, "leaderElect", f.LeaderElect,
+		"webhooks", !f.DisableWebhooks, "webhookPort", f.WebhookPort)
+	// Start returns an error on a fatal sync failure and when leadership is
+	// lost; either way the process exits so a fresh start resumes cleanly.
+	if err := op.Start(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		log.Error(err, "operator stopped")
+		return ExitError
+	}
+	log.Info("operator stopped")
+	return ExitOK
+}
+
+// Env reads the environment configuration; --namespace, when given, wins
+// over NSTANCE_NAMESPACE and the pod's namespace.
+func (f Flags) Env(getenv func(string) string, podNamespace func() (string, error)) (config.Env, error) {
+	return config.ParseEnv(func(k string) string {
+		if k == config.EnvNamespace && f.Namespace != "" {
+			return f.Namespace
+		}
+		return getenv(k)
+	}, podNamespace)
+}
+
+// ManagerOptions builds the manager's options from the flags.
+func (f Flags) ManagerOptions(cfg *config.Config, env config.Env, restCfg *rest.Config, log logr.Logger) manager.Options {
+	return manager.Options{
+		Config: cfg, Env: env, RestConfig: restCfg, Log: log,
+		MetricsAddr: f.MetricsAddr, ProbeAddr: f.ProbeAddr, LeaderElect: f.LeaderElect,
+		DisableWebhooks: f.DisableWebhooks,
+		WebhookHost:     f.WebhookHost, WebhookPort: f.WebhookPort, WebhookCertDir: f.WebhookCertDir,
+	}
+}
+
+// RestConfig loads the client configuration of the management cluster: the
+// kubeconfig file when one is given, otherwise controller-runtime's search
+// ($KUBECONFIG, the pod's ServiceAccount, ~/.kube/config).
+func RestConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		cfg, err := ctrlconfig.GetConfig()
+		if err != nil {
+			return nil, fmt.Errorf("no --kubeconfig, no usable $KUBECONFIG, not in a pod and no ~/.kube/config: %w", err)
+		}
+		return cfg, nil
+	}
+	if _, err := os.Stat(kubeconfig); err != nil {
+		return nil, fmt.Errorf("--kubeconfig: %w", err)
+	}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+		&clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig}, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("--kubeconfig %s: %w", kubeconfig, err)
+	}
+	if cfg.QPS == 0 {
+		// As controller-runtime's GetConfig: no client-side rate limit, the
+		// API server's priority and fairness applies.
+		cfg.QPS = -1
+	}
+	return cfg, nil
+}
