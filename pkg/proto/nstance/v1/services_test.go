@@ -71,6 +71,7 @@ var wantServices = []struct {
 			"CreateInstance":     unary,
 			"DeleteInstance":     unary,
 			"GetInstanceStatus":  unary,
+			"ListInstances":      unary,
 			"AcknowledgeDrained": unary,
 			"WatchGroups":        serverStream,
 			"WatchInstances":     serverStream,
