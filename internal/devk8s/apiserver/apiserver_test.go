@@ -249,3 +249,45 @@ func TestTableFallbackAndProtobufRefusal(t *testing.T) {
 	res.Body.Close()
 	require.Equal(t, http.StatusBadRequest, res.StatusCode)
 }
+
+// TestHandMadeFilesWithInvalidNames checks that files whose path makes a
+// name kube-apiserver would refuse are not served (and left alone).
+func TestHandMadeFilesWithInvalidNames(t *testing.T) {
+	dir := t.TempDir()
+	cm := `{"apiVersion":"v1","kind":"ConfigMap","data":{"k":"v"}}`
+	files := map[string]string{
+		"configmaps/default/UPPER.json":     cm,
+		"configmaps/default/under_scr.json": cm,
+		"configmaps/Bad_NS/x.json":          cm,
+		"configmaps/default/ok.json":        cm,
+		"namespaces/Bad.json":               `{"apiVersion":"v1","kind":"Namespace"}`,
+		"namespaces/a.b.json":               `{"apiVersion":"v1","kind":"Namespace"}`,
+		"events/default/Any_Name.json":      `{"apiVersion":"v1","kind":"Event","involvedObject":{"kind":"Pod","name":"p","namespace":"default"}}`,
+	}
+	for p, content := range files {
+		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(dir, p)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, p), []byte(content), 0o644))
+	}
+	_, hs := startServer(t, Options{Dir: dir})
+	names := func(path string) []string {
+		code, obj := call(t, http.MethodGet, hs.URL+path, "")
+		require.Equal(t, http.StatusOK, code)
+		var out []string
+		for _, it := range obj["items"].([]any) {
+			md := it.(map[string]any)["metadata"].(map[string]any)
+			out = append(out, md["name"].(string))
+		}
+		return out
+	}
+	require.Equal(t, []string{"ok"}, names("/api/v1/configmaps"))
+	require.NotContains(t, names("/api/v1/namespaces"), "Bad")
+	require.NotContains(t, names("/api/v1/namespaces"), "a.b")
+	require.Equal(t, []string{"Any_Name"}, names("/api/v1/namespaces/default/events"), "core v1 events keep their lenient names")
+	for p, content := range files {
+		data, err := os.ReadFile(filepath.Join(dir, p))
+		require.NoError(t, err)
+		if !strings.HasSuffix(p, "ok.json") && !strings.HasPrefix(p, "events/") {
+			require.Equal(t, content, string(data), "%s is left as it was", p)
+		}
+	}
+}
