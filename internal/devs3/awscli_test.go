@@ -53,14 +53,9 @@ type awsCLI struct {
 	env      []string
 	endpoint string
 	workdir  string
-	home     string
 }
 
 func newAWSCLI(t *testing.T, endpoint string) *awsCLI {
-	return newAWSCLIWith(t, endpoint, "dev", "dev")
-}
-
-func newAWSCLIWith(t *testing.T, endpoint, accessKey, secretKey string) *awsCLI {
 	bin, err := exec.LookPath("aws")
 	require.NoError(t, err, "the aws CLI is required for this test (CI machines have it); install it, e.g. pip install awscli")
 	home := t.TempDir()
@@ -69,8 +64,8 @@ func newAWSCLIWith(t *testing.T, endpoint, accessKey, secretKey string) *awsCLI 
 		"HOME=" + home,
 		"AWS_CONFIG_FILE=" + filepath.Join(home, "config"),
 		"AWS_SHARED_CREDENTIALS_FILE=" + filepath.Join(home, "credentials"),
-		"AWS_ACCESS_KEY_ID=" + accessKey,
-		"AWS_SECRET_ACCESS_KEY=" + secretKey,
+		"AWS_ACCESS_KEY_ID=dev",
+		"AWS_SECRET_ACCESS_KEY=dev",
 		"AWS_DEFAULT_REGION=us-east-1",
 		"AWS_PAGER=",
 	}
@@ -89,7 +84,33 @@ func newAWSCLIWith(t *testing.T, endpoint, accessKey, secretKey string) *awsCLI 
 	if v := os.Getenv("PYENV_VERSION"); v != "" {
 		env = append(env, "PYENV_VERSION="+v)
 	}
-	return &awsCLI{t: t, bin: bin, env: env, endpoint: endpoint, workdir: t.TempDir(), home: home}
+	return &awsCLI{t: t, bin: bin, env: env, endpoint: endpoint, workdir: t.TempDir()}
+}
+
+// withCredentials returns a copy of a that signs with another key pair.
+func (a *awsCLI) withCredentials(accessKey, secretKey string) *awsCLI {
+	b := *a
+	b.env = nil
+	for _, e := range a.env {
+		switch {
+		case strings.HasPrefix(e, "AWS_ACCESS_KEY_ID="):
+			e = "AWS_ACCESS_KEY_ID=" + accessKey
+		case strings.HasPrefix(e, "AWS_SECRET_ACCESS_KEY="):
+			e = "AWS_SECRET_ACCESS_KEY=" + secretKey
+		}
+		b.env = append(b.env, e)
+	}
+	return &b
+}
+
+// home is the CLI's HOME (its config file lives there).
+func (a *awsCLI) home() string {
+	for _, e := range a.env {
+		if h, ok := strings.CutPrefix(e, "HOME="); ok {
+			return h
+		}
+	}
+	return ""
 }
 
 func (a *awsCLI) run(args ...string) (string, string, error) {
@@ -127,9 +148,9 @@ func awsCLIScenario(t *testing.T, signed bool) {
 	srv := devs3test.StartWith(t, cfg)
 	cli := newAWSCLI(t, srv.URL)
 	if signed {
-		cli = newAWSCLIWith(t, srv.URL, testAK, testSK)
+		cli = cli.withCredentials(testAK, testSK)
 		for _, bad := range []struct{ ak, sk, code string }{{testAK, "wrong", "SignatureDoesNotMatch"}, {"nobody", testSK, "InvalidAccessKeyId"}} {
-			_, errOut, err := newAWSCLIWith(t, srv.URL, bad.ak, bad.sk).run("s3", "ls", "s3://dev/")
+			_, errOut, err := cli.withCredentials(bad.ak, bad.sk).run("s3", "ls", "s3://dev/")
 			require.Error(t, err)
 			require.Contains(t, errOut, bad.code)
 		}
@@ -231,7 +252,7 @@ func awsCLIScenario(t *testing.T, signed bool) {
 		require.Equal(t, http.StatusBadRequest, res.StatusCode)
 		require.Contains(t, string(body), "AWS4-HMAC-SHA256")
 	}
-	require.NoError(t, os.WriteFile(filepath.Join(cli.home, "config"), []byte("[default]\ns3 =\n    signature_version = s3v4\n"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(cli.home(), "config"), []byte("[default]\ns3 =\n    signature_version = s3v4\n"), 0o600))
 	url := strings.TrimSpace(cli.ok("s3", "presign", "s3://dev/cli/once", "--expires-in", "300"))
 	res, err := http.Get(url)
 	require.NoError(t, err)
