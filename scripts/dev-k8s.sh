@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Procfile `k8s`: dev-k8s on https://127.0.0.1:6443 with the Nstance and
-# Cluster API CRDs, objects as JSON files under temp/dev-k8s. It writes the
-# operator's kubeconfig to temp/operator/kubeconfig.
+# Procfile `k8s`: dev-k8s on https://127.0.0.1:6443 (loopback only) with the
+# Nstance and Cluster API CRDs, objects as JSON files under temp/dev-k8s. It
+# writes a kubeconfig with its admin token to temp/dev-k8s/kubeconfig
+# (export KUBECONFIG=temp/dev-k8s/kubeconfig) and a copy for the operator to
+# temp/operator/kubeconfig; requests without the token get 401.
 source "$(dirname "$0")/dev-common.sh"
 if [[ ${NSTANCE_DEV_K8S:-dev-k8s} == apiserver ]]; then
 	# make dev-tmux-apiserver: a real kube-apiserver + etcd (envtest binaries)

@@ -96,7 +96,7 @@ func run(objects, runs, edits, workers int) error {
 	if err != nil {
 		return err
 	}
-	dt, err := newTarget("dev-k8s", &rest.Config{Host: dev.URL})
+	dt, err := newTarget("dev-k8s", &rest.Config{Host: dev.URL, BearerToken: dev.AdminToken})
 	if err != nil {
 		return err
 	}

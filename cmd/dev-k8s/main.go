@@ -1,5 +1,5 @@
 // Command dev-k8s is a development Kubernetes API server whose objects are
-// JSON files under --dir.
+// JSON files under --dir. See cmd/dev-k8s/README.md and internal/devk8s.
 package main
 
 import (
@@ -8,25 +8,32 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/go-logr/zapr"
 	"github.com/urfave/cli/v2"
-	"go.uber.org/zap"
 
 	"github.com/nstance-dev/nstance/internal/devk8s/app"
+	"github.com/nstance-dev/nstance/internal/logging"
+	"github.com/nstance-dev/nstance/internal/version"
 )
+
+const envPrefix = "DEV_K8S"
+
+func env(name string) []string { return []string{envPrefix + "_" + name} }
 
 func main() {
 	cliApp := &cli.App{
-		Name:  "dev-k8s",
-		Usage: "Kubernetes API server for development; objects are JSON files",
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "addr", Value: ":6443", Usage: "listen address"},
-			&cli.StringFlag{Name: "dir", Value: "temp/dev-k8s", Usage: "data directory"},
-			&cli.BoolFlag{Name: "tls", Value: true, Usage: "serve HTTPS with a generated CA (false: plain HTTP)"},
-			&cli.StringFlag{Name: "kubeconfig-out", Usage: "write a kubeconfig for clients to this path"},
-			&cli.StringSliceFlag{Name: "crd-dir", Usage: "CRD file or directory to install at start (repeatable)"},
-			&cli.BoolFlag{Name: "controllers", Value: true, Usage: "run garbage collection, namespace deletion, pod termination and PDB status"},
-		},
+		Name:    "dev-k8s",
+		Usage:   "Kubernetes API server for development; objects are JSON files",
+		Version: version.Version,
+		Flags: append([]cli.Flag{
+			&cli.StringFlag{Name: "addr", Value: app.DefaultAddr, EnvVars: env("ADDR"), Usage: "listen address; loopback by default (e.g. 0.0.0.0:6443 to accept other machines)"},
+			&cli.StringFlag{Name: "dir", Value: "temp/dev-k8s", EnvVars: env("DIR"), Usage: "data directory: objects as JSON files, state, and the kubeconfig"},
+			&cli.BoolFlag{Name: "tls", Value: true, EnvVars: env("TLS"), Usage: "serve HTTPS with a generated CA (false: plain HTTP, where client-go sends no token)"},
+			&cli.StringSliceFlag{Name: "tls-san", EnvVars: env("TLS_SAN"), Usage: "extra host name or IP for the serving certificate (repeatable)"},
+			&cli.StringFlag{Name: "kubeconfig-out", EnvVars: env("KUBECONFIG_OUT"), Usage: "also write the kubeconfig to this path (<dir>/kubeconfig is always written)"},
+			&cli.StringFlag{Name: "token-file", EnvVars: env("TOKEN_FILE"), Usage: `extra users: kube-apiserver static token file, lines token,user,uid,"group1,group2"`},
+			&cli.StringSliceFlag{Name: "crd-dir", EnvVars: env("CRD_DIR"), Usage: "CRD file or directory to install at start (repeatable; comma-separated in the variable)"},
+			&cli.BoolFlag{Name: "controllers", Value: true, EnvVars: env("CONTROLLERS"), Usage: "run garbage collection, namespace deletion, pod termination and PDB status"},
+		}, logging.CLIFlags(envPrefix)...),
 		Action: run,
 	}
 	if err := cliApp.Run(os.Args); err != nil {
@@ -36,23 +43,27 @@ func main() {
 }
 
 func run(c *cli.Context) error {
-	zl, err := zap.NewDevelopment()
+	log, flush, err := logging.New(logging.FromCLI(c), nil)
 	if err != nil {
-		return fmt.Errorf("create logger: %w", err)
+		return err
 	}
-	defer func() { _ = zl.Sync() }()
+	defer flush()
+	logging.Started(log, "dev-k8s", version.Version)
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	running, err := app.Start(ctx, zapr.NewLogger(zl), app.Config{
+	running, err := app.Start(ctx, log, app.Config{
 		Addr:          c.String("addr"),
 		Dir:           c.String("dir"),
 		TLS:           c.Bool("tls"),
+		TLSSANs:       c.StringSlice("tls-san"),
 		KubeconfigOut: c.String("kubeconfig-out"),
+		TokenFile:     c.String("token-file"),
 		CRDPaths:      c.StringSlice("crd-dir"),
 		Controllers:   c.Bool("controllers"),
 	})
 	if err != nil {
 		return err
 	}
+	fmt.Fprint(c.App.Writer, running.Usage())
 	return running.Wait()
 }

@@ -1,9 +1,8 @@
 // Command dev-s3 serves one S3 bucket from a directory of plain files for
-// development. See internal/devs3.
+// development. See cmd/dev-s3/README.md and internal/devs3.
 package main
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"os"
@@ -13,18 +12,27 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/nstance-dev/nstance/internal/devs3"
+	"github.com/nstance-dev/nstance/internal/logging"
+	"github.com/nstance-dev/nstance/internal/version"
 )
+
+const envPrefix = "DEV_S3"
+
+func env(name string) []string { return []string{envPrefix + "_" + name} }
 
 func main() {
 	app := &cli.App{
-		Name:  "dev-s3",
-		Usage: "S3 server for development: one bucket mapped onto a directory",
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "addr", Value: devs3.DefaultAddr, EnvVars: []string{"DEV_S3_ADDR"}, Usage: "listen address"},
-			&cli.StringFlag{Name: "bucket", Value: devs3.DefaultBucket, EnvVars: []string{"DEV_S3_BUCKET"}, Usage: "bucket name"},
-			&cli.StringFlag{Name: "dir", Value: devs3.DefaultDir, EnvVars: []string{"DEV_S3_DIR"}, Usage: "directory holding the objects (created when missing)"},
-			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: []string{"DEV_S3_LOG_LEVEL"}, Usage: "debug (logs every request), info, warn or error"},
-		},
+		Name:    "dev-s3",
+		Usage:   "S3 server for development: one bucket mapped onto a directory",
+		Version: version.Version,
+		Flags: append([]cli.Flag{
+			&cli.StringFlag{Name: "addr", Value: devs3.DefaultAddr, EnvVars: env("ADDR"), Usage: "listen address; loopback by default (e.g. 0.0.0.0:8989 to accept other machines)"},
+			&cli.StringFlag{Name: "bucket", Value: devs3.DefaultBucket, EnvVars: env("BUCKET"), Usage: "bucket name"},
+			&cli.StringFlag{Name: "dir", Value: devs3.DefaultDir, EnvVars: env("DIR"), Usage: "directory holding the objects (created when missing)"},
+			&cli.StringFlag{Name: "access-key", EnvVars: env("ACCESS_KEY"), Usage: "require AWS Signature V4 with this access key (with --secret-key); unset: any credentials work"},
+			&cli.StringFlag{Name: "secret-key", EnvVars: env("SECRET_KEY"), Usage: "secret key for --access-key"},
+			&cli.DurationFlag{Name: "upload-expiry", Value: devs3.DefaultUploadExpiry, EnvVars: env("UPLOAD_EXPIRY"), Usage: "remove multipart uploads not completed within this time"},
+		}, logging.CLIFlags(envPrefix)...),
 		Action: run,
 	}
 	if err := app.Run(os.Args); err != nil {
@@ -34,12 +42,24 @@ func main() {
 }
 
 func run(c *cli.Context) error {
-	log, sync, err := devs3.NewLogger(c.String("log-level"))
+	log, flush, err := logging.New(logging.FromCLI(c), nil)
 	if err != nil {
 		return err
 	}
-	defer sync()
-	srv, err := devs3.New(devs3.Config{Bucket: c.String("bucket"), Dir: c.String("dir"), Log: log})
+	defer flush()
+	logging.Started(log, "dev-s3", version.Version)
+	// Before anything is announced, so a SIGTERM right after start stops
+	// gracefully.
+	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if c.Duration("upload-expiry") <= 0 {
+		return fmt.Errorf("--upload-expiry must be positive, got %s", c.Duration("upload-expiry"))
+	}
+	srv, err := devs3.New(devs3.Config{
+		Bucket: c.String("bucket"), Dir: c.String("dir"), Log: log,
+		AccessKey: c.String("access-key"), SecretKey: c.String("secret-key"),
+		UploadExpiry: c.Duration("upload-expiry"),
+	})
 	if err != nil {
 		return err
 	}
@@ -47,7 +67,6 @@ func run(c *cli.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", c.String("addr"), err)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	fmt.Fprint(c.App.Writer, srv.Usage(ln.Addr()))
 	return srv.Serve(ctx, ln)
 }

@@ -3,13 +3,12 @@ package devs3
 import (
 	"bytes"
 	"context"
-	"crypto/md5"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -27,26 +26,13 @@ type backend struct {
 	store   *fsbucket.Bucket
 	created time.Time
 
-	mu      sync.Mutex
-	uploads map[gofakes3.UploadID]*upload
+	uploads *uploads
+	now     func() time.Time
+
+	mu sync.Mutex
 	// pending holds the conditions of CompleteMultipartUpload requests in
 	// flight, keyed by upload ID (gofakes3 does not pass headers through).
 	pending map[gofakes3.UploadID]fsbucket.Conditions
-	nextID  uint64
-}
-
-type upload struct {
-	key       string
-	meta      map[string]string
-	initiated time.Time
-	mu        sync.Mutex
-	parts     map[int]*part
-}
-
-type part struct {
-	body     []byte
-	etag     string // quoted
-	modified time.Time
 }
 
 var (
@@ -54,18 +40,23 @@ var (
 	_ gofakes3.MultipartBackend = (*backend)(nil)
 )
 
-func newBackend(name string, store *fsbucket.Bucket) *backend {
-	created := time.Now()
+func newBackend(name string, store *fsbucket.Bucket, now func() time.Time) (*backend, error) {
+	created := now()
 	if st, err := os.Stat(store.Root()); err == nil {
 		created = st.ModTime()
+	}
+	ups, err := newUploads(store.Root())
+	if err != nil {
+		return nil, err
 	}
 	return &backend{
 		name:    name,
 		store:   store,
 		created: created,
-		uploads: map[gofakes3.UploadID]*upload{},
+		uploads: ups,
+		now:     now,
 		pending: map[gofakes3.UploadID]fsbucket.Conditions{},
-	}
+	}, nil
 }
 
 // defaultContentType is served for objects stored without a content type.
@@ -372,7 +363,7 @@ func (b *backend) CopyObject(srcBucket, srcKey, dstBucket, dstKey string, meta m
 	return gofakes3.CopyObjectResult{ETag: `"` + info.ETag + `"`, LastModified: gofakes3.NewContentTime(info.ModTime)}, nil
 }
 
-// --- multipart uploads: parts are held in memory until completion. ---
+// --- multipart uploads: kept on disk (multipart.go). ---
 
 func (b *backend) CreateMultipartUpload(bucket, key string, meta map[string]string) (gofakes3.UploadID, error) {
 	if err := b.checkBucket(bucket); err != nil {
@@ -381,102 +372,102 @@ func (b *backend) CreateMultipartUpload(bucket, key string, meta map[string]stri
 	if err := fsbucket.ValidateKey(key); err != nil {
 		return "", s3err(key, err)
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.nextID++
-	id := gofakes3.UploadID(fmt.Sprintf("%d-%d", time.Now().UnixNano(), b.nextID))
-	b.uploads[id] = &upload{key: key, meta: storedMeta(meta), initiated: time.Now(), parts: map[int]*part{}}
-	return id, nil
-}
-
-func (b *backend) getUpload(bucket, key string, id gofakes3.UploadID) (*upload, error) {
-	if err := b.checkBucket(bucket); err != nil {
-		return nil, err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	u, ok := b.uploads[id]
-	if !ok || u.key != key {
-		return nil, gofakes3.ErrNoSuchUpload
-	}
-	return u, nil
+	return b.uploads.create(key, storedMeta(meta), b.now())
 }
 
 func (b *backend) UploadPart(bucket, key string, id gofakes3.UploadID, partNumber int, contentLength int64, input io.Reader) (string, error) {
-	u, err := b.getUpload(bucket, key, id)
-	if err != nil {
+	if err := b.checkBucket(bucket); err != nil {
 		return "", err
 	}
 	if partNumber < 1 || partNumber > gofakes3.MaxUploadPartNumber {
 		return "", gofakes3.ErrInvalidPart
 	}
-	body, err := io.ReadAll(input)
-	if err != nil {
-		return "", err
-	}
-	if int64(len(body)) != contentLength {
-		return "", gofakes3.ErrIncompleteBody
-	}
-	sum := md5.Sum(body)
-	etag := `"` + hex.EncodeToString(sum[:]) + `"`
-	u.mu.Lock()
-	u.parts[partNumber] = &part{body: body, etag: etag, modified: time.Now()}
-	u.mu.Unlock()
-	return etag, nil
+	return b.uploads.putPart(id, key, partNumber, contentLength, input)
 }
 
+// ListMultipartUploads lists uploads by key (then initiation), after the
+// key and upload ID markers, up to limit.
 func (b *backend) ListMultipartUploads(bucket string, marker *gofakes3.UploadListMarker, prefix gofakes3.Prefix, limit int64) (*gofakes3.ListMultipartUploadsResult, error) {
 	if err := b.checkBucket(bucket); err != nil {
 		return nil, err
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	res := &gofakes3.ListMultipartUploadsResult{Bucket: bucket, Prefix: prefix.Prefix, MaxUploads: limit}
-	for id, u := range b.uploads {
-		if !strings.HasPrefix(u.key, prefix.Prefix) {
+	all, err := b.uploads.list()
+	if err != nil {
+		return nil, err
+	}
+	res := &gofakes3.ListMultipartUploadsResult{Bucket: bucket, Prefix: prefix.Prefix, Delimiter: prefix.Delimiter, MaxUploads: limit}
+	if marker != nil {
+		res.KeyMarker, res.UploadIDMarker = marker.Object, marker.UploadID
+	}
+	passed := marker == nil || marker.Object == ""
+	for _, up := range all {
+		if !passed {
+			switch {
+			case up.info.Key < marker.Object:
+				continue
+			case up.info.Key == marker.Object:
+				if marker.UploadID == "" {
+					continue // key-marker alone skips every upload of that key
+				}
+				if up.id == marker.UploadID {
+					passed = true
+				}
+				continue
+			}
+			passed = true
+		}
+		if !strings.HasPrefix(up.info.Key, prefix.Prefix) {
 			continue
 		}
+		if limit > 0 && int64(len(res.Uploads)) == limit {
+			res.IsTruncated = true
+			last := res.Uploads[len(res.Uploads)-1]
+			res.NextKeyMarker, res.NextUploadIDMarker = last.Key, last.UploadID
+			break
+		}
 		res.Uploads = append(res.Uploads, gofakes3.ListMultipartUploadItem{
-			Key: u.key, UploadID: id, StorageClass: gofakes3.StorageStandard, Initiated: gofakes3.NewContentTime(u.initiated),
+			Key: up.info.Key, UploadID: up.id, StorageClass: gofakes3.StorageStandard, Initiated: gofakes3.NewContentTime(up.info.Initiated),
 		})
 	}
 	return res, nil
 }
 
 func (b *backend) ListParts(bucket, key string, id gofakes3.UploadID, marker int, limit int64) (*gofakes3.ListMultipartUploadPartsResult, error) {
-	u, err := b.getUpload(bucket, key, id)
+	if err := b.checkBucket(bucket); err != nil {
+		return nil, err
+	}
+	if _, err := b.uploads.info(id, key); err != nil {
+		return nil, err
+	}
+	parts, err := b.uploads.parts(id)
 	if err != nil {
 		return nil, err
 	}
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	res := &gofakes3.ListMultipartUploadPartsResult{Bucket: bucket, Key: key, UploadID: id, PartNumberMarker: marker, MaxParts: limit}
-	for n := marker + 1; n <= gofakes3.MaxUploadPartNumber && len(u.parts) > 0; n++ {
-		p, ok := u.parts[n]
-		if !ok {
-			continue
+	nums := make([]int, 0, len(parts))
+	for n := range parts {
+		if n > marker {
+			nums = append(nums, n)
 		}
+	}
+	sort.Ints(nums)
+	res := &gofakes3.ListMultipartUploadPartsResult{Bucket: bucket, Key: key, UploadID: id, PartNumberMarker: marker, MaxParts: limit, StorageClass: gofakes3.StorageStandard}
+	for _, n := range nums {
 		if limit > 0 && int64(len(res.Parts)) == limit {
 			res.IsTruncated = true
 			break
 		}
-		res.Parts = append(res.Parts, gofakes3.ListMultipartUploadPartItem{PartNumber: n, ETag: p.etag, Size: int64(len(p.body)), LastModified: gofakes3.NewContentTime(p.modified)})
+		p := parts[n]
+		res.Parts = append(res.Parts, gofakes3.ListMultipartUploadPartItem{PartNumber: n, ETag: `"` + p.etag + `"`, Size: p.size, LastModified: gofakes3.NewContentTime(p.modified)})
 		res.NextPartNumberMarker = n
-		if len(res.Parts) == len(u.parts) {
-			break
-		}
 	}
 	return res, nil
 }
 
 func (b *backend) AbortMultipartUpload(bucket, key string, id gofakes3.UploadID) error {
-	if _, err := b.getUpload(bucket, key, id); err != nil {
+	if err := b.checkBucket(bucket); err != nil {
 		return err
 	}
-	b.mu.Lock()
-	delete(b.uploads, id)
-	b.mu.Unlock()
-	return nil
+	return b.uploads.abort(id, key)
 }
 
 // setPending records the conditional headers of a CompleteMultipartUpload
@@ -492,43 +483,26 @@ func (b *backend) setPending(id gofakes3.UploadID, c fsbucket.Conditions) func()
 	}
 }
 
-// CompleteMultipartUpload concatenates the listed parts into the object
-// under the key lock, honouring conditions recorded by the HTTP layer. The
+// CompleteMultipartUpload streams the listed parts into the object under
+// the key lock, honouring conditions recorded by the HTTP layer. The
 // returned ETag is the MD5 of the whole body (not AWS's "<md5>-<parts>"
 // form) so that HEAD, LIST and If-Match all agree on one value.
 func (b *backend) CompleteMultipartUpload(bucket, key string, id gofakes3.UploadID, in *gofakes3.CompleteMultipartUploadRequest) (gofakes3.VersionID, string, error) {
-	u, err := b.getUpload(bucket, key, id)
-	if err != nil {
+	if err := b.checkBucket(bucket); err != nil {
 		return "", "", err
 	}
 	b.mu.Lock()
 	cond := b.pending[id]
 	b.mu.Unlock()
-
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if len(in.Parts) == 0 {
-		return "", "", gofakes3.ErrorMessage(gofakes3.ErrMalformedXML, "no parts listed")
-	}
-	readers := make([]io.Reader, 0, len(in.Parts))
-	prev := 0
-	for _, p := range in.Parts {
-		if p.PartNumber <= prev {
-			return "", "", gofakes3.ErrInvalidPartOrder
+	etag, err := b.uploads.complete(id, key, in.Parts, func(info uploadInfo, body io.Reader) (string, error) {
+		stored, err := b.store.Put(context.Background(), key, body, info.Meta, cond)
+		if err != nil {
+			return "", s3err(key, err)
 		}
-		prev = p.PartNumber
-		up, ok := u.parts[p.PartNumber]
-		if !ok || strings.Trim(p.ETag, `"`) != strings.Trim(up.etag, `"`) {
-			return "", "", gofakes3.ErrorMessagef(gofakes3.ErrInvalidPart, "part %d is missing or its ETag differs", p.PartNumber)
-		}
-		readers = append(readers, bytes.NewReader(up.body))
-	}
-	info, err := b.store.Put(context.Background(), key, io.MultiReader(readers...), u.meta, cond)
+		return `"` + stored.ETag + `"`, nil
+	})
 	if err != nil {
-		return "", "", s3err(key, err)
+		return "", "", err
 	}
-	b.mu.Lock()
-	delete(b.uploads, id)
-	b.mu.Unlock()
-	return "", `"` + info.ETag + `"`, nil
+	return "", etag, nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -18,9 +19,14 @@ import (
 
 // Defaults used by cmd/dev-s3.
 const (
-	DefaultAddr   = ":8989"
+	// DefaultAddr is loopback only: nothing outside the machine reaches
+	// dev-s3 unless --addr widens it.
+	DefaultAddr   = "127.0.0.1:8989"
 	DefaultBucket = "dev"
 	DefaultDir    = "temp/dev-s3"
+	// DefaultUploadExpiry is how long an unfinished multipart upload is
+	// kept.
+	DefaultUploadExpiry = 24 * time.Hour
 )
 
 // Config configures a Server.
@@ -34,6 +40,16 @@ type Config struct {
 	Log logr.Logger
 	// ShutdownTimeout bounds the graceful stop; default 10s.
 	ShutdownTimeout time.Duration
+	// AccessKey and SecretKey, when set, make every S3 request carry a
+	// valid AWS Signature Version 4 (header or presigned URL) for them;
+	// empty accepts any credentials.
+	AccessKey, SecretKey string
+	// UploadExpiry removes multipart uploads not completed within it
+	// (checked at start and every UploadExpiry/4, at most hourly); default
+	// DefaultUploadExpiry.
+	UploadExpiry time.Duration
+	// Now is the clock (tests); default time.Now.
+	Now func() time.Time
 }
 
 // Server is a dev-s3 instance.
@@ -41,6 +57,8 @@ type Server struct {
 	cfg     Config
 	backend *backend
 	handler http.Handler
+	// auth checks signatures; nil when any credentials are accepted.
+	auth *verifier
 }
 
 // New opens the directory and builds the handler. It fails with a clear
@@ -55,11 +73,27 @@ func New(cfg Config) (*Server, error) {
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 10 * time.Second
 	}
+	if cfg.UploadExpiry <= 0 {
+		cfg.UploadExpiry = DefaultUploadExpiry
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if (cfg.AccessKey == "") != (cfg.SecretKey == "") {
+		return nil, errors.New("dev-s3: give both an access key and a secret key, or neither")
+	}
 	store, err := fsbucket.Open(cfg.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("dev-s3: %w", err)
 	}
-	s := &Server{cfg: cfg, backend: newBackend(cfg.Bucket, store)}
+	be, err := newBackend(cfg.Bucket, store, cfg.Now)
+	if err != nil {
+		return nil, fmt.Errorf("dev-s3: %w", err)
+	}
+	s := &Server{cfg: cfg, backend: be}
+	if cfg.AccessKey != "" {
+		s.auth = newVerifier(cfg.AccessKey, cfg.SecretKey, cfg.Now)
+	}
 	fake := gofakes3.New(s.backend,
 		gofakes3.WithLogger(gofakesLogger{cfg.Log}),
 		gofakes3.WithoutVersioning(),
@@ -79,9 +113,14 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // shutdown timeout) and returns nil.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second}
+	s.expireUploads()
+	sweepCtx, stopSweep := context.WithCancel(ctx)
+	defer stopSweep()
+	go s.sweepUploads(sweepCtx)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	s.cfg.Log.Info("dev-s3 serving", "addr", ln.Addr().String(), "bucket", s.cfg.Bucket, "dir", s.Dir())
+	s.cfg.Log.Info("dev-s3 serving", "addr", ln.Addr().String(), "bucket", s.cfg.Bucket, "dir", s.Dir(),
+		"signatures", s.auth != nil, "uploadExpiry", s.cfg.UploadExpiry.String())
 	select {
 	case err := <-errc:
 		return fmt.Errorf("dev-s3 serve: %w", err)
@@ -100,8 +139,35 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
-// wrap puts health, logging, key safety and multipart conditions in front
-// of gofakes3.
+// expireUploads removes multipart uploads older than the expiry.
+func (s *Server) expireUploads() {
+	n, err := s.backend.uploads.expire(s.cfg.Now().Add(-s.cfg.UploadExpiry))
+	if err != nil {
+		s.cfg.Log.Error(err, "expiring abandoned multipart uploads")
+	}
+	if n > 0 {
+		s.cfg.Log.Info("expired abandoned multipart uploads", "count", n, "olderThan", s.cfg.UploadExpiry.String())
+	}
+}
+
+// sweepUploads runs expireUploads every UploadExpiry/4 (1s to 1h) until
+// ctx ends.
+func (s *Server) sweepUploads(ctx context.Context) {
+	every := min(max(s.cfg.UploadExpiry/4, time.Second), time.Hour)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.expireUploads()
+		}
+	}
+}
+
+// wrap puts health, logging, signatures, key safety and multipart
+// conditions in front of gofakes3.
 func (s *Server) wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/healthz" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
@@ -123,6 +189,29 @@ func (s *Server) wrap(next http.Handler) http.Handler {
 }
 
 func (s *Server) serveS3(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	check := &bodyCheck{}
+	r = r.WithContext(context.WithValue(r.Context(), bodyCheckKey{}, check))
+	w = &checkedWriter{ResponseWriter: w, r: r, check: check}
+	refuse := func(aerr *authError) {
+		if log := s.cfg.Log.V(1); log.Enabled() {
+			log.Info("request refused", "code", aerr.code, "reason", aerr.detail, "method", r.Method, "path", r.URL.Path)
+		}
+		writeError(w, r, aerr.status, aerr.code, aerr.message, r.URL.Path)
+	}
+	if s.auth != nil {
+		checked, aerr := s.auth.verify(r)
+		if aerr != nil {
+			refuse(aerr)
+			return
+		}
+		r = checked
+	}
+	if isChunked(r) {
+		if aerr := decodeChunked(r, nil); aerr != nil {
+			refuse(aerr)
+			return
+		}
+	}
 	path := strings.TrimPrefix(r.URL.Path, "/")
 	bucket, key, _ := strings.Cut(path, "/")
 	if bucket != "" && key != "" {
@@ -245,4 +334,32 @@ func (g gofakesLogger) Print(level gofakes3.LogLevel, v ...any) {
 		return
 	}
 	g.log.V(2).Info(msg, "source", "gofakes3", "level", string(level))
+}
+
+// Endpoint is the URL clients use for a listener address (loopback for an
+// unspecified address).
+func Endpoint(addr net.Addr) string {
+	tcp, ok := addr.(*net.TCPAddr)
+	if !ok {
+		return "http://" + addr.String()
+	}
+	ip := tcp.IP
+	if ip.IsUnspecified() {
+		ip = net.IPv4(127, 0, 0, 1)
+	}
+	return "http://" + net.JoinHostPort(ip.String(), strconv.Itoa(tcp.Port))
+}
+
+// Usage is the short guide printed at start: the endpoint and an aws CLI
+// example.
+func (s *Server) Usage(addr net.Addr) string {
+	ep := Endpoint(addr)
+	creds := "AWS_ACCESS_KEY_ID=dev AWS_SECRET_ACCESS_KEY=dev"
+	note := "any credentials are accepted"
+	if s.auth != nil {
+		creds = "AWS_ACCESS_KEY_ID=" + s.cfg.AccessKey + " AWS_SECRET_ACCESS_KEY=<--secret-key>"
+		note = "requests must be signed (SigV4) with --access-key/--secret-key"
+	}
+	return fmt.Sprintf("dev-s3 is serving bucket %q at %s (files in %s; %s)\n  %s aws --endpoint-url %s --region us-east-1 s3 ls s3://%s/\n",
+		s.cfg.Bucket, ep, s.Dir(), note, creds, ep, s.cfg.Bucket)
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,6 +27,7 @@ func startServer(t *testing.T, opts Options) (*Server, *httptest.Server) {
 	s, err := New(ctx, logr.Discard(), opts)
 	require.NoError(t, err)
 	hs := httptest.NewServer(s)
+	serverTokens.Store(hs.Listener.Addr().String(), s.AdminToken())
 	t.Cleanup(func() {
 		hs.Close()
 		cancel()
@@ -34,12 +36,29 @@ func startServer(t *testing.T, opts Options) (*Server, *httptest.Server) {
 	return s, hs
 }
 
+// serverTokens maps each test server's address to its admin token, which
+// testClient sends: dev-k8s answers 401 to requests without one.
+var (
+	serverTokens sync.Map
+	testClient   = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if tok, ok := serverTokens.Load(r.URL.Host); ok {
+			r = r.Clone(r.Context())
+			r.Header.Set("Authorization", "Bearer "+tok.(string))
+		}
+		return http.DefaultTransport.RoundTrip(r)
+	})}
+)
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
 func call(t *testing.T, method, url, body string) (int, map[string]any) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
-	res, err := http.DefaultClient.Do(req)
+	res, err := testClient.Do(req)
 	require.NoError(t, err)
 	defer res.Body.Close()
 	data, err := io.ReadAll(res.Body)
@@ -56,7 +75,7 @@ func watchLines(t *testing.T, url string) <-chan map[string]any {
 	t.Cleanup(cancel)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	require.NoError(t, err)
-	res, err := http.DefaultClient.Do(req)
+	res, err := testClient.Do(req)
 	require.NoError(t, err)
 	out := make(chan map[string]any, 100)
 	go func() {
@@ -113,7 +132,7 @@ func TestSlowWatchEndsStream(t *testing.T) {
 	// and the server ends the stream instead of blocking or dropping.
 	req, err := http.NewRequest(http.MethodGet, hs.URL+"/api/v1/namespaces/default/configmaps?watch=1&resourceVersion=0", nil)
 	require.NoError(t, err)
-	res, err := http.DefaultClient.Do(req)
+	res, err := testClient.Do(req)
 	require.NoError(t, err)
 	defer res.Body.Close()
 	for i := 0; i < 2000; i++ {
@@ -213,7 +232,7 @@ func TestTableFallbackAndProtobufRefusal(t *testing.T) {
 			req, err := http.NewRequest(http.MethodGet, hs.URL+"/api/v1/namespaces", nil)
 			require.NoError(t, err)
 			req.Header.Set("Accept", tc.accept)
-			res, err := http.DefaultClient.Do(req)
+			res, err := testClient.Do(req)
 			require.NoError(t, err)
 			defer res.Body.Close()
 			var obj map[string]any
@@ -225,8 +244,50 @@ func TestTableFallbackAndProtobufRefusal(t *testing.T) {
 	req, err := http.NewRequest(http.MethodPost, hs.URL+"/apis/policy/v1/namespaces/default/poddisruptionbudgets", strings.NewReader("\x00garbage"))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/vnd.kubernetes.protobuf")
-	res, err := http.DefaultClient.Do(req)
+	res, err := testClient.Do(req)
 	require.NoError(t, err)
 	res.Body.Close()
 	require.Equal(t, http.StatusBadRequest, res.StatusCode)
+}
+
+// TestHandMadeFilesWithInvalidNames checks that files whose path makes a
+// name kube-apiserver would refuse are not served (and left alone).
+func TestHandMadeFilesWithInvalidNames(t *testing.T) {
+	dir := t.TempDir()
+	cm := `{"apiVersion":"v1","kind":"ConfigMap","data":{"k":"v"}}`
+	files := map[string]string{
+		"configmaps/default/UPPER.json":     cm,
+		"configmaps/default/under_scr.json": cm,
+		"configmaps/Bad_NS/x.json":          cm,
+		"configmaps/default/ok.json":        cm,
+		"namespaces/Bad.json":               `{"apiVersion":"v1","kind":"Namespace"}`,
+		"namespaces/a.b.json":               `{"apiVersion":"v1","kind":"Namespace"}`,
+		"events/default/Any_Name.json":      `{"apiVersion":"v1","kind":"Event","involvedObject":{"kind":"Pod","name":"p","namespace":"default"}}`,
+	}
+	for p, content := range files {
+		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(dir, p)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, p), []byte(content), 0o644))
+	}
+	_, hs := startServer(t, Options{Dir: dir})
+	names := func(path string) []string {
+		code, obj := call(t, http.MethodGet, hs.URL+path, "")
+		require.Equal(t, http.StatusOK, code)
+		var out []string
+		for _, it := range obj["items"].([]any) {
+			md := it.(map[string]any)["metadata"].(map[string]any)
+			out = append(out, md["name"].(string))
+		}
+		return out
+	}
+	require.Equal(t, []string{"ok"}, names("/api/v1/configmaps"))
+	require.NotContains(t, names("/api/v1/namespaces"), "Bad")
+	require.NotContains(t, names("/api/v1/namespaces"), "a.b")
+	require.Equal(t, []string{"Any_Name"}, names("/api/v1/namespaces/default/events"), "core v1 events keep their lenient names")
+	for p, content := range files {
+		data, err := os.ReadFile(filepath.Join(dir, p))
+		require.NoError(t, err)
+		if !strings.HasSuffix(p, "ok.json") && !strings.HasPrefix(p, "events/") {
+			require.Equal(t, content, string(data), "%s is left as it was", p)
+		}
+	}
 }

@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utiljson "k8s.io/apimachinery/pkg/util/json"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/nstance-dev/nstance/internal/devk8s/registry"
@@ -72,6 +71,10 @@ func (s *Server) serveResource(w http.ResponseWriter, r *http.Request, group, ve
 		writeError(w, notFound())
 		return
 	}
+	if err := checkURLNames(r, rq); err != nil {
+		writeError(w, err)
+		return
+	}
 	switch r.Method {
 	case http.MethodGet:
 		switch {
@@ -88,10 +91,17 @@ func (s *Server) serveResource(w http.ResponseWriter, r *http.Request, group, ve
 		switch {
 		case rq.name == "":
 			s.create(w, r, rq)
-		case rq.sub == "eviction":
-			s.evict(w, r, rq)
-		case rq.sub == "token":
-			s.token(w, r, rq)
+		case rq.sub == "eviction" || rq.sub == "token":
+			// Subresource creates pass namespace admission first.
+			if err := s.checkNamespace(rq.res, rq.namespace, false); err != nil {
+				writeError(w, err)
+				return
+			}
+			if rq.sub == "eviction" {
+				s.evict(w, r, rq)
+			} else {
+				s.token(w, r, rq)
+			}
 		default:
 			writeError(w, methodNotAllowed(r, rq))
 		}
@@ -277,22 +287,6 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request, rq request) {
 	s.writeEntry(w, r, http.StatusOK, rq.res, e)
 }
 
-func validateName(res *registry.Resource, name string) error {
-	var msgs []string
-	if res.Resource == "namespaces" {
-		msgs = validation.IsDNS1123Label(name)
-	} else if res.Resource != "events" {
-		msgs = validation.IsDNS1123Subdomain(name)
-	}
-	if strings.Contains(name, "/") || strings.Contains(name, "%") || name == "." || name == ".." {
-		msgs = append(msgs, "may not contain '/' or '%'")
-	}
-	if len(msgs) == 0 {
-		return nil
-	}
-	return apierrors.NewInvalid(res.GVK().GroupKind(), name, field.ErrorList{field.Invalid(field.NewPath("metadata", "name"), name, strings.Join(msgs, ","))})
-}
-
 // checkNamespace fails when the namespace of a namespaced object is missing
 // or being deleted.
 func (s *Server) checkNamespace(res *registry.Resource, ns string, creating bool) error {
@@ -370,13 +364,15 @@ func (s *Server) createObject(rq request, obj map[string]any, dryRun bool) (int,
 		}
 		return code, out, err
 	}
-	if err := validateName(rq.res, name); err != nil {
-		return 0, nil, err
-	}
+	// The namespace first, as kube-apiserver's NamespaceLifecycle admission
+	// runs before validation.
 	if err := s.checkNamespaceFor(rq.res, rq.namespace, name, true); err != nil {
 		return 0, nil, err
 	}
 	s.prepareCreate(rq.res, obj, time.Now())
+	if err := validateNewMeta(rq.res, obj); err != nil {
+		return 0, nil, err
+	}
 	obj, err := s.roundTrip(rq.res, obj)
 	if err != nil {
 		return 0, nil, err
@@ -450,6 +446,9 @@ func (s *Server) update(w http.ResponseWriter, r *http.Request, rq request) {
 				return store.Mutation{}, nsErr
 			}
 			s.prepareCreate(rq.res, obj, time.Now())
+			if err := validateNewMeta(rq.res, obj); err != nil {
+				return store.Mutation{}, err
+			}
 			created = true
 			obj, err := s.roundTrip(rq.res, obj)
 			if err != nil {

@@ -2,11 +2,11 @@ package apiserver
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/util/managedfields"
 
+	"github.com/nstance-dev/nstance/internal/devk8s/auth"
 	"github.com/nstance-dev/nstance/internal/devk8s/registry"
 	"github.com/nstance-dev/nstance/internal/devk8s/store"
 )
@@ -49,6 +50,9 @@ type Options struct {
 	WatchBuffer int
 	// BookmarkInterval is how often watches that allow bookmarks get one.
 	BookmarkInterval time.Duration
+	// TokenFile is an optional kube-apiserver static token file
+	// (token,user,uid,"group1,group2") of extra users.
+	TokenFile string
 	// Controllers turns on the work kube-controller-manager and kubelets do
 	// in a real cluster: garbage collection, namespace deletion, finishing
 	// graceful pod deletion and PodDisruptionBudget status. Off, dev-k8s
@@ -68,9 +72,9 @@ type Server struct {
 	fieldManagers map[string]*managedfields.FieldManager
 	builtinTypes  managedfields.TypeConverter
 
-	scheme   *runtime.Scheme
-	codecs   serializer.CodecFactory
-	tokenKey []byte
+	scheme *runtime.Scheme
+	codecs serializer.CodecFactory
+	auth   *auth.Authenticator
 
 	// gcMu serialises garbage collection passes.
 	gcMu   sync.Mutex
@@ -88,18 +92,24 @@ func New(ctx context.Context, log logr.Logger, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	key := make([]byte, 32)
-	if _, err := rand.Read(key); err != nil {
-		return nil, fmt.Errorf("token signing key: %w", err)
-	}
-	s := &Server{log: log, reg: registry.New(), opts: opts, ctx: ctx, gcKick: make(chan struct{}, 1), scheme: scheme, codecs: serializer.NewCodecFactory(scheme), tokenKey: key,
+	s := &Server{log: log, reg: registry.New(), opts: opts, ctx: ctx, gcKick: make(chan struct{}, 1), scheme: scheme, codecs: serializer.NewCodecFactory(scheme),
 		fieldManagers: map[string]*managedfields.FieldManager{}}
+	authn, err := auth.New(auth.Options{
+		StateDir:        filepath.Join(opts.Dir, store.StateDirName, "auth"),
+		TokenFile:       opts.TokenFile,
+		ServiceAccounts: s.serviceAccountUID,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.auth = authn
 	st, err := store.Open(ctx, log.WithName("store"), store.Options{
 		Dir:         opts.Dir,
 		History:     opts.History,
 		WatchBuffer: opts.WatchBuffer,
 		Normalize:   s.normalizeFileObject,
 		OnChange:    s.onChange,
+		ValidName:   s.validFileName,
 	})
 	if err != nil {
 		return nil, err
@@ -155,6 +165,19 @@ func (s *Server) Close() error {
 // wait for them.
 func (s *Server) StopWatches() { s.store.StopWatches() }
 
+// AdminToken is the bearer token of the generated admin user.
+func (s *Server) AdminToken() string { return s.auth.AdminToken() }
+
+// serviceAccountUID resolves a ServiceAccount for token authentication; one
+// being deleted no longer authenticates, as in kube-apiserver.
+func (s *Server) serviceAccountUID(namespace, name string) (string, bool) {
+	e, ok := s.store.Get("serviceaccounts", namespace, name)
+	if !ok || hasDeletionTimestamp(e.Object) {
+		return "", false
+	}
+	return str(metaOf(e.Object), "uid"), true
+}
+
 // Registry exposes the resource table.
 func (s *Server) Registry() *registry.Registry { return s.reg }
 
@@ -177,7 +200,7 @@ func (s *Server) kickGC() {
 	}
 }
 
-// ServeHTTP routes a request.
+// ServeHTTP authenticates and routes a request.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		if rec := recover(); rec != nil {
@@ -185,6 +208,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, apierrors.NewInternalError(fmt.Errorf("%v", rec)))
 		}
 	}()
+	u, err := s.auth.Authenticate(r)
+	if err != nil {
+		s.log.V(1).Info("unauthorized request", "method", r.Method, "path", r.URL.Path, "reason", err.Error())
+		writeError(w, apierrors.NewUnauthorized("Unauthorized"))
+		return
+	}
+	r = r.WithContext(auth.WithUser(r.Context(), u))
 	path := strings.Trim(r.URL.Path, "/")
 	switch path {
 	case "version":
@@ -201,6 +231,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.serveCoreVersions(w, r)
+		return
+	case selfSubjectReviewPath:
+		s.selfSubjectReview(w, r)
 		return
 	case "apis":
 		if wantsAggregated(r) {

@@ -1,10 +1,6 @@
 package apiserver
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"time"
@@ -14,13 +10,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/nstance-dev/nstance/internal/devk8s/auth"
 )
 
-const defaultAudience = "https://kubernetes.default.svc.cluster.local"
-
-// token answers a TokenRequest with a signed JWT for the service account.
-// The signature uses a per-server secret: dev-k8s only needs clients to get
-// a well-formed token, not to verify it.
+// token answers a TokenRequest with a token for the service account that
+// dev-k8s itself accepts (see internal/devk8s/auth) while the account exists.
 func (s *Server) token(w http.ResponseWriter, r *http.Request, rq request) {
 	body, err := s.readMap(r)
 	if err != nil {
@@ -51,24 +46,11 @@ func (s *Server) token(w http.ResponseWriter, r *http.Request, rq request) {
 		return
 	}
 	if len(tr.Spec.Audiences) == 0 {
-		tr.Spec.Audiences = []string{defaultAudience}
+		tr.Spec.Audiences = []string{auth.Audience}
 	}
 	now := time.Now()
 	exp := now.Add(time.Duration(*tr.Spec.ExpirationSeconds) * time.Second)
-	md := metaOf(e.Object)
-	claims := map[string]any{
-		"aud": tr.Spec.Audiences,
-		"exp": exp.Unix(),
-		"iat": now.Unix(),
-		"nbf": now.Unix(),
-		"iss": defaultAudience,
-		"sub": "system:serviceaccount:" + rq.namespace + ":" + rq.name,
-		"kubernetes.io": map[string]any{
-			"namespace":      rq.namespace,
-			"serviceaccount": map[string]string{"name": rq.name, "uid": str(md, "uid")},
-		},
-	}
-	tok, err := s.signJWT(claims)
+	tok, err := s.auth.IssueServiceAccountToken(rq.namespace, rq.name, str(metaOf(e.Object), "uid"), tr.Spec.Audiences, now, exp)
 	if err != nil {
 		writeError(w, apierrors.NewInternalError(err))
 		return
@@ -84,16 +66,4 @@ func (s *Server) token(w http.ResponseWriter, r *http.Request, rq request) {
 		return
 	}
 	writeJSON(w, http.StatusCreated, out)
-}
-
-func (s *Server) signJWT(claims map[string]any) (string, error) {
-	header := base64.RawURLEncoding.EncodeToString([]byte(`{"alg":"HS256","typ":"JWT"}`))
-	payload, err := json.Marshal(claims)
-	if err != nil {
-		return "", fmt.Errorf("encode token claims: %w", err)
-	}
-	unsigned := header + "." + base64.RawURLEncoding.EncodeToString(payload)
-	mac := hmac.New(sha256.New, s.tokenKey)
-	mac.Write([]byte(unsigned))
-	return unsigned + "." + base64.RawURLEncoding.EncodeToString(mac.Sum(nil)), nil
 }

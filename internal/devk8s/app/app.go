@@ -16,14 +16,29 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/devk8s/apiserver"
 	"github.com/nstance-dev/nstance/internal/devk8s/certs"
+	"github.com/nstance-dev/nstance/internal/devk8s/store"
 )
+
+// DefaultAddr is where dev-k8s listens unless told otherwise: loopback
+// only, so nothing outside the machine reaches it.
+const DefaultAddr = "127.0.0.1:6443"
+
+// KubeconfigName is the kubeconfig written into the data directory.
+const KubeconfigName = "kubeconfig"
 
 // Config is the command line of dev-k8s.
 type Config struct {
-	Addr          string
-	Dir           string
-	TLS           bool
+	Addr string
+	Dir  string
+	TLS  bool
+	// TLSSANs are extra host names or IPs for the serving certificate
+	// (needed when clients connect through a non-loopback address).
+	TLSSANs []string
+	// KubeconfigOut is an extra copy of the kubeconfig (the data directory
+	// always gets one).
 	KubeconfigOut string
+	// TokenFile is an optional static token file of extra users.
+	TokenFile string
 	// CRDPaths are CRD files or directories of them.
 	CRDPaths    []string
 	Controllers bool
@@ -35,8 +50,17 @@ type Running struct {
 	URL    string
 	Server *apiserver.Server
 	CAPEM  []byte
-	done   chan error
-	http   *http.Server
+	// Kubeconfig is the absolute path of the kubeconfig in the data
+	// directory; it authenticates as the admin user with AdminToken.
+	Kubeconfig string
+	AdminToken string
+	done       chan error
+	http       *http.Server
+}
+
+// Usage is the short guide printed at start.
+func (r *Running) Usage() string {
+	return fmt.Sprintf("dev-k8s is serving %s\n  export KUBECONFIG=%s\n  kubectl get namespaces\n", r.URL, r.Kubeconfig)
 }
 
 // Wait blocks until the server stops.
@@ -48,7 +72,15 @@ func Start(ctx context.Context, log logr.Logger, cfg Config) (*Running, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv, err := apiserver.New(ctx, log, apiserver.Options{Dir: cfg.Dir, CRDFiles: files, Controllers: cfg.Controllers})
+	if cfg.Addr == "" {
+		cfg.Addr = DefaultAddr
+	}
+	dir, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("data directory %q: %w", cfg.Dir, err)
+	}
+	cfg.Dir = dir
+	srv, err := apiserver.New(ctx, log, apiserver.Options{Dir: cfg.Dir, CRDFiles: files, Controllers: cfg.Controllers, TokenFile: cfg.TokenFile})
 	if err != nil {
 		return nil, err
 	}
@@ -60,10 +92,10 @@ func Start(ctx context.Context, log logr.Logger, cfg Config) (*Running, error) {
 	host := clientHost(ln.Addr())
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
 	hs.RegisterOnShutdown(srv.StopWatches)
-	run := &Running{Server: srv, http: hs, done: make(chan error, 1)}
+	run := &Running{Server: srv, http: hs, done: make(chan error, 1), AdminToken: srv.AdminToken(), Kubeconfig: filepath.Join(cfg.Dir, KubeconfigName)}
 	scheme := "http"
 	if cfg.TLS {
-		bundle, err := certs.LoadOrCreate(filepath.Join(cfg.Dir, ".dev-k8s", "tls"), nil)
+		bundle, err := certs.LoadOrCreate(filepath.Join(cfg.Dir, store.StateDirName, "tls"), tlsHosts(cfg))
 		if err != nil {
 			_ = ln.Close()
 			_ = srv.Close()
@@ -80,8 +112,11 @@ func Start(ctx context.Context, log logr.Logger, cfg Config) (*Running, error) {
 		scheme = "https"
 	}
 	run.URL = scheme + "://" + host
-	if cfg.KubeconfigOut != "" {
-		if err := certs.WriteKubeconfig(cfg.KubeconfigOut, run.URL, run.CAPEM); err != nil {
+	for _, p := range []string{run.Kubeconfig, cfg.KubeconfigOut} {
+		if p == "" {
+			continue
+		}
+		if err := certs.WriteKubeconfig(p, run.URL, run.CAPEM, run.AdminToken); err != nil {
 			_ = ln.Close()
 			_ = srv.Close()
 			return nil, err
@@ -106,8 +141,23 @@ func Start(ctx context.Context, log logr.Logger, cfg Config) (*Running, error) {
 		_ = hs.Shutdown(sctx)
 		_ = hs.Close()
 	}()
-	log.Info("dev-k8s serving", "url", run.URL, "dir", cfg.Dir, "crdFiles", len(files))
+	if !cfg.TLS {
+		log.Info("plain HTTP: client-go (kubectl, controller-runtime) does not send the kubeconfig's token over HTTP; use TLS for them, or send the header yourself")
+	}
+	log.Info("dev-k8s serving", "url", run.URL, "dir", cfg.Dir, "kubeconfig", run.Kubeconfig, "crdFiles", len(files))
 	return run, nil
+}
+
+// tlsHosts are the certificate's extra names: --tls-san values and the
+// listen host when it is a specific address.
+func tlsHosts(cfg Config) []string {
+	hosts := append([]string(nil), cfg.TLSSANs...)
+	if h, _, err := net.SplitHostPort(cfg.Addr); err == nil && h != "" {
+		if ip := net.ParseIP(h); ip == nil || !ip.IsUnspecified() {
+			hosts = append(hosts, h)
+		}
+	}
+	return hosts
 }
 
 func clientHost(addr net.Addr) string {

@@ -37,7 +37,8 @@ func (b *Bundle) TLSConfig() (*tls.Config, error) {
 }
 
 // LoadOrCreate reads the bundle from dir, creating it (valid for localhost,
-// 127.0.0.1, ::1 and the given extra hosts) when missing.
+// 127.0.0.1, ::1 and the given extra hosts) when missing, unreadable, or
+// when the stored certificate does not cover every host.
 func LoadOrCreate(dir string, hosts []string) (*Bundle, error) {
 	paths := []string{filepath.Join(dir, "ca.crt"), filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key")}
 	var b Bundle
@@ -55,7 +56,7 @@ func LoadOrCreate(dir string, hosts []string) (*Bundle, error) {
 		*ptrs[i] = data
 	}
 	if !missing {
-		if _, err := b.TLSConfig(); err == nil {
+		if _, err := b.TLSConfig(); err == nil && b.covers(hosts) {
 			return &b, nil
 		}
 	}
@@ -72,6 +73,24 @@ func LoadOrCreate(dir string, hosts []string) (*Bundle, error) {
 		}
 	}
 	return nb, nil
+}
+
+// covers reports whether the serving certificate is valid for every host.
+func (b *Bundle) covers(hosts []string) bool {
+	block, _ := pem.Decode(b.CertPEM)
+	if block == nil {
+		return false
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return false
+	}
+	for _, h := range hosts {
+		if h != "" && cert.VerifyHostname(h) != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // Generate creates a fresh CA and serving certificate.
@@ -134,20 +153,39 @@ func Generate(hosts []string) (*Bundle, error) {
 	}, nil
 }
 
-// WriteKubeconfig writes a kubeconfig for server (an https:// or http://
-// URL); caPEM is nil for plain HTTP. dev-k8s accepts any credentials, so
-// the user carries a placeholder token.
-func WriteKubeconfig(path, server string, caPEM []byte) error {
+// WriteKubeconfig writes a kubeconfig (mode 0600) for server (an https://
+// or http:// URL) whose user authenticates with token; caPEM is nil for
+// plain HTTP. Cluster, user and context are all named dev-k8s.
+func WriteKubeconfig(path, server string, caPEM []byte, token string) error {
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["dev-k8s"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: caPEM}
-	cfg.AuthInfos["dev-k8s"] = &clientcmdapi.AuthInfo{Token: "dev-k8s"}
+	cfg.AuthInfos["dev-k8s"] = &clientcmdapi.AuthInfo{Token: token}
 	cfg.Contexts["dev-k8s"] = &clientcmdapi.Context{Cluster: "dev-k8s", AuthInfo: "dev-k8s", Namespace: "default"}
 	cfg.CurrentContext = "dev-k8s"
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	data, err := clientcmd.Write(*cfg)
+	if err != nil {
+		return fmt.Errorf("encode kubeconfig: %w", err)
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create kubeconfig directory: %w", err)
 	}
-	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+	// Through a temp file and a rename, so a client never reads half of it.
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	if err != nil {
 		return fmt.Errorf("write kubeconfig %s: %w", path, err)
+	}
+	tmp := f.Name()
+	_, werr := f.Write(data)
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr == nil {
+		werr = os.Rename(tmp, path)
+	}
+	if werr != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("write kubeconfig %s: %w", path, werr)
 	}
 	return nil
 }

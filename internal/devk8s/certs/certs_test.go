@@ -44,6 +44,15 @@ func TestLoadOrCreate(t *testing.T) {
 	require.NotEqual(t, first.CAPEM, fresh.CAPEM)
 	_, err = fresh.TLSConfig()
 	require.NoError(t, err)
+
+	// A host the stored certificate does not cover (--tls-san) reissues it.
+	kept, err := LoadOrCreate(dir, []string{"localhost", "127.0.0.1"})
+	require.NoError(t, err)
+	require.Equal(t, fresh.CAPEM, kept.CAPEM, "hosts already covered keep the bundle")
+	widened, err := LoadOrCreate(dir, []string{"10.9.8.7", "dev.example"})
+	require.NoError(t, err)
+	require.NotEqual(t, fresh.CAPEM, widened.CAPEM)
+	require.True(t, widened.covers([]string{"10.9.8.7", "dev.example", "127.0.0.1"}))
 }
 
 func TestWriteKubeconfig(t *testing.T) {
@@ -59,14 +68,17 @@ func TestWriteKubeconfig(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			p := filepath.Join(t.TempDir(), "sub", "kubeconfig")
-			require.NoError(t, WriteKubeconfig(p, tc.server, tc.ca))
+			require.NoError(t, WriteKubeconfig(p, tc.server, tc.ca, "secret-token"))
+			info, err := os.Stat(p)
+			require.NoError(t, err)
+			require.Equal(t, os.FileMode(0o600), info.Mode().Perm(), "the kubeconfig holds a credential")
 			cfg, err := clientcmd.BuildConfigFromFlags("", p)
 			require.NoError(t, err)
 			require.Equal(t, tc.server, cfg.Host)
 			require.Equal(t, tc.ca, cfg.CAData)
 			if tc.ca != nil {
 				// client-go sends the token only over TLS.
-				require.Equal(t, "dev-k8s", cfg.BearerToken)
+				require.Equal(t, "secret-token", cfg.BearerToken)
 			}
 		})
 	}

@@ -32,6 +32,8 @@ type target struct {
 	http *http.Client
 	// stream is a client without a response timeout, for watches.
 	stream *http.Client
+	// anon sends no credentials (TLS settings only).
+	anon *http.Client
 }
 
 var (
@@ -44,26 +46,54 @@ func TestMain(m *testing.M) {
 	os.Exit(runMain(m))
 }
 
+// Both servers know the same static tokens (kube-apiserver's
+// --token-auth-file format), so authentication answers can be compared.
+const (
+	userToken    = "difftest-user-token"
+	tokenFileCSV = userToken + `,difftest-user,difftest-user-uid,"group-a,group-b"` + "\n"
+	// authnConfig gives envtest's kube-apiserver the anonymous access
+	// dev-k8s has: the health and version endpoints only.
+	authnConfig = `apiVersion: apiserver.config.k8s.io/v1
+kind: AuthenticationConfiguration
+anonymous:
+  enabled: true
+  conditions:
+  - path: /healthz
+  - path: /livez
+  - path: /readyz
+  - path: /version
+`
+)
+
 func runMain(m *testing.M) int {
-	env, stop, err := kubetest.StartEnv()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start envtest:", err)
-		return 1
-	}
-	defer func() { _ = stop() }()
 	dir, err := os.MkdirTemp("", "difftest-devk8s-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	defer os.RemoveAll(dir)
+	tokenFile, authnFile := filepath.Join(dir, "tokens.csv"), filepath.Join(dir, "authn.yaml")
+	for p, content := range map[string]string{tokenFile: tokenFileCSV, authnFile: authnConfig} {
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	env, stop, err := kubetest.StartEnvWith(kubetest.Options{APIServerArgs: map[string]string{
+		"token-auth-file": tokenFile, "authentication-config": authnFile,
+	}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start envtest:", err)
+		return 1
+	}
+	defer func() { _ = stop() }()
 	crdDirs, err := kubetest.CRDDirs()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	run, err := app.Start(ctx, logr.Discard(), app.Config{Addr: "127.0.0.1:0", Dir: filepath.Join(dir, "data"), CRDPaths: crdDirs})
+	run, err := app.Start(ctx, logr.Discard(), app.Config{Addr: "127.0.0.1:0", Dir: filepath.Join(dir, "data"), CRDPaths: crdDirs, TokenFile: tokenFile})
 	if err != nil {
 		cancel()
 		fmt.Fprintln(os.Stderr, "start dev-k8s:", err)
@@ -77,7 +107,7 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if devTarget, err = newTarget("dev-k8s", &rest.Config{Host: run.URL}); err != nil {
+	if devTarget, err = newTarget("dev-k8s", &rest.Config{Host: run.URL, BearerToken: run.AdminToken}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -101,7 +131,12 @@ func newTarget(name string, cfg *rest.Config) (*target, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s http client: %w", name, err)
 	}
-	return &target{name: name, cfg: c, http: hc, stream: sc}, nil
+	ac, err := rest.HTTPClientFor(rest.AnonymousClientConfig(c))
+	if err != nil {
+		return nil, fmt.Errorf("%s http client: %w", name, err)
+	}
+	ac.Timeout = 30 * time.Second
+	return &target{name: name, cfg: c, http: hc, stream: sc, anon: ac}, nil
 }
 
 // resp is an answer from one server.
@@ -302,6 +337,12 @@ func runTable(t *testing.T, cases []diffCase) {
 				newNamespace(t, ctx, tg, ns)
 				results[i] = dc.run(&tc{t: t, ctx: ctx, tg: tg, ns: ns})
 				cancel()
+			}
+			// DIFFTEST_DUMP=1 prints both answers of every case (to study a diff).
+			if os.Getenv("DIFFTEST_DUMP") != "" {
+				je, _ := json.Marshal(results[0])
+				ja, _ := json.Marshal(results[1])
+				fmt.Printf("DUMP %s\n  E %s\n  A %s\n", dc.name, je, ja)
 			}
 			require.Equal(t, results[0], results[1], "envtest (expected) and dev-k8s (actual) disagree")
 		})

@@ -15,9 +15,11 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/nstance-dev/nstance/internal/testing/kubetest"
@@ -71,6 +73,8 @@ func TestControllerRuntimeManager(t *testing.T) {
 		LeaderElection:          true,
 		LeaderElectionID:        "devk8s-e2e",
 		LeaderElectionNamespace: "default",
+		// Controller names are checked process-wide; -count=N reruns this test.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	require.NoError(t, err)
 	rec := &labeler{c: mgr.GetClient(), seen: map[string]map[string]string{}}

@@ -54,8 +54,24 @@ func launch(t *testing.T, ctx context.Context, dir string, tls bool, crdPaths ..
 	require.NoError(t, err)
 	cfg, err := clientcmd.BuildConfigFromFlags("", kc)
 	require.NoError(t, err)
+	require.Equal(t, run.AdminToken, readToken(t, run.Kubeconfig), "the data directory's kubeconfig carries the admin token")
+	if !tls {
+		// client-go takes credentials from a kubeconfig only for TLS
+		// servers; over plain HTTP the token is set explicitly.
+		cfg.BearerToken = run.AdminToken
+	}
 	cfg.ContentType = "application/json"
 	return &devServer{dir: filepath.Join(dir, "data"), kubeconfig: kc, url: run.URL, config: cfg}, run.Wait
+}
+
+// readToken returns the bearer token of a kubeconfig's current user.
+func readToken(t *testing.T, path string) string {
+	t.Helper()
+	cfg, err := clientcmd.LoadFromFile(path)
+	require.NoError(t, err)
+	ctx := cfg.Contexts[cfg.CurrentContext]
+	require.NotNil(t, ctx, "current context of %s", path)
+	return cfg.AuthInfos[ctx.AuthInfo].Token
 }
 
 // kubectl runs the envtest-built kubectl against the server.

@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -93,11 +92,15 @@ func (s *Store) handleFSEvent(ev fsnotify.Event) {
 		}
 	case len(parts) == 2 && t.namespaced:
 		if ev.Has(fsnotify.Create) {
-			if info, err := os.Stat(ev.Name); err == nil && info.IsDir() {
+			if info, err := s.lstat(ev.Name); err == nil && info.IsDir() {
+				if err := s.checkFileName(res, parts[1], ""); err != nil {
+					s.log.Info("namespace directory skipped", "path", ev.Name, "reason", err.Error())
+					break
+				}
 				if err := s.watchDirLocked(ev.Name); err != nil {
 					s.log.Error(err, "watch namespace directory")
 				}
-				files, err := jsonFiles(ev.Name)
+				files, err := s.jsonFiles(res, ev.Name)
 				if err != nil {
 					s.log.Error(err, "scan namespace directory")
 				}
@@ -113,6 +116,10 @@ func (s *Store) handleFSEvent(ev fsnotify.Event) {
 		}
 	case (len(parts) == 2 && !t.namespaced) || (len(parts) == 3 && t.namespaced):
 		if isObjectFile(parts[len(parts)-1]) {
+			if err := s.checkPath(res, ev.Name); err != nil {
+				s.log.Info("object file skipped", "path", ev.Name, "reason", err.Error())
+				break
+			}
 			if e, ok := s.syncFileLocked(res, t, ev.Name, nil); ok {
 				events = append(events, e)
 			}
@@ -126,7 +133,7 @@ func (s *Store) handleFSEvent(ev fsnotify.Event) {
 // matches the stored entry byte for byte (the common case: the event is
 // for a file the store itself just wrote).
 func (s *Store) unchanged(parts []string, path string) bool {
-	data, err := os.ReadFile(path)
+	data, err := s.readFile(path)
 	if err != nil {
 		return false
 	}
@@ -160,7 +167,11 @@ func (s *Store) syncFileLocked(res string, t *table, path string, seen map[uint6
 	if s.pendingLocked(res, k) {
 		return Event{}, false // our own write is landing; its event follows
 	}
-	data, err := os.ReadFile(path)
+	if info, err := s.lstat(path); err == nil && !info.Mode().IsRegular() {
+		s.log.Info("object file skipped: not a regular file (symlinks are not followed); keeping last good object", "path", path)
+		return Event{}, false
+	}
+	data, err := s.readFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		if cur == nil {
 			return Event{}, false
@@ -246,7 +257,7 @@ func (s *Store) syncFileLocked(res string, t *table, path string, seen map[uint6
 	}
 	if !bytes.Equal(fileData, data) {
 		// Write server-managed metadata back so the file shows what clients see.
-		if err := writeAtomic(path, fileData); err != nil {
+		if err := s.writeAtomic(path, "", fileData); err != nil {
 			s.log.Error(err, "rewrite object file", "path", path)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -22,7 +23,9 @@ import (
 )
 
 const (
-	stateDirName   = ".dev-k8s"
+	// StateDirName is the hidden directory under the data directory that
+	// holds dev-k8s's own state (never served as objects).
+	StateDirName   = ".dev-k8s"
 	stateFileName  = "state.json"
 	rvReserveBlock = 1000
 	// DefaultHistory is the number of recent events kept for watches that
@@ -69,6 +72,10 @@ type Options struct {
 	Normalize Normalizer
 	// OnChange is called after each committed change, outside the lock.
 	OnChange func(Event)
+	// ValidName checks the namespace and name of a hand-made file (taken
+	// from its path) against the kind's naming rules; files that fail are
+	// logged and skipped. Nil accepts every safe file name.
+	ValidName func(resource, namespace, name string) error
 }
 
 type table struct {
@@ -105,6 +112,8 @@ type Store struct {
 
 	fsw  *fsnotify.Watcher
 	done chan struct{}
+	// root confines every file operation to the data directory.
+	root *os.Root
 }
 
 // ErrNotRegistered is returned for a resource that Register has not seen.
@@ -119,8 +128,17 @@ func Open(ctx context.Context, log logr.Logger, opts Options) (*Store, error) {
 	if opts.WatchBuffer <= 0 {
 		opts.WatchBuffer = DefaultWatchBuffer
 	}
-	if err := os.MkdirAll(filepath.Join(opts.Dir, stateDirName, "tmp"), 0o755); err != nil {
+	abs, err := filepath.Abs(opts.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("data directory %q: %w", opts.Dir, err)
+	}
+	opts.Dir = abs
+	if err := os.MkdirAll(filepath.Join(opts.Dir, StateDirName, "tmp"), 0o755); err != nil {
 		return nil, fmt.Errorf("create data directory: %w", err)
+	}
+	root, err := os.OpenRoot(opts.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("open data directory: %w", err)
 	}
 	s := &Store{
 		log:      log,
@@ -132,17 +150,21 @@ func Open(ctx context.Context, log logr.Logger, opts Options) (*Store, error) {
 		pending:  map[string]int{},
 		keyLocks: map[string]*keyLock{},
 		done:     make(chan struct{}),
+		root:     root,
 	}
 	if err := s.loadState(); err != nil {
+		_ = root.Close()
 		return nil, err
 	}
 	fsw, err := fsnotify.NewWatcher()
 	if err != nil {
+		_ = root.Close()
 		return nil, fmt.Errorf("start fsnotify: %w", err)
 	}
 	s.fsw = fsw
 	if err := s.watchDirLocked(opts.Dir); err != nil {
 		_ = fsw.Close()
+		_ = root.Close()
 		return nil, err
 	}
 	go s.run(ctx)
@@ -158,7 +180,7 @@ func (s *Store) Close() error {
 		s.closeWatcherLocked(w, false)
 	}
 	s.mu.Unlock()
-	return err
+	return errors.Join(err, s.root.Close())
 }
 
 // StopWatches ends every watch and refuses new ones: used when the server
@@ -180,15 +202,15 @@ type state struct {
 }
 
 func (s *Store) tmpDir() string {
-	return filepath.Join(s.opts.Dir, stateDirName, "tmp")
+	return filepath.Join(s.opts.Dir, StateDirName, "tmp")
 }
 
 func (s *Store) statePath() string {
-	return filepath.Join(s.opts.Dir, stateDirName, stateFileName)
+	return filepath.Join(s.opts.Dir, StateDirName, stateFileName)
 }
 
 func (s *Store) loadState() error {
-	data, err := os.ReadFile(s.statePath())
+	data, err := s.readFile(s.statePath())
 	if errors.Is(err, os.ErrNotExist) {
 		s.rv = 1
 		s.lowWater = s.rv
@@ -215,7 +237,7 @@ func (s *Store) nextRVLocked() (uint64, error) {
 	if next > s.reserved {
 		reserved := next + rvReserveBlock
 		data, _ := json.Marshal(state{ReservedResourceVersion: reserved})
-		if err := writeAtomic(s.statePath(), data); err != nil {
+		if err := s.writeAtomic(s.statePath(), "", data); err != nil {
 			return 0, fmt.Errorf("persist resourceVersion: %w", err)
 		}
 		s.reserved = reserved
@@ -272,30 +294,40 @@ func (s *Store) scanLocked(res string, t *table, root string, initial bool) ([]E
 	var events []Event
 	var files []string
 	if t.namespaced {
-		nsDirs, err := os.ReadDir(root)
+		nsDirs, err := s.readDir(root)
 		if err != nil {
 			return nil, fmt.Errorf("read %s: %w", root, err)
 		}
 		for _, d := range nsDirs {
-			if !d.IsDir() || strings.HasPrefix(d.Name(), ".") {
+			if strings.HasPrefix(d.Name(), ".") {
 				continue
 			}
 			dir := filepath.Join(root, d.Name())
+			if !d.IsDir() {
+				if d.Type()&fs.ModeSymlink != 0 {
+					s.log.Info("symlink in a resource directory skipped: namespaces are real directories", "path", dir)
+				}
+				continue
+			}
+			if err := s.checkFileName(res, d.Name(), ""); err != nil {
+				s.log.Info("namespace directory skipped", "path", dir, "reason", err.Error())
+				continue
+			}
 			if err := s.watchDirLocked(dir); err != nil {
 				return nil, err
 			}
-			fs, err := jsonFiles(dir)
+			found, err := s.jsonFiles(res, dir)
 			if err != nil {
 				return nil, err
 			}
-			files = append(files, fs...)
+			files = append(files, found...)
 		}
 	} else {
-		fs, err := jsonFiles(root)
+		found, err := s.jsonFiles(res, root)
 		if err != nil {
 			return nil, err
 		}
-		files = fs
+		files = found
 	}
 	// At start, files keep their resourceVersion; the counter moves past
 	// the highest one so new RVs stay unique.
@@ -328,18 +360,57 @@ func (s *Store) scanLocked(res string, t *table, root string, initial bool) ([]E
 	return events, nil
 }
 
-func jsonFiles(dir string) ([]string, error) {
-	ents, err := os.ReadDir(dir)
+// jsonFiles lists the object files of a directory: regular files named
+// <name>.json whose name is valid for the resource (others are logged).
+func (s *Store) jsonFiles(res, dir string) ([]string, error) {
+	ents, err := s.readDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", dir, err)
 	}
 	var out []string
 	for _, e := range ents {
-		if e.Type().IsRegular() && isObjectFile(e.Name()) {
-			out = append(out, filepath.Join(dir, e.Name()))
+		if !isObjectFile(e.Name()) {
+			continue
 		}
+		p := filepath.Join(dir, e.Name())
+		if !e.Type().IsRegular() {
+			s.log.Info("object file skipped: not a regular file (symlinks are not followed)", "path", p)
+			continue
+		}
+		if err := s.checkPath(res, p); err != nil {
+			s.log.Info("object file skipped", "path", p, "reason", err.Error())
+			continue
+		}
+		out = append(out, p)
 	}
 	return out, nil
+}
+
+// checkPath applies checkFileName to the namespace and name of a file.
+func (s *Store) checkPath(res, p string) error {
+	t := s.tables[res]
+	if t == nil {
+		return ErrNotRegistered
+	}
+	ns, name := s.splitPath(res, t, p)
+	return s.checkFileName(res, ns, name)
+}
+
+// checkFileName validates a namespace (when set) and a name (when set)
+// taken from file names: safe path segments, then the kind's rules.
+func (s *Store) checkFileName(res, ns, name string) error {
+	for _, seg := range []string{ns, name} {
+		if seg == "" {
+			continue
+		}
+		if err := CheckSegment(seg); err != nil {
+			return err
+		}
+	}
+	if s.opts.ValidName != nil {
+		return s.opts.ValidName(res, ns, name)
+	}
+	return nil
 }
 
 func isObjectFile(name string) bool {
@@ -350,8 +421,19 @@ func (s *Store) watchDirLocked(dir string) error {
 	if s.watched[dir] {
 		return nil
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := s.mkdirAll(dir); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	if dir != s.opts.Dir {
+		// fsnotify follows symlinks; the root does not let one escape,
+		// and a symlink is never watched as a directory of objects.
+		info, err := s.lstat(dir)
+		if err != nil {
+			return fmt.Errorf("watch %s: %w", dir, err)
+		}
+		if !info.IsDir() {
+			return fmt.Errorf("watch %s: not a directory (symlinks are not followed)", dir)
+		}
 	}
 	if err := s.fsw.Add(dir); err != nil {
 		return fmt.Errorf("watch %s: %w", dir, err)
@@ -442,6 +524,10 @@ func (s *Store) Mutate(res, ns, name string, fn MutateFunc) (Result, error) {
 		in = runtime.DeepCopyJSON(cur.Object)
 	}
 	m, err := fn(in)
+	if err == nil && cur == nil && m.Object != nil && !m.Delete {
+		// Only a new object creates a file; no stored one can have a bad name.
+		err = checkSegments(ns, name)
+	}
 	if err != nil {
 		s.mu.Unlock()
 		return Result{}, err
@@ -494,11 +580,11 @@ func (s *Store) applyFileOp(op *fileOp) error {
 	var err error
 	if latest {
 		if op.ent == nil {
-			if rerr := os.Remove(op.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			if rerr := s.remove(op.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
 				err = fmt.Errorf("remove %s: %w", op.path, rerr)
 			}
 		} else {
-			err = writeAtomicVia(op.path, s.tmpDir(), op.data)
+			err = s.writeAtomic(op.path, s.tmpDir(), op.data)
 		}
 	}
 	kl.mu.Unlock()
@@ -646,43 +732,6 @@ func setRV(obj map[string]any, rv string) {
 		obj["metadata"] = md
 	}
 	md["resourceVersion"] = rv
-}
-
-// writeAtomic writes through a temporary file and a rename, so readers
-// (and fsnotify) never see a half-written file. tmpDir, on the same file
-// system, holds the temporary files (a small directory keeps file creation
-// cheap); empty means the target's directory.
-func writeAtomic(path string, data []byte) error {
-	return writeAtomicVia(path, "", data)
-}
-
-func writeAtomicVia(path, tmpDir string, data []byte) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("create %s: %w", dir, err)
-	}
-	if tmpDir == "" {
-		tmpDir = dir
-	}
-	f, err := os.CreateTemp(tmpDir, "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return fmt.Errorf("create temporary file for %s: %w", path, err)
-	}
-	tmp := f.Name()
-	if _, err := f.Write(data); err != nil {
-		_ = f.Close()
-		_ = os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", tmp, err)
-	}
-	if err := f.Close(); err != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("close %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("rename %s: %w", tmp, err)
-	}
-	return nil
 }
 
 // decodeObject parses a JSON object into the number types unstructured

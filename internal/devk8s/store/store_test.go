@@ -195,8 +195,8 @@ func TestRestartKeepsObjectsAndRVs(t *testing.T) {
 
 func TestTornStateFileIsAnError(t *testing.T) {
 	dir := t.TempDir()
-	require.NoError(t, os.MkdirAll(filepath.Join(dir, stateDirName), 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, stateDirName, stateFileName), []byte(`{"reserved`), 0o644))
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, StateDirName), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, StateDirName, stateFileName), []byte(`{"reserved`), 0o644))
 	_, err := Open(context.Background(), logr.Discard(), Options{Dir: dir})
 	require.ErrorContains(t, err, "parse resourceVersion state")
 }

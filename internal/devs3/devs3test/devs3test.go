@@ -30,25 +30,41 @@ func Start(t testing.TB, dir string) *devs3.Running {
 // StartWithLog is Start with a chosen logger.
 func StartWithLog(t testing.TB, dir string, log logr.Logger) *devs3.Running {
 	t.Helper()
-	if dir == "" {
-		dir = t.TempDir()
+	return StartWith(t, devs3.Config{Dir: dir, Log: log})
+}
+
+// StartWith runs dev-s3 with cfg on 127.0.0.1:0; an empty Bucket is
+// Bucket, an empty Dir a fresh temp dir, a zero Log the test log.
+func StartWith(t testing.TB, cfg devs3.Config) *devs3.Running {
+	t.Helper()
+	if cfg.Dir == "" {
+		cfg.Dir = t.TempDir()
+	}
+	if cfg.Bucket == "" {
+		cfg.Bucket = Bucket
+	}
+	if cfg.Log.GetSink() == nil {
+		cfg.Log = testr.NewWithInterface(t, testr.Options{Verbosity: 0})
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	r, err := devs3.Start(context.Background(), ln, devs3.Config{Bucket: Bucket, Dir: dir, Log: log})
+	r, err := devs3.Start(context.Background(), ln, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, r.Stop()) })
 	return r
 }
 
-// Client returns an SDK client for endpoint with static dev credentials,
-// path-style addressing and no shared config files.
-func Client(endpoint string) *s3.Client {
+// ClientWith is Client with the given key pair.
+func ClientWith(endpoint, accessKey, secretKey string) *s3.Client {
 	return s3.New(s3.Options{
 		BaseEndpoint: aws.String(endpoint),
 		Region:       "us-east-1",
-		Credentials:  credentials.NewStaticCredentialsProvider("dev", "dev", ""),
+		Credentials:  credentials.NewStaticCredentialsProvider(accessKey, secretKey, ""),
 		UsePathStyle: true,
 		DisableLogOutputChecksumValidationSkipped: true,
 	})
 }
+
+// Client returns an SDK client for endpoint with static dev credentials,
+// path-style addressing and no shared config files.
+func Client(endpoint string) *s3.Client { return ClientWith(endpoint, "dev", "dev") }

@@ -78,7 +78,17 @@ func Start(t testing.TB) *Env {
 
 // StartEnv is Start for callers without a testing.TB (TestMain, benchmarks
 // programs). The returned function stops the control plane.
-func StartEnv() (*Env, func() error, error) {
+func StartEnv() (*Env, func() error, error) { return StartEnvWith(Options{}) }
+
+// Options adjust the control plane that StartEnvWith starts.
+type Options struct {
+	// APIServerArgs are extra kube-apiserver flags, by name without dashes
+	// (e.g. "token-auth-file").
+	APIServerArgs map[string]string
+}
+
+// StartEnvWith is StartEnv with extra kube-apiserver flags.
+func StartEnvWith(opts Options) (*Env, func() error, error) {
 	assets, err := AssetsDir()
 	if err != nil {
 		return nil, nil, err
@@ -98,6 +108,9 @@ func StartEnv() (*Env, func() error, error) {
 		Scheme:                   scheme,
 		ControlPlaneStartTimeout: 60 * time.Second,
 		ControlPlaneStopTimeout:  30 * time.Second,
+	}
+	for k, v := range opts.APIServerArgs {
+		te.ControlPlane.GetAPIServer().Configure().Set(k, v)
 	}
 	cfg, err := te.Start()
 	if err != nil {
