@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nstance-dev/nstance/internal/testing/bindtest"
+	"github.com/nstance-dev/nstance/internal/testing/hosttools"
 )
 
 // buildBinary compiles dev-s3 once per test.
@@ -202,8 +203,7 @@ func TestLoopbackByDefault(t *testing.T) {
 // TestMultipartUploadMemory uploads 200 MiB through the aws CLI (multipart,
 // 8 MiB parts, ten at a time) and checks dev-s3's peak resident memory.
 func TestMultipartUploadMemory(t *testing.T) {
-	awsBin, err := exec.LookPath("aws")
-	require.NoError(t, err, "the aws CLI is required for this test (CI machines have it); install it, e.g. pip install awscli")
+	awsBin := hosttools.Require(t, "aws")
 	bin := buildBinary(t)
 	dir := t.TempDir()
 	p := start(t, bin, nil, "--addr", "127.0.0.1:0", "--dir", dir, "--access-key", "ak", "--secret-key", "sk", "--log-level", "debug")
