@@ -15,9 +15,11 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	crconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/nstance-dev/nstance/internal/testing/kubetest"
@@ -71,6 +73,9 @@ func TestControllerRuntimeManager(t *testing.T) {
 		LeaderElection:          true,
 		LeaderElectionID:        "devk8s-e2e",
 		LeaderElectionNamespace: "default",
+		// controller-runtime refuses a second controller of the same name in
+		// one process; go test -count=N starts this manager N times.
+		Controller: crconfig.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	require.NoError(t, err)
 	rec := &labeler{c: mgr.GetClient(), seen: map[string]map[string]string{}}
