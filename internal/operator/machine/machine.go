@@ -3,6 +3,7 @@ package machine
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -17,6 +18,8 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/finalizers"
+	"sigs.k8s.io/cluster-api/util/patch"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -113,7 +116,15 @@ func OwnerMachine(ctx context.Context, c client.Reader, nm *infrav1.NstanceMachi
 func (r *Reconciler) poll() time.Duration { return cmp.Or(r.PollInterval, 2*time.Second) }
 
 // Reconcile moves one NstanceMachine towards its instance.
-func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+//
+// Every change of the pass is written once, at the end, by Cluster API's
+// patch helper: metadata and spec first, then status, each as a patch of
+// what this pass changed. Nothing written mid-pass can therefore replace the
+// in-memory status with the server's (an earlier version wrote
+// spec.providerID mid-pass and lost status.instanceID and status.shard when
+// the instance was already running), and a pass that changes nothing writes
+// nothing.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ reconcile.Result, retErr error) {
 	var nm infrav1.NstanceMachine
 	if err := r.Client.Get(ctx, req.NamespacedName, &nm); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
@@ -129,34 +140,25 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if p, err := paused.Check(ctx, r.Client, nm.Namespace, &nm, machineObj); err != nil || p {
 		return reconcile.Result{}, err
 	}
-	before := nm.DeepCopy()
-	var res reconcile.Result
-	if !nm.DeletionTimestamp.IsZero() {
-		res, err = r.reconcileDelete(ctx, &nm)
-	} else {
-		res, err = r.reconcileNormal(ctx, &nm, machine)
+	// The finalizer is stored before anything is created on a shard, so an
+	// instance never exists without it.
+	if _, err := finalizers.EnsureFinalizer(ctx, r.Client, &nm, Finalizer); err != nil {
+		return reconcile.Result{}, fmt.Errorf("add finalizer to NstanceMachine %s: %w", nm.Name, err)
 	}
-	if nm.DeletionTimestamp.IsZero() || controllerutil.ContainsFinalizer(&nm, Finalizer) {
-		nm.Status.ObservedGeneration = nm.Generation
-		if perr := r.patchStatus(ctx, before, &nm); perr != nil && err == nil {
-			err = perr
+	helper, err := patch.NewHelper(&nm, r.Client)
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("patch helper for NstanceMachine %s: %w", nm.Name, err)
+	}
+	defer func() {
+		if err := helper.Patch(ctx, &nm, patch.WithStatusObservedGeneration{},
+			patch.WithOwnedConditions{Conditions: []string{ConditionReady, ConditionInstanceCreated}}); err != nil {
+			retErr = errors.Join(retErr, fmt.Errorf("patch NstanceMachine %s: %w", nm.Name, err))
 		}
+	}()
+	if !nm.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, &nm)
 	}
-	return res, err
-}
-
-func (r *Reconciler) patchStatus(ctx context.Context, before, nm *infrav1.NstanceMachine) error {
-	if equalStatus(before, nm) {
-		return nil
-	}
-	if err := r.Client.Status().Patch(ctx, nm, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("patch NstanceMachine %s status: %w", nm.Name, err)
-	}
-	return nil
-}
-
-func equalStatus(a, b *infrav1.NstanceMachine) bool {
-	return fmt.Sprintf("%+v", a.Status) == fmt.Sprintf("%+v", b.Status)
+	return r.reconcileNormal(ctx, &nm, machine)
 }
 
 func setCond(nm *infrav1.NstanceMachine, typ string, st metav1.ConditionStatus, reason, msg string) {
@@ -180,11 +182,6 @@ func (r *Reconciler) shardFor(nm *infrav1.NstanceMachine, machine *clusterv1.Mac
 }
 
 func (r *Reconciler) reconcileNormal(ctx context.Context, nm *infrav1.NstanceMachine, machine *clusterv1.Machine) (reconcile.Result, error) {
-	if controllerutil.AddFinalizer(nm, Finalizer) {
-		if err := r.Client.Update(ctx, nm); err != nil {
-			return reconcile.Result{}, fmt.Errorf("add finalizer to NstanceMachine %s: %w", nm.Name, err)
-		}
-	}
 	if nm.Status.InstanceID == "" {
 		shard, ok := r.shardFor(nm, machine)
 		if !ok {
@@ -243,13 +240,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, nm *infrav1.NstanceMac
 		setCond(nm, ConditionReady, metav1.ConditionFalse, ReasonInstanceNotRunning, "instance is "+nm.Status.State)
 		return reconcile.Result{RequeueAfter: r.poll()}, nil
 	}
-	if nm.Spec.ProviderID != inst.GetProviderId() {
-		patch := client.MergeFrom(nm.DeepCopy())
-		nm.Spec.ProviderID = inst.GetProviderId()
-		if err := r.Client.Patch(ctx, nm, patch); err != nil {
-			return reconcile.Result{}, fmt.Errorf("set providerID of NstanceMachine %s: %w", nm.Name, err)
-		}
-	}
+	// Written with the status by the deferred patch: spec first, so
+	// providerID is stored before status reports the machine provisioned.
+	nm.Spec.ProviderID = inst.GetProviderId()
 	nm.Status.Ready = true
 	nm.Status.Initialization.Provisioned = ptr.To(true)
 	setCond(nm, ConditionReady, metav1.ConditionTrue, ReasonInstanceRunning, "instance "+inst.GetInstanceId()+" is running")
@@ -290,10 +283,8 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, nm *infrav1.NstanceMac
 	if !gone {
 		return reconcile.Result{RequeueAfter: r.poll()}, nil
 	}
+	// The deferred patch removes it; the object may then be gone at once.
 	controllerutil.RemoveFinalizer(nm, Finalizer)
-	if err := r.Client.Update(ctx, nm); err != nil && !apierrors.IsNotFound(err) {
-		return reconcile.Result{}, fmt.Errorf("remove finalizer from NstanceMachine %s: %w", nm.Name, err)
-	}
 	return reconcile.Result{}, nil
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
@@ -21,11 +22,41 @@ const (
 	retry = 50 * time.Millisecond
 )
 
-func start(t *testing.T, store objstore.Store, id string, leading *atomic.Int32) (*Elector, context.CancelFunc) {
+// countingStore counts an elector's reads and writes of the lease, so a
+// test can wait for it to have looked again instead of sleeping.
+type countingStore struct {
+	objstore.Store
+	gets, puts atomic.Int64
+}
+
+func (c *countingStore) Get(ctx context.Context, key string) (*objstore.Object, error) {
+	defer c.gets.Add(1)
+	return c.Store.Get(ctx, key)
+}
+
+func (c *countingStore) Put(ctx context.Context, key string, body []byte, opts objstore.PutOptions) (string, error) {
+	defer c.puts.Add(1)
+	return c.Store.Put(ctx, key, body, opts)
+}
+
+// waitReads waits until the elector behind cs has read the lease n more
+// times (each read is one full campaign step).
+func waitReads(t *testing.T, cs *countingStore, n int64) {
 	t.Helper()
+	target := cs.gets.Load() + n
+	require.Eventually(t, func() bool { return cs.gets.Load() >= target }, 10*time.Second, time.Millisecond)
+}
+
+// start runs a candidate whose clock is clk: every lease decision (expiry,
+// how long a foreign lease stayed unchanged) reads that clock, so a test
+// that does not step it can never see a takeover by expiry, however slow
+// the machine is. Renewal and retry timers are real.
+func start(t *testing.T, store objstore.Store, clk *clocktesting.FakeClock, id string, leading *atomic.Int32) (*Elector, *countingStore, context.CancelFunc) {
+	t.Helper()
+	cs := &countingStore{Store: store}
 	e, err := New(Config{
-		Store: store, Key: "cluster/leader.json", ID: id, LeaseDuration: lease, RenewInterval: renew, RetryInterval: retry,
-		Log: logr.Discard(),
+		Store: cs, Key: "cluster/leader.json", ID: id, LeaseDuration: lease, RenewInterval: renew, RetryInterval: retry,
+		Log: logr.Discard(), Now: clk.Now,
 		OnLeading: func(ctx context.Context, _ int64) {
 			leading.Add(1)
 			<-ctx.Done()
@@ -39,7 +70,7 @@ func start(t *testing.T, store objstore.Store, id string, leading *atomic.Int32)
 	go func() { defer wg.Done(); _ = e.Run(ctx) }()
 	stop := func() { cancel(); wg.Wait() }
 	t.Cleanup(stop)
-	return e, stop
+	return e, cs, stop
 }
 
 func TestNewRejectsBadConfig(t *testing.T) {
@@ -59,68 +90,78 @@ func TestNewRejectsBadConfig(t *testing.T) {
 
 func TestSingleLeaderAndHandover(t *testing.T) {
 	store := memstore.New()
+	clk := clocktesting.NewFakeClock(time.Now())
 	var leading atomic.Int32
-	a, stopA := start(t, store, "a", &leading)
-	b, stopB := start(t, store, "b", &leading)
+	a, csA, stopA := start(t, store, clk, "a", &leading)
+	b, csB, stopB := start(t, store, clk, "b", &leading)
 
-	require.Eventually(t, func() bool { return a.Leading() || b.Leading() }, 2*time.Second, 10*time.Millisecond)
-	// For several lease periods exactly one candidate leads.
-	deadline := time.Now().Add(3 * lease)
-	for time.Now().Before(deadline) {
+	require.Eventually(t, func() bool { return a.Leading() || b.Leading() }, 10*time.Second, time.Millisecond)
+	first, second, firstStore, stopFirst := a, b, csA, stopA
+	if b.Leading() {
+		first, second, firstStore, stopFirst = b, a, csB, stopB
+	}
+	// Through several renewals exactly one candidate leads.
+	renewals := firstStore.puts.Load() + 5
+	for firstStore.puts.Load() < renewals {
 		require.LessOrEqual(t, leading.Load(), int32(1))
 		require.False(t, a.Leading() && b.Leading())
-		time.Sleep(5 * time.Millisecond)
+		require.True(t, first.Leading())
+		time.Sleep(time.Millisecond)
 	}
-	first, second, stopFirst := a, b, stopA
-	if b.Leading() {
-		first, second, stopFirst = b, a, stopB
-	}
-	require.True(t, first.Leading())
-	// A graceful stop releases the lease: the other takes over well within one lease.
-	began := time.Now()
+	// A graceful stop releases the lease: the other takes over without
+	// waiting for it to expire (the clock has not moved at all).
 	stopFirst()
-	require.Eventually(t, second.Leading, lease, 5*time.Millisecond)
-	require.Less(t, time.Since(began), lease)
+	require.Eventually(t, second.Leading, 10*time.Second, time.Millisecond)
 	require.Equal(t, int64(2), second.Status().Term)
 }
 
 func TestTakeoverAfterCrash(t *testing.T) {
 	store := memstore.New()
 	ctx := context.Background()
+	clk := clocktesting.NewFakeClock(time.Now())
 	// A holder that crashed: its lease is never renewed nor released.
-	body, err := json.Marshal(Lease{Holder: "ghost", RenewedAt: time.Now(), ExpiresAt: time.Now().Add(lease), Term: 7})
+	body, err := json.Marshal(Lease{Holder: "ghost", RenewedAt: clk.Now(), ExpiresAt: clk.Now().Add(lease), Term: 7})
 	require.NoError(t, err)
 	_, err = store.Put(ctx, "cluster/leader.json", body, objstore.PutOptions{IfNoneMatch: true})
 	require.NoError(t, err)
 
 	var leading atomic.Int32
-	began := time.Now()
-	b, _ := start(t, store, "b", &leading)
-	time.Sleep(lease / 2)
-	require.False(t, b.Leading(), "must not take over a live-looking lease")
+	b, cs, _ := start(t, store, clk, "b", &leading)
+	waitReads(t, cs, 1)
 	require.Equal(t, "ghost", b.Status().Holder)
-	require.Eventually(t, b.Leading, 2*lease, 5*time.Millisecond)
-	took := time.Since(began)
-	require.GreaterOrEqual(t, took, lease)
-	require.Less(t, took, lease+4*retry+renew)
+	// Just short of a lease after b first saw it, the lease still looks
+	// alive: b keeps looking and does not take over.
+	clk.Step(lease - time.Millisecond)
+	waitReads(t, cs, 3)
+	require.False(t, b.Leading(), "must not take over a live-looking lease")
+	require.Zero(t, cs.puts.Load(), "no takeover attempt")
+	// A whole lease unchanged: b takes over at its next look.
+	clk.Step(time.Millisecond)
+	require.Eventually(t, b.Leading, 10*time.Second, time.Millisecond)
 	require.Equal(t, int64(8), b.Status().Term)
 }
 
 func TestStepDownWhenLeaseStolen(t *testing.T) {
 	store := memstore.New()
 	ctx := context.Background()
+	clk := clocktesting.NewFakeClock(time.Now())
 	var leading atomic.Int32
-	a, _ := start(t, store, "a", &leading)
-	require.Eventually(t, a.Leading, time.Second, 5*time.Millisecond)
-	require.Equal(t, int32(1), leading.Load())
+	a, cs, _ := start(t, store, clk, "a", &leading)
+	require.Eventually(t, a.Leading, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return leading.Load() == 1 }, 10*time.Second, time.Millisecond)
 	// Someone overwrites the lease: the next renewal fails its If-Match and a steps down.
-	body, err := json.Marshal(Lease{Holder: "intruder", RenewedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour), Term: 99})
+	body, err := json.Marshal(Lease{Holder: "intruder", RenewedAt: clk.Now(), ExpiresAt: clk.Now().Add(time.Hour), Term: 99})
 	require.NoError(t, err)
+	puts := cs.puts.Load()
 	_, err = store.Put(ctx, "cluster/leader.json", body, objstore.PutOptions{})
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return !a.Leading() && leading.Load() == 0 }, 2*renew+50*time.Millisecond, 5*time.Millisecond)
-	// And it stays down while the intruder's lease keeps changing... here it is static, so after a lease it would retake;
-	// check it does not retake sooner than a lease.
-	time.Sleep(lease / 2)
+	require.Eventually(t, func() bool { return !a.Leading() && leading.Load() == 0 }, 10*time.Second, time.Millisecond)
+	require.LessOrEqual(t, cs.puts.Load()-puts, int64(2), "stepped down at the first renewal refused after the takeover")
+	// The intruder's lease is static: a retakes it once it stayed unchanged
+	// for a whole lease on a's clock, never sooner.
+	waitReads(t, cs, 3)
 	require.False(t, a.Leading())
+	clk.Step(lease)
+	require.Eventually(t, a.Leading, 10*time.Second, time.Millisecond)
+	require.Equal(t, int64(100), a.Status().Term)
 }

@@ -50,6 +50,27 @@ func alive(pid int) bool {
 
 func itoa(i int) string { return strconv.Itoa(i) }
 
+// environ returns the environment of a running process. exec.Cmd.Start
+// returns once the child's execve has passed its point of no return (the
+// kernel closes the close-on-exec pipe Go waits on), but the kernel fills in
+// the new image's argument and environment area only afterwards: read too
+// early, /proc/<pid>/environ is empty (seen on a loaded machine, and in
+// about one start in ten with both cores busy). It is complete once it is
+// non-empty, so wait for that.
+func environ(t *testing.T, pid int) string {
+	t.Helper()
+	var (
+		env []byte
+		err error
+	)
+	require.Eventually(t, func() bool {
+		env, err = os.ReadFile(filepath.Join("/proc", itoa(pid), "environ"))
+		return err != nil || len(env) > 0
+	}, 10*time.Second, 5*time.Millisecond, "environment of process %d stays empty", pid)
+	require.NoError(t, err, "read the environment of process %d", pid)
+	return string(env)
+}
+
 func TestLifecycle(t *testing.T) {
 	ctx := context.Background()
 	stateDir, nodeDir := t.TempDir(), t.TempDir()
@@ -84,9 +105,7 @@ func TestLifecycle(t *testing.T) {
 	require.Equal(t, req.ProviderID, node.Spec.ProviderID)
 	require.Equal(t, req.InstanceID, node.Metadata.Name)
 
-	env, err := os.ReadFile(filepath.Join("/proc", itoa(pid), "environ"))
-	require.NoError(t, err)
-	require.Contains(t, string(env), localagent.EnvInstanceID+"="+req.InstanceID)
+	require.Contains(t, environ(t, pid), localagent.EnvInstanceID+"="+req.InstanceID)
 
 	require.NoError(t, p.Delete(ctx, req.InstanceID))
 	require.Eventually(t, func() bool { return !alive(pid) }, 5*time.Second, 20*time.Millisecond)
