@@ -51,6 +51,8 @@ type Options struct {
 	ResyncInterval time.Duration
 	RetryBase      time.Duration
 	EventBuffer    int
+	// Now is the reconciler's clock (default time.Now); tests move it.
+	Now func() time.Time
 	// Agent, when its CA is set, builds the Agent service.
 	Agent AgentOptions
 }
@@ -107,7 +109,7 @@ func New(o Options) (*Fleet, error) {
 		Provider: o.Provider, Nonces: o.Nonces, CACert: o.CACert, RegistrationAddr: o.RegistrationAddr,
 		AgentAddr: o.AgentAddr, Events: hubs, Log: o.Log, Workers: o.Workers, ResyncInterval: o.ResyncInterval,
 		RetryBase: o.RetryBase, HealthInterval: o.Agent.HealthInterval, HealthMisses: o.Agent.HealthMisses,
-		StartupGrace: o.Agent.StartupGrace, Surge: o.Agent.Surge,
+		StartupGrace: o.Agent.StartupGrace, Surge: o.Agent.Surge, Now: o.Now,
 	}
 	if ao := o.Agent; ao.CA != nil {
 		if ao.CertValidity <= 0 {

@@ -2,12 +2,14 @@ package reconcile
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"time"
 
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
+	"github.com/nstance-dev/nstance/internal/server/provider"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -171,6 +173,14 @@ func (r *Reconciler) healthPass(ctx context.Context, termStart time.Time) {
 		missed := int(now.Sub(last) / interval)
 		switch {
 		case missed >= r.healthMisses():
+			// A pass that runs late (a slow resync, a loaded machine) can see
+			// every missed report at once, before any provider check ran. A
+			// workload that is gone is recorded as stopped by the instance's
+			// own reconcile, not called unhealthy: ask the provider first.
+			if r.workloadGone(ctx, rec.ID) {
+				r.EnqueueInstance(rec.ID)
+				break
+			}
 			r.markUnhealthy(ctx, rec, fmt.Sprintf("agent missed %d health reports (last %s ago)", missed, now.Sub(last).Round(time.Millisecond)))
 		case missed > checked:
 			// A missed report: ask the provider whether the instance still runs.
@@ -260,4 +270,17 @@ func (r *Reconciler) forget(id string) {
 	if r.o.Agents != nil {
 		r.o.Agents.Forget(id)
 	}
+}
+
+// workloadGone reports whether the provider says the instance stopped or no
+// longer exists. A provider error is not an answer: the caller goes on with
+// what the missed reports say.
+func (r *Reconciler) workloadGone(ctx context.Context, id string) bool {
+	pctx, cancel := r.providerCtx(ctx)
+	defer cancel()
+	obs, err := r.o.Provider.Status(pctx, id)
+	if errors.Is(err, provider.ErrNotFound) {
+		return true
+	}
+	return err == nil && obs.State == provider.StateStopped
 }

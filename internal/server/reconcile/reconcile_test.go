@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -327,4 +328,60 @@ func mustGroup(t *testing.T, f *fleet.Fleet, id string) *groups.Group {
 	g, ok := f.Groups.Get(groups.Key{Tenant: "t", ID: id})
 	require.True(t, ok)
 	return g
+}
+
+// TestLateHealthPassAsksTheProviderFirst: a health pass that runs late sees
+// every missed report at once. When the workload is gone (a killed agent's VM),
+// the instance must be recorded as stopped, not merely called unhealthy. The
+// clock jumps past HealthMisses intervals in one step and periodic resyncs are
+// off, so only the health pass can notice.
+func TestLateHealthPassAsksTheProviderFirst(t *testing.T) {
+	ca, err := pki.GenerateCA("c1", time.Hour, time.Now())
+	require.NoError(t, err)
+	var offset atomic.Int64
+	now := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	rp := &reporter{silent: map[string]bool{}, notices: map[string]*nstancev1.TerminationNotice{}}
+	cfg, err := config.Parse([]byte(shardtest.Config("c1", "s1", "mock")))
+	require.NoError(t, err)
+	store := memstore.New()
+	p := mock.New()
+	const interval = 100 * time.Millisecond
+	f, err := fleet.New(fleet.Options{Store: store, Keys: layout.New(""), Config: liveconfig.New(store, "config/s1.jsonc", cfg, "e1", time.Now()),
+		Provider: p, ResyncInterval: time.Hour, RetryBase: 20 * time.Millisecond, Now: now,
+		Agent: fleet.AgentOptions{CA: ca, Monitor: true, HealthInterval: interval, HealthMisses: 3, StartupGrace: time.Hour}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	go rp.run(ctx, f)
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	require.Eventually(t, f.Reconciler.Running, 5*time.Second, time.Millisecond)
+	errs := f.Events.Errors.Subscribe("t")
+	t.Cleanup(errs.Close)
+	e := env{f: f, p: p, store: store}
+	upsert(t, e, "web", 1, 50*time.Millisecond)
+	require.Eventually(t, func() bool {
+		return int(f.Reconciler.GroupStatus(mustGroup(t, f, "web")).GetReadyCount()) == 1
+	}, 5*time.Second, 10*time.Millisecond)
+	victim := running(e, "web")[0].ID
+
+	rp.mu.Lock()
+	rp.silent[victim] = true
+	rp.mu.Unlock()
+	p.Stop(victim)
+	offset.Store(int64(10 * interval))
+
+	var ev *nstancev1.ErrorEvent
+	select {
+	case ev = <-errs.Events():
+	case <-time.After(10 * time.Second):
+		t.Fatal("no error event for the stopped instance")
+	}
+	offset.Store(0)
+	require.Equal(t, victim, ev.GetInstanceId())
+	require.Contains(t, ev.GetMessage(), "instance stopped", "the provider's answer wins over the missed-report count")
+	rec, ok := f.Instances.Get(victim)
+	if ok {
+		require.True(t, rec.WorkloadGone, "a stopped workload is recorded as gone (the operator skips its drain)")
+	}
 }
