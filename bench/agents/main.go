@@ -108,7 +108,7 @@ func runServer() error {
 	if err != nil {
 		return err
 	}
-	cert, err := ca.ServerKeyPair("bench", []string{"127.0.0.1"}, time.Hour, time.Now())
+	cert, err := ca.ServerKeyPair(pki.ServerIdentity{Shard: "bench", ServerID: "bench"}, []string{"127.0.0.1"}, time.Hour, time.Now())
 	if err != nil {
 		return err
 	}

@@ -129,7 +129,7 @@ func (s *Shard) Start() error {
 	if err != nil {
 		return err
 	}
-	cert, err := s.CA.ServerKeyPair("nstance-server", []string{"127.0.0.1"}, time.Hour, time.Now())
+	cert, err := s.CA.ServerKeyPair(pki.ServerIdentity{Shard: ShardID, ServerID: "nstance-server"}, []string{"127.0.0.1"}, time.Hour, time.Now())
 	if err != nil {
 		return err
 	}

@@ -54,7 +54,7 @@ func newCluster(t *testing.T) *cluster {
 // startShard serves the registration API and returns its address.
 func (c *cluster) startShard(t *testing.T, shard string) string {
 	t.Helper()
-	srvCert, err := c.ca.ServerKeyPair("nstance-server", []string{"127.0.0.1"}, time.Hour, time.Now())
+	srvCert, err := c.ca.ServerKeyPair(pki.ServerIdentity{Shard: "s1", ServerID: "nstance-server"}, []string{"127.0.0.1"}, time.Hour, time.Now())
 	require.NoError(t, err)
 	issuer := &registration.Issuer{CA: c.ca, ClusterID: clusterID, AgentValidity: time.Hour, OperatorValidity: time.Hour}
 	reg := &registration.Service{

@@ -279,7 +279,7 @@ func (a *App) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	serverCert, err := cl.CA.ServerKeyPair("nstance-server "+a.o.ServerID, a.certHosts(cfg), cfg.Certificates.ServerValidity.D(), time.Now())
+	serverCert, err := cl.CA.ServerKeyPair(pki.ServerIdentity{ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID}, a.certHosts(cfg), cfg.Certificates.ServerValidity.D(), time.Now())
 	if err != nil {
 		return fmt.Errorf("issuing the server certificate: %w", err)
 	}

@@ -208,7 +208,7 @@ func start(o Options) (*Shard, error) {
 		closeAll()
 		return nil, err
 	}
-	serverCert, err := ca.ServerKeyPair("nstance-server "+o.ShardID, []string{"127.0.0.1", "localhost"}, 24*time.Hour, now)
+	serverCert, err := ca.ServerKeyPair(pki.ServerIdentity{Shard: o.ShardID, ServerID: "nstance-server-" + o.ShardID}, []string{"127.0.0.1", "localhost"}, 24*time.Hour, now)
 	if err != nil {
 		closeAll()
 		return nil, err
