@@ -31,7 +31,7 @@ func template() srvconfig.Template {
 		Kind: "worker",
 		Keys: map[string]srvconfig.TemplateKey{
 			"kubelet": {Type: "ed25519", Certificate: &srvconfig.TemplateCertificate{CommonName: "{{ .InstanceID }}", Usages: []string{"client_auth"}, DNSNames: []string{"{{ .InstanceID }}.nodes"}}},
-			"serving": {Type: "ecdsa-p256", Certificate: &srvconfig.TemplateCertificate{CommonName: "serve", Usages: []string{"server_auth"}, IPAddresses: []string{"127.0.0.1"}}},
+			"serving": {Type: "ecdsa-p256", Certificate: &srvconfig.TemplateCertificate{CommonName: "serve", Usages: []string{"server_auth"}, IPAddresses: []string{"10.0.0.7"}}},
 			"bare":    {Type: "ecdsa-p384"},
 		},
 		Files: map[string]srvconfig.TemplateFile{
@@ -162,8 +162,12 @@ func TestAgentEndToEnd(t *testing.T) {
 		cert, err := x509.ParseCertificate(blk.Bytes)
 		require.NoError(t, err)
 		require.Equal(t, c.cn, cert.Subject.CommonName)
-		_, err = cert.Verify(x509.VerifyOptions{Roots: e.shard.CA.Pool(), KeyUsages: []x509.ExtKeyUsage{c.usage}})
+		// Template certificates come from the workload CA, never the cluster CA.
+		_, err = cert.Verify(x509.VerifyOptions{Roots: e.shard.WorkloadCA.Pool(), KeyUsages: []x509.ExtKeyUsage{c.usage}})
 		require.NoError(t, err)
+		_, err = cert.Verify(x509.VerifyOptions{Roots: e.shard.CA.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+		require.ErrorAs(t, err, new(x509.UnknownAuthorityError))
+		require.Equal(t, []x509.ExtKeyUsage{c.usage}, cert.ExtKeyUsage)
 		priv, err := ks.Load(c.key)
 		require.NoError(t, err)
 		require.True(t, priv.Public().(interface{ Equal(crypto.PublicKey) bool }).Equal(cert.PublicKey))
@@ -176,7 +180,7 @@ func TestAgentEndToEnd(t *testing.T) {
 	require.Equal(t, fs.FileMode(0o640), fi.Mode().Perm())
 	ca, err := os.ReadFile(filepath.Join(cfg.FilesDir, "pki", "ca.crt"))
 	require.NoError(t, err)
-	require.Equal(t, e.shard.CA.CertPEM, ca)
+	require.Equal(t, e.shard.WorkloadCA.CertPEM, ca, "ca_bundle without content is the workload CA")
 
 	// Runtime config change: a new var is pushed with a new hash.
 	oldHash := r.ConfigHash

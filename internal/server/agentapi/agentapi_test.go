@@ -198,11 +198,15 @@ func TestTrackerOverdue(t *testing.T) {
 	require.Empty(t, tr.IDs())
 }
 
-func TestCASignerRejectsBadSpecs(t *testing.T) {
-	ca, err := pki.GenerateCA("c", time.Hour, time.Now())
+func TestWorkloadSigner(t *testing.T) {
+	wca, err := pki.GenerateWorkloadCA("c", time.Hour, time.Now())
 	require.NoError(t, err)
-	sg := &agentapi.CASigner{CA: ca, MaxValidity: time.Hour}
+	policy := func() pki.WorkloadPolicy {
+		return pki.WorkloadPolicy{TrustDomain: "c", ServerHosts: []string{"127.0.0.1", "nstance.example.com"}}
+	}
+	sg := &agentapi.WorkloadSigner{CA: wca, MaxValidity: time.Hour, Policy: policy}
 	pub, _, _ := ed25519.GenerateKey(rand.Reader)
+	ref := agentapi.Ref{InstanceID: "i", Tenant: "t"}
 	for _, tc := range []struct {
 		spec *nstancev1.CertificateSpec
 		want string
@@ -210,12 +214,28 @@ func TestCASignerRejectsBadSpecs(t *testing.T) {
 		{&nstancev1.CertificateSpec{IpAddresses: []string{"not-ip"}}, "not an IP"},
 		{&nstancev1.CertificateSpec{Uris: []string{"no-scheme"}}, "absolute URI"},
 		{&nstancev1.CertificateSpec{Usages: []nstancev1.CertificateUsage{99}}, "unsupported usage"},
+		{&nstancev1.CertificateSpec{Uris: []string{"spiffe://c/tenant/t/operator/op"}}, "trust domain"},
+		{&nstancev1.CertificateSpec{DnsNames: []string{"nstance.example.com"}}, "name of the nstance-server"},
+		{&nstancev1.CertificateSpec{IpAddresses: []string{"127.0.0.1"}}, "address of the nstance-server"},
 	} {
-		_, _, _, err := sg.Sign(context.Background(), agentapi.Ref{InstanceID: "i", Tenant: "t"}, tc.spec, pub)
+		_, _, _, err := sg.Sign(context.Background(), ref, tc.spec, pub)
 		require.ErrorContains(t, err, tc.want)
 	}
-	certPEM, nb, na, err := sg.Sign(context.Background(), agentapi.Ref{InstanceID: "i", Tenant: "t"}, &nstancev1.CertificateSpec{}, pub)
+	certPEM, nb, na, err := sg.Sign(context.Background(), ref, &nstancev1.CertificateSpec{}, pub)
 	require.NoError(t, err)
 	require.True(t, strings.HasPrefix(string(certPEM), "-----BEGIN CERTIFICATE-----"))
 	require.InDelta(t, (time.Hour + time.Minute).Seconds(), na.Sub(nb).Seconds(), 1)
+	cert, err := pki.ParseCertificatePEM(certPEM)
+	require.NoError(t, err)
+	require.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, cert.ExtKeyUsage, "no usages: the explicit default")
+	require.Equal(t, "i", cert.Subject.CommonName)
+	require.Empty(t, cert.URIs)
+
+	// The cluster CA is refused as a workload signer.
+	ca, err := pki.GenerateCA("c", time.Hour, time.Now())
+	require.NoError(t, err)
+	_, _, _, err = (&agentapi.WorkloadSigner{CA: ca, MaxValidity: time.Hour, Policy: policy}).Sign(context.Background(), ref, &nstancev1.CertificateSpec{}, pub)
+	require.ErrorContains(t, err, "cluster CA")
+	_, _, _, err = (&agentapi.WorkloadSigner{CA: wca, MaxValidity: time.Hour}).Sign(context.Background(), ref, &nstancev1.CertificateSpec{}, pub)
+	require.ErrorContains(t, err, "policy are required")
 }

@@ -37,6 +37,9 @@ const (
 
 // Options configure a Server.
 type Options struct {
+	// Shard is the shard this server runs; agents whose certificate names
+	// another shard are refused.
+	Shard  string
 	Source Source
 	Keys   KeyStore
 	Signer Signer
@@ -64,8 +67,8 @@ var _ nstancev1.AgentServiceServer = (*Server)(nil)
 
 // New checks the options and returns a Server.
 func New(o Options) (*Server, error) {
-	if o.Source == nil || o.Keys == nil || o.Signer == nil || o.Health == nil {
-		return nil, errors.New("agentapi: source, key store, signer and health sink are required")
+	if o.Shard == "" || o.Source == nil || o.Keys == nil || o.Signer == nil || o.Health == nil {
+		return nil, errors.New("agentapi: shard, source, key store, signer and health sink are required")
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -105,13 +108,17 @@ func (s *Server) Connected() int {
 	return n
 }
 
-func refFrom(ctx context.Context) (Ref, error) {
+func (s *Server) refFrom(ctx context.Context) (Ref, error) {
 	id, ok := authz.IdentityFrom(ctx)
 	if !ok {
 		return Ref{}, status.Error(codes.Unauthenticated, "no caller identity")
 	}
 	if id.Role != pki.RoleAgent {
 		return Ref{}, status.Errorf(codes.PermissionDenied, "role %q may not use the agent service", id.Role)
+	}
+	if id.Shard != s.o.Shard {
+		s.o.Log.Info("agent of another shard refused", "instance", id.ClientID, "tenant", id.Tenant, "certificate_shard", id.Shard)
+		return Ref{}, status.Error(codes.PermissionDenied, "the agent certificate was not issued for this shard")
 	}
 	return Ref{InstanceID: id.ClientID, Tenant: id.Tenant, Shard: id.Shard, Group: id.Group}, nil
 }
@@ -130,7 +137,7 @@ func (s *Server) plan(ctx context.Context, ref Ref) (*Plan, error) {
 // KeyGenRequests implements nstancev1.AgentServiceServer.
 func (s *Server) KeyGenRequests(req *nstancev1.KeyGenRequestsRequest, stream nstancev1.AgentService_KeyGenRequestsServer) error {
 	ctx := stream.Context()
-	ref, err := refFrom(ctx)
+	ref, err := s.refFrom(ctx)
 	if err != nil {
 		return err
 	}
@@ -160,7 +167,7 @@ func (s *Server) KeyGenRequests(req *nstancev1.KeyGenRequestsRequest, stream nst
 
 // SubmitPublicKeys implements nstancev1.AgentServiceServer.
 func (s *Server) SubmitPublicKeys(ctx context.Context, req *nstancev1.SubmitPublicKeysRequest) (*nstancev1.SubmitPublicKeysResponse, error) {
-	ref, err := refFrom(ctx)
+	ref, err := s.refFrom(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -303,7 +310,7 @@ func (s *Server) Files(ctx context.Context, ref Ref) ([]*nstancev1.DeliveredFile
 // ReceiveFiles implements nstancev1.AgentServiceServer.
 func (s *Server) ReceiveFiles(req *nstancev1.ReceiveFilesRequest, stream nstancev1.AgentService_ReceiveFilesServer) error {
 	ctx := stream.Context()
-	ref, err := refFrom(ctx)
+	ref, err := s.refFrom(ctx)
 	if err != nil {
 		return err
 	}
@@ -335,7 +342,7 @@ func (s *Server) ReceiveFiles(req *nstancev1.ReceiveFilesRequest, stream nstance
 // ReportHealth implements nstancev1.AgentServiceServer.
 func (s *Server) ReportHealth(stream nstancev1.AgentService_ReportHealthServer) error {
 	ctx := stream.Context()
-	ref, err := refFrom(ctx)
+	ref, err := s.refFrom(ctx)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -86,8 +88,13 @@ type Runtime struct {
 	Store      objstore.Store
 	Keys       layout.Keys
 	Cache      *cache.Cache
+	// CA is the cluster CA; WorkloadCA signs what templates ask for.
 	CA         *pki.CA
-	NonceKey   ed25519.PrivateKey
+	WorkloadCA *pki.CA
+	// ServerHosts are the names and addresses in this server's certificate;
+	// no template certificate may carry them.
+	ServerHosts []string
+	NonceKey    ed25519.PrivateKey
 	Issuer     *registration.Issuer
 	App        *App
 	Log        logr.Logger
@@ -279,7 +286,8 @@ func (a *App) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	serverCert, err := cl.CA.ServerKeyPair(pki.ServerIdentity{ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID}, a.certHosts(cfg), cfg.Certificates.ServerValidity.D(), time.Now())
+	certHosts := a.certHosts(cfg)
+	serverCert, err := cl.CA.ServerKeyPair(pki.ServerIdentity{ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID}, certHosts, cfg.Certificates.ServerValidity.D(), time.Now())
 	if err != nil {
 		return fmt.Errorf("issuing the server certificate: %w", err)
 	}
@@ -305,7 +313,10 @@ func (a *App) Run(ctx context.Context) error {
 		CA: cl.CA, ClusterID: cfg.Cluster.ID,
 		AgentValidity: cfg.Certificates.AgentValidity.D(), OperatorValidity: cfg.Certificates.OperatorValidity.D(),
 	}
-	rt := &Runtime{Config: withAdvertiseDefaults(cfg, bind), ConfigETag: a.cfgETag, Store: a.o.Store, Keys: a.o.Keys, Cache: db, CA: cl.CA, NonceKey: cl.NonceKey, Issuer: issuer, App: a, Log: log}
+	rt := &Runtime{
+		Config: withAdvertiseDefaults(cfg, bind), ConfigETag: a.cfgETag, Store: a.o.Store, Keys: a.o.Keys, Cache: db,
+		CA: cl.CA, WorkloadCA: cl.WorkloadCA, ServerHosts: certHosts, NonceKey: cl.NonceKey, Issuer: issuer, App: a, Log: log,
+	}
 	factory := a.o.Services
 	if factory == nil {
 		factory = DefaultServices
@@ -398,14 +409,17 @@ func DefaultServices(rt *Runtime) (Services, error) {
 	}, nil
 }
 
+// certHosts are the SANs of the server certificate: what the config knows
+// (loopback, advertised hosts, specific bind hosts), the --advertise-host
+// flags and the host name.
 func (a *App) certHosts(cfg *config.Config) []string {
-	hosts := []string{"127.0.0.1", "::1", "localhost"}
+	hosts := cfg.ServerHosts()
 	hosts = append(hosts, a.o.AdvertiseHosts...)
-	hosts = append(hosts, cfg.Shard.Advertise.Hosts...)
 	if h, err := os.Hostname(); err == nil {
 		hosts = append(hosts, h)
 	}
-	return hosts
+	sort.Strings(hosts)
+	return slices.Compact(hosts)
 }
 
 // loadConfig reads and validates config/{shard}.jsonc, retrying with backoff

@@ -236,7 +236,7 @@ func (rp *reporter) run(ctx context.Context, f *fleet.Fleet) {
 }
 
 func TestHealthProblemsAreReplacedFirst(t *testing.T) {
-	ca, err := pki.GenerateCA("c1", time.Hour, time.Now())
+	ca, err := pki.GenerateWorkloadCA("c1", time.Hour, time.Now())
 	require.NoError(t, err)
 	cases := []struct {
 		name   string
@@ -266,7 +266,7 @@ func TestHealthProblemsAreReplacedFirst(t *testing.T) {
 			p := mock.New()
 			f, err := fleet.New(fleet.Options{Store: store, Keys: layout.New(""), Config: liveconfig.New(store, "config/s1.jsonc", cfg, "e1", time.Now()),
 				Provider: p, ResyncInterval: 100 * time.Millisecond, RetryBase: 20 * time.Millisecond,
-				Agent: fleet.AgentOptions{CA: ca, Monitor: true, HealthInterval: 100 * time.Millisecond, HealthMisses: 3, StartupGrace: 2 * time.Second}})
+				Agent: fleet.AgentOptions{WorkloadCA: ca, Monitor: true, HealthInterval: 100 * time.Millisecond, HealthMisses: 3, StartupGrace: 2 * time.Second}})
 			require.NoError(t, err)
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)

@@ -45,13 +45,15 @@ type Options struct {
 	Provider provider.Provider
 	// CA defaults to a fresh test CA (reuse one across a restart so old client certificates still work).
 	CA *pki.CA
+	// WorkloadCA defaults to a fresh workload CA (signs template certificates).
+	WorkloadCA *pki.CA
 	// ResyncInterval defaults to 200ms; RetryBase to 50ms.
 	ResyncInterval, RetryBase time.Duration
 	Log                       logr.Logger
 	// Agents also serves the Registration and Agent services (TLS, mTLS)
 	// so real agents can join; health monitoring is on.
 	Agents bool
-	// Agent tunes the Agent service and health monitoring (CA and Monitor are set by Start).
+	// Agent tunes the Agent service and health monitoring (WorkloadCA and Monitor are set by Start).
 	Agent fleet.AgentOptions
 }
 
@@ -63,6 +65,7 @@ type Shard struct {
 	// RegistrationAddr and AgentAddr are set with Options.Agents.
 	RegistrationAddr, AgentAddr string
 	CA                          *pki.CA
+	WorkloadCA                  *pki.CA
 	Store                       objstore.Store
 	Keys                        layout.Keys
 	Provider                    provider.Provider
@@ -142,6 +145,13 @@ func start(o Options) (*Shard, error) {
 			return nil, err
 		}
 	}
+	wca := o.WorkloadCA
+	if wca == nil {
+		var err error
+		if wca, err = pki.GenerateWorkloadCA(o.ClusterID, 24*time.Hour, now); err != nil {
+			return nil, err
+		}
+	}
 	keys := layout.New("")
 	cfgKey := keys.Config(o.ShardID)
 	// Keep a config already in storage (restart); otherwise upload ours.
@@ -195,7 +205,7 @@ func start(o Options) (*Shard, error) {
 			return nil, err
 		}
 		regAddr, agentAddr = regLn.Addr().String(), agentLn.Addr().String()
-		o.Agent.CA, o.Agent.Monitor = ca, true
+		o.Agent.WorkloadCA, o.Agent.Monitor = wca, true
 	}
 	f, err := fleet.New(fleet.Options{
 		Store: o.Store, Keys: keys, Config: holder, Provider: o.Provider,
@@ -231,7 +241,7 @@ func start(o Options) (*Shard, error) {
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
-	sh := &Shard{ClusterID: o.ClusterID, ShardID: o.ShardID, OperatorAddr: ln.Addr().String(), CA: ca, Store: o.Store, Keys: keys,
+	sh := &Shard{ClusterID: o.ClusterID, ShardID: o.ShardID, OperatorAddr: ln.Addr().String(), CA: ca, WorkloadCA: wca, Store: o.Store, Keys: keys,
 		RegistrationAddr: regAddr, AgentAddr: agentAddr,
 		Provider: o.Provider, Fleet: f, Config: holder, servers: servers, cancel: cancel, done: make(chan error, 1)}
 	go func() { sh.done <- f.Run(runCtx) }()
