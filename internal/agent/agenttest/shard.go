@@ -45,8 +45,8 @@ type Shard struct {
 	CA         *pki.CA
 	WorkloadCA *pki.CA
 	nonceKey   ed25519.PrivateKey
-	objects  *memstore.Store
-	log      logr.Logger
+	objects    *memstore.Store
+	log        logr.Logger
 
 	// RepushInterval is passed to agentapi (set before Start).
 	RepushInterval time.Duration

@@ -95,9 +95,9 @@ type Runtime struct {
 	// no template certificate may carry them.
 	ServerHosts []string
 	NonceKey    ed25519.PrivateKey
-	Issuer     *registration.Issuer
-	App        *App
-	Log        logr.Logger
+	Issuer      *registration.Issuer
+	App         *App
+	Log         logr.Logger
 }
 
 // Services are the shard-leader gRPC services beyond Registration.
