@@ -78,7 +78,7 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 			s.Stop()
 			return nil, errors.New("grpcserve: operator listener without a service")
 		}
-		g := newServer(pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), authz.Policy{Role: pki.RoleOperator, ClusterID: cfg.ClusterID}.ServerOptions()...)
+		g := newServer(pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), authz.Policy{Roles: []pki.Role{pki.RoleOperator, pki.RoleAdmin}, ClusterID: cfg.ClusterID}.ServerOptions()...)
 		nstancev1.RegisterOperatorServiceServer(g, cfg.Operator)
 		s.serve("operator", g, ls.Operator)
 	}
@@ -90,7 +90,7 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 		// Thousands of agents keep a connection each: small per-connection
 		// buffers and a shared write buffer cut the server's memory by about
 		// a quarter (bench/agents) at no cost for their small messages.
-		agentOpts := append(authz.Policy{Role: pki.RoleAgent, ClusterID: cfg.ClusterID}.ServerOptions(),
+		agentOpts := append(authz.Policy{Roles: []pki.Role{pki.RoleAgent}, ClusterID: cfg.ClusterID}.ServerOptions(),
 			grpc.SharedWriteBuffer(true), grpc.ReadBufferSize(4<<10), grpc.WriteBufferSize(4<<10))
 		g := newServer(pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), agentOpts...)
 		nstancev1.RegisterAgentServiceServer(g, cfg.Agent)

@@ -209,7 +209,7 @@ func TestAgentsRegisterReceiveFilesAndGetVarChangesPushed(t *testing.T) {
 	ctx := ctxT(t)
 	_, err := a.sh.Store.Put(ctx, a.sh.Keys.Config(a.sh.ShardID), []byte(agentConfig("web")), objstore.PutOptions{})
 	require.NoError(t, err)
-	res, err := a.c.RefreshConfig(ctx, &nstancev1.RefreshConfigRequest{})
+	res, err := a.sh.AdminClient(t, "acme").RefreshConfig(ctx, &nstancev1.RefreshConfigRequest{})
 	require.NoError(t, err)
 	require.Equal(t, nstancev1.RefreshConfigOutcome_REFRESH_CONFIG_OUTCOME_UPDATED, res.GetOutcome(), res.GetMessage())
 	for _, id := range ids {

@@ -275,13 +275,19 @@ func (s *Shard) Stop() {
 
 // ClientTLS returns a TLS config with a fresh operator certificate for tenant.
 func (s *Shard) ClientTLS(tenant string) (*tls.Config, error) {
+	return s.ClientTLSAs(tenant, pki.RoleOperator)
+}
+
+// ClientTLSAs returns a TLS config with a fresh certificate of role
+// (operator or admin) for tenant.
+func (s *Shard) ClientTLSAs(tenant string, role pki.Role) (*tls.Config, error) {
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return nil, err
 	}
-	clientID := "operator-" + strings.ToLower(tenant)
+	clientID := string(role) + "-" + strings.ToLower(tenant)
 	cert, _, err := s.CA.IssueClient(pki.ClientRequest{
-		Identity:  pki.Identity{ClusterID: s.ClusterID, Tenant: tenant, Role: pki.RoleOperator, ClientID: clientID},
+		Identity:  pki.Identity{ClusterID: s.ClusterID, Tenant: tenant, Role: role, ClientID: clientID},
 		PublicKey: pub, Validity: time.Hour,
 	}, time.Now())
 	if err != nil {
@@ -303,7 +309,23 @@ func (s *Shard) Dial(tenant string) (*grpc.ClientConn, error) {
 // Client returns an Operator client for tenant, closed when the test ends.
 func (s *Shard) Client(t testing.TB, tenant string) nstancev1.OperatorServiceClient {
 	t.Helper()
-	conn, err := s.Dial(tenant)
+	return s.ClientAs(t, tenant, pki.RoleOperator)
+}
+
+// AdminClient returns an Operator client with an admin certificate of tenant.
+func (s *Shard) AdminClient(t testing.TB, tenant string) nstancev1.OperatorServiceClient {
+	t.Helper()
+	return s.ClientAs(t, tenant, pki.RoleAdmin)
+}
+
+// ClientAs returns an Operator client with a certificate of role for tenant.
+func (s *Shard) ClientAs(t testing.TB, tenant string, role pki.Role) nstancev1.OperatorServiceClient {
+	t.Helper()
+	tc, err := s.ClientTLSAs(tenant, role)
+	if err != nil {
+		t.Fatalf("client certificate: %v", err)
+	}
+	conn, err := grpc.NewClient(s.OperatorAddr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
 	if err != nil {
 		t.Fatalf("dialing fake shard: %v", err)
 	}

@@ -2,6 +2,8 @@ package shardtest_test
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"crypto/tls"
 	"net"
 	"path/filepath"
@@ -18,6 +20,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/agent/identity"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
+	"github.com/nstance-dev/nstance/pkg/objstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -172,4 +175,43 @@ func TestTemplateCertificateNamesAreRefused(t *testing.T) {
 			require.Contains(t, err.Error(), tc.want)
 		})
 	}
+
+	// A static group in the config is checked when the config is loaded.
+	bad := strings.Replace(namesConfig(), `"groups": {},`,
+		`"groups": { "acme": { "bad": { "template": "web", "vars": { "uri": "spiffe://test-cluster/tenant/acme/operator/op-1" } } } },`, 1)
+	_, err = sh.Store.Put(ctxT(t), sh.Keys.Config(sh.ShardID), []byte(bad), objstore.PutOptions{})
+	require.NoError(t, err)
+	res, err := sh.AdminClient(t, "acme").RefreshConfig(ctxT(t), &nstancev1.RefreshConfigRequest{})
+	require.NoError(t, err)
+	require.Equal(t, nstancev1.RefreshConfigOutcome_REFRESH_CONFIG_OUTCOME_INVALID, res.GetOutcome(), res.GetMessage())
+	require.Len(t, res.GetValidationErrors(), 1)
+	require.Equal(t, "groups.acme.bad.vars", res.GetValidationErrors()[0].GetKey())
+	require.Contains(t, res.GetValidationErrors()[0].GetReason(), "trust domain")
+}
+
+// TestAgentServiceChecksTheShard: a valid agent certificate of another
+// shard of the same cluster is refused by the Agent service.
+func TestAgentServiceChecksTheShard(t *testing.T) {
+	sh := shardtest.Start(t, shardtest.Options{Agents: true})
+	agentOf := func(shard string) *tls.Config {
+		pub, priv, err := ed25519.GenerateKey(rand.Reader)
+		require.NoError(t, err)
+		cert, _, err := sh.CA.IssueClient(pki.ClientRequest{Identity: pki.Identity{ClusterID: sh.ClusterID, Tenant: "acme", Role: pki.RoleAgent,
+			ClientID: "i-1", Shard: shard, Group: "g"}, PublicKey: pub, Validity: time.Hour}, time.Now())
+		require.NoError(t, err)
+		return pki.ClientTLS(sh.CA.Pool(), &tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: priv}, "127.0.0.1")
+	}
+	submit := func(tc *tls.Config) error {
+		conn, err := grpc.NewClient(sh.AgentAddr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+		require.NoError(t, err)
+		defer conn.Close()
+		_, err = nstancev1.NewAgentServiceClient(conn).SubmitPublicKeys(ctxT(t), &nstancev1.SubmitPublicKeysRequest{})
+		return err
+	}
+	err := submit(agentOf("test-2"))
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	require.Contains(t, err.Error(), "not issued for this shard")
+	// The right shard gets past the check (and then finds no such instance).
+	err = submit(agentOf(sh.ShardID))
+	require.Equal(t, codes.NotFound, status.Code(err), "%v", err)
 }
