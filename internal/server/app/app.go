@@ -326,11 +326,11 @@ func (a *App) Run(ctx context.Context) error {
 		return fmt.Errorf("building services: %w", err)
 	}
 	reg := &registration.Service{
-		Issuer:   issuer,
+		Issuer: issuer,
 		Verifier: &nonce.Verifier{Key: cl.NonceKey.Public().(ed25519.PublicKey), ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, Leeway: 5 * time.Second,
 			MaxLifetime: cfg.Certificates.NonceMaxLifetime.D()},
-		Ledger:   &nonce.Ledger{Store: a.o.Store, Keys: a.o.Keys},
-		Objects:  a.o.Store, Keys: a.o.Keys, ServerID: a.o.ServerID,
+		Ledger:  &nonce.Ledger{Store: a.o.Store, Keys: a.o.Keys},
+		Objects: a.o.Store, Keys: a.o.Keys, ServerID: a.o.ServerID,
 		OnAgentRegistered: svcs.OnAgentRegistered, Log: log.WithName("registration"),
 	}
 	gcfg := grpcserve.Config{
