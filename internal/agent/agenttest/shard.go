@@ -143,7 +143,7 @@ func (s *Shard) Start() error {
 		return err
 	}
 	s.servers, err = grpcserve.Start(grpcserve.Config{
-		ClusterID: ClusterID, ServerCert: cert, ClientCAs: s.CA.Pool(), Registration: reg, Agent: s.Agent,
+		ClusterID: ClusterID, ServerCert: cert, ClientCAs: s.CA.Pool(), Registration: reg, Agent: s.Agent, Log: s.log.WithName("grpc"),
 	}, grpcserve.Listeners{Registration: regLn, Agent: agLn})
 	return err
 }

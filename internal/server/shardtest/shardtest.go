@@ -223,7 +223,7 @@ func start(o Options) (*Shard, error) {
 		closeAll()
 		return nil, err
 	}
-	gcfg := grpcserve.Config{ClusterID: o.ClusterID, ServerCert: serverCert, ClientCAs: ca.Pool(), Operator: f.Service}
+	gcfg := grpcserve.Config{ClusterID: o.ClusterID, ServerCert: serverCert, ClientCAs: ca.Pool(), Operator: f.Service, Log: o.Log.WithName("grpc")}
 	gls := grpcserve.Listeners{Operator: ln}
 	if o.Agents {
 		gcfg.Registration = &registration.Service{
