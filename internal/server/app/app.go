@@ -239,6 +239,7 @@ func (a *App) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("loading the encryption key: %w", err)
 	}
+	warnPrintableKeys(log, ring, cfg.Shard.Infra.Provider)
 
 	cachePath := ""
 	if a.o.CacheDir != "" {
@@ -259,9 +260,17 @@ func (a *App) Run(ctx context.Context) error {
 	log.Info("ready", "shard", a.o.Shard)
 
 	le := cfg.Cluster.LeaderElection
+	// One incarnation per process in both leases: a lease under our id with
+	// another incarnation that keeps being renewed means a second server
+	// runs with our id, and this one stops (election.ErrDuplicateID).
+	incarnation, err := election.NewIncarnation()
+	if err != nil {
+		return err
+	}
+	log.Info("campaigning", "id", a.o.ServerID, "incarnation", incarnation)
 	newElector := func(key string, onLeading func(context.Context, int64)) (*election.Elector, error) {
 		return election.New(election.Config{
-			Store: a.o.Store, Key: key, ID: a.o.ServerID, LeaseDuration: le.LeaseDuration.D(),
+			Store: a.o.Store, Key: key, ID: a.o.ServerID, Incarnation: incarnation, LeaseDuration: le.LeaseDuration.D(),
 			RenewInterval: le.RenewInterval.D(), RetryInterval: le.RetryInterval.D(), Log: log.WithName("election"), OnLeading: onLeading,
 		})
 	}
@@ -276,14 +285,28 @@ func (a *App) Run(ctx context.Context) error {
 	var electWG sync.WaitGroup
 	defer electWG.Wait()
 	defer stopElections()
-	electWG.Add(1)
-	go func() { defer electWG.Done(); _ = clusterEl.Run(electCtx) }()
+	// runCtx ends with ctx or when an election refuses to go on.
+	runCtx, stopRun := context.WithCancelCause(ctx)
+	defer stopRun(nil)
+	campaign := func(el *election.Elector) {
+		electWG.Add(1)
+		go func() {
+			defer electWG.Done()
+			if err := el.Run(electCtx); err != nil {
+				stopRun(err)
+			}
+		}()
+	}
+	campaign(clusterEl)
 
-	cl, err := bootstrap.Ensure(ctx, bootstrap.Options{
+	cl, err := bootstrap.Ensure(runCtx, bootstrap.Options{
 		ClusterID: cfg.Cluster.ID, Objects: a.o.Store, Secrets: &secrets.Store{Objects: a.o.Store, Ring: ring}, Keys: a.o.Keys,
 		CAValidity: cfg.Certificates.CAValidity.D(), IsLeader: clusterEl.Leading, RetryInterval: le.RetryInterval.D(), Log: log.WithName("bootstrap"),
 	})
 	if err != nil {
+		if cause := context.Cause(runCtx); ctx.Err() == nil && cause != nil {
+			return cause
+		}
 		return err
 	}
 	certHosts := a.certHosts(cfg)
@@ -348,14 +371,34 @@ func (a *App) Run(ctx context.Context) error {
 	a.mu.Lock()
 	a.shardEl = shardEl
 	a.mu.Unlock()
-	electWG.Add(1)
-	go func() { defer electWG.Done(); _ = shardEl.Run(electCtx) }()
+	campaign(shardEl)
 
-	<-ctx.Done()
-	log.Info("shutting down")
+	<-runCtx.Done()
 	stopElections()
 	electWG.Wait()
+	if cause := context.Cause(runCtx); ctx.Err() == nil && cause != nil {
+		log.Error(cause, "stopping")
+		return cause
+	}
+	log.Info("shutting down")
 	return nil
+}
+
+// warnPrintableKeys warns loudly, outside development providers, about
+// encryption keys that are printable text instead of 32 random bytes.
+func warnPrintableKeys(log logr.Logger, ring *secrets.Keyring, provider string) {
+	ids := ring.PrintableIDs()
+	if len(ids) == 0 {
+		return
+	}
+	if config.IsDevProvider(provider) {
+		log.V(1).Info("encryption key is printable text; fine for development", "key_ids", ids)
+		return
+	}
+	log.Error(errors.New("weak encryption key"),
+		"!!! WARNING: the encryption key is printable text, not 32 random bytes; it protects the CA keys: "+
+			"replace it with `head -c 32 /dev/urandom | base64` (keep the old one in cluster.secrets.previous_keys until secrets are re-sealed)",
+		"key_ids", ids, "provider", provider)
 }
 
 // withAdvertiseDefaults fills the advertised gRPC addresses the config
