@@ -69,9 +69,10 @@ func (d *Dir) Nonce() (string, error) {
 	return tok, nil
 }
 
-// RemoveNonce deletes the nonce; a missing nonce is not an error.
+// RemoveNonce deletes the nonce (durably: the directory is synced); a
+// missing nonce is not an error.
 func (d *Dir) RemoveNonce() error {
-	if err := os.Remove(d.Path(NonceFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := atomicfile.RemovePath(d.Path(NonceFile)); err != nil {
 		return fmt.Errorf("identity: removing nonce: %w", err)
 	}
 	return nil

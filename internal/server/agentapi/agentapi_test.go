@@ -54,6 +54,11 @@ func TestSubmitPublicKeys(t *testing.T) {
 		"ec2": {Type: "ecdsa-p256"},
 	}, Files: map[string]config.TemplateFile{"ed.crt": {Kind: "certificate", Key: "ed"}}}
 	s := newShard(t, tmpl)
+	// Before any key is submitted the certificate file is pending: the agent keeps what it has there.
+	d, err := s.Agent.Delivery(agentCtx("i-1"), agentapi.Ref{InstanceID: "i-1", Tenant: agenttest.Tenant})
+	require.NoError(t, err)
+	require.Empty(t, d.GetFiles())
+	require.Equal(t, []string{"ed.crt"}, d.GetPendingPaths())
 	edPub, _, _ := ed25519.GenerateKey(rand.Reader)
 	ecKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	p384, _ := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
@@ -96,8 +101,11 @@ func TestSubmitPublicKeys(t *testing.T) {
 	require.Equal(t, []string{"a.example"}, cert.DNSNames)
 	require.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, cert.ExtKeyUsage)
 	require.True(t, edPub.Equal(cert.PublicKey))
-	_, err = cert.Verify(x509.VerifyOptions{Roots: s.CA.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+	_, err = cert.Verify(x509.VerifyOptions{Roots: s.WorkloadCA.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
 	require.NoError(t, err)
+	d, err = s.Agent.Delivery(agentCtx("i-1"), agentapi.Ref{InstanceID: "i-1", Tenant: agenttest.Tenant})
+	require.NoError(t, err)
+	require.Empty(t, d.GetPendingPaths())
 
 	// Submitting the same key again keeps the certificate (same hash).
 	_, err = s.Agent.SubmitPublicKeys(agentCtx("i-1"), &nstancev1.SubmitPublicKeysRequest{Keys: []*nstancev1.PublicKey{{Name: "ed", Type: nstancev1.KeyType_KEY_TYPE_ED25519, PublicKeyPem: ed}}})
