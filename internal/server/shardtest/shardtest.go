@@ -66,11 +66,13 @@ type Shard struct {
 	RegistrationAddr, AgentAddr string
 	CA                          *pki.CA
 	WorkloadCA                  *pki.CA
-	Store                       objstore.Store
-	Keys                        layout.Keys
-	Provider                    provider.Provider
-	Fleet                       *fleet.Fleet
-	Config                      *liveconfig.Holder
+	// NonceKey signs registration nonces (tests mint their own with it).
+	NonceKey ed25519.PrivateKey
+	Store    objstore.Store
+	Keys     layout.Keys
+	Provider provider.Provider
+	Fleet    *fleet.Fleet
+	Config   *liveconfig.Holder
 
 	servers  *grpcserve.Servers
 	cancel   context.CancelFunc
@@ -241,7 +243,7 @@ func start(o Options) (*Shard, error) {
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
-	sh := &Shard{ClusterID: o.ClusterID, ShardID: o.ShardID, OperatorAddr: ln.Addr().String(), CA: ca, WorkloadCA: wca, Store: o.Store, Keys: keys,
+	sh := &Shard{ClusterID: o.ClusterID, ShardID: o.ShardID, OperatorAddr: ln.Addr().String(), CA: ca, WorkloadCA: wca, NonceKey: nonceKey, Store: o.Store, Keys: keys,
 		RegistrationAddr: regAddr, AgentAddr: agentAddr,
 		Provider: o.Provider, Fleet: f, Config: holder, servers: servers, cancel: cancel, done: make(chan error, 1)}
 	go func() { sh.done <- f.Run(runCtx) }()

@@ -8,9 +8,12 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -18,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/nstance-dev/nstance/internal/agent/identity"
+	"github.com/nstance-dev/nstance/internal/nonce"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
 	"github.com/nstance-dev/nstance/pkg/objstore"
@@ -214,4 +218,67 @@ func TestAgentServiceChecksTheShard(t *testing.T) {
 	// The right shard gets past the check (and then finds no such instance).
 	err = submit(agentOf(sh.ShardID))
 	require.Equal(t, codes.NotFound, status.Code(err), "%v", err)
+}
+
+// TestRegistrationRefusalsOverTLS: anonymous callers of the Registration
+// port get generic refusals for nonces that are too long-lived, of another
+// shard, or forged, and exactly one of many concurrent uses of a nonce wins.
+func TestRegistrationRefusalsOverTLS(t *testing.T) {
+	sh := shardtest.Start(t, shardtest.Options{Agents: true})
+	conn, err := grpc.NewClient(sh.RegistrationAddr, grpc.WithTransportCredentials(credentials.NewTLS(pki.ClientTLS(sh.CA.Pool(), nil, "127.0.0.1"))))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	reg := nstancev1.NewRegistrationServiceClient(conn)
+	pubPEM := func() string {
+		pub, _, err := ed25519.GenerateKey(rand.Reader)
+		require.NoError(t, err)
+		p, err := pki.MarshalPublicKeyPEM(pub)
+		require.NoError(t, err)
+		return string(p)
+	}
+	_, foreignKey, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	mint := func(key ed25519.PrivateKey, shard string, ttl time.Duration) string {
+		tok, err := nonce.Mint(key, nonce.Claims{Kind: nonce.KindAgent, ClusterID: sh.ClusterID, Tenant: "acme", Shard: shard,
+			RegisteredClaims: jwt.RegisteredClaims{Subject: "i-1"}}, ttl, time.Now())
+		require.NoError(t, err)
+		return tok
+	}
+	for name, tok := range map[string]string{
+		"lifetime over the maximum": mint(sh.NonceKey, sh.ShardID, 25*time.Hour),
+		"nonce of another shard":    mint(sh.NonceKey, "test-2", time.Minute),
+		"foreign signing key":       mint(foreignKey, sh.ShardID, time.Minute),
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := reg.RegisterAgent(ctxT(t), &nstancev1.RegisterAgentRequest{Nonce: tok, PublicKeyPem: pubPEM()})
+			require.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+			msg := status.Convert(err).Message()
+			require.Equal(t, "registration refused: the nonce is not valid here", msg)
+			for _, id := range []string{sh.ClusterID, sh.ShardID, "test-2", "acme"} {
+				require.NotContains(t, msg, id)
+			}
+		})
+	}
+
+	tok := mint(sh.NonceKey, sh.ShardID, time.Minute)
+	var ok, used atomic.Int32
+	var wg sync.WaitGroup
+	for i := 0; i < 50; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := reg.RegisterAgent(context.Background(), &nstancev1.RegisterAgentRequest{Nonce: tok, PublicKeyPem: pubPEM()})
+			switch status.Code(err) {
+			case codes.OK:
+				ok.Add(1)
+			case codes.AlreadyExists:
+				used.Add(1)
+			default:
+				t.Errorf("unexpected: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, int32(1), ok.Load())
+	require.Equal(t, int32(49), used.Load())
 }
