@@ -104,11 +104,18 @@ func runServer() error {
 	src := &agentapi.TemplateSource{Lookup: func(_ context.Context, ref agentapi.Ref) (*agentapi.TemplateInput, error) {
 		return &agentapi.TemplateInput{Template: tmpl, Data: agentapi.TemplateData{InstanceID: ref.InstanceID}}, nil
 	}}
-	api, err := agentapi.New(agentapi.Options{Source: src, Keys: agentapi.NewMemKeyStore(), Signer: &agentapi.CASigner{CA: ca, MaxValidity: time.Hour}, Health: tracker, Log: logr.Discard()})
+	wca, err := pki.GenerateWorkloadCA(clusterID, 24*time.Hour, time.Now())
 	if err != nil {
 		return err
 	}
-	cert, err := ca.ServerKeyPair("bench", []string{"127.0.0.1"}, time.Hour, time.Now())
+	signer := &agentapi.WorkloadSigner{CA: wca, MaxValidity: time.Hour, Policy: func() pki.WorkloadPolicy {
+		return pki.WorkloadPolicy{TrustDomain: clusterID, ServerHosts: []string{"127.0.0.1"}}
+	}}
+	api, err := agentapi.New(agentapi.Options{Shard: "bench", Source: src, Keys: agentapi.NewMemKeyStore(), Signer: signer, Health: tracker, Log: logr.Discard()})
+	if err != nil {
+		return err
+	}
+	cert, err := ca.ServerKeyPair(pki.ServerIdentity{Shard: "bench", ServerID: "bench"}, []string{"127.0.0.1"}, time.Hour, time.Now())
 	if err != nil {
 		return err
 	}
@@ -246,7 +253,7 @@ func runLoad(n int, duration, interval time.Duration, memLimit int64) error {
 	var failures atomic.Int64
 	start := time.Now()
 	for i := range n {
-		id := pki.Identity{ClusterID: clusterID, Tenant: "bench", Role: pki.RoleAgent, ClientID: fmt.Sprintf("bench-%05d", i), Shard: "s", Group: "g"}
+		id := pki.Identity{ClusterID: clusterID, Tenant: "bench", Role: pki.RoleAgent, ClientID: fmt.Sprintf("bench-%05d", i), Shard: "bench", Group: "g"}
 		c, _, err := ca.IssueClient(pki.ClientRequest{Identity: id, PublicKey: pub, Validity: time.Hour}, time.Now())
 		if err != nil {
 			return err

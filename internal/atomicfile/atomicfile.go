@@ -1,11 +1,14 @@
 // Package atomicfile writes files so that readers see either the old or the
 // new content, never a torn one: a synced temporary sibling renamed over the
-// target, inside an os.Root so the write cannot escape its directory.
+// target, inside an os.Root so the write cannot escape its directory. After
+// the rename the directory itself is synced, so the new name survives a
+// crash (without it a power loss can bring back the old file, or none).
 package atomicfile
 
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -13,8 +16,13 @@ import (
 	"path/filepath"
 )
 
-// Write replaces rel (slash-separated, relative to root) with data and mode.
+// Write replaces rel (slash-separated, relative to root) with data and mode,
+// then syncs rel's directory.
 func Write(root *os.Root, rel string, data []byte, mode fs.FileMode) error {
+	return write(root, rel, data, mode, SyncDir)
+}
+
+func write(root *os.Root, rel string, data []byte, mode fs.FileMode, syncDir func(*os.Root, string) error) error {
 	var rnd [6]byte
 	if _, err := rand.Read(rnd[:]); err != nil {
 		return fmt.Errorf("temporary name for %s: %w", rel, err)
@@ -41,6 +49,26 @@ func Write(root *os.Root, rel string, data []byte, mode fs.FileMode) error {
 		_ = root.Remove(tmp)
 		return fmt.Errorf("writing %s: %w", rel, err)
 	}
+	if err := syncDir(root, path.Dir(rel)); err != nil {
+		return fmt.Errorf("writing %s: %w", rel, err)
+	}
+	return nil
+}
+
+// SyncDir fsyncs directory dir (slash-separated, relative to root) so the
+// renames and removals made in it are durable.
+func SyncDir(root *os.Root, dir string) error {
+	d, err := root.Open(dir)
+	if err != nil {
+		return fmt.Errorf("opening directory %s to sync it: %w", dir, err)
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("syncing directory %s: %w", dir, err)
+	}
 	return nil
 }
 
@@ -52,4 +80,18 @@ func WritePath(p string, data []byte, mode fs.FileMode) error {
 	}
 	defer root.Close()
 	return Write(root, filepath.Base(p), data, mode)
+}
+
+// RemovePath removes the file at p (a missing file is not an error) and
+// syncs its directory so the removal is durable.
+func RemovePath(p string) error {
+	root, err := os.OpenRoot(filepath.Dir(p))
+	if err != nil {
+		return fmt.Errorf("opening directory of %s: %w", p, err)
+	}
+	defer root.Close()
+	if err := root.Remove(filepath.Base(p)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("removing %s: %w", p, err)
+	}
+	return SyncDir(root, ".")
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -19,11 +20,17 @@ import (
 // Kind is the client a nonce registers.
 type Kind string
 
-// Nonce kinds.
+// Nonce kinds. An admin nonce registers through RegisterOperator and yields
+// an admin certificate.
 const (
 	KindAgent    Kind = "agent"
 	KindOperator Kind = "operator"
+	KindAdmin    Kind = "admin"
 )
+
+// DefaultMaxLifetime is the longest nonce lifetime (exp - iat) a Verifier
+// accepts when its MaxLifetime is not set.
+const DefaultMaxLifetime = 24 * time.Hour
 
 // Verification failures. Verify wraps exactly one of them.
 var (
@@ -36,6 +43,7 @@ var (
 	ErrWrongKind    = errors.New("nonce is for another kind of client")
 	ErrWrongShard   = errors.New("nonce was issued for another shard")
 	ErrClaims       = errors.New("nonce claims are incomplete or invalid")
+	ErrLifetime     = errors.New("nonce lifetime is longer than this server accepts")
 	ErrReplayed     = errors.New("nonce has already been used")
 )
 
@@ -88,8 +96,8 @@ func Mint(key ed25519.PrivateKey, c Claims, ttl time.Duration, now time.Time) (s
 }
 
 func checkClaims(c *Claims) error {
-	if c.Kind != KindAgent && c.Kind != KindOperator {
-		return fmt.Errorf("%w: kind %q is not agent or operator", ErrClaims, c.Kind)
+	if c.Kind != KindAgent && c.Kind != KindOperator && c.Kind != KindAdmin {
+		return fmt.Errorf("%w: kind %q is not agent, operator or admin", ErrClaims, c.Kind)
 	}
 	if err := layout.ValidateID("jti", c.ID); err != nil {
 		return fmt.Errorf("%w: %v", ErrClaims, err)
@@ -119,12 +127,16 @@ type Verifier struct {
 	Shard string
 	// Leeway tolerates clock skew on exp and nbf.
 	Leeway time.Duration
+	// MaxLifetime is the longest accepted lifetime, exp - iat (and exp - now):
+	// a nonce minted for longer is refused. DefaultMaxLifetime when zero.
+	MaxLifetime time.Duration
 	// Now returns the current time; time.Now when nil.
 	Now func() time.Time
 }
 
-// Verify checks signature, algorithm, times, cluster, kind and claims.
-func (v *Verifier) Verify(token string, want Kind) (*Claims, error) {
+// Verify checks signature, algorithm, times, lifetime, cluster, kind (one
+// of want) and claims.
+func (v *Verifier) Verify(token string, want ...Kind) (*Claims, error) {
 	now := time.Now
 	if v.Now != nil {
 		now = v.Now
@@ -163,11 +175,24 @@ func (v *Verifier) Verify(token string, want Kind) (*Claims, error) {
 	if c.ClusterID != v.ClusterID {
 		return nil, fmt.Errorf("%w: nonce cluster %q, this cluster %q", ErrWrongCluster, c.ClusterID, v.ClusterID)
 	}
-	if c.Kind != want {
+	if !slices.Contains(want, c.Kind) {
 		return nil, fmt.Errorf("%w: nonce kind %q, want %q", ErrWrongKind, c.Kind, want)
 	}
 	if c.NotBefore == nil {
 		return nil, fmt.Errorf("%w: nbf is missing", ErrClaims)
+	}
+	if c.IssuedAt == nil {
+		return nil, fmt.Errorf("%w: iat is missing", ErrClaims)
+	}
+	maxLife := v.MaxLifetime
+	if maxLife <= 0 {
+		maxLife = DefaultMaxLifetime
+	}
+	if life := c.ExpiresAt.Sub(c.IssuedAt.Time); life > maxLife {
+		return nil, fmt.Errorf("%w: minted for %s, at most %s", ErrLifetime, life, maxLife)
+	}
+	if left := c.ExpiresAt.Sub(now()); left > maxLife+v.Leeway {
+		return nil, fmt.Errorf("%w: valid for another %s, at most %s", ErrLifetime, left.Round(time.Second), maxLife)
 	}
 	if err := checkClaims(&c); err != nil {
 		return nil, err

@@ -93,6 +93,75 @@ func TestVerify(t *testing.T) {
 	}
 }
 
+func TestVerifyLifetime(t *testing.T) {
+	pub, priv := keys(t)
+	now := time.Now().Truncate(time.Second)
+	v := &Verifier{Key: pub, ClusterID: "c1", Shard: "s1", Leeway: 5 * time.Second, Now: func() time.Time { return now }}
+	op := Claims{Kind: KindOperator, ClusterID: "c1", Tenant: "default", RegisteredClaims: jwt.RegisteredClaims{Subject: "op", ID: "j1"}}
+	// raw signs exactly the given times (nil leaves the claim out).
+	raw := func(iat, nbf, exp *time.Time) string {
+		c := op
+		if iat != nil {
+			c.IssuedAt = jwt.NewNumericDate(*iat)
+		}
+		if nbf != nil {
+			c.NotBefore = jwt.NewNumericDate(*nbf)
+		}
+		if exp != nil {
+			c.ExpiresAt = jwt.NewNumericDate(*exp)
+		}
+		tok, err := jwt.NewWithClaims(jwt.SigningMethodEdDSA, c).SignedString(priv)
+		require.NoError(t, err)
+		return tok
+	}
+	at := func(d time.Duration) *time.Time { x := now.Add(d); return &x }
+	mint := func(ttl time.Duration) string {
+		tok, err := Mint(priv, op, ttl, now)
+		require.NoError(t, err)
+		return tok
+	}
+	for name, tc := range map[string]struct {
+		tok     string
+		v       *Verifier
+		wantErr error
+	}{
+		"24h is the default maximum":      {mint(DefaultMaxLifetime), v, nil},
+		"one second longer":               {mint(DefaultMaxLifetime + time.Second), v, ErrLifetime},
+		"a week":                          {mint(7 * 24 * time.Hour), v, ErrLifetime},
+		"missing exp":                     {raw(at(0), at(0), nil), v, ErrClaims},
+		"missing iat":                     {raw(nil, at(0), at(time.Hour)), v, ErrClaims},
+		"missing nbf":                     {raw(at(0), nil, at(time.Hour)), v, ErrClaims},
+		"iat in the future":               {raw(at(time.Hour), at(0), at(2*time.Hour)), v, ErrNotYetValid},
+		"short iat-exp but far exp":       {raw(at(0), at(0), at(48*time.Hour)), v, ErrLifetime},
+		"configured maximum":              {mint(2 * time.Hour), &Verifier{Key: pub, ClusterID: "c1", MaxLifetime: time.Hour, Now: v.Now}, ErrLifetime},
+		"within the configured maximum":   {mint(time.Hour), &Verifier{Key: pub, ClusterID: "c1", MaxLifetime: time.Hour, Now: v.Now}, nil},
+		"old iat, remaining life is fine": {raw(at(-20*time.Hour), at(-20*time.Hour), at(time.Hour)), v, nil},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := tc.v.Verify(tc.tok, KindOperator)
+			if tc.wantErr == nil {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, tc.wantErr)
+		})
+	}
+}
+
+func TestVerifyAcceptsAnyWantedKind(t *testing.T) {
+	pub, priv := keys(t)
+	v := &Verifier{Key: pub, ClusterID: "c1"}
+	adm := Claims{Kind: KindAdmin, ClusterID: "c1", Tenant: "default", RegisteredClaims: jwt.RegisteredClaims{Subject: "adm"}}
+	tok, err := Mint(priv, adm, time.Hour, time.Now())
+	require.NoError(t, err)
+	c, err := v.Verify(tok, KindOperator, KindAdmin)
+	require.NoError(t, err)
+	require.Equal(t, KindAdmin, c.Kind)
+	_, err = v.Verify(tok, KindOperator)
+	require.ErrorIs(t, err, ErrWrongKind)
+	require.Equal(t, "cluster/nonces/"+c.ID, (&Ledger{Keys: layout.New("")}).MarkerKey(c), "admin nonces are cluster-wide")
+}
+
 func TestMintRejectsBadClaims(t *testing.T) {
 	_, priv := keys(t)
 	for name, c := range map[string]Claims{

@@ -20,14 +20,16 @@ import (
 // Role is what a client certificate grants access to.
 type Role string
 
-// Client roles.
+// Client roles. An admin is an operator (it may call every Operator RPC for
+// its tenant) that may also take shard-wide actions such as RefreshConfig.
 const (
 	RoleAgent    Role = "agent"
 	RoleOperator Role = "operator"
+	RoleAdmin    Role = "admin"
 )
 
-// Valid reports whether r is a known role.
-func (r Role) Valid() bool { return r == RoleAgent || r == RoleOperator }
+// Valid reports whether r is a known client role.
+func (r Role) Valid() bool { return r == RoleAgent || r == RoleOperator || r == RoleAdmin }
 
 // clockSkew back-dates NotBefore so clients with slightly slow clocks accept new certificates.
 const clockSkew = time.Minute
@@ -125,6 +127,32 @@ func publicKeysEqual(a, b crypto.PublicKey) bool {
 	return ok && ae.Equal(b)
 }
 
+// TrustDomain is the cluster id named by the CA certificate's URI SAN
+// (spiffe://<cluster>); empty for a CA that names none, such as the
+// workload CA, which therefore cannot issue control-plane identities.
+func (ca *CA) TrustDomain() string { return trustDomainOf(ca.Cert) }
+
+func trustDomainOf(cert *x509.Certificate) string {
+	for _, u := range cert.URIs {
+		if u.Scheme == "spiffe" && u.Host != "" && (u.Path == "" || u.Path == "/") {
+			return u.Host
+		}
+	}
+	return ""
+}
+
+// controlPlane checks that ca is the cluster CA of clusterID.
+func (ca *CA) controlPlane(clusterID string) error {
+	td := ca.TrustDomain()
+	if td == "" {
+		return errors.New("this CA is not a cluster CA (it names no trust domain) and issues no control-plane identities")
+	}
+	if clusterID != "" && td != clusterID {
+		return fmt.Errorf("identity of cluster %q cannot be issued by the CA of cluster %q", clusterID, td)
+	}
+	return nil
+}
+
 // Pool returns a certificate pool holding only this CA.
 func (ca *CA) Pool() *x509.CertPool {
 	p := x509.NewCertPool()
@@ -150,6 +178,9 @@ func (ca *CA) IssueClient(req ClientRequest, now time.Time) (*x509.Certificate, 
 	if req.Validity <= 0 {
 		return nil, nil, errors.New("certificate validity must be positive")
 	}
+	if err := ca.controlPlane(id.ClusterID); err != nil {
+		return nil, nil, err
+	}
 	var ou []string
 	if id.Shard != "" {
 		ou = append(ou, "shard="+id.Shard)
@@ -170,15 +201,56 @@ func (ca *CA) IssueClient(req ClientRequest, now time.Time) (*x509.Certificate, 
 	return ca.sign(tmpl, req.PublicKey)
 }
 
-// IssueServer signs a TLS server certificate for the given hosts (IP addresses
-// or DNS names) and returns the certificate and PEM.
-func (ca *CA) IssueServer(commonName string, hosts []string, pub crypto.PublicKey, validity time.Duration, now time.Time) (*x509.Certificate, []byte, error) {
+// ServerIdentity names one nstance-server: the shard it serves and its
+// server id. Server certificates carry it as the URI SAN
+// spiffe://<cluster>/shard/<shard>/server/<server-id>, which agents and
+// operators check (VerifyServerConnection) besides the CA signature.
+type ServerIdentity struct {
+	// ClusterID is filled in from the CA when empty.
+	ClusterID string
+	Shard     string
+	ServerID  string
+}
+
+// URI is the SPIFFE identity of the server.
+func (s ServerIdentity) URI() *url.URL {
+	return &url.URL{Scheme: "spiffe", Host: s.ClusterID, Path: "/shard/" + s.Shard + "/server/" + s.ServerID}
+}
+
+func (s ServerIdentity) validate() error {
+	for _, f := range []struct{ name, v string }{{"cluster id", s.ClusterID}, {"shard", s.Shard}, {"server id", s.ServerID}} {
+		if f.v == "" {
+			return fmt.Errorf("server identity: %s is empty", f.name)
+		}
+		if strings.ContainsAny(f.v, "/?#@: ") {
+			return fmt.Errorf("server identity: %s %q contains a character not allowed in a URI path segment", f.name, f.v)
+		}
+	}
+	return nil
+}
+
+// IssueServer signs a TLS server certificate for the server identity and the
+// given hosts (IP addresses or DNS names) and returns the certificate and PEM.
+func (ca *CA) IssueServer(id ServerIdentity, hosts []string, pub crypto.PublicKey, validity time.Duration, now time.Time) (*x509.Certificate, []byte, error) {
+	if id.ClusterID == "" {
+		id.ClusterID = ca.TrustDomain()
+	}
+	if err := id.validate(); err != nil {
+		return nil, nil, err
+	}
+	if err := ca.controlPlane(id.ClusterID); err != nil {
+		return nil, nil, err
+	}
+	if validity <= 0 {
+		return nil, nil, errors.New("certificate validity must be positive")
+	}
 	tmpl := &x509.Certificate{
-		Subject:     pkix.Name{CommonName: commonName, Organization: []string{"nstance"}},
+		Subject:     pkix.Name{CommonName: "nstance-server " + id.ServerID, Organization: []string{"nstance"}},
 		NotBefore:   now.Add(-clockSkew),
 		NotAfter:    now.Add(validity),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		URIs:        []*url.URL{id.URI()},
 	}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
@@ -211,12 +283,12 @@ func (ca *CA) sign(tmpl *x509.Certificate, pub crypto.PublicKey) (*x509.Certific
 }
 
 // ServerKeyPair issues a fresh Ed25519 server certificate and returns it as a tls.Certificate.
-func (ca *CA) ServerKeyPair(commonName string, hosts []string, validity time.Duration, now time.Time) (tls.Certificate, error) {
+func (ca *CA) ServerKeyPair(id ServerIdentity, hosts []string, validity time.Duration, now time.Time) (tls.Certificate, error) {
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return tls.Certificate{}, fmt.Errorf("generating server key: %w", err)
 	}
-	cert, _, err := ca.IssueServer(commonName, hosts, pub, validity, now)
+	cert, _, err := ca.IssueServer(id, hosts, pub, validity, now)
 	if err != nil {
 		return tls.Certificate{}, err
 	}
@@ -277,6 +349,37 @@ func IdentityFromCert(cert *x509.Certificate, clusterID string) (Identity, error
 		} else if v, ok := strings.CutPrefix(ou, "group="); ok {
 			id.Group = v
 		}
+	}
+	return id, nil
+}
+
+// ServerIdentityFromCert reads the server identity of a (verified) server
+// certificate: exactly one spiffe URI, of the form
+// spiffe://<cluster>/shard/<shard>/server/<server-id>. clusterID, when not
+// empty, must match.
+func ServerIdentityFromCert(cert *x509.Certificate, clusterID string) (ServerIdentity, error) {
+	var uri *url.URL
+	for _, u := range cert.URIs {
+		if u.Scheme == "spiffe" {
+			if uri != nil {
+				return ServerIdentity{}, errors.New("certificate carries more than one spiffe URI")
+			}
+			uri = u
+		}
+	}
+	if uri == nil {
+		return ServerIdentity{}, errors.New("certificate carries no spiffe URI SAN, so it is no nstance-server certificate")
+	}
+	parts := strings.Split(strings.TrimPrefix(uri.Path, "/"), "/")
+	if len(parts) != 4 || parts[0] != "shard" || parts[2] != "server" || uri.User != nil || uri.Port() != "" || uri.RawQuery != "" || uri.Fragment != "" {
+		return ServerIdentity{}, fmt.Errorf("certificate URI %q is not a server identity spiffe://<cluster>/shard/<shard>/server/<id>", uri)
+	}
+	id := ServerIdentity{ClusterID: uri.Host, Shard: parts[1], ServerID: parts[3]}
+	if err := id.validate(); err != nil {
+		return ServerIdentity{}, err
+	}
+	if clusterID != "" && id.ClusterID != clusterID {
+		return ServerIdentity{}, fmt.Errorf("server certificate belongs to cluster %q, not %q", id.ClusterID, clusterID)
 	}
 	return id, nil
 }

@@ -48,7 +48,10 @@ func TestIssueClientIdentity(t *testing.T) {
 	}{
 		{"agent", Identity{ClusterID: "c1", Tenant: "default", Role: RoleAgent, ClientID: "i-1", Shard: "s1", Group: "g"}, ""},
 		{"operator", Identity{ClusterID: "c1", Tenant: "acme", Role: RoleOperator, ClientID: "op"}, ""},
-		{"bad role", Identity{ClusterID: "c1", Tenant: "acme", Role: "admin", ClientID: "op"}, "invalid role"},
+		{"admin", Identity{ClusterID: "c1", Tenant: "acme", Role: RoleAdmin, ClientID: "adm"}, ""},
+		{"bad role", Identity{ClusterID: "c1", Tenant: "acme", Role: "root", ClientID: "op"}, "invalid role"},
+		{"server is no client role", Identity{ClusterID: "c1", Tenant: "acme", Role: "server", ClientID: "op"}, "invalid role"},
+		{"other cluster", Identity{ClusterID: "c2", Tenant: "acme", Role: RoleOperator, ClientID: "op"}, "cannot be issued by the CA of cluster"},
 		{"slash in tenant", Identity{ClusterID: "c1", Tenant: "a/b", Role: RoleAgent, ClientID: "op"}, "not allowed"},
 		{"empty id", Identity{ClusterID: "c1", Tenant: "a", Role: RoleAgent}, "client id is empty"},
 	}
@@ -79,11 +82,23 @@ func TestIdentityFromCertRejectsMismatch(t *testing.T) {
 	ca := newCA(t)
 	pub, _, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)
-	// A server certificate has no spiffe URI.
-	cert, _, err := ca.IssueServer("srv", []string{"127.0.0.1"}, pub, time.Hour, time.Now())
+	// A server certificate carries a server identity, not a client one.
+	cert, _, err := ca.IssueServer(ServerIdentity{Shard: "s1", ServerID: "srv"}, []string{"127.0.0.1"}, pub, time.Hour, time.Now())
 	require.NoError(t, err)
 	_, err = IdentityFromCert(cert, "")
-	require.ErrorContains(t, err, "no spiffe URI")
+	require.ErrorContains(t, err, "is not spiffe://<cluster>/tenant/<tenant>/<role>/<id>")
+	sid, err := ServerIdentityFromCert(cert, "c1")
+	require.NoError(t, err)
+	require.Equal(t, ServerIdentity{ClusterID: "c1", Shard: "s1", ServerID: "srv"}, sid)
+	require.Equal(t, "spiffe://c1/shard/s1/server/srv", cert.URIs[0].String())
+	// And a client certificate is no server certificate.
+	client, _, err := ca.IssueClient(ClientRequest{Identity: Identity{ClusterID: "c1", Tenant: "t", Role: RoleAgent, ClientID: "i"}, PublicKey: pub, Validity: time.Hour}, time.Now())
+	require.NoError(t, err)
+	_, err = ServerIdentityFromCert(client, "c1")
+	require.ErrorContains(t, err, "not a server identity")
+	// A CA only issues identities of its own cluster.
+	_, _, err = ca.IssueServer(ServerIdentity{ClusterID: "c2", Shard: "s1", ServerID: "srv"}, nil, pub, time.Hour, time.Now())
+	require.ErrorContains(t, err, "cannot be issued by the CA of cluster")
 }
 
 func TestParseEd25519PublicKeyPEM(t *testing.T) {
@@ -102,7 +117,7 @@ func TestParseEd25519PublicKeyPEM(t *testing.T) {
 
 func TestMutualTLSHandshake(t *testing.T) {
 	ca := newCA(t)
-	srvCert, err := ca.ServerKeyPair("srv", []string{"127.0.0.1"}, time.Hour, time.Now())
+	srvCert, err := ca.ServerKeyPair(ServerIdentity{Shard: "s1", ServerID: "srv"}, []string{"127.0.0.1"}, time.Hour, time.Now())
 	require.NoError(t, err)
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", ServerTLS(srvCert, ca.Pool(), true))
 	require.NoError(t, err)

@@ -7,4 +7,9 @@
 // another name does not decrypt. A Keyring holds the current key (used for
 // every new write) and any number of previous keys that are still accepted for
 // decryption, which is how the key is rotated.
+//
+// A key is given as 32 raw bytes, 64 hex characters or base64 of 32 bytes;
+// any other length is refused. A key whose 32 bytes are all printable text
+// (a passphrase rather than random bytes) is accepted but marked Printable so
+// the server can warn about it outside development.
 package secrets

@@ -30,18 +30,32 @@ var ErrUnknownKey = errors.New("envelope was sealed with a key this keyring does
 
 // Key is one 32-byte encryption key with its id.
 type Key struct {
-	ID   string
-	aead cipher.AEAD
+	ID string
+	// Printable is set when all 32 key bytes are printable ASCII: the key is
+	// text someone typed (a passphrase), not 32 random bytes. It is accepted
+	// (the dev stack uses such a key) but the server warns loudly outside
+	// development.
+	Printable bool
+	aead      cipher.AEAD
 }
 
 // ParseKey turns key material into a Key. Accepted forms: exactly 32 raw
 // bytes, 64 hex characters, or base64 (standard or URL, padded or not) of 32
-// bytes. Surrounding whitespace (a trailing newline in a key file) is ignored
-// unless the material is already 32 bytes long.
+// bytes, e.g. `head -c 32 /dev/urandom | base64`. Surrounding whitespace (a
+// trailing newline in a key file) is ignored unless the material is already
+// 32 bytes long. Anything that is not one of these forms is refused; the
+// error never echoes the material.
 func ParseKey(material []byte) (*Key, error) {
 	raw, err := decodeMaterial(material)
 	if err != nil {
 		return nil, err
+	}
+	printable := true
+	for _, b := range raw {
+		if b < 0x20 || b > 0x7e {
+			printable = false
+			break
+		}
 	}
 	block, err := aes.NewCipher(raw)
 	if err != nil {
@@ -52,7 +66,7 @@ func ParseKey(material []byte) (*Key, error) {
 		return nil, fmt.Errorf("creating GCM: %w", err)
 	}
 	sum := sha256.Sum256(append([]byte("nstance-key-id\x00"), raw...))
-	return &Key{ID: hex.EncodeToString(sum[:8]), aead: aead}, nil
+	return &Key{ID: hex.EncodeToString(sum[:8]), Printable: printable, aead: aead}, nil
 }
 
 func decodeMaterial(m []byte) ([]byte, error) {
@@ -73,7 +87,7 @@ func decodeMaterial(m []byte) ([]byte, error) {
 			return b, nil
 		}
 	}
-	return nil, fmt.Errorf("encryption key must be %d raw bytes, 64 hex characters or base64 of %d bytes (got %d bytes)", KeySize, KeySize, len(s))
+	return nil, fmt.Errorf("encryption key must be %d raw bytes, 64 hex characters or base64 of %d random bytes (got %d bytes of another form)", KeySize, KeySize, len(s))
 }
 
 // Keyring seals with its current key and opens with the current or any previous key.
@@ -92,6 +106,18 @@ func NewKeyring(current *Key, previous ...*Key) (*Keyring, error) {
 
 // CurrentID is the id of the key new envelopes are sealed with.
 func (k *Keyring) CurrentID() string { return k.current.ID }
+
+// PrintableIDs lists the ids of the keys (current first) that are printable
+// text rather than random bytes.
+func (k *Keyring) PrintableIDs() []string {
+	var out []string
+	for _, key := range append([]*Key{k.current}, k.previous...) {
+		if key.Printable {
+			out = append(out, key.ID)
+		}
+	}
+	return out
+}
 
 type envelope struct {
 	Version    int    `json:"v"`

@@ -3,10 +3,12 @@ package secrets
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -37,10 +39,43 @@ func TestParseKeyForms(t *testing.T) {
 		require.NoError(t, err, name)
 		require.Equal(t, want, k.ID, name)
 	}
-	for _, bad := range []string{"", "short", rawKey + "x", hex.EncodeToString([]byte(rawKey + "x"))} {
+	for _, bad := range []string{"", "short", rawKey + "x", rawKey[1:], hex.EncodeToString([]byte(rawKey + "x")),
+		base64.StdEncoding.EncodeToString([]byte(rawKey[1:])), base64.StdEncoding.EncodeToString([]byte(rawKey + "x")),
+		strings.Repeat("k", 44), strings.Repeat("z", 64)} {
 		_, err := ParseKey([]byte(bad))
 		require.Error(t, err, bad)
+		if len(bad) > 4 {
+			require.NotContains(t, err.Error(), bad, "the key is never echoed")
+		}
 	}
+}
+
+func TestPrintableKeys(t *testing.T) {
+	random := make([]byte, KeySize)
+	_, err := rand.Read(random)
+	require.NoError(t, err)
+	for name, tc := range map[string]struct {
+		material  string
+		printable bool
+	}{
+		"raw text (the dev key)": {rawKey, true},
+		"base64 of text":         {base64.StdEncoding.EncodeToString([]byte(rawKey)), true},
+		"hex of text":            {hex.EncodeToString([]byte(rawKey)), true},
+		"base64 of random bytes": {base64.StdEncoding.EncodeToString(random), false},
+		"hex of random bytes":    {hex.EncodeToString(random), false},
+	} {
+		k, err := ParseKey([]byte(tc.material))
+		require.NoError(t, err, name)
+		require.Equal(t, tc.printable, k.Printable, name)
+	}
+	text := mustKey(t, rawKey)
+	strong := mustKey(t, base64.StdEncoding.EncodeToString(random))
+	ring, err := NewKeyring(strong, text)
+	require.NoError(t, err)
+	require.Equal(t, []string{text.ID}, ring.PrintableIDs())
+	ring, err = NewKeyring(strong)
+	require.NoError(t, err)
+	require.Empty(t, ring.PrintableIDs())
 }
 
 func TestSealOpen(t *testing.T) {

@@ -85,6 +85,7 @@ func identityFlags() []cli.Flag {
 		&cli.StringFlag{Name: "cluster-id", Usage: "Nstance cluster id", Required: true, EnvVars: []string{"NSTANCE_CLUSTER_ID"}},
 		&cli.StringFlag{Name: "tenant", Value: "default", Usage: "tenant the operator acts for"},
 		&cli.StringFlag{Name: "operator-id", Value: "nstance-operator", Usage: "operator id (certificate CN)"},
+		&cli.StringFlag{Name: "role", Value: "operator", Usage: "operator, or admin (may also RefreshConfig)"},
 	}
 }
 
@@ -225,6 +226,10 @@ func mintFromStorage(ctx context.Context, c *cli.Context, log logr.Logger, now t
 	if c.Duration("expiry") <= 0 {
 		return "", fmt.Errorf("--expiry must be positive, got %s", c.Duration("expiry"))
 	}
+	kind := nonce.Kind(c.String("role"))
+	if kind != nonce.KindOperator && kind != nonce.KindAdmin {
+		return "", fmt.Errorf("--role must be operator or admin, got %q", c.String("role"))
+	}
 	objs, keys, err := store(ctx, c)
 	if err != nil {
 		return "", err
@@ -236,7 +241,7 @@ func mintFromStorage(ctx context.Context, c *cli.Context, log logr.Logger, now t
 		return "", err
 	}
 	return nonce.Mint(key, nonce.Claims{
-		Kind: nonce.KindOperator, ClusterID: c.String("cluster-id"), Tenant: c.String("tenant"),
+		Kind: kind, ClusterID: c.String("cluster-id"), Tenant: c.String("tenant"),
 		RegisteredClaims: jwt.RegisteredClaims{Subject: c.String("operator-id")},
 	}, c.Duration("expiry"), now)
 }

@@ -180,6 +180,17 @@ func TestRegisterOperatorWritesCredentials(t *testing.T) {
 	defer cancel()
 	_, err = nstancev1.NewOperatorServiceClient(dialTLS(t, a.Addrs().Operator, &pair, a)).GetConfigStatus(ctx, &nstancev1.GetConfigStatusRequest{})
 	require.NoError(t, err)
+
+	// --role admin registers an admin identity, which the Operator port accepts too.
+	adminDir := t.TempDir()
+	out, err = runAdmin(t, "cluster", "register-operator", "--cluster-id", "example-cluster", "--storage-bucket", "dev",
+		"--registration-addr", a.Addrs().Registration, "--tenant", "acme", "--operator-id", "root", "--role", "admin", "--out-dir", adminDir)
+	require.NoError(t, err, out)
+	require.Contains(t, out, "spiffe://example-cluster/tenant/acme/admin/root")
+	pair, err = tls.LoadX509KeyPair(filepath.Join(adminDir, "operator.crt"), filepath.Join(adminDir, "operator.key"))
+	require.NoError(t, err)
+	_, err = nstancev1.NewOperatorServiceClient(dialTLS(t, a.Addrs().Operator, &pair, a)).GetConfigStatus(ctx, &nstancev1.GetConfigStatusRequest{})
+	require.NoError(t, err)
 }
 
 func TestNonceErrors(t *testing.T) {
@@ -197,6 +208,7 @@ func TestNonceErrors(t *testing.T) {
 		{"bad output", []string{"--bucket", "dev", "-o", "nonce.jwt"}, nil, `unknown output format "nonce.jwt": want one of table, json, yaml (to write to a file, use --out-file)`},
 		{"bad expiry", []string{"--bucket", "dev", "--expiry", "-1h"}, nil, "--expiry must be positive"},
 		{"bad provider", []string{"--bucket", "dev", "--key-provider", "kms"}, nil, "unknown provider"},
+		{"bad role", []string{"--bucket", "dev", "--role", "agent"}, nil, "--role must be operator or admin"},
 		{"empty bucket", []string{"--bucket", "dev", "--prefix", "elsewhere"}, nil, "start the cluster leader first"},
 		{"empty bucket, old prefix name", []string{"--bucket", "dev", "--storage-prefix", "elsewhere"}, nil, "start the cluster leader first"},
 	}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/layout"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -91,7 +92,7 @@ func (c Credentials) TLSConfig() (*tls.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading operator certificate: %w", err)
 	}
-	return &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: pool, Certificates: []tls.Certificate{pair}}, nil
+	return &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: pool, Certificates: []tls.Certificate{pair}, VerifyConnection: pki.VerifyServerConnection}, nil
 }
 
 // Set is a set of shard connections.

@@ -33,7 +33,7 @@ func writeCreds(t *testing.T, sh *shardtest.Shard, tenant string) creds {
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)
 	_, certPEM, err := sh.CA.IssueClient(pki.ClientRequest{
-		Identity:  pki.Identity{ClusterID: sh.ClusterID, Tenant: tenant, Role: pki.RoleOperator, ClientID: "admin"},
+		Identity:  pki.Identity{ClusterID: sh.ClusterID, Tenant: tenant, Role: pki.RoleAdmin, ClientID: "admin"},
 		PublicKey: pub, Validity: time.Hour,
 	}, time.Now())
 	require.NoError(t, err)

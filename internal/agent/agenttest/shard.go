@@ -41,10 +41,12 @@ type Instance struct {
 
 // Shard is the in-process server side.
 type Shard struct {
-	CA       *pki.CA
-	nonceKey ed25519.PrivateKey
-	objects  *memstore.Store
-	log      logr.Logger
+	// CA is the cluster CA; WorkloadCA signs what templates ask for.
+	CA         *pki.CA
+	WorkloadCA *pki.CA
+	nonceKey   ed25519.PrivateKey
+	objects    *memstore.Store
+	log        logr.Logger
 
 	// RepushInterval is passed to agentapi (set before Start).
 	RepushInterval time.Duration
@@ -65,11 +67,15 @@ func New(log logr.Logger) (*Shard, error) {
 	if err != nil {
 		return nil, err
 	}
+	wca, err := pki.GenerateWorkloadCA(ClusterID, 24*time.Hour, time.Now())
+	if err != nil {
+		return nil, err
+	}
 	_, nk, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return nil, err
 	}
-	return &Shard{CA: ca, nonceKey: nk, objects: memstore.New(), log: log, instances: map[string]*Instance{}}, nil
+	return &Shard{CA: ca, WorkloadCA: wca, nonceKey: nk, objects: memstore.New(), log: log, instances: map[string]*Instance{}}, nil
 }
 
 // RegistrationAddr and AgentAddr are the listening addresses (stable across restarts).
@@ -121,20 +127,23 @@ func (s *Shard) Start() error {
 	}
 	s.Keys = agentapi.NewMemKeyStore()
 	s.Health = agentapi.NewTracker()
-	src := &agentapi.TemplateSource{Lookup: s.lookup, CABundle: s.CA.CertPEM}
+	src := &agentapi.TemplateSource{Lookup: s.lookup, CABundle: s.WorkloadCA.CertPEM}
+	policy := func() pki.WorkloadPolicy {
+		return pki.WorkloadPolicy{TrustDomain: ClusterID, ServerHosts: []string{"127.0.0.1", "::1", "localhost"}}
+	}
 	s.Agent, err = agentapi.New(agentapi.Options{
-		Source: src, Keys: s.Keys, Signer: &agentapi.CASigner{CA: s.CA, MaxValidity: time.Hour},
+		Shard: ShardID, Source: src, Keys: s.Keys, Signer: &agentapi.WorkloadSigner{CA: s.WorkloadCA, MaxValidity: time.Hour, Policy: policy},
 		Health: s.Health, Log: s.log.WithName("agentapi"), RepushInterval: s.RepushInterval,
 	})
 	if err != nil {
 		return err
 	}
-	cert, err := s.CA.ServerKeyPair("nstance-server", []string{"127.0.0.1"}, time.Hour, time.Now())
+	cert, err := s.CA.ServerKeyPair(pki.ServerIdentity{Shard: ShardID, ServerID: "nstance-server"}, []string{"127.0.0.1"}, time.Hour, time.Now())
 	if err != nil {
 		return err
 	}
 	s.servers, err = grpcserve.Start(grpcserve.Config{
-		ClusterID: ClusterID, ServerCert: cert, ClientCAs: s.CA.Pool(), Registration: reg, Agent: s.Agent,
+		ClusterID: ClusterID, ServerCert: cert, ClientCAs: s.CA.Pool(), Registration: reg, Agent: s.Agent, Log: s.log.WithName("grpc"),
 	}, grpcserve.Listeners{Registration: regLn, Agent: agLn})
 	return err
 }

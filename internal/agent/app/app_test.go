@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,7 +32,7 @@ func template() srvconfig.Template {
 		Kind: "worker",
 		Keys: map[string]srvconfig.TemplateKey{
 			"kubelet": {Type: "ed25519", Certificate: &srvconfig.TemplateCertificate{CommonName: "{{ .InstanceID }}", Usages: []string{"client_auth"}, DNSNames: []string{"{{ .InstanceID }}.nodes"}}},
-			"serving": {Type: "ecdsa-p256", Certificate: &srvconfig.TemplateCertificate{CommonName: "serve", Usages: []string{"server_auth"}, IPAddresses: []string{"127.0.0.1"}}},
+			"serving": {Type: "ecdsa-p256", Certificate: &srvconfig.TemplateCertificate{CommonName: "serve", Usages: []string{"server_auth"}, IPAddresses: []string{"10.0.0.7"}}},
 			"bare":    {Type: "ecdsa-p384"},
 		},
 		Files: map[string]srvconfig.TemplateFile{
@@ -162,8 +163,12 @@ func TestAgentEndToEnd(t *testing.T) {
 		cert, err := x509.ParseCertificate(blk.Bytes)
 		require.NoError(t, err)
 		require.Equal(t, c.cn, cert.Subject.CommonName)
-		_, err = cert.Verify(x509.VerifyOptions{Roots: e.shard.CA.Pool(), KeyUsages: []x509.ExtKeyUsage{c.usage}})
+		// Template certificates come from the workload CA, never the cluster CA.
+		_, err = cert.Verify(x509.VerifyOptions{Roots: e.shard.WorkloadCA.Pool(), KeyUsages: []x509.ExtKeyUsage{c.usage}})
 		require.NoError(t, err)
+		_, err = cert.Verify(x509.VerifyOptions{Roots: e.shard.CA.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+		require.ErrorAs(t, err, new(x509.UnknownAuthorityError))
+		require.Equal(t, []x509.ExtKeyUsage{c.usage}, cert.ExtKeyUsage)
 		priv, err := ks.Load(c.key)
 		require.NoError(t, err)
 		require.True(t, priv.Public().(interface{ Equal(crypto.PublicKey) bool }).Equal(cert.PublicKey))
@@ -176,7 +181,7 @@ func TestAgentEndToEnd(t *testing.T) {
 	require.Equal(t, fs.FileMode(0o640), fi.Mode().Perm())
 	ca, err := os.ReadFile(filepath.Join(cfg.FilesDir, "pki", "ca.crt"))
 	require.NoError(t, err)
-	require.Equal(t, e.shard.CA.CertPEM, ca)
+	require.Equal(t, e.shard.WorkloadCA.CertPEM, ca, "ca_bundle without content is the workload CA")
 
 	// Runtime config change: a new var is pushed with a new hash.
 	oldHash := r.ConfigHash
@@ -271,4 +276,56 @@ func TestDriftRepushesFiles(t *testing.T) {
 		return err == nil && string(b) == "two"
 	}, 20*time.Second, 50*time.Millisecond)
 	e.waitConverged(t, "node-d", 1)
+}
+
+// TestTemplateChangesRemoveDroppedFiles: over real mTLS, a file dropped from
+// the template is removed from the instance (an empty directory with it); a
+// certificate file stays while its certificate is re-issued after a server
+// restart (it is pending, not dropped).
+func TestTemplateChangesRemoveDroppedFiles(t *testing.T) {
+	e := newEnv(t)
+	full := template()
+	full.Files["extra"] = srvconfig.TemplateFile{Kind: "string", Path: "old/extra.txt", Content: "bye"}
+	cfg, _ := e.start(t, "node-r", full, map[string]string{"role": "worker"})
+	e.waitConverged(t, "node-r", 6)
+	extra := filepath.Join(cfg.FilesDir, "old", "extra.txt")
+	_, err := os.Stat(extra)
+	require.NoError(t, err)
+
+	e.shard.SetTemplate("node-r", template(), true)
+	e.waitConverged(t, "node-r", 5)
+	_, err = os.Stat(extra)
+	require.ErrorIs(t, err, fs.ErrNotExist, "a file dropped from the template is removed")
+	_, err = os.Stat(filepath.Dir(extra))
+	require.ErrorIs(t, err, fs.ErrNotExist, "and its directory, now empty")
+
+	// A server restart forgets the issued certificates; until they are issued
+	// again the certificate files are pending and stay on disk.
+	crt := filepath.Join(cfg.FilesDir, "kubelet.crt")
+	before, err := os.ReadFile(crt)
+	require.NoError(t, err)
+	var missing atomic.Bool
+	watchDone, stopWatch := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		for {
+			select {
+			case <-stopWatch:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			if _, err := os.Lstat(crt); err != nil {
+				missing.Store(true)
+			}
+		}
+	}()
+	e.shard.Stop()
+	require.NoError(t, e.shard.Start())
+	e.waitConverged(t, "node-r", 5)
+	close(stopWatch)
+	<-watchDone
+	require.False(t, missing.Load(), "the certificate file was never missing")
+	after, err := os.ReadFile(crt)
+	require.NoError(t, err)
+	require.NotEqual(t, string(before), string(after), "re-issued")
 }

@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -25,8 +26,13 @@ const (
 	DefaultMaxSize  = 1 << 20
 	DefaultFileMode = 0o644
 	DefaultDirMode  = 0o755
-	// SecretMode is used for secrets and certificates delivered without a mode.
+	// SecretMode is used for secrets delivered without a mode.
 	SecretMode = 0o600
+	// MaxFileMode caps the mode of every non-secret file: nobody but the
+	// owner may write it (no group- or world-writable files).
+	MaxFileMode = 0o755
+	// MaxSecretMode caps the mode of secrets: owner only.
+	MaxSecretMode = 0o600
 	// maxPathLen bounds the length of a delivered path.
 	maxPathLen = 1024
 )
@@ -35,10 +41,17 @@ const (
 type Options struct {
 	// MaxSize is the largest accepted content in bytes (default 1 MiB).
 	MaxSize int64
-	// FileMode is used for non-secret files delivered with mode 0.
+	// FileMode is used for non-secret files delivered with mode 0; it may
+	// not be group- or world-writable.
 	FileMode fs.FileMode
-	// DirMode is used for directories the writer creates.
+	// DirMode is used for directories the writer creates; it may not be
+	// group- or world-writable.
 	DirMode fs.FileMode
+	// ManifestPath is the file, outside the files directory, listing the
+	// paths the writer put in it, so files dropped from the template are
+	// removed also after an agent restart. Default: ".<dir name>.manifest.json"
+	// beside the directory.
+	ManifestPath string
 }
 
 // Writer writes delivered files below one directory. It is safe for
@@ -49,6 +62,8 @@ type Writer struct {
 
 	mu     sync.Mutex
 	status map[string]*nstancev1.FileStatus
+	// written are the paths this writer (or a previous run) put on disk.
+	written map[string]bool
 }
 
 // New returns a Writer for dir, creating dir (mode DirMode) when missing.
@@ -68,10 +83,55 @@ func New(dir string, opts Options) (*Writer, error) {
 	if opts.FileMode&^fs.ModePerm != 0 || opts.DirMode&^fs.ModePerm != 0 {
 		return nil, fmt.Errorf("files: modes must be permission bits only (file %o, dir %o)", opts.FileMode, opts.DirMode)
 	}
+	if opts.FileMode&0o022 != 0 || opts.DirMode&0o022 != 0 {
+		return nil, fmt.Errorf("files: modes must not be group- or world-writable (file %#o, dir %#o)", opts.FileMode, opts.DirMode)
+	}
+	if opts.ManifestPath == "" {
+		clean := filepath.Clean(dir)
+		opts.ManifestPath = filepath.Join(filepath.Dir(clean), "."+filepath.Base(clean)+".manifest.json")
+	}
 	if err := os.MkdirAll(dir, opts.DirMode); err != nil {
 		return nil, fmt.Errorf("files: creating %s: %w", dir, err)
 	}
-	return &Writer{dir: dir, opts: opts, status: map[string]*nstancev1.FileStatus{}}, nil
+	w := &Writer{dir: dir, opts: opts, status: map[string]*nstancev1.FileStatus{}, written: map[string]bool{}}
+	w.loadManifest()
+	return w, nil
+}
+
+type manifest struct {
+	Paths []string `json:"paths"`
+}
+
+// loadManifest reads the paths written by a previous run. An unreadable or
+// corrupt manifest is treated as empty (nothing is removed on its account);
+// entries that are not clean relative paths are ignored.
+func (w *Writer) loadManifest() {
+	b, err := os.ReadFile(w.opts.ManifestPath)
+	if err != nil {
+		return
+	}
+	var m manifest
+	if json.Unmarshal(b, &m) != nil {
+		return
+	}
+	for _, p := range m.Paths {
+		if rel, err := CleanPath(p); err == nil {
+			w.written[rel] = true
+		}
+	}
+}
+
+func (w *Writer) saveManifest() error {
+	m := manifest{Paths: make([]string, 0, len(w.written))}
+	for p := range w.written {
+		m.Paths = append(m.Paths, p)
+	}
+	sort.Strings(m.Paths)
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	return atomicfile.WritePath(w.opts.ManifestPath, b, 0o600)
 }
 
 // Dir is the directory files are written into.
@@ -79,12 +139,16 @@ func (w *Writer) Dir() string { return w.dir }
 
 // Apply writes every file of a delivery. A file that fails validation or
 // writing is skipped (whatever was on disk at its path stays untouched) and
-// recorded with FILE_STATE_ERROR; the others are still written. It returns the
-// status of each file in delivery order.
+// recorded with FILE_STATE_ERROR; the others are still written. A delivery is
+// the instance's complete file set: files this writer put on disk earlier
+// that are neither delivered nor pending (d.PendingPaths) were dropped from
+// the template and are removed, inside the directory only and never through
+// a symbolic link. It returns the status of each file in delivery order.
 func (w *Writer) Apply(d *nstancev1.FileDelivery) []*nstancev1.FileStatus {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	out := make([]*nstancev1.FileStatus, 0, len(d.GetFiles()))
+	keep := map[string]bool{}
 	for _, f := range d.GetFiles() {
 		st := &nstancev1.FileStatus{Path: f.GetPath(), State: nstancev1.FileState_FILE_STATE_OK}
 		sum, err := w.write(f)
@@ -94,10 +158,75 @@ func (w *Writer) Apply(d *nstancev1.FileDelivery) []*nstancev1.FileStatus {
 		} else {
 			st.Sha256 = sum
 		}
+		if rel, err := CleanPath(f.GetPath()); err == nil {
+			keep[rel] = true
+			if st.State == nstancev1.FileState_FILE_STATE_OK {
+				w.written[rel] = true
+			}
+		}
 		w.status[statusKey(f.GetPath())] = st
 		out = append(out, st)
 	}
+	for _, p := range d.GetPendingPaths() {
+		if rel, err := CleanPath(p); err == nil {
+			keep[rel] = true
+		}
+	}
+	w.removeDropped(keep)
 	return out
+}
+
+// removeDropped removes every written path not in keep and saves the
+// manifest. A path that cannot be removed stays listed (and in the status as
+// an error) so the next delivery tries again.
+func (w *Writer) removeDropped(keep map[string]bool) {
+	root, err := os.OpenRoot(w.dir)
+	if err != nil {
+		return // the next delivery tries again
+	}
+	defer root.Close()
+	for rel := range w.written {
+		if keep[rel] {
+			continue
+		}
+		if err := removeFile(root, rel); err != nil {
+			w.status[statusKey(rel)] = &nstancev1.FileStatus{Path: rel, State: nstancev1.FileState_FILE_STATE_ERROR,
+				Message: fmt.Sprintf("dropped from the template but not removed: %v", err)}
+			continue
+		}
+		delete(w.written, rel)
+		delete(w.status, statusKey(rel))
+	}
+	_ = w.saveManifest() // a lost manifest only leaves dropped files behind
+}
+
+// removeFile removes the regular file rel and then the directories above it
+// that became empty. Nothing is removed through a symbolic link: when any
+// component of rel is a link, or rel is not a regular file, the entry is left
+// alone and forgotten.
+func removeFile(root *os.Root, rel string) error {
+	parts := strings.Split(rel, "/")
+	for i := range parts {
+		sub := strings.Join(parts[:i+1], "/")
+		fi, err := root.Lstat(sub)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // already gone
+		}
+		if err != nil {
+			return err
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 || (i < len(parts)-1 && !fi.IsDir()) || (i == len(parts)-1 && !fi.Mode().IsRegular()) {
+			return nil // not ours to remove any more
+		}
+	}
+	if err := root.Remove(rel); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	dir := path.Dir(rel)
+	for dir != "." && root.Remove(dir) == nil { // stops at the first directory that is not empty
+		dir = path.Dir(dir)
+	}
+	return atomicfile.SyncDir(root, dir)
 }
 
 // Status returns the latest status of every path delivered so far, sorted by path.
@@ -166,7 +295,10 @@ func (w *Writer) write(f *nstancev1.DeliveredFile) (string, error) {
 	return hexSum, nil
 }
 
-// mode decides the permission bits of a delivered file.
+// mode decides the permission bits of a delivered file: the requested mode
+// capped at MaxFileMode (MaxSecretMode for secrets), so no delivered file is
+// ever group- or world-writable and no secret readable by anyone but the
+// owner.
 func (w *Writer) mode(f *nstancev1.DeliveredFile) (fs.FileMode, error) {
 	m := fs.FileMode(f.GetMode())
 	if m&^fs.ModePerm != 0 {
@@ -179,13 +311,13 @@ func (w *Writer) mode(f *nstancev1.DeliveredFile) (fs.FileMode, error) {
 		}
 		return w.opts.FileMode, nil
 	}
-	if secret && m&0o077 != 0 {
-		return 0, fmt.Errorf("secret mode %#o grants group or other access", f.GetMode())
-	}
 	if m&0o400 == 0 {
 		return 0, fmt.Errorf("mode %#o does not let the owner read the file", f.GetMode())
 	}
-	return m, nil
+	if secret {
+		return m & MaxSecretMode, nil
+	}
+	return m & MaxFileMode, nil
 }
 
 // CleanPath checks a delivered path and returns it in clean, slash-separated

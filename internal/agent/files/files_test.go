@@ -138,7 +138,7 @@ func TestApplyRejectsUnsafe(t *testing.T) {
 		{name: "oversized", file: file("big", nstancev1.FileKind_FILE_KIND_STRING, big, 0o644), wantErr: "above the 100 byte limit"},
 		{name: "hash mismatch", file: &nstancev1.DeliveredFile{Path: "h", Kind: nstancev1.FileKind_FILE_KIND_STRING, Content: []byte("a"), Sha256: sum([]byte("b"))}, wantErr: "does not match"},
 		{name: "setuid mode", file: file("m", nstancev1.FileKind_FILE_KIND_STRING, "x", 0o4755), wantErr: "beyond the permission bits"},
-		{name: "world readable secret", file: file("s", nstancev1.FileKind_FILE_KIND_SECRET, "x", 0o644), wantErr: "group or other"},
+		{name: "owner cannot read", file: file("w", nstancev1.FileKind_FILE_KIND_STRING, "x", 0o222), wantErr: "does not let the owner read"},
 		{name: "bad json", file: file("j.json", nstancev1.FileKind_FILE_KIND_JSON, "{", 0o644), wantErr: "not valid JSON"},
 		{name: "bad env", file: file("e.env", nstancev1.FileKind_FILE_KIND_ENV, "1X=2\n", 0o644), wantErr: "not KEY=value"},
 		{name: "bad cert", file: file("c.crt", nstancev1.FileKind_FILE_KIND_CERTIFICATE, "nope", 0o644), wantErr: "no PEM certificate"},
@@ -274,4 +274,103 @@ func TestCleanPath(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, tc.want, got)
 	}
+}
+
+func TestModesAreCapped(t *testing.T) {
+	w, dir := newWriter(t, Options{})
+	want := map[string]fs.FileMode{}
+	var files []*nstancev1.DeliveredFile
+	for _, tc := range []struct {
+		path string
+		kind nstancev1.FileKind
+		mode uint32
+		want fs.FileMode
+	}{
+		{"world-writable", nstancev1.FileKind_FILE_KIND_STRING, 0o666, 0o644},
+		{"everything", nstancev1.FileKind_FILE_KIND_STRING, 0o777, 0o755},
+		{"group-writable", nstancev1.FileKind_FILE_KIND_ENV, 0o664, 0o644},
+		{"plain", nstancev1.FileKind_FILE_KIND_JSON, 0o640, 0o640},
+		{"world-readable secret", nstancev1.FileKind_FILE_KIND_SECRET, 0o644, 0o600},
+		{"group secret", nstancev1.FileKind_FILE_KIND_SECRET, 0o660, 0o600},
+		{"read-only secret", nstancev1.FileKind_FILE_KIND_SECRET, 0o400, 0o400},
+	} {
+		content := "x"
+		switch tc.kind {
+		case nstancev1.FileKind_FILE_KIND_ENV:
+			content = "A=1\n"
+		case nstancev1.FileKind_FILE_KIND_JSON:
+			content = "{}"
+		}
+		files = append(files, file(tc.path, tc.kind, content, tc.mode))
+		want[tc.path] = tc.want
+	}
+	for _, st := range w.Apply(&nstancev1.FileDelivery{Files: files}) {
+		require.Equal(t, nstancev1.FileState_FILE_STATE_OK, st.State, st.Path+": "+st.Message)
+		fi, err := os.Stat(filepath.Join(dir, st.Path))
+		require.NoError(t, err)
+		require.Equal(t, want[st.Path], fi.Mode().Perm(), st.Path)
+	}
+	for _, o := range []Options{{FileMode: 0o666}, {FileMode: 0o664}, {DirMode: 0o777}, {DirMode: 0o775}} {
+		_, err := New(filepath.Join(t.TempDir(), "f"), o)
+		require.ErrorContains(t, err, "group- or world-writable", "%+v", o)
+	}
+}
+
+func TestDroppedFilesAreRemoved(t *testing.T) {
+	w, dir := newWriter(t, Options{})
+	outside := t.TempDir()
+	str := func(p string) *nstancev1.DeliveredFile { return file(p, nstancev1.FileKind_FILE_KIND_STRING, p, 0o644) }
+	all := []*nstancev1.DeliveredFile{str("keep"), str("gone"), str("deep/er/gone"), str("shared/keep"), str("shared/gone"),
+		str("linked"), str("via/dir/f"), str("cert.pem"), str("bad.json")}
+	for _, st := range w.Apply(&nstancev1.FileDelivery{Files: all}) {
+		require.Equal(t, nstancev1.FileState_FILE_STATE_OK, st.State, st.Path+": "+st.Message)
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "not-ours"), []byte("an operator's file"), 0o644))
+	// Someone on the instance swaps a written file and a directory for links out of the directory.
+	require.NoError(t, os.WriteFile(filepath.Join(outside, "linked"), []byte("precious"), 0o644))
+	require.NoError(t, os.Remove(filepath.Join(dir, "linked")))
+	require.NoError(t, os.Symlink(filepath.Join(outside, "linked"), filepath.Join(dir, "linked")))
+	require.NoError(t, os.MkdirAll(filepath.Join(outside, "dir"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(outside, "dir", "f"), []byte("precious"), 0o644))
+	require.NoError(t, os.RemoveAll(filepath.Join(dir, "via", "dir")))
+	require.NoError(t, os.Symlink(filepath.Join(outside, "dir"), filepath.Join(dir, "via", "dir")))
+
+	// The template now holds keep, shared/keep, a pending certificate and an
+	// invalid update of bad.json (the old content stays).
+	sts := w.Apply(&nstancev1.FileDelivery{
+		Files:        []*nstancev1.DeliveredFile{str("keep"), str("shared/keep"), file("bad.json", nstancev1.FileKind_FILE_KIND_JSON, "{", 0o644)},
+		PendingPaths: []string{"cert.pem"},
+	})
+	require.Equal(t, nstancev1.FileState_FILE_STATE_ERROR, sts[2].State)
+	require.ElementsMatch(t, []string{"keep", "shared", "shared/keep", "cert.pem", "bad.json", "not-ours", "linked", "via", "via/dir"}, tree(t, dir))
+	for _, p := range []string{"linked", "dir/f"} {
+		b, err := os.ReadFile(filepath.Join(outside, p))
+		require.NoError(t, err)
+		require.Equal(t, "precious", string(b), "nothing outside the directory is touched")
+	}
+	var paths []string
+	for _, st := range w.Status() {
+		paths = append(paths, st.Path)
+	}
+	require.ElementsMatch(t, []string{"keep", "shared/keep", "bad.json", "cert.pem"}, paths, "removed files leave the health report")
+
+	// After a restart the manifest still knows what was written.
+	w2, err := New(dir, Options{})
+	require.NoError(t, err)
+	w2.Apply(&nstancev1.FileDelivery{Files: []*nstancev1.DeliveredFile{str("keep")}})
+	require.ElementsMatch(t, []string{"keep", "not-ours", "linked", "via", "via/dir"}, tree(t, dir))
+	manifest := filepath.Join(filepath.Dir(dir), ".files.manifest.json")
+	b, err := os.ReadFile(manifest)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"paths":["keep"]}`, string(b))
+	fi, err := os.Stat(manifest)
+	require.NoError(t, err)
+	require.Equal(t, fs.FileMode(0o600), fi.Mode().Perm())
+
+	// A corrupt manifest removes nothing.
+	require.NoError(t, os.WriteFile(manifest, []byte("{"), 0o600))
+	w3, err := New(dir, Options{})
+	require.NoError(t, err)
+	w3.Apply(&nstancev1.FileDelivery{})
+	require.Contains(t, tree(t, dir), "keep")
 }

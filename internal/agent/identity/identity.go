@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nstance-dev/nstance/internal/atomicfile"
+	"github.com/nstance-dev/nstance/internal/pki"
 )
 
 // File names inside the identity directory. NonceFile and CAFile match what
@@ -68,9 +69,10 @@ func (d *Dir) Nonce() (string, error) {
 	return tok, nil
 }
 
-// RemoveNonce deletes the nonce; a missing nonce is not an error.
+// RemoveNonce deletes the nonce (durably: the directory is synced); a
+// missing nonce is not an error.
 func (d *Dir) RemoveNonce() error {
-	if err := os.Remove(d.Path(NonceFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := atomicfile.RemovePath(d.Path(NonceFile)); err != nil {
 		return fmt.Errorf("identity: removing nonce: %w", err)
 	}
 	return nil
@@ -214,17 +216,19 @@ func (d *Dir) Roots() (*x509.CertPool, error) {
 }
 
 // RegistrationTLS is the TLS configuration for the registration service:
-// server verified against the CA, no client certificate.
+// server verified against the CA and by its server identity, no client
+// certificate.
 func (d *Dir) RegistrationTLS(serverName string) (*tls.Config, error) {
 	roots, err := d.Roots()
 	if err != nil {
 		return nil, err
 	}
-	return &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, ServerName: serverName}, nil
+	return pki.ClientTLS(roots, nil, serverName), nil
 }
 
-// AgentTLS is the mTLS configuration for the agent service. The client
-// certificate is re-read from disk on each handshake when it changed.
+// AgentTLS is the mTLS configuration for the agent service (the server is
+// verified as for RegistrationTLS). The client certificate is re-read from
+// disk on each handshake when it changed.
 func (d *Dir) AgentTLS(serverName string) (*tls.Config, error) {
 	roots, err := d.Roots()
 	if err != nil {
@@ -233,14 +237,11 @@ func (d *Dir) AgentTLS(serverName string) (*tls.Config, error) {
 	if _, err := d.Certificate(time.Now()); err != nil {
 		return nil, err
 	}
-	return &tls.Config{
-		MinVersion: tls.VersionTLS13,
-		RootCAs:    roots,
-		ServerName: serverName,
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			return d.Certificate(time.Now())
-		},
-	}, nil
+	cfg := pki.ClientTLS(roots, nil, serverName)
+	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		return d.Certificate(time.Now())
+	}
+	return cfg, nil
 }
 
 func parseCert(b []byte) (*x509.Certificate, error) {

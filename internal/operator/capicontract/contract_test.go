@@ -139,7 +139,7 @@ func newFixture(t *testing.T) *fixture {
 
 func startRegistration(t *testing.T, ca *pki.CA, ver *nonce.Verifier) string {
 	t.Helper()
-	cert, err := ca.ServerKeyPair("nstance-server", []string{"127.0.0.1"}, time.Hour, time.Now())
+	cert, err := ca.ServerKeyPair(pki.ServerIdentity{Shard: "s1", ServerID: "nstance-server"}, []string{"127.0.0.1"}, time.Hour, time.Now())
 	require.NoError(t, err)
 	store := memstore.New()
 	reg := &registration.Service{

@@ -183,7 +183,7 @@ func newFixture(t testing.TB, shardIDs ...string) *fixture {
 
 func startRegistration(t testing.TB, ca *pki.CA, ver *nonce.Verifier) string {
 	t.Helper()
-	cert, err := ca.ServerKeyPair("nstance-server", []string{"127.0.0.1"}, time.Hour, time.Now())
+	cert, err := ca.ServerKeyPair(pki.ServerIdentity{Shard: "s1", ServerID: "nstance-server"}, []string{"127.0.0.1"}, time.Hour, time.Now())
 	require.NoError(t, err)
 	issuer := &registration.Issuer{CA: ca, ClusterID: clusterID, AgentValidity: time.Hour, OperatorValidity: time.Hour}
 	store := memstore.New()

@@ -42,7 +42,7 @@ func startServer(t *testing.T, ca *pki.CA, shard, addr string) *server {
 
 func (s *server) start() {
 	t := s.t
-	cert, err := s.ca.ServerKeyPair("nstance-server", []string{"127.0.0.1"}, time.Hour, time.Now())
+	cert, err := s.ca.ServerKeyPair(pki.ServerIdentity{Shard: "s1", ServerID: "nstance-server"}, []string{"127.0.0.1"}, time.Hour, time.Now())
 	require.NoError(t, err)
 	var ln net.Listener
 	require.Eventually(t, func() bool {

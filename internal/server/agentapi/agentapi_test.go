@@ -54,6 +54,11 @@ func TestSubmitPublicKeys(t *testing.T) {
 		"ec2": {Type: "ecdsa-p256"},
 	}, Files: map[string]config.TemplateFile{"ed.crt": {Kind: "certificate", Key: "ed"}}}
 	s := newShard(t, tmpl)
+	// Before any key is submitted the certificate file is pending: the agent keeps what it has there.
+	d, err := s.Agent.Delivery(agentCtx("i-1"), agentapi.Ref{InstanceID: "i-1", Tenant: agenttest.Tenant})
+	require.NoError(t, err)
+	require.Empty(t, d.GetFiles())
+	require.Equal(t, []string{"ed.crt"}, d.GetPendingPaths())
 	edPub, _, _ := ed25519.GenerateKey(rand.Reader)
 	ecKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	p384, _ := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
@@ -96,8 +101,11 @@ func TestSubmitPublicKeys(t *testing.T) {
 	require.Equal(t, []string{"a.example"}, cert.DNSNames)
 	require.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, cert.ExtKeyUsage)
 	require.True(t, edPub.Equal(cert.PublicKey))
-	_, err = cert.Verify(x509.VerifyOptions{Roots: s.CA.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+	_, err = cert.Verify(x509.VerifyOptions{Roots: s.WorkloadCA.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
 	require.NoError(t, err)
+	d, err = s.Agent.Delivery(agentCtx("i-1"), agentapi.Ref{InstanceID: "i-1", Tenant: agenttest.Tenant})
+	require.NoError(t, err)
+	require.Empty(t, d.GetPendingPaths())
 
 	// Submitting the same key again keeps the certificate (same hash).
 	_, err = s.Agent.SubmitPublicKeys(agentCtx("i-1"), &nstancev1.SubmitPublicKeysRequest{Keys: []*nstancev1.PublicKey{{Name: "ed", Type: nstancev1.KeyType_KEY_TYPE_ED25519, PublicKeyPem: ed}}})
@@ -198,11 +206,15 @@ func TestTrackerOverdue(t *testing.T) {
 	require.Empty(t, tr.IDs())
 }
 
-func TestCASignerRejectsBadSpecs(t *testing.T) {
-	ca, err := pki.GenerateCA("c", time.Hour, time.Now())
+func TestWorkloadSigner(t *testing.T) {
+	wca, err := pki.GenerateWorkloadCA("c", time.Hour, time.Now())
 	require.NoError(t, err)
-	sg := &agentapi.CASigner{CA: ca, MaxValidity: time.Hour}
+	policy := func() pki.WorkloadPolicy {
+		return pki.WorkloadPolicy{TrustDomain: "c", ServerHosts: []string{"127.0.0.1", "nstance.example.com"}}
+	}
+	sg := &agentapi.WorkloadSigner{CA: wca, MaxValidity: time.Hour, Policy: policy}
 	pub, _, _ := ed25519.GenerateKey(rand.Reader)
+	ref := agentapi.Ref{InstanceID: "i", Tenant: "t"}
 	for _, tc := range []struct {
 		spec *nstancev1.CertificateSpec
 		want string
@@ -210,12 +222,28 @@ func TestCASignerRejectsBadSpecs(t *testing.T) {
 		{&nstancev1.CertificateSpec{IpAddresses: []string{"not-ip"}}, "not an IP"},
 		{&nstancev1.CertificateSpec{Uris: []string{"no-scheme"}}, "absolute URI"},
 		{&nstancev1.CertificateSpec{Usages: []nstancev1.CertificateUsage{99}}, "unsupported usage"},
+		{&nstancev1.CertificateSpec{Uris: []string{"spiffe://c/tenant/t/operator/op"}}, "trust domain"},
+		{&nstancev1.CertificateSpec{DnsNames: []string{"nstance.example.com"}}, "name of the nstance-server"},
+		{&nstancev1.CertificateSpec{IpAddresses: []string{"127.0.0.1"}}, "address of the nstance-server"},
 	} {
-		_, _, _, err := sg.Sign(context.Background(), agentapi.Ref{InstanceID: "i", Tenant: "t"}, tc.spec, pub)
+		_, _, _, err := sg.Sign(context.Background(), ref, tc.spec, pub)
 		require.ErrorContains(t, err, tc.want)
 	}
-	certPEM, nb, na, err := sg.Sign(context.Background(), agentapi.Ref{InstanceID: "i", Tenant: "t"}, &nstancev1.CertificateSpec{}, pub)
+	certPEM, nb, na, err := sg.Sign(context.Background(), ref, &nstancev1.CertificateSpec{}, pub)
 	require.NoError(t, err)
 	require.True(t, strings.HasPrefix(string(certPEM), "-----BEGIN CERTIFICATE-----"))
 	require.InDelta(t, (time.Hour + time.Minute).Seconds(), na.Sub(nb).Seconds(), 1)
+	cert, err := pki.ParseCertificatePEM(certPEM)
+	require.NoError(t, err)
+	require.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, cert.ExtKeyUsage, "no usages: the explicit default")
+	require.Equal(t, "i", cert.Subject.CommonName)
+	require.Empty(t, cert.URIs)
+
+	// The cluster CA is refused as a workload signer.
+	ca, err := pki.GenerateCA("c", time.Hour, time.Now())
+	require.NoError(t, err)
+	_, _, _, err = (&agentapi.WorkloadSigner{CA: ca, MaxValidity: time.Hour, Policy: policy}).Sign(context.Background(), ref, &nstancev1.CertificateSpec{}, pub)
+	require.ErrorContains(t, err, "cluster CA")
+	_, _, _, err = (&agentapi.WorkloadSigner{CA: wca, MaxValidity: time.Hour}).Sign(context.Background(), ref, &nstancev1.CertificateSpec{}, pub)
+	require.ErrorContains(t, err, "policy are required")
 }

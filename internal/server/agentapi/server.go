@@ -37,6 +37,9 @@ const (
 
 // Options configure a Server.
 type Options struct {
+	// Shard is the shard this server runs; agents whose certificate names
+	// another shard are refused.
+	Shard  string
 	Source Source
 	Keys   KeyStore
 	Signer Signer
@@ -64,8 +67,8 @@ var _ nstancev1.AgentServiceServer = (*Server)(nil)
 
 // New checks the options and returns a Server.
 func New(o Options) (*Server, error) {
-	if o.Source == nil || o.Keys == nil || o.Signer == nil || o.Health == nil {
-		return nil, errors.New("agentapi: source, key store, signer and health sink are required")
+	if o.Shard == "" || o.Source == nil || o.Keys == nil || o.Signer == nil || o.Health == nil {
+		return nil, errors.New("agentapi: shard, source, key store, signer and health sink are required")
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -105,13 +108,17 @@ func (s *Server) Connected() int {
 	return n
 }
 
-func refFrom(ctx context.Context) (Ref, error) {
+func (s *Server) refFrom(ctx context.Context) (Ref, error) {
 	id, ok := authz.IdentityFrom(ctx)
 	if !ok {
 		return Ref{}, status.Error(codes.Unauthenticated, "no caller identity")
 	}
 	if id.Role != pki.RoleAgent {
 		return Ref{}, status.Errorf(codes.PermissionDenied, "role %q may not use the agent service", id.Role)
+	}
+	if id.Shard != s.o.Shard {
+		s.o.Log.Info("agent of another shard refused", "instance", id.ClientID, "tenant", id.Tenant, "certificate_shard", id.Shard)
+		return Ref{}, status.Error(codes.PermissionDenied, "the agent certificate was not issued for this shard")
 	}
 	return Ref{InstanceID: id.ClientID, Tenant: id.Tenant, Shard: id.Shard, Group: id.Group}, nil
 }
@@ -130,7 +137,7 @@ func (s *Server) plan(ctx context.Context, ref Ref) (*Plan, error) {
 // KeyGenRequests implements nstancev1.AgentServiceServer.
 func (s *Server) KeyGenRequests(req *nstancev1.KeyGenRequestsRequest, stream nstancev1.AgentService_KeyGenRequestsServer) error {
 	ctx := stream.Context()
-	ref, err := refFrom(ctx)
+	ref, err := s.refFrom(ctx)
 	if err != nil {
 		return err
 	}
@@ -160,7 +167,7 @@ func (s *Server) KeyGenRequests(req *nstancev1.KeyGenRequestsRequest, stream nst
 
 // SubmitPublicKeys implements nstancev1.AgentServiceServer.
 func (s *Server) SubmitPublicKeys(ctx context.Context, req *nstancev1.SubmitPublicKeysRequest) (*nstancev1.SubmitPublicKeysResponse, error) {
-	ref, err := refFrom(ctx)
+	ref, err := s.refFrom(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -270,26 +277,40 @@ func (s *Server) renewDue(k StoredKey, now time.Time) bool {
 }
 
 // Files returns the complete file set of an instance and its hash, issuing
-// any certificate that is missing or due for renewal first.
+// any certificate that is missing or due for renewal first. Certificate files
+// whose certificate is not issued yet are left out (see Delivery).
 func (s *Server) Files(ctx context.Context, ref Ref) ([]*nstancev1.DeliveredFile, string, error) {
-	p, err := s.plan(ctx, ref)
+	d, err := s.Delivery(ctx, ref)
 	if err != nil {
 		return nil, "", err
 	}
+	return d.GetFiles(), d.GetConfigHash(), nil
+}
+
+// Delivery is the file delivery of an instance: its complete file set, the
+// paths whose content is not ready yet (so the agent keeps what it has
+// there), and the hash.
+func (s *Server) Delivery(ctx context.Context, ref Ref) (*nstancev1.FileDelivery, error) {
+	p, err := s.plan(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
 	if _, err := s.issue(ctx, ref, p); err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	stored, err := s.o.Keys.Keys(ctx, ref)
 	if err != nil {
-		return nil, "", status.Errorf(codes.Unavailable, "reading stored keys: %v", err)
+		return nil, status.Errorf(codes.Unavailable, "reading stored keys: %v", err)
 	}
 	out := make([]*nstancev1.DeliveredFile, 0, len(p.Files))
+	var pending []string
 	for _, f := range p.Files {
 		content := f.Content
 		if f.Key != "" {
 			sk, ok := stored[f.Key]
 			if !ok || len(sk.CertPEM) == 0 {
-				continue // not issued yet; a later push carries it
+				pending = append(pending, f.Path) // not issued yet; a later push carries it
+				continue
 			}
 			content = sk.CertPEM
 		}
@@ -297,13 +318,14 @@ func (s *Server) Files(ctx context.Context, ref Ref) ([]*nstancev1.DeliveredFile
 		out = append(out, &nstancev1.DeliveredFile{Path: f.Path, Content: content, Mode: f.Mode, Kind: f.Kind, Sha256: hex.EncodeToString(sum[:])})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
-	return out, HashFiles(out), nil
+	sort.Strings(pending)
+	return &nstancev1.FileDelivery{Files: out, PendingPaths: pending, ConfigHash: HashFiles(out)}, nil
 }
 
 // ReceiveFiles implements nstancev1.AgentServiceServer.
 func (s *Server) ReceiveFiles(req *nstancev1.ReceiveFilesRequest, stream nstancev1.AgentService_ReceiveFilesServer) error {
 	ctx := stream.Context()
-	ref, err := refFrom(ctx)
+	ref, err := s.refFrom(ctx)
 	if err != nil {
 		return err
 	}
@@ -311,17 +333,19 @@ func (s *Server) ReceiveFiles(req *nstancev1.ReceiveFilesRequest, stream nstance
 	defer s.hub.remove(ref.InstanceID, w)
 	last := req.GetConfigHash()
 	for {
-		files, h, err := s.Files(ctx, ref)
+		d, err := s.Delivery(ctx, ref)
 		if err != nil {
 			return err
 		}
+		h := d.GetConfigHash()
 		s.hub.setDesired(ref.InstanceID, h)
 		if h != last || w.force.Swap(false) {
-			if err := stream.Send(&nstancev1.FileDelivery{Files: files, ConfigHash: h, SentAt: timestamppb.New(s.o.Now())}); err != nil {
+			d.SentAt = timestamppb.New(s.o.Now())
+			if err := stream.Send(d); err != nil {
 				return err
 			}
 			s.hub.sent(ref.InstanceID, s.o.Now())
-			s.o.Log.V(1).Info("files pushed", "instance", ref.InstanceID, "files", len(files), "hash", h)
+			s.o.Log.V(1).Info("files pushed", "instance", ref.InstanceID, "files", len(d.GetFiles()), "pending", len(d.GetPendingPaths()), "hash", h)
 			last = h
 		}
 		select {
@@ -335,7 +359,7 @@ func (s *Server) ReceiveFiles(req *nstancev1.ReceiveFilesRequest, stream nstance
 // ReportHealth implements nstancev1.AgentServiceServer.
 func (s *Server) ReportHealth(stream nstancev1.AgentService_ReportHealthServer) error {
 	ctx := stream.Context()
-	ref, err := refFrom(ctx)
+	ref, err := s.refFrom(ctx)
 	if err != nil {
 		return err
 	}

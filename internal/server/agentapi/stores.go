@@ -3,14 +3,9 @@ package agentapi
 import (
 	"context"
 	"crypto"
-	"crypto/rand"
-	"crypto/rsa"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
 	"net"
 	"net/url"
 	"sync"
@@ -78,18 +73,25 @@ func (m *MemKeyStore) Forget(instanceID string) {
 	delete(m.keys, instanceID)
 }
 
-// CASigner issues certificates with the cluster CA.
-type CASigner struct {
+// WorkloadSigner issues the certificates templates ask for with the workload
+// CA. Every certificate is checked against the workload policy (no URI in
+// the cluster's trust domain, no server name or address) and gets explicit
+// usages: the template's, or server and client auth when it names none.
+type WorkloadSigner struct {
+	// CA is the workload CA; the cluster CA is refused.
 	CA *pki.CA
 	// MaxValidity caps (and, when a spec sets none, is) the lifetime.
 	MaxValidity time.Duration
-	Now         func() time.Time
+	// Policy returns the names no workload certificate may carry, read at
+	// every signing so a config change applies at once.
+	Policy func() pki.WorkloadPolicy
+	Now    func() time.Time
 }
 
 // Sign implements Signer.
-func (c *CASigner) Sign(_ context.Context, ref Ref, spec *nstancev1.CertificateSpec, pub crypto.PublicKey) ([]byte, time.Time, time.Time, error) {
-	if c.CA == nil || c.MaxValidity <= 0 {
-		return nil, time.Time{}, time.Time{}, errors.New("signer: CA and maximum validity are required")
+func (c *WorkloadSigner) Sign(_ context.Context, ref Ref, spec *nstancev1.CertificateSpec, pub crypto.PublicKey) ([]byte, time.Time, time.Time, error) {
+	if c.CA == nil || c.MaxValidity <= 0 || c.Policy == nil {
+		return nil, time.Time{}, time.Time{}, errors.New("signer: workload CA, maximum validity and policy are required")
 	}
 	now := time.Now()
 	if c.Now != nil {
@@ -99,34 +101,17 @@ func (c *CASigner) Sign(_ context.Context, ref Ref, spec *nstancev1.CertificateS
 	if d := spec.GetValidity().AsDuration(); spec.GetValidity() != nil && d > 0 && d < validity {
 		validity = d
 	}
-	sn, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
-	if err != nil {
-		return nil, time.Time{}, time.Time{}, fmt.Errorf("serial: %w", err)
-	}
 	cn := spec.GetCommonName()
 	if cn == "" {
 		cn = ref.InstanceID
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: sn.Add(sn, big.NewInt(1)),
-		Subject:      pkix.Name{CommonName: cn, Organization: []string{ref.Tenant}},
-		NotBefore:    now.Add(-time.Minute),
-		NotAfter:     now.Add(validity),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		DNSNames:     spec.GetDnsNames(),
-	}
-	if tmpl.NotAfter.After(c.CA.Cert.NotAfter) {
-		tmpl.NotAfter = c.CA.Cert.NotAfter
-	}
-	if _, ok := pub.(*rsa.PublicKey); ok { // RSA keys may also encipher
-		tmpl.KeyUsage |= x509.KeyUsageKeyEncipherment
-	}
+	req := pki.WorkloadRequest{CommonName: cn, Organization: ref.Tenant, DNSNames: spec.GetDnsNames(), PublicKey: pub, Validity: validity}
 	for _, u := range spec.GetUsages() {
 		switch u {
 		case nstancev1.CertificateUsage_CERTIFICATE_USAGE_SERVER_AUTH:
-			tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
+			req.Usages = append(req.Usages, x509.ExtKeyUsageServerAuth)
 		case nstancev1.CertificateUsage_CERTIFICATE_USAGE_CLIENT_AUTH:
-			tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageClientAuth)
+			req.Usages = append(req.Usages, x509.ExtKeyUsageClientAuth)
 		default:
 			return nil, time.Time{}, time.Time{}, fmt.Errorf("signer: unsupported usage %s", u)
 		}
@@ -136,18 +121,18 @@ func (c *CASigner) Sign(_ context.Context, ref Ref, spec *nstancev1.CertificateS
 		if ip == nil {
 			return nil, time.Time{}, time.Time{}, fmt.Errorf("signer: %q is not an IP address", s)
 		}
-		tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		req.IPs = append(req.IPs, ip)
 	}
 	for _, s := range spec.GetUris() {
 		u, err := url.Parse(s)
 		if err != nil || u.Scheme == "" {
 			return nil, time.Time{}, time.Time{}, fmt.Errorf("signer: %q is not an absolute URI", s)
 		}
-		tmpl.URIs = append(tmpl.URIs, u)
+		req.URIs = append(req.URIs, u)
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.CA.Cert, pub, c.CA.Key)
+	cert, certPEM, err := c.CA.IssueWorkload(req, c.Policy(), now)
 	if err != nil {
-		return nil, time.Time{}, time.Time{}, fmt.Errorf("signer: %w", err)
+		return nil, time.Time{}, time.Time{}, fmt.Errorf("signer: instance %s: %w", ref.InstanceID, err)
 	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), tmpl.NotBefore, tmpl.NotAfter, nil
+	return certPEM, cert.NotBefore, cert.NotAfter, nil
 }

@@ -1,14 +1,12 @@
 package agentapi
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
-	"text/template"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -18,16 +16,7 @@ import (
 
 // TemplateData is what file contents and certificate fields may refer to,
 // e.g. {{ .InstanceID }} or {{ .Vars.role }}.
-type TemplateData struct {
-	InstanceID   string
-	Tenant       string
-	Shard        string
-	Group        string
-	Template     string
-	InstanceType string
-	Vars         map[string]string
-	Args         map[string]string
-}
+type TemplateData = config.TemplateData
 
 // TemplateInput is an instance's template with the data to render it.
 type TemplateInput struct {
@@ -42,7 +31,8 @@ type TemplateSource struct {
 	Lookup func(ctx context.Context, ref Ref) (*TemplateInput, error)
 	// Secret returns a stored secret by name (files of kind secret).
 	Secret func(ctx context.Context, name string) ([]byte, error)
-	// CABundle is delivered for ca_bundle files without content.
+	// CABundle is delivered for ca_bundle files without content: the
+	// workload CA, which verifies the certificates templates ask for.
 	CABundle []byte
 }
 
@@ -84,28 +74,17 @@ func (s *TemplateSource) Plan(ctx context.Context, ref Ref) (*Plan, error) {
 		}
 		spec := &nstancev1.KeySpec{Name: name, Type: kt}
 		if c := k.Certificate; c != nil {
-			cs := &nstancev1.CertificateSpec{}
-			if cs.CommonName, err = render("keys."+name+".certificate.common_name", c.CommonName, data); err != nil {
+			rc, err := config.RenderCertificate("keys."+name+".certificate", c, data)
+			if err != nil {
 				return nil, err
 			}
+			cs := &nstancev1.CertificateSpec{CommonName: rc.CommonName, DnsNames: rc.DNSNames, IpAddresses: rc.IPAddresses, Uris: rc.URIs}
 			for _, u := range c.Usages {
 				v, ok := usages[strings.ToLower(u)]
 				if !ok {
 					return nil, fmt.Errorf("keys.%s.certificate.usages: unknown usage %q", name, u)
 				}
 				cs.Usages = append(cs.Usages, v)
-			}
-			for field, list := range map[string]struct {
-				in  []string
-				out *[]string
-			}{"dns_names": {c.DNSNames, &cs.DnsNames}, "ip_addresses": {c.IPAddresses, &cs.IpAddresses}, "uris": {c.URIs, &cs.Uris}} {
-				for i, v := range list.in {
-					r, err := render(fmt.Sprintf("keys.%s.certificate.%s[%d]", name, field, i), v, data)
-					if err != nil {
-						return nil, err
-					}
-					*list.out = append(*list.out, r)
-				}
 			}
 			if d := c.Validity.D(); d > 0 {
 				cs.Validity = durationpb.New(d)
@@ -152,7 +131,7 @@ func (s *TemplateSource) Plan(ctx context.Context, ref Ref) (*Plan, error) {
 			}
 			fallthrough
 		default:
-			out, err := render(key+".content", f.Content, data)
+			out, err := config.Render(key+".content", f.Content, data)
 			if err != nil {
 				return nil, err
 			}
@@ -161,21 +140,6 @@ func (s *TemplateSource) Plan(ctx context.Context, ref Ref) (*Plan, error) {
 		p.Files = append(p.Files, fs)
 	}
 	return p, nil
-}
-
-func render(key, text string, data TemplateData) (string, error) {
-	if !strings.Contains(text, "{{") {
-		return text, nil
-	}
-	t, err := template.New(key).Option("missingkey=error").Parse(text)
-	if err != nil {
-		return "", fmt.Errorf("%s: %w", key, err)
-	}
-	var b bytes.Buffer
-	if err := t.Execute(&b, data); err != nil {
-		return "", fmt.Errorf("%s: %w", key, err)
-	}
-	return b.String(), nil
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -86,11 +88,16 @@ type Runtime struct {
 	Store      objstore.Store
 	Keys       layout.Keys
 	Cache      *cache.Cache
+	// CA is the cluster CA; WorkloadCA signs what templates ask for.
 	CA         *pki.CA
-	NonceKey   ed25519.PrivateKey
-	Issuer     *registration.Issuer
-	App        *App
-	Log        logr.Logger
+	WorkloadCA *pki.CA
+	// ServerHosts are the names and addresses in this server's certificate;
+	// no template certificate may carry them.
+	ServerHosts []string
+	NonceKey    ed25519.PrivateKey
+	Issuer      *registration.Issuer
+	App         *App
+	Log         logr.Logger
 }
 
 // Services are the shard-leader gRPC services beyond Registration.
@@ -232,6 +239,7 @@ func (a *App) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("loading the encryption key: %w", err)
 	}
+	warnPrintableKeys(log, ring, cfg.Shard.Infra.Provider)
 
 	cachePath := ""
 	if a.o.CacheDir != "" {
@@ -252,9 +260,17 @@ func (a *App) Run(ctx context.Context) error {
 	log.Info("ready", "shard", a.o.Shard)
 
 	le := cfg.Cluster.LeaderElection
+	// One incarnation per process in both leases: a lease under our id with
+	// another incarnation that keeps being renewed means a second server
+	// runs with our id, and this one stops (election.ErrDuplicateID).
+	incarnation, err := election.NewIncarnation()
+	if err != nil {
+		return err
+	}
+	log.Info("campaigning", "id", a.o.ServerID, "incarnation", incarnation)
 	newElector := func(key string, onLeading func(context.Context, int64)) (*election.Elector, error) {
 		return election.New(election.Config{
-			Store: a.o.Store, Key: key, ID: a.o.ServerID, LeaseDuration: le.LeaseDuration.D(),
+			Store: a.o.Store, Key: key, ID: a.o.ServerID, Incarnation: incarnation, LeaseDuration: le.LeaseDuration.D(),
 			RenewInterval: le.RenewInterval.D(), RetryInterval: le.RetryInterval.D(), Log: log.WithName("election"), OnLeading: onLeading,
 		})
 	}
@@ -269,17 +285,32 @@ func (a *App) Run(ctx context.Context) error {
 	var electWG sync.WaitGroup
 	defer electWG.Wait()
 	defer stopElections()
-	electWG.Add(1)
-	go func() { defer electWG.Done(); _ = clusterEl.Run(electCtx) }()
+	// runCtx ends with ctx or when an election refuses to go on.
+	runCtx, stopRun := context.WithCancelCause(ctx)
+	defer stopRun(nil)
+	campaign := func(el *election.Elector) {
+		electWG.Add(1)
+		go func() {
+			defer electWG.Done()
+			if err := el.Run(electCtx); err != nil {
+				stopRun(err)
+			}
+		}()
+	}
+	campaign(clusterEl)
 
-	cl, err := bootstrap.Ensure(ctx, bootstrap.Options{
+	cl, err := bootstrap.Ensure(runCtx, bootstrap.Options{
 		ClusterID: cfg.Cluster.ID, Objects: a.o.Store, Secrets: &secrets.Store{Objects: a.o.Store, Ring: ring}, Keys: a.o.Keys,
 		CAValidity: cfg.Certificates.CAValidity.D(), IsLeader: clusterEl.Leading, RetryInterval: le.RetryInterval.D(), Log: log.WithName("bootstrap"),
 	})
 	if err != nil {
+		if cause := context.Cause(runCtx); ctx.Err() == nil && cause != nil {
+			return cause
+		}
 		return err
 	}
-	serverCert, err := cl.CA.ServerKeyPair("nstance-server "+a.o.ServerID, a.certHosts(cfg), cfg.Certificates.ServerValidity.D(), time.Now())
+	certHosts := a.certHosts(cfg)
+	serverCert, err := cl.CA.ServerKeyPair(pki.ServerIdentity{ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID}, certHosts, cfg.Certificates.ServerValidity.D(), time.Now())
 	if err != nil {
 		return fmt.Errorf("issuing the server certificate: %w", err)
 	}
@@ -305,7 +336,10 @@ func (a *App) Run(ctx context.Context) error {
 		CA: cl.CA, ClusterID: cfg.Cluster.ID,
 		AgentValidity: cfg.Certificates.AgentValidity.D(), OperatorValidity: cfg.Certificates.OperatorValidity.D(),
 	}
-	rt := &Runtime{Config: withAdvertiseDefaults(cfg, bind), ConfigETag: a.cfgETag, Store: a.o.Store, Keys: a.o.Keys, Cache: db, CA: cl.CA, NonceKey: cl.NonceKey, Issuer: issuer, App: a, Log: log}
+	rt := &Runtime{
+		Config: withAdvertiseDefaults(cfg, bind), ConfigETag: a.cfgETag, Store: a.o.Store, Keys: a.o.Keys, Cache: db,
+		CA: cl.CA, WorkloadCA: cl.WorkloadCA, ServerHosts: certHosts, NonceKey: cl.NonceKey, Issuer: issuer, App: a, Log: log,
+	}
 	factory := a.o.Services
 	if factory == nil {
 		factory = DefaultServices
@@ -315,15 +349,16 @@ func (a *App) Run(ctx context.Context) error {
 		return fmt.Errorf("building services: %w", err)
 	}
 	reg := &registration.Service{
-		Issuer:   issuer,
-		Verifier: &nonce.Verifier{Key: cl.NonceKey.Public().(ed25519.PublicKey), ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, Leeway: 5 * time.Second},
-		Ledger:   &nonce.Ledger{Store: a.o.Store, Keys: a.o.Keys},
-		Objects:  a.o.Store, Keys: a.o.Keys, ServerID: a.o.ServerID,
+		Issuer: issuer,
+		Verifier: &nonce.Verifier{Key: cl.NonceKey.Public().(ed25519.PublicKey), ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, Leeway: 5 * time.Second,
+			MaxLifetime: cfg.Certificates.NonceMaxLifetime.D()},
+		Ledger:  &nonce.Ledger{Store: a.o.Store, Keys: a.o.Keys},
+		Objects: a.o.Store, Keys: a.o.Keys, ServerID: a.o.ServerID,
 		OnAgentRegistered: svcs.OnAgentRegistered, Log: log.WithName("registration"),
 	}
 	gcfg := grpcserve.Config{
 		ClusterID: cfg.Cluster.ID, ServerCert: serverCert, ClientCAs: cl.CA.Pool(),
-		Registration: reg, Operator: svcs.Operator, Agent: svcs.Agent,
+		Registration: reg, Operator: svcs.Operator, Agent: svcs.Agent, Log: log.WithName("grpc"),
 		ServerOptions: []grpc.ServerOption{grpc.ChainUnaryInterceptor(a.metrics.unary), grpc.ChainStreamInterceptor(a.metrics.stream)},
 	}
 
@@ -336,14 +371,34 @@ func (a *App) Run(ctx context.Context) error {
 	a.mu.Lock()
 	a.shardEl = shardEl
 	a.mu.Unlock()
-	electWG.Add(1)
-	go func() { defer electWG.Done(); _ = shardEl.Run(electCtx) }()
+	campaign(shardEl)
 
-	<-ctx.Done()
-	log.Info("shutting down")
+	<-runCtx.Done()
 	stopElections()
 	electWG.Wait()
+	if cause := context.Cause(runCtx); ctx.Err() == nil && cause != nil {
+		log.Error(cause, "stopping")
+		return cause
+	}
+	log.Info("shutting down")
 	return nil
+}
+
+// warnPrintableKeys warns loudly, outside development providers, about
+// encryption keys that are printable text instead of 32 random bytes.
+func warnPrintableKeys(log logr.Logger, ring *secrets.Keyring, provider string) {
+	ids := ring.PrintableIDs()
+	if len(ids) == 0 {
+		return
+	}
+	if config.IsDevProvider(provider) {
+		log.V(1).Info("encryption key is printable text; fine for development", "key_ids", ids)
+		return
+	}
+	log.Error(errors.New("weak encryption key"),
+		"!!! WARNING: the encryption key is printable text, not 32 random bytes; it protects the CA keys: "+
+			"replace it with `head -c 32 /dev/urandom | base64` (keep the old one in cluster.secrets.previous_keys until secrets are re-sealed)",
+		"key_ids", ids, "provider", provider)
 }
 
 // withAdvertiseDefaults fills the advertised gRPC addresses the config
@@ -398,14 +453,17 @@ func DefaultServices(rt *Runtime) (Services, error) {
 	}, nil
 }
 
+// certHosts are the SANs of the server certificate: what the config knows
+// (loopback, advertised hosts, specific bind hosts), the --advertise-host
+// flags and the host name.
 func (a *App) certHosts(cfg *config.Config) []string {
-	hosts := []string{"127.0.0.1", "::1", "localhost"}
+	hosts := cfg.ServerHosts()
 	hosts = append(hosts, a.o.AdvertiseHosts...)
-	hosts = append(hosts, cfg.Shard.Advertise.Hosts...)
 	if h, err := os.Hostname(); err == nil {
 		hosts = append(hosts, h)
 	}
-	return hosts
+	sort.Strings(hosts)
+	return slices.Compact(hosts)
 }
 
 // loadConfig reads and validates config/{shard}.jsonc, retrying with backoff

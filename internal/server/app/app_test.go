@@ -13,6 +13,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/status"
 
 	"github.com/nstance-dev/nstance/internal/nonce"
 	"github.com/nstance-dev/nstance/internal/pki"
@@ -143,19 +144,22 @@ func TestNonceAttacks(t *testing.T) {
 		code   string
 		reason string
 	}{
-		{"expired", regA, mint(op, nonceKey, time.Minute, now.Add(-time.Hour)), nil, "Unauthenticated", "expired"},
-		{"not yet valid", regA, mint(later, nonceKey, 2*time.Hour, now), nil, "Unauthenticated", "not valid yet"},
-		{"wrong cluster", regA, mint(wrongCluster, nonceKey, time.Hour, now), nil, "Unauthenticated", "another cluster"},
-		{"wrong kind", regA, mint(agentNonce, nonceKey, time.Hour, now), nil, "Unauthenticated", "another kind"},
-		{"alg none", regA, raw(jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType), nil, "Unauthenticated", "not signed with EdDSA"},
-		{"HS256 keyed with the public key", regA, raw(jwt.SigningMethodHS256, []byte(nonceKey.Public().(ed25519.PublicKey))), nil, "Unauthenticated", "not signed with EdDSA"},
-		{"foreign Ed25519 key", regA, mint(op, foreignKey, time.Hour, now), nil, "Unauthenticated", "does not verify"},
+		// Registration callers are anonymous: every refusal is generic (the
+		// reason is in the server log), naming no cluster, shard or tenant.
+		{"expired", regA, mint(op, nonceKey, time.Minute, now.Add(-time.Hour)), nil, "Unauthenticated", "expired or is not valid yet"},
+		{"not yet valid", regA, mint(later, nonceKey, 2*time.Hour, now), nil, "Unauthenticated", "expired or is not valid yet"},
+		{"wrong cluster", regA, mint(wrongCluster, nonceKey, time.Hour, now), nil, "Unauthenticated", "the nonce is not valid here"},
+		{"wrong kind", regA, mint(agentNonce, nonceKey, time.Hour, now), nil, "Unauthenticated", "the nonce is not valid here"},
+		{"alg none", regA, raw(jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType), nil, "Unauthenticated", "the nonce is not valid here"},
+		{"HS256 keyed with the public key", regA, raw(jwt.SigningMethodHS256, []byte(nonceKey.Public().(ed25519.PublicKey))), nil, "Unauthenticated", "the nonce is not valid here"},
+		{"foreign Ed25519 key", regA, mint(op, foreignKey, time.Hour, now), nil, "Unauthenticated", "the nonce is not valid here"},
+		{"lifetime over the maximum", regA, mint(op, nonceKey, 25*time.Hour, now), nil, "Unauthenticated", "the nonce is not valid here"},
 		{"replay", regA, used, nil, "AlreadyExists", "already been used"},
 		{"replay on a second server after the first server's cache is wiped", regB, used, func() {
 			require.NoError(t, a.app.Cache().Wipe(ctx))
 		}, "AlreadyExists", "already been used"},
 	}
-	require.Len(t, cases, 9)
+	require.Len(t, cases, 10)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.prep != nil {
@@ -165,6 +169,9 @@ func TestNonceAttacks(t *testing.T) {
 			require.Error(t, err)
 			require.Contains(t, err.Error(), "code = "+tc.code)
 			require.Contains(t, err.Error(), tc.reason)
+			for _, id := range []string{"c1", "c2", "s1", "s2", "default"} {
+				require.NotContains(t, status.Convert(err).Message(), id)
+			}
 		})
 	}
 	// The refused nonces did not disturb valid ones.

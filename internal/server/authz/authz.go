@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
+	"slices"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -27,9 +28,10 @@ func IdentityFrom(ctx context.Context) (pki.Identity, bool) {
 	return id, ok
 }
 
-// Policy is what a listener requires of its callers.
+// Policy is what a listener requires of its callers: a verified client
+// certificate of the cluster whose role is one of Roles.
 type Policy struct {
-	Role      pki.Role
+	Roles     []pki.Role
 	ClusterID string
 }
 
@@ -52,8 +54,22 @@ func (p Policy) Authenticate(ctx context.Context) (pki.Identity, error) {
 	if err != nil {
 		return pki.Identity{}, status.Errorf(codes.PermissionDenied, "client certificate: %v", err)
 	}
-	if id.Role != p.Role {
-		return pki.Identity{}, status.Error(codes.PermissionDenied, fmt.Sprintf("client role %q may not call the %s service", id.Role, p.Role))
+	if !slices.Contains(p.Roles, id.Role) {
+		return pki.Identity{}, status.Error(codes.PermissionDenied, fmt.Sprintf("client role %q may not call this service (roles %v)", id.Role, p.Roles))
+	}
+	return id, nil
+}
+
+// RequireRole checks that the caller identity in ctx has one of roles: the
+// check of actions only some roles of a listener may take (RefreshConfig is
+// an admin action on the Operator listener).
+func RequireRole(ctx context.Context, roles ...pki.Role) (pki.Identity, error) {
+	id, ok := IdentityFrom(ctx)
+	if !ok {
+		return pki.Identity{}, status.Error(codes.Unauthenticated, "no caller identity")
+	}
+	if !slices.Contains(roles, id.Role) {
+		return pki.Identity{}, status.Errorf(codes.PermissionDenied, "this action needs role %v, the caller has role %q", roles, id.Role)
 	}
 	return id, nil
 }

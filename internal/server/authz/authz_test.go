@@ -29,7 +29,13 @@ func TestAuthenticate(t *testing.T) {
 	require.NoError(t, err)
 	pub, _, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)
+	other, err := pki.GenerateCA("c2", time.Hour, time.Now())
+	require.NoError(t, err)
 	issue := func(cluster string, role pki.Role) *x509.Certificate {
+		ca := ca
+		if cluster == "c2" {
+			ca = other
+		}
 		c, _, err := ca.IssueClient(pki.ClientRequest{Identity: pki.Identity{ClusterID: cluster, Tenant: "t", Role: role, ClientID: "x"}, PublicKey: pub, Validity: time.Hour}, time.Now())
 		require.NoError(t, err)
 		return c
@@ -37,7 +43,7 @@ func TestAuthenticate(t *testing.T) {
 	verified := func(c *x509.Certificate) credentials.AuthInfo {
 		return credentials.TLSInfo{State: tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{c, ca.Cert}}}}
 	}
-	p := Policy{Role: pki.RoleOperator, ClusterID: "c1"}
+	p := Policy{Roles: []pki.Role{pki.RoleOperator, pki.RoleAdmin}, ClusterID: "c1"}
 	tests := []struct {
 		name string
 		ctx  context.Context
@@ -49,6 +55,7 @@ func TestAuthenticate(t *testing.T) {
 		{"wrong role", peerCtx(verified(issue("c1", pki.RoleAgent))), codes.PermissionDenied},
 		{"wrong cluster", peerCtx(verified(issue("c2", pki.RoleOperator))), codes.PermissionDenied},
 		{"allowed", peerCtx(verified(issue("c1", pki.RoleOperator))), codes.OK},
+		{"admin allowed", peerCtx(verified(issue("c1", pki.RoleAdmin))), codes.OK},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -62,7 +69,7 @@ func TestAuthenticate(t *testing.T) {
 			require.Equal(t, tc.code, status.Code(err), "%v", err)
 			if tc.code == codes.OK {
 				require.Equal(t, "x", seen.ClientID)
-				require.Equal(t, pki.RoleOperator, seen.Role)
+				require.Contains(t, p.Roles, seen.Role)
 			} else {
 				require.Nil(t, seen, "handler must not run")
 			}
@@ -73,3 +80,15 @@ func TestAuthenticate(t *testing.T) {
 type plainAuth struct{}
 
 func (plainAuth) AuthType() string { return "insecure" }
+
+func TestRequireRole(t *testing.T) {
+	_, err := RequireRole(context.Background(), pki.RoleAdmin)
+	require.Equal(t, codes.Unauthenticated, status.Code(err))
+	op := WithIdentity(context.Background(), pki.Identity{Role: pki.RoleOperator, Tenant: "t"})
+	_, err = RequireRole(op, pki.RoleAdmin)
+	require.Equal(t, codes.PermissionDenied, status.Code(err))
+	adm := WithIdentity(context.Background(), pki.Identity{Role: pki.RoleAdmin, Tenant: "t"})
+	id, err := RequireRole(adm, pki.RoleAdmin)
+	require.NoError(t, err)
+	require.Equal(t, "t", id.Tenant)
+}

@@ -18,8 +18,12 @@ import (
 
 // Cluster is the loaded cluster key material.
 type Cluster struct {
-	CA       *pki.CA
-	NonceKey ed25519.PrivateKey
+	// CA is the cluster CA: control-plane identities only.
+	CA *pki.CA
+	// WorkloadCA signs the certificates instance templates ask for; no
+	// Nstance listener trusts it.
+	WorkloadCA *pki.CA
+	NonceKey   ed25519.PrivateKey
 }
 
 // Options configures Ensure.
@@ -77,12 +81,38 @@ func Once(ctx context.Context, o Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	ca, err := loadOrCreateCA(ctx, o, leader, now())
+	ca, err := loadOrCreateCA(ctx, o, leader, now(), clusterCA)
 	if err != nil {
 		return nil, err
 	}
-	return &Cluster{CA: ca, NonceKey: nonceKey}, nil
+	wca, err := loadOrCreateCA(ctx, o, leader, now(), workloadCA)
+	if err != nil {
+		return nil, err
+	}
+	return &Cluster{CA: ca, WorkloadCA: wca, NonceKey: nonceKey}, nil
 }
+
+// caKind describes one of the two CAs.
+type caKind struct {
+	name     string
+	certKey  func(layout.Keys) string
+	keyKey   func(layout.Keys) string
+	selfSign func(clusterID string, priv ed25519.PrivateKey, validity time.Duration, now time.Time) (*pki.CA, error)
+	// trustDomain is what the loaded CA must name: the cluster id for the
+	// cluster CA, nothing for the workload CA.
+	trustDomain func(clusterID string) string
+}
+
+var (
+	clusterCA = caKind{
+		name: "cluster CA", certKey: layout.Keys.CACert, keyKey: layout.Keys.CAKey, selfSign: pki.SelfSignCA,
+		trustDomain: func(id string) string { return id },
+	}
+	workloadCA = caKind{
+		name: "workload CA", certKey: layout.Keys.WorkloadCACert, keyKey: layout.Keys.WorkloadCAKey, selfSign: pki.SelfSignWorkloadCA,
+		trustDomain: func(string) string { return "" },
+	}
+)
 
 func loadOrCreateNonceKey(ctx context.Context, o Options, leader bool) (ed25519.PrivateKey, error) {
 	key := o.Keys.NonceSigningKey()
@@ -130,8 +160,8 @@ func parseEd25519(p []byte) (ed25519.PrivateKey, error) {
 	return ek, nil
 }
 
-func loadOrCreateCA(ctx context.Context, o Options, leader bool, now time.Time) (*pki.CA, error) {
-	certKey, keyKey := o.Keys.CACert(), o.Keys.CAKey()
+func loadOrCreateCA(ctx context.Context, o Options, leader bool, now time.Time, kind caKind) (*pki.CA, error) {
+	certKey, keyKey := kind.certKey(o.Keys), kind.keyKey(o.Keys)
 	// Private key first: it is written first, and a certificate without its key is useless.
 	keyPEM, err := o.Secrets.Get(ctx, keyKey)
 	switch {
@@ -141,21 +171,21 @@ func loadOrCreateCA(ctx context.Context, o Options, leader bool, now time.Time) 
 		}
 		_, priv, gerr := ed25519.GenerateKey(rand.Reader)
 		if gerr != nil {
-			return nil, fmt.Errorf("generating CA key: %w", gerr)
+			return nil, fmt.Errorf("generating %s key: %w", kind.name, gerr)
 		}
 		p, merr := pki.MarshalPrivateKeyPEM(priv)
 		if merr != nil {
 			return nil, merr
 		}
 		if perr := o.Secrets.Put(ctx, keyKey, p, objstore.PutOptions{IfNoneMatch: true}); perr != nil && !errors.Is(perr, objstore.ErrPreconditionFailed) {
-			return nil, fmt.Errorf("storing CA key: %w", perr)
+			return nil, fmt.Errorf("storing %s key: %w", kind.name, perr)
 		}
 		if keyPEM, err = o.Secrets.Get(ctx, keyKey); err != nil {
-			return nil, fmt.Errorf("reloading CA key: %w", err)
+			return nil, fmt.Errorf("reloading %s key: %w", kind.name, err)
 		}
-		o.Log.Info("created the cluster CA key", "key", keyKey)
+		o.Log.Info("created the "+kind.name+" key", "key", keyKey)
 	case err != nil:
-		return nil, fmt.Errorf("loading CA key: %w", err)
+		return nil, fmt.Errorf("loading %s key: %w", kind.name, err)
 	}
 	obj, err := o.Objects.Get(ctx, certKey)
 	switch {
@@ -165,29 +195,32 @@ func loadOrCreateCA(ctx context.Context, o Options, leader bool, now time.Time) 
 		}
 		signer, perr := pki.ParsePrivateKeyPEM(keyPEM)
 		if perr != nil {
-			return nil, fmt.Errorf("CA key: %w", perr)
+			return nil, fmt.Errorf("%s key: %w", kind.name, perr)
 		}
 		edKey, ok := signer.(ed25519.PrivateKey)
 		if !ok {
-			return nil, fmt.Errorf("CA key is %T, want Ed25519", signer)
+			return nil, fmt.Errorf("%s key is %T, want Ed25519", kind.name, signer)
 		}
-		fresh, cerr := pki.SelfSignCA(o.ClusterID, edKey, o.CAValidity, now)
+		fresh, cerr := kind.selfSign(o.ClusterID, edKey, o.CAValidity, now)
 		if cerr != nil {
 			return nil, cerr
 		}
 		if _, perr := o.Objects.Put(ctx, certKey, fresh.CertPEM, objstore.PutOptions{IfNoneMatch: true}); perr != nil && !errors.Is(perr, objstore.ErrPreconditionFailed) {
-			return nil, fmt.Errorf("storing CA certificate: %w", perr)
+			return nil, fmt.Errorf("storing %s certificate: %w", kind.name, perr)
 		}
-		o.Log.Info("created the cluster CA certificate", "key", certKey)
+		o.Log.Info("created the "+kind.name+" certificate", "key", certKey)
 		if obj, err = o.Objects.Get(ctx, certKey); err != nil {
-			return nil, fmt.Errorf("reloading CA certificate: %w", err)
+			return nil, fmt.Errorf("reloading %s certificate: %w", kind.name, err)
 		}
 	case err != nil:
-		return nil, fmt.Errorf("loading CA certificate: %w", err)
+		return nil, fmt.Errorf("loading %s certificate: %w", kind.name, err)
 	}
 	ca, err := pki.LoadCA(obj.Body, keyPEM)
 	if err != nil {
-		return nil, fmt.Errorf("cluster CA in %s / %s: %w", certKey, keyKey, err)
+		return nil, fmt.Errorf("%s in %s / %s: %w", kind.name, certKey, keyKey, err)
+	}
+	if got, want := ca.TrustDomain(), kind.trustDomain(o.ClusterID); got != want {
+		return nil, fmt.Errorf("%s in %s names trust domain %q, want %q", kind.name, certKey, got, want)
 	}
 	return ca, nil
 }

@@ -169,6 +169,9 @@ type Certificates struct {
 	AgentValidity    Duration `json:"agent_validity"`
 	OperatorValidity Duration `json:"operator_validity"`
 	AgentNonceTTL    Duration `json:"agent_nonce_ttl"`
+	// NonceMaxLifetime is the longest lifetime (exp - iat) of a registration
+	// nonce the server accepts, agent or operator (default 24h).
+	NonceMaxLifetime Duration `json:"nonce_max_lifetime"`
 }
 
 // Defaults apply to every template.

@@ -21,6 +21,9 @@ const (
 	DefaultAgentValidity    = 30 * 24 * time.Hour
 	DefaultOperatorValidity = 90 * 24 * time.Hour
 	DefaultAgentNonceTTL    = 15 * time.Minute
+	// DefaultNonceMaxLifetime bounds every registration nonce (exp - iat);
+	// operator nonces are minted for 3h by default and 24h at most is common.
+	DefaultNonceMaxLifetime = 24 * time.Hour
 	DefaultStorageTimeout   = 10 * time.Second
 	DefaultShutdownTimeout  = 10 * time.Second
 	DefaultEncryptionKeyEnv = "NSTANCE_ENCRYPTION_KEY"
@@ -57,6 +60,7 @@ func (c *Config) ApplyDefaults() {
 	setDur(&ce.AgentValidity, DefaultAgentValidity)
 	setDur(&ce.OperatorValidity, DefaultOperatorValidity)
 	setDur(&ce.AgentNonceTTL, DefaultAgentNonceTTL)
+	setDur(&ce.NonceMaxLifetime, DefaultNonceMaxLifetime)
 	setDur(&c.Shard.Timeouts.StorageCall, DefaultStorageTimeout)
 	setDur(&c.Shard.Timeouts.Shutdown, DefaultShutdownTimeout)
 }
@@ -221,11 +225,14 @@ func (c *Config) Validate() error {
 	}{
 		{"certificates.ca_validity", ce.CAValidity}, {"certificates.server_validity", ce.ServerValidity},
 		{"certificates.agent_validity", ce.AgentValidity}, {"certificates.operator_validity", ce.OperatorValidity},
-		{"certificates.agent_nonce_ttl", ce.AgentNonceTTL},
+		{"certificates.agent_nonce_ttl", ce.AgentNonceTTL}, {"certificates.nonce_max_lifetime", ce.NonceMaxLifetime},
 	} {
 		if kv.d <= 0 {
 			ch.add(kv.key, "must be positive")
 		}
+	}
+	if ce.NonceMaxLifetime > 0 && ce.AgentNonceTTL > ce.NonceMaxLifetime {
+		ch.add("certificates.agent_nonce_ttl", "must not be longer than certificates.nonce_max_lifetime (%s), got %s", ce.NonceMaxLifetime.D(), ce.AgentNonceTTL.D())
 	}
 
 	for name, t := range c.Templates {
@@ -252,11 +259,23 @@ func (c *Config) Validate() error {
 			ch.positive(key+".drain_timeout", g.DrainTimeout)
 		}
 	}
+	c.checkWorkloadNames(&ch)
 	if len(ch.errs) > 0 {
 		sortErrors(ch.errs)
 		return ch.errs
 	}
 	return nil
+}
+
+// IsDevProvider reports whether provider runs instances on this machine for
+// development (tmux, process, mock); the server relaxes some production
+// warnings for them.
+func IsDevProvider(provider string) bool {
+	switch provider {
+	case "tmux", "process", "mock":
+		return true
+	}
+	return false
 }
 
 func checkKeySource(ch *checker, key string, ks KeySource) {

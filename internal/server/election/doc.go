@@ -1,7 +1,7 @@
 // Package election elects one leader per lease object (cluster/leader.json,
 // shard/{shard}/leader.json) using only conditional object-storage writes.
 //
-// The lease is JSON {holder, renewed_at, expires_at, term}. A candidate creates
+// The lease is JSON {holder, incarnation, renewed_at, expires_at, term}. A candidate creates
 // a missing lease with If-None-Match, and replaces an existing one with
 // If-Match on the etag it read, so of two racing candidates exactly one wins.
 // The holder renews every RenewInterval; a renewal refused with "precondition
@@ -13,4 +13,11 @@
 // LeaseDuration in the past. The etag of the last successful write is the
 // fencing token. A holder that cannot reach storage steps down once
 // 3/4 of a lease has passed since its last successful renewal.
+//
+// The holder is the server id; the incarnation is random per process. Only a
+// lease with this candidate's id and incarnation is its own. A lease under its
+// id but another incarnation is treated like anyone else's (a crashed previous
+// run leaves it unchanged and it is taken over after a lease); if it is seen
+// being renewed, another live process uses the same id, and Run returns
+// ErrDuplicateID instead of campaigning.
 package election

@@ -2,6 +2,8 @@ package election
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,11 +17,18 @@ import (
 
 // Lease is the stored lease document.
 type Lease struct {
-	Holder    string    `json:"holder"`
-	RenewedAt time.Time `json:"renewed_at"`
-	ExpiresAt time.Time `json:"expires_at"`
-	Term      int64     `json:"term"`
+	Holder string `json:"holder"`
+	// Incarnation is random per process: it tells a holder's own lease from
+	// one written by another process with the same server id.
+	Incarnation string    `json:"incarnation,omitempty"`
+	RenewedAt   time.Time `json:"renewed_at"`
+	ExpiresAt   time.Time `json:"expires_at"`
+	Term        int64     `json:"term"`
 }
+
+// ErrDuplicateID is returned by Run when another live process holds the
+// lease under this candidate's id: two servers were given the same id.
+var ErrDuplicateID = errors.New("another running server uses this server id")
 
 // Config configures an Elector.
 type Config struct {
@@ -27,7 +36,9 @@ type Config struct {
 	// Key is the lease object key.
 	Key string
 	// ID identifies this candidate (the server id).
-	ID            string
+	ID string
+	// Incarnation identifies this process; a random value when empty.
+	Incarnation   string
 	LeaseDuration time.Duration
 	RenewInterval time.Duration
 	RetryInterval time.Duration
@@ -73,11 +84,30 @@ func New(cfg Config) (*Elector, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Incarnation == "" {
+		inc, err := NewIncarnation()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Incarnation = inc
+	}
 	if cfg.OnLeading == nil {
 		cfg.OnLeading = func(ctx context.Context, _ int64) { <-ctx.Done() }
 	}
 	return &Elector{cfg: cfg}, nil
 }
+
+// NewIncarnation returns a random process incarnation id.
+func NewIncarnation() (string, error) {
+	b := make([]byte, 8)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("election: incarnation: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
+
+// Incarnation is the id of this process in the lease.
+func (e *Elector) Incarnation() string { return e.cfg.Incarnation }
 
 // Status returns the current state.
 func (e *Elector) Status() Status {
@@ -99,14 +129,23 @@ func (e *Elector) set(f func(*Status)) {
 type observation struct {
 	etag  string
 	since time.Time
+	// twin is set while the observed lease names this candidate's id but
+	// another incarnation.
+	twin string
 }
 
 // Run campaigns until ctx ends; when leading it renews and calls OnLeading.
-// On return the lease is released if held.
+// On return the lease is released if held. It returns ErrDuplicateID (and
+// campaigns no more) when it sees a lease held under its own id by another
+// process that is alive, i.e. renews it.
 func (e *Elector) Run(ctx context.Context) error {
 	var obs observation
 	for {
-		lease, etag, ok := e.tryAcquire(ctx, &obs)
+		lease, etag, ok, err := e.tryAcquire(ctx, &obs)
+		if err != nil {
+			e.cfg.Log.Error(err, "refusing to campaign", "key", e.cfg.Key, "id", e.cfg.ID, "incarnation", e.cfg.Incarnation)
+			return err
+		}
 		if ok {
 			e.lead(ctx, lease, etag)
 			obs = observation{}
@@ -141,11 +180,11 @@ func (e *Elector) write(ctx context.Context, l Lease, opts objstore.PutOptions) 
 	return e.cfg.Store.Put(ctx, e.cfg.Key, body, opts)
 }
 
-func (e *Elector) tryAcquire(ctx context.Context, obs *observation) (Lease, string, bool) {
+func (e *Elector) tryAcquire(ctx context.Context, obs *observation) (Lease, string, bool, error) {
 	now := e.cfg.Now()
 	cur, etag, err := e.read(ctx)
 	var opts objstore.PutOptions
-	next := Lease{Holder: e.cfg.ID, RenewedAt: now.UTC(), ExpiresAt: now.Add(e.cfg.LeaseDuration).UTC(), Term: 1}
+	next := Lease{Holder: e.cfg.ID, Incarnation: e.cfg.Incarnation, RenewedAt: now.UTC(), ExpiresAt: now.Add(e.cfg.LeaseDuration).UTC(), Term: 1}
 	switch {
 	case errors.Is(err, objstore.ErrNotFound):
 		opts.IfNoneMatch = true
@@ -153,17 +192,34 @@ func (e *Elector) tryAcquire(ctx context.Context, obs *observation) (Lease, stri
 		if ctx.Err() == nil {
 			e.cfg.Log.Error(err, "reading lease failed", "key", e.cfg.Key)
 		}
-		return Lease{}, "", false
+		return Lease{}, "", false, nil
 	default:
 		e.set(func(s *Status) { s.Holder, s.Term = cur.Holder, cur.Term })
-		if obs.etag != etag {
-			*obs = observation{etag: etag, since: now}
+		twin := ""
+		if cur.Holder == e.cfg.ID && cur.Incarnation != e.cfg.Incarnation {
+			twin = cur.Incarnation
+			if twin == "" {
+				twin = "(none)"
+			}
 		}
-		dead := cur.Holder == "" || cur.Holder == e.cfg.ID ||
+		if obs.etag != etag {
+			if obs.etag != "" && twin != "" && obs.twin == twin {
+				// The lease under our id was renewed by its other incarnation:
+				// that process is alive, so two servers share this id.
+				return Lease{}, "", false, fmt.Errorf("%w: %q holds %s (incarnation %s, renewed at %s); give each server its own --id",
+					ErrDuplicateID, e.cfg.ID, e.cfg.Key, twin, cur.RenewedAt.Format(time.RFC3339Nano))
+			}
+			*obs = observation{etag: etag, since: now, twin: twin}
+		}
+		// Our own lease (same incarnation) is ours to take back. A lease
+		// under our id from another incarnation is treated like anyone
+		// else's: a previous run of this server that crashed leaves it
+		// unchanged, and it is taken over after a lease.
+		dead := cur.Holder == "" || (cur.Holder == e.cfg.ID && cur.Incarnation == e.cfg.Incarnation) ||
 			now.Sub(obs.since) >= e.cfg.LeaseDuration ||
 			now.After(cur.ExpiresAt.Add(e.cfg.LeaseDuration))
 		if !dead {
-			return Lease{}, "", false
+			return Lease{}, "", false, nil
 		}
 		opts.IfMatch = etag
 		next.Term = cur.Term + 1
@@ -173,10 +229,10 @@ func (e *Elector) tryAcquire(ctx context.Context, obs *observation) (Lease, stri
 		if !errors.Is(err, objstore.ErrPreconditionFailed) && ctx.Err() == nil {
 			e.cfg.Log.Error(err, "writing lease failed", "key", e.cfg.Key)
 		}
-		return Lease{}, "", false
+		return Lease{}, "", false, nil
 	}
-	e.cfg.Log.Info("acquired leadership", "key", e.cfg.Key, "term", next.Term)
-	return next, newTag, true
+	e.cfg.Log.Info("acquired leadership", "key", e.cfg.Key, "term", next.Term, "incarnation", e.cfg.Incarnation)
+	return next, newTag, true, nil
 }
 
 // lead renews the lease and runs OnLeading until leadership ends.
@@ -203,7 +259,7 @@ loop:
 		case <-ticker.C:
 		}
 		now := e.cfg.Now()
-		next := Lease{Holder: e.cfg.ID, RenewedAt: now.UTC(), ExpiresAt: now.Add(e.cfg.LeaseDuration).UTC(), Term: lease.Term}
+		next := Lease{Holder: e.cfg.ID, Incarnation: e.cfg.Incarnation, RenewedAt: now.UTC(), ExpiresAt: now.Add(e.cfg.LeaseDuration).UTC(), Term: lease.Term}
 		rctx, rcancel := context.WithTimeout(ctx, e.cfg.RenewInterval)
 		newTag, err := e.write(rctx, next, objstore.PutOptions{IfMatch: etag})
 		rcancel()

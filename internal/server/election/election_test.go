@@ -165,3 +165,99 @@ func TestStepDownWhenLeaseStolen(t *testing.T) {
 	require.Eventually(t, a.Leading, 10*time.Second, time.Millisecond)
 	require.Equal(t, int64(100), a.Status().Term)
 }
+
+// run starts an elector and returns it with a channel that receives Run's result.
+func run(t *testing.T, store objstore.Store, id, incarnation string, leading *atomic.Int32) (*Elector, <-chan error) {
+	t.Helper()
+	e, err := New(Config{
+		Store: store, Key: "cluster/leader.json", ID: id, Incarnation: incarnation, LeaseDuration: lease, RenewInterval: renew, RetryInterval: retry,
+		Log: logr.Discard(),
+		OnLeading: func(ctx context.Context, _ int64) {
+			leading.Add(1)
+			<-ctx.Done()
+			leading.Add(-1)
+		},
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done, finished := make(chan error, 1), make(chan struct{})
+	go func() { done <- e.Run(ctx); close(finished) }()
+	t.Cleanup(func() { cancel(); <-finished })
+	return e, done
+}
+
+func TestDuplicateIDIsRefused(t *testing.T) {
+	store := memstore.New()
+	var leading atomic.Int32
+	a, aDone := run(t, store, "srv", "", &leading)
+	require.Eventually(t, a.Leading, 2*time.Second, 5*time.Millisecond)
+
+	// A second process with the same id: it sees the lease under its id
+	// renewed by another incarnation and refuses to campaign.
+	b, bDone := run(t, store, "srv", "", &leading)
+	require.NotEqual(t, a.Incarnation(), b.Incarnation())
+	var err error
+	deadline := time.After(lease + 4*renew)
+	for err == nil {
+		select {
+		case err = <-bDone:
+		case <-deadline:
+			t.Fatal("the duplicate did not notice")
+		case <-time.After(2 * time.Millisecond):
+			require.LessOrEqual(t, leading.Load(), int32(1), "both led")
+			require.False(t, b.Leading())
+		}
+	}
+	require.ErrorIs(t, err, ErrDuplicateID)
+	require.Contains(t, err.Error(), a.Incarnation())
+	// The first one is untouched.
+	require.True(t, a.Leading())
+	time.Sleep(2 * renew)
+	require.True(t, a.Leading())
+	select {
+	case err := <-aDone:
+		t.Fatalf("the leader stopped: %v", err)
+	default:
+	}
+}
+
+func TestRestartAfterCrashTakesOverItsOldLeaseAfterALease(t *testing.T) {
+	store := memstore.New()
+	ctx := context.Background()
+	// The previous run of "srv" crashed while leading.
+	body, err := json.Marshal(Lease{Holder: "srv", Incarnation: "dead-process", RenewedAt: time.Now(), ExpiresAt: time.Now().Add(lease), Term: 3})
+	require.NoError(t, err)
+	_, err = store.Put(ctx, "cluster/leader.json", body, objstore.PutOptions{IfNoneMatch: true})
+	require.NoError(t, err)
+
+	var leading atomic.Int32
+	began := time.Now()
+	e, done := run(t, store, "srv", "", &leading)
+	time.Sleep(lease / 2)
+	require.False(t, e.Leading(), "a lease under our id from another process is not ours")
+	require.Eventually(t, e.Leading, 2*lease, 5*time.Millisecond)
+	require.GreaterOrEqual(t, time.Since(began), lease)
+	require.Equal(t, int64(4), e.Status().Term)
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned: %v", err)
+	default:
+	}
+	obj, err := store.Get(ctx, "cluster/leader.json")
+	require.NoError(t, err)
+	var l Lease
+	require.NoError(t, json.Unmarshal(obj.Body, &l))
+	require.Equal(t, e.Incarnation(), l.Incarnation)
+}
+
+func TestOwnIncarnationIsRetakenAtOnce(t *testing.T) {
+	store := memstore.New()
+	body, err := json.Marshal(Lease{Holder: "srv", Incarnation: "me", RenewedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour), Term: 5})
+	require.NoError(t, err)
+	_, err = store.Put(context.Background(), "cluster/leader.json", body, objstore.PutOptions{IfNoneMatch: true})
+	require.NoError(t, err)
+	var leading atomic.Int32
+	e, _ := run(t, store, "srv", "me", &leading)
+	require.Eventually(t, e.Leading, lease/2, 5*time.Millisecond)
+	require.Equal(t, int64(6), e.Status().Term)
+}

@@ -113,18 +113,6 @@ func (h *Hub[T]) publishLocked(tenant string, ev T) int {
 	return n
 }
 
-// Broadcast delivers ev to the subscribers of every tenant (shard-wide
-// events such as config errors).
-func (h *Hub[T]) Broadcast(ev T) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for tenant := range h.subs {
-		n += h.publishLocked(tenant, ev)
-	}
-	return n
-}
-
 // Subscribers returns the number of subscribers of tenant.
 func (h *Hub[T]) Subscribers(tenant string) int {
 	h.mu.Lock()

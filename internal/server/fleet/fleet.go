@@ -59,8 +59,12 @@ type Options struct {
 
 // AgentOptions configure the Agent service of a fleet.
 type AgentOptions struct {
-	// CA signs the certificates of agent-generated keys; nil means no Agent service.
-	CA *pki.CA
+	// WorkloadCA signs the certificates of agent-generated keys (what
+	// templates ask for); nil means no Agent service.
+	WorkloadCA *pki.CA
+	// ServerHosts are server names and addresses beyond those the config
+	// knows (flags, host name) that no template certificate may carry.
+	ServerHosts []string
 	// CertValidity caps issued certificates (default 24h).
 	CertValidity time.Duration
 	// Secret resolves files of kind secret; nil rejects them.
@@ -86,7 +90,7 @@ type Fleet struct {
 	Instances  *instances.Store
 	Groups     *groups.Registry
 	Events     *events.Hubs
-	// Agent is the Agent service (nil without AgentOptions.CA), with its
+	// Agent is the Agent service (nil without AgentOptions.WorkloadCA), with its
 	// key store and health tracker.
 	Agent     *agentapi.Server
 	AgentKeys *agentapi.MemKeyStore
@@ -111,14 +115,17 @@ func New(o Options) (*Fleet, error) {
 		RetryBase: o.RetryBase, HealthInterval: o.Agent.HealthInterval, HealthMisses: o.Agent.HealthMisses,
 		StartupGrace: o.Agent.StartupGrace, Surge: o.Agent.Surge, Now: o.Now,
 	}
-	if ao := o.Agent; ao.CA != nil {
+	if ao := o.Agent; ao.WorkloadCA != nil {
 		if ao.CertValidity <= 0 {
 			ao.CertValidity = 24 * time.Hour
 		}
 		f.AgentKeys, f.Health = agentapi.NewMemKeyStore(), agentapi.NewTracker()
-		src := &agentapi.TemplateSource{Lookup: f.templateInput(o.Config), Secret: ao.Secret, CABundle: ao.CA.CertPEM}
+		src := &agentapi.TemplateSource{Lookup: f.templateInput(o.Config), Secret: ao.Secret, CABundle: ao.WorkloadCA.CertPEM}
+		holder, extra := o.Config, ao.ServerHosts
+		signer := &agentapi.WorkloadSigner{CA: ao.WorkloadCA, MaxValidity: ao.CertValidity,
+			Policy: func() pki.WorkloadPolicy { return holder.Current().WorkloadPolicy(extra...) }}
 		srv, err := agentapi.New(agentapi.Options{
-			Source: src, Keys: f.AgentKeys, Signer: &agentapi.CASigner{CA: ao.CA, MaxValidity: ao.CertValidity},
+			Shard: shard, Source: src, Keys: f.AgentKeys, Signer: signer,
 			Health: f.Health, Log: o.Log.WithName("agentapi"), RepushInterval: ao.RepushInterval,
 		})
 		if err != nil {

@@ -31,8 +31,9 @@ type Options struct {
 	OnBuilt func(*Built)
 	// ResyncInterval of the reconciler (default 30s).
 	ResyncInterval time.Duration
-	// Agent tunes the Agent service and health monitoring; CA, certificate
-	// validity and Monitor are filled in from the runtime.
+	// Agent tunes the Agent service and health monitoring; the workload CA,
+	// server hosts, certificate validity and Monitor are filled in from the
+	// runtime.
 	Agent fleet.AgentOptions
 }
 
@@ -67,7 +68,8 @@ func Factory(o Options) app.ServiceFactory {
 			RegistrationAddr: cfg.Shard.Advertise.RegistrationAddr, AgentAddr: cfg.Shard.Advertise.AgentAddr,
 			Renewer: core, Log: rt.Log, ResyncInterval: o.ResyncInterval, Agent: o.Agent,
 		}
-		opts.Agent.CA = rt.CA
+		opts.Agent.WorkloadCA = rt.WorkloadCA
+		opts.Agent.ServerHosts = append(append([]string{}, opts.Agent.ServerHosts...), rt.ServerHosts...)
 		if opts.Agent.CertValidity <= 0 {
 			opts.Agent.CertValidity = cfg.Certificates.AgentValidity.D()
 		}

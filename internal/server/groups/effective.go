@@ -83,9 +83,11 @@ func pick(dst *string, v string) {
 // FieldError names one bad field of a group spec.
 type FieldError = config.FieldError
 
-// Validate checks a dynamic group spec against the running config. Keys are
-// the GroupSpec field names.
-func Validate(cfg *config.Config, id string, s Spec) []FieldError {
+// Validate checks a dynamic group spec of tenant against the running
+// config. Keys are the GroupSpec field names. Vars that would put a
+// control-plane URI or a server name into a template certificate are
+// refused (key "vars").
+func Validate(cfg *config.Config, tenant, id string, s Spec) []FieldError {
 	var errs []FieldError
 	add := func(k, f string, a ...any) { errs = append(errs, FieldError{Key: k, Reason: fmt.Sprintf(f, a...)}) }
 	if id == "" {
@@ -113,6 +115,24 @@ func Validate(cfg *config.Config, id string, s Spec) []FieldError {
 		if k == "" {
 			add("vars", "empty variable name")
 		}
+	}
+	if len(errs) == 0 {
+		if eff, err := Resolve(cfg, &s, Overrides{}); err == nil {
+			errs = append(errs, CheckCertificateNames(cfg, tenant, id, eff)...)
+		}
+	}
+	return errs
+}
+
+// CheckCertificateNames renders the certificate names of the effective
+// template of an instance (of group, or on demand when group is empty) and
+// refuses those a workload certificate may not carry. The signer checks
+// again at issue time, with the server's full list of names.
+func CheckCertificateNames(cfg *config.Config, tenant, group string, eff Effective) []FieldError {
+	data := config.EffectiveData(cfg.Shard.ID, tenant, group, eff.Template, eff.InstanceType, eff.Vars, eff.Args)
+	var errs []FieldError
+	for _, reason := range cfg.CheckTemplateCertificates(eff.Template, data, cfg.WorkloadPolicy()) {
+		errs = append(errs, FieldError{Key: "vars", Reason: "with these vars, " + reason})
 	}
 	return errs
 }

@@ -120,11 +120,33 @@ func TestRegistryPersistsAndProtectsStatic(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	cfg := testConfig()
-	require.Empty(t, groups.Validate(cfg, "web", groups.Spec{Template: "worker", Size: 1}))
-	fes := groups.Validate(cfg, "../x", groups.Spec{Template: "nope", Size: -1, SubnetPool: "zz"})
+	require.Empty(t, groups.Validate(cfg, "acme", "web", groups.Spec{Template: "worker", Size: 1}))
+	fes := groups.Validate(cfg, "acme", "../x", groups.Spec{Template: "nope", Size: -1, SubnetPool: "zz"})
 	var keys []string
 	for _, fe := range fes {
 		keys = append(keys, fe.Key)
 	}
 	require.ElementsMatch(t, []string{"group_id", "template", "size", "subnet_pool"}, keys)
+}
+
+func TestValidateRefusesControlPlaneNamesInVars(t *testing.T) {
+	cfg := testConfig()
+	cfg.Cluster.ID = "c1"
+	cfg.Shard.Advertise.Hosts = []string{"nstance.example.com"}
+	t1 := cfg.Templates["worker"]
+	t1.Keys = map[string]config.TemplateKey{"tls": {Type: "ed25519", Certificate: &config.TemplateCertificate{
+		CommonName: "{{ .InstanceID }}", DNSNames: []string{"{{ .Vars.dns }}"}, URIs: []string{"{{ .Vars.uri }}"}}}}
+	cfg.Templates["worker"] = t1
+	ok := groups.Spec{Template: "worker", Vars: map[string]string{"dns": "web.example.com", "uri": "spiffe://apps/web"}}
+	require.Empty(t, groups.Validate(cfg, "acme", "web", ok))
+	for name, vars := range map[string]map[string]string{
+		"operator URI":    {"dns": "web.example.com", "uri": "spiffe://c1/tenant/acme/operator/op-1"},
+		"server DNS name": {"dns": "nstance.example.com", "uri": "spiffe://apps/web"},
+		"loopback":        {"dns": "localhost", "uri": "spiffe://apps/web"},
+	} {
+		fes := groups.Validate(cfg, "acme", "web", groups.Spec{Template: "worker", Vars: vars})
+		require.Len(t, fes, 1, name)
+		require.Equal(t, "vars", fes[0].Key, name)
+		require.Contains(t, fes[0].Reason, "templates.worker.keys.tls.certificate.", name)
+	}
 }

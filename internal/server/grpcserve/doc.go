@@ -1,4 +1,6 @@
 // Package grpcserve runs the three gRPC listeners of a shard leader:
 // Registration (TLS 1.3, no client certificate), Operator and Agent (TLS 1.3
-// mTLS against the cluster CA, role enforced by the authz interceptors).
+// mTLS against the cluster CA, roles enforced by the authz interceptors).
+// Every server recovers from a panicking handler: the panic is logged with
+// its method and the call answers Internal; the server keeps serving.
 package grpcserve

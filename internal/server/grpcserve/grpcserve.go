@@ -1,17 +1,22 @@
 package grpcserve
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
+	"runtime/debug"
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/authz"
@@ -32,6 +37,8 @@ type Config struct {
 
 	// Extra options added to every grpc.Server (e.g. metrics interceptors).
 	ServerOptions []grpc.ServerOption
+	// Log receives handler panics (the server answers Internal and keeps serving).
+	Log logr.Logger
 }
 
 // Listeners are the three network listeners. Any may be nil to skip that service.
@@ -60,7 +67,10 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 	}
 	s := &Servers{}
 	newServer := func(tlsCfg *tls.Config, extra ...grpc.ServerOption) *grpc.Server {
-		opts := append([]grpc.ServerOption{grpc.Creds(credentials.NewTLS(tlsCfg))}, ka...)
+		// Recovery first, so a panic anywhere below (other interceptors,
+		// handlers) ends only its own RPC.
+		opts := append([]grpc.ServerOption{grpc.Creds(credentials.NewTLS(tlsCfg)),
+			grpc.ChainUnaryInterceptor(RecoverUnary(cfg.Log)), grpc.ChainStreamInterceptor(RecoverStream(cfg.Log))}, ka...)
 		opts = append(opts, cfg.ServerOptions...)
 		opts = append(opts, extra...)
 		return grpc.NewServer(opts...)
@@ -78,7 +88,7 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 			s.Stop()
 			return nil, errors.New("grpcserve: operator listener without a service")
 		}
-		g := newServer(pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), authz.Policy{Role: pki.RoleOperator, ClusterID: cfg.ClusterID}.ServerOptions()...)
+		g := newServer(pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), authz.Policy{Roles: []pki.Role{pki.RoleOperator, pki.RoleAdmin}, ClusterID: cfg.ClusterID}.ServerOptions()...)
 		nstancev1.RegisterOperatorServiceServer(g, cfg.Operator)
 		s.serve("operator", g, ls.Operator)
 	}
@@ -90,13 +100,43 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 		// Thousands of agents keep a connection each: small per-connection
 		// buffers and a shared write buffer cut the server's memory by about
 		// a quarter (bench/agents) at no cost for their small messages.
-		agentOpts := append(authz.Policy{Role: pki.RoleAgent, ClusterID: cfg.ClusterID}.ServerOptions(),
+		agentOpts := append(authz.Policy{Roles: []pki.Role{pki.RoleAgent}, ClusterID: cfg.ClusterID}.ServerOptions(),
 			grpc.SharedWriteBuffer(true), grpc.ReadBufferSize(4<<10), grpc.WriteBufferSize(4<<10))
 		g := newServer(pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), agentOpts...)
 		nstancev1.RegisterAgentServiceServer(g, cfg.Agent)
 		s.serve("agent", g, ls.Agent)
 	}
 	return s, nil
+}
+
+// RecoverUnary turns a panic in a unary handler into codes.Internal and logs
+// it with the method and stack; the server keeps serving.
+func RecoverUnary(log logr.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				resp, err = nil, panicked(log, info.FullMethod, r)
+			}
+		}()
+		return h(ctx, req)
+	}
+}
+
+// RecoverStream is RecoverUnary for streaming handlers.
+func RecoverStream(log logr.Logger) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = panicked(log, info.FullMethod, r)
+			}
+		}()
+		return h(srv, ss)
+	}
+}
+
+func panicked(log logr.Logger, method string, r any) error {
+	log.Error(fmt.Errorf("panic: %v", r), "gRPC handler panicked; answering Internal", "method", method, "stack", string(debug.Stack()))
+	return status.Error(codes.Internal, "internal error")
 }
 
 func (s *Servers) serve(name string, g *grpc.Server, ln net.Listener) {

@@ -52,7 +52,7 @@ func startServer(t *testing.T) *fixture {
 	now := time.Now()
 	ca, err := pki.GenerateCA("c1", 24*time.Hour, now)
 	require.NoError(t, err)
-	srvCert, err := ca.ServerKeyPair("nstance-server", []string{"127.0.0.1"}, time.Hour, now)
+	srvCert, err := ca.ServerKeyPair(pki.ServerIdentity{Shard: "s1", ServerID: "nstance-server"}, []string{"127.0.0.1"}, time.Hour, now)
 	require.NoError(t, err)
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)

@@ -4,6 +4,8 @@
 //	cluster/ca.crt                      cluster CA certificate, plain PEM
 //	cluster/secret/ca.key               CA private key, encrypted envelope
 //	cluster/secret/nonce-signing.key    Ed25519 nonce-signing key, encrypted envelope
+//	cluster/workload-ca.crt             workload CA certificate (template certificates), plain PEM
+//	cluster/secret/workload-ca.key      workload CA private key, encrypted envelope
 //	cluster/leader.json                 cluster leader lease
 //	cluster/operators/{id}.json         operator registrations
 //	config/{shard}.jsonc                shard server configuration (JSONC)

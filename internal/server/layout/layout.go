@@ -31,6 +31,13 @@ func (k Keys) CACert() string { return k.join("cluster", "ca.crt") }
 // CAKey is the encrypted cluster CA private key.
 func (k Keys) CAKey() string { return k.join("cluster", "secret", "ca.key") }
 
+// WorkloadCACert is the workload CA certificate (plain PEM): it signs the
+// certificates instance templates ask for and no Nstance listener trusts it.
+func (k Keys) WorkloadCACert() string { return k.join("cluster", "workload-ca.crt") }
+
+// WorkloadCAKey is the encrypted workload CA private key.
+func (k Keys) WorkloadCAKey() string { return k.join("cluster", "secret", "workload-ca.key") }
+
 // NonceSigningKey is the encrypted Ed25519 key that signs registration nonces.
 func (k Keys) NonceSigningKey() string { return k.join("cluster", "secret", "nonce-signing.key") }
 

@@ -28,10 +28,11 @@ type CertificateRenewer interface {
 // TenantFunc extracts the caller's tenant from a request context.
 type TenantFunc func(ctx context.Context) (string, bool)
 
-// AuthzTenant reads the tenant of an operator identity placed by the authz interceptors.
+// AuthzTenant reads the tenant of an operator (or admin) identity placed by
+// the authz interceptors.
 func AuthzTenant(ctx context.Context) (string, bool) {
 	id, ok := authz.IdentityFrom(ctx)
-	if !ok || id.Role != pki.RoleOperator || id.Tenant == "" {
+	if !ok || (id.Role != pki.RoleOperator && id.Role != pki.RoleAdmin) || id.Tenant == "" {
 		return "", false
 	}
 	return id.Tenant, true
@@ -122,9 +123,16 @@ func (s *Service) GetConfigStatus(ctx context.Context, _ *nstancev1.GetConfigSta
 	return resp, nil
 }
 
-// RefreshConfig implements the RPC. Invalid and unreadable configs are never applied.
+// RefreshConfig implements the RPC. It is an admin action: the config is
+// shard-wide, so an operator of one tenant may not swap it. Invalid and
+// unreadable configs are never applied; their error is reported to the
+// calling admin's tenant only.
 func (s *Service) RefreshConfig(ctx context.Context, _ *nstancev1.RefreshConfigRequest) (*nstancev1.RefreshConfigResponse, error) {
-	if _, err := s.tenant(ctx); err != nil {
+	t, err := s.tenant(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := authz.RequireRole(ctx, pki.RoleAdmin); err != nil {
 		return nil, err
 	}
 	res := s.o.Config.Refresh(ctx)
@@ -137,10 +145,10 @@ func (s *Service) RefreshConfig(ctx context.Context, _ *nstancev1.RefreshConfigR
 	case liveconfig.Invalid:
 		resp.Outcome = nstancev1.RefreshConfigOutcome_REFRESH_CONFIG_OUTCOME_INVALID
 		resp.ValidationErrors = validationErrors(res.Errors)
-		s.o.Reconciler.ReportConfigError(errors.New(res.Message))
+		s.o.Reconciler.ReportConfigError(t, errors.New(res.Message))
 	case liveconfig.StorageError:
 		resp.Outcome = nstancev1.RefreshConfigOutcome_REFRESH_CONFIG_OUTCOME_STORAGE_ERROR
-		s.o.Reconciler.ReportConfigError(errors.New(res.Message))
+		s.o.Reconciler.ReportConfigError(t, errors.New(res.Message))
 	}
 	return resp, nil
 }

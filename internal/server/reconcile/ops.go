@@ -94,7 +94,7 @@ func (r *Reconciler) UpsertGroup(ctx context.Context, tenant string, p *nstancev
 	if err != nil {
 		return nil, false, err
 	}
-	if fes := groups.Validate(r.cfg(), p.GetGroupId(), spec); len(fes) > 0 {
+	if fes := groups.Validate(r.cfg(), tenant, p.GetGroupId(), spec); len(fes) > 0 {
 		return nil, false, invalid(fes...)
 	}
 	k := groups.Key{Tenant: tenant, ID: p.GetGroupId()}
@@ -160,6 +160,9 @@ func (r *Reconciler) CreateInstance(ctx context.Context, tenant string, req Crea
 		SubnetPool: req.SubnetPool, Vars: req.Vars, DrainTimeout: req.DrainTimeout})
 	if err != nil {
 		return nil, invalid(config.FieldError{Reason: err.Error()})
+	}
+	if fes := groups.CheckCertificateNames(r.cfg(), tenant, req.GroupID, eff); len(fes) > 0 {
+		return nil, invalid(fes...)
 	}
 	labels := map[string]string{}
 	if spec != nil {

@@ -926,20 +926,25 @@ func (r *Reconciler) publishInstance(rec *instances.Record, st nstancev1.Instanc
 	r.o.Events.Instances.Publish(rec.Tenant, ev)
 }
 
+// reportError publishes an error to the watchers of its tenant only. An
+// error that belongs to no tenant (the provider's list failed, an orphan
+// could not be deleted) is the shard's business: it goes to the server log,
+// never to every tenant.
 func (r *Reconciler) reportError(tenant, group, inst string, src nstancev1.ErrorSource, err error) {
+	if tenant == "" {
+		r.log.Error(err, "shard error (no tenant to report it to)", "source", src.String(), "group", group, "instance", inst)
+		return
+	}
 	r.log.Error(err, "reconcile error", "tenant", tenant, "group", group, "instance", inst)
 	ev := &nstancev1.ErrorEvent{Source: src, GroupId: group, InstanceId: inst, Message: err.Error(),
 		OccurredAt: timestamppb.New(r.o.Now()), Shard: r.o.Shard}
-	if tenant == "" {
-		r.o.Events.Errors.Broadcast(ev)
-		return
-	}
 	r.o.Events.Errors.Publish(tenant, ev)
 }
 
-// ReportConfigError publishes a config error to every tenant's watchers.
-func (r *Reconciler) ReportConfigError(err error) {
-	r.reportError("", "", "", nstancev1.ErrorSource_ERROR_SOURCE_CONFIG, err)
+// ReportConfigError publishes a config error to the watchers of tenant (the
+// tenant of the admin whose RefreshConfig met it).
+func (r *Reconciler) ReportConfigError(tenant string, err error) {
+	r.reportError(tenant, "", "", nstancev1.ErrorSource_ERROR_SOURCE_CONFIG, err)
 }
 
 // GroupStatus returns the wire status of a group with its observed instances.

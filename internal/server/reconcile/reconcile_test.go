@@ -237,7 +237,7 @@ func (rp *reporter) run(ctx context.Context, f *fleet.Fleet) {
 }
 
 func TestHealthProblemsAreReplacedFirst(t *testing.T) {
-	ca, err := pki.GenerateCA("c1", time.Hour, time.Now())
+	ca, err := pki.GenerateWorkloadCA("c1", time.Hour, time.Now())
 	require.NoError(t, err)
 	cases := []struct {
 		name   string
@@ -267,7 +267,7 @@ func TestHealthProblemsAreReplacedFirst(t *testing.T) {
 			p := mock.New()
 			f, err := fleet.New(fleet.Options{Store: store, Keys: layout.New(""), Config: liveconfig.New(store, "config/s1.jsonc", cfg, "e1", time.Now()),
 				Provider: p, ResyncInterval: 100 * time.Millisecond, RetryBase: 20 * time.Millisecond,
-				Agent: fleet.AgentOptions{CA: ca, Monitor: true, HealthInterval: 100 * time.Millisecond, HealthMisses: 3, StartupGrace: 2 * time.Second}})
+				Agent: fleet.AgentOptions{WorkloadCA: ca, Monitor: true, HealthInterval: 100 * time.Millisecond, HealthMisses: 3, StartupGrace: 2 * time.Second}})
 			require.NoError(t, err)
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
@@ -336,7 +336,7 @@ func mustGroup(t *testing.T, f *fleet.Fleet, id string) *groups.Group {
 // clock jumps past HealthMisses intervals in one step and periodic resyncs are
 // off, so only the health pass can notice.
 func TestLateHealthPassAsksTheProviderFirst(t *testing.T) {
-	ca, err := pki.GenerateCA("c1", time.Hour, time.Now())
+	ca, err := pki.GenerateWorkloadCA("c1", time.Hour, time.Now())
 	require.NoError(t, err)
 	var offset atomic.Int64
 	now := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
@@ -348,7 +348,7 @@ func TestLateHealthPassAsksTheProviderFirst(t *testing.T) {
 	const interval = 100 * time.Millisecond
 	f, err := fleet.New(fleet.Options{Store: store, Keys: layout.New(""), Config: liveconfig.New(store, "config/s1.jsonc", cfg, "e1", time.Now()),
 		Provider: p, ResyncInterval: time.Hour, RetryBase: 20 * time.Millisecond, Now: now,
-		Agent: fleet.AgentOptions{CA: ca, Monitor: true, HealthInterval: interval, HealthMisses: 3, StartupGrace: time.Hour}})
+		Agent: fleet.AgentOptions{WorkloadCA: ca, Monitor: true, HealthInterval: interval, HealthMisses: 3, StartupGrace: time.Hour}})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -52,7 +53,7 @@ func (i *Issuer) now() time.Time {
 // Issue signs a certificate for id and builds the wire response parts.
 func (i *Issuer) Issue(id pki.Identity, pub crypto.PublicKey, ips []net.IP, dns []string) (*Issued, error) {
 	validity := i.AgentValidity
-	if id.Role == pki.RoleOperator {
+	if id.Role == pki.RoleOperator || id.Role == pki.RoleAdmin {
 		validity = i.OperatorValidity
 	}
 	cert, pemBytes, err := i.CA.IssueClient(pki.ClientRequest{Identity: id, PublicKey: pub, IPs: ips, DNSNames: dns, Validity: validity}, i.now())
@@ -87,6 +88,8 @@ func ToProto(id pki.Identity) *nstancev1.ClientIdentity {
 		role = nstancev1.ClientRole_CLIENT_ROLE_AGENT
 	case pki.RoleOperator:
 		role = nstancev1.ClientRole_CLIENT_ROLE_OPERATOR
+	case pki.RoleAdmin:
+		role = nstancev1.ClientRole_CLIENT_ROLE_ADMIN
 	}
 	return &nstancev1.ClientIdentity{
 		ClientId: id.ClientID, Tenant: id.Tenant, ClusterId: id.ClusterID, Shard: id.Shard,
@@ -152,35 +155,60 @@ func checkFields(nonceTok, keyPEM string, ips []string, hostname string) (*field
 	return f, nil
 }
 
-// NonceStatus maps a nonce verification or ledger error to a gRPC status.
+// Refusal messages. Registration callers are anonymous, so what they are
+// told names no cluster, shard, tenant or storage detail; the server log has
+// the reason.
+const (
+	msgInvalidNonce = "registration refused: the nonce is not valid here"
+	msgTimeNonce    = "registration refused: the nonce has expired or is not valid yet"
+	msgUsedNonce    = "registration refused: the nonce has already been used"
+	msgUnavailable  = "registration is unavailable right now; retry later"
+	msgInternal     = "registration failed on the server"
+)
+
+// NonceStatus maps a nonce verification or ledger error to a gRPC status
+// whose message is generic.
 func NonceStatus(err error) error {
 	switch {
 	case errors.Is(err, nonce.ErrReplayed):
-		return status.Errorf(codes.AlreadyExists, "nonce: %v", err)
+		return status.Error(codes.AlreadyExists, msgUsedNonce)
+	case errors.Is(err, nonce.ErrExpired), errors.Is(err, nonce.ErrNotYetValid):
+		return status.Error(codes.Unauthenticated, msgTimeNonce)
 	case errors.Is(err, nonce.ErrMalformed), errors.Is(err, nonce.ErrAlgorithm), errors.Is(err, nonce.ErrSignature),
-		errors.Is(err, nonce.ErrExpired), errors.Is(err, nonce.ErrNotYetValid), errors.Is(err, nonce.ErrWrongCluster),
-		errors.Is(err, nonce.ErrWrongKind), errors.Is(err, nonce.ErrWrongShard), errors.Is(err, nonce.ErrClaims):
-		return status.Errorf(codes.Unauthenticated, "nonce: %v", err)
+		errors.Is(err, nonce.ErrWrongCluster), errors.Is(err, nonce.ErrWrongKind), errors.Is(err, nonce.ErrWrongShard),
+		errors.Is(err, nonce.ErrClaims), errors.Is(err, nonce.ErrLifetime):
+		return status.Error(codes.Unauthenticated, msgInvalidNonce)
 	default:
-		return status.Errorf(codes.Unavailable, "nonce: %v", err)
+		return status.Error(codes.Unavailable, msgUnavailable)
 	}
 }
 
+func peerAddr(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		return p.Addr.String()
+	}
+	return ""
+}
+
 // register verifies, issues, then consumes: a request that fails validation
-// or issuance does not burn the nonce.
-func (s *Service) register(ctx context.Context, kind nonce.Kind, tok, keyPEM string, ips []string, hostname string) (*Issued, *nonce.Claims, error) {
+// or issuance does not burn the nonce. Refusals are logged with their
+// reason; the caller gets a generic status.
+func (s *Service) register(ctx context.Context, kinds []nonce.Kind, tok, keyPEM string, ips []string, hostname string) (*Issued, *nonce.Claims, error) {
 	f, err := checkFields(tok, keyPEM, ips, hostname)
 	if err != nil {
 		return nil, nil, err
 	}
-	claims, err := s.Verifier.Verify(tok, kind)
+	claims, err := s.Verifier.Verify(tok, kinds...)
 	if err != nil {
-		s.Log.V(1).Info("registration refused", "kind", kind, "reason", err.Error())
+		s.Log.Info("registration refused", "kind", kinds[0], "peer", peerAddr(ctx), "reason", err.Error())
 		return nil, nil, NonceStatus(err)
 	}
 	role := pki.RoleAgent
-	if kind == nonce.KindOperator {
+	switch claims.Kind {
+	case nonce.KindOperator:
 		role = pki.RoleOperator
+	case nonce.KindAdmin:
+		role = pki.RoleAdmin
 	}
 	id := pki.Identity{ClusterID: s.Issuer.ClusterID, Tenant: claims.Tenant, Role: role, ClientID: claims.Subject, Shard: claims.Shard, Group: claims.Group}
 	var dns []string
@@ -189,10 +217,11 @@ func (s *Service) register(ctx context.Context, kind nonce.Kind, tok, keyPEM str
 	}
 	issued, err := s.Issuer.Issue(id, f.pub, f.ips, dns)
 	if err != nil {
-		return nil, nil, status.Errorf(codes.Internal, "issuing certificate: %v", err)
+		s.Log.Error(err, "registration: issuing certificate", "kind", claims.Kind, "subject", claims.Subject, "peer", peerAddr(ctx))
+		return nil, nil, status.Error(codes.Internal, msgInternal)
 	}
 	if err := s.Ledger.Consume(ctx, claims, s.ServerID, s.Issuer.now()); err != nil {
-		s.Log.V(1).Info("registration refused", "kind", kind, "jti", claims.ID, "reason", err.Error())
+		s.Log.Info("registration refused", "kind", claims.Kind, "jti", claims.ID, "subject", claims.Subject, "peer", peerAddr(ctx), "reason", err.Error())
 		return nil, nil, NonceStatus(err)
 	}
 	return issued, claims, nil
@@ -200,7 +229,7 @@ func (s *Service) register(ctx context.Context, kind nonce.Kind, tok, keyPEM str
 
 // RegisterAgent exchanges an agent nonce for an agent certificate.
 func (s *Service) RegisterAgent(ctx context.Context, req *nstancev1.RegisterAgentRequest) (*nstancev1.RegisterAgentResponse, error) {
-	issued, claims, err := s.register(ctx, nonce.KindAgent, req.GetNonce(), req.GetPublicKeyPem(), req.GetIpAddresses(), req.GetHostname())
+	issued, claims, err := s.register(ctx, []nonce.Kind{nonce.KindAgent}, req.GetNonce(), req.GetPublicKeyPem(), req.GetIpAddresses(), req.GetHostname())
 	if err != nil {
 		return nil, err
 	}
@@ -217,6 +246,7 @@ func (s *Service) RegisterAgent(ctx context.Context, req *nstancev1.RegisterAgen
 type OperatorRecord struct {
 	ID           string    `json:"id"`
 	Tenant       string    `json:"tenant"`
+	Role         string    `json:"role,omitempty"`
 	URI          string    `json:"uri"`
 	Serial       string    `json:"serial"`
 	ExpiresAt    time.Time `json:"expires_at"`
@@ -225,14 +255,15 @@ type OperatorRecord struct {
 	NonceID      string    `json:"nonce_id"`
 }
 
-// RegisterOperator exchanges an operator nonce for an operator certificate.
+// RegisterOperator exchanges an operator nonce for an operator certificate,
+// or an admin nonce for an admin certificate.
 func (s *Service) RegisterOperator(ctx context.Context, req *nstancev1.RegisterOperatorRequest) (*nstancev1.RegisterOperatorResponse, error) {
-	issued, claims, err := s.register(ctx, nonce.KindOperator, req.GetNonce(), req.GetPublicKeyPem(), req.GetIpAddresses(), req.GetHostname())
+	issued, claims, err := s.register(ctx, []nonce.Kind{nonce.KindOperator, nonce.KindAdmin}, req.GetNonce(), req.GetPublicKeyPem(), req.GetIpAddresses(), req.GetHostname())
 	if err != nil {
 		return nil, err
 	}
 	rec := OperatorRecord{
-		ID: claims.Subject, Tenant: claims.Tenant, URI: issued.Identity.GetUri(), Serial: issued.Serial,
+		ID: claims.Subject, Tenant: claims.Tenant, Role: string(claims.Kind), URI: issued.Identity.GetUri(), Serial: issued.Serial,
 		ExpiresAt: issued.NotAfter, RegisteredAt: s.Issuer.now().UTC(), RegisteredBy: s.ServerID, NonceID: claims.ID,
 	}
 	if body, err := json.Marshal(rec); err == nil && s.Objects != nil {
@@ -241,7 +272,7 @@ func (s *Service) RegisterOperator(ctx context.Context, req *nstancev1.RegisterO
 			s.Log.Error(err, "recording operator registration", "operator", claims.Subject)
 		}
 	}
-	s.Log.Info("operator registered", "operator", claims.Subject, "tenant", claims.Tenant, "serial", issued.Serial)
+	s.Log.Info("operator registered", "operator", claims.Subject, "tenant", claims.Tenant, "role", claims.Kind, "serial", issued.Serial)
 	return &nstancev1.RegisterOperatorResponse{
 		CertificatePem: issued.CertificatePEM, CaChainPem: issued.CAChainPEM, ExpiresAt: issued.ExpiresAt, Identity: issued.Identity,
 	}, nil

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -140,5 +141,72 @@ func TestRegisterOperatorRecordsRegistration(t *testing.T) {
 	// An operator nonce is refused by RegisterAgent for its kind.
 	_, err = f.svc.RegisterAgent(ctx, &nstancev1.RegisterAgentRequest{Nonce: tok, PublicKeyPem: pubPEM(t)})
 	require.Equal(t, codes.Unauthenticated, status.Code(err))
-	require.Contains(t, err.Error(), "another kind")
+	require.Equal(t, msgInvalidNonce, status.Convert(err).Message())
+}
+
+func TestRegisterAdmin(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	tok, err := nonce.Mint(f.nonceKey, nonce.Claims{Kind: nonce.KindAdmin, ClusterID: "c1", Tenant: "acme", RegisteredClaims: jwt.RegisteredClaims{Subject: "adm"}}, time.Hour, time.Now())
+	require.NoError(t, err)
+	resp, err := f.svc.RegisterOperator(ctx, &nstancev1.RegisterOperatorRequest{Nonce: tok, PublicKeyPem: pubPEM(t)})
+	require.NoError(t, err)
+	require.Equal(t, nstancev1.ClientRole_CLIENT_ROLE_ADMIN, resp.GetIdentity().GetRole())
+	require.Equal(t, "spiffe://c1/tenant/acme/admin/adm", resp.GetIdentity().GetUri())
+	rec, err := f.store.Get(ctx, "cluster/operators/adm.json")
+	require.NoError(t, err)
+	require.Contains(t, string(rec.Body), `"role":"admin"`)
+}
+
+// TestRefusalsAreGeneric: anonymous callers learn no cluster, shard or
+// tenant id from a refusal; the server log has the reason.
+func TestRefusalsAreGeneric(t *testing.T) {
+	f := newFixture(t)
+	var logged []string
+	var mu sync.Mutex
+	f.svc.Log = funcr.New(func(prefix, args string) {
+		mu.Lock()
+		logged = append(logged, args)
+		mu.Unlock()
+	}, funcr.Options{})
+	ctx := context.Background()
+	now := time.Now()
+	mint := func(c nonce.Claims, ttl time.Duration, at time.Time) string {
+		tok, err := nonce.Mint(f.nonceKey, c, ttl, at)
+		require.NoError(t, err)
+		return tok
+	}
+	agent := nonce.Claims{Kind: nonce.KindAgent, ClusterID: "c1", Tenant: "acme", Shard: "s1", RegisteredClaims: jwt.RegisteredClaims{Subject: "i-1"}}
+	otherCluster, otherShard := agent, agent
+	otherCluster.ClusterID = "secret-cluster-c2"
+	otherShard.Shard = "secret-shard-s2"
+	used := mint(agent, time.Minute, now)
+	_, err := f.svc.RegisterAgent(ctx, &nstancev1.RegisterAgentRequest{Nonce: used, PublicKeyPem: pubPEM(t)})
+	require.NoError(t, err)
+	for name, tc := range map[string]struct {
+		tok  string
+		code codes.Code
+		msg  string
+		log  string
+	}{
+		"other cluster": {mint(otherCluster, time.Minute, now), codes.Unauthenticated, msgInvalidNonce, "secret-cluster-c2"},
+		"other shard":   {mint(otherShard, time.Minute, now), codes.Unauthenticated, msgInvalidNonce, "secret-shard-s2"},
+		"too long":      {mint(agent, 25*time.Hour, now), codes.Unauthenticated, msgInvalidNonce, "lifetime"},
+		"expired":       {mint(agent, time.Minute, now.Add(-time.Hour)), codes.Unauthenticated, msgTimeNonce, "expired"},
+		"garbage":       {"a.b.c", codes.Unauthenticated, msgInvalidNonce, "well-formed"},
+		"replayed":      {used, codes.AlreadyExists, msgUsedNonce, "already been used"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := f.svc.RegisterAgent(ctx, &nstancev1.RegisterAgentRequest{Nonce: tc.tok, PublicKeyPem: pubPEM(t)})
+			st := status.Convert(err)
+			require.Equal(t, tc.code, st.Code())
+			require.Equal(t, tc.msg, st.Message())
+			for _, secret := range []string{"c1", "s1", "acme", "c2", "s2", "i-1"} {
+				require.NotContains(t, st.Message(), secret)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			require.Contains(t, logged[len(logged)-1], tc.log, "the reason is in the server log")
+		})
+	}
 }

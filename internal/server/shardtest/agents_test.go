@@ -61,7 +61,7 @@ func agentConfig(role string) string {
 	return strings.Replace(shardtest.Config("test-cluster", "test-1", "process"),
 		`"worker": { "kind": "worker", "arch": "amd64", "instance_type": "test.small", "subnet_pool": "default", "vars": { "role": "worker" } },`,
 		fmt.Sprintf(`"worker": { "kind": "worker", "arch": "amd64", "instance_type": "test.small", "subnet_pool": "default", "vars": { "role": %q },
-      "keys": { "tls": { "type": "ed25519", "certificate": { "common_name": "{{ .InstanceID }}", "usages": ["server_auth"] } } },
+      "keys": { "tls": { "type": "ed25519", "certificate": { "common_name": "{{ .InstanceID }}", "dns_names": ["{{ .InstanceID }}.workers.test"], "usages": ["server_auth"] } } },
       "files": {
         "role": { "kind": "string", "path": "role.txt", "content": "role={{ .Vars.role }} group={{ .Group }}" },
         "tls": { "kind": "certificate", "path": "tls.crt", "key": "tls" },
@@ -188,7 +188,8 @@ func TestAgentsRegisterReceiveFilesAndGetVarChangesPushed(t *testing.T) {
 		cert, err := x509.ParseCertificate(block.Bytes)
 		require.NoError(t, err)
 		require.Equal(t, id, cert.Subject.CommonName)
-		require.NoError(t, cert.CheckSignatureFrom(a.sh.CA.Cert), "issued by the cluster CA")
+		require.NoError(t, cert.CheckSignatureFrom(a.sh.WorkloadCA.Cert), "issued by the workload CA")
+		require.Error(t, cert.CheckSignatureFrom(a.sh.CA.Cert), "not by the cluster CA")
 		st, err := os.Stat(filepath.Join(a.stateDir, id, "keys", "tls.key"))
 		require.NoError(t, err, "generated key on disk")
 		require.Equal(t, os.FileMode(0o600), st.Mode().Perm())
@@ -208,7 +209,7 @@ func TestAgentsRegisterReceiveFilesAndGetVarChangesPushed(t *testing.T) {
 	ctx := ctxT(t)
 	_, err := a.sh.Store.Put(ctx, a.sh.Keys.Config(a.sh.ShardID), []byte(agentConfig("web")), objstore.PutOptions{})
 	require.NoError(t, err)
-	res, err := a.c.RefreshConfig(ctx, &nstancev1.RefreshConfigRequest{})
+	res, err := a.sh.AdminClient(t, "acme").RefreshConfig(ctx, &nstancev1.RefreshConfigRequest{})
 	require.NoError(t, err)
 	require.Equal(t, nstancev1.RefreshConfigOutcome_REFRESH_CONFIG_OUTCOME_UPDATED, res.GetOutcome(), res.GetMessage())
 	for _, id := range ids {

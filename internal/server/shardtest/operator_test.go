@@ -100,12 +100,22 @@ func TestTwoWatchersOfATenantSeeEverythingOtherTenantsNothing(t *testing.T) {
 
 func TestRefreshConfigOutcomes(t *testing.T) {
 	sh := shardtest.Start(t, shardtest.Options{})
-	c := sh.Client(t, "default")
+	// RefreshConfig is an admin action; an admin may do what an operator does for its tenant.
+	c := sh.AdminClient(t, "default")
 	ctx := ctxT(t)
+	_, err := sh.Client(t, "default").RefreshConfig(ctx, &nstancev1.RefreshConfigRequest{})
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "an operator may not refresh the shard config: %v", err)
+	// Config errors go to the admin's tenant only.
+	otherErrs, err := sh.Client(t, "other").WatchErrors(ctx, &nstancev1.WatchErrorsRequest{})
+	require.NoError(t, err)
+	_, err = otherErrs.Header()
+	require.NoError(t, err)
+	otherEvents := collect(t, otherErrs.Recv)
 	key := sh.Keys.Config(sh.ShardID)
 	before, err := c.GetConfigStatus(ctx, &nstancev1.GetConfigStatusRequest{})
 	require.NoError(t, err)
 	require.NotEmpty(t, before.GetEtag())
+	defer otherEvents.none(t, 500*time.Millisecond, func(*nstancev1.ErrorEvent) bool { return true })
 	require.NotNil(t, before.GetLastModified())
 
 	res, err := c.RefreshConfig(ctx, &nstancev1.RefreshConfigRequest{})

@@ -45,13 +45,15 @@ type Options struct {
 	Provider provider.Provider
 	// CA defaults to a fresh test CA (reuse one across a restart so old client certificates still work).
 	CA *pki.CA
+	// WorkloadCA defaults to a fresh workload CA (signs template certificates).
+	WorkloadCA *pki.CA
 	// ResyncInterval defaults to 200ms; RetryBase to 50ms.
 	ResyncInterval, RetryBase time.Duration
 	Log                       logr.Logger
 	// Agents also serves the Registration and Agent services (TLS, mTLS)
 	// so real agents can join; health monitoring is on.
 	Agents bool
-	// Agent tunes the Agent service and health monitoring (CA and Monitor are set by Start).
+	// Agent tunes the Agent service and health monitoring (WorkloadCA and Monitor are set by Start).
 	Agent fleet.AgentOptions
 }
 
@@ -63,11 +65,14 @@ type Shard struct {
 	// RegistrationAddr and AgentAddr are set with Options.Agents.
 	RegistrationAddr, AgentAddr string
 	CA                          *pki.CA
-	Store                       objstore.Store
-	Keys                        layout.Keys
-	Provider                    provider.Provider
-	Fleet                       *fleet.Fleet
-	Config                      *liveconfig.Holder
+	WorkloadCA                  *pki.CA
+	// NonceKey signs registration nonces (tests mint their own with it).
+	NonceKey ed25519.PrivateKey
+	Store    objstore.Store
+	Keys     layout.Keys
+	Provider provider.Provider
+	Fleet    *fleet.Fleet
+	Config   *liveconfig.Holder
 
 	servers  *grpcserve.Servers
 	cancel   context.CancelFunc
@@ -142,6 +147,13 @@ func start(o Options) (*Shard, error) {
 			return nil, err
 		}
 	}
+	wca := o.WorkloadCA
+	if wca == nil {
+		var err error
+		if wca, err = pki.GenerateWorkloadCA(o.ClusterID, 24*time.Hour, now); err != nil {
+			return nil, err
+		}
+	}
 	keys := layout.New("")
 	cfgKey := keys.Config(o.ShardID)
 	// Keep a config already in storage (restart); otherwise upload ours.
@@ -195,7 +207,7 @@ func start(o Options) (*Shard, error) {
 			return nil, err
 		}
 		regAddr, agentAddr = regLn.Addr().String(), agentLn.Addr().String()
-		o.Agent.CA, o.Agent.Monitor = ca, true
+		o.Agent.WorkloadCA, o.Agent.Monitor = wca, true
 	}
 	f, err := fleet.New(fleet.Options{
 		Store: o.Store, Keys: keys, Config: holder, Provider: o.Provider,
@@ -208,12 +220,12 @@ func start(o Options) (*Shard, error) {
 		closeAll()
 		return nil, err
 	}
-	serverCert, err := ca.ServerKeyPair("nstance-server "+o.ShardID, []string{"127.0.0.1", "localhost"}, 24*time.Hour, now)
+	serverCert, err := ca.ServerKeyPair(pki.ServerIdentity{Shard: o.ShardID, ServerID: "nstance-server-" + o.ShardID}, []string{"127.0.0.1", "localhost"}, 24*time.Hour, now)
 	if err != nil {
 		closeAll()
 		return nil, err
 	}
-	gcfg := grpcserve.Config{ClusterID: o.ClusterID, ServerCert: serverCert, ClientCAs: ca.Pool(), Operator: f.Service}
+	gcfg := grpcserve.Config{ClusterID: o.ClusterID, ServerCert: serverCert, ClientCAs: ca.Pool(), Operator: f.Service, Log: o.Log.WithName("grpc")}
 	gls := grpcserve.Listeners{Operator: ln}
 	if o.Agents {
 		gcfg.Registration = &registration.Service{
@@ -231,7 +243,7 @@ func start(o Options) (*Shard, error) {
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
-	sh := &Shard{ClusterID: o.ClusterID, ShardID: o.ShardID, OperatorAddr: ln.Addr().String(), CA: ca, Store: o.Store, Keys: keys,
+	sh := &Shard{ClusterID: o.ClusterID, ShardID: o.ShardID, OperatorAddr: ln.Addr().String(), CA: ca, WorkloadCA: wca, NonceKey: nonceKey, Store: o.Store, Keys: keys,
 		RegistrationAddr: regAddr, AgentAddr: agentAddr,
 		Provider: o.Provider, Fleet: f, Config: holder, servers: servers, cancel: cancel, done: make(chan error, 1)}
 	go func() { sh.done <- f.Run(runCtx) }()
@@ -265,13 +277,19 @@ func (s *Shard) Stop() {
 
 // ClientTLS returns a TLS config with a fresh operator certificate for tenant.
 func (s *Shard) ClientTLS(tenant string) (*tls.Config, error) {
+	return s.ClientTLSAs(tenant, pki.RoleOperator)
+}
+
+// ClientTLSAs returns a TLS config with a fresh certificate of role
+// (operator or admin) for tenant.
+func (s *Shard) ClientTLSAs(tenant string, role pki.Role) (*tls.Config, error) {
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return nil, err
 	}
-	clientID := "operator-" + strings.ToLower(tenant)
+	clientID := string(role) + "-" + strings.ToLower(tenant)
 	cert, _, err := s.CA.IssueClient(pki.ClientRequest{
-		Identity:  pki.Identity{ClusterID: s.ClusterID, Tenant: tenant, Role: pki.RoleOperator, ClientID: clientID},
+		Identity:  pki.Identity{ClusterID: s.ClusterID, Tenant: tenant, Role: role, ClientID: clientID},
 		PublicKey: pub, Validity: time.Hour,
 	}, time.Now())
 	if err != nil {
@@ -293,7 +311,23 @@ func (s *Shard) Dial(tenant string) (*grpc.ClientConn, error) {
 // Client returns an Operator client for tenant, closed when the test ends.
 func (s *Shard) Client(t testing.TB, tenant string) nstancev1.OperatorServiceClient {
 	t.Helper()
-	conn, err := s.Dial(tenant)
+	return s.ClientAs(t, tenant, pki.RoleOperator)
+}
+
+// AdminClient returns an Operator client with an admin certificate of tenant.
+func (s *Shard) AdminClient(t testing.TB, tenant string) nstancev1.OperatorServiceClient {
+	t.Helper()
+	return s.ClientAs(t, tenant, pki.RoleAdmin)
+}
+
+// ClientAs returns an Operator client with a certificate of role for tenant.
+func (s *Shard) ClientAs(t testing.TB, tenant string, role pki.Role) nstancev1.OperatorServiceClient {
+	t.Helper()
+	tc, err := s.ClientTLSAs(tenant, role)
+	if err != nil {
+		t.Fatalf("client certificate: %v", err)
+	}
+	conn, err := grpc.NewClient(s.OperatorAddr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
 	if err != nil {
 		t.Fatalf("dialing fake shard: %v", err)
 	}

@@ -859,7 +859,12 @@ type FileDelivery struct {
 	// Hash over the instance's complete file set once this delivery is applied.
 	ConfigHash string `protobuf:"bytes,2,opt,name=config_hash,json=configHash,proto3" json:"config_hash,omitempty"`
 	// When the server produced this delivery.
-	SentAt        *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=sent_at,json=sentAt,proto3" json:"sent_at,omitempty"`
+	SentAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=sent_at,json=sentAt,proto3" json:"sent_at,omitempty"`
+	// Paths of the instance's file set whose content is not ready yet (a
+	// certificate not issued yet). The agent keeps what it holds at these
+	// paths. Every other file the agent wrote earlier that is neither in files
+	// nor here was dropped from the template and is removed.
+	PendingPaths  []string `protobuf:"bytes,4,rep,name=pending_paths,json=pendingPaths,proto3" json:"pending_paths,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -911,6 +916,13 @@ func (x *FileDelivery) GetConfigHash() string {
 func (x *FileDelivery) GetSentAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.SentAt
+	}
+	return nil
+}
+
+func (x *FileDelivery) GetPendingPaths() []string {
+	if x != nil {
+		return x.PendingPaths
 	}
 	return nil
 }
@@ -1629,12 +1641,13 @@ const file_nstance_v1_agent_proto_rawDesc = "" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"6\n" +
 	"\x13ReceiveFilesRequest\x12\x1f\n" +
 	"\vconfig_hash\x18\x01 \x01(\tR\n" +
-	"configHash\"\x95\x01\n" +
+	"configHash\"\xba\x01\n" +
 	"\fFileDelivery\x12/\n" +
 	"\x05files\x18\x01 \x03(\v2\x19.nstance.v1.DeliveredFileR\x05files\x12\x1f\n" +
 	"\vconfig_hash\x18\x02 \x01(\tR\n" +
 	"configHash\x123\n" +
-	"\asent_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\"\x93\x01\n" +
+	"\asent_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x12#\n" +
+	"\rpending_paths\x18\x04 \x03(\tR\fpendingPaths\"\x93\x01\n" +
 	"\rDeliveredFile\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\fR\acontent\x12\x12\n" +

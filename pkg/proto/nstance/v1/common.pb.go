@@ -31,6 +31,9 @@ const (
 	ClientRole_CLIENT_ROLE_AGENT ClientRole = 1
 	// An nstance-operator (or the admin CLI acting as one).
 	ClientRole_CLIENT_ROLE_OPERATOR ClientRole = 2
+	// An administrator: everything an operator may do for its tenant, plus
+	// shard-wide actions such as RefreshConfig.
+	ClientRole_CLIENT_ROLE_ADMIN ClientRole = 3
 )
 
 // Enum value maps for ClientRole.
@@ -39,11 +42,13 @@ var (
 		0: "CLIENT_ROLE_UNSPECIFIED",
 		1: "CLIENT_ROLE_AGENT",
 		2: "CLIENT_ROLE_OPERATOR",
+		3: "CLIENT_ROLE_ADMIN",
 	}
 	ClientRole_value = map[string]int32{
 		"CLIENT_ROLE_UNSPECIFIED": 0,
 		"CLIENT_ROLE_AGENT":       1,
 		"CLIENT_ROLE_OPERATOR":    2,
+		"CLIENT_ROLE_ADMIN":       3,
 	}
 )
 
@@ -246,12 +251,13 @@ const file_nstance_v1_common_proto_rawDesc = "" +
 	"\x03uri\x18\a \x01(\tR\x03uri\";\n" +
 	"\x0fValidationError\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason*Z\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason*q\n" +
 	"\n" +
 	"ClientRole\x12\x1b\n" +
 	"\x17CLIENT_ROLE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CLIENT_ROLE_AGENT\x10\x01\x12\x18\n" +
-	"\x14CLIENT_ROLE_OPERATOR\x10\x02B?Z=github.com/nstance-dev/nstance/pkg/proto/nstance/v1;nstancev1b\x06proto3"
+	"\x14CLIENT_ROLE_OPERATOR\x10\x02\x12\x15\n" +
+	"\x11CLIENT_ROLE_ADMIN\x10\x03B?Z=github.com/nstance-dev/nstance/pkg/proto/nstance/v1;nstancev1b\x06proto3"
 
 var (
 	file_nstance_v1_common_proto_rawDescOnce sync.Once
