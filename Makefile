@@ -22,7 +22,7 @@ KUSTOMIZE_VERSION          := v5.8.2
 BINARIES := nstance-server nstance-agent nstance-operator nstance-admin dev-k8s dev-s3
 GO_TEST_FLAGS ?= -count=1 -timeout 20m
 # Generated files checked by `make verify`.
-GENERATED := pkg/proto api/v1beta1/zz_generated.deepcopy.go config/crd config/rbac deploy/helm/nstance-operator/files
+GENERATED := pkg/proto api/v1beta1/zz_generated.deepcopy.go api/controlplane/v1beta1/zz_generated.deepcopy.go config/crd config/rbac deploy/helm/nstance-operator/files
 
 ##@ General
 .PHONY: help
