@@ -92,7 +92,8 @@ type Coordinator struct {
 	Conns *shardconn.Manager
 	// Client reads Nodes and NstanceMachines from the cache and writes.
 	Client client.Client
-	// Reader lists Pods of a Node uncached (pods of every namespace).
+	// Reader lists Pods of a Node (pods of every namespace) and reads
+	// Machines before marking them, uncached.
 	Reader client.Reader
 	// Policy posts evictions. client-go would otherwise sleep and retry a
 	// PodDisruptionBudget refusal (429 with Retry-After) inside the call;
@@ -587,8 +588,14 @@ func (c *Coordinator) cleanup(ctx context.Context, shard, id string) error {
 // false when that Machine no longer exists (another one may have taken its
 // name).
 func (c *Coordinator) excludeFromCAPIDrain(ctx context.Context, key client.ObjectKey, uid types.UID, why string) (bool, error) {
+	// Read uncached: a Machine missing from a lagging cache must not be
+	// taken for a deleted one.
+	reader := c.Reader
+	if reader == nil {
+		reader = c.Client
+	}
 	var m clusterv1.Machine
-	if err := c.Client.Get(ctx, key, &m); err != nil {
+	if err := reader.Get(ctx, key, &m); err != nil {
 		if apierrors.IsNotFound(err) {
 			return false, nil
 		}
