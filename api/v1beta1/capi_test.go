@@ -14,12 +14,14 @@ import (
 	"github.com/stretchr/testify/require"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/contract"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	cpv1 "github.com/nstance-dev/nstance/api/controlplane/v1beta1"
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/testing/kubetest"
 )
@@ -35,6 +37,18 @@ var wantKinds = []string{
 	"NstanceMachinePool",
 	"NstanceMachineTemplate",
 	"NstanceShardGroup",
+}
+
+// controlPlaneKinds are the kinds of the control plane group
+// (api/controlplane/v1beta1), generated and installed with ours.
+var controlPlaneKinds = []string{"NstanceControlPlane"}
+
+// groupOf is the API group of a kind of either package.
+func groupOf(kind string) schema.GroupVersion {
+	if slices.Contains(controlPlaneKinds, kind) {
+		return cpv1.GroupVersion
+	}
+	return infrav1.GroupVersion
 }
 
 // registeredKinds are the Nstance object kinds AddToScheme registers.
@@ -56,10 +70,15 @@ func registeredKinds(t *testing.T) []string {
 // lookup does, and checks the metadata it relies on.
 func TestCRDsFollowContract(t *testing.T) {
 	require.Equal(t, wantKinds, registeredKinds(t))
-	for _, kind := range wantKinds {
+	for _, kind := range controlPlaneKinds {
+		require.True(t, env.Scheme.Recognizes(cpv1.GroupVersion.WithKind(kind)), kind)
+		require.True(t, env.Scheme.Recognizes(cpv1.GroupVersion.WithKind(kind+"List")), kind)
+	}
+	for _, kind := range append(slices.Clone(wantKinds), controlPlaneKinds...) {
+		gv := groupOf(kind)
 		t.Run(kind, func(t *testing.T) {
 			crd := &apiextensionsv1.CustomResourceDefinition{}
-			name := contract.CalculateCRDName(infrav1.GroupVersion.Group, kind)
+			name := contract.CalculateCRDName(gv.Group, kind)
 			require.NoError(t, env.Client.Get(t.Context(), client.ObjectKey{Name: name}, crd))
 			require.Equal(t, contractValue, crd.Labels[contractLabel])
 			require.Equal(t, kind, crd.Spec.Names.Kind)
@@ -67,7 +86,7 @@ func TestCRDsFollowContract(t *testing.T) {
 			require.NotEmpty(t, crd.Spec.Names.ShortNames)
 			require.Len(t, crd.Spec.Versions, 1)
 			v := crd.Spec.Versions[0]
-			require.Equal(t, infrav1.GroupVersion.Version, v.Name)
+			require.Equal(t, gv.Version, v.Name)
 			require.True(t, v.Served && v.Storage)
 			require.NotNil(t, v.Subresources, "status subresource")
 			require.NotNil(t, v.Subresources.Status, "status subresource")
@@ -256,12 +275,14 @@ func TestKustomizeRendersCRDs(t *testing.T) {
 		renderedNames = append(renderedNames, crd.Name)
 		renderedKinds = append(renderedKinds, crd.Spec.Names.Kind)
 		require.Equal(t, contractValue, crd.Labels[contractLabel], crd.Name)
-		require.Equal(t, infrav1.GroupVersion.Group, crd.Spec.Group)
+		require.Equal(t, groupOf(crd.Spec.Names.Kind).Group, crd.Spec.Group)
 	}
 	sort.Strings(renderedNames)
 	slices.Sort(renderedKinds)
 	require.Equal(t, baseNames, renderedNames, "kustomization must list every generated base")
-	require.Equal(t, wantKinds, renderedKinds)
+	all := append(slices.Clone(wantKinds), controlPlaneKinds...)
+	slices.Sort(all)
+	require.Equal(t, all, renderedKinds)
 }
 
 func decodeCRDs(t *testing.T, r io.Reader) []apiextensionsv1.CustomResourceDefinition {

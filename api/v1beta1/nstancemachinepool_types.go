@@ -61,18 +61,25 @@ type NstanceMachinePoolSpec struct {
 
 // NstanceMachinePoolStatus is the observed state of an NstanceMachinePool.
 type NstanceMachinePoolStatus struct {
-	// initialization follows the Cluster API v1beta2 contract.
+	// initialization follows the Cluster API v1beta2 contract:
+	// provisioned turns true once every shard has accepted its group, and
+	// stays true. Whether the pool has converged to its size is the Ready
+	// condition.
 	// +optional
 	Initialization InitializationStatus `json:"initialization,omitempty,omitzero"`
 
-	// ready is true when every shard group is synced. Core Cluster API still
-	// reads it.
+	// ready mirrors initialization.provisioned for core Cluster API's
+	// MachinePool controller, which reads it as "infrastructure
+	// provisioned": it latches once true, so a scale or a shard outage does
+	// not freeze the MachinePool's replicas and provider IDs.
 	// +optional
 	Ready bool `json:"ready,omitempty"`
 
-	// replicas is the number of instances over all shards.
+	// replicas is the number of instances over all shards. It is always
+	// written, zero included: core Cluster API copies it to the MachinePool
+	// and keeps the previous count when the field is missing.
 	// +optional
-	Replicas int32 `json:"replicas,omitempty"`
+	Replicas int32 `json:"replicas"`
 
 	// readyReplicas is the number of those instances that are ready.
 	// +optional

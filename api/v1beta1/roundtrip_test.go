@@ -10,9 +10,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	cpv1 "github.com/nstance-dev/nstance/api/controlplane/v1beta1"
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 )
 
@@ -234,6 +236,40 @@ func validMachineTemplate() *infrav1.NstanceMachineTemplate {
 	}
 }
 
+func validControlPlane() *cpv1.NstanceControlPlane {
+	return &cpv1.NstanceControlPlane{
+		ObjectMeta: metav1.ObjectMeta{Name: "prod", Labels: map[string]string{"cluster.x-k8s.io/cluster-name": "prod"}},
+		Spec:       cpv1.NstanceControlPlaneSpec{ControlPlaneEndpoint: infrav1.APIEndpoint{Host: "10.0.0.1", Port: 6443}},
+		Status: cpv1.NstanceControlPlaneStatus{
+			Initialization:              cpv1.NstanceControlPlaneInitializationStatus{ControlPlaneInitialized: ptr.To(true)},
+			ExternalManagedControlPlane: ptr.To(true),
+			ObservedGeneration:          1,
+			Conditions: []metav1.Condition{
+				condition(cpv1.AvailableCondition, metav1.ConditionTrue, cpv1.KubeconfigAvailableReason),
+				condition(cpv1.ReadyCondition, metav1.ConditionTrue, cpv1.KubeconfigAvailableReason),
+			},
+		},
+	}
+}
+
+// TestPoolReplicasZeroIsStored: status.replicas is written even at zero,
+// so core Cluster API reads 0 instead of keeping the previous count.
+func TestPoolReplicasZeroIsStored(t *testing.T) {
+	ctx := t.Context()
+	pool := validPool()
+	pool.Namespace = newNamespace(t)
+	create(t, pool)
+	pool.Status = infrav1.NstanceMachinePoolStatus{Replicas: 0, Ready: true}
+	require.NoError(t, env.Client.Status().Update(ctx, pool))
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(infrav1.GroupVersion.WithKind("NstanceMachinePool"))
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(pool), u))
+	replicas, found, err := unstructured.NestedInt64(u.Object, "status", "replicas")
+	require.NoError(t, err)
+	require.True(t, found, "status.replicas missing at zero: %v", u.Object["status"])
+	require.Zero(t, replicas)
+}
+
 func TestRoundTrip(t *testing.T) {
 	tests := []struct {
 		name string
@@ -274,6 +310,14 @@ func TestRoundTrip(t *testing.T) {
 			status:     func(o *infrav1.NstanceMachine) any { return o.Status },
 			copyStatus: func(from, to *infrav1.NstanceMachine) { to.Status = *from.Status.DeepCopy() },
 			changeSpec: func(o *infrav1.NstanceMachine) { o.Spec.Vars["driver"] = "560" },
+		}.run},
+		{"NstanceControlPlane", roundTripCase[*cpv1.NstanceControlPlane]{
+			obj:        validControlPlane(),
+			empty:      func() *cpv1.NstanceControlPlane { return &cpv1.NstanceControlPlane{} },
+			spec:       func(o *cpv1.NstanceControlPlane) any { return o.Spec },
+			status:     func(o *cpv1.NstanceControlPlane) any { return o.Status },
+			copyStatus: func(from, to *cpv1.NstanceControlPlane) { to.Status = *from.Status.DeepCopy() },
+			changeSpec: func(o *cpv1.NstanceControlPlane) { o.Spec.ControlPlaneEndpoint.Port = 443 },
 		}.run},
 		{"NstanceMachineTemplate", roundTripCase[*infrav1.NstanceMachineTemplate]{
 			obj:        validMachineTemplate(),

@@ -474,6 +474,6 @@ func checkCRDs(t *testing.T, objs []object) {
 		require.Equal(t, "v1beta1", o.Metadata.Labels["cluster.x-k8s.io/v1beta2"], "%s lacks the CAPI contract label", o)
 		var crd apiextensionsv1.CustomResourceDefinition
 		into(t, o, &crd)
-		require.Equal(t, "infrastructure.cluster.x-k8s.io", crd.Spec.Group)
+		require.Contains(t, []string{"infrastructure.cluster.x-k8s.io", "controlplane.cluster.x-k8s.io"}, crd.Spec.Group)
 	}
 }

@@ -10,19 +10,23 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
@@ -30,6 +34,7 @@ import (
 	capimachine "sigs.k8s.io/cluster-api/core/reconcilers/machine"
 	capimachinepool "sigs.k8s.io/cluster-api/core/reconcilers/machinepool"
 	"sigs.k8s.io/cluster-api/core/setup"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/index"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -38,9 +43,11 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/yaml"
 
+	cpv1 "github.com/nstance-dev/nstance/api/controlplane/v1beta1"
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/nonce"
 	opconfig "github.com/nstance-dev/nstance/internal/operator/config"
+	"github.com/nstance-dev/nstance/internal/operator/drain"
 	"github.com/nstance-dev/nstance/internal/operator/manager"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
@@ -59,12 +66,17 @@ const (
 	tenant    = "default"
 	shardID   = "shard-a"
 	waitLong  = 60 * time.Second
+	// drainWait covers core CAPI's drain cadence: a drain pass that leaves
+	// pods behind (a PDB refusal, or pods still terminating) is retried
+	// after a fixed 20s, and a blocked drain takes two such retries to end.
+	drainWait = 2 * time.Minute
 	tick      = 50 * time.Millisecond
 )
 
 // nodeProvider is the mock provider that also registers a Node for every
-// instance it creates, with the instance's provider ID and Ready, as the
-// dev stack's providers write fake Nodes when an instance starts.
+// instance it creates, with the instance's provider ID and a kubelet's
+// healthy conditions, as the dev stack's providers write fake Nodes when an
+// instance starts.
 type nodeProvider struct {
 	*mock.Provider
 	c client.Client
@@ -82,8 +94,14 @@ func (p *nodeProvider) Create(ctx context.Context, req provider.CreateRequest) (
 		}
 		return inst, fmt.Errorf("create Node %s: %w", node.Name, err)
 	}
-	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
-		Reason: "KubeletReady", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
+	// The conditions a kubelet reports; core CAPI's NodeHealthy needs them all.
+	now := metav1.Now()
+	node.Status.Conditions = []corev1.NodeCondition{
+		{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: now, LastTransitionTime: now},
+		{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse, Reason: "KubeletHasSufficientMemory", LastHeartbeatTime: now, LastTransitionTime: now},
+		{Type: corev1.NodeDiskPressure, Status: corev1.ConditionFalse, Reason: "KubeletHasNoDiskPressure", LastHeartbeatTime: now, LastTransitionTime: now},
+		{Type: corev1.NodePIDPressure, Status: corev1.ConditionFalse, Reason: "KubeletHasSufficientPID", LastHeartbeatTime: now, LastTransitionTime: now},
+	}
 	if err := p.c.Status().Update(ctx, node); err != nil {
 		return inst, fmt.Errorf("mark Node %s ready: %w", node.Name, err)
 	}
@@ -202,14 +220,14 @@ func bindCAPIWorkloadRole(t *testing.T, ns string) {
 // startCAPI runs core Cluster API's Cluster, Machine and MachinePool
 // controllers and its ClusterCache, watching ns, as its controller manager
 // wires them (core/setup), until the test ends.
-func startCAPI(t *testing.T, ns string) {
+func startCAPI(t *testing.T, ns string, log logr.Logger) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	scheme, err := kubetest.NewScheme()
 	require.NoError(t, err)
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme: scheme,
-		Logger: logr.Discard(),
+		Logger: log,
 		// The name must be unique per process: CAPI registers informer
 		// names globally and panics on a repeat (go test -count=2).
 		Cache:                  setup.ManagerCacheOptions(scheme, "capi-contract-"+ns, ns, 10*time.Minute),
@@ -290,14 +308,16 @@ func get(t *testing.T, key client.ObjectKey, obj client.Object) bool {
 	return true
 }
 
-func (f *fixture) createPool(t *testing.T, name string, replicas int32) {
+// createPool creates an NstanceMachinePool and its MachinePool; drainTimeout
+// bounds how long the server waits for a drain of its instances.
+func (f *fixture) createPool(t *testing.T, name string, replicas int32, drainTimeout time.Duration) {
 	t.Helper()
 	ctx := context.Background()
 	labels := map[string]string{clusterv1.ClusterNameLabel: clusterID}
 	require.NoError(t, env.Client.Create(ctx, &infrav1.NstanceMachinePool{
 		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name, Labels: labels},
 		Spec: infrav1.NstanceMachinePoolSpec{Group: name, Shards: []string{shardID}, Template: "worker",
-			DrainTimeout: &metav1.Duration{Duration: 100 * time.Millisecond}},
+			DrainTimeout: &metav1.Duration{Duration: drainTimeout}},
 	}))
 	// Fields CAPI's defaulting webhook would set are given explicitly: the
 	// cluster-name label and the bootstrap data Secret (no bootstrap provider).
@@ -343,101 +363,395 @@ func instanceState(t *testing.T, sh *shardtest.Shard, id string) nstancev1.Insta
 	return resp.GetInstance().GetState()
 }
 
+// capiLog records what core Cluster API's controllers log, so a test can
+// check that a message (such as "Skipping deletion of Kubernetes Node")
+// never appeared.
+type capiLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *capiLog) logger() logr.Logger {
+	return funcr.New(func(prefix, args string) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.lines = append(l.lines, prefix+" "+args)
+	}, funcr.Options{})
+}
+
+func (l *capiLog) matching(substr string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, line := range l.lines {
+		if strings.Contains(line, substr) {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// instanceEvents follows the shard's WatchInstances stream as a second
+// operator would and records, per instance, which stages the server
+// announced.
+type instanceEvents struct {
+	mu   sync.Mutex
+	seen map[string][]nstancev1.InstanceEventStatus
+}
+
+func watchInstances(t *testing.T, sh *shardtest.Shard) *instanceEvents {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := sh.Client(t, tenant).WatchInstances(ctx, &nstancev1.WatchInstancesRequest{})
+	require.NoError(t, err)
+	ev := &instanceEvents{seen: map[string][]nstancev1.InstanceEventStatus{}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			e, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			ev.mu.Lock()
+			ev.seen[e.GetInstanceId()] = append(ev.seen[e.GetInstanceId()], e.GetStatus())
+			ev.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return ev
+}
+
+func (e *instanceEvents) of(id string) []nstancev1.InstanceEventStatus {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.seen[id])
+}
+
+// acks records the drains the operator acknowledged.
+type acks struct {
+	mu  sync.Mutex
+	ids map[string]int
+}
+
+func (a *acks) record(_, id string, _ bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.ids[id]++
+}
+
+func (a *acks) count(id string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.ids[id]
+}
+
+// events returns the core/v1 Events (the API core CAPI records with) with
+// reason about the object named name.
+func events(t *testing.T, ns, kind, name, reason string) []corev1.Event {
+	t.Helper()
+	var list corev1.EventList
+	require.NoError(t, env.Client.List(context.Background(), &list, client.InNamespace(ns)))
+	var out []corev1.Event
+	for _, e := range list.Items {
+		if e.InvolvedObject.Kind == kind && e.InvolvedObject.Name == name && e.Reason == reason {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// nodeEventReasons are the reasons of Events about a Node (the operator's
+// drain files them in "default", on the core/v1 API).
+func nodeEventReasons(t *testing.T, node string) []string {
+	t.Helper()
+	var list corev1.EventList
+	require.NoError(t, env.Client.List(context.Background(), &list))
+	var out []string
+	for _, e := range list.Items {
+		if e.InvolvedObject.Kind == "Node" && e.InvolvedObject.Name == node {
+			out = append(out, e.Reason)
+		}
+	}
+	return out
+}
+
+func createPod(t *testing.T, ns, name, node string, labels map[string]string) {
+	t.Helper()
+	ctx := context.Background()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
+		Spec: corev1.PodSpec{NodeName: node, TerminationGracePeriodSeconds: ptr.To[int64](0),
+			Containers: []corev1.Container{{Name: "c", Image: "example.invalid/app"}}},
+	}
+	require.NoError(t, env.Client.Create(ctx, p))
+	// Running and ready, as a kubelet would report: the Eviction API lets
+	// pending pods go regardless of PodDisruptionBudgets.
+	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+	require.NoError(t, env.Client.Status().Update(ctx, p))
+}
+
+// setPDBAllowed plays the disruption controller (not part of envtest).
+func setPDBAllowed(t *testing.T, ns, name string, allowed int32) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var pdb policyv1.PodDisruptionBudget
+		if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &pdb); err != nil {
+			return false
+		}
+		pdb.Status = policyv1.PodDisruptionBudgetStatus{ObservedGeneration: pdb.Generation, DisruptionsAllowed: allowed,
+			CurrentHealthy: 1, DesiredHealthy: 1 - allowed, ExpectedPods: 1}
+		return env.Client.Status().Update(context.Background(), &pdb) == nil
+	}, waitLong, tick)
+}
+
+func podExists(t *testing.T, ns, name string) bool {
+	t.Helper()
+	return get(t, client.ObjectKey{Namespace: ns, Name: name}, &corev1.Pod{})
+}
+
 // TestCoreCAPIAcceptsOperator runs core Cluster API's controllers beside the
-// operator: the Cluster turns provisioned and CAPI connects to the workload
-// cluster through the operator's kubeconfig Secret; a MachinePool and a
-// Machine reach Running with their Nodes matched by provider ID; deleting
-// the Machine deletes its instance on the shard.
+// operator. The Cluster's control plane is the operator's
+// NstanceControlPlane: core CAPI sees it initialized and available, connects
+// to the workload cluster through its kubeconfig Secret and reports the
+// Cluster Available. A Machine turns Ready and Available; deleting it makes
+// core CAPI drain (honouring a PodDisruptionBudget) and delete its Node
+// while the server drains nothing a second time; an instance the server
+// deletes is drained once by the operator and its Machine and Node go
+// without a second drain. A MachinePool's replica count follows 3 -> 0 -> 2.
 func TestCoreCAPIAcceptsOperator(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
 	bindCAPIWorkloadRole(t, f.ns)
+	a := &acks{ids: map[string]int{}}
+	f.opts.OnDrainAcknowledged = a.record
 	startOperator(t, f.opts)
-	startCAPI(t, f.ns)
+	logs := &capiLog{}
+	startCAPI(t, f.ns, logs.logger())
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, line := range logs.matching("rror") {
+				t.Log(line)
+			}
+		}
+	})
+	stream := watchInstances(t, f.shard)
 	key := func(name string) client.ObjectKey { return client.ObjectKey{Namespace: f.ns, Name: name} }
 
 	var cluster clusterv1.Cluster
 	require.Eventually(t, func() bool {
 		return get(t, key(clusterID), &cluster) && ptr.Deref(cluster.Status.Initialization.InfrastructureProvisioned, false) &&
+			ptr.Deref(cluster.Status.Initialization.ControlPlaneInitialized, false) &&
 			cluster.Status.Phase == string(clusterv1.ClusterPhaseProvisioned)
-	}, waitLong, tick, "core CAPI marks the Cluster's infrastructure provisioned")
+	}, waitLong, tick, "core CAPI marks the Cluster's infrastructure provisioned and control plane initialized")
+	require.Equal(t, "NstanceControlPlane", cluster.Spec.ControlPlaneRef.Kind)
+	require.True(t, conditions.IsTrue(&cluster, clusterv1.ClusterControlPlaneInitializedCondition))
+	require.True(t, cluster.Spec.ControlPlaneEndpoint.IsValid(), "endpoint surfaced on the Cluster")
 	var nc infrav1.NstanceCluster
 	require.True(t, get(t, key(clusterID), &nc))
 	require.True(t, slices.ContainsFunc(nc.OwnerReferences, func(r metav1.OwnerReference) bool {
 		return r.Kind == "Cluster" && r.UID == cluster.UID
 	}), "core CAPI owns the NstanceCluster")
+	var cp cpv1.NstanceControlPlane
+	require.Eventually(t, func() bool {
+		return get(t, key(clusterID), &cp) && slices.ContainsFunc(cp.OwnerReferences, func(r metav1.OwnerReference) bool {
+			return r.Kind == "Cluster" && r.UID == cluster.UID
+		})
+	}, waitLong, tick, "core CAPI owns the NstanceControlPlane")
+	require.True(t, ptr.Deref(cp.Status.ExternalManagedControlPlane, false))
 
-	t.Run("MachinePool", func(t *testing.T) {
-		f.createPool(t, "workers", 2)
-		var mp clusterv1.MachinePool
+	// With no workers yet every availability gate of the Cluster is true.
+	require.Eventually(t, func() bool {
+		return get(t, key(clusterID), &cluster) && conditions.IsTrue(&cluster, clusterv1.AvailableCondition)
+	}, waitLong, tick, "core CAPI reports the Cluster Available")
+	for _, typ := range []string{clusterv1.ClusterRemoteConnectionProbeCondition, clusterv1.ClusterInfrastructureReadyCondition,
+		clusterv1.ClusterControlPlaneAvailableCondition, clusterv1.ClusterWorkersAvailableCondition} {
+		require.True(t, conditions.IsTrue(&cluster, typ), typ)
+	}
+
+	// The group the standalone Machines join. Its drain deadline is long:
+	// the operator's drain of a server-side deletion must not race it.
+	f.createPool(t, "solo", 0, 30*time.Second)
+
+	t.Run("deleting a Machine: core CAPI drains and deletes its Node, no second drain", func(t *testing.T) {
+		m, nm := f.createMachine(t, "solo-1")
 		require.Eventually(t, func() bool {
-			return get(t, key("workers"), &mp) && mp.Status.Phase == string(clusterv1.MachinePoolPhaseRunning) &&
-				len(mp.Status.NodeRefs) == 2 && ptr.Deref(mp.Status.ReadyReplicas, 0) == 2
-		}, waitLong, tick, "core CAPI reports the MachinePool Running with two ready Nodes")
+			return get(t, key(m.Name), m) && conditions.IsTrue(m, clusterv1.MachineReadyCondition) &&
+				conditions.IsTrue(m, clusterv1.MachineAvailableCondition)
+		}, waitLong, tick, "core CAPI reports the Machine Ready and Available: %+v", m.Status.Conditions)
+		require.True(t, conditions.IsTrue(m, clusterv1.MachineNodeHealthyCondition))
+		require.Eventually(t, func() bool {
+			return get(t, key(clusterID), &cluster) && conditions.IsTrue(&cluster, clusterv1.ClusterWorkerMachinesReadyCondition) &&
+				ptr.Deref(cluster.Status.Workers.ReadyReplicas, 0) == 1 && conditions.IsTrue(&cluster, clusterv1.AvailableCondition)
+		}, waitLong, tick, "the Cluster counts the Ready worker Machine and stays Available")
+		node, ok := nodeByProviderID(t, nm.Spec.ProviderID)
+		require.True(t, ok)
+		require.Equal(t, node.Name, m.Status.NodeRef.Name)
+		instanceID := nm.Status.InstanceID
+
+		createPod(t, f.ns, "app", node.Name, nil)
+		createPod(t, f.ns, "guarded", node.Name, map[string]string{"app": "guarded"})
+		require.NoError(t, env.Client.Create(ctx, &policyv1.PodDisruptionBudget{
+			ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "guarded"},
+			Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: ptr.To(intstr.FromInt32(1)),
+				Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "guarded"}}},
+		}))
+		setPDBAllowed(t, f.ns, "guarded", 0)
+
+		require.NoError(t, env.Client.Delete(ctx, m))
+		// CAPI cordons and evicts what it may; the PDB holds the guarded
+		// pod, so the instance keeps running.
+		require.Eventually(t, func() bool {
+			var n corev1.Node
+			return !podExists(t, f.ns, "app") && get(t, client.ObjectKey{Name: node.Name}, &n) && n.Spec.Unschedulable
+		}, waitLong, tick, "core CAPI cordons the Node and evicts the unguarded pod")
+		require.Eventually(t, func() bool {
+			return get(t, key(m.Name), m) && conditions.GetReason(m, clusterv1.MachineDeletingCondition) == clusterv1.MachineDeletingDrainingNodeReason
+		}, waitLong, tick, "the Machine reports its Node draining")
+		require.True(t, podExists(t, f.ns, "guarded"), "the PDB refuses the eviction")
+		require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_RUNNING, instanceState(t, f.shard, instanceID))
+
+		setPDBAllowed(t, f.ns, "guarded", 1)
+		require.Eventually(t, func() bool {
+			return !get(t, key("solo-1"), &clusterv1.Machine{}) && !get(t, key("solo-1"), &infrav1.NstanceMachine{})
+		}, drainWait, tick, "core CAPI finishes the drain, deletes the NstanceMachine and the Machine")
+		require.False(t, podExists(t, f.ns, "guarded"))
+		require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_DELETED, instanceState(t, f.shard, instanceID))
+		_, err := f.provider.Status(ctx, instanceID)
+		require.ErrorIs(t, err, provider.ErrNotFound, "the VM is gone from the provider")
+		_, ok = nodeByProviderID(t, nm.Spec.ProviderID)
+		require.False(t, ok, "core CAPI deletes the Node")
+		require.NotEmpty(t, events(t, f.ns, "Machine", "solo-1", "SuccessfulDrainNode"), "core CAPI drained the Node")
+		require.Empty(t, logs.matching("Skipping deletion of Kubernetes Node"))
+
+		// No second drain: the server never announced one and the operator
+		// never drained or acknowledged anything for this instance.
+		require.Eventually(t, func() bool {
+			return slices.Contains(stream.of(instanceID), nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_DELETED)
+		}, waitLong, tick)
+		require.NotContains(t, stream.of(instanceID), nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION)
+		require.Zero(t, a.count(instanceID))
+		require.NotContains(t, nodeEventReasons(t, node.Name), drain.ReasonDrainStarted)
+	})
+
+	t.Run("deleted on the server: the operator drains once, core CAPI deletes the Node without draining", func(t *testing.T) {
+		m, nm := f.createMachine(t, "solo-2")
+		instanceID := nm.Status.InstanceID
+		node, ok := nodeByProviderID(t, nm.Spec.ProviderID)
+		require.True(t, ok)
+		createPod(t, f.ns, "app-2", node.Name, nil)
+
+		resp, err := f.shard.Client(t, tenant).DeleteInstance(ctx, &nstancev1.DeleteInstanceRequest{InstanceId: instanceID})
+		require.NoError(t, err)
+		require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION, resp.GetInstance().GetState())
+		require.Eventually(t, func() bool {
+			_, ok := nodeByProviderID(t, nm.Spec.ProviderID)
+			return !ok && !get(t, key(m.Name), &clusterv1.Machine{}) && !get(t, key(m.Name), &infrav1.NstanceMachine{})
+		}, waitLong, tick, "Machine, NstanceMachine and Node are gone")
+		require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_DELETED, instanceState(t, f.shard, instanceID))
+		require.False(t, podExists(t, f.ns, "app-2"), "the operator's drain evicted the pod")
+		require.Equal(t, 1, a.count(instanceID), "the operator drained once")
+		require.Contains(t, nodeEventReasons(t, node.Name), drain.ReasonDrained)
+		require.Empty(t, events(t, f.ns, "Machine", m.Name, "SuccessfulDrainNode"), "core CAPI did not drain again")
+		require.Empty(t, logs.matching("Skipping deletion of Kubernetes Node"))
+	})
+
+	t.Run("MachinePool scaled 3 -> 0 -> 2", func(t *testing.T) {
+		f.createPool(t, "workers", 3, 100*time.Millisecond)
+		var mp clusterv1.MachinePool
+		waitReplicas := func(n int32) {
+			t.Helper()
+			require.Eventually(t, func() bool {
+				return get(t, key("workers"), &mp) && mp.Status.Replicas != nil && *mp.Status.Replicas == n &&
+					len(mp.Spec.ProviderIDList) == int(n) && len(mp.Status.NodeRefs) == int(n)
+			}, waitLong, tick, "core CAPI reports %d replicas", n)
+		}
+		waitReplicas(3)
+		require.Equal(t, string(clusterv1.MachinePoolPhaseRunning), mp.Status.Phase)
 		require.True(t, ptr.Deref(mp.Status.Initialization.InfrastructureProvisioned, false))
-		require.Equal(t, int32(2), ptr.Deref(mp.Status.Replicas, 0))
 		var nmp infrav1.NstanceMachinePool
 		require.True(t, get(t, key("workers"), &nmp))
-		require.Len(t, nmp.Spec.ProviderIDList, 2)
 		require.ElementsMatch(t, nmp.Spec.ProviderIDList, mp.Spec.ProviderIDList, "CAPI copies the provider IDs")
-		var refNames []string
+		var refNames, nodeNames []string
 		for _, r := range mp.Status.NodeRefs {
 			refNames = append(refNames, r.Name)
 		}
-		var nodeNames []string
 		for _, pid := range nmp.Spec.ProviderIDList {
 			n, ok := nodeByProviderID(t, pid)
 			require.True(t, ok, "Node for %s", pid)
 			nodeNames = append(nodeNames, n.Name)
 		}
 		require.ElementsMatch(t, nodeNames, refNames, "nodeRefs are the Nodes with the pool's provider IDs")
-	})
+		old := slices.Clone(nmp.Spec.ProviderIDList)
 
-	t.Run("Machine", func(t *testing.T) {
-		f.createPool(t, "solo", 0)
-		labels := map[string]string{clusterv1.ClusterNameLabel: clusterID}
-		require.NoError(t, env.Client.Create(ctx, &infrav1.NstanceMachine{
-			ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "solo-1", Labels: labels},
-			Spec:       infrav1.NstanceMachineSpec{Group: "solo"},
-		}))
-		m := &clusterv1.Machine{
-			ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "solo-1", Labels: labels},
-			Spec: clusterv1.MachineSpec{ClusterName: clusterID, FailureDomain: shardID,
-				Bootstrap: clusterv1.Bootstrap{DataSecretName: ptr.To("nstance-bootstrap")},
-				InfrastructureRef: clusterv1.ContractVersionedObjectReference{
-					APIGroup: infrav1.GroupVersion.Group, Kind: "NstanceMachine", Name: "solo-1"}},
+		scale := func(n int32) {
+			t.Helper()
+			require.True(t, get(t, key("workers"), &mp))
+			patch := client.MergeFrom(mp.DeepCopy())
+			mp.Spec.Replicas = ptr.To(n)
+			require.NoError(t, env.Client.Patch(ctx, &mp, patch))
 		}
-		require.NoError(t, env.Client.Create(ctx, m))
+		scale(0)
+		waitReplicas(0)
+		require.True(t, ptr.Deref(mp.Status.Initialization.InfrastructureProvisioned, false), "provisioned stays true through the scale")
+		require.True(t, get(t, key("workers"), &nmp))
+		require.True(t, nmp.Status.Ready, "ready latches")
 		require.Eventually(t, func() bool {
-			return get(t, key("solo-1"), m) && m.Status.Phase == string(clusterv1.MachinePhaseRunning) && m.Status.NodeRef.IsDefined()
-		}, waitLong, tick, "core CAPI reports the Machine Running with a nodeRef")
-		require.True(t, ptr.Deref(m.Status.Initialization.InfrastructureProvisioned, false))
-		var nm infrav1.NstanceMachine
-		require.True(t, get(t, key("solo-1"), &nm))
-		require.True(t, slices.ContainsFunc(nm.OwnerReferences, func(r metav1.OwnerReference) bool {
-			return r.Kind == "Machine" && r.UID == m.UID
-		}), "core CAPI owns the NstanceMachine")
-		require.NotEmpty(t, nm.Spec.ProviderID)
-		require.Equal(t, nm.Spec.ProviderID, m.Spec.ProviderID, "CAPI copies the provider ID")
-		node, ok := nodeByProviderID(t, nm.Spec.ProviderID)
-		require.True(t, ok)
-		require.Equal(t, node.Name, m.Status.NodeRef.Name)
-		require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_RUNNING, instanceState(t, f.shard, nm.Status.InstanceID))
+			for _, pid := range old {
+				if _, ok := nodeByProviderID(t, pid); ok {
+					return false
+				}
+			}
+			return true
+		}, waitLong, tick, "core CAPI deletes the Nodes of removed instances")
 
-		require.NoError(t, env.Client.Delete(ctx, m))
-		require.Eventually(t, func() bool {
-			return !get(t, key("solo-1"), &clusterv1.Machine{}) && !get(t, key("solo-1"), &infrav1.NstanceMachine{})
-		}, waitLong, tick, "core CAPI deletes the NstanceMachine and finishes the Machine")
-		require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_DELETED, instanceState(t, f.shard, nm.Status.InstanceID))
-		_, err := f.provider.Status(ctx, nm.Status.InstanceID)
-		require.ErrorIs(t, err, provider.ErrNotFound, "the VM is gone from the provider")
-		// Core CAPI deletes (and drains) a Machine's Node only when the
-		// Cluster has a controlPlaneRef or control-plane Machines
-		// (isDeleteNodeAllowed returns errNoControlPlaneNodes otherwise).
-		// The Cluster the operator creates has neither, so the Node stays:
-		// removing it is left to the node lifecycle controller. This fails
-		// when that changes, so the operator's Cluster shape is revisited.
-		_, ok = nodeByProviderID(t, nm.Spec.ProviderID)
-		require.True(t, ok, "core CAPI leaves the Node of a Cluster without control-plane Machines")
+		scale(2)
+		waitReplicas(2)
+		require.True(t, get(t, key("workers"), &nmp))
+		require.Equal(t, int32(2), nmp.Status.Replicas)
+
+		// Core CAPI v1.14 leaves MachinePools out of the Cluster's
+		// WorkersAvailable (its MachinePool controller sets no Available
+		// condition yet), so the Cluster stays Available with them.
+		require.True(t, get(t, key(clusterID), &cluster))
+		require.True(t, conditions.IsTrue(&cluster, clusterv1.AvailableCondition))
+		require.True(t, conditions.IsTrue(&cluster, clusterv1.ClusterWorkersAvailableCondition))
 	})
+}
+
+// createMachine creates an NstanceMachine and its Machine in group "solo"
+// and waits until core CAPI reports the Machine Running with a Node.
+func (f *fixture) createMachine(t *testing.T, name string) (*clusterv1.Machine, *infrav1.NstanceMachine) {
+	t.Helper()
+	ctx := context.Background()
+	labels := map[string]string{clusterv1.ClusterNameLabel: clusterID}
+	require.NoError(t, env.Client.Create(ctx, &infrav1.NstanceMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name, Labels: labels},
+		Spec:       infrav1.NstanceMachineSpec{Group: "solo"},
+	}))
+	m := &clusterv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name, Labels: labels},
+		Spec: clusterv1.MachineSpec{ClusterName: clusterID, FailureDomain: shardID,
+			Bootstrap: clusterv1.Bootstrap{DataSecretName: ptr.To("nstance-bootstrap")},
+			InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+				APIGroup: infrav1.GroupVersion.Group, Kind: "NstanceMachine", Name: name}},
+	}
+	require.NoError(t, env.Client.Create(ctx, m))
+	key := client.ObjectKey{Namespace: f.ns, Name: name}
+	require.Eventually(t, func() bool {
+		return get(t, key, m) && m.Status.Phase == string(clusterv1.MachinePhaseRunning) && m.Status.NodeRef.IsDefined()
+	}, waitLong, tick, "core CAPI reports the Machine Running with a nodeRef")
+	require.True(t, ptr.Deref(m.Status.Initialization.InfrastructureProvisioned, false))
+	nm := &infrav1.NstanceMachine{}
+	require.True(t, get(t, key, nm))
+	require.True(t, slices.ContainsFunc(nm.OwnerReferences, func(r metav1.OwnerReference) bool {
+		return r.Kind == "Machine" && r.UID == m.UID
+	}), "core CAPI owns the NstanceMachine")
+	require.NotEmpty(t, nm.Spec.ProviderID)
+	require.Equal(t, nm.Spec.ProviderID, m.Spec.ProviderID, "CAPI copies the provider ID")
+	require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_RUNNING, instanceState(t, f.shard, nm.Status.InstanceID))
+	return m, nm
 }

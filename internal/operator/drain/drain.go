@@ -41,7 +41,7 @@ import (
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
-// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;patch;delete
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachines,verbs=get;list;watch;delete
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachines/status,verbs=get;update;patch
 
@@ -92,7 +92,8 @@ type Coordinator struct {
 	Conns *shardconn.Manager
 	// Client reads Nodes and NstanceMachines from the cache and writes.
 	Client client.Client
-	// Reader lists Pods of a Node uncached (pods of every namespace).
+	// Reader lists Pods of a Node (pods of every namespace) and reads
+	// Machines before marking them, uncached.
 	Reader client.Reader
 	// Policy posts evictions. client-go would otherwise sleep and retry a
 	// PodDisruptionBudget refusal (429 with Retry-After) inside the call;
@@ -544,8 +545,10 @@ func (c *Coordinator) machineFor(ctx context.Context, shard, id string) (*infrav
 }
 
 // cleanup removes what stood for a deleted instance: the owning Machine
-// when there is one (core Cluster API then deletes the NstanceMachine),
-// otherwise the NstanceMachine itself.
+// when there is one (core Cluster API then deletes the NstanceMachine and
+// the Node), otherwise the NstanceMachine itself. The Machine is first
+// marked so that CAPI neither drains the Node of the gone VM again nor waits
+// for its volumes to detach.
 func (c *Coordinator) cleanup(ctx context.Context, shard, id string) error {
 	m, err := c.machineFor(ctx, shard, id)
 	if err != nil || m == nil {
@@ -559,6 +562,13 @@ func (c *Coordinator) cleanup(ctx context.Context, shard, id string) error {
 			continue
 		}
 		machine := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: m.Namespace, Name: ref.Name}}
+		ok, err := c.excludeFromCAPIDrain(ctx, client.ObjectKeyFromObject(machine), ref.UID, fmt.Sprintf("instance %s was deleted on shard %s", id, shard))
+		if err != nil {
+			return fmt.Errorf("mark Machine %s: %w", ref.Name, err)
+		}
+		if !ok {
+			return nil
+		}
 		c.emit(nil, m, corev1.EventTypeNormal, ReasonInstanceDeleted, "instance %s was deleted on shard %s; deleting Machine %s", id, shard, ref.Name)
 		if err := c.Client.Delete(ctx, machine, client.Preconditions{UID: &ref.UID}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return fmt.Errorf("delete Machine %s: %w", ref.Name, err)
@@ -570,6 +580,48 @@ func (c *Coordinator) cleanup(ctx context.Context, shard, id string) error {
 		return fmt.Errorf("delete NstanceMachine %s: %w", m.Name, err)
 	}
 	return nil
+}
+
+// excludeFromCAPIDrain sets core Cluster API's exclude-node-draining and
+// exclude-wait-for-node-volume-detach annotations on the Machine with uid,
+// whose VM is gone (drained by the coordinator before, or stopped). ok is
+// false when that Machine no longer exists (another one may have taken its
+// name).
+func (c *Coordinator) excludeFromCAPIDrain(ctx context.Context, key client.ObjectKey, uid types.UID, why string) (bool, error) {
+	// Read uncached: a Machine missing from a lagging cache must not be
+	// taken for a deleted one.
+	reader := c.Reader
+	if reader == nil {
+		reader = c.Client
+	}
+	var m clusterv1.Machine
+	if err := reader.Get(ctx, key, &m); err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return false, err
+	}
+	if m.UID != uid {
+		return false, nil
+	}
+	_, drainExcluded := m.Annotations[clusterv1.ExcludeNodeDrainingAnnotation]
+	_, detachExcluded := m.Annotations[clusterv1.ExcludeWaitForNodeVolumeDetachAnnotation]
+	if drainExcluded && detachExcluded {
+		return true, nil
+	}
+	patch := client.MergeFromWithOptions(m.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if m.Annotations == nil {
+		m.Annotations = map[string]string{}
+	}
+	m.Annotations[clusterv1.ExcludeNodeDrainingAnnotation] = why
+	m.Annotations[clusterv1.ExcludeWaitForNodeVolumeDetachAnnotation] = why
+	if err := c.Client.Patch(ctx, &m, patch); err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, nil
 }
 
 func (c *Coordinator) emit(node *corev1.Node, machine *infrav1.NstanceMachine, typ, reason, format string, args ...any) {

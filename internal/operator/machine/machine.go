@@ -61,7 +61,10 @@ const (
 
 // Reconciler reconciles NstanceMachines.
 type Reconciler struct {
-	Client    client.Client
+	Client client.Client
+	// Reader reads owning Machines uncached when deciding whether core
+	// Cluster API drained a Node already; nil means Client.
+	Reader    client.Reader
 	Conns     *shardconn.Manager
 	Recorder  events.EventRecorder
 	Namespace string
@@ -267,12 +270,18 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, nm *infrav1.NstanceMac
 			setCond(nm, ConditionReady, metav1.ConditionFalse, ReasonShardUnreachable, status.Convert(err).Message())
 			return reconcile.Result{RequeueAfter: r.poll()}, nil
 		default:
-			switch resp.GetInstance().GetState() {
-			case nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION, nstancev1.InstanceState_INSTANCE_STATE_DELETING:
-				// Already on its way out (the drain coordinator acknowledges).
-			default:
-				if _, err := cl.DeleteInstance(ctx, &nstancev1.DeleteInstanceRequest{InstanceId: nm.Status.InstanceID}); err != nil && status.Code(err) != codes.NotFound {
-					return reconcile.Result{}, fmt.Errorf("DeleteInstance %s on shard %s: %w", nm.Status.InstanceID, nm.Status.Shard, err)
+			if st := resp.GetInstance().GetState(); st != nstancev1.InstanceState_INSTANCE_STATE_DELETING {
+				skipDrain, err := r.drainedByCAPI(ctx, nm)
+				if err != nil {
+					return reconcile.Result{}, err
+				}
+				// A pending deletion the server announced is drained by the
+				// coordinator, unless Cluster API drained the Node already:
+				// skip_drain then lets the server go ahead.
+				if st != nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION || skipDrain {
+					if _, err := cl.DeleteInstance(ctx, &nstancev1.DeleteInstanceRequest{InstanceId: nm.Status.InstanceID, SkipDrain: skipDrain}); err != nil && status.Code(err) != codes.NotFound {
+						return reconcile.Result{}, fmt.Errorf("DeleteInstance %s on shard %s: %w", nm.Status.InstanceID, nm.Status.Shard, err)
+					}
 				}
 			}
 			nm.Status.Ready = false

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/meta"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -150,7 +151,7 @@ func BenchmarkStartupImport(b *testing.B) {
 			}
 			ready := 0
 			for _, p := range list.Items {
-				if p.Status.Ready {
+				if meta.IsStatusConditionTrue(p.Status.Conditions, infrav1.ReadyCondition) {
 					ready++
 				}
 			}

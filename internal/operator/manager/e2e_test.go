@@ -141,7 +141,8 @@ func TestPoolSync(t *testing.T) {
 	}()
 	require.Eventually(t, func() bool {
 		pool, _ = get(t, f.ns, "workers", &infrav1.NstanceMachinePool{})
-		return len(pool.Spec.ProviderIDList) == 5 && pool.Status.Replicas == 5 && pool.Status.Ready
+		return len(pool.Spec.ProviderIDList) == 5 && pool.Status.Replicas == 5 && pool.Status.Ready &&
+			condition(pool.Status.Conditions, infrav1.ReadyCondition) == metav1.ConditionTrue
 	}, 20*time.Second, tick, "pool status")
 	require.True(t, slices.IsSorted(pool.Spec.ProviderIDList))
 	require.NotNil(t, pool.Status.Initialization.Provisioned)
@@ -193,7 +194,8 @@ func TestPoolSync(t *testing.T) {
 	}, waitLong, tick)
 	require.Eventually(t, func() bool {
 		pool, _ = get(t, f.ns, "workers", &infrav1.NstanceMachinePool{})
-		return len(pool.Spec.ProviderIDList) == 1 && pool.Status.Replicas == 1 && pool.Status.Ready
+		return len(pool.Spec.ProviderIDList) == 1 && pool.Status.Replicas == 1 && pool.Status.Ready &&
+			condition(pool.Status.Conditions, infrav1.ReadyCondition) == metav1.ConditionTrue
 	}, waitLong, tick)
 
 	// Delete: server groups go, finalizers are released, objects vanish.
@@ -306,7 +308,9 @@ func TestShardOutage(t *testing.T) {
 	}, waitLong, tick)
 	require.Eventually(t, func() bool {
 		p, _ := get(t, f.ns, "web", &infrav1.NstanceMachinePool{})
-		return !p.Status.Ready && condition(p.Status.Conditions, infrav1.ReadyCondition) == metav1.ConditionFalse
+		// ready (provisioned for core CAPI) latches; convergence is the
+		// Ready condition.
+		return p.Status.Ready && condition(p.Status.Conditions, infrav1.ReadyCondition) == metav1.ConditionFalse
 	}, waitLong, tick)
 
 	// Restart b: it reconnects, resyncs and catches up.
@@ -318,7 +322,7 @@ func TestShardOutage(t *testing.T) {
 		sg, _ := get(t, f.ns, "web--shard-b", &infrav1.NstanceShardGroup{})
 		p, _ := get(t, f.ns, "web", &infrav1.NstanceMachinePool{})
 		return condition(sg.Status.Conditions, infrav1.ShardReachableCondition) == metav1.ConditionTrue &&
-			p.Status.Ready && len(p.Spec.ProviderIDList) == 6
+			condition(p.Status.Conditions, infrav1.ReadyCondition) == metav1.ConditionTrue && len(p.Spec.ProviderIDList) == 6
 	}, waitLong, tick)
 
 	require.NoError(t, r.op.Conns.ReadyCheck(nil))

@@ -27,10 +27,12 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	cpv1 "github.com/nstance-dev/nstance/api/controlplane/v1beta1"
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/operator/bootstrap"
 	"github.com/nstance-dev/nstance/internal/operator/clusterctl"
 	"github.com/nstance-dev/nstance/internal/operator/config"
+	"github.com/nstance-dev/nstance/internal/operator/controlplane"
 	"github.com/nstance-dev/nstance/internal/operator/drain"
 	"github.com/nstance-dev/nstance/internal/operator/importer"
 	"github.com/nstance-dev/nstance/internal/operator/ledger"
@@ -127,7 +129,7 @@ type Operator struct {
 // NewScheme returns the scheme with every kind the operator touches.
 func NewScheme() (*runtime.Scheme, error) {
 	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, clusterv1.AddToScheme, infrav1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, clusterv1.AddToScheme, infrav1.AddToScheme, cpv1.AddToScheme} {
 		if err := add(s); err != nil {
 			return nil, fmt.Errorf("build scheme: %w", err)
 		}
@@ -227,16 +229,20 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	if err := pool.SetupWithManager(ctx, mgr, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up pool controller: %w", err)
 	}
-	server, caData, err := clusterctl.APIServerFrom(o.RestConfig)
+	cc := &clusterctl.Reconciler{Client: mgr.GetClient(), Shards: op.Conns.ShardIDs()}
+	if err := cc.SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("set up cluster controller: %w", err)
+	}
+	server, caData, err := controlplane.APIServerFrom(o.RestConfig)
 	if err != nil {
 		return nil, err
 	}
-	cc := &clusterctl.Reconciler{
-		Client: mgr.GetClient(), Shards: op.Conns.ShardIDs(), ManageKubeconfig: o.Env.CAPIEndpoint == "",
+	cp := &controlplane.Reconciler{
+		Client: mgr.GetClient(), ManageKubeconfig: o.Env.CAPIEndpoint == "",
 		ServiceAccount: o.Env.CAPIServiceAccount, APIServer: server, CAData: caData, TokenTTL: o.TokenTTL,
 	}
-	if err := cc.SetupWithManager(mgr); err != nil {
-		return nil, fmt.Errorf("set up cluster controller: %w", err)
+	if err := cp.SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("set up control plane controller: %w", err)
 	}
 	if err := drain.SetupIndexes(ctx, mgr); err != nil {
 		return nil, err
@@ -268,7 +274,7 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	if ids := o.Config.ShardIDs(); len(ids) > 0 {
 		defaultShard = ids[0]
 	}
-	mr := &machine.Reconciler{Client: mgr.GetClient(), Conns: op.Conns, Recorder: recorder, Namespace: ns,
+	mr := &machine.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Conns: op.Conns, Recorder: recorder, Namespace: ns,
 		DefaultShard: defaultShard, PollInterval: o.MachinePollInterval, Log: o.Log.WithName("machine")}
 	if err := mr.SetupWithManager(mgr, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up machine controller: %w", err)

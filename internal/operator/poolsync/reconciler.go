@@ -226,8 +226,12 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *infrav1.NstanceM
 	}
 	pool.Status.Replicas = agg.Replicas
 	pool.Status.ReadyReplicas = agg.ReadyReplicas
-	pool.Status.Ready = agg.Ready
-	if agg.Ready {
+	// Provisioned (and ready, which core CAPI's MachinePool controller reads
+	// as provisioned) latch: once every shard has the group, CAPI follows
+	// replicas and provider IDs through scaling and outages. Convergence
+	// is the Ready condition.
+	if mp != nil && agg.Provisioned {
+		pool.Status.Ready = true
 		pool.Status.Initialization.Provisioned = ptr.To(true)
 	}
 	pool.Status.ObservedGeneration = pool.Generation
@@ -298,14 +302,18 @@ type Summary struct {
 	ProviderIDs   []string
 	Replicas      int32
 	ReadyReplicas int32
-	Ready         bool
-	Reason        string
-	Message       string
+	// Provisioned: every shard has a shard group its server accepted.
+	Provisioned bool
+	// Ready: converged, see Aggregate.
+	Ready   bool
+	Reason  string
+	Message string
 }
 
 // Aggregate summarises the shard groups of a pool that wants desired
-// replicas over shards. The pool is ready when every shard has a Ready shard
-// group and the instance count equals desired.
+// replicas over shards. The pool is provisioned when every shard has a
+// shard group whose server accepted it (ConfigValid), and ready when every
+// shard has a Ready shard group and the instance count equals desired.
 func Aggregate(sgs []infrav1.NstanceShardGroup, shards []string, desired int32, _ int64) Summary {
 	var s Summary
 	ids := map[string]struct{}{}
@@ -323,11 +331,16 @@ func Aggregate(sgs []infrav1.NstanceShardGroup, shards []string, desired int32, 
 		s.ProviderIDs = slices.Sorted(maps.Keys(ids))
 	}
 	var notReady []string
+	s.Provisioned = len(shards) > 0
 	for _, shard := range shards {
 		sg, ok := byShard[shard]
 		if !ok {
+			s.Provisioned = false
 			notReady = append(notReady, shard+" (no shard group)")
 			continue
+		}
+		if !meta.IsStatusConditionTrue(sg.Status.Conditions, infrav1.ConfigValidCondition) {
+			s.Provisioned = false
 		}
 		c := meta.FindStatusCondition(sg.Status.Conditions, infrav1.ReadyCondition)
 		if c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != sg.Generation {

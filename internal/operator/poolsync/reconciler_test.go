@@ -21,9 +21,19 @@ func shardGroup(shard string, replicas int32, ready bool, ids ...string) infrav1
 		Spec:       infrav1.NstanceShardGroupSpec{Group: "g", Shard: shard},
 		Status: infrav1.NstanceShardGroupStatus{
 			Replicas: replicas, ReadyReplicas: replicas, ProviderIDs: ids,
-			Conditions: []metav1.Condition{{Type: infrav1.ReadyCondition, Status: st, Reason: reason, ObservedGeneration: 2}},
+			Conditions: []metav1.Condition{
+				{Type: infrav1.ReadyCondition, Status: st, Reason: reason, ObservedGeneration: 2},
+				{Type: infrav1.ConfigValidCondition, Status: metav1.ConditionTrue, Reason: infrav1.ConfigAcceptedReason, ObservedGeneration: 2},
+			},
 		},
 	}
+}
+
+// rejected marks a shard group's configuration refused by its server.
+func rejected(sg infrav1.NstanceShardGroup) infrav1.NstanceShardGroup {
+	sg.Status.Conditions[1].Status, sg.Status.Conditions[1].Reason = metav1.ConditionFalse, infrav1.ConfigRejectedReason
+	sg.Status.Conditions[0].Status, sg.Status.Conditions[0].Reason = metav1.ConditionFalse, infrav1.ConfigRejectedReason
+	return sg
 }
 
 func TestAggregate(t *testing.T) {
@@ -34,6 +44,7 @@ func TestAggregate(t *testing.T) {
 		desired   int32
 		wantIDs   []string
 		wantRepl  int32
+		wantProv  bool
 		wantReady bool
 		reason    string
 	}{
@@ -41,7 +52,7 @@ func TestAggregate(t *testing.T) {
 			name:   "all ready, sorted union",
 			sgs:    []infrav1.NstanceShardGroup{shardGroup("b", 2, true, "p://b/2", "p://b/1"), shardGroup("a", 1, true, "p://a/1")},
 			shards: []string{"a", "b"}, desired: 3,
-			wantIDs: []string{"p://a/1", "p://b/1", "p://b/2"}, wantRepl: 3, wantReady: true, reason: infrav1.SyncedReason,
+			wantIDs: []string{"p://a/1", "p://b/1", "p://b/2"}, wantRepl: 3, wantProv: true, wantReady: true, reason: infrav1.SyncedReason,
 		},
 		{
 			name:   "missing shard group",
@@ -50,8 +61,14 @@ func TestAggregate(t *testing.T) {
 			wantIDs: []string{"p://a/1"}, wantRepl: 1, reason: ShardGroupsNotReadyReason,
 		},
 		{
-			name:   "shard group not ready",
+			name:   "shard group accepted, still scaling: provisioned, not ready",
 			sgs:    []infrav1.NstanceShardGroup{shardGroup("a", 1, true, "p://a/1"), shardGroup("b", 0, false)},
+			shards: []string{"a", "b"}, desired: 2,
+			wantIDs: []string{"p://a/1"}, wantRepl: 1, wantProv: true, reason: ShardGroupsNotReadyReason,
+		},
+		{
+			name:   "shard group rejected by its server: not provisioned",
+			sgs:    []infrav1.NstanceShardGroup{shardGroup("a", 1, true, "p://a/1"), rejected(shardGroup("b", 0, false))},
 			shards: []string{"a", "b"}, desired: 2,
 			wantIDs: []string{"p://a/1"}, wantRepl: 1, reason: ShardGroupsNotReadyReason,
 		},
@@ -59,12 +76,16 @@ func TestAggregate(t *testing.T) {
 			name:   "count differs from desired",
 			sgs:    []infrav1.NstanceShardGroup{shardGroup("a", 1, true, "p://a/1")},
 			shards: []string{"a"}, desired: 2,
-			wantIDs: []string{"p://a/1"}, wantRepl: 1, reason: infrav1.WaitingForReplicasReason,
+			wantIDs: []string{"p://a/1"}, wantRepl: 1, wantProv: true, reason: infrav1.WaitingForReplicasReason,
 		},
 		{
 			name:   "zero replicas is ready",
 			sgs:    []infrav1.NstanceShardGroup{shardGroup("a", 0, true)},
-			shards: []string{"a"}, desired: 0, wantReady: true, reason: infrav1.SyncedReason,
+			shards: []string{"a"}, desired: 0, wantProv: true, wantReady: true, reason: infrav1.SyncedReason,
+		},
+		{
+			name:   "no shards",
+			shards: nil, desired: 0, wantReady: true, reason: infrav1.SyncedReason,
 		},
 	}
 	for _, tt := range tests {
@@ -72,6 +93,7 @@ func TestAggregate(t *testing.T) {
 			got := Aggregate(tt.sgs, tt.shards, tt.desired, 1)
 			require.Equal(t, tt.wantIDs, got.ProviderIDs)
 			require.Equal(t, tt.wantRepl, got.Replicas)
+			require.Equal(t, tt.wantProv, got.Provisioned)
 			require.Equal(t, tt.wantReady, got.Ready)
 			require.Equal(t, tt.reason, got.Reason)
 		})

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	cpv1 "github.com/nstance-dev/nstance/api/controlplane/v1beta1"
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 )
 
@@ -52,6 +53,7 @@ func NewScheme() (*k8sruntime.Scheme, error) {
 		apiextensionsv1.AddToScheme,
 		clusterv1.AddToScheme,
 		infrav1.AddToScheme,
+		cpv1.AddToScheme,
 	} {
 		if err := add(s); err != nil {
 			return nil, fmt.Errorf("build scheme: %w", err)
