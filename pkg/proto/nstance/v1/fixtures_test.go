@@ -152,8 +152,9 @@ func fixtures() []fixture {
 				{Path: "certs/kubelet.crt", Content: []byte("-----BEGIN CERTIFICATE-----\n"), Mode: 0o644, Kind: nstancev1.FileKind_FILE_KIND_CERTIFICATE, Sha256: "aa11"},
 				{Path: "env/kubelet.env", Content: []byte{'A', '=', '1', '\n', 0x00, 0xff}, Mode: 0o600, Kind: nstancev1.FileKind_FILE_KIND_ENV, Sha256: "bb22"},
 			},
-			ConfigHash: "sha256:4f1c",
-			SentAt:     ts(time.Second),
+			ConfigHash:   "sha256:4f1c",
+			SentAt:       ts(time.Second),
+			PendingPaths: []string{"certs/serving.crt"},
 		}},
 		{"HealthReport", &nstancev1.HealthReport{
 			Timestamp: ts(2 * time.Second),
