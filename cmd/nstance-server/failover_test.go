@@ -153,5 +153,9 @@ func TestKillLeaderStandbyTakesOver(t *testing.T) {
 		return false
 	}, 3*(leaseDuration+2*time.Second), 50*time.Millisecond)
 	t.Logf("standby %s served Registration %s after kill -9 of %s (lease %s)", standby.name, took.Round(time.Millisecond), leader.name, leaseDuration)
-	require.LessOrEqual(t, took, leaseDuration+2*time.Second)
+	// No early takeover: the leader's last renewal was at most one renew
+	// interval (500ms) before the kill, and the standby waits a whole lease
+	// after it. How much later it serves depends on the machine's load, so
+	// that is only logged; a standby that never takes over fails above.
+	require.GreaterOrEqual(t, took, leaseDuration-500*time.Millisecond, "standby served before the dead leader's lease could have expired")
 }

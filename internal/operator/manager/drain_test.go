@@ -85,6 +85,20 @@ func deleteInstance(t testing.TB, f *fakeShard, id string) time.Time {
 	return resp.GetInstance().GetDrainDeadline().AsTime()
 }
 
+// waitNodeCached waits until the operator's cache finds the Node by
+// providerID, as the drain coordinator looks it up: a drain announced
+// before that would find no Node and be acknowledged at once, which is
+// right for the operator (in a cluster the Node registered long before)
+// but not what these tests set up.
+func (r *running) waitNodeCached(t testing.TB, providerID string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var nodes corev1.NodeList
+		err := r.op.Manager.GetClient().List(context.Background(), &nodes, client.MatchingFields{drain.NodeProviderIDIndex: providerID})
+		return err == nil && len(nodes.Items) == 1
+	}, waitLong, tick)
+}
+
 func createNode(t testing.TB, name, providerID string) {
 	t.Helper()
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{ProviderID: providerID}}
@@ -185,6 +199,7 @@ func TestDrain(t *testing.T) {
 		inst := onDemand(t, shardA, 30*time.Second)
 		node := "node-" + inst.GetInstanceId()
 		createNode(t, node, inst.GetProviderId())
+		r.waitNodeCached(t, inst.GetProviderId())
 		for i := range 7 {
 			createPod(t, f.ns, fmt.Sprintf("app-%d", i), node, plainPod, nil)
 		}
@@ -225,6 +240,7 @@ func TestDrain(t *testing.T) {
 		inst := onDemand(t, shardB, 30*time.Second)
 		node := "node-" + inst.GetInstanceId()
 		createNode(t, node, inst.GetProviderId())
+		r.waitNodeCached(t, inst.GetProviderId())
 		createPod(t, f.ns, "stays", node, plainPod, nil)
 		shardB.sh.Provider.(*mock.Provider).Stop(inst.GetInstanceId())
 		require.Eventually(t, func() bool {
@@ -252,6 +268,7 @@ func TestDrain(t *testing.T) {
 			inst := onDemand(t, sh, 30*time.Second)
 			v := victim{shard: sh, inst: inst, node: "node-" + inst.GetInstanceId()}
 			createNode(t, v.node, inst.GetProviderId())
+			r.waitNodeCached(t, inst.GetProviderId())
 			label := map[string]string{"app": fmt.Sprintf("par-%d", i)}
 			createPod(t, f.ns, fmt.Sprintf("par-%d", i), v.node, plainPod, label)
 			createPDB(t, f.ns, fmt.Sprintf("par-%d", i), label)

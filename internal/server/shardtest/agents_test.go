@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -27,10 +29,14 @@ import (
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
-// Health settings of the agent tests: reports every 200ms, unhealthy after 3 misses.
+// Health settings of the agent tests: reports every 200ms, unhealthy after
+// 15 misses (3s). The agents and the server are separate processes competing
+// for the CPU: with 3 misses (600ms) a healthy agent that a loaded machine
+// did not schedule for a moment was declared unhealthy and replaced, failing
+// the rotation test (about 1 run in 20 with both cores busy).
 const (
 	reportEvery = 200 * time.Millisecond
-	misses      = 3
+	misses      = 15
 )
 
 // agentBinary builds cmd/nstance-agent once per test binary run.
@@ -236,14 +242,17 @@ func TestUnhealthyAndKilledAgentsAreReplacedBeforeDrain(t *testing.T) {
 		pids[id] = pid
 	}
 
+	// The message names the mechanism that noticed (the time it took
+	// depends on how busy the machine is, so it is only logged).
 	cases := []struct {
 		name    string
 		victim  string
 		signal  syscall.Signal
-		message string
+		message string // regular expression
 	}{
-		// A frozen agent: the process lives, reports stop; health monitoring notices.
-		{"frozen agent misses reports", initial[0], syscall.SIGSTOP, fmt.Sprintf("missed %d health reports", misses)},
+		// A frozen agent: the process lives, reports stop; health monitoring
+		// notices once at least misses reports are overdue.
+		{"frozen agent misses reports", initial[0], syscall.SIGSTOP, `agent missed (\d+) health reports`},
 		// A killed agent: the provider check that follows a missed report finds it gone.
 		{"killed agent", initial[1], syscall.SIGKILL, "instance stopped"},
 	}
@@ -254,9 +263,14 @@ func TestUnhealthyAndKilledAgentsAreReplacedBeforeDrain(t *testing.T) {
 		require.NoError(t, syscall.Kill(pids[tc.victim], tc.signal), tc.name)
 
 		ev := errs.next(t, 15*time.Second, func(e *nstancev1.ErrorEvent) bool { return e.GetInstanceId() == tc.victim })
-		require.Contains(t, ev.GetMessage(), tc.message, tc.name)
+		m := regexp.MustCompile(tc.message).FindStringSubmatch(ev.GetMessage())
+		require.NotNil(t, m, "%s: %q does not match %q", tc.name, ev.GetMessage(), tc.message)
+		if len(m) > 1 {
+			n, err := strconv.Atoi(m[1])
+			require.NoError(t, err)
+			require.GreaterOrEqual(t, n, misses, "%s: not declared unhealthy before %d missed reports", tc.name, misses)
+		}
 		detected := time.Since(began)
-		require.Less(t, detected, time.Duration(misses+1)*reportEvery+3*time.Second, "%s: detected within the configured intervals", tc.name)
 		t.Logf("%s: detected after %s: %s", tc.name, detected.Round(time.Millisecond), ev.GetMessage())
 
 		pd := insts.next(t, 20*time.Second, func(e *nstancev1.InstanceEvent) bool {

@@ -97,6 +97,32 @@ func (c *collector[T]) next(t *testing.T, timeout time.Duration, f func(T) bool)
 	}
 }
 
+// each waits until every predicate has matched an event, in any order:
+// events about different objects come from different reconcile passes, so
+// their relative order is not defined. Events matching none are skipped.
+func (c *collector[T]) each(t *testing.T, timeout time.Duration, fs ...func(T) bool) {
+	t.Helper()
+	deadline := time.After(timeout)
+	matched := make([]bool, len(fs))
+	left := len(fs)
+	for left > 0 {
+		select {
+		case ev, ok := <-c.ch:
+			if !ok {
+				t.Fatalf("stream ended while waiting for events")
+			}
+			for i, f := range fs {
+				if !matched[i] && f(ev) {
+					matched[i] = true
+					left--
+				}
+			}
+		case <-deadline:
+			t.Fatalf("timed out waiting for events: matched %v", matched)
+		}
+	}
+}
+
 // none checks that no event matching f arrives within d.
 func (c *collector[T]) none(t *testing.T, d time.Duration, f func(T) bool) {
 	t.Helper()
