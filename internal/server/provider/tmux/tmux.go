@@ -119,7 +119,10 @@ type window struct {
 // windows lists the agent windows of the session; a missing session or
 // server yields none.
 func (p *Provider) windows(ctx context.Context) (map[string]window, error) {
-	out, err := p.tmux(ctx, "list-windows", "-t", "="+p.cfg.Session, "-F", "#{window_name}\t#{pane_dead}\t#{pane_dead_status}")
+	// Fields are separated by spaces, never tabs: under a C locale (no LANG,
+	// as under systemd or `env -i`) tmux prints control characters as '_'.
+	// Window names are WindowPrefix + a validated instance id: no spaces.
+	out, err := p.tmux(ctx, "list-windows", "-t", "="+p.cfg.Session, "-F", "#{window_name} #{pane_dead} #{pane_dead_status}")
 	if err != nil {
 		msg := err.Error()
 		// "no current target" is what tmux 3.3 says while a server whose
@@ -133,7 +136,7 @@ func (p *Provider) windows(ctx context.Context) (map[string]window, error) {
 	}
 	ws := map[string]window{}
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-		parts := strings.Split(line, "\t")
+		parts := strings.Fields(line)
 		if len(parts) < 2 || !strings.HasPrefix(parts[0], WindowPrefix) {
 			continue
 		}

@@ -118,3 +118,22 @@ func TestBadInput(t *testing.T) {
 		require.Error(t, p.Delete(context.Background(), id), id)
 	}
 }
+
+// TestCLocale: a server started without a UTF-8 locale (systemd, `env -i`)
+// still finds its windows; tmux prints control characters in -F output as
+// '_' there, so the listing must not depend on them.
+func TestCLocale(t *testing.T) {
+	t.Setenv("LC_ALL", "C")
+	t.Setenv("LANG", "C")
+	ctx := context.Background()
+	p, _, _, _ := newProvider(t, "sleep 3600")
+	id := "workers-cccc0001"
+	_, err := p.Create(ctx, provider.CreateRequest{InstanceID: id, ProviderID: provider.ID("c1", "dev-1", id), Shard: "dev-1", AgentNonce: "n"})
+	require.NoError(t, err)
+	st, err := p.Status(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, provider.StateRunning, st.State)
+	list, err := p.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+}
