@@ -230,27 +230,43 @@ func awsCLIScenario(t *testing.T, signed bool) {
 	require.NoDirExists(t, filepath.Join(dir, "synced"))
 
 	// put-object --if-none-match '*': the second one fails with 412.
+	// Older CLIs (Debian 12's aws-cli 2.9) have no --if-none-match; there the
+	// object is put plainly and the conditional PUT is left to the SDK
+	// contract suites, which cover it on every backend.
 	once := write("once.txt", []byte("first"))
-	cli.ok("s3api", "put-object", "--bucket", "dev", "--key", "cli/once", "--body", once, "--if-none-match", "*")
-	write("once.txt", []byte("second"))
-	_, errOut, err := cli.run("s3api", "put-object", "--bucket", "dev", "--key", "cli/once", "--body", once, "--if-none-match", "*")
-	require.Error(t, err)
-	require.Contains(t, errOut, "PreconditionFailed")
+	out, errOut, err := cli.run("s3api", "put-object", "--bucket", "dev", "--key", "cli/once", "--body", once, "--if-none-match", "*")
+	if err != nil && strings.Contains(errOut, "Unknown options: --if-none-match") {
+		version, _, _ := cli.run("--version")
+		t.Logf("%s has no put-object --if-none-match; conditional PUTs are checked by the SDK contract suites", strings.TrimSpace(version))
+		cli.ok("s3api", "put-object", "--bucket", "dev", "--key", "cli/once", "--body", once)
+	} else {
+		require.NoError(t, err, "put-object --if-none-match\nstdout: %s\nstderr: %s", out, errOut)
+		write("once.txt", []byte("second"))
+		_, errOut, err = cli.run("s3api", "put-object", "--bucket", "dev", "--key", "cli/once", "--body", once, "--if-none-match", "*")
+		require.Error(t, err)
+		require.Contains(t, errOut, "PreconditionFailed")
+	}
 	data, err = os.ReadFile(filepath.Join(dir, "cli", "once"))
 	require.NoError(t, err)
 	require.Equal(t, "first", string(data))
 
 	// aws s3 presign: the URL works without credentials, a changed one does
 	// not. aws CLI v1 presigns with Signature Version 2 unless configured
-	// for s3v4; dev-s3 checks only version 4 and says so.
+	// for s3v4 (v2 uses version 4 by default); dev-s3 checks only version 4
+	// and says so.
 	if signed {
-		v2 := strings.TrimSpace(cli.ok("s3", "presign", "s3://dev/cli/once"))
-		res, err := http.Get(v2)
+		dflt := strings.TrimSpace(cli.ok("s3", "presign", "s3://dev/cli/once"))
+		res, err := http.Get(dflt)
 		require.NoError(t, err)
 		body, _ := io.ReadAll(res.Body)
 		res.Body.Close()
-		require.Equal(t, http.StatusBadRequest, res.StatusCode)
-		require.Contains(t, string(body), "AWS4-HMAC-SHA256")
+		if strings.Contains(dflt, "X-Amz-Algorithm=AWS4-HMAC-SHA256") {
+			require.Equal(t, http.StatusOK, res.StatusCode, "a version 4 presigned URL works: %s", body)
+		} else {
+			require.Contains(t, dflt, "AWSAccessKeyId=", "a presigned URL is either version 4 or version 2")
+			require.Equal(t, http.StatusBadRequest, res.StatusCode)
+			require.Contains(t, string(body), "AWS4-HMAC-SHA256")
+		}
 	}
 	require.NoError(t, os.WriteFile(filepath.Join(cli.home(), "config"), []byte("[default]\ns3 =\n    signature_version = s3v4\n"), 0o600))
 	url := strings.TrimSpace(cli.ok("s3", "presign", "s3://dev/cli/once", "--expires-in", "300"))

@@ -91,7 +91,13 @@ func run(t *testing.T, dir, name string, args ...string) string {
 	if !filepath.IsAbs(name) {
 		hosttools.Require(t, name)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	// Builds on a cold cache and a loaded machine take as long as they take:
+	// the only bound is the test binary's own deadline (go test -timeout),
+	// kept a little earlier so the failure names the command.
+	ctx, cancel := context.WithCancel(context.Background())
+	if dl, ok := t.Deadline(); ok {
+		ctx, cancel = context.WithDeadline(context.Background(), dl.Add(-time.Minute))
+	}
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = dir
