@@ -76,28 +76,34 @@ func GenerateCA(clusterID string, validity time.Duration, now time.Time) (*CA, e
 
 // SelfSignCA makes the CA certificate for an existing Ed25519 key.
 func SelfSignCA(clusterID string, priv ed25519.PrivateKey, validity time.Duration, now time.Time) (*CA, error) {
+	return selfSignCA("cluster", clusterID, priv, []*url.URL{{Scheme: "spiffe", Host: clusterID}}, validity, now)
+}
+
+// selfSignCA makes a self-signed Ed25519 CA certificate named after its kind
+// (cluster or workload) carrying the given URI SANs; it may sign leaves only.
+func selfSignCA(kind, clusterID string, priv ed25519.PrivateKey, uris []*url.URL, validity time.Duration, now time.Time) (*CA, error) {
 	sn, err := serial()
 	if err != nil {
 		return nil, err
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          sn,
-		Subject:               pkix.Name{CommonName: "nstance cluster CA " + clusterID, Organization: []string{"nstance"}},
+		Subject:               pkix.Name{CommonName: "nstance " + kind + " CA " + clusterID, Organization: []string{"nstance"}},
 		NotBefore:             now.Add(-clockSkew),
 		NotAfter:              now.Add(validity),
 		IsCA:                  true,
 		BasicConstraintsValid: true,
 		MaxPathLenZero:        true,
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
-		URIs:                  []*url.URL{{Scheme: "spiffe", Host: clusterID}},
+		URIs:                  uris,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, priv.Public(), priv)
 	if err != nil {
-		return nil, fmt.Errorf("self-signing CA certificate: %w", err)
+		return nil, fmt.Errorf("self-signing %s CA certificate: %w", kind, err)
 	}
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		return nil, fmt.Errorf("parsing new CA certificate: %w", err)
+		return nil, fmt.Errorf("parsing new %s CA certificate: %w", kind, err)
 	}
 	return &CA{Cert: cert, CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), Key: priv}, nil
 }

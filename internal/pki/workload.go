@@ -7,7 +7,6 @@ import (
 	"crypto/rsa"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -35,29 +34,7 @@ func GenerateWorkloadCA(clusterID string, validity time.Duration, now time.Time)
 // for. Unlike the cluster CA it names no trust domain (no URI SAN), no
 // Nstance listener trusts it, and it cannot issue control-plane identities.
 func SelfSignWorkloadCA(clusterID string, priv ed25519.PrivateKey, validity time.Duration, now time.Time) (*CA, error) {
-	sn, err := serial()
-	if err != nil {
-		return nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          sn,
-		Subject:               pkix.Name{CommonName: "nstance workload CA " + clusterID, Organization: []string{"nstance"}},
-		NotBefore:             now.Add(-clockSkew),
-		NotAfter:              now.Add(validity),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		MaxPathLenZero:        true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, priv.Public(), priv)
-	if err != nil {
-		return nil, fmt.Errorf("self-signing workload CA certificate: %w", err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, fmt.Errorf("parsing new workload CA certificate: %w", err)
-	}
-	return &CA{Cert: cert, CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), Key: priv}, nil
+	return selfSignCA("workload", clusterID, priv, nil, validity, now)
 }
 
 // WorkloadPolicy is what a workload certificate may never carry: a URI in
