@@ -119,16 +119,8 @@ func instanceCommand() *cli.Command {
 				Name: "delete", Usage: "delete one instance; unless --skip-drain it waits for a drain acknowledgement (or the drain timeout)", ArgsUsage: "INSTANCE",
 				Flags: flags(false, &cli.BoolFlag{Name: "skip-drain", Usage: "delete without waiting for a drain acknowledgement"}),
 				Action: func(c *cli.Context) error {
-					id, err := oneArg(c, "INSTANCE")
-					if err != nil {
-						return err
-					}
-					return run(c, false, func(s *session) error {
-						n, _, err := s.findInstance(id)
-						if err != nil {
-							return err
-						}
-						oc, _ := s.set.Client(n)
+					return onInstance(c, func(s *session, n string, oc nstancev1.OperatorServiceClient, id string) error {
+						var err error
 						var resp *nstancev1.DeleteInstanceResponse
 						if err := s.call(func(ctx context.Context) error {
 							resp, err = oc.DeleteInstance(ctx, &nstancev1.DeleteInstanceRequest{InstanceId: id, SkipDrain: c.Bool("skip-drain")})
@@ -155,16 +147,8 @@ func instanceCommand() *cli.Command {
 			{
 				Name: "ack-drain", Usage: "acknowledge that a pending-deletion instance is drained, so it is deleted now", ArgsUsage: "INSTANCE", Flags: flags(false),
 				Action: func(c *cli.Context) error {
-					id, err := oneArg(c, "INSTANCE")
-					if err != nil {
-						return err
-					}
-					return run(c, false, func(s *session) error {
-						n, _, err := s.findInstance(id)
-						if err != nil {
-							return err
-						}
-						oc, _ := s.set.Client(n)
+					return onInstance(c, func(s *session, n string, oc nstancev1.OperatorServiceClient, id string) error {
+						var err error
 						var resp *nstancev1.AcknowledgeDrainedResponse
 						if err := s.call(func(ctx context.Context) error {
 							resp, err = oc.AcknowledgeDrained(ctx, &nstancev1.AcknowledgeDrainedRequest{InstanceId: id})
@@ -182,6 +166,26 @@ func instanceCommand() *cli.Command {
 			},
 		},
 	}
+}
+
+// onInstance runs fn against the shard holding the instance that the
+// command's one argument names (looked up on every shard unless --shard).
+func onInstance(c *cli.Context, fn func(s *session, shard string, oc nstancev1.OperatorServiceClient, id string) error) error {
+	id, err := oneArg(c, "INSTANCE")
+	if err != nil {
+		return err
+	}
+	return run(c, false, func(s *session) error {
+		n, _, err := s.findInstance(id)
+		if err != nil {
+			return err
+		}
+		oc, err := s.set.Client(n)
+		if err != nil {
+			return fmt.Errorf("shard %s: %w", n, err)
+		}
+		return fn(s, n, oc, id)
+	})
 }
 
 // findInstance asks the session's shards for an instance; exactly one must have it.
