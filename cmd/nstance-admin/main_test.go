@@ -21,6 +21,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
+	"github.com/nstance-dev/nstance/internal/testing/syncbuf"
 )
 
 func buildBinary(t *testing.T) string {
@@ -133,7 +134,7 @@ func TestBinary(t *testing.T) {
 	}
 
 	t.Run("a watch stops cleanly on SIGTERM", func(t *testing.T) {
-		var out syncBuffer
+		var out syncbuf.Buffer
 		cmd, lines := start(t, bin, &out, append([]string{"group", "list", "--watch"}, conn...)...)
 		require.Eventually(t, func() bool { return out.String() != "" }, 30*time.Second, 10*time.Millisecond)
 		require.Equal(t, "EVENT     SHARD  GROUP  TEMPLATE  SIZE  ACTUAL  READY  STATIC\n", out.String())

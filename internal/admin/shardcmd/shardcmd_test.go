@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/admin/shard"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
+	"github.com/nstance-dev/nstance/internal/testing/syncbuf"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -56,24 +56,6 @@ func isolate(t *testing.T) string {
 		os.Unsetenv(v)
 	}
 	return path
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer and a reader in parallel.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func runCtx(ctx context.Context, stdout, stderr io.Writer, args ...string) error {
@@ -297,15 +279,15 @@ func TestInstanceCommands(t *testing.T) {
 }
 
 // watch runs a --watch command until stop is called; stop returns its error.
-func watch(t *testing.T, args ...string) (out *syncBuffer, stop func() error) {
+func watch(t *testing.T, args ...string) (out *syncbuf.Buffer, stop func() error) {
 	out, _, stop = watchLogs(t, args...)
 	return out, stop
 }
 
 // watchLogs is watch that also returns what the command logs.
-func watchLogs(t *testing.T, args ...string) (out, logs *syncBuffer, stop func() error) {
+func watchLogs(t *testing.T, args ...string) (out, logs *syncbuf.Buffer, stop func() error) {
 	t.Helper()
-	out, logs = &syncBuffer{}, &syncBuffer{}
+	out, logs = &syncbuf.Buffer{}, &syncbuf.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- runCtx(ctx, out, logs, args...) }()
@@ -328,7 +310,7 @@ func watchLogs(t *testing.T, args ...string) (out, logs *syncBuffer, stop func()
 }
 
 // waitFor waits until the output contains want, failing with the output.
-func waitFor(t *testing.T, out *syncBuffer, want func(string) bool, what string) {
+func waitFor(t *testing.T, out *syncbuf.Buffer, want func(string) bool, what string) {
 	t.Helper()
 	require.Eventually(t, func() bool { return want(out.String()) }, 20*time.Second, 20*time.Millisecond, "%s; output so far:\n%s", what, out)
 }

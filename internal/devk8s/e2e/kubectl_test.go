@@ -8,13 +8,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/nstance-dev/nstance/internal/testing/kubetest"
+	"github.com/nstance-dev/nstance/internal/testing/syncbuf"
 )
 
 const widgetCRD = `apiVersion: apiextensions.k8s.io/v1
@@ -48,24 +48,6 @@ kind: Widget
 metadata: {name: w2, namespace: default, labels: {tier: back}}
 spec: {color: blue}
 `
-
-// syncBuffer collects a background command's output.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 func TestKubectl(t *testing.T) {
 	root, err := kubetest.RepoRoot()
@@ -113,7 +95,7 @@ func TestKubectl(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	watchOut := &syncBuffer{}
+	watchOut := &syncbuf.Buffer{}
 	w := exec.CommandContext(ctx, filepath.Join(assets, "kubectl"), "get", "configmaps", "-w", "--output-watch-events")
 	w.Env = append(os.Environ(), "KUBECONFIG="+d.kubeconfig)
 	w.Stdout, w.Stderr = watchOut, watchOut
