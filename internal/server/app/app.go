@@ -33,6 +33,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/health"
 	"github.com/nstance-dev/nstance/internal/server/layout"
 	"github.com/nstance-dev/nstance/internal/server/operatorapi"
+	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/internal/server/storage"
 	"github.com/nstance-dev/nstance/pkg/objstore"
@@ -98,6 +99,9 @@ type Runtime struct {
 	Issuer      *registration.Issuer
 	App         *App
 	Log         logr.Logger
+	// Fence bounds the leader's work by its shard lease; Store is already
+	// fenced, provider calls must be (provider.Fenced).
+	Fence provider.Fence
 }
 
 // Services are the shard-leader gRPC services beyond Registration.
@@ -271,7 +275,7 @@ func (a *App) Run(ctx context.Context) error {
 	newElector := func(key string, onLeading func(context.Context, int64)) (*election.Elector, error) {
 		return election.New(election.Config{
 			Store: a.o.Store, Key: key, ID: a.o.ServerID, Incarnation: incarnation, LeaseDuration: le.LeaseDuration.D(),
-			RenewInterval: le.RenewInterval.D(), RetryInterval: le.RetryInterval.D(), Log: log.WithName("election"), OnLeading: onLeading,
+			RenewDeadline: le.RenewDeadline.D(), MaxClockSkew: le.MaxClockSkew.D(), RenewInterval: le.RenewInterval.D(), RetryInterval: le.RetryInterval.D(), Log: log.WithName("election"), OnLeading: onLeading,
 		})
 	}
 	clusterEl, err := newElector(a.o.Keys.ClusterLeader(), nil)
@@ -336,9 +340,15 @@ func (a *App) Run(ctx context.Context) error {
 		CA: cl.CA, ClusterID: cfg.Cluster.ID,
 		AgentValidity: cfg.Certificates.AgentValidity.D(), OperatorValidity: cfg.Certificates.OperatorValidity.D(),
 	}
+	// Everything the shard leader writes goes through the fence: once its
+	// lease no longer lets it act, writes, provider calls and RPCs are
+	// refused even before its work has noticed.
+	fence := leaderFence{a: a}
+	leaderStore := fencedStore{Store: a.o.Store, fence: fence}
 	rt := &Runtime{
-		Config: withAdvertiseDefaults(cfg, bind), ConfigETag: a.cfgETag, Store: a.o.Store, Keys: a.o.Keys, Cache: db,
+		Config: withAdvertiseDefaults(cfg, bind), ConfigETag: a.cfgETag, Store: leaderStore, Keys: a.o.Keys, Cache: db,
 		CA: cl.CA, WorkloadCA: cl.WorkloadCA, ServerHosts: certHosts, NonceKey: cl.NonceKey, Issuer: issuer, App: a, Log: log,
+		Fence: fence,
 	}
 	factory := a.o.Services
 	if factory == nil {
@@ -352,14 +362,15 @@ func (a *App) Run(ctx context.Context) error {
 		Issuer: issuer,
 		Verifier: &nonce.Verifier{Key: cl.NonceKey.Public().(ed25519.PublicKey), ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, Leeway: 5 * time.Second,
 			MaxLifetime: cfg.Certificates.NonceMaxLifetime.D()},
-		Ledger:  &nonce.Ledger{Store: a.o.Store, Keys: a.o.Keys},
-		Objects: a.o.Store, Keys: a.o.Keys, ServerID: a.o.ServerID,
+		Ledger:  &nonce.Ledger{Store: leaderStore, Keys: a.o.Keys},
+		Objects: leaderStore, Keys: a.o.Keys, ServerID: a.o.ServerID,
 		OnAgentRegistered: svcs.OnAgentRegistered, Log: log.WithName("registration"),
 	}
 	gcfg := grpcserve.Config{
 		ClusterID: cfg.Cluster.ID, ServerCert: serverCert, ClientCAs: cl.CA.Pool(),
 		Registration: reg, Operator: svcs.Operator, Agent: svcs.Agent, Log: log.WithName("grpc"),
-		ServerOptions: []grpc.ServerOption{grpc.ChainUnaryInterceptor(a.metrics.unary), grpc.ChainStreamInterceptor(a.metrics.stream)},
+		ServerOptions: append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(a.metrics.unary), grpc.ChainStreamInterceptor(a.metrics.stream)},
+			fence.grpcOptions()...),
 	}
 
 	shardEl, err := newElector(a.o.Keys.ShardLeader(a.o.Shard), func(lctx context.Context, term int64) {
@@ -556,16 +567,27 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cach
 		}
 	}()
 	<-lctx.Done()
-	<-leadDone
+	// Stop serving before waiting for the term's work: the elector cancels
+	// lctx when this server may no longer act, and a standby may take over
+	// soon after.
 	a.mu.Lock()
 	a.grpcActive = false
 	a.mu.Unlock()
 	if appCtx.Err() != nil {
-		srv.GracefulStop(shutdown)
+		// Shutting down while still leading: let RPCs finish, but never
+		// beyond the time this server may act.
+		grace := shutdown
+		if st := (leaderFence{a: a}).elector().Status(); st.Leading {
+			grace = min(grace, time.Until(st.ValidUntil))
+		} else {
+			grace = 0
+		}
+		srv.GracefulStop(max(grace, 0))
 	} else {
 		// Leadership lost: another server may already serve; stop at once.
 		srv.Stop()
 	}
+	<-leadDone
 	log.Info("stopped serving gRPC")
 }
 

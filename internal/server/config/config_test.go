@@ -43,6 +43,8 @@ func TestParseDefaults(t *testing.T) {
 	le := cfg.Cluster.LeaderElection
 	require.Equal(t, DefaultLeaseDuration, le.LeaseDuration.D())
 	require.Equal(t, DefaultLeaseDuration/3, le.RenewInterval.D())
+	require.Equal(t, DefaultLeaseDuration*2/3, le.RenewDeadline.D(), "leader stops acting well before its lease ends")
+	require.Equal(t, DefaultMaxClockSkew, le.MaxClockSkew.D())
 	require.Equal(t, "env", cfg.Cluster.Secrets.EncryptionKey.Provider)
 	require.Equal(t, DefaultEncryptionKeyEnv, cfg.Cluster.Secrets.EncryptionKey.Env)
 	require.Equal(t, DefaultAgentNonceTTL, cfg.Certificates.AgentNonceTTL.D())
@@ -66,6 +68,9 @@ func TestParseErrors(t *testing.T) {
 		{"unknown template", [2]string{`"template": "t"`, `"template": "nope"`}, "groups.default.g.template", `unknown template "nope"`},
 		{"bad duration", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1", "leader_election": {"lease_duration": "soon"}}`}, "cluster.leader_election.lease_duration", `invalid duration "soon"`},
 		{"renew not shorter", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1", "leader_election": {"lease_duration": "2s", "renew_interval": "3s"}}`}, "cluster.leader_election.renew_interval", "shorter than lease_duration"},
+		{"renew deadline not shorter than the lease", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1", "leader_election": {"lease_duration": "3s", "renew_interval": "1s", "renew_deadline": "3s"}}`}, "cluster.leader_election.renew_deadline", "shorter than lease_duration"},
+		{"renew deadline not longer than renewals", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1", "leader_election": {"lease_duration": "3s", "renew_interval": "1s", "renew_deadline": "1s"}}`}, "cluster.leader_election.renew_deadline", "longer than renew_interval"},
+		{"negative clock skew", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1", "leader_election": {"max_clock_skew": "-1s"}}`}, "cluster.leader_election.max_clock_skew", "negative"},
 		{"key provider", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1", "secrets": {"encryption_key": {"provider": "kms"}}}`}, "cluster.secrets.encryption_key.provider", `must be "env" or "file"`},
 		{"duplicate bind", [2]string{`"agent_addr": "127.0.0.1:0"`, `"agent_addr": "127.0.0.1:7000", "operator_addr": "127.0.0.1:7000"`}, "", ""},
 		{"bad file path", [2]string{`"kind": "worker"}`, `"kind": "worker", "files": {"f": {"kind": "string", "path": "../etc/passwd"}}}`}, "templates.t.files.f.path", "clean relative path"},

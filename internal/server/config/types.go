@@ -76,6 +76,13 @@ type KeySource struct {
 type LeaderElection struct {
 	LeaseDuration Duration `json:"lease_duration"`
 	RenewInterval Duration `json:"renew_interval"`
+	// RenewDeadline is how long a leader goes on acting without a
+	// successful renewal; strictly between renew_interval and
+	// lease_duration (default two thirds of the lease).
+	RenewDeadline Duration `json:"renew_deadline"`
+	// MaxClockSkew is the assumed bound on clock differences between
+	// servers; a standby waits lease_duration plus this before taking over.
+	MaxClockSkew  Duration `json:"max_clock_skew"`
 	RetryInterval Duration `json:"retry_interval"`
 }
 

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nstance-dev/nstance/internal/server/election"
 	"github.com/nstance-dev/nstance/internal/server/layout"
 )
 
@@ -16,6 +17,7 @@ const (
 	DefaultLeaseDuration    = 15 * time.Second
 	DefaultRenewFraction    = 3
 	DefaultRetryInterval    = 2 * time.Second
+	DefaultMaxClockSkew     = time.Second
 	DefaultCAValidity       = 10 * 365 * 24 * time.Hour
 	DefaultServerValidity   = 90 * 24 * time.Hour
 	DefaultAgentValidity    = 30 * 24 * time.Hour
@@ -40,6 +42,12 @@ func (c *Config) ApplyDefaults() {
 	}
 	if le.RetryInterval == 0 {
 		le.RetryInterval = Duration(min(DefaultRetryInterval, le.RenewInterval.D()))
+	}
+	if le.RenewDeadline == 0 {
+		le.RenewDeadline = Duration(election.DefaultRenewDeadline(le.LeaseDuration.D(), le.RenewInterval.D()))
+	}
+	if le.MaxClockSkew == 0 {
+		le.MaxClockSkew = Duration(DefaultMaxClockSkew)
 	}
 	ek := &c.Cluster.Secrets.EncryptionKey
 	if ek.Provider == "" {
@@ -143,6 +151,13 @@ func (c *Config) Validate() error {
 	ch.positive("cluster.leader_election.retry_interval", le.RetryInterval)
 	if le.RenewInterval >= le.LeaseDuration {
 		ch.add("cluster.leader_election.renew_interval", "must be shorter than lease_duration (%s), got %s", le.LeaseDuration.D(), le.RenewInterval.D())
+	}
+	if le.RenewDeadline != 0 && (le.RenewDeadline <= le.RenewInterval || le.RenewDeadline >= le.LeaseDuration) {
+		ch.add("cluster.leader_election.renew_deadline", "must be longer than renew_interval (%s) and shorter than lease_duration (%s), got %s",
+			le.RenewInterval.D(), le.LeaseDuration.D(), le.RenewDeadline.D())
+	}
+	if le.MaxClockSkew < 0 {
+		ch.add("cluster.leader_election.max_clock_skew", "must not be negative, got %s", le.MaxClockSkew.D())
 	}
 
 	s := c.Shard

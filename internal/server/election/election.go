@@ -40,6 +40,17 @@ type Config struct {
 	// Incarnation identifies this process; a random value when empty.
 	Incarnation   string
 	LeaseDuration time.Duration
+	// RenewDeadline is how long a leader may go without a successful
+	// renewal before it stops acting. It is strictly shorter than
+	// LeaseDuration: the leader gives up its work while the lease it last
+	// wrote is still valid on any clock within MaxClockSkew of its own.
+	// Zero means two thirds of the lease (at least the renew interval).
+	RenewDeadline time.Duration
+	// MaxClockSkew is the stated bound on the difference between the
+	// candidates' clocks. A standby takes a lease over only after it stayed
+	// unchanged for LeaseDuration+MaxClockSkew on its own clock, or once it
+	// expired by more than MaxClockSkew.
+	MaxClockSkew  time.Duration
 	RenewInterval time.Duration
 	RetryInterval time.Duration
 	Log           logr.Logger
@@ -59,7 +70,14 @@ type Status struct {
 	Term   int64
 	// ETag is the fencing token of our lease while leading.
 	ETag string
+	// ValidUntil is when this leader stops acting unless it renews first:
+	// the start of its last successful renewal plus the renew deadline.
+	ValidUntil time.Time
 }
+
+// ErrNotLeader is returned by Check when this candidate may not act as the
+// leader (of the given term).
+var ErrNotLeader = errors.New("not the leader")
 
 // Elector campaigns for one lease.
 type Elector struct {
@@ -80,6 +98,15 @@ func New(cfg Config) (*Elector, error) {
 		return nil, errors.New("election: lease, renew and retry durations must be positive")
 	case cfg.RenewInterval >= cfg.LeaseDuration:
 		return nil, fmt.Errorf("election: renew interval %s must be shorter than lease %s", cfg.RenewInterval, cfg.LeaseDuration)
+	case cfg.MaxClockSkew < 0:
+		return nil, fmt.Errorf("election: max clock skew %s must not be negative", cfg.MaxClockSkew)
+	}
+	if cfg.RenewDeadline == 0 {
+		cfg.RenewDeadline = DefaultRenewDeadline(cfg.LeaseDuration, cfg.RenewInterval)
+	}
+	if cfg.RenewDeadline <= cfg.RenewInterval || cfg.RenewDeadline >= cfg.LeaseDuration {
+		return nil, fmt.Errorf("election: renew deadline %s must be longer than the renew interval %s and shorter than the lease %s",
+			cfg.RenewDeadline, cfg.RenewInterval, cfg.LeaseDuration)
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -97,6 +124,16 @@ func New(cfg Config) (*Elector, error) {
 	return &Elector{cfg: cfg}, nil
 }
 
+// DefaultRenewDeadline is two thirds of the lease, or halfway between the
+// renew interval and the lease when the interval is longer than that.
+func DefaultRenewDeadline(lease, renew time.Duration) time.Duration {
+	d := lease * 2 / 3
+	if d <= renew {
+		d = renew + (lease-renew)/2
+	}
+	return d
+}
+
 // NewIncarnation returns a random process incarnation id.
 func NewIncarnation() (string, error) {
 	b := make([]byte, 8)
@@ -109,15 +146,50 @@ func NewIncarnation() (string, error) {
 // Incarnation is the id of this process in the lease.
 func (e *Elector) Incarnation() string { return e.cfg.Incarnation }
 
-// Status returns the current state.
+// Status returns the current state. Leading is false once ValidUntil has
+// passed, even before the renewal loop has noticed (a process resumed after
+// SIGSTOP must not act on a lease that may belong to another by now).
 func (e *Elector) Status() Status {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.status
+	st := e.status
+	e.mu.Unlock()
+	if st.Leading && !e.cfg.Now().Before(st.ValidUntil) {
+		st.Leading, st.ETag = false, ""
+	}
+	return st
 }
 
-// Leading reports whether this candidate currently holds the lease.
+// Leading reports whether this candidate currently holds the lease and
+// may act on it.
 func (e *Elector) Leading() bool { return e.Status().Leading }
+
+// Check returns nil when this candidate may act as the leader of term
+// (any term when term is 0), and an error wrapping ErrNotLeader otherwise.
+// Every state-changing write and provider call of a leader passes it.
+func (e *Elector) Check(term int64) error {
+	st := e.Status()
+	switch {
+	case !st.Leading:
+		return fmt.Errorf("%w of %s", ErrNotLeader, e.cfg.Key)
+	case term != 0 && st.Term != term:
+		return fmt.Errorf("%w of %s in term %d (now term %d)", ErrNotLeader, e.cfg.Key, term, st.Term)
+	}
+	return nil
+}
+
+// Bound returns ctx limited to this leader's validity: work started under
+// it is cancelled when the leader would stop acting. It returns an error
+// wrapping ErrNotLeader, and a cancelled context, when not leading.
+func (e *Elector) Bound(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	st := e.Status()
+	if !st.Leading {
+		ctx, cancel := context.WithCancel(ctx)
+		cancel()
+		return ctx, cancel, fmt.Errorf("%w of %s", ErrNotLeader, e.cfg.Key)
+	}
+	c, cancel := context.WithTimeout(ctx, st.ValidUntil.Sub(e.cfg.Now()))
+	return c, cancel, nil
+}
 
 func (e *Elector) set(f func(*Status)) {
 	e.mu.Lock()
@@ -141,13 +213,14 @@ type observation struct {
 func (e *Elector) Run(ctx context.Context) error {
 	var obs observation
 	for {
+		began := e.cfg.Now()
 		lease, etag, ok, err := e.tryAcquire(ctx, &obs)
 		if err != nil {
 			e.cfg.Log.Error(err, "refusing to campaign", "key", e.cfg.Key, "id", e.cfg.ID, "incarnation", e.cfg.Incarnation)
 			return err
 		}
 		if ok {
-			e.lead(ctx, lease, etag)
+			e.lead(ctx, lease, etag, began)
 			obs = observation{}
 		}
 		select {
@@ -165,9 +238,9 @@ func (e *Elector) read(ctx context.Context) (*Lease, string, error) {
 	}
 	var l Lease
 	if err := json.Unmarshal(obj.Body, &l); err != nil {
-		// A corrupt lease is treated as released; replacing it needs its etag.
-		e.cfg.Log.Error(err, "lease object is not valid JSON; treating it as released", "key", e.cfg.Key)
-		return &Lease{}, obj.ETag, nil
+		// A lease that cannot be read is never treated as released: it
+		// may be a newer format written by a leader that is alive.
+		return nil, "", fmt.Errorf("lease %s is not valid JSON (%d bytes; an operator must inspect and delete it): %w", e.cfg.Key, len(obj.Body), err)
 	}
 	return &l, obj.ETag, nil
 }
@@ -215,9 +288,15 @@ func (e *Elector) tryAcquire(ctx context.Context, obs *observation) (Lease, stri
 		// under our id from another incarnation is treated like anyone
 		// else's: a previous run of this server that crashed leaves it
 		// unchanged, and it is taken over after a lease.
+		//
+		// Otherwise the lease is dead once it stayed unchanged for a lease
+		// plus the clock-skew allowance on our clock, or expired by more
+		// than that allowance by the holder's clock. The holder stopped
+		// acting RenewDeadline after the start of its last renewal, which
+		// is earlier than either.
 		dead := cur.Holder == "" || (cur.Holder == e.cfg.ID && cur.Incarnation == e.cfg.Incarnation) ||
-			now.Sub(obs.since) >= e.cfg.LeaseDuration ||
-			now.After(cur.ExpiresAt.Add(e.cfg.LeaseDuration))
+			now.Sub(obs.since) >= e.cfg.LeaseDuration+e.cfg.MaxClockSkew ||
+			now.After(cur.ExpiresAt.Add(e.cfg.MaxClockSkew))
 		if !dead {
 			return Lease{}, "", false, nil
 		}
@@ -235,16 +314,25 @@ func (e *Elector) tryAcquire(ctx context.Context, obs *observation) (Lease, stri
 	return next, newTag, true, nil
 }
 
-// lead renews the lease and runs OnLeading until leadership ends.
-func (e *Elector) lead(ctx context.Context, lease Lease, etag string) {
-	e.set(func(s *Status) { *s = Status{Leading: true, Holder: e.cfg.ID, Term: lease.Term, ETag: etag} })
+// lead renews the lease and runs OnLeading until leadership ends. It stops
+// acting (cancels OnLeading's context; Status and Check say not leading)
+// no later than RenewDeadline after the start of its last successful
+// renewal, however long a storage write blocks.
+func (e *Elector) lead(ctx context.Context, lease Lease, etag string, began time.Time) {
+	validUntil := began.Add(e.cfg.RenewDeadline)
+	e.set(func(s *Status) {
+		*s = Status{Leading: true, Holder: e.cfg.ID, Term: lease.Term, ETag: etag, ValidUntil: validUntil}
+	})
 	leadCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		e.cfg.OnLeading(leadCtx, lease.Term)
 	}()
-	lastOK := e.cfg.Now()
+	// expiry fires at validUntil by the real clock; e.cfg.Now (possibly a
+	// test clock) is the authority, so a firing re-checks it.
+	expiry := time.NewTimer(validUntil.Sub(e.cfg.Now()))
+	defer expiry.Stop()
 	ticker := time.NewTicker(e.cfg.RenewInterval)
 	defer ticker.Stop()
 	reason := "context ended"
@@ -256,33 +344,56 @@ loop:
 		case <-done:
 			reason = "leader work returned"
 			break loop
+		case <-expiry.C:
+			if !e.cfg.Now().Before(validUntil) {
+				reason = "could not renew within the renew deadline"
+				break loop
+			}
+			expiry.Reset(validUntil.Sub(e.cfg.Now()))
+			continue
 		case <-ticker.C:
 		}
 		now := e.cfg.Now()
+		if !now.Before(validUntil) {
+			reason = "could not renew within the renew deadline"
+			break loop
+		}
 		next := Lease{Holder: e.cfg.ID, Incarnation: e.cfg.Incarnation, RenewedAt: now.UTC(), ExpiresAt: now.Add(e.cfg.LeaseDuration).UTC(), Term: lease.Term}
-		rctx, rcancel := context.WithTimeout(ctx, e.cfg.RenewInterval)
+		// The write may not outlive our validity: a renewal that lands
+		// after we stopped acting would extend a lease nobody serves.
+		rctx, rcancel := context.WithTimeout(ctx, min(e.cfg.RenewInterval, validUntil.Sub(now)))
 		newTag, err := e.write(rctx, next, objstore.PutOptions{IfMatch: etag})
 		rcancel()
 		switch {
 		case err == nil:
-			etag, lastOK = newTag, now
-			e.set(func(s *Status) { s.ETag = etag })
+			etag, validUntil = newTag, now.Add(e.cfg.RenewDeadline)
+			e.set(func(s *Status) { s.ETag, s.ValidUntil = etag, validUntil })
+			expiry.Reset(validUntil.Sub(e.cfg.Now()))
 		case errors.Is(err, objstore.ErrPreconditionFailed):
 			reason = "lease was taken over"
 			break loop
 		case ctx.Err() != nil:
 			break loop
 		default:
-			e.cfg.Log.Error(err, "renewing lease", "key", e.cfg.Key)
-			if now.Sub(lastOK) >= e.cfg.LeaseDuration*3/4 {
-				reason = "could not renew within the lease"
+			e.cfg.Log.Error(err, "renewing lease", "key", e.cfg.Key, "validUntil", validUntil)
+			if !e.cfg.Now().Before(validUntil) {
+				reason = "could not renew within the renew deadline"
 				break loop
 			}
 		}
 	}
-	e.set(func(s *Status) { s.Leading = false; s.ETag = "" })
-	cancel()
-	<-done
+	if reason == "context ended" {
+		// Shutting down: the work may finish gracefully while the lease
+		// still lets us act (Status bounds that by ValidUntil), then the
+		// lease is released for a standby.
+		cancel()
+		<-done
+		e.set(func(s *Status) { s.Leading = false; s.ETag = "" })
+	} else {
+		e.set(func(s *Status) { s.Leading = false; s.ETag = "" })
+		cancel()
+		<-done
+	}
 	if reason == "context ended" || reason == "leader work returned" {
 		e.release(etag, lease.Term)
 	}

@@ -261,3 +261,129 @@ func TestOwnIncarnationIsRetakenAtOnce(t *testing.T) {
 	require.Eventually(t, e.Leading, lease/2, 5*time.Millisecond)
 	require.Equal(t, int64(6), e.Status().Term)
 }
+
+// blockingStore blocks every lease write while blocked is set, like a
+// leader cut off from storage by a blackholed connection: the write
+// returns only when its context ends.
+type blockingStore struct {
+	objstore.Store
+	blocked atomic.Bool
+	puts    atomic.Int64
+}
+
+func (b *blockingStore) Put(ctx context.Context, key string, body []byte, opts objstore.PutOptions) (string, error) {
+	if b.blocked.Load() {
+		<-ctx.Done()
+		return "", ctx.Err()
+	}
+	defer b.puts.Add(1)
+	return b.Store.Put(ctx, key, body, opts)
+}
+
+// A leader cut off from storage stops acting at its renew deadline by its
+// own clock, before the lease it last wrote can look dead to a standby
+// (lease plus clock-skew allowance), whatever its blocked write does; and
+// Check refuses from that instant even if the loop has not run yet.
+func TestLeaderStopsBeforeItsLeaseCanExpire(t *testing.T) {
+	const skew = 50 * time.Millisecond
+	store := memstore.New()
+	clk := clocktesting.NewFakeClock(time.Now())
+	bs := &blockingStore{Store: store}
+	var cancelled atomic.Bool
+	a, err := New(Config{
+		Store: bs, Key: "shard/s1/leader.json", ID: "a", LeaseDuration: lease, RenewInterval: renew, RetryInterval: retry,
+		MaxClockSkew: skew, Log: logr.Discard(), Now: clk.Now,
+		OnLeading: func(ctx context.Context, _ int64) { <-ctx.Done(); cancelled.Store(true) },
+	})
+	require.NoError(t, err)
+	require.Equal(t, lease*2/3, a.cfg.RenewDeadline, "default renew deadline")
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() { _ = a.Run(ctx) }()
+	require.Eventually(t, a.Leading, 10*time.Second, time.Millisecond)
+	// At least one renewal succeeded at the frozen clock: ValidUntil is
+	// the acquisition/renewal time plus the deadline.
+	require.Eventually(t, func() bool { return bs.puts.Load() >= 2 }, 10*time.Second, time.Millisecond)
+	st := a.Status()
+	require.Equal(t, clk.Now().Add(a.cfg.RenewDeadline), st.ValidUntil)
+	require.NoError(t, a.Check(st.Term))
+	require.ErrorIs(t, a.Check(st.Term+1), ErrNotLeader, "another term is not ours")
+	bctx, bcancel, err := a.Bound(context.Background())
+	require.NoError(t, err)
+	dl, ok := bctx.Deadline()
+	require.True(t, ok)
+	require.WithinDuration(t, time.Now().Add(a.cfg.RenewDeadline), dl, 200*time.Millisecond)
+	bcancel()
+
+	bs.blocked.Store(true)
+	// Just before the deadline it still acts.
+	clk.Step(a.cfg.RenewDeadline - time.Millisecond)
+	require.NoError(t, a.Check(0))
+	// At the deadline Check refuses at once: no goroutine has to run first.
+	clk.Step(time.Millisecond)
+	require.ErrorIs(t, a.Check(0), ErrNotLeader)
+	require.False(t, a.Leading())
+	_, _, err = a.Bound(context.Background())
+	require.ErrorIs(t, err, ErrNotLeader)
+	// And the work is cancelled (the blocked write's context ends at the
+	// deadline; the expiry timer fires).
+	require.Eventually(t, cancelled.Load, 10*time.Second, time.Millisecond)
+	require.Less(t, a.cfg.RenewDeadline, lease, "stopped while the lease is valid on any clock within the skew")
+}
+
+// A standby waits a whole lease plus the clock-skew allowance after it last
+// saw the lease change, never less.
+func TestStandbyWaitsLeasePlusSkew(t *testing.T) {
+	const skew = 100 * time.Millisecond
+	store := memstore.New()
+	ctx := context.Background()
+	clk := clocktesting.NewFakeClock(time.Now())
+	body, err := json.Marshal(Lease{Holder: "ghost", RenewedAt: clk.Now(), ExpiresAt: clk.Now().Add(lease), Term: 3})
+	require.NoError(t, err)
+	_, err = store.Put(ctx, "cluster/leader.json", body, objstore.PutOptions{IfNoneMatch: true})
+	require.NoError(t, err)
+	cs := &countingStore{Store: store}
+	b, err := New(Config{Store: cs, Key: "cluster/leader.json", ID: "b", LeaseDuration: lease, RenewInterval: renew,
+		RetryInterval: retry, MaxClockSkew: skew, Log: logr.Discard(), Now: clk.Now})
+	require.NoError(t, err)
+	rctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	go func() { _ = b.Run(rctx) }()
+	waitReads(t, cs, 1)
+	clk.Step(lease + skew - time.Millisecond)
+	waitReads(t, cs, 3)
+	require.False(t, b.Leading(), "a lease that may still be acted on is not taken over")
+	require.Zero(t, cs.puts.Load())
+	clk.Step(time.Millisecond)
+	require.Eventually(t, b.Leading, 10*time.Second, time.Millisecond)
+}
+
+func TestUnparsableLeaseIsNotAReleasedLease(t *testing.T) {
+	store := memstore.New()
+	ctx := context.Background()
+	_, err := store.Put(ctx, "cluster/leader.json", []byte(`{"holder": "x", "term": `), objstore.PutOptions{IfNoneMatch: true})
+	require.NoError(t, err)
+	clk := clocktesting.NewFakeClock(time.Now())
+	var leading atomic.Int32
+	b, cs, _ := start(t, store, clk, "b", &leading)
+	waitReads(t, cs, 3)
+	clk.Step(10 * lease)
+	waitReads(t, cs, 3)
+	require.False(t, b.Leading())
+	require.Zero(t, cs.puts.Load(), "never overwritten")
+}
+
+func TestRenewDeadlineBounds(t *testing.T) {
+	base := Config{Store: memstore.New(), Key: "k", ID: "a", LeaseDuration: lease, RenewInterval: renew, RetryInterval: retry}
+	for name, d := range map[string]time.Duration{"equal to lease": lease, "longer than lease": 2 * lease, "equal to renew": renew} {
+		c := base
+		c.RenewDeadline = d
+		_, err := New(c)
+		require.Error(t, err, name)
+	}
+	c := base
+	c.MaxClockSkew = -time.Second
+	_, err := New(c)
+	require.Error(t, err)
+	require.Equal(t, 250*time.Millisecond, DefaultRenewDeadline(300*time.Millisecond, 200*time.Millisecond))
+}

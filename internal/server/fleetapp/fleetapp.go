@@ -11,6 +11,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/liveconfig"
 	"github.com/nstance-dev/nstance/internal/server/operatorapi"
+	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -54,6 +55,11 @@ func Factory(o Options) app.ServiceFactory {
 		prov, err := fleet.NewProvider(cfg.Shard.Infra, local)
 		if err != nil {
 			return app.Services{}, err
+		}
+		if rt.Fence != nil {
+			// A server whose shard lease has lapsed creates, deletes and
+			// attaches nothing, even from work that has not noticed yet.
+			prov = provider.Fenced(prov, rt.Fence)
 		}
 		core := &operatorapi.Core{Shard: cfg.Shard.ID, Config: holder, Issuer: rt.Issuer}
 		opts := fleet.Options{
