@@ -105,6 +105,10 @@ test-go: ## Unit and envtest tests (builds the envtest binaries on first use).
 	@assets=$$(scripts/envtest-assets.sh); source scripts/lib/progress.sh; PROGRESS_TAG=test-go; \
 		progress_run "go test $(GO_TEST_FLAGS) ./... (KUBEBUILDER_ASSETS=$$assets)" env KUBEBUILDER_ASSETS=$$assets $(GO) test $(GO_TEST_FLAGS) ./...
 
+.PHONY: chaos
+chaos: ## Long fault-injection runs (test/chaos): 20 leader handovers, a 20 s SIGSTOP. The short variants run in `make test`.
+	CHAOS_RUNS=20 CHAOS_FREEZE=20 $(GO) test -count=1 -v -timeout 30m ./test/chaos/...
+
 .PHONY: lint
 lint: ## gofmt and go vet.
 	@files=$$(git ls-files '*.go' | grep -v '^scripts/envtest/'); \

@@ -214,7 +214,7 @@ func (e *Elector) Run(ctx context.Context) error {
 	var obs observation
 	for {
 		began := e.cfg.Now()
-		lease, etag, ok, err := e.tryAcquire(ctx, &obs)
+		lease, etag, ok, err := e.tryAcquire(ctx, &obs, began)
 		if err != nil {
 			e.cfg.Log.Error(err, "refusing to campaign", "key", e.cfg.Key, "id", e.cfg.ID, "incarnation", e.cfg.Incarnation)
 			return err
@@ -253,11 +253,17 @@ func (e *Elector) write(ctx context.Context, l Lease, opts objstore.PutOptions) 
 	return e.cfg.Store.Put(ctx, e.cfg.Key, body, opts)
 }
 
-func (e *Elector) tryAcquire(ctx context.Context, obs *observation) (Lease, string, bool, error) {
-	now := e.cfg.Now()
+// tryAcquire reads the lease and takes it when it is free or dead. began
+// is the time before the read: the new lease's timestamps use it (never
+// later than the write). Observations use the time after the read: a read
+// that blocked (a partition) must not make a lease look unchanged for
+// longer than it was seen.
+func (e *Elector) tryAcquire(ctx context.Context, obs *observation, began time.Time) (Lease, string, bool, error) {
 	cur, etag, err := e.read(ctx)
+	now := e.cfg.Now()
 	var opts objstore.PutOptions
-	next := Lease{Holder: e.cfg.ID, Incarnation: e.cfg.Incarnation, RenewedAt: now.UTC(), ExpiresAt: now.Add(e.cfg.LeaseDuration).UTC(), Term: 1}
+	takeover := "a new lease"
+	next := Lease{Holder: e.cfg.ID, Incarnation: e.cfg.Incarnation, RenewedAt: began.UTC(), ExpiresAt: began.Add(e.cfg.LeaseDuration).UTC(), Term: 1}
 	switch {
 	case errors.Is(err, objstore.ErrNotFound):
 		opts.IfNoneMatch = true
@@ -294,12 +300,20 @@ func (e *Elector) tryAcquire(ctx context.Context, obs *observation) (Lease, stri
 		// than that allowance by the holder's clock. The holder stopped
 		// acting RenewDeadline after the start of its last renewal, which
 		// is earlier than either.
-		dead := cur.Holder == "" || (cur.Holder == e.cfg.ID && cur.Incarnation == e.cfg.Incarnation) ||
-			now.Sub(obs.since) >= e.cfg.LeaseDuration+e.cfg.MaxClockSkew ||
-			now.After(cur.ExpiresAt.Add(e.cfg.MaxClockSkew))
-		if !dead {
+		var why string
+		switch {
+		case cur.Holder == "":
+			why = "released"
+		case cur.Holder == e.cfg.ID && cur.Incarnation == e.cfg.Incarnation:
+			why = "our own"
+		case now.Sub(obs.since) >= e.cfg.LeaseDuration+e.cfg.MaxClockSkew:
+			why = fmt.Sprintf("unchanged for %s", now.Sub(obs.since))
+		case now.After(cur.ExpiresAt.Add(e.cfg.MaxClockSkew)):
+			why = fmt.Sprintf("expired at %s", cur.ExpiresAt.Format(time.RFC3339Nano))
+		default:
 			return Lease{}, "", false, nil
 		}
+		takeover = fmt.Sprintf("%s's lease of term %d: %s", cur.Holder, cur.Term, why)
 		opts.IfMatch = etag
 		next.Term = cur.Term + 1
 	}
@@ -310,7 +324,7 @@ func (e *Elector) tryAcquire(ctx context.Context, obs *observation) (Lease, stri
 		}
 		return Lease{}, "", false, nil
 	}
-	e.cfg.Log.Info("acquired leadership", "key", e.cfg.Key, "term", next.Term, "incarnation", e.cfg.Incarnation)
+	e.cfg.Log.Info("acquired leadership", "key", e.cfg.Key, "term", next.Term, "incarnation", e.cfg.Incarnation, "took", takeover)
 	return next, newTag, true, nil
 }
 

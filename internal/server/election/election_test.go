@@ -387,3 +387,68 @@ func TestRenewDeadlineBounds(t *testing.T) {
 	require.Error(t, err)
 	require.Equal(t, 250*time.Millisecond, DefaultRenewDeadline(300*time.Millisecond, 200*time.Millisecond))
 }
+
+// gatedStore can hold one lease read until released, like a read stuck in
+// a partition.
+type gatedStore struct {
+	countingStore
+	mu      sync.Mutex
+	hold    chan struct{} // closed to release the held read
+	entered chan struct{} // closed when a read is being held
+}
+
+func (g *gatedStore) holdNextRead() (entered <-chan struct{}, release func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.hold, g.entered = make(chan struct{}), make(chan struct{})
+	hold := g.hold
+	return g.entered, func() { close(hold) }
+}
+
+func (g *gatedStore) Get(ctx context.Context, key string) (*objstore.Object, error) {
+	g.mu.Lock()
+	hold, entered := g.hold, g.entered
+	g.hold, g.entered = nil, nil
+	g.mu.Unlock()
+	if hold != nil {
+		close(entered)
+		<-hold
+	}
+	return g.countingStore.Get(ctx, key)
+}
+
+// A read that blocked while time passed must not count that time as the
+// lease having been seen unchanged: the lease it returns was just seen.
+func TestBlockedReadDoesNotAgeTheObservation(t *testing.T) {
+	const skew = 100 * time.Millisecond
+	store := memstore.New()
+	ctx := context.Background()
+	clk := clocktesting.NewFakeClock(time.Now())
+	put := func(renewed time.Time) {
+		body, err := json.Marshal(Lease{Holder: "ghost", RenewedAt: renewed, ExpiresAt: renewed.Add(time.Hour), Term: 3})
+		require.NoError(t, err)
+		_, err = store.Put(ctx, "cluster/leader.json", body, objstore.PutOptions{})
+		require.NoError(t, err)
+	}
+	put(clk.Now())
+	gs := &gatedStore{countingStore: countingStore{Store: store}}
+	b, err := New(Config{Store: gs, Key: "cluster/leader.json", ID: "b", LeaseDuration: lease, RenewInterval: renew,
+		RetryInterval: retry, MaxClockSkew: skew, Log: logr.Discard(), Now: clk.Now})
+	require.NoError(t, err)
+	rctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	go func() { _ = b.Run(rctx) }()
+	waitReads(t, &gs.countingStore, 1)
+
+	entered, release := gs.holdNextRead()
+	<-entered
+	// While the read hangs the holder renews once and a whole lease passes.
+	put(clk.Now().Add(time.Millisecond))
+	clk.Step(lease + skew)
+	release()
+	waitReads(t, &gs.countingStore, 3)
+	require.False(t, b.Leading(), "the renewed lease was seen only now")
+	require.Zero(t, gs.puts.Load())
+	clk.Step(lease + skew)
+	require.Eventually(t, b.Leading, 10*time.Second, time.Millisecond)
+}

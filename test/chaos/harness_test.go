@@ -1,0 +1,465 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/nstance-dev/nstance/internal/devs3/devs3test"
+	"github.com/nstance-dev/nstance/internal/operator/bootstrap"
+	"github.com/nstance-dev/nstance/internal/pki"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+const (
+	clusterID     = "chaos"
+	shard         = "c1"
+	encryptionKey = "thisisatest32bytekey123456789012"
+)
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildErr  error
+)
+
+// binaries builds nstance-server and nstance-admin once per test binary.
+func binaries(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "nstance-chaos-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		buildDir = dir
+		cmd := exec.Command("go", "build", "-o", dir+"/", "../../cmd/nstance-server", "../../cmd/nstance-admin")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v: %s", err, out)
+		}
+	})
+	require.NoError(t, buildErr)
+	return buildDir
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		_ = os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
+// loopbackNet picks 127.X.Y.0/24 for one test: its hosts .1, .2, ... bind
+// the standard ports without colliding with anything else on the machine.
+func loopbackNet(t *testing.T) string {
+	n, err := rand.Int(rand.Reader, big.NewInt(200*250))
+	require.NoError(t, err)
+	v := int(n.Int64())
+	return fmt.Sprintf("127.%d.%d.", 20+v/250, 1+v%250)
+}
+
+// proxy forwards TCP to target. While blackholed it accepts connections and
+// reads from both sides but forwards nothing, like a partition that drops
+// packets; lifting the blackhole closes the connections it broke.
+type proxy struct {
+	ln        net.Listener
+	target    string
+	blackhole atomic.Bool
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup
+}
+
+func startProxy(t *testing.T, listen, target string) *proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", listen)
+	require.NoError(t, err)
+	p := &proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.closeAll()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *proxy) Addr() string { return p.ln.Addr().String() }
+
+func (p *proxy) track(c net.Conn) {
+	p.mu.Lock()
+	p.conns[c] = struct{}{}
+	p.mu.Unlock()
+}
+
+func (p *proxy) closeAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		_ = c.Close()
+		delete(p.conns, c)
+	}
+}
+
+func (p *proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.track(c)
+		p.track(up)
+		p.wg.Add(2)
+		go p.pipe(up, c)
+		go p.pipe(c, up)
+	}
+}
+
+func (p *proxy) pipe(dst, src net.Conn) {
+	defer p.wg.Done()
+	defer func() { _ = dst.Close(); _ = src.Close() }()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !p.blackhole.Load() {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// Cut starts dropping everything; Heal stops it and resets the connections
+// whose streams lost bytes.
+func (p *proxy) Cut()  { p.blackhole.Store(true) }
+func (p *proxy) Heal() { p.blackhole.Store(false); p.closeAll() }
+
+// server is one nstance-server child process with its own loopback address.
+type server struct {
+	id, host string
+	cmd      *exec.Cmd
+	log      string
+	done     chan struct{}
+	proxy    *proxy
+}
+
+func (s *server) addr(port int) string { return net.JoinHostPort(s.host, strconv.Itoa(port)) }
+
+// Operator is the server's Operator API address.
+func (s *server) Operator() string { return s.addr(8993) }
+
+// Registration is the server's Registration API address.
+func (s *server) Registration() string { return s.addr(8992) }
+
+func (s *server) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	require.NoError(t, s.cmd.Process.Signal(sig))
+}
+
+// stack is dev-s3 (in-process) and nstance-servers of one shard, each
+// reaching storage through its own proxy.
+type stack struct {
+	t       *testing.T
+	bin     string
+	dir     string
+	net     string
+	s3URL   string
+	servers []*server
+}
+
+// leaseConfig is the shard config with short leases: lease 3s, renew 1s,
+// renew deadline 2s, clock-skew allowance 500ms.
+func leaseConfig() string {
+	return fmt.Sprintf(`{
+  "cluster": {
+    "id": %q,
+    "leader_election": {"lease_duration": "3s", "renew_interval": "1s", "renew_deadline": "2s", "max_clock_skew": "500ms", "retry_interval": "200ms"}
+  },
+  "shard": {
+    "id": %q,
+    "infra": {"provider": "mock", "region": "dev", "zone": "deva"},
+    "bind": {
+      "health_addr": "0.0.0.0:8990", "election_addr": "0.0.0.0:8991", "registration_addr": "0.0.0.0:8992",
+      "operator_addr": "0.0.0.0:8993", "agent_addr": "0.0.0.0:8994"
+    }
+  }
+}`, clusterID, shard)
+}
+
+func newStack(t *testing.T, servers int) *stack {
+	t.Helper()
+	s := &stack{t: t, bin: binaries(t), dir: t.TempDir(), net: loopbackNet(t)}
+	s3 := devs3test.Start(t, filepath.Join(s.dir, "dev-s3"))
+	s.s3URL = s3.URL
+	cfg := []byte(leaseConfig())
+	_, err := devs3test.Client(s3.URL).PutObject(context.Background(), putInput("config/"+shard+".jsonc", cfg))
+	require.NoError(t, err)
+	for i := 1; i <= servers; i++ {
+		s.startServer(fmt.Sprintf("srv-%d", i), s.net+strconv.Itoa(i))
+	}
+	return s
+}
+
+func (s *stack) env(endpoint string) []string {
+	return append(os.Environ(),
+		"AWS_ACCESS_KEY_ID=dev", "AWS_SECRET_ACCESS_KEY=dev", "AWS_REGION=us-east-1",
+		"AWS_ENDPOINT_URL="+endpoint, "AWS_S3_USE_PATH_STYLE=true",
+		"NSTANCE_ENCRYPTION_KEY="+encryptionKey,
+	)
+}
+
+func (s *stack) startServer(id, host string) *server {
+	t := s.t
+	t.Helper()
+	u := strings.TrimPrefix(s.s3URL, "http://")
+	p := startProxy(t, net.JoinHostPort(host, "8989"), u)
+	srv := &server{id: id, host: host, proxy: p, log: filepath.Join(s.dir, id+".log"), done: make(chan struct{})}
+	f, err := os.Create(srv.log)
+	require.NoError(t, err)
+	bind := func(port int) string { return srv.addr(port) }
+	srv.cmd = exec.Command(filepath.Join(s.bin, "nstance-server"), "--id", id, "--shard", shard, "--bucket", "dev",
+		"--advertise-host", host, "--bind-health", bind(8990), "--bind-election", bind(8991),
+		"--bind-registration", bind(8992), "--bind-operator", bind(8993), "--bind-agent", bind(8994))
+	srv.cmd.Env = s.env("http://" + p.Addr())
+	srv.cmd.Stdout, srv.cmd.Stderr = f, f
+	srv.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	require.NoError(t, srv.cmd.Start())
+	go func() { _ = srv.cmd.Wait(); _ = f.Close(); close(srv.done) }()
+	t.Cleanup(func() {
+		// A stopped process must be continued to die of SIGKILL promptly.
+		_ = srv.cmd.Process.Signal(syscall.SIGCONT)
+		_ = srv.cmd.Process.Kill()
+		<-srv.done
+		if t.Failed() {
+			if b, err := os.ReadFile(srv.log); err == nil {
+				t.Logf("--- %s log (last 6000 bytes) ---\n%s", id, tail(b, 6000))
+			}
+		}
+	})
+	s.servers = append(s.servers, srv)
+	return srv
+}
+
+func putInput(key string, body []byte) *s3.PutObjectInput {
+	return &s3.PutObjectInput{Bucket: aws.String(devs3test.Bucket), Key: aws.String(key), Body: bytes.NewReader(body)}
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
+
+// operatorClient registers an operator with a nonce minted by nstance-admin
+// and returns Operator API clients, one per server, each over its own
+// connection.
+func (s *stack) operatorClients() map[*server]nstancev1.OperatorServiceClient {
+	t := s.t
+	t.Helper()
+	var caPEM []byte
+	s3c := devs3test.Client(s.s3URL)
+	require.Eventually(t, func() bool {
+		out, err := s3c.GetObject(context.Background(), &s3.GetObjectInput{Bucket: aws.String(devs3test.Bucket), Key: aws.String("cluster/ca.crt")})
+		if err != nil {
+			return false
+		}
+		defer func() { _ = out.Body.Close() }()
+		var buf bytes.Buffer
+		_, err = buf.ReadFrom(out.Body)
+		caPEM = buf.Bytes()
+		return err == nil && len(caPEM) > 0
+	}, 60*time.Second, 50*time.Millisecond, "cluster CA written")
+	roots := x509.NewCertPool()
+	require.True(t, roots.AppendCertsFromPEM(caPEM))
+
+	admin := exec.Command(filepath.Join(s.bin, "nstance-admin"), "cluster", "nonce", "--cluster-id", clusterID,
+		"--storage-bucket", "dev", "--key-provider", "env", "--expiry", "1h", "--output", "-")
+	admin.Env = s.env(s.s3URL)
+	var stderr bytes.Buffer
+	admin.Stderr = &stderr
+	nonce, err := admin.Output()
+	require.NoError(t, err, "nstance-admin cluster nonce: %s", stderr.String())
+
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	pubPEM, err := pki.MarshalPublicKeyPEM(pub)
+	require.NoError(t, err)
+	var certPEM []byte
+	require.Eventually(t, func() bool {
+		for _, srv := range s.servers {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			c, err := bootstrap.GRPCRegistrar{Timeout: 2 * time.Second, Hostname: "chaos"}.Register(ctx, srv.Registration(), roots,
+				string(bytes.TrimSpace(nonce)), pubPEM)
+			cancel()
+			if err == nil {
+				certPEM = c
+				return true
+			}
+		}
+		return false
+	}, 60*time.Second, 100*time.Millisecond, "an operator registers with the leader")
+	keyPEM, err := pki.MarshalPrivateKeyPEM(key)
+	require.NoError(t, err)
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	require.NoError(t, err)
+	out := map[*server]nstancev1.OperatorServiceClient{}
+	for _, srv := range s.servers {
+		// Reconnect at the polling pace: gRPC's default backoff (up to
+		// two minutes) would hide a server that serves again.
+		conn, err := grpc.NewClient(srv.Operator(), grpc.WithTransportCredentials(credentials.NewTLS(
+			pki.ClientTLS(roots, &cert, srv.host))), grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1, MaxDelay: 50 * time.Millisecond}, MinConnectTimeout: 500 * time.Millisecond,
+		}))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close() })
+		out[srv] = nstancev1.NewOperatorServiceClient(conn)
+	}
+	return out
+}
+
+// servedAt is one successful poll: the request was sent at sent and the
+// answer received at recv.
+type servedAt struct{ sent, recv time.Time }
+
+// poller calls GetConfigStatus on every server every 50ms and records the
+// successful calls, so overlaps of two serving leaders can be measured.
+type poller struct {
+	mu     sync.Mutex
+	served map[*server][]servedAt
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func startPoller(clients map[*server]nstancev1.OperatorServiceClient) *poller {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &poller{served: map[*server][]servedAt{}, stop: cancel}
+	for srv, c := range clients {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			tick := time.NewTicker(50 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				sent := time.Now()
+				cctx, ccancel := context.WithTimeout(ctx, 500*time.Millisecond)
+				_, err := c.GetConfigStatus(cctx, &nstancev1.GetConfigStatusRequest{})
+				ccancel()
+				if err == nil {
+					p.mu.Lock()
+					p.served[srv] = append(p.served[srv], servedAt{sent: sent, recv: time.Now()})
+					p.mu.Unlock()
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+			}
+		}()
+	}
+	return p
+}
+
+func (p *poller) Stop() { p.stop(); p.wg.Wait() }
+
+// lastServed returns when srv last answered (zero when never).
+func (p *poller) lastServed(srv *server) servedAt {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.served[srv]
+	if len(s) == 0 {
+		return servedAt{}
+	}
+	return s[len(s)-1]
+}
+
+// servedSince reports whether srv answered a call sent after t.
+func (p *poller) servedSince(srv *server, t time.Time) bool {
+	return p.lastServed(srv).sent.After(t)
+}
+
+// overlap returns how long old and new both served around a handover at
+// cut: the last answer of old received after cut, minus the first call to
+// new that it answered after cut. Answers are timed conservatively (old by
+// receipt, new by sending), so a positive result is an upper bound of a
+// real overlap and zero means none was seen.
+func (p *poller) overlap(old, new *server, cut time.Time) (time.Duration, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var lastOld, firstNew time.Time
+	for _, a := range p.served[old] {
+		if a.recv.After(cut) {
+			lastOld = a.recv
+		}
+	}
+	for _, a := range p.served[new] {
+		if a.sent.After(cut) {
+			firstNew = a.sent
+			break
+		}
+	}
+	if firstNew.IsZero() {
+		return 0, errors.New("the standby never served after the cut")
+	}
+	if lastOld.IsZero() || lastOld.Before(firstNew) {
+		return 0, nil
+	}
+	return lastOld.Sub(firstNew), nil
+}
+
+// leader waits until exactly one server answers and returns it.
+func (s *stack) leader(p *poller, since time.Time, timeout time.Duration) *server {
+	s.t.Helper()
+	var l *server
+	require.Eventually(s.t, func() bool {
+		l = nil
+		for _, srv := range s.servers {
+			if p.servedSince(srv, since) {
+				if l != nil {
+					return false
+				}
+				l = srv
+			}
+		}
+		return l != nil
+	}, timeout, 20*time.Millisecond, "one server serves")
+	return l
+}
