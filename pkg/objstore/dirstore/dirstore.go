@@ -17,9 +17,11 @@ type Store struct {
 
 var _ objstore.Store = (*Store)(nil)
 
-// Open uses dir as the store, creating it when missing.
+// Open uses dir as the store, creating it when missing. Every Put and
+// Delete is durable (fsynced, directories included) before it returns: this
+// is the server's file storage backend.
 func Open(dir string) (*Store, error) {
-	b, err := fsbucket.Open(dir)
+	b, err := fsbucket.OpenWith(dir, fsbucket.Options{Sync: true})
 	if err != nil {
 		return nil, fmt.Errorf("open directory store: %w", err)
 	}

@@ -65,6 +65,11 @@ type Entry struct {
 // no Close.
 type Bucket struct {
 	root string
+	// sync makes writes and deletes durable before they return (fsync of
+	// the body, the sidecar and every directory they touched).
+	sync bool
+	// fsync syncs one file or directory; (*os.File).Sync except in tests.
+	fsync func(*os.File) error
 
 	// spares holds paths in .dev-s3/spare of replaced bodies kept for
 	// reuse as the next write's temp file (see spare.go).
@@ -72,10 +77,23 @@ type Bucket struct {
 	spares []string
 }
 
-// Open prepares dir as a bucket. A missing dir is created (mode 0o755, with
+// Options tune a Bucket.
+type Options struct {
+	// Sync makes every Put and Delete durable before it returns: the body
+	// and sidecar are fsynced before their rename, and the directories
+	// whose entries changed (up to the root) after it. dev-s3 leaves it off
+	// (a development simulator, tuned for speed); the server's file
+	// storage backend turns it on.
+	Sync bool
+}
+
+// Open is OpenWith with default Options.
+func Open(dir string) (*Bucket, error) { return OpenWith(dir, Options{}) }
+
+// OpenWith prepares dir as a bucket. A missing dir is created (mode 0o755, with
 // missing parents). It fails with a clear error when dir cannot be created,
 // is not a directory, or is not writable.
-func Open(dir string) (*Bucket, error) {
+func OpenWith(dir string, o Options) (*Bucket, error) {
 	if dir == "" {
 		return nil, errors.New("bucket directory is empty")
 	}
@@ -107,7 +125,37 @@ func Open(dir string) (*Bucket, error) {
 			return nil, fmt.Errorf("bucket directory %s: create %s: %w", abs, filepath.Join(HiddenDir, sub), err)
 		}
 	}
-	return &Bucket{root: abs}, nil
+	return &Bucket{root: abs, sync: o.Sync, fsync: (*os.File).Sync}, nil
+}
+
+// syncPath fsyncs the file or directory at path when the bucket is durable.
+func (b *Bucket) syncPath(path string) error {
+	if !b.sync {
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return b.fsync(f)
+}
+
+// syncDirs fsyncs dir and each parent up to the bucket root, so renamed,
+// removed and newly created entries survive a crash.
+func (b *Bucket) syncDirs(dir string) error {
+	if !b.sync {
+		return nil
+	}
+	for {
+		if err := b.syncPath(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("sync directory %s: %w", dir, err)
+		}
+		if dir == b.root || len(dir) <= len(b.root) {
+			return nil
+		}
+		dir = filepath.Dir(dir)
+	}
 }
 
 // Root returns the absolute bucket directory.
@@ -353,6 +401,11 @@ func (b *Bucket) Put(ctx context.Context, key string, body io.Reader, meta map[s
 			return Info{}, fmt.Errorf("chmod %s: %w", key, err)
 		}
 	}
+	if b.sync {
+		if err := b.fsync(tmp); err != nil {
+			return Info{}, fmt.Errorf("sync %s: %w", key, err)
+		}
+	}
 	// Closing drops the spare's exclusive flock; no reader can reach the
 	// file before it is renamed into place.
 	if err := tmp.Close(); err != nil {
@@ -375,6 +428,9 @@ func (b *Bucket) Put(ctx context.Context, key string, body io.Reader, meta map[s
 		return Info{}, err
 	}
 	committed = true
+	if err := b.syncDirs(filepath.Dir(p)); err != nil {
+		return Info{}, fmt.Errorf("put %s: %w", key, err)
+	}
 	return Info{Key: key, Size: size, ModTime: fi.ModTime(), ETag: sum, Meta: meta}, nil
 }
 
@@ -439,6 +495,13 @@ func (b *Bucket) writeSidecar(key string, sc *sidecar) error {
 		os.Remove(tmp.Name())
 		return fmt.Errorf("write metadata for %s: %w", key, err)
 	}
+	if b.sync {
+		if err := b.fsync(tmp); err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+			return fmt.Errorf("sync metadata for %s: %w", key, err)
+		}
+	}
 	if err := tmp.Close(); err != nil {
 		os.Remove(tmp.Name())
 		return fmt.Errorf("close metadata for %s: %w", key, err)
@@ -447,7 +510,7 @@ func (b *Bucket) writeSidecar(key string, sc *sidecar) error {
 		os.Remove(tmp.Name())
 		return fmt.Errorf("store metadata for %s: %w", key, err)
 	}
-	return nil
+	return b.syncDirs(filepath.Dir(mp))
 }
 
 // Delete removes key and its sidecar, then prunes empty parent directories.
@@ -474,7 +537,10 @@ func (b *Bucket) Delete(ctx context.Context, key string) error {
 	}
 	b.prune(filepath.Dir(p), b.root)
 	b.prune(filepath.Dir(mp), filepath.Join(b.root, HiddenDir, "meta"))
-	return nil
+	if err := b.syncDirs(filepath.Dir(p)); err != nil {
+		return fmt.Errorf("delete %s: %w", key, err)
+	}
+	return b.syncDirs(filepath.Dir(mp))
 }
 
 // prune removes empty directories from dir up to (not including) stop.
