@@ -271,6 +271,11 @@ func (a *App) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Leases, nonces and create-only records rely on conditional writes; a
+	// store that ignores them would make all of them silently unsafe.
+	if err := storage.ProbeConditionalWrites(ctx, a.o.Store, a.o.Keys.Probe(a.o.Shard, a.o.ServerID, incarnation)); err != nil {
+		return fmt.Errorf("refusing to run: %w", err)
+	}
 	log.Info("campaigning", "id", a.o.ServerID, "incarnation", incarnation)
 	newElector := func(key string, onLeading func(context.Context, int64)) (*election.Elector, error) {
 		return election.New(election.Config{

@@ -179,3 +179,28 @@ func TestNonceAttacks(t *testing.T) {
 }
 
 func objPut() objstore.PutOptions { return objstore.PutOptions{} }
+
+// ignoresConditions drops If-None-Match and If-Match from every write.
+type ignoresConditions struct{ objstore.Store }
+
+func (s ignoresConditions) Put(ctx context.Context, key string, body []byte, _ objstore.PutOptions) (string, error) {
+	return s.Store.Put(ctx, key, body, objstore.PutOptions{})
+}
+
+// A store that ignores conditional writes would make elections and nonces
+// silently unsafe: the server refuses to run on it, before campaigning.
+func TestRefusesStoreWithoutConditionalWrites(t *testing.T) {
+	inner := s3Store(t)
+	putConfig(t, inner, "c1", "s1")
+	r := startApp(t, ignoresConditions{inner}, "srv-a", "s1")
+	var err error
+	select {
+	case err = <-r.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the server kept running on a store without conditional writes")
+	}
+	require.ErrorContains(t, err, "does not honour conditional writes")
+	_, gerr := inner.Head(context.Background(), "shard/s1/leader.json")
+	require.ErrorIs(t, gerr, objstore.ErrNotFound, "no lease was written")
+	r.once.Do(func() {}) // Run has returned; stop must not wait again
+}

@@ -44,6 +44,12 @@ func (k Keys) NonceSigningKey() string { return k.join("cluster", "secret", "non
 // SecretPrefix is where every encrypted secret lives.
 func (k Keys) SecretPrefix() string { return k.join("cluster", "secret") + "/" }
 
+// Probe is where a starting server checks that the store honours
+// conditional writes (one short-lived object per server start).
+func (k Keys) Probe(shard, serverID, token string) string {
+	return k.join("shard", shard, "probe", serverID+"-"+token)
+}
+
 // ClusterLeader is the cluster leader lease.
 func (k Keys) ClusterLeader() string { return k.join("cluster", "leader.json") }
 
