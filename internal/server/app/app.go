@@ -319,10 +319,18 @@ func (a *App) Run(ctx context.Context) error {
 		return err
 	}
 	certHosts := a.certHosts(cfg)
-	serverCert, err := cl.CA.ServerKeyPair(pki.ServerIdentity{ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID}, certHosts, cfg.Certificates.ServerValidity.D(), time.Now())
+	// The server certificate is renewed with a third of its validity left
+	// and swapped in live for new handshakes.
+	serverID := pki.ServerIdentity{ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID}
+	serverCerts, err := pki.NewRenewingCert(func(now time.Time) (tls.Certificate, error) {
+		return cl.CA.ServerKeyPair(serverID, certHosts, cfg.Certificates.ServerValidity.D(), now)
+	}, 2.0/3, nil, log.WithName("server-cert"))
 	if err != nil {
 		return fmt.Errorf("issuing the server certificate: %w", err)
 	}
+	bg.Add(1)
+	go func() { defer bg.Done(); serverCerts.Run(ctx) }()
+	serverCert := *serverCerts.Current()
 
 	bind := cfg.Shard.Bind
 	if err := bind.ApplyPortOffset(a.o.Bind.PortOffset); err != nil {
@@ -338,7 +346,9 @@ func (a *App) Run(ctx context.Context) error {
 		return fmt.Errorf("binding election port %s: %w", bind.ElectionAddr, err)
 	}
 	a.setAddr(func(ad *Addrs) { ad.Election = electLn.Addr().String() })
-	stopElect := serveHTTP(&bg, log, "election", electLn, health.ElectionHandler(a.electionState), pki.ServerTLS(serverCert, nil, false))
+	electTLS := pki.ServerTLS(serverCert, nil, false)
+	electTLS.Certificates, electTLS.GetCertificate = nil, serverCerts.GetCertificate
+	stopElect := serveHTTP(&bg, log, "election", electLn, health.ElectionHandler(a.electionState), electTLS)
 	defer stopElect()
 
 	issuer := &registration.Issuer{
@@ -372,7 +382,7 @@ func (a *App) Run(ctx context.Context) error {
 		OnAgentRegistered: svcs.OnAgentRegistered, Log: log.WithName("registration"),
 	}
 	gcfg := grpcserve.Config{
-		ClusterID: cfg.Cluster.ID, ServerCert: serverCert, ClientCAs: cl.CA.Pool(),
+		ClusterID: cfg.Cluster.ID, ServerCert: serverCert, GetCertificate: serverCerts.GetCertificate, ClientCAs: cl.CA.Pool(),
 		Registration: reg, Operator: svcs.Operator, Agent: svcs.Agent, Log: log.WithName("grpc"),
 		ServerOptions: append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(a.metrics.unary), grpc.ChainStreamInterceptor(a.metrics.stream)},
 			fence.grpcOptions()...),

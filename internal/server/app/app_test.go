@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"io"
 	"net/http"
@@ -203,4 +205,35 @@ func TestRefusesStoreWithoutConditionalWrites(t *testing.T) {
 	_, gerr := inner.Head(context.Background(), "shard/s1/leader.json")
 	require.ErrorIs(t, gerr, objstore.ErrNotFound, "no lease was written")
 	r.once.Do(func() {}) // Run has returned; stop must not wait again
+}
+
+// The server renews its own certificate before it expires and presents the
+// new one on every listener without restarting: with a 3-second validity,
+// handshakes keep succeeding long after the first certificate expired.
+func TestServerCertificateRenewedLive(t *testing.T) {
+	store := s3Store(t)
+	cfg := strings.Replace(string(testConfig("c1", "s1")), `"shard": {`, `"certificates": {"server_validity": "3s"},
+  "shard": {`, 1)
+	_, err := store.Put(context.Background(), "config/s1.jsonc", []byte(cfg), objstore.PutOptions{})
+	require.NoError(t, err)
+	r := startApp(t, store, "srv-a", "s1")
+	waitServing(t, 15*time.Second, r)
+	ca, _ := clusterMaterial(t, store)
+	peer := func(addr string) *x509.Certificate {
+		c, err := tls.Dial("tcp", addr, pki.ClientTLS(ca.Pool(), nil, "127.0.0.1"))
+		require.NoError(t, err, "handshake with %s", addr)
+		defer c.Close()
+		return c.ConnectionState().PeerCertificates[0]
+	}
+	first := peer(r.app.Addrs().Registration)
+	serials := map[string]bool{}
+	for time.Now().Before(first.NotAfter.Add(2 * time.Second)) {
+		for _, addr := range []string{r.app.Addrs().Registration, r.app.Addrs().Election} {
+			c := peer(addr)
+			require.True(t, time.Now().Before(c.NotAfter), "an expired certificate was presented")
+			serials[c.SerialNumber.String()] = true
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	require.GreaterOrEqual(t, len(serials), 2, "the certificate was replaced")
 }

@@ -26,8 +26,10 @@ import (
 // Config is everything the listeners need.
 type Config struct {
 	ClusterID string
-	// ServerCert is presented on all three listeners.
-	ServerCert tls.Certificate
+	// ServerCert is presented on all three listeners, unless
+	// GetCertificate is set (a certificate renewed while serving).
+	ServerCert     tls.Certificate
+	GetCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	// ClientCAs verifies client certificates on the mTLS listeners.
 	ClientCAs *x509.CertPool
 
@@ -67,6 +69,9 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 	}
 	s := &Servers{}
 	newServer := func(tlsCfg *tls.Config, extra ...grpc.ServerOption) *grpc.Server {
+		if cfg.GetCertificate != nil {
+			tlsCfg.Certificates, tlsCfg.GetCertificate = nil, cfg.GetCertificate
+		}
 		// Recovery first, so a panic anywhere below (other interceptors,
 		// handlers) ends only its own RPC.
 		opts := append([]grpc.ServerOption{grpc.Creds(credentials.NewTLS(tlsCfg)),
