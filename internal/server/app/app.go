@@ -329,7 +329,7 @@ func (a *App) Run(ctx context.Context) error {
 		return fmt.Errorf("issuing the server certificate: %w", err)
 	}
 	bg.Add(1)
-	go func() { defer bg.Done(); serverCerts.Run(ctx) }()
+	go func() { defer bg.Done(); serverCerts.Run(runCtx) }()
 	serverCert := *serverCerts.Current()
 
 	bind := cfg.Shard.Bind
