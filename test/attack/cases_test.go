@@ -1044,63 +1044,113 @@ func revokedAgent(ctx context.Context, e *env) error {
 	return expectAll(agentCalls(ctx, conn, refuseWithin), refusedAuth, "the deleted instance's certificate was served")
 }
 
-// limitRun opens total streams over conns (round robin) and reports how
-// many were served (a first message arrived), how many were refused with
-// ResourceExhausted, and the server's RSS growth.
-func limitRun(ctx context.Context, sv *server, conns []*grpc.ClientConn, total int) (served, refused int, grew int64, err error) {
+// limitResult counts how the streams of a limitRun ended.
+type limitResult struct {
+	served  int // a first message arrived
+	refused int // ResourceExhausted
+	waited  int // not admitted within 20s (e.g. waiting for HTTP/2 stream quota)
+	other   []string
+	grew    int64 // server RSS growth at the peak, bytes
+}
+
+// limitRun opens total WatchGroups streams over conns (round robin) and
+// holds every admitted one open until all have an outcome, sampling the
+// server's RSS meanwhile.
+func limitRun(ctx context.Context, sv *server, conns []*grpc.ClientConn, total int) (limitResult, error) {
+	var r limitResult
 	before, err := rss(sv.proc.cmd.Process.Pid)
 	if err != nil {
-		return 0, 0, 0, err
+		return r, err
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	release := make(chan struct{})
 	var mu sync.Mutex
-	var wg sync.WaitGroup
-	peak := before
+	var recorded, done sync.WaitGroup
 	for i := range total {
-		wg.Add(1)
+		recorded.Add(1)
+		done.Add(1)
 		go func() {
-			defer wg.Done()
+			defer done.Done()
 			c := nstancev1.NewOperatorServiceClient(conns[i%len(conns)])
-			cctx, ccancel := context.WithTimeout(sctx, 20*time.Second)
+			cctx, ccancel := context.WithCancel(sctx)
 			defer ccancel()
+			// Admission (stream creation and the first message) gets 20s;
+			// an admitted stream stays open until release.
+			admitted := make(chan struct{})
+			go func() {
+				t := time.NewTimer(20 * time.Second)
+				defer t.Stop()
+				select {
+				case <-admitted:
+				case <-t.C:
+					ccancel()
+				}
+			}()
 			s, err := c.WatchGroups(cctx, &nstancev1.WatchGroupsRequest{})
 			if err == nil {
 				_, err = s.Recv()
 			}
+			close(admitted)
 			mu.Lock()
-			switch status.Code(err) {
-			case codes.OK:
-				served++
-			case codes.ResourceExhausted:
-				refused++
+			switch code := status.Code(err); {
+			case err == nil:
+				r.served++
+			case code == codes.ResourceExhausted:
+				r.refused++
+			case code == codes.Canceled || code == codes.DeadlineExceeded:
+				r.waited++
+			default:
+				if len(r.other) < 5 {
+					r.other = append(r.other, err.Error())
+				}
 			}
 			mu.Unlock()
+			recorded.Done()
+			<-release
 		}()
 	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
+	all := make(chan struct{})
+	go func() { recorded.Wait(); close(all) }()
+	peak := before
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
-	for {
+	for waiting := true; waiting; {
 		select {
-		case <-done:
-			return served, refused, peak - before, nil
+		case <-all:
+			waiting = false
 		case <-tick.C:
-			if r, err := rss(sv.proc.cmd.Process.Pid); err == nil && r > peak {
-				peak = r
+			if v, err := rss(sv.proc.cmd.Process.Pid); err == nil && v > peak {
+				peak = v
 			}
 		}
 	}
+	if v, err := rss(sv.proc.cmd.Process.Pid); err == nil && v > peak {
+		peak = v
+	}
+	close(release)
+	cancel()
+	done.Wait()
+	r.grew = peak - before
+	return r, nil
 }
 
 // rssBound is how much a server may grow under 10,000 streams or watches.
 const rssBound = 256 << 20
 
-func manyStreams(ctx context.Context, e *env) error {
-	// A marker group makes every watch's snapshot non-empty.
+func markerGroup(ctx context.Context, e *env) error {
+	// A group of tenant A makes every watch's snapshot non-empty.
 	a := nstancev1.NewOperatorServiceClient(e.connA)
-	if _, err := a.UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: "amark", Template: "svc", Size: 0}}); err != nil {
+	_, err := a.UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: "amark", Template: "svc", Size: 0}})
+	return err
+}
+
+// manyStreams: one connection, 10,000 watches. Beyond the per-connection
+// stream limit they are refused (ResourceExhausted) or never admitted
+// (HTTP/2 MAX_CONCURRENT_STREAMS), the server's RSS stays bounded, and it
+// serves the next call.
+func manyStreams(ctx context.Context, e *env) error {
+	if err := markerGroup(ctx, e); err != nil {
 		return err
 	}
 	conn, err := e.l.dial(e.dev1.operator, &e.opA)
@@ -1108,22 +1158,25 @@ func manyStreams(ctx context.Context, e *env) error {
 		return err
 	}
 	defer conn.Close()
-	served, refused, grew, err := limitRun(ctx, e.dev1, []*grpc.ClientConn{conn}, 10000)
+	r, err := limitRun(ctx, e.dev1, []*grpc.ClientConn{conn}, 10000)
 	if err != nil {
 		return err
 	}
-	if served >= 10000 || refused == 0 || grew > rssBound {
-		return fmt.Errorf("%d streams served, %d refused, RSS grew %d MiB", served, refused, grew>>20)
+	if r.served == 0 || r.served >= 10000 || len(r.other) > 0 || r.grew > rssBound {
+		return fmt.Errorf("%d streams served, %d refused, %d never admitted, other %v; RSS grew %d MiB", r.served, r.refused, r.waited, r.other, r.grew>>20)
 	}
-	if _, err := a.GetConfigStatus(ctx, &nstancev1.GetConfigStatusRequest{}); err != nil {
+	_, err = nstancev1.NewOperatorServiceClient(e.connA).GetConfigStatus(ctx, &nstancev1.GetConfigStatusRequest{})
+	if err != nil {
 		return fmt.Errorf("not serving afterwards: %v", err)
 	}
 	return nil
 }
 
+// manyWatches: one operator, 100 connections, 10,000 watches: beyond the
+// per-operator watch limit they are refused with ResourceExhausted, RSS
+// stays bounded, and the server serves the next call.
 func manyWatches(ctx context.Context, e *env) error {
-	a := nstancev1.NewOperatorServiceClient(e.connA)
-	if _, err := a.UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: "amark", Template: "svc", Size: 0}}); err != nil {
+	if err := markerGroup(ctx, e); err != nil {
 		return err
 	}
 	var conns []*grpc.ClientConn
@@ -1139,14 +1192,15 @@ func manyWatches(ctx context.Context, e *env) error {
 		}
 		conns = append(conns, c)
 	}
-	served, refused, grew, err := limitRun(ctx, e.dev1, conns, 10000)
+	r, err := limitRun(ctx, e.dev1, conns, 10000)
 	if err != nil {
 		return err
 	}
-	if served >= 10000 || refused == 0 || grew > rssBound {
-		return fmt.Errorf("%d watches served, %d refused, RSS grew %d MiB", served, refused, grew>>20)
+	if r.served == 0 || r.refused == 0 || r.served+r.refused != 10000 || r.grew > rssBound {
+		return fmt.Errorf("%d watches served, %d refused, %d never admitted, other %v; RSS grew %d MiB", r.served, r.refused, r.waited, r.other, r.grew>>20)
 	}
-	if _, err := a.GetConfigStatus(ctx, &nstancev1.GetConfigStatusRequest{}); err != nil {
+	_, err = nstancev1.NewOperatorServiceClient(e.connA).GetConfigStatus(ctx, &nstancev1.GetConfigStatusRequest{})
+	if err != nil {
 		return fmt.Errorf("not serving afterwards: %v", err)
 	}
 	return nil

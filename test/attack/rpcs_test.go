@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -34,94 +35,84 @@ func recvFirst[T any](s interface{ Recv() (T, error) }, err error) error {
 // a refusal).
 func operatorCalls(ctx context.Context, conn *grpc.ClientConn, perCall time.Duration) map[string]error {
 	c := nstancev1.NewOperatorServiceClient(conn)
-	call := func(fn func(context.Context) error) error {
-		cctx, cancel := context.WithTimeout(ctx, perCall)
-		defer cancel()
-		return fn(cctx)
-	}
-	out := map[string]error{}
-	out["GetConfigStatus"] = call(func(ctx context.Context) error {
+	calls := map[string]func(context.Context) error{}
+	calls["GetConfigStatus"] = func(ctx context.Context) error {
 		_, err := c.GetConfigStatus(ctx, &nstancev1.GetConfigStatusRequest{})
 		return err
-	})
-	out["RefreshConfig"] = call(func(ctx context.Context) error {
+	}
+	calls["RefreshConfig"] = func(ctx context.Context) error {
 		_, err := c.RefreshConfig(ctx, &nstancev1.RefreshConfigRequest{})
 		return err
-	})
-	out["ListGroups"] = call(func(ctx context.Context) error {
+	}
+	calls["ListGroups"] = func(ctx context.Context) error {
 		_, err := c.ListGroups(ctx, &nstancev1.ListGroupsRequest{})
 		return err
-	})
-	out["UpsertGroup"] = call(func(ctx context.Context) error {
+	}
+	calls["UpsertGroup"] = func(ctx context.Context) error {
 		// An invalid template: even a call that got through creates nothing.
 		_, err := c.UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: probeGroup, Template: "no-such-template"}})
 		return err
-	})
-	out["DeleteGroup"] = call(func(ctx context.Context) error {
+	}
+	calls["DeleteGroup"] = func(ctx context.Context) error {
 		_, err := c.DeleteGroup(ctx, &nstancev1.DeleteGroupRequest{GroupId: probeGroup})
 		return err
-	})
-	out["CreateInstance"] = call(func(ctx context.Context) error {
+	}
+	calls["CreateInstance"] = func(ctx context.Context) error {
 		_, err := c.CreateInstance(ctx, &nstancev1.CreateInstanceRequest{Template: "no-such-template"})
 		return err
-	})
-	out["DeleteInstance"] = call(func(ctx context.Context) error {
+	}
+	calls["DeleteInstance"] = func(ctx context.Context) error {
 		_, err := c.DeleteInstance(ctx, &nstancev1.DeleteInstanceRequest{InstanceId: probeInstance})
 		return err
-	})
-	out["GetInstanceStatus"] = call(func(ctx context.Context) error {
+	}
+	calls["GetInstanceStatus"] = func(ctx context.Context) error {
 		_, err := c.GetInstanceStatus(ctx, &nstancev1.GetInstanceStatusRequest{Lookup: &nstancev1.GetInstanceStatusRequest_InstanceId{InstanceId: probeInstance}})
 		return err
-	})
-	out["ListInstances"] = call(func(ctx context.Context) error {
+	}
+	calls["ListInstances"] = func(ctx context.Context) error {
 		_, err := c.ListInstances(ctx, &nstancev1.ListInstancesRequest{})
 		return err
-	})
-	out["AcknowledgeDrained"] = call(func(ctx context.Context) error {
+	}
+	calls["AcknowledgeDrained"] = func(ctx context.Context) error {
 		_, err := c.AcknowledgeDrained(ctx, &nstancev1.AcknowledgeDrainedRequest{InstanceId: probeInstance})
 		return err
-	})
-	out["WatchGroups"] = call(func(ctx context.Context) error {
+	}
+	calls["WatchGroups"] = func(ctx context.Context) error {
 		s, err := c.WatchGroups(ctx, &nstancev1.WatchGroupsRequest{})
 		return recvFirst[*nstancev1.GroupEvent](s, err)
-	})
-	out["WatchInstances"] = call(func(ctx context.Context) error {
+	}
+	calls["WatchInstances"] = func(ctx context.Context) error {
 		s, err := c.WatchInstances(ctx, &nstancev1.WatchInstancesRequest{})
 		return recvFirst[*nstancev1.InstanceEvent](s, err)
-	})
-	out["WatchErrors"] = call(func(ctx context.Context) error {
+	}
+	calls["WatchErrors"] = func(ctx context.Context) error {
 		s, err := c.WatchErrors(ctx, &nstancev1.WatchErrorsRequest{})
 		return recvFirst[*nstancev1.ErrorEvent](s, err)
-	})
-	out["RenewCertificate"] = call(func(ctx context.Context) error {
+	}
+	calls["RenewCertificate"] = func(ctx context.Context) error {
 		_, err := c.RenewCertificate(ctx, &nstancev1.RenewCertificateRequest{PublicKeyPem: "not a key"})
 		return err
-	})
-	return out
+	}
+	return runAll(ctx, calls, perCall)
 }
 
 // agentCalls makes every Agent RPC and stream once over conn.
 func agentCalls(ctx context.Context, conn *grpc.ClientConn, perCall time.Duration) map[string]error {
 	c := nstancev1.NewAgentServiceClient(conn)
-	call := func(fn func(context.Context) error) error {
-		cctx, cancel := context.WithTimeout(ctx, perCall)
-		defer cancel()
-		return fn(cctx)
-	}
-	out := map[string]error{}
-	out["KeyGenRequests"] = call(func(ctx context.Context) error {
+	calls := map[string]func(context.Context) error{}
+	calls["KeyGenRequests"] = func(ctx context.Context) error {
 		s, err := c.KeyGenRequests(ctx, &nstancev1.KeyGenRequestsRequest{})
 		return recvFirst[*nstancev1.KeyGenRequest](s, err)
-	})
-	out["SubmitPublicKeys"] = call(func(ctx context.Context) error {
+	}
+	calls["SubmitPublicKeys"] = func(ctx context.Context) error {
 		_, err := c.SubmitPublicKeys(ctx, &nstancev1.SubmitPublicKeysRequest{})
 		return err
-	})
-	out["ReceiveFiles"] = call(func(ctx context.Context) error {
+	}
+	calls["ReceiveFiles"] = func(ctx context.Context) error {
 		s, err := c.ReceiveFiles(ctx, &nstancev1.ReceiveFilesRequest{})
 		return recvFirst[*nstancev1.FileDelivery](s, err)
-	})
-	out["ReportHealth"] = call(func(ctx context.Context) error {
+	}
+	calls["ReportHealth"] = func(ctx context.Context) error {
 		s, err := c.ReportHealth(ctx)
 		if err != nil {
 			return err
@@ -132,7 +123,29 @@ func agentCalls(ctx context.Context, conn *grpc.ClientConn, perCall time.Duratio
 		}
 		_, err = s.CloseAndRecv()
 		return err
-	})
+	}
+	return runAll(ctx, calls, perCall)
+}
+
+// runAll makes the calls concurrently, each with its own deadline, and
+// returns their errors by name.
+func runAll(ctx context.Context, calls map[string]func(context.Context) error, perCall time.Duration) map[string]error {
+	out := make(map[string]error, len(calls))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for name, fn := range calls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, perCall)
+			defer cancel()
+			err := fn(cctx)
+			mu.Lock()
+			out[name] = err
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
 	return out
 }
 
