@@ -170,7 +170,32 @@ func stopProc(p *proc) {
 // agentRecord is what the process provider records per instance
 // ({state_dir}/{id}/process.json).
 type agentRecord struct {
-	PID int `json:"pid"`
+	PID        int    `json:"pid"`
+	StartTicks uint64 `json:"start_ticks"`
+}
+
+// startTicks is the kernel start time of a process (field 22 of
+// /proc/<pid>/stat), which tells a recorded agent from a later process that
+// reused its PID.
+func startTicks(pid int) (uint64, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	// The command name (field 2) may hold spaces; count after its ')'.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return 0, false
+	}
+	var v uint64
+	if _, err := fmt.Sscanf(f[19], "%d", &v); err != nil {
+		return 0, false
+	}
+	return v, true
 }
 
 // stop tears down in reverse start order, then ends the agent process groups
@@ -189,6 +214,9 @@ func (s *stack) stop() {
 		var rec agentRecord
 		if err != nil || json.Unmarshal(b, &rec) != nil || rec.PID <= 0 {
 			continue
+		}
+		if st, ok := startTicks(rec.PID); !ok || st != rec.StartTicks {
+			continue // gone, or the PID now belongs to another process
 		}
 		if syscall.Kill(-rec.PID, syscall.SIGTERM) != nil {
 			continue
