@@ -105,6 +105,10 @@ test-go: ## Unit and envtest tests (builds the envtest binaries on first use).
 	@assets=$$(scripts/envtest-assets.sh); source scripts/lib/progress.sh; PROGRESS_TAG=test-go; \
 		progress_run "go test $(GO_TEST_FLAGS) ./... (KUBEBUILDER_ASSETS=$$assets)" env KUBEBUILDER_ASSETS=$$assets $(GO) test $(GO_TEST_FLAGS) ./...
 
+.PHONY: test-attack
+test-attack: ## The black-box attack suite alone (test/attack, also part of test-go), one line per case.
+	$(GO) test -count=1 -v -run TestAttack ./test/attack
+
 .PHONY: lint
 lint: ## gofmt and go vet.
 	@files=$$(git ls-files '*.go' | grep -v '^scripts/envtest/'); \
