@@ -109,6 +109,10 @@ test-go: ## Unit and envtest tests (builds the envtest binaries on first use).
 chaos: ## Long fault-injection runs (test/chaos): 20 leader handovers, a 20 s SIGSTOP. The short variants run in `make test`.
 	CHAOS_RUNS=20 CHAOS_FREEZE=20 $(GO) test -count=1 -v -timeout 30m ./test/chaos/...
 
+.PHONY: test-attack
+test-attack: ## The black-box attack suite alone (test/attack, also part of test-go), one line per case.
+	$(GO) test -count=1 -v -run TestAttack ./test/attack
+
 .PHONY: lint
 lint: ## gofmt and go vet.
 	@files=$$(git ls-files '*.go' | grep -v '^scripts/envtest/'); \

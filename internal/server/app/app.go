@@ -386,6 +386,10 @@ func (a *App) Run(ctx context.Context) error {
 		Registration: reg, Operator: svcs.Operator, Agent: svcs.Agent, Log: log.WithName("grpc"),
 		ServerOptions: append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(a.metrics.unary), grpc.ChainStreamInterceptor(a.metrics.stream)},
 			fence.grpcOptions()...),
+		PanicHook: a.o.Getenv(grpcserve.PanicHookEnv) == "1",
+	}
+	if gcfg.PanicHook {
+		log.Info("WARNING: the test-only panic hook is on: a call carrying metadata "+grpcserve.PanicHookHeader+" panics", "variable", grpcserve.PanicHookEnv)
 	}
 
 	shardEl, err := newElector(a.o.Keys.ShardLeader(a.o.Shard), func(lctx context.Context, term int64) {

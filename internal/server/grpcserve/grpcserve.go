@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/nstance-dev/nstance/internal/pki"
@@ -41,6 +42,25 @@ type Config struct {
 	ServerOptions []grpc.ServerOption
 	// Log receives handler panics (the server answers Internal and keeps serving).
 	Log logr.Logger
+	// PanicHook makes a unary call that carries metadata PanicHookHeader
+	// panic after authorization. Test only: the attack suite (test/attack)
+	// sets PanicHookEnv to prove the recovery black-box.
+	PanicHook bool
+}
+
+// PanicHookEnv is the server variable that turns Config.PanicHook on ("1");
+// only tests set it.
+const PanicHookEnv = "NSTANCE_TEST_PANIC_HOOK"
+
+// PanicHookHeader is the request metadata key that triggers the panic hook.
+const PanicHookHeader = "x-nstance-test-panic"
+
+// panicHook panics inside the handler chain when the caller asks for it.
+func panicHook(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get(PanicHookHeader)) > 0 {
+		panic("test panic hook (" + PanicHookEnv + ") in " + info.FullMethod)
+	}
+	return h(ctx, req)
 }
 
 // Listeners are the three network listeners. Any may be nil to skip that service.
@@ -78,6 +98,9 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 			grpc.ChainUnaryInterceptor(RecoverUnary(cfg.Log)), grpc.ChainStreamInterceptor(RecoverStream(cfg.Log))}, ka...)
 		opts = append(opts, cfg.ServerOptions...)
 		opts = append(opts, extra...)
+		if cfg.PanicHook {
+			opts = append(opts, grpc.ChainUnaryInterceptor(panicHook))
+		}
 		return grpc.NewServer(opts...)
 	}
 	if ls.Registration != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/nstance-dev/nstance/internal/pki"
@@ -85,4 +86,34 @@ func TestHandlerPanicAnswersInternalAndServerKeepsServing(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "s1", resp.GetShard())
 	require.NoError(t, srv.Err())
+}
+
+// The test-only panic hook panics only when it is on and the call asks for
+// it; the recovery answers Internal either way.
+func TestPanicHookOnlyWhenOnAndAsked(t *testing.T) {
+	now := time.Now()
+	ca, err := pki.GenerateCA("c1", 24*time.Hour, now)
+	require.NoError(t, err)
+	srvCert, err := ca.ServerKeyPair(pki.ServerIdentity{Shard: "s1", ServerID: "srv"}, []string{"127.0.0.1"}, time.Hour, now)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	asked := metadata.AppendToOutgoingContext(ctx, grpcserve.PanicHookHeader, "1")
+	for _, on := range []bool{false, true} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		srv, err := grpcserve.Start(grpcserve.Config{ClusterID: "c1", ServerCert: srvCert, ClientCAs: ca.Pool(), Operator: &panicky{}, PanicHook: on},
+			grpcserve.Listeners{Operator: ln})
+		require.NoError(t, err)
+		c := nstancev1.NewOperatorServiceClient(dial(t, ln.Addr().String(), ca, clientCert(t, ca, pki.RoleOperator, now)))
+		_, err = c.GetConfigStatus(ctx, &nstancev1.GetConfigStatusRequest{})
+		require.NoError(t, err, "hook on=%v, not asked", on)
+		_, err = c.GetConfigStatus(asked, &nstancev1.GetConfigStatusRequest{})
+		if on {
+			require.Equal(t, codes.Internal, status.Code(err), "%v", err)
+		} else {
+			require.NoError(t, err, "hook off ignores the header")
+		}
+		srv.Stop()
+	}
 }
