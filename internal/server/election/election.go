@@ -213,14 +213,13 @@ type observation struct {
 func (e *Elector) Run(ctx context.Context) error {
 	var obs observation
 	for {
-		began := e.cfg.Now()
-		lease, etag, ok, err := e.tryAcquire(ctx, &obs, began)
+		lease, etag, ok, err := e.tryAcquire(ctx, &obs)
 		if err != nil {
 			e.cfg.Log.Error(err, "refusing to campaign", "key", e.cfg.Key, "id", e.cfg.ID, "incarnation", e.cfg.Incarnation)
 			return err
 		}
 		if ok {
-			e.lead(ctx, lease, etag, began)
+			e.lead(ctx, lease, etag, lease.RenewedAt)
 			obs = observation{}
 		}
 		select {
@@ -253,17 +252,17 @@ func (e *Elector) write(ctx context.Context, l Lease, opts objstore.PutOptions) 
 	return e.cfg.Store.Put(ctx, e.cfg.Key, body, opts)
 }
 
-// tryAcquire reads the lease and takes it when it is free or dead. began
-// is the time before the read: the new lease's timestamps use it (never
-// later than the write). Observations use the time after the read: a read
-// that blocked (a partition) must not make a lease look unchanged for
-// longer than it was seen.
-func (e *Elector) tryAcquire(ctx context.Context, obs *observation, began time.Time) (Lease, string, bool, error) {
+// tryAcquire reads the lease and takes it when it is free or dead. The time
+// is taken after the read returns: a read that blocked (a partition) must
+// not make a lease look unchanged for longer than it was seen, and the new
+// lease's timestamps (and the leader's validity, from RenewedAt) are still
+// earlier than the write that makes them visible.
+func (e *Elector) tryAcquire(ctx context.Context, obs *observation) (Lease, string, bool, error) {
 	cur, etag, err := e.read(ctx)
 	now := e.cfg.Now()
 	var opts objstore.PutOptions
 	takeover := "a new lease"
-	next := Lease{Holder: e.cfg.ID, Incarnation: e.cfg.Incarnation, RenewedAt: began.UTC(), ExpiresAt: began.Add(e.cfg.LeaseDuration).UTC(), Term: 1}
+	next := Lease{Holder: e.cfg.ID, Incarnation: e.cfg.Incarnation, RenewedAt: now.UTC(), ExpiresAt: now.Add(e.cfg.LeaseDuration).UTC(), Term: 1}
 	switch {
 	case errors.Is(err, objstore.ErrNotFound):
 		opts.IfNoneMatch = true
