@@ -66,7 +66,8 @@ func cases() []attackCase {
 		{name: "group vars with an operator SPIFFE URI", run: badVars("san_uri", "spiffe://"+clusterID+"/tenant/"+tenantA+"/operator/evil")},
 		{name: "group vars with a server DNS name", run: badVars("san_dns", "localhost")},
 		{name: "group vars with a server IP address", run: badVars("san_ip", "127.0.0.1")},
-		{name: "template without usages gets explicit usages from the workload CA", run: noUsages},
+		{name: "template certificate without usages refused by RefreshConfig", run: noUsagesRefused},
+		{name: "issued workload certificate has exactly its template's usages from the workload CA", run: explicitUsages},
 		{name: "config with usage any and a literal operator URI refused by RefreshConfig", run: badConfig},
 		{name: "RefreshConfig by a non-admin operator", run: refreshNotAdmin},
 		{name: "instance certificates presented as a server to a real agent", run: fakeServerToAgent},
@@ -413,10 +414,10 @@ func badVars(name, value string) func(context.Context, *env) error {
 	}
 }
 
-// noUsages: template "svc" names no usages; the certificate B's instance
-// received has exactly server and client auth (never "any", never a CA),
-// chains to the workload CA and not to the cluster CA.
-func noUsages(ctx context.Context, e *env) error {
+// explicitUsages: template "svc" names server and client auth; the
+// certificate B's instance received has exactly those (never "any", never a
+// CA), chains to the workload CA and not to the cluster CA.
+func explicitUsages(ctx context.Context, e *env) error {
 	cert, err := parsePEMCert(e.svcBPEM)
 	if err != nil {
 		return err
@@ -451,14 +452,28 @@ func noUsages(ctx context.Context, e *env) error {
 // and a literal operator URI; RefreshConfig answers INVALID naming both,
 // and the shard keeps its old config (restored and refreshed afterwards).
 func badConfig(ctx context.Context, e *env) error {
+	return refusedConfig(ctx, e, func(good string) string {
+		bad := strings.Replace(good, svcUsages, `"usages": ["any"],`, 1)
+		return strings.Replace(bad, `"{{ .Vars.san_uri }}"`, `"{{ .Vars.san_uri }}", "spiffe://`+clusterID+`/tenant/`+tenantA+`/operator/evil"`, 1)
+	}, "usages", "operator/evil")
+}
+
+// noUsagesRefused: a template certificate that names no usages would be
+// valid for any purpose; RefreshConfig refuses it and keeps the old config.
+func noUsagesRefused(ctx context.Context, e *env) error {
+	return refusedConfig(ctx, e, func(good string) string { return strings.Replace(good, svcUsages, "", 1) }, "usages", "required")
+}
+
+// refusedConfig uploads mutate(current config) to dev-1, expects
+// RefreshConfig to answer INVALID mentioning every want, and checks the
+// shard kept its old config (the good one is restored afterwards).
+func refusedConfig(ctx context.Context, e *env, mutate func(string) string, wants ...string) error {
 	key := e.s.keys.Config(e.dev1.shard)
 	good, err := e.s.get(ctx, key)
 	if err != nil {
 		return err
 	}
-	bad := strings.Replace(string(good), `"validity": "24h",`,
-		`"validity": "24h", "usages": ["any"],`, 1)
-	bad = strings.Replace(bad, `"{{ .Vars.san_uri }}"`, `"{{ .Vars.san_uri }}", "spiffe://`+clusterID+`/tenant/`+tenantA+`/operator/evil"`, 1)
+	bad := mutate(string(good))
 	if bad == string(good) {
 		return errors.New("could not derive the bad config")
 	}
@@ -493,7 +508,7 @@ func badConfig(ctx context.Context, e *env) error {
 	for _, v := range resp.ValidationErrors {
 		all += " " + v.String()
 	}
-	for _, want := range []string{"usages", "operator/evil"} {
+	for _, want := range wants {
 		if !strings.Contains(all, want) {
 			return fmt.Errorf("the refusal does not mention %q: %s", want, all)
 		}

@@ -251,7 +251,11 @@ func (s *stack) stateDir(sv *server) string { return filepath.Join(s.dir, "agent
 
 // shardConfig is the config of one shard: process provider running the
 // built agent, loopback binds on the picked ports, and template "svc" whose
-// key "svc" gets a certificate with names rendered from vars and no usages.
+// key "svc" gets a server and client certificate with names rendered from
+// vars.
+// svcUsages is the usages line of template "svc" (cases replace it).
+const svcUsages = `"usages": ["server_auth", "client_auth"],`
+
 func (s *stack) shardConfig(sv *server) []byte {
 	options, _ := json.Marshal(map[string]string{
 		"command": filepath.Join(s.bin, "nstance-agent"), "state_dir": s.stateDir(sv), "node_dir": "-", "work_dir": s.dir,
@@ -291,6 +295,7 @@ func (s *stack) shardConfig(sv *server) []byte {
             "dns_names": ["{{ .Vars.san_dns }}"],
             "ip_addresses": ["{{ .Vars.san_ip }}"],
             "uris": ["{{ .Vars.san_uri }}"],
+            `+svcUsages+`
             "validity": "24h",
           },
         },

@@ -215,34 +215,36 @@ func TestWorkloadSigner(t *testing.T) {
 	sg := &agentapi.WorkloadSigner{CA: wca, MaxValidity: time.Hour, Policy: policy}
 	pub, _, _ := ed25519.GenerateKey(rand.Reader)
 	ref := agentapi.Ref{InstanceID: "i", Tenant: "t"}
+	both := []nstancev1.CertificateUsage{nstancev1.CertificateUsage_CERTIFICATE_USAGE_SERVER_AUTH, nstancev1.CertificateUsage_CERTIFICATE_USAGE_CLIENT_AUTH}
 	for _, tc := range []struct {
 		spec *nstancev1.CertificateSpec
 		want string
 	}{
-		{&nstancev1.CertificateSpec{IpAddresses: []string{"not-ip"}}, "not an IP"},
-		{&nstancev1.CertificateSpec{Uris: []string{"no-scheme"}}, "absolute URI"},
+		{&nstancev1.CertificateSpec{Usages: both, IpAddresses: []string{"not-ip"}}, "not an IP"},
+		{&nstancev1.CertificateSpec{Usages: both, Uris: []string{"no-scheme"}}, "absolute URI"},
 		{&nstancev1.CertificateSpec{Usages: []nstancev1.CertificateUsage{99}}, "unsupported usage"},
-		{&nstancev1.CertificateSpec{Uris: []string{"spiffe://c/tenant/t/operator/op"}}, "trust domain"},
-		{&nstancev1.CertificateSpec{DnsNames: []string{"nstance.example.com"}}, "name of the nstance-server"},
-		{&nstancev1.CertificateSpec{IpAddresses: []string{"127.0.0.1"}}, "address of the nstance-server"},
+		{&nstancev1.CertificateSpec{Usages: both, Uris: []string{"spiffe://c/tenant/t/operator/op"}}, "trust domain"},
+		{&nstancev1.CertificateSpec{Usages: both, DnsNames: []string{"nstance.example.com"}}, "name of the nstance-server"},
+		{&nstancev1.CertificateSpec{Usages: both, IpAddresses: []string{"127.0.0.1"}}, "address of the nstance-server"},
+		{&nstancev1.CertificateSpec{}, "lists no usages"},
 	} {
 		_, _, _, err := sg.Sign(context.Background(), ref, tc.spec, pub)
 		require.ErrorContains(t, err, tc.want)
 	}
-	certPEM, nb, na, err := sg.Sign(context.Background(), ref, &nstancev1.CertificateSpec{}, pub)
+	certPEM, nb, na, err := sg.Sign(context.Background(), ref, &nstancev1.CertificateSpec{Usages: both}, pub)
 	require.NoError(t, err)
 	require.True(t, strings.HasPrefix(string(certPEM), "-----BEGIN CERTIFICATE-----"))
 	require.InDelta(t, (time.Hour + time.Minute).Seconds(), na.Sub(nb).Seconds(), 1)
 	cert, err := pki.ParseCertificatePEM(certPEM)
 	require.NoError(t, err)
-	require.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, cert.ExtKeyUsage, "no usages: the explicit default")
+	require.Equal(t, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, cert.ExtKeyUsage, "exactly the usages asked for")
 	require.Equal(t, "i", cert.Subject.CommonName)
 	require.Empty(t, cert.URIs)
 
 	// The cluster CA is refused as a workload signer.
 	ca, err := pki.GenerateCA("c", time.Hour, time.Now())
 	require.NoError(t, err)
-	_, _, _, err = (&agentapi.WorkloadSigner{CA: ca, MaxValidity: time.Hour, Policy: policy}).Sign(context.Background(), ref, &nstancev1.CertificateSpec{}, pub)
+	_, _, _, err = (&agentapi.WorkloadSigner{CA: ca, MaxValidity: time.Hour, Policy: policy}).Sign(context.Background(), ref, &nstancev1.CertificateSpec{Usages: both}, pub)
 	require.ErrorContains(t, err, "cluster CA")
 	_, _, _, err = (&agentapi.WorkloadSigner{CA: wca, MaxValidity: time.Hour}).Sign(context.Background(), ref, &nstancev1.CertificateSpec{}, pub)
 	require.ErrorContains(t, err, "policy are required")

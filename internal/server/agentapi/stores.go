@@ -75,8 +75,8 @@ func (m *MemKeyStore) Forget(instanceID string) {
 
 // WorkloadSigner issues the certificates templates ask for with the workload
 // CA. Every certificate is checked against the workload policy (no URI in
-// the cluster's trust domain, no server name or address) and gets explicit
-// usages: the template's, or server and client auth when it names none.
+// the cluster's trust domain, no server name or address) and carries exactly
+// the usages its spec lists; a spec without usages is refused.
 type WorkloadSigner struct {
 	// CA is the workload CA; the cluster CA is refused.
 	CA *pki.CA
@@ -104,6 +104,9 @@ func (c *WorkloadSigner) Sign(_ context.Context, ref Ref, spec *nstancev1.Certif
 	cn := spec.GetCommonName()
 	if cn == "" {
 		cn = ref.InstanceID
+	}
+	if len(spec.GetUsages()) == 0 {
+		return nil, time.Time{}, time.Time{}, errors.New("signer: the certificate spec lists no usages (server_auth and/or client_auth are required)")
 	}
 	req := pki.WorkloadRequest{CommonName: cn, Organization: ref.Tenant, DNSNames: spec.GetDnsNames(), PublicKey: pub, Validity: validity}
 	for _, u := range spec.GetUsages() {

@@ -79,6 +79,9 @@ func (s *TemplateSource) Plan(ctx context.Context, ref Ref) (*Plan, error) {
 				return nil, err
 			}
 			cs := &nstancev1.CertificateSpec{CommonName: rc.CommonName, DnsNames: rc.DNSNames, IpAddresses: rc.IPAddresses, Uris: rc.URIs}
+			if len(c.Usages) == 0 {
+				return nil, fmt.Errorf("keys.%s.certificate.usages: required (server_auth and/or client_auth)", name)
+			}
 			for _, u := range c.Usages {
 				v, ok := usages[strings.ToLower(u)]
 				if !ok {

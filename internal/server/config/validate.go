@@ -325,6 +325,9 @@ func checkTemplate(ch *checker, key, name string, t Template, pools map[string]S
 			ch.add(kk+".type", "must be one of ed25519, ecdsa-p256, ecdsa-p384, rsa-2048, rsa-4096, got %q", k.Type)
 		}
 		if k.Certificate != nil {
+			if len(k.Certificate.Usages) == 0 {
+				ch.add(kk+".certificate.usages", "required: list server_auth and/or client_auth (a workload certificate's purposes are always explicit)")
+			}
 			for i, u := range k.Certificate.Usages {
 				if !usages[u] {
 					ch.add(fmt.Sprintf("%s.certificate.usages[%d]", kk, i), "must be server_auth or client_auth, got %q", u)

@@ -25,6 +25,7 @@ const workloadDoc = `{
     "keys": {"tls": {"type": "ed25519", "certificate": {
       "common_name": "{{ .InstanceID }}",
       "dns_names": ["{{ .Vars.dns }}"], "ip_addresses": ["{{ .Vars.ip }}"], "uris": ["{{ .Vars.uri }}"],
+      "usages": ["server_auth"],
     }}},
   }},
   "groups": {"acme": {"g": {"template": "web", "vars": {"dns": "web.example.com", "ip": "10.1.0.1", "uri": "spiffe://workloads/web"}}}},

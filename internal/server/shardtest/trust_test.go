@@ -146,7 +146,7 @@ func namesConfig() string {
     "web": { "kind": "worker", "instance_type": "test.small", "subnet_pool": "default",
       "vars": { "dns": "web.example.com", "ip": "10.1.0.1", "uri": "spiffe://apps/web" },
       "keys": { "tls": { "type": "ed25519", "certificate": {
-        "common_name": "{{ .InstanceID }}", "dns_names": ["{{ .Vars.dns }}"], "ip_addresses": ["{{ .Vars.ip }}"], "uris": ["{{ .Vars.uri }}"] } } } },`, 1),
+        "common_name": "{{ .InstanceID }}", "dns_names": ["{{ .Vars.dns }}"], "ip_addresses": ["{{ .Vars.ip }}"], "uris": ["{{ .Vars.uri }}"], "usages": ["server_auth"] } } } },`, 1),
 		`"default_drain_timeout": "30s",`, `"default_drain_timeout": "30s", "advertise": { "hosts": ["nstance.example.com"] },`, 1)
 }
 
