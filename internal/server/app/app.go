@@ -358,7 +358,7 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	gcfg := grpcserve.Config{
 		ClusterID: cfg.Cluster.ID, ServerCert: serverCert, ClientCAs: cl.CA.Pool(),
-		Registration: reg, Operator: svcs.Operator, Agent: svcs.Agent, Log: log.WithName("grpc"),
+		Registration: reg, Operator: svcs.Operator, Agent: svcs.Agent, Log: log.WithName("grpc"), Limits: cfg.Shard.Limits,
 		ServerOptions: []grpc.ServerOption{grpc.ChainUnaryInterceptor(a.metrics.unary), grpc.ChainStreamInterceptor(a.metrics.stream)},
 	}
 

@@ -1,6 +1,10 @@
 package config
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/nstance-dev/nstance/internal/msgsize"
+)
 
 // Limits bound what one client, source address or tenant can make the server
 // hold or do. Every key has a default (applied when unset or 0); negative and
@@ -27,7 +31,9 @@ type Limits struct {
 	// MaxFileBytes is the largest total content of the files delivered to
 	// one instance (default 8 MiB; at most max_message_bytes - 1 MiB).
 	MaxFileBytes int `json:"max_file_bytes"`
-	// RegistrationRate limits registration attempts per source IP address.
+	// RegistrationRate limits registration attempts per source IP address
+	// (IPv6: per /64), default 300 a minute with bursts of 100 (a NAT
+	// address may carry many agents starting at once).
 	RegistrationRate RateLimit `json:"registration_rate"`
 	// RegistrationSources is how many source addresses the registration
 	// limiter tracks at once (default 10000); beyond it, new sources are
@@ -52,8 +58,8 @@ const (
 	DefaultWatchBuffer             = 1024
 	DefaultMaxMessageBytes         = 16 << 20
 	DefaultMaxFileBytes            = 8 << 20
-	DefaultRegistrationPerMinute   = 60
-	DefaultRegistrationBurst       = 20
+	DefaultRegistrationPerMinute   = 300
+	DefaultRegistrationBurst       = 100
 	DefaultRegistrationSources     = 10000
 	DefaultMaxGroupsPerTenant      = 256
 	DefaultMaxVars                 = 64
@@ -64,9 +70,8 @@ const (
 	// MinMessageBytes is the gRPC default; smaller limits would break
 	// messages every client already sends.
 	MinMessageBytes = 4 << 20
-	// MaxMessageBytesCap is what every nstance client accepts
-	// (grpclimits.ClientMaxMessageBytes).
-	MaxMessageBytesCap = 64 << 20
+	// MaxMessageBytesCap is what every nstance client accepts.
+	MaxMessageBytesCap = msgsize.ClientMax
 	// MessageOverheadBytes is the room a file delivery keeps for paths,
 	// hashes and framing beyond the file contents.
 	MessageOverheadBytes = 1 << 20

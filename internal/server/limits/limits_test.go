@@ -156,3 +156,15 @@ func TestSourceListenerCapsConnectionsPerSource(t *testing.T) {
 	s3.Close()
 	require.Equal(t, 0, ln.Open("127.0.0.1"))
 }
+
+func TestSourceIP(t *testing.T) {
+	for addr, want := range map[net.Addr]string{
+		&net.TCPAddr{IP: net.ParseIP("10.1.2.3"), Port: 5}:                "10.1.2.3",
+		&net.TCPAddr{IP: net.ParseIP("::ffff:10.1.2.3"), Port: 5}:         "10.1.2.3",
+		&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2:aaaa::1"), Port: 5}:    "2001:db8:1:2::/64",
+		&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2:ffff:1:2:3"), Port: 5}: "2001:db8:1:2::/64",
+		&net.UnixAddr{Name: "@sock", Net: "unix"}:                         "@sock",
+	} {
+		require.Equal(t, want, limits.SourceIP(addr), "%v", addr)
+	}
+}

@@ -54,18 +54,28 @@ func (c *countedConn) Close() error {
 	return err
 }
 
-// SourceIP is the IP address of addr without its port (the whole string when
-// it has none).
+// SourceIP is the source a limit counts addr against: its IPv4 address, or
+// the /64 network of an IPv6 address (one host usually holds a whole /64, so
+// counting single IPv6 addresses would be no limit at all). An address
+// without a port is taken whole.
 func SourceIP(addr net.Addr) string {
 	if addr == nil {
 		return ""
 	}
+	var ip net.IP
 	if ta, ok := addr.(*net.TCPAddr); ok {
-		return ta.IP.String()
+		ip = ta.IP
+	} else {
+		host, _, err := net.SplitHostPort(addr.String())
+		if err != nil {
+			return addr.String()
+		}
+		if ip = net.ParseIP(host); ip == nil {
+			return host
+		}
 	}
-	host, _, err := net.SplitHostPort(addr.String())
-	if err != nil {
-		return addr.String()
+	if v4 := ip.To4(); v4 != nil {
+		return v4.String()
 	}
-	return host
+	return (&net.IPNet{IP: ip.Mask(net.CIDRMask(64, 128)), Mask: net.CIDRMask(64, 128)}).String()
 }
