@@ -64,8 +64,8 @@ const (
 	DefaultMaxGroupsPerTenant      = 256
 	DefaultMaxVars                 = 64
 	DefaultMaxLabels               = 64
-	DefaultTenantCreatePerMinute   = 120
-	DefaultTenantCreateBurst       = 20
+	DefaultTenantCreatePerMinute   = 300
+	DefaultTenantCreateBurst       = 100
 
 	// MinMessageBytes is the gRPC default; smaller limits would break
 	// messages every client already sends.
