@@ -1,0 +1,124 @@
+package shardtest_test
+
+import (
+	"context"
+	"runtime"
+	"runtime/metrics"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/internal/server/shardtest"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+func goroutines() int {
+	s := []metrics.Sample{{Name: "/sched/goroutines:goroutines"}}
+	metrics.Read(s)
+	return int(s[0].Value.Uint64())
+}
+
+// TestTenThousandWatchesFromOneOperator: one operator opens 10,000
+// WatchGroups streams over one real mTLS connection. The first
+// max_watches_per_operator (default) are served and keep receiving events;
+// every other one is refused with ResourceExhausted; the server's goroutines
+// stay bounded; another operator is unaffected.
+func TestTenThousandWatchesFromOneOperator(t *testing.T) {
+	const n = 10000
+	limit := config.DefaultMaxWatchesPerOperator
+	sh := shardtest.Start(t, shardtest.Options{})
+	c := sh.Client(t, "acme")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	runtime.GC()
+	g0 := goroutines()
+
+	type held struct {
+		cancel context.CancelFunc
+		recv   func() (*nstancev1.GroupEvent, error)
+	}
+	var served []held
+	refused := 0
+	for i := 0; i < n; i++ {
+		wctx, wcancel := context.WithCancel(ctx)
+		ws, err := c.WatchGroups(wctx, &nstancev1.WatchGroupsRequest{})
+		require.NoError(t, err)
+		md, err := ws.Header()
+		require.NoError(t, err)
+		if len(md.Get("nstance-shard")) > 0 {
+			served = append(served, held{cancel: wcancel, recv: ws.Recv})
+			continue
+		}
+		_, err = ws.Recv()
+		wcancel()
+		require.Equal(t, codes.ResourceExhausted, status.Code(err), "watch %d: %v", i, err)
+		refused++
+	}
+	defer func() {
+		for _, h := range served {
+			h.cancel()
+		}
+	}()
+	require.Len(t, served, limit)
+	require.Equal(t, n-limit, refused)
+	g1 := goroutines()
+	t.Logf("watches served %d refused %d; goroutines %d -> %d", len(served), refused, g0, g1)
+	require.Less(t, g1-g0, 10*limit, "server goroutines grew with refused watches")
+
+	// The served watches still carry events.
+	upsert(t, c, "web", 0, 0)
+	for _, h := range []held{served[0], served[limit-1]} {
+		ev, err := h.recv()
+		require.NoError(t, err)
+		require.Equal(t, "web", ev.GetGroupId())
+	}
+	// Another operator has its own allowance.
+	other := sh.Client(t, "globex")
+	ws, err := other.WatchGroups(ctx, &nstancev1.WatchGroupsRequest{})
+	require.NoError(t, err)
+	md, err := ws.Header()
+	require.NoError(t, err)
+	require.NotEmpty(t, md.Get("nstance-shard"))
+}
+
+// TestTenantQuotasOverGRPC: quotas answer ResourceExhausted (groups, create
+// rate) or InvalidArgument (vars, labels) with a message naming the limit,
+// and nothing is stored for a refused request.
+func TestTenantQuotasOverGRPC(t *testing.T) {
+	cfg := strings.Replace(shardtest.Config("test-cluster", "test-1", "mock"), `"default_drain_timeout": "30s",`,
+		`"default_drain_timeout": "30s", "limits": {"max_groups_per_tenant": 2, "max_vars": 2, "max_labels": 1, "tenant_create_rate": {"per_minute": 1, "burst": 2}},`, 1)
+	sh := shardtest.Start(t, shardtest.Options{ConfigJSONC: cfg})
+	c := sh.Client(t, "acme")
+	ctx := ctxT(t)
+	upsert(t, c, "a", 0, 0)
+	upsert(t, c, "b", 0, 0)
+	_, err := c.UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: "c", Template: "worker"}})
+	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	require.Contains(t, status.Convert(err).Message(), "shard.limits.max_groups_per_tenant")
+	_, err = c.UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: "a", Template: "worker",
+		Vars: map[string]string{"x": "1", "y": "2", "z": "3"}}})
+	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+	require.Contains(t, status.Convert(err).Message(), "vars: 3 entries, more than shard.limits.max_vars (2)")
+	_, err = c.CreateInstance(ctx, &nstancev1.CreateInstanceRequest{Template: "worker", Labels: map[string]string{"x": "1", "y": "2"}})
+	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+	require.Contains(t, status.Convert(err).Message(), "shard.limits.max_labels")
+
+	for i := 0; i < 2; i++ {
+		_, err = c.CreateInstance(ctx, &nstancev1.CreateInstanceRequest{Template: "worker"})
+		require.NoError(t, err)
+	}
+	_, err = c.CreateInstance(ctx, &nstancev1.CreateInstanceRequest{Template: "worker"})
+	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	require.Contains(t, status.Convert(err).Message(), "shard.limits.tenant_create_rate")
+	list, err := c.ListInstances(ctx, &nstancev1.ListInstancesRequest{})
+	require.NoError(t, err)
+	require.Len(t, list.GetInstances(), 2)
+	groups, err := c.ListGroups(ctx, &nstancev1.ListGroupsRequest{})
+	require.NoError(t, err)
+	require.Len(t, groups.GetGroups(), 2)
+}
