@@ -122,3 +122,56 @@ func TestTenantQuotasOverGRPC(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, groups.GetGroups(), 2)
 }
+
+func liveHeap() int64 {
+	runtime.GC()
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	return int64(s[0].Value.Uint64())
+}
+
+// TestSlowWatcherIsDisconnectedNotBuffered: a watcher that stops reading
+// holds at most shard.limits.watch_buffer events plus what HTTP/2 flow
+// control lets through; then the server drops it (ResourceExhausted once it
+// reads again) instead of buffering the rest. 100,000 events of 1 KiB are
+// published meanwhile; the live heap stays far below their 100 MiB.
+func TestSlowWatcherIsDisconnectedNotBuffered(t *testing.T) {
+	cfg := strings.Replace(shardtest.Config("test-cluster", "test-1", "mock"), `"default_drain_timeout": "30s",`,
+		`"default_drain_timeout": "30s", "limits": {"watch_buffer": 16},`, 1)
+	sh := shardtest.Start(t, shardtest.Options{ConfigJSONC: cfg})
+	c := sh.Client(t, "acme")
+	ctx := ctxT(t)
+	ws, err := c.WatchGroups(ctx, &nstancev1.WatchGroupsRequest{})
+	require.NoError(t, err)
+	_, err = ws.Header()
+	require.NoError(t, err)
+	hub := sh.Fleet.Events.Groups
+	require.Equal(t, 1, hub.Subscribers("acme"))
+	h0 := liveHeap()
+	const n = 100000
+	published := 0
+	for ; published < n && hub.Subscribers("acme") > 0; published++ {
+		hub.Publish("acme", &nstancev1.GroupEvent{Type: nstancev1.GroupEventType_GROUP_EVENT_TYPE_UPSERT, GroupId: strings.Repeat("g", 1024)})
+		if published%8 == 7 {
+			// Paced, so the server sends until HTTP/2 flow control stops it.
+			time.Sleep(time.Millisecond)
+		}
+	}
+	h1 := liveHeap()
+	t.Logf("watcher dropped after %d events; live heap %d KiB -> %d KiB", published, h0>>10, h1>>10)
+	require.Zero(t, hub.Subscribers("acme"), "the slow watcher was dropped")
+	require.Less(t, published, n/2)
+	require.Less(t, h1-h0, int64(48<<20))
+
+	got := 0
+	for {
+		_, err := ws.Recv()
+		if err != nil {
+			require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+			require.Contains(t, status.Convert(err).Message(), "fell too far behind")
+			break
+		}
+		got++
+	}
+	require.Less(t, got, published)
+}
