@@ -56,6 +56,8 @@ type Shard struct {
 	// FileStreams counts ReceiveFiles streams opened (an agent that keeps
 	// reconnecting makes it grow).
 	FileStreams atomic.Int64
+	// Refused counts deliveries the Agent service refused to send (OnRefused).
+	Refused atomic.Int64
 
 	mu        sync.Mutex
 	instances map[string]*Instance
@@ -140,6 +142,7 @@ func (s *Shard) Start() error {
 	s.Agent, err = agentapi.New(agentapi.Options{
 		Shard: ShardID, Source: src, Keys: s.Keys, Signer: &agentapi.WorkloadSigner{CA: s.WorkloadCA, MaxValidity: time.Hour, Policy: policy},
 		Health: s.Health, Log: s.log.WithName("agentapi"), RepushInterval: s.RepushInterval,
+		OnRefused: func(agentapi.Ref, error) { s.Refused.Add(1) },
 	})
 	if err != nil {
 		return err

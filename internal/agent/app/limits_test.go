@@ -71,6 +71,10 @@ func TestLargeFileDeliveriesOverRealTLS(t *testing.T) {
 		return r.Reports >= seen+8
 	}, 20*time.Second, 20*time.Millisecond)
 	require.Equal(t, streams, s.FileStreams.Load(), "the agent did not reconnect")
+	require.Equal(t, int64(1), s.Refused.Load(), "the refusal is reported once per file set, not on every re-plan")
+	mu.Lock()
+	require.Equal(t, 1, strings.Count(logged.String(), "file delivery refused"))
+	mu.Unlock()
 	b, err = os.ReadFile(path)
 	require.NoError(t, err)
 	require.Equal(t, byte('a'), b[0], "the agent keeps its current file")

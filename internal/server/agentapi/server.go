@@ -57,9 +57,12 @@ type Options struct {
 	RenewFraction float64
 	// MaxFileBytes caps the total file content of one delivery
 	// (shard.limits.max_file_bytes; default config.DefaultMaxFileBytes). A
-	// larger delivery is not sent: the server logs why and the agent keeps
-	// its stream and its current files.
+	// larger delivery is not sent: the server logs why, tells OnRefused,
+	// and the agent keeps its stream and its current files.
 	MaxFileBytes int
+	// OnRefused, when set, hears once per file set why a delivery was not
+	// sent (the fleet reports it to the instance's tenant).
+	OnRefused func(ref Ref, err error)
 }
 
 // Server implements nstancev1.AgentServiceServer.
@@ -340,7 +343,7 @@ func (s *Server) ReceiveFiles(req *nstancev1.ReceiveFilesRequest, stream nstance
 	}
 	w := s.hub.add(ref.InstanceID)
 	defer s.hub.remove(ref.InstanceID, w)
-	last := req.GetConfigHash()
+	last, refused := req.GetConfigHash(), ""
 	for {
 		d, err := s.Delivery(ctx, ref)
 		if err != nil {
@@ -350,10 +353,18 @@ func (s *Server) ReceiveFiles(req *nstancev1.ReceiveFilesRequest, stream nstance
 		s.hub.setDesired(ref.InstanceID, h)
 		if size := deliverySize(d); size > s.o.MaxFileBytes {
 			// Sending it would exceed the message limit and the agent would
-			// fail and reconnect for ever; keep the stream instead.
+			// fail and reconnect for ever; keep the stream instead. Said once
+			// per file set, however often drift re-plans it.
 			w.force.Store(false)
-			s.o.Log.Error(fmt.Errorf("files total %d bytes, more than shard.limits.max_file_bytes (%d)", size, s.o.MaxFileBytes),
-				"file delivery refused; the agent keeps its current files", "instance", ref.InstanceID, "tenant", ref.Tenant, "hash", h)
+			if h != refused {
+				refused = h
+				err := fmt.Errorf("files of instance %s total %d bytes, more than shard.limits.max_file_bytes (%d); not delivered, the agent keeps its current files",
+					ref.InstanceID, size, s.o.MaxFileBytes)
+				s.o.Log.Error(err, "file delivery refused", "instance", ref.InstanceID, "tenant", ref.Tenant, "hash", h)
+				if s.o.OnRefused != nil {
+					s.o.OnRefused(ref, err)
+				}
+			}
 		} else if h != last || w.force.Swap(false) {
 			d.SentAt = timestamppb.New(s.o.Now())
 			if err := stream.Send(d); err != nil {

@@ -132,6 +132,9 @@ func New(o Options) (*Fleet, error) {
 			Shard: shard, Source: src, Keys: f.AgentKeys, Signer: signer,
 			Health: f.Health, Log: o.Log.WithName("agentapi"), RepushInterval: ao.RepushInterval,
 			MaxFileBytes: lim.MaxFileBytes,
+			OnRefused: func(ref agentapi.Ref, err error) {
+				f.Reconciler.ReportInstanceError(ref.Tenant, ref.Group, ref.InstanceID, err)
+			},
 		})
 		if err != nil {
 			return nil, fmt.Errorf("fleet: %w", err)

@@ -991,6 +991,13 @@ func (r *Reconciler) ReportConfigError(tenant string, err error) {
 	r.reportError(tenant, "", "", nstancev1.ErrorSource_ERROR_SOURCE_CONFIG, err)
 }
 
+// ReportInstanceError publishes a problem with what an instance's template
+// and vars produce (e.g. files above shard.limits.max_file_bytes) to the
+// watchers of its tenant, as a config error.
+func (r *Reconciler) ReportInstanceError(tenant, group, inst string, err error) {
+	r.reportError(tenant, group, inst, nstancev1.ErrorSource_ERROR_SOURCE_CONFIG, err)
+}
+
 // GroupStatus returns the wire status of a group with its observed instances.
 func (r *Reconciler) GroupStatus(g *groups.Group) *nstancev1.GroupStatus {
 	var ids []string

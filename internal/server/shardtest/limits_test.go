@@ -175,3 +175,41 @@ func TestSlowWatcherIsDisconnectedNotBuffered(t *testing.T) {
 	}
 	require.Less(t, got, published)
 }
+
+// TestOversizedFilesReportedToTheTenant: with real agent processes, a group
+// var that makes an instance's files larger than shard.limits.max_file_bytes
+// is not delivered: the tenant's WatchErrors gets one config error naming the
+// instance and the limit, the agent keeps its file and keeps reporting on its
+// connection, and a var within the limit is delivered again.
+func TestOversizedFilesReportedToTheTenant(t *testing.T) {
+	cfg := strings.Replace(agentConfig("worker"), `"default_drain_timeout": "30s",`,
+		`"default_drain_timeout": "30s", "limits": {"max_file_bytes": 4096},`, 1)
+	a := startAgentShardWith(t, cfg)
+	a.upsert(t, 1, "")
+	waitGroup(t, a.c, "workers", 1)
+	id := a.ids(t)[0]
+	require.Eventually(t, func() bool { return a.file(id, "role.txt") == "role=worker group=workers" }, 10*time.Second, 20*time.Millisecond)
+	_, errs := a.watch(t)
+
+	setRole := func(role string) {
+		_, err := a.c.UpsertGroup(ctxT(t), &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{
+			GroupId: "workers", Template: "worker", Size: 1, Vars: map[string]string{"role": role}}})
+		require.NoError(t, err)
+	}
+	setRole(strings.Repeat("x", 5000))
+	ev := errs.next(t, 10*time.Second, func(e *nstancev1.ErrorEvent) bool { return e.GetInstanceId() == id })
+	require.Equal(t, nstancev1.ErrorSource_ERROR_SOURCE_CONFIG, ev.GetSource())
+	require.Equal(t, "workers", ev.GetGroupId())
+	require.Contains(t, ev.GetMessage(), "more than shard.limits.max_file_bytes (4096)")
+	// The agent keeps reporting (same instance, still running) and keeps its file.
+	rec, ok := a.sh.Fleet.Health.Get(id)
+	require.True(t, ok)
+	seen := rec.Reports
+	require.Eventually(t, func() bool { r, _ := a.sh.Fleet.Health.Get(id); return r.Reports >= seen+3 }, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, "role=worker group=workers", a.file(id, "role.txt"))
+	errs.none(t, 200*time.Millisecond, func(e *nstancev1.ErrorEvent) bool { return e.GetInstanceId() == id })
+
+	setRole("small")
+	require.Eventually(t, func() bool { return a.file(id, "role.txt") == "role=small group=workers" }, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, []string{id}, a.ids(t))
+}
