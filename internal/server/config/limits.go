@@ -21,6 +21,11 @@ type Limits struct {
 	// MaxWatchesPerOperator caps concurrent watch streams of one operator
 	// (or admin) identity (default 32).
 	MaxWatchesPerOperator int `json:"max_watches_per_operator"`
+	// MaxStreamsPerAgent caps concurrent server-streaming calls (key
+	// requests, file deliveries) of one agent identity; an agent uses two,
+	// more only while a reconnect overlaps a stream the server has not yet
+	// seen end (default 16).
+	MaxStreamsPerAgent int `json:"max_streams_per_agent"`
 	// WatchBuffer is how many events a watch buffers for a slow reader
 	// before it is disconnected with ResourceExhausted (default 1024).
 	WatchBuffer int `json:"watch_buffer"`
@@ -55,6 +60,7 @@ const (
 	DefaultMaxConcurrentStreams    = 100
 	DefaultMaxConnectionsPerSource = 1024
 	DefaultMaxWatchesPerOperator   = 32
+	DefaultMaxStreamsPerAgent      = 16
 	DefaultWatchBuffer             = 1024
 	DefaultMaxMessageBytes         = 16 << 20
 	DefaultMaxFileBytes            = 8 << 20
@@ -87,6 +93,7 @@ func (l *Limits) applyDefaults() {
 	setInt(&l.MaxConcurrentStreams, DefaultMaxConcurrentStreams)
 	setInt(&l.MaxConnectionsPerSource, DefaultMaxConnectionsPerSource)
 	setInt(&l.MaxWatchesPerOperator, DefaultMaxWatchesPerOperator)
+	setInt(&l.MaxStreamsPerAgent, DefaultMaxStreamsPerAgent)
 	setInt(&l.WatchBuffer, DefaultWatchBuffer)
 	setInt(&l.MaxMessageBytes, DefaultMaxMessageBytes)
 	setInt(&l.MaxFileBytes, max(1, min(DefaultMaxFileBytes, l.MaxMessageBytes-MessageOverheadBytes)))
@@ -109,6 +116,7 @@ func (l Limits) validate(ch *checker) {
 		{"max_concurrent_streams", l.MaxConcurrentStreams, 4, 1 << 20},
 		{"max_connections_per_source", l.MaxConnectionsPerSource, 1, 1 << 20},
 		{"max_watches_per_operator", l.MaxWatchesPerOperator, 3, 1 << 16},
+		{"max_streams_per_agent", l.MaxStreamsPerAgent, 4, 1 << 16},
 		{"watch_buffer", l.WatchBuffer, 16, 1 << 16},
 		{"max_message_bytes", l.MaxMessageBytes, MinMessageBytes, MaxMessageBytesCap},
 		{"max_file_bytes", l.MaxFileBytes, 1, max(1, l.MaxMessageBytes-MessageOverheadBytes)},

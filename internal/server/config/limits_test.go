@@ -21,6 +21,7 @@ func TestLimitsDefaults(t *testing.T) {
 	l := cfg.Shard.Limits
 	require.Equal(t, DefaultMaxConcurrentStreams, l.MaxConcurrentStreams)
 	require.Equal(t, DefaultMaxWatchesPerOperator, l.MaxWatchesPerOperator)
+	require.Equal(t, DefaultMaxStreamsPerAgent, l.MaxStreamsPerAgent)
 	require.Equal(t, DefaultMaxMessageBytes, l.MaxMessageBytes)
 	require.Equal(t, DefaultMaxFileBytes, l.MaxFileBytes)
 	require.Equal(t, RateLimit{PerMinute: DefaultRegistrationPerMinute, Burst: DefaultRegistrationBurst}, l.RegistrationRate)
@@ -37,6 +38,7 @@ func TestLimitsValidation(t *testing.T) {
 	for _, tc := range []struct{ limits, key, want string }{
 		{`"max_concurrent_streams": -1`, "shard.limits.max_concurrent_streams", "must be between 4 and"},
 		{`"max_watches_per_operator": 1`, "shard.limits.max_watches_per_operator", "must be between 3 and"},
+		{`"max_streams_per_agent": 2`, "shard.limits.max_streams_per_agent", "must be between 4 and"},
 		{`"max_connections_per_source": -5`, "shard.limits.max_connections_per_source", "got -5"},
 		{`"watch_buffer": 100000`, "shard.limits.watch_buffer", "must be between 16 and 65536"},
 		{`"max_message_bytes": 1024`, "shard.limits.max_message_bytes", "must be between 4194304 and 67108864"},

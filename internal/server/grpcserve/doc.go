@@ -5,6 +5,6 @@
 // its method and the call answers Internal; the server keeps serving.
 // shard.limits apply to every listener (concurrent streams per connection,
 // message sizes, connections per source address), to Registration
-// (attempts per source address) and to Operator (watches per identity),
-// through internal/server/limits.
+// (attempts per source address), to Operator (watches per identity) and to
+// Agent (streams per agent identity), through internal/server/limits.
 package grpcserve

@@ -357,3 +357,51 @@ func TestMessageSizes(t *testing.T) {
 	_, err = c.UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: "g"}})
 	require.NoError(t, err)
 }
+
+// holdingAgent holds every ReceiveFiles stream open after its header.
+type holdingAgent struct {
+	nstancev1.UnimplementedAgentServiceServer
+}
+
+func (holdingAgent) ReceiveFiles(_ *nstancev1.ReceiveFilesRequest, s nstancev1.AgentService_ReceiveFilesServer) error {
+	if err := s.SendHeader(metadata.Pairs("held", "yes")); err != nil {
+		return err
+	}
+	<-s.Context().Done()
+	return nil
+}
+
+// TestStreamsPerAgentCapped: one agent identity gets max_streams_per_agent
+// concurrent file streams, the rest ResourceExhausted.
+func TestStreamsPerAgentCapped(t *testing.T) {
+	ca, err := pki.GenerateCA("c1", 24*time.Hour, time.Now())
+	require.NoError(t, err)
+	srvCert, err := ca.ServerKeyPair(pki.ServerIdentity{Shard: "s1", ServerID: "srv"}, []string{"127.0.0.1"}, time.Hour, time.Now())
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv, err := grpcserve.Start(grpcserve.Config{ClusterID: "c1", ServerCert: srvCert, ClientCAs: ca.Pool(), Agent: holdingAgent{},
+		Limits: config.Limits{MaxStreamsPerAgent: 4}}, grpcserve.Listeners{Agent: ln})
+	require.NoError(t, err)
+	t.Cleanup(srv.Stop)
+	c := nstancev1.NewAgentServiceClient(dial(t, ln.Addr().String(), ca, clientCert(t, ca, pki.RoleAgent, time.Now())))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	held, refused := 0, 0
+	for i := 0; i < 50; i++ {
+		fs, err := c.ReceiveFiles(ctx, &nstancev1.ReceiveFilesRequest{})
+		require.NoError(t, err)
+		md, err := fs.Header()
+		require.NoError(t, err)
+		if len(md.Get("held")) > 0 {
+			held++
+			continue
+		}
+		_, err = fs.Recv()
+		require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+		require.Contains(t, status.Convert(err).Message(), "shard.limits.max_streams_per_agent")
+		refused++
+	}
+	require.Equal(t, 4, held)
+	require.Equal(t, 46, refused)
+}

@@ -23,11 +23,11 @@ func StreamsPerKey(c *Counter, key KeyFunc, what string) grpc.StreamServerInterc
 		}
 		k, ok := key(ss.Context())
 		if !ok {
-			return status.Error(codes.Unauthenticated, "no caller identity for the watch limit")
+			return status.Error(codes.Unauthenticated, "no caller identity for the stream limit")
 		}
 		release, ok := c.Acquire(k)
 		if !ok {
-			return status.Errorf(codes.ResourceExhausted, "too many watches: %d already open for this caller (%s); close some first", c.Max(), what)
+			return status.Errorf(codes.ResourceExhausted, "too many open streams: %d already open for this caller (%s); close some first", c.Max(), what)
 		}
 		defer release()
 		return h(srv, ss)
