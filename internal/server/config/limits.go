@@ -9,8 +9,9 @@ import (
 // Limits bound what one client, source address or tenant can make the server
 // hold or do. Every key has a default (applied when unset or 0); negative and
 // out-of-range values are refused. The listener limits (streams, connections,
-// message sizes, registration rate) are read when the server takes the shard
-// lease; the tenant quotas and create rate are read on every call.
+// message sizes, registration rate), the watch buffer and the file size are
+// read when the server starts; the tenant quotas and create rate are read on
+// every call.
 type Limits struct {
 	// MaxConcurrentStreams caps concurrent RPCs on one HTTP/2 connection, on
 	// every listener (default 100).
