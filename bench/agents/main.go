@@ -123,7 +123,9 @@ func runServer() error {
 	if err != nil {
 		return err
 	}
-	srv, err := grpcserve.Start(grpcserve.Config{ClusterID: clusterID, ServerCert: cert, ClientCAs: ca.Pool(), Agent: api}, grpcserve.Listeners{Agent: ln})
+	srv, err := grpcserve.Start(grpcserve.Config{ClusterID: clusterID, ServerCert: cert, ClientCAs: ca.Pool(), Agent: api,
+		// Every simulated agent connects from 127.0.0.1.
+		Limits: config.Limits{MaxConnectionsPerSource: 1 << 20}}, grpcserve.Listeners{Agent: ln})
 	if err != nil {
 		return err
 	}

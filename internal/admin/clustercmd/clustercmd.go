@@ -24,6 +24,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/admin/cmdutil"
 	"github.com/nstance-dev/nstance/internal/admin/output"
 	"github.com/nstance-dev/nstance/internal/atomicfile"
+	"github.com/nstance-dev/nstance/internal/msgsize"
 	"github.com/nstance-dev/nstance/internal/nonce"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/secrets"
@@ -359,7 +360,7 @@ func register(ctx context.Context, c *cli.Context, log logr.Logger) (*registrati
 
 	pool := x509Pool(caCert)
 	host := c.String("registration-addr")
-	conn, err := grpc.NewClient(host, grpc.WithTransportCredentials(credentials.NewTLS(pki.ClientTLS(pool, nil, hostOf(host)))))
+	conn, err := grpc.NewClient(host, grpc.WithTransportCredentials(credentials.NewTLS(pki.ClientTLS(pool, nil, hostOf(host)))), msgsize.DialOption())
 	if err != nil {
 		return nil, fmt.Errorf("connecting to %s: %w", host, err)
 	}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/nstance-dev/nstance/internal/msgsize"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/layout"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -111,7 +112,7 @@ func Dial(servers map[string]string, tc *tls.Config) (*Set, error) {
 		if host, _, err := net.SplitHostPort(addr); err == nil && cfg.ServerName == "" {
 			cfg.ServerName = host
 		}
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)), msgsize.DialOption())
 		if err != nil {
 			s.Close()
 			return nil, fmt.Errorf("shard %s: %w", name, err)

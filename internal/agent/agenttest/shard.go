@@ -10,9 +10,11 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
 
 	"github.com/nstance-dev/nstance/internal/nonce"
 	"github.com/nstance-dev/nstance/internal/pki"
@@ -22,6 +24,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/layout"
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
 // Names used by the test shard.
@@ -50,6 +53,11 @@ type Shard struct {
 
 	// RepushInterval is passed to agentapi (set before Start).
 	RepushInterval time.Duration
+	// FileStreams counts ReceiveFiles streams opened (an agent that keeps
+	// reconnecting makes it grow).
+	FileStreams atomic.Int64
+	// Refused counts deliveries the Agent service refused to send (OnRefused).
+	Refused atomic.Int64
 
 	mu        sync.Mutex
 	instances map[string]*Instance
@@ -134,6 +142,7 @@ func (s *Shard) Start() error {
 	s.Agent, err = agentapi.New(agentapi.Options{
 		Shard: ShardID, Source: src, Keys: s.Keys, Signer: &agentapi.WorkloadSigner{CA: s.WorkloadCA, MaxValidity: time.Hour, Policy: policy},
 		Health: s.Health, Log: s.log.WithName("agentapi"), RepushInterval: s.RepushInterval,
+		OnRefused: func(agentapi.Ref, error) { s.Refused.Add(1) },
 	})
 	if err != nil {
 		return err
@@ -144,8 +153,16 @@ func (s *Shard) Start() error {
 	}
 	s.servers, err = grpcserve.Start(grpcserve.Config{
 		ClusterID: ClusterID, ServerCert: cert, ClientCAs: s.CA.Pool(), Registration: reg, Agent: s.Agent, Log: s.log.WithName("grpc"),
+		ServerOptions: []grpc.ServerOption{grpc.ChainStreamInterceptor(s.countFileStreams)},
 	}, grpcserve.Listeners{Registration: regLn, Agent: agLn})
 	return err
+}
+
+func (s *Shard) countFileStreams(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if info.FullMethod == nstancev1.AgentService_ReceiveFiles_FullMethodName {
+		s.FileStreams.Add(1)
+	}
+	return h(srv, ss)
 }
 
 // Stop closes listeners and every connection at once.

@@ -49,6 +49,8 @@ type env struct {
 	shard *agenttest.Shard
 	dir   string
 	log   logr.Logger
+	// agentEnv overrides agent settings for every agent started.
+	agentEnv map[string]string
 }
 
 func newEnv(t *testing.T) *env {
@@ -71,6 +73,9 @@ func (e *env) start(t *testing.T, id string, tmpl srvconfig.Template, vars map[s
 	m := map[string]string{config.EnvMetricsInterval: "200ms", config.EnvReconnectMin: "50ms", config.EnvReconnectMax: "300ms"}
 	for _, kv := range vals {
 		k, v, _ := strings.Cut(kv, "=")
+		m[k] = v
+	}
+	for k, v := range e.agentEnv {
 		m[k] = v
 	}
 	cfg, err := config.Load(func(k string) (string, bool) { v, ok := m[k]; return v, ok })
@@ -219,6 +224,7 @@ func TestAgentEndToEnd(t *testing.T) {
 
 func TestUnsafeFilesRejectedAndReported(t *testing.T) {
 	e := newEnv(t)
+	e.agentEnv = map[string]string{config.EnvMaxFileSize: "1048576"} // the agent's own cap, below the server's
 	outside := filepath.Join(e.dir, "outside")
 	require.NoError(t, os.MkdirAll(outside, 0o755))
 	tmpl := srvconfig.Template{Files: map[string]srvconfig.TemplateFile{

@@ -69,13 +69,16 @@ type Config struct {
 
 // Defaults.
 const (
-	DefaultKeyFileMode     fs.FileMode = 0o600
-	DefaultFileMode        fs.FileMode = 0o644
-	DefaultDirMode         fs.FileMode = 0o755
-	DefaultMaxFileSize                 = 1 << 20
-	DefaultMetricsInterval             = 10 * time.Second
-	DefaultReconnectMin                = 500 * time.Millisecond
-	DefaultReconnectMax                = 30 * time.Second
+	DefaultKeyFileMode fs.FileMode = 0o600
+	DefaultFileMode    fs.FileMode = 0o644
+	DefaultDirMode     fs.FileMode = 0o755
+	// DefaultMaxFileSize matches the server's default
+	// shard.limits.max_file_bytes, so any delivery the server sends by
+	// default is written (raise both together).
+	DefaultMaxFileSize     = 8 << 20
+	DefaultMetricsInterval = 10 * time.Second
+	DefaultReconnectMin    = 500 * time.Millisecond
+	DefaultReconnectMax    = 30 * time.Second
 )
 
 // Error lists every invalid variable.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/agent/backoff"
 	"github.com/nstance-dev/nstance/internal/agent/identity"
+	"github.com/nstance-dev/nstance/internal/msgsize"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -82,7 +83,7 @@ func attempt(ctx context.Context, o Options, req *nstancev1.RegisterAgentRequest
 	if err != nil {
 		return nil, err
 	}
-	conn, err := grpc.NewClient(o.Addr, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
+	conn, err := grpc.NewClient(o.Addr, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)), msgsize.DialOption())
 	if err != nil {
 		return nil, fmt.Errorf("dialing %s: %w", o.Addr, err)
 	}

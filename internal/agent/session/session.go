@@ -18,6 +18,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/agent/health"
 	"github.com/nstance-dev/nstance/internal/agent/identity"
 	"github.com/nstance-dev/nstance/internal/agent/keys"
+	"github.com/nstance-dev/nstance/internal/msgsize"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -118,7 +119,7 @@ func (s *Session) connect(ctx context.Context) error {
 		return err
 	}
 	conn, err := grpc.NewClient(s.o.Addr,
-		grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)),
+		grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)), msgsize.DialOption(),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
 	)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/nstance-dev/nstance/internal/msgsize"
 	"github.com/nstance-dev/nstance/internal/pki"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -33,7 +34,7 @@ func (r GRPCRegistrar) Register(ctx context.Context, addr string, roots *x509.Ce
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(pki.ClientTLS(roots, nil, ServerName(addr)))))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(pki.ClientTLS(roots, nil, ServerName(addr)))), msgsize.DialOption())
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}

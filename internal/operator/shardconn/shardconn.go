@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/nstance-dev/nstance/internal/msgsize"
 	"github.com/nstance-dev/nstance/internal/operator/bootstrap"
 	"github.com/nstance-dev/nstance/internal/operator/metrics"
 	"github.com/nstance-dev/nstance/internal/pki"
@@ -132,7 +133,7 @@ func (m *Manager) Start(ctx context.Context, creds *bootstrap.Credentials) error
 			return &c, nil
 		}
 		conn, err := grpc.NewClient(addr,
-			grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)),
+			grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)), msgsize.DialOption(),
 			grpc.WithConnectParams(grpc.ConnectParams{
 				Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: maxBackoff},
 				MinConnectTimeout: 5 * time.Second,

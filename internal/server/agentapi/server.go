@@ -25,6 +25,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/keytype"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/authz"
+	"github.com/nstance-dev/nstance/internal/server/config"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -54,6 +55,14 @@ type Options struct {
 	// RenewFraction: a certificate is re-issued once less than this share of
 	// its lifetime remains (default 1/3).
 	RenewFraction float64
+	// MaxFileBytes caps the total file content of one delivery
+	// (shard.limits.max_file_bytes; default config.DefaultMaxFileBytes). A
+	// larger delivery is not sent: the server logs why, tells OnRefused,
+	// and the agent keeps its stream and its current files.
+	MaxFileBytes int
+	// OnRefused, when set, hears once per file set why a delivery was not
+	// sent (the fleet reports it to the instance's tenant).
+	OnRefused func(ref Ref, err error)
 }
 
 // Server implements nstancev1.AgentServiceServer.
@@ -78,6 +87,9 @@ func New(o Options) (*Server, error) {
 	}
 	if o.RenewFraction <= 0 || o.RenewFraction >= 1 {
 		o.RenewFraction = 1.0 / 3
+	}
+	if o.MaxFileBytes <= 0 {
+		o.MaxFileBytes = config.DefaultMaxFileBytes
 	}
 	return &Server{o: o, hub: hub{byID: map[string]*instanceState{}}}, nil
 }
@@ -331,7 +343,7 @@ func (s *Server) ReceiveFiles(req *nstancev1.ReceiveFilesRequest, stream nstance
 	}
 	w := s.hub.add(ref.InstanceID)
 	defer s.hub.remove(ref.InstanceID, w)
-	last := req.GetConfigHash()
+	last, refused := req.GetConfigHash(), ""
 	for {
 		d, err := s.Delivery(ctx, ref)
 		if err != nil {
@@ -339,7 +351,21 @@ func (s *Server) ReceiveFiles(req *nstancev1.ReceiveFilesRequest, stream nstance
 		}
 		h := d.GetConfigHash()
 		s.hub.setDesired(ref.InstanceID, h)
-		if h != last || w.force.Swap(false) {
+		if size := deliverySize(d); size > s.o.MaxFileBytes {
+			// Sending it would exceed the message limit and the agent would
+			// fail and reconnect for ever; keep the stream instead. Said once
+			// per file set, however often drift re-plans it.
+			w.force.Store(false)
+			if h != refused {
+				refused = h
+				err := fmt.Errorf("files of instance %s total %d bytes, more than shard.limits.max_file_bytes (%d); not delivered, the agent keeps its current files",
+					ref.InstanceID, size, s.o.MaxFileBytes)
+				s.o.Log.Error(err, "file delivery refused", "instance", ref.InstanceID, "tenant", ref.Tenant, "hash", h)
+				if s.o.OnRefused != nil {
+					s.o.OnRefused(ref, err)
+				}
+			}
+		} else if h != last || w.force.Swap(false) {
 			d.SentAt = timestamppb.New(s.o.Now())
 			if err := stream.Send(d); err != nil {
 				return err
@@ -354,6 +380,14 @@ func (s *Server) ReceiveFiles(req *nstancev1.ReceiveFilesRequest, stream nstance
 		case <-w.ch:
 		}
 	}
+}
+
+func deliverySize(d *nstancev1.FileDelivery) int {
+	n := 0
+	for _, f := range d.GetFiles() {
+		n += len(f.GetContent())
+	}
+	return n
 }
 
 // ReportHealth implements nstancev1.AgentServiceServer.

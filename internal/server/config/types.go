@@ -108,6 +108,7 @@ type Shard struct {
 	SubnetPools         map[string]SubnetPool `json:"subnet_pools"`
 	GarbageCollection   GarbageCollection     `json:"garbage_collection"`
 	Expiry              Expiry                `json:"expiry"`
+	Limits              Limits                `json:"limits"`
 }
 
 // Infra selects the provider that creates instances.

@@ -71,6 +71,7 @@ func (c *Config) ApplyDefaults() {
 	setDur(&ce.NonceMaxLifetime, DefaultNonceMaxLifetime)
 	setDur(&c.Shard.Timeouts.StorageCall, DefaultStorageTimeout)
 	setDur(&c.Shard.Timeouts.Shutdown, DefaultShutdownTimeout)
+	c.Shard.Limits.applyDefaults()
 }
 
 func setDur(d *Duration, v time.Duration) {
@@ -232,6 +233,7 @@ func (c *Config) Validate() error {
 		ch.add("shard.expiry.forced_age", "must not be shorter than eligible_age (%s)", ex.EligibleAge.D())
 	}
 	ch.positive("shard.garbage_collection.interval", s.GarbageCollection.Interval)
+	s.Limits.validate(&ch)
 
 	ce := c.Certificates
 	for _, kv := range []struct {
@@ -252,6 +254,7 @@ func (c *Config) Validate() error {
 
 	for name, t := range c.Templates {
 		checkTemplate(&ch, "templates."+name, name, t, s.SubnetPools)
+		checkFileBytes(&ch, "templates."+name, t, s.Limits.MaxFileBytes)
 	}
 	for tenant, groups := range c.Groups {
 		ch.id("groups."+tenant, "tenant", tenant, true)
@@ -368,6 +371,22 @@ func checkTemplate(ch *checker, key, name string, t Template, pools map[string]S
 		if f.Kind == "secret" && f.Secret == "" {
 			ch.add(fk+".secret", "required for kind secret")
 		}
+	}
+}
+
+// checkFileBytes refuses a template whose literal file contents alone exceed
+// the per-instance delivery limit (rendered vars are checked again when the
+// files are built for an instance).
+func checkFileBytes(ch *checker, key string, t Template, limit int) {
+	if limit <= 0 {
+		return
+	}
+	total := 0
+	for _, f := range t.Files {
+		total += len(f.Content)
+	}
+	if total > limit {
+		ch.add(key+".files", "file contents total %d bytes, more than shard.limits.max_file_bytes (%d); raise the limit (with max_message_bytes) or ship the content another way", total, limit)
 	}
 }
 

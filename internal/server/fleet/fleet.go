@@ -104,6 +104,10 @@ func New(o Options) (*Fleet, error) {
 		return nil, fmt.Errorf("fleet: no config loaded")
 	}
 	shard := cfg.Shard.ID
+	lim := cfg.Shard.Limits.WithDefaults()
+	if o.EventBuffer <= 0 {
+		o.EventBuffer = lim.WatchBuffer
+	}
 	hubs := events.NewHubs(o.EventBuffer)
 	store := instances.NewStore(o.Store, o.Keys, shard, o.Mirror)
 	reg := groups.NewRegistry(o.Store, o.Keys, shard)
@@ -127,6 +131,10 @@ func New(o Options) (*Fleet, error) {
 		srv, err := agentapi.New(agentapi.Options{
 			Shard: shard, Source: src, Keys: f.AgentKeys, Signer: signer,
 			Health: f.Health, Log: o.Log.WithName("agentapi"), RepushInterval: ao.RepushInterval,
+			MaxFileBytes: lim.MaxFileBytes,
+			OnRefused: func(ref agentapi.Ref, err error) {
+				f.Reconciler.ReportInstanceError(ref.Tenant, ref.Group, ref.InstanceID, err)
+			},
 		})
 		if err != nil {
 			return nil, fmt.Errorf("fleet: %w", err)

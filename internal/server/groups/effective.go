@@ -116,10 +116,25 @@ func Validate(cfg *config.Config, tenant, id string, s Spec) []FieldError {
 			add("vars", "empty variable name")
 		}
 	}
+	errs = append(errs, CheckCounts(cfg, s.Vars, s.Labels)...)
 	if len(errs) == 0 {
 		if eff, err := Resolve(cfg, &s, Overrides{}); err == nil {
 			errs = append(errs, CheckCertificateNames(cfg, tenant, id, eff)...)
 		}
+	}
+	return errs
+}
+
+// CheckCounts refuses more vars or labels than shard.limits.max_vars and
+// max_labels allow (for a group, or an on-demand instance's own).
+func CheckCounts(cfg *config.Config, vars, labels map[string]string) []FieldError {
+	lim := cfg.Shard.Limits.WithDefaults()
+	var errs []FieldError
+	if len(vars) > lim.MaxVars {
+		errs = append(errs, FieldError{Key: "vars", Reason: fmt.Sprintf("%d entries, more than shard.limits.max_vars (%d)", len(vars), lim.MaxVars)})
+	}
+	if len(labels) > lim.MaxLabels {
+		errs = append(errs, FieldError{Key: "labels", Reason: fmt.Sprintf("%d entries, more than shard.limits.max_labels (%d)", len(labels), lim.MaxLabels)})
 	}
 	return errs
 }

@@ -24,8 +24,10 @@ import (
 // Errors returned by the registry.
 var (
 	ErrNotFound = errors.New("group not found")
-	ErrStatic   = errors.New("group is defined in the server config and cannot be changed through the API")
-	ErrETag     = errors.New("group etag does not match")
+	// ErrQuota: the tenant already has as many dynamic groups as allowed.
+	ErrQuota  = errors.New("group quota reached")
+	ErrStatic = errors.New("group is defined in the server config and cannot be changed through the API")
+	ErrETag   = errors.New("group etag does not match")
 )
 
 // MaxSize bounds a group's size.
@@ -315,6 +317,14 @@ func (r *Registry) modify(ctx context.Context, fn func(d *document) error) error
 // Upsert creates or replaces a dynamic group. expectedETag, when set, must
 // match the stored group (and the group must exist).
 func (r *Registry) Upsert(ctx context.Context, k Key, spec Spec, expectedETag string) (*Group, bool, error) {
+	return r.UpsertWithin(ctx, k, spec, expectedETag, 0)
+}
+
+// UpsertWithin is Upsert refusing (ErrQuota) to create a group for a tenant
+// that already has maxPerTenant dynamic groups (0: no limit); replacing an
+// existing group is always allowed. The count is taken on the stored
+// document being written, so concurrent creates cannot overshoot.
+func (r *Registry) UpsertWithin(ctx context.Context, k Key, spec Spec, expectedETag string, maxPerTenant int) (*Group, bool, error) {
 	if _, ok := r.getStatic(k); ok {
 		return nil, false, fmt.Errorf("%s: %w", k, ErrStatic)
 	}
@@ -329,6 +339,9 @@ func (r *Registry) Upsert(ctx context.Context, k Key, spec Spec, expectedETag st
 		old, exists := gs[k.ID]
 		if expectedETag != "" && (!exists || old.ETag != expectedETag) {
 			return fmt.Errorf("%s: %w (stored %q, expected %q)", k, ErrETag, old.ETag, expectedETag)
+		}
+		if !exists && maxPerTenant > 0 && len(gs) >= maxPerTenant {
+			return fmt.Errorf("%w: tenant %s already has %d dynamic groups (shard.limits.max_groups_per_tenant); delete one first", ErrQuota, k.Tenant, len(gs))
 		}
 		created = !exists
 		out = Group{Tenant: k.Tenant, ID: k.ID, Spec: spec.clone(), ETag: newETag(), UpdatedAt: r.now().UTC()}

@@ -3,4 +3,8 @@
 // mTLS against the cluster CA, roles enforced by the authz interceptors).
 // Every server recovers from a panicking handler: the panic is logged with
 // its method and the call answers Internal; the server keeps serving.
+// shard.limits apply to every listener (concurrent streams per connection,
+// message sizes, connections per source address), to Registration
+// (attempts per source address), to Operator (watches per identity) and to
+// Agent (streams per agent identity), through internal/server/limits.
 package grpcserve

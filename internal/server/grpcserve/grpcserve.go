@@ -21,6 +21,8 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/authz"
+	"github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/internal/server/limits"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -42,6 +44,8 @@ type Config struct {
 	ServerOptions []grpc.ServerOption
 	// Log receives handler panics (the server answers Internal and keeps serving).
 	Log logr.Logger
+	// Limits are shard.limits; unset values take their defaults.
+	Limits config.Limits
 	// PanicHook makes a unary call that carries metadata PanicHookHeader
 	// panic after authorization. Test only: the attack suite (test/attack)
 	// sets PanicHookEnv to prove the recovery black-box.
@@ -83,9 +87,15 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 	if cfg.ClientCAs == nil {
 		return nil, errors.New("grpcserve: client CA pool is required")
 	}
+	lim := cfg.Limits.WithDefaults()
 	ka := []grpc.ServerOption{
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		// A client opening more streams than this on one connection gets
+		// them refused (RST_STREAM REFUSED_STREAM); gRPC clients queue instead.
+		grpc.MaxConcurrentStreams(uint32(lim.MaxConcurrentStreams)),
+		grpc.MaxRecvMsgSize(lim.MaxMessageBytes),
+		grpc.MaxSendMsgSize(lim.MaxMessageBytes),
 	}
 	s := &Servers{}
 	newServer := func(tlsCfg *tls.Config, extra ...grpc.ServerOption) *grpc.Server {
@@ -107,18 +117,24 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 		if cfg.Registration == nil {
 			return nil, errors.New("grpcserve: registration listener without a service")
 		}
-		g := newServer(pki.ServerTLS(cfg.ServerCert, nil, false))
+		rl := limits.NewKeyedRate(lim.RegistrationRate.PerMinute, lim.RegistrationRate.Burst, lim.RegistrationSources, nil)
+		g := newServer(pki.ServerTLS(cfg.ServerCert, nil, false),
+			grpc.ChainUnaryInterceptor(limits.RatePerSource(rl, "shard.limits.registration_rate")))
 		nstancev1.RegisterRegistrationServiceServer(g, cfg.Registration)
-		s.serve("registration", g, ls.Registration)
+		s.serve("registration", g, s.limitSources(cfg.Log, "registration", ls.Registration, lim.MaxConnectionsPerSource))
 	}
 	if ls.Operator != nil {
 		if cfg.Operator == nil {
 			s.Stop()
 			return nil, errors.New("grpcserve: operator listener without a service")
 		}
-		g := newServer(pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), authz.Policy{Roles: []pki.Role{pki.RoleOperator, pki.RoleAdmin}, ClusterID: cfg.ClusterID}.ServerOptions()...)
+		// The watch limit comes after authentication: it counts per identity.
+		watches := limits.NewCounter(lim.MaxWatchesPerOperator)
+		opOpts := append(authz.Policy{Roles: []pki.Role{pki.RoleOperator, pki.RoleAdmin}, ClusterID: cfg.ClusterID}.ServerOptions(),
+			grpc.ChainStreamInterceptor(limits.StreamsPerKey(watches, identityKey, "shard.limits.max_watches_per_operator")))
+		g := newServer(pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), opOpts...)
 		nstancev1.RegisterOperatorServiceServer(g, cfg.Operator)
-		s.serve("operator", g, ls.Operator)
+		s.serve("operator", g, s.limitSources(cfg.Log, "operator", ls.Operator, lim.MaxConnectionsPerSource))
 	}
 	if ls.Agent != nil {
 		if cfg.Agent == nil {
@@ -128,13 +144,42 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 		// Thousands of agents keep a connection each: small per-connection
 		// buffers and a shared write buffer cut the server's memory by about
 		// a quarter (bench/agents) at no cost for their small messages.
+		agentStreams := limits.NewCounter(lim.MaxStreamsPerAgent)
 		agentOpts := append(authz.Policy{Roles: []pki.Role{pki.RoleAgent}, ClusterID: cfg.ClusterID}.ServerOptions(),
+			grpc.ChainStreamInterceptor(limits.StreamsPerKey(agentStreams, identityKey, "shard.limits.max_streams_per_agent")),
 			grpc.SharedWriteBuffer(true), grpc.ReadBufferSize(4<<10), grpc.WriteBufferSize(4<<10))
 		g := newServer(pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), agentOpts...)
 		nstancev1.RegisterAgentServiceServer(g, cfg.Agent)
-		s.serve("agent", g, ls.Agent)
+		s.serve("agent", g, s.limitSources(cfg.Log, "agent", ls.Agent, lim.MaxConnectionsPerSource))
 	}
 	return s, nil
+}
+
+// identityKey is what the per-caller stream limits count against: the
+// caller's certificate identity (tenant, role and client id).
+func identityKey(ctx context.Context) (string, bool) {
+	id, ok := authz.IdentityFrom(ctx)
+	if !ok {
+		return "", false
+	}
+	return id.Tenant + "/" + string(id.Role) + "/" + id.ClientID, true
+}
+
+// limitSources caps connections per source address on ln, logging refusals
+// at most once a minute per listener.
+func (s *Servers) limitSources(log logr.Logger, name string, ln net.Listener, max int) net.Listener {
+	sl := limits.LimitSources(ln, max)
+	var mu sync.Mutex
+	var last time.Time
+	sl.OnRefused = func(src string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if now := time.Now(); now.Sub(last) >= time.Minute {
+			last = now
+			log.Info("refusing connections beyond shard.limits.max_connections_per_source", "listener", name, "source", src, "max", max)
+		}
+	}
+	return sl
 }
 
 // RecoverUnary turns a panic in a unary handler into codes.Internal and logs

@@ -102,6 +102,8 @@ func toStatus(err error) error {
 		return status.Error(codes.Aborted, err.Error())
 	case errors.Is(err, reconcile.ErrNotPermitted):
 		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, reconcile.ErrQuota):
+		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):

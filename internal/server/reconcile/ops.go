@@ -23,6 +23,8 @@ var (
 	ErrInvalid      = errors.New("invalid request")
 	ErrConflict     = errors.New("conflict")
 	ErrNotPermitted = errors.New("not permitted")
+	// ErrQuota: a tenant quota or rate (shard.limits) refused the request.
+	ErrQuota = errors.New("quota exceeded")
 )
 
 // InvalidError carries the field errors of a rejected request.
@@ -81,6 +83,8 @@ func mapGroupErr(err error) error {
 		return fmt.Errorf("%w: %v", ErrConflict, err)
 	case errors.Is(err, groups.ErrNotFound):
 		return fmt.Errorf("%w: %v", ErrNotFound, err)
+	case errors.Is(err, groups.ErrQuota):
+		return fmt.Errorf("%w: %v", ErrQuota, err)
 	}
 	return err
 }
@@ -98,7 +102,7 @@ func (r *Reconciler) UpsertGroup(ctx context.Context, tenant string, p *nstancev
 		return nil, false, invalid(fes...)
 	}
 	k := groups.Key{Tenant: tenant, ID: p.GetGroupId()}
-	g, created, err := r.o.Groups.Upsert(ctx, k, spec, expectedETag)
+	g, created, err := r.o.Groups.UpsertWithin(ctx, k, spec, expectedETag, r.cfg().Shard.Limits.WithDefaults().MaxGroupsPerTenant)
 	if err != nil {
 		return nil, false, mapGroupErr(err)
 	}
@@ -164,11 +168,23 @@ func (r *Reconciler) CreateInstance(ctx context.Context, tenant string, req Crea
 	if fes := groups.CheckCertificateNames(r.cfg(), tenant, req.GroupID, eff); len(fes) > 0 {
 		return nil, invalid(fes...)
 	}
-	labels := map[string]string{}
+	labels, vars := map[string]string{}, map[string]string{}
 	if spec != nil {
 		maps.Copy(labels, spec.Labels)
+		maps.Copy(vars, spec.Vars)
 	}
 	maps.Copy(labels, req.Labels)
+	maps.Copy(vars, req.Vars)
+	// The tenant's vars and labels are counted; the config's own are not.
+	if fes := groups.CheckCounts(r.cfg(), vars, labels); len(fes) > 0 {
+		return nil, invalid(fes...)
+	}
+	// The tenant's create rate is charged last, so a refused request costs nothing.
+	if !r.admitCreate(tenant) {
+		rl := r.cfg().Shard.Limits.WithDefaults().TenantCreateRate
+		return nil, fmt.Errorf("%w: tenant %s creates instances faster than shard.limits.tenant_create_rate (%d a minute, bursts of %d); retry later",
+			ErrQuota, tenant, rl.PerMinute, rl.Burst)
+	}
 	rec, err := r.newRecord(tenant, req.GroupID, eff, labels)
 	if err != nil {
 		return nil, err

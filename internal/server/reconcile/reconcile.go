@@ -18,6 +18,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/events"
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
+	"github.com/nstance-dev/nstance/internal/server/limits"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -105,6 +106,10 @@ type Reconciler struct {
 	limMu   sync.Mutex
 	limiter *rate.Limiter
 	limCfg  config.RateLimit
+	// tenantAdmit charges on-demand CreateInstance calls, tenantPace paces
+	// group scale-ups, both per tenant (shard.limits.tenant_create_rate).
+	tenantAdmit, tenantPace *limits.KeyedRate
+	tenantCfg               config.RateLimit
 
 	statusMu   sync.Mutex
 	lastStatus map[groups.Key]string
@@ -411,15 +416,53 @@ func (r *Reconciler) expired(rec *instances.Record, age time.Duration) bool {
 	return age > 0 && r.o.Now().Sub(rec.CreatedAt) >= age
 }
 
-// reserveCreate takes a create token; when none is available it returns how
-// long until one is.
-func (r *Reconciler) reserveCreate() (bool, time.Duration) {
+// maxTenants bounds the per-tenant create limiters (tenants are
+// authenticated; refilled buckets are dropped when room is needed).
+const maxTenants = 100000
+
+// tenantRatesLocked returns the per-tenant limiters, rebuilt when the config's
+// rate changed. limMu must be held.
+func (r *Reconciler) tenantRatesLocked() (admit, pace *limits.KeyedRate) {
+	rl := r.cfg().Shard.Limits.WithDefaults().TenantCreateRate
+	if r.tenantAdmit == nil || r.tenantCfg != rl {
+		r.tenantAdmit = limits.NewKeyedRate(rl.PerMinute, rl.Burst, maxTenants, r.o.Now)
+		r.tenantPace = limits.NewKeyedRate(rl.PerMinute, rl.Burst, maxTenants, r.o.Now)
+		r.tenantCfg = rl
+	}
+	return r.tenantAdmit, r.tenantPace
+}
+
+// admitCreate charges one on-demand creation to tenant's rate.
+func (r *Reconciler) admitCreate(tenant string) bool {
+	r.limMu.Lock()
+	defer r.limMu.Unlock()
+	admit, _ := r.tenantRatesLocked()
+	return admit.Allow(tenant) == limits.Allowed
+}
+
+// reserveCreate takes a create token (the shard's, and for a group
+// scale-up, tenant's too; on-demand creations were charged on admission);
+// when none is available it returns how long until one is.
+func (r *Reconciler) reserveCreate(tenant string) (bool, time.Duration) {
+	r.limMu.Lock()
+	defer r.limMu.Unlock()
+	release := func() {}
+	if tenant != "" {
+		_, pace := r.tenantRatesLocked()
+		wait, cancel, ok := pace.Reserve(tenant)
+		if !ok {
+			return false, time.Second
+		}
+		if wait > 0 {
+			cancel()
+			return false, max(wait, 10*time.Millisecond)
+		}
+		release = cancel
+	}
 	rl := r.cfg().Shard.CreateRateLimit
 	if rl.PerMinute <= 0 {
 		return true, 0
 	}
-	r.limMu.Lock()
-	defer r.limMu.Unlock()
 	if r.limiter == nil || r.limCfg != rl {
 		burst := rl.Burst
 		if burst <= 0 {
@@ -432,6 +475,7 @@ func (r *Reconciler) reserveCreate() (bool, time.Duration) {
 	if r.limiter.AllowN(now, 1) {
 		return true, 0
 	}
+	release() // the tenant's token goes back: nothing is created now
 	res := r.limiter.ReserveN(now, 1)
 	d := res.DelayFrom(now)
 	res.CancelAt(now)
@@ -575,7 +619,7 @@ func (r *Reconciler) syncGroup(ctx context.Context, k groups.Key) (time.Duration
 	allow := size + min(len(urgents), size) + min(r.surge(), len(drifted))
 	var after time.Duration
 	for i := 0; i < min(size-len(fresh), allow-nActive); i++ {
-		ok, wait := r.reserveCreate()
+		ok, wait := r.reserveCreate(g.Tenant)
 		if !ok {
 			after = wait
 			break
@@ -752,7 +796,7 @@ func (r *Reconciler) syncInstance(ctx context.Context, id string) (time.Duration
 			// Left by a crash between record and provider call, or still waiting on the group's rate limit.
 			return 0, r.launch(ctx, rec)
 		}
-		ok, wait := r.reserveCreate()
+		ok, wait := r.reserveCreate("") // charged to the tenant on admission
 		if !ok {
 			return wait, nil
 		}
@@ -945,6 +989,13 @@ func (r *Reconciler) reportError(tenant, group, inst string, src nstancev1.Error
 // tenant of the admin whose RefreshConfig met it).
 func (r *Reconciler) ReportConfigError(tenant string, err error) {
 	r.reportError(tenant, "", "", nstancev1.ErrorSource_ERROR_SOURCE_CONFIG, err)
+}
+
+// ReportInstanceError publishes a problem with what an instance's template
+// and vars produce (e.g. files above shard.limits.max_file_bytes) to the
+// watchers of its tenant, as a config error.
+func (r *Reconciler) ReportInstanceError(tenant, group, inst string, err error) {
+	r.reportError(tenant, group, inst, nstancev1.ErrorSource_ERROR_SOURCE_CONFIG, err)
 }
 
 // GroupStatus returns the wire status of a group with its observed instances.

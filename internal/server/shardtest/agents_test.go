@@ -87,6 +87,11 @@ type agentShard struct {
 
 func startAgentShard(t *testing.T) *agentShard {
 	t.Helper()
+	return startAgentShardWith(t, agentConfig("worker"))
+}
+
+func startAgentShardWith(t *testing.T, cfg string) *agentShard {
+	t.Helper()
 	bin, err := agentBinary()
 	require.NoError(t, err)
 	a := &agentShard{stateDir: t.TempDir(), first: map[string]time.Time{}}
@@ -102,7 +107,7 @@ func startAgentShard(t *testing.T) *agentShard {
 		}
 	})
 	a.sh = shardtest.Start(t, shardtest.Options{
-		ConfigJSONC: agentConfig("worker"), Provider: a.p, Agents: true,
+		ConfigJSONC: cfg, Provider: a.p, Agents: true,
 		Agent: fleet.AgentOptions{
 			HealthInterval: reportEvery, HealthMisses: misses, StartupGrace: 30 * time.Second, RepushInterval: 500 * time.Millisecond,
 			OnReport: func(_ context.Context, ref agentapi.Ref, _ *nstancev1.HealthReport, at time.Time) {

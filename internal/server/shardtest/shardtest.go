@@ -225,7 +225,8 @@ func start(o Options) (*Shard, error) {
 		closeAll()
 		return nil, err
 	}
-	gcfg := grpcserve.Config{ClusterID: o.ClusterID, ServerCert: serverCert, ClientCAs: ca.Pool(), Operator: f.Service, Log: o.Log.WithName("grpc")}
+	gcfg := grpcserve.Config{ClusterID: o.ClusterID, ServerCert: serverCert, ClientCAs: ca.Pool(), Operator: f.Service, Log: o.Log.WithName("grpc"),
+		Limits: holder.Current().Shard.Limits}
 	gls := grpcserve.Listeners{Operator: ln}
 	if o.Agents {
 		gcfg.Registration = &registration.Service{
