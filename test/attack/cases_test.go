@@ -79,8 +79,8 @@ func cases() []attackCase {
 		// Features being built on other branches; enable after the merge.
 		{name: "revoked operator: record deleted, next handshake and RenewCertificate refused", requires: "trust-revoke (issue 16 item 3)", run: revokedOperator},
 		{name: "revoked agent: instance deleted, its certificate refused", requires: "trust-revoke (issue 16 item 3)", run: revokedAgent},
-		{name: "10,000 streams on one connection: refused beyond the limit, RSS bounded", requires: "trust-limits (issue 16 item 4)", run: manyStreams},
-		{name: "10,000 watches from one operator: refused beyond the limit, RSS bounded", requires: "trust-limits (issue 16 item 4)", run: manyWatches},
+		{name: "10,000 streams on one connection: refused beyond the limit, RSS bounded", run: manyStreams},
+		{name: "10,000 watches from one operator: refused beyond the limit, RSS bounded", run: manyWatches},
 		{name: "agent nonce for an instance the shard does not know", requires: "trust-reg (issue 16 item 2)", run: nonceUnknownInstance},
 		{name: "agent nonce of a registered instance minted again", requires: "trust-reg (issue 16 item 2)", run: nonceRegisteredInstance},
 		{name: "agent certificate names come from the instance record", requires: "trust-reg (issue 16 item 2)", run: namesFromRecord},
