@@ -292,7 +292,13 @@ func (r *running) waitImported(t testing.TB) {
 
 func get[T client.Object](t testing.TB, ns, name string, obj T) (T, bool) {
 	t.Helper()
-	err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, obj)
+	return getIn(t, env.Client, ns, name, obj)
+}
+
+// getIn is get in the cluster of c.
+func getIn[T client.Object](t testing.TB, c client.Client, ns, name string, obj T) (T, bool) {
+	t.Helper()
+	err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, obj)
 	if err != nil {
 		require.True(t, isNotFound(err), "get %s: %v", name, err)
 		return obj, false

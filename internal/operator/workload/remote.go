@@ -106,10 +106,15 @@ func NewRemote(ctx context.Context, mgr ctrl.Manager, o RemoteOptions) (*Remote,
 // Mode is Management.
 func (r *Remote) Mode() Mode { return Management }
 
-// Start waits for the manager to stop and then stops the Event
-// broadcasters (manager.Runnable).
+// Start waits for the manager to stop and then stops the per-cluster
+// caches and the Event broadcasters (manager.Runnable). The ClusterCache
+// starts its caches outside the manager, so without this their informers
+// would outlive the operator (several operators run in one test process).
 func (r *Remote) Start(ctx context.Context) error {
 	<-ctx.Done()
+	if s, ok := r.cc.(interface{ Shutdown() }); ok {
+		s.Shutdown()
+	}
 	r.cancel()
 	r.mu.Lock()
 	defer r.mu.Unlock()
