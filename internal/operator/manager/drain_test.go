@@ -325,7 +325,9 @@ func testDrain(t *testing.T, m clusterMode) {
 
 // A drain announced while no operator runs is acknowledged by the next one:
 // the server re-announces pending drains when the stream opens.
-func TestDrainAnnouncedWhileOperatorDown(t *testing.T) { forEachMode(t, testDrainAnnouncedWhileOperatorDown) }
+func TestDrainAnnouncedWhileOperatorDown(t *testing.T) {
+	forEachMode(t, testDrainAnnouncedWhileOperatorDown)
+}
 
 func testDrainAnnouncedWhileOperatorDown(t *testing.T, m clusterMode) {
 	f := newFixture(t, "shard-a")
