@@ -313,12 +313,18 @@ func isNotFound(err error) bool {
 
 func (f *fixture) createPool(t testing.TB, name string, replicas int32, shards ...string) {
 	t.Helper()
+	f.createPoolDrain(t, name, replicas, 100*time.Millisecond, shards...)
+}
+
+// createPoolDrain is createPool whose instances' drains may take drainTimeout.
+func (f *fixture) createPoolDrain(t testing.TB, name string, replicas int32, drainTimeout time.Duration, shards ...string) {
+	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, env.Client.Create(ctx, &infrav1.NstanceMachinePool{
 		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name},
 		Spec: infrav1.NstanceMachinePoolSpec{
 			Group: name, Shards: shards, Template: "worker",
-			DrainTimeout: &metav1.Duration{Duration: 100 * time.Millisecond},
+			DrainTimeout: &metav1.Duration{Duration: drainTimeout},
 		},
 	}))
 	require.NoError(t, env.Client.Create(ctx, &clusterv1.MachinePool{

@@ -9,11 +9,13 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/operator/controlplane"
 	"github.com/nstance-dev/nstance/internal/operator/drain"
 	"github.com/nstance-dev/nstance/internal/operator/manager"
@@ -115,13 +117,19 @@ func TestDrainWaitsForWorkloadCluster(t *testing.T) {
 	f.putNonce(t)
 	a := newAcks()
 	o := f.options(t)
-	o.DrainRetryInterval = 100 * time.Millisecond
+	o.DrainRetryInterval, o.MachinePollInterval = 100*time.Millisecond, 100*time.Millisecond
 	o.OnDrainAcknowledged = a.record
 	f.prepare(t, m, &o, false)
 	r := startOperator(t, o)
 	f.started(t, m)
 	r.waitImported(t)
 	shardA := f.shards["shard-a"]
+	// A Machine's instance, so the wait also shows on an NstanceMachine.
+	f.createPoolDrain(t, "solo", 0, time.Minute, "shard-a")
+	f.waitGroupOnShards(t, "solo", "shard-a")
+	f.machinePair(t, "m-wait", "solo", "shard-a")
+	nm := waitMachineRunning(t, f.ns, "m-wait")
+	deleteOnServer(t, shardA, nm.Status.InstanceID)
 
 	inst := onDemand(t, shardA, 60*time.Second)
 	node := "node-" + inst.GetInstanceId()
@@ -132,6 +140,12 @@ func TestDrainWaitsForWorkloadCluster(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return len(f.events(t, "Cluster", clusterID, drain.ReasonWorkloadUnreachable)) > 0
 	}, waitLong, tick, "the waiting drain is reported on the Cluster")
+	require.Eventually(t, func() bool {
+		got, ok := get(t, f.ns, "m-wait", &infrav1.NstanceMachine{})
+		c := meta.FindStatusCondition(got.Status.Conditions, drain.ConditionDrained)
+		return ok && c != nil && c.Status == metav1.ConditionFalse && c.Reason == drain.ReasonWorkloadUnreachable &&
+			len(f.events(t, "NstanceMachine", "m-wait", drain.ReasonWorkloadUnreachable)) > 0
+	}, waitLong, tick, "and on the NstanceMachine, as condition and Event")
 	// Several passes later still nothing was acknowledged.
 	time.Sleep(5 * o.DrainRetryInterval)
 	_, _, acked := a.get(inst.GetInstanceId())
@@ -148,4 +162,9 @@ func TestDrainWaitsForWorkloadCluster(t *testing.T) {
 	require.False(t, skipped, "drained, not skipped")
 	require.False(t, podExists(t, m.wl, f.ns, "waits"))
 	require.True(t, nodeCordoned(t, m.wl, node))
+	require.Eventually(t, func() bool {
+		_, ok := get(t, f.ns, "m-wait", &clusterv1.Machine{})
+		return !ok
+	}, waitLong, tick, "the Machine's instance, with no Node in B, is acknowledged and cleaned up once B answers")
+	require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_DELETED, instanceState(t, shardA, nm.Status.InstanceID))
 }
