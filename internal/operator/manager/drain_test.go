@@ -47,6 +47,19 @@ func (a *acks) get(id string) (time.Time, bool, bool) {
 	return at, a.skip[id], ok
 }
 
+// wait waits until the drain of id was acknowledged and returns when and
+// whether it was skipped. The server may delete the instance before the
+// operator's callback runs, so an instance gone is no proof of it.
+func (a *acks) wait(t testing.TB, id string) (time.Time, bool) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		_, _, ok := a.get(id)
+		return ok
+	}, waitLong, tick, "drain of %s acknowledged", id)
+	at, skipped, _ := a.get(id)
+	return at, skipped
+}
+
 // onDemand creates an instance directly on a shard and returns its status.
 func onDemand(t testing.TB, f *fakeShard, drainTimeout time.Duration) *nstancev1.InstanceStatus {
 	t.Helper()
@@ -243,8 +256,7 @@ func testDrain(t *testing.T, m clusterMode) {
 		require.Eventually(t, func() bool {
 			return instanceState(t, shardA, inst.GetInstanceId()) == nstancev1.InstanceState_INSTANCE_STATE_DELETED
 		}, waitLong, tick)
-		at, skipped, acked := a.get(inst.GetInstanceId())
-		require.True(t, acked)
+		at, skipped := a.wait(t, inst.GetInstanceId())
 		require.False(t, skipped)
 		require.True(t, at.Before(deadline), "acknowledged at %s, deadline %s", at, deadline)
 		require.False(t, podExists(t, m.wl, f.ns, "guarded"))
@@ -316,8 +328,7 @@ func testDrain(t *testing.T, m clusterMode) {
 			require.Eventually(t, func() bool {
 				return instanceState(t, v.shard, v.inst.GetInstanceId()) == nstancev1.InstanceState_INSTANCE_STATE_DELETED
 			}, waitLong, tick)
-			_, skipped, ok := a.get(v.inst.GetInstanceId())
-			require.True(t, ok)
+			_, skipped := a.wait(t, v.inst.GetInstanceId())
 			require.False(t, skipped)
 		}
 	})
@@ -348,8 +359,7 @@ func testDrainAnnouncedWhileOperatorDown(t *testing.T, m clusterMode) {
 	require.Eventually(t, func() bool {
 		return instanceState(t, shardA, inst.GetInstanceId()) == nstancev1.InstanceState_INSTANCE_STATE_DELETED
 	}, waitLong, tick)
-	at, skipped, ok := a.get(inst.GetInstanceId())
-	require.True(t, ok)
+	at, skipped := a.wait(t, inst.GetInstanceId())
 	require.False(t, skipped)
 	require.True(t, at.Before(deadline))
 	require.False(t, podExists(t, m.wl, f.ns, "late"))

@@ -157,8 +157,7 @@ func TestDrainWaitsForWorkloadCluster(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return instanceState(t, shardA, inst.GetInstanceId()) == nstancev1.InstanceState_INSTANCE_STATE_DELETED
 	}, waitLong, tick)
-	_, skipped, acked := a.get(inst.GetInstanceId())
-	require.True(t, acked)
+	_, skipped := a.wait(t, inst.GetInstanceId())
 	require.False(t, skipped, "drained, not skipped")
 	require.False(t, podExists(t, m.wl, f.ns, "waits"))
 	require.True(t, nodeCordoned(t, m.wl, node))
