@@ -116,7 +116,11 @@ type fixture struct {
 	opts     manager.Options
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T) *fixture { return newFixtureNodesIn(t, env.Client) }
+
+// newFixtureNodesIn is newFixture with the fake Nodes registered in the
+// cluster of nodes (the workload cluster of the management-mode test).
+func newFixtureNodesIn(t *testing.T, nodes client.Client) *fixture {
 	t.Helper()
 	ctx := context.Background()
 	ca, err := pki.GenerateCA(clusterID, 24*time.Hour, time.Now())
@@ -124,7 +128,7 @@ func newFixture(t *testing.T) *fixture {
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)
 	regAddr := startRegistration(t, ca, &nonce.Verifier{Key: pub, ClusterID: clusterID})
-	prov := &nodeProvider{Provider: mock.New(), c: env.Client}
+	prov := &nodeProvider{Provider: mock.New(), c: nodes}
 	sh := shardtest.Start(t, shardtest.Options{ClusterID: clusterID, ShardID: shardID, CA: ca, Provider: prov, Log: logr.Discard()})
 
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "capi-"}}

@@ -1,6 +1,7 @@
 package capicontract_test
 
 import (
+	"fmt"
 	"os"
 	"testing"
 
@@ -13,7 +14,18 @@ import (
 // env is one API server for the package; each test uses its own namespace.
 var env *kubetest.Env
 
+// clusterB is the workload cluster of the management-mode test, a second
+// API server started by the first test that needs it.
+var clusterB kubetest.Lazy
+
 func TestMain(m *testing.M) {
 	ctrllog.SetLogger(logr.Discard())
-	os.Exit(kubetest.RunMain(m, &env))
+	code := kubetest.RunMain(m, &env)
+	if err := clusterB.Stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "stop second envtest: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	os.Exit(code)
 }

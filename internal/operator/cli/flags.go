@@ -15,6 +15,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/logging"
 	"github.com/nstance-dev/nstance/internal/operator/config"
+	"github.com/nstance-dev/nstance/internal/operator/workload"
 )
 
 // Name is the binary's name.
@@ -34,6 +35,7 @@ const (
 	EnvWebhookHost     = "NSTANCE_WEBHOOK_HOST"
 	EnvWebhookPort     = "NSTANCE_WEBHOOK_PORT"
 	EnvWebhookCertDir  = "NSTANCE_WEBHOOK_CERT_DIR"
+	EnvWorkloadCluster = "NSTANCE_WORKLOAD_CLUSTER"
 	// EnvKubeconfig is client-go's variable; --kubeconfig wins over it.
 	EnvKubeconfig = "KUBECONFIG"
 )
@@ -68,6 +70,10 @@ type Flags struct {
 	WebhookHost     string
 	WebhookPort     int
 	WebhookCertDir  string
+	// WorkloadCluster is where Nodes and Pods are: in-cluster (the
+	// operator's own API server) or management (the cluster of the
+	// <cluster>-kubeconfig Secret). Never guessed.
+	WorkloadCluster string
 	Log             logging.Options
 	Version         bool
 }
@@ -153,6 +159,8 @@ func newFlagSet(f *Flags, p *envDefaults) *flag.FlagSet {
 		"port of the webhook server")
 	fs.StringVar(&f.WebhookCertDir, "webhook-cert-dir", p.str(EnvWebhookCertDir, DefaultWebhookCertDir()),
 		"directory holding the webhook serving certificate (tls.crt, tls.key)")
+	fs.StringVar(&f.WorkloadCluster, "workload-cluster", p.str(EnvWorkloadCluster, string(workload.InCluster)),
+		"where the Nodes and Pods of the cluster are: in-cluster (the operator runs in the workload cluster) or management (the operator runs in a management cluster and reaches the workload cluster through the <cluster>-kubeconfig Secret, which it then does not write)")
 	fs.BoolVar(&f.Version, "version", false, "print the version and exit")
 	f.Log.BindFlags(fs, envPrefix, func(k string) string { v, _ := p.lookup(k); return v })
 	return fs
@@ -165,7 +173,8 @@ func flagEnv() map[string]string {
 		"health-probe-bind-address": EnvProbeAddr, "metrics-bind-address": EnvMetricsAddr,
 		"leader-elect": EnvLeaderElect, "disable-webhooks": EnvDisableWebhooks,
 		"webhook-host": EnvWebhookHost, "webhook-port": EnvWebhookPort, "webhook-cert-dir": EnvWebhookCertDir,
-		"log-level": logging.EnvLevel(envPrefix), "log-format": logging.EnvFormat(envPrefix),
+		"workload-cluster": EnvWorkloadCluster,
+		"log-level":        logging.EnvLevel(envPrefix), "log-format": logging.EnvFormat(envPrefix),
 	}
 }
 
@@ -221,6 +230,9 @@ func (f Flags) validate() []error {
 	}
 	if !f.DisableWebhooks && f.WebhookCertDir == "" {
 		errs = append(errs, errors.New("--webhook-cert-dir: a directory is required while webhooks are enabled"))
+	}
+	if _, err := workload.ParseMode(f.WorkloadCluster); err != nil || f.WorkloadCluster == "" {
+		errs = append(errs, fmt.Errorf("--workload-cluster %q: want %s or %s", f.WorkloadCluster, workload.InCluster, workload.Management))
 	}
 	if err := f.Log.Validate(); err != nil {
 		errs = append(errs, err)

@@ -18,6 +18,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/logging"
 	"github.com/nstance-dev/nstance/internal/operator/config"
 	"github.com/nstance-dev/nstance/internal/operator/manager"
+	"github.com/nstance-dev/nstance/internal/operator/workload"
 	"github.com/nstance-dev/nstance/internal/version"
 )
 
@@ -76,7 +77,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	log.Info("running", "cluster", cfg.ClusterID, "tenant", cfg.Tenant, "shards", cfg.ShardIDs(),
 		"namespace", env.Namespace, "apiServer", restCfg.Host, "leaderElect", f.LeaderElect,
-		"webhooks", !f.DisableWebhooks, "webhookPort", f.WebhookPort)
+		"webhooks", !f.DisableWebhooks, "webhookPort", f.WebhookPort, "workloadCluster", f.WorkloadCluster)
 	// Start returns an error on a fatal sync failure and when leadership is
 	// lost; either way the process exits so a fresh start resumes cleanly.
 	if err := op.Start(ctx); err != nil && !errors.Is(err, context.Canceled) {
@@ -105,6 +106,7 @@ func (f Flags) ManagerOptions(cfg *config.Config, env config.Env, restCfg *rest.
 		MetricsAddr: f.MetricsAddr, ProbeAddr: f.ProbeAddr, LeaderElect: f.LeaderElect,
 		DisableWebhooks: f.DisableWebhooks,
 		WebhookHost:     f.WebhookHost, WebhookPort: f.WebhookPort, WebhookCertDir: f.WebhookCertDir,
+		WorkloadMode: workload.Mode(f.WorkloadCluster),
 	}
 }
 

@@ -20,9 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -35,6 +33,7 @@ import (
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
+	"github.com/nstance-dev/nstance/internal/operator/workload"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -47,8 +46,9 @@ import (
 
 // Index names registered by SetupIndexes.
 const (
-	// NodeProviderIDIndex indexes Nodes by spec.providerID.
-	NodeProviderIDIndex = "spec.providerID"
+	// NodeProviderIDIndex indexes Nodes by spec.providerID (in the cache
+	// of the workload cluster, see package workload).
+	NodeProviderIDIndex = workload.NodeProviderIDIndex
 	// MachineInstanceIndex indexes NstanceMachines by "{shard}/{instanceID}".
 	MachineInstanceIndex = "status.shardInstance"
 )
@@ -62,6 +62,9 @@ const (
 	ReasonDrainSkipped     = "DrainSkipped"
 	ReasonDeadlineExceeded = "DrainDeadlineExceeded"
 	ReasonInstanceDeleted  = "InstanceDeleted"
+	// ReasonWorkloadUnreachable: the drain waits for the workload cluster
+	// (on the Cluster and the NstanceMachine).
+	ReasonWorkloadUnreachable = "WorkloadClusterUnreachable"
 )
 
 // ConditionDrained is set on the NstanceMachine of an instance being drained.
@@ -81,6 +84,8 @@ type drainState struct {
 	acked     bool
 	deleted   bool
 	blocked   string
+	// unreachable is the last workload-cluster error reported.
+	unreachable string
 }
 
 // Coordinator drains Nodes for instances pending deletion. It is a
@@ -90,23 +95,21 @@ type drainState struct {
 // pods remain.
 type Coordinator struct {
 	Conns *shardconn.Manager
-	// Client reads Nodes and NstanceMachines from the cache and writes.
+	// Client reads NstanceMachines from the cache and writes Cluster API
+	// and Nstance objects (the operator's own cluster).
 	Client client.Client
-	// Reader lists Pods of a Node (pods of every namespace) and reads
-	// Machines before marking them, uncached.
+	// Reader reads Machines before marking them, uncached.
 	Reader client.Reader
-	// Policy posts evictions. client-go would otherwise sleep and retry a
-	// PodDisruptionBudget refusal (429 with Retry-After) inside the call;
-	// the coordinator retries it on its own schedule instead.
-	Policy   rest.Interface
-	Recorder events.EventRecorder
-	// NodeRecorder records Events about Nodes. The events.k8s.io recorder
-	// drops Events about cluster-scoped objects (they have no namespace);
-	// the core/v1 recorder files them in "default", where kubectl describe
-	// node finds them.
-	NodeRecorder record.EventRecorder
-	Namespace    string
-	Log          logr.Logger
+	// Workload gives the cluster whose Nodes are drained: Nodes, Pods,
+	// evictions (posted without client-side retry: client-go would sleep
+	// on a PodDisruptionBudget refusal inside the call; the coordinator
+	// retries it on its own schedule) and Events about Nodes.
+	Workload workload.Access
+	// Cluster is the Cluster API Cluster the shards' instances belong to.
+	Cluster   client.ObjectKey
+	Recorder  events.EventRecorder
+	Namespace string
+	Log       logr.Logger
 	// RetryInterval separates eviction passes while pods remain; zero means 2s.
 	RetryInterval time.Duration
 	// MaxBackoff caps the delay between stream attempts; zero means 5s.
@@ -126,16 +129,9 @@ type Coordinator struct {
 }
 
 // SetupIndexes registers the field indexes the coordinator (and the machine
-// controller) look objects up by.
+// controller) look objects up by in the operator's cluster. Nodes are
+// indexed by the workload access.
 func SetupIndexes(ctx context.Context, mgr ctrl.Manager) error {
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &corev1.Node{}, NodeProviderIDIndex, func(o client.Object) []string {
-		if id := o.(*corev1.Node).Spec.ProviderID; id != "" {
-			return []string{id}
-		}
-		return nil
-	}); err != nil {
-		return fmt.Errorf("index Nodes by providerID: %w", err)
-	}
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &infrav1.NstanceMachine{}, MachineInstanceIndex, func(o client.Object) []string {
 		m := o.(*infrav1.NstanceMachine)
 		if m.Status.InstanceID == "" || m.Status.Shard == "" {
@@ -345,53 +341,93 @@ func (c *Coordinator) Reconcile(ctx context.Context, key Key) (reconcile.Result,
 		c.forget(key)
 		return reconcile.Result{}, nil
 	}
-	node, err := c.nodeFor(ctx, st.providerID)
+	wl, err := c.Workload.Cluster(ctx, c.Cluster)
+	if err != nil {
+		if vmGone(inst) {
+			// Nothing left to drain whatever the Nodes say.
+			return c.acknowledge(ctx, key, st, nil, nil, machine, true, "VM is already stopped or gone; drain skipped: "+inst.GetMessage())
+		}
+		// Never acknowledged for want of the workload cluster: the Node may
+		// well be there with pods on it. Wait, and say so.
+		return c.waitForWorkload(ctx, key, st, machine, err), nil
+	}
+	if st.unreachable != "" {
+		c.update(key, func(s *drainState) { s.unreachable = "" })
+	}
+	node, err := c.nodeFor(ctx, wl, st.providerID)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
 	if vmGone(inst) {
-		return c.acknowledge(ctx, key, st, node, machine, true, "VM is already stopped or gone; drain skipped: "+inst.GetMessage())
+		return c.acknowledge(ctx, key, st, wl, node, machine, true, "VM is already stopped or gone; drain skipped: "+inst.GetMessage())
 	}
 	if node == nil {
-		return c.acknowledge(ctx, key, st, nil, machine, true, fmt.Sprintf("no Node has providerID %q; nothing to drain", st.providerID))
+		return c.acknowledge(ctx, key, st, wl, nil, machine, true, fmt.Sprintf("no Node has providerID %q; nothing to drain", st.providerID))
 	}
 	if !st.deadline.IsZero() && !time.Now().Before(st.deadline) {
-		c.emit(node, machine, corev1.EventTypeWarning, ReasonDeadlineExceeded, "drain deadline %s passed with pods still on the node; the server deletes the instance anyway", st.deadline.Format(time.RFC3339))
-		return c.acknowledge(ctx, key, st, node, machine, false, "")
+		c.emit(wl, node, machine, corev1.EventTypeWarning, ReasonDeadlineExceeded, "drain deadline %s passed with pods still on the node; the server deletes the instance anyway", st.deadline.Format(time.RFC3339))
+		return c.acknowledge(ctx, key, st, wl, node, machine, false, "")
 	}
 	if !st.started {
-		c.emit(node, machine, corev1.EventTypeNormal, ReasonDrainStarted, "draining for instance %s on shard %s (%s), deadline %s",
+		c.emit(wl, node, machine, corev1.EventTypeNormal, ReasonDrainStarted, "draining for instance %s on shard %s (%s), deadline %s",
 			id, shard, st.reason.String(), st.deadline.Format(time.RFC3339))
 		c.update(key, func(s *drainState) { s.started = true })
 	}
 	if !node.Spec.Unschedulable {
 		patch := client.MergeFrom(node.DeepCopy())
 		node.Spec.Unschedulable = true
-		if err := c.Client.Patch(ctx, node, patch); err != nil {
+		if err := wl.Client.Patch(ctx, node, patch); err != nil {
 			return reconcile.Result{}, fmt.Errorf("cordon Node %s: %w", node.Name, err)
 		}
 	}
-	remaining, blocked, err := c.evictPass(ctx, node)
+	remaining, blocked, err := c.evictPass(ctx, wl, node)
 	if err != nil {
-		c.emit(node, machine, corev1.EventTypeWarning, ReasonEvictionFailed, "%v", err)
+		c.emit(wl, node, machine, corev1.EventTypeWarning, ReasonEvictionFailed, "%v", err)
 	}
 	if remaining == 0 {
-		return c.acknowledge(ctx, key, st, node, machine, false, "")
+		return c.acknowledge(ctx, key, st, wl, node, machine, false, "")
 	}
 	note := fmt.Sprintf("%d pods left", remaining)
 	if len(blocked) > 0 {
 		note = fmt.Sprintf("%d pods left; eviction refused by a PodDisruptionBudget for %s", remaining, strings.Join(blocked, ", "))
 		if note != st.blocked {
-			c.emit(node, machine, corev1.EventTypeWarning, ReasonEvictionBlocked, "%s", note)
+			c.emit(wl, node, machine, corev1.EventTypeWarning, ReasonEvictionBlocked, "%s", note)
 		}
 	}
 	c.update(key, func(s *drainState) { s.blocked = note })
 	c.setCondition(ctx, machine, metav1.ConditionFalse, "Draining", note)
+	return reconcile.Result{RequeueAfter: c.retryAfter(st)}, nil
+}
+
+// retryAfter is the pause before the next pass of a drain: the retry
+// interval, shortened to reach the deadline.
+func (c *Coordinator) retryAfter(st drainState) time.Duration {
 	wait := cmp.Or(c.RetryInterval, 2*time.Second)
 	if !st.deadline.IsZero() {
 		wait = max(min(wait, time.Until(st.deadline)), time.Millisecond)
 	}
-	return reconcile.Result{RequeueAfter: wait}, nil
+	return wait
+}
+
+// waitForWorkload reports (once per distinct error) that a drain waits for
+// its workload cluster, as a Warning Event on the Cluster and the
+// NstanceMachine and the NstanceMachine's Drained condition, and retries.
+// At the deadline the server deletes the instance without the
+// acknowledgement; the coordinator never gives it for a cluster it cannot
+// see.
+func (c *Coordinator) waitForWorkload(ctx context.Context, key Key, st drainState, machine *infrav1.NstanceMachine, err error) reconcile.Result {
+	note := fmt.Sprintf("drain of instance %s on shard %s waits for the workload cluster: %v", key.Name, key.Namespace, err)
+	if note != st.unreachable {
+		c.Log.Error(err, "drain waits for the workload cluster", "shard", key.Namespace, "instance", key.Name)
+		if c.Recorder != nil {
+			cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: c.Cluster.Namespace, Name: c.Cluster.Name}}
+			c.Recorder.Eventf(cluster, nil, corev1.EventTypeWarning, ReasonWorkloadUnreachable, "Drain", "%s", note)
+		}
+		c.emit(nil, nil, machine, corev1.EventTypeWarning, ReasonWorkloadUnreachable, "%s", note)
+		c.update(key, func(s *drainState) { s.unreachable = note })
+	}
+	c.setCondition(ctx, machine, metav1.ConditionFalse, ReasonWorkloadUnreachable, note)
+	return reconcile.Result{RequeueAfter: c.retryAfter(st)}
 }
 
 // vmGone reports whether the provider already said the VM is stopped, failed
@@ -417,19 +453,19 @@ func skipPod(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
 
-// evict posts one Eviction for p through the policy client.
-func (c *Coordinator) evict(ctx context.Context, p *corev1.Pod) error {
+// evict posts one Eviction for p through the workload's policy client.
+func (c *Coordinator) evict(ctx context.Context, wl *workload.Cluster, p *corev1.Pod) error {
 	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
-	return c.Policy.Post().AbsPath("/api/v1").Namespace(p.Namespace).Resource("pods").Name(p.Name).
+	return wl.Policy.Post().AbsPath("/api/v1").Namespace(p.Namespace).Resource("pods").Name(p.Name).
 		SubResource("eviction").Body(ev).MaxRetries(0).Do(ctx).Error()
 }
 
 // evictPass evicts every evictable pod not yet terminating and returns how
 // many evictable pods are still on the node and which were refused (429,
 // a PodDisruptionBudget). Refused pods are retried on the next pass.
-func (c *Coordinator) evictPass(ctx context.Context, node *corev1.Node) (int, []string, error) {
+func (c *Coordinator) evictPass(ctx context.Context, wl *workload.Cluster, node *corev1.Node) (int, []string, error) {
 	var pods corev1.PodList
-	if err := c.Reader.List(ctx, &pods, client.MatchingFields{"spec.nodeName": node.Name}); err != nil {
+	if err := wl.Reader.List(ctx, &pods, client.MatchingFields{"spec.nodeName": node.Name}); err != nil {
 		return 0, nil, fmt.Errorf("list pods on Node %s: %w", node.Name, err)
 	}
 	// Evictions go out concurrently: an Eviction takes the API server far
@@ -459,7 +495,7 @@ func (c *Coordinator) evictPass(ctx context.Context, node *corev1.Node) (int, []
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			err := c.evict(ctx, p)
+			err := c.evict(ctx, wl, p)
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -477,7 +513,7 @@ func (c *Coordinator) evictPass(ctx context.Context, node *corev1.Node) (int, []
 	// Pods deleted without grace are gone already; count what is left.
 	if remaining > 0 && len(blocked) == 0 && len(errs) == 0 {
 		var after corev1.PodList
-		if err := c.Reader.List(ctx, &after, client.MatchingFields{"spec.nodeName": node.Name}); err != nil {
+		if err := wl.Reader.List(ctx, &after, client.MatchingFields{"spec.nodeName": node.Name}); err != nil {
 			return remaining, nil, fmt.Errorf("list pods on Node %s: %w", node.Name, err)
 		}
 		remaining = 0
@@ -491,7 +527,7 @@ func (c *Coordinator) evictPass(ctx context.Context, node *corev1.Node) (int, []
 	return remaining, blocked, errors.Join(errs...)
 }
 
-func (c *Coordinator) acknowledge(ctx context.Context, key Key, st drainState, node *corev1.Node, machine *infrav1.NstanceMachine, skipped bool, why string) (reconcile.Result, error) {
+func (c *Coordinator) acknowledge(ctx context.Context, key Key, st drainState, wl *workload.Cluster, node *corev1.Node, machine *infrav1.NstanceMachine, skipped bool, why string) (reconcile.Result, error) {
 	cl, err := c.Conns.Client(key.Namespace)
 	if err != nil {
 		return reconcile.Result{}, err
@@ -505,10 +541,10 @@ func (c *Coordinator) acknowledge(ctx context.Context, key Key, st drainState, n
 	}
 	c.update(key, func(s *drainState) { s.acked = true })
 	if skipped {
-		c.emit(node, machine, corev1.EventTypeNormal, ReasonDrainSkipped, "%s", why)
+		c.emit(wl, node, machine, corev1.EventTypeNormal, ReasonDrainSkipped, "%s", why)
 		c.setCondition(ctx, machine, metav1.ConditionTrue, ReasonDrainSkipped, why)
 	} else {
-		c.emit(node, machine, corev1.EventTypeNormal, ReasonDrained, "node drained for instance %s in %s; deletion acknowledged",
+		c.emit(wl, node, machine, corev1.EventTypeNormal, ReasonDrained, "node drained for instance %s in %s; deletion acknowledged",
 			key.Name, time.Since(st.announced).Round(time.Millisecond))
 		c.setCondition(ctx, machine, metav1.ConditionTrue, ReasonDrained, "node drained; deletion acknowledged")
 	}
@@ -519,12 +555,12 @@ func (c *Coordinator) acknowledge(ctx context.Context, key Key, st drainState, n
 	return reconcile.Result{}, nil
 }
 
-func (c *Coordinator) nodeFor(ctx context.Context, providerID string) (*corev1.Node, error) {
+func (c *Coordinator) nodeFor(ctx context.Context, wl *workload.Cluster, providerID string) (*corev1.Node, error) {
 	if providerID == "" {
 		return nil, nil
 	}
 	var nodes corev1.NodeList
-	if err := c.Client.List(ctx, &nodes, client.MatchingFields{NodeProviderIDIndex: providerID}); err != nil {
+	if err := wl.Client.List(ctx, &nodes, client.MatchingFields{NodeProviderIDIndex: providerID}); err != nil {
 		return nil, fmt.Errorf("find Node with providerID %s: %w", providerID, err)
 	}
 	if len(nodes.Items) == 0 {
@@ -569,13 +605,13 @@ func (c *Coordinator) cleanup(ctx context.Context, shard, id string) error {
 		if !ok {
 			return nil
 		}
-		c.emit(nil, m, corev1.EventTypeNormal, ReasonInstanceDeleted, "instance %s was deleted on shard %s; deleting Machine %s", id, shard, ref.Name)
+		c.emit(nil, nil, m, corev1.EventTypeNormal, ReasonInstanceDeleted, "instance %s was deleted on shard %s; deleting Machine %s", id, shard, ref.Name)
 		if err := c.Client.Delete(ctx, machine, client.Preconditions{UID: &ref.UID}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return fmt.Errorf("delete Machine %s: %w", ref.Name, err)
 		}
 		return nil
 	}
-	c.emit(nil, m, corev1.EventTypeNormal, ReasonInstanceDeleted, "instance %s was deleted on shard %s; deleting NstanceMachine", id, shard)
+	c.emit(nil, nil, m, corev1.EventTypeNormal, ReasonInstanceDeleted, "instance %s was deleted on shard %s; deleting NstanceMachine", id, shard)
 	if err := c.Client.Delete(ctx, m); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete NstanceMachine %s: %w", m.Name, err)
 	}
@@ -624,9 +660,11 @@ func (c *Coordinator) excludeFromCAPIDrain(ctx context.Context, key client.Objec
 	return true, nil
 }
 
-func (c *Coordinator) emit(node *corev1.Node, machine *infrav1.NstanceMachine, typ, reason, format string, args ...any) {
-	if node != nil && c.NodeRecorder != nil {
-		c.NodeRecorder.Eventf(node, typ, reason, format, args...)
+// emit records an Event about the Node (in the workload cluster wl) and the
+// NstanceMachine (in the operator's cluster); either may be nil.
+func (c *Coordinator) emit(wl *workload.Cluster, node *corev1.Node, machine *infrav1.NstanceMachine, typ, reason, format string, args ...any) {
+	if node != nil && wl != nil && wl.Recorder != nil {
+		wl.Recorder.Eventf(node, typ, reason, format, args...)
 	}
 	if machine != nil && c.Recorder != nil {
 		c.Recorder.Eventf(machine, nil, typ, reason, "Drain", format, args...)

@@ -29,9 +29,9 @@ func BenchmarkDrainTenPods(b *testing.B) {
 		b.StopTimer()
 		inst := onDemand(b, sh, time.Minute)
 		node := "node-" + inst.GetInstanceId()
-		createNode(b, node, inst.GetProviderId())
+		createNode(b, env.Client, node, inst.GetProviderId())
 		for j := range 10 {
-			createPod(b, f.ns, fmt.Sprintf("b%d-%d", i, j), node, plainPod, nil)
+			createPod(b, env.Client, f.ns, fmt.Sprintf("b%d-%d", i, j), node, plainPod, nil)
 		}
 		b.StartTimer()
 		start := time.Now()

@@ -47,6 +47,19 @@ func (a *acks) get(id string) (time.Time, bool, bool) {
 	return at, a.skip[id], ok
 }
 
+// wait waits until the drain of id was acknowledged and returns when and
+// whether it was skipped. The server may delete the instance before the
+// operator's callback runs, so an instance gone is no proof of it.
+func (a *acks) wait(t testing.TB, id string) (time.Time, bool) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		_, _, ok := a.get(id)
+		return ok
+	}, waitLong, tick, "drain of %s acknowledged", id)
+	at, skipped, _ := a.get(id)
+	return at, skipped
+}
+
 // onDemand creates an instance directly on a shard and returns its status.
 func onDemand(t testing.TB, f *fakeShard, drainTimeout time.Duration) *nstancev1.InstanceStatus {
 	t.Helper()
@@ -85,25 +98,32 @@ func deleteInstance(t testing.TB, f *fakeShard, id string) time.Time {
 	return resp.GetInstance().GetDrainDeadline().AsTime()
 }
 
-// waitNodeCached waits until the operator's cache finds the Node by
-// providerID, as the drain coordinator looks it up: a drain announced
-// before that would find no Node and be acknowledged at once, which is
-// right for the operator (in a cluster the Node registered long before)
-// but not what these tests set up.
+// waitNodeCached waits until the operator's cache of the workload cluster
+// finds the Node by providerID, as the drain coordinator looks it up: a
+// drain announced before that would find no Node and be acknowledged at
+// once, which is right for the operator (in a cluster the Node registered
+// long before) but not what these tests set up.
 func (r *running) waitNodeCached(t testing.TB, providerID string) {
 	t.Helper()
 	require.Eventually(t, func() bool {
+		wl, err := r.op.Workload.Cluster(context.Background(), r.op.Cluster)
+		if err != nil {
+			return false
+		}
 		var nodes corev1.NodeList
-		err := r.op.Manager.GetClient().List(context.Background(), &nodes, client.MatchingFields{drain.NodeProviderIDIndex: providerID})
+		err = wl.Client.List(context.Background(), &nodes, client.MatchingFields{drain.NodeProviderIDIndex: providerID})
 		return err == nil && len(nodes.Items) == 1
 	}, waitLong, tick)
 }
 
-func createNode(t testing.TB, name, providerID string) {
+// The helpers below act on the cluster of client c: A (env.Client) or the
+// workload cluster B of the management-mode tests.
+
+func createNode(t testing.TB, c client.Client, name, providerID string) {
 	t.Helper()
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{ProviderID: providerID}}
-	require.NoError(t, env.Client.Create(context.Background(), node))
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), node) })
+	require.NoError(t, c.Create(context.Background(), node))
+	t.Cleanup(func() { _ = c.Delete(context.Background(), node) })
 }
 
 type podKind int
@@ -114,7 +134,7 @@ const (
 	mirrorPod
 )
 
-func createPod(t testing.TB, ns, name, node string, kind podKind, labels map[string]string) {
+func createPod(t testing.TB, c client.Client, ns, name, node string, kind podKind, labels map[string]string) {
 	t.Helper()
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
@@ -127,22 +147,22 @@ func createPod(t testing.TB, ns, name, node string, kind podKind, labels map[str
 	case mirrorPod:
 		p.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: "hash"}
 	}
-	require.NoError(t, env.Client.Create(context.Background(), p))
+	require.NoError(t, c.Create(context.Background(), p))
 	// Running and ready, as a kubelet would report: the Eviction API lets
 	// pending pods go regardless of PodDisruptionBudgets.
 	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
-	require.NoError(t, env.Client.Status().Update(context.Background(), p))
+	require.NoError(t, c.Status().Update(context.Background(), p))
 }
 
-func podExists(t testing.TB, ns, name string) bool {
+func podExists(t testing.TB, c client.Client, ns, name string) bool {
 	t.Helper()
-	_, ok := get(t, ns, name, &corev1.Pod{})
+	_, ok := getIn(t, c, ns, name, &corev1.Pod{})
 	return ok
 }
 
-func createPDB(t testing.TB, ns, name string, selector map[string]string) {
+func createPDB(t testing.TB, c client.Client, ns, name string, selector map[string]string) {
 	t.Helper()
-	require.NoError(t, env.Client.Create(context.Background(), &policyv1.PodDisruptionBudget{
+	require.NoError(t, c.Create(context.Background(), &policyv1.PodDisruptionBudget{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: ptr.To(intstr.FromInt32(1)),
 			Selector: &metav1.LabelSelector{MatchLabels: selector}},
@@ -151,30 +171,30 @@ func createPDB(t testing.TB, ns, name string, selector map[string]string) {
 
 // allowPDB plays the disruption controller (not part of envtest): it
 // reports one allowed disruption.
-func allowPDB(t testing.TB, ns, name string) {
+func allowPDB(t testing.TB, c client.Client, ns, name string) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		var pdb policyv1.PodDisruptionBudget
-		if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &pdb); err != nil {
+		if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &pdb); err != nil {
 			return false
 		}
 		pdb.Status = policyv1.PodDisruptionBudgetStatus{ObservedGeneration: pdb.Generation, DisruptionsAllowed: 1,
 			CurrentHealthy: 1, DesiredHealthy: 0, ExpectedPods: 1}
-		return env.Client.Status().Update(context.Background(), &pdb) == nil
+		return c.Status().Update(context.Background(), &pdb) == nil
 	}, waitLong, tick)
 }
 
-func nodeCordoned(t testing.TB, name string) bool {
+func nodeCordoned(t testing.TB, c client.Client, name string) bool {
 	t.Helper()
-	n, ok := get(t, "", name, &corev1.Node{})
+	n, ok := getIn(t, c, "", name, &corev1.Node{})
 	return ok && n.Spec.Unschedulable
 }
 
 // nodeEvents returns the notes of Events with reason about a Node.
-func nodeEvents(t testing.TB, node, reason string) []string {
+func nodeEvents(t testing.TB, c client.Client, node, reason string) []string {
 	t.Helper()
 	var list eventsv1.EventList
-	require.NoError(t, env.Client.List(context.Background(), &list))
+	require.NoError(t, c.List(context.Background(), &list))
 	var out []string
 	for _, e := range list.Items {
 		if e.Regarding.Kind == "Node" && e.Regarding.Name == node && e.Reason == reason {
@@ -184,64 +204,78 @@ func nodeEvents(t testing.TB, node, reason string) []string {
 	return out
 }
 
-func TestDrain(t *testing.T) {
+func TestDrain(t *testing.T) { forEachMode(t, testDrain) }
+
+func testDrain(t *testing.T, m clusterMode) {
 	f := newFixture(t, "shard-a", "shard-b")
 	f.putNonce(t)
 	a := newAcks()
 	o := f.options(t)
 	o.DrainRetryInterval = 100 * time.Millisecond
 	o.OnDrainAcknowledged = a.record
+	f.prepare(t, m, &o, true)
 	r := startOperator(t, o)
+	f.started(t, m)
 	r.waitImported(t)
 	shardA, shardB := f.shards["shard-a"], f.shards["shard-b"]
 
 	t.Run("ten pods with a DaemonSet, a mirror and a PDB-protected pod", func(t *testing.T) {
 		inst := onDemand(t, shardA, 30*time.Second)
 		node := "node-" + inst.GetInstanceId()
-		createNode(t, node, inst.GetProviderId())
+		createNode(t, m.wl, node, inst.GetProviderId())
 		r.waitNodeCached(t, inst.GetProviderId())
 		for i := range 7 {
-			createPod(t, f.ns, fmt.Sprintf("app-%d", i), node, plainPod, nil)
+			createPod(t, m.wl, f.ns, fmt.Sprintf("app-%d", i), node, plainPod, nil)
 		}
-		createPod(t, f.ns, "ds", node, daemonSetPod, nil)
-		createPod(t, f.ns, "mirror", node, mirrorPod, nil)
-		createPod(t, f.ns, "guarded", node, plainPod, map[string]string{"app": "guarded"})
-		createPDB(t, f.ns, "guarded", map[string]string{"app": "guarded"})
+		createPod(t, m.wl, f.ns, "ds", node, daemonSetPod, nil)
+		createPod(t, m.wl, f.ns, "mirror", node, mirrorPod, nil)
+		createPod(t, m.wl, f.ns, "guarded", node, plainPod, map[string]string{"app": "guarded"})
+		createPDB(t, m.wl, f.ns, "guarded", map[string]string{"app": "guarded"})
+		if m.management() {
+			// The same Node and a pod on it in A, the operator's cluster,
+			// which a drain must not touch.
+			createNode(t, env.Client, node, inst.GetProviderId())
+			createPod(t, env.Client, f.ns, "app-0", node, plainPod, nil)
+		}
 
 		deadline := deleteInstance(t, shardA, inst.GetInstanceId())
 		require.Eventually(t, func() bool {
 			for i := range 7 {
-				if podExists(t, f.ns, fmt.Sprintf("app-%d", i)) {
+				if podExists(t, m.wl, f.ns, fmt.Sprintf("app-%d", i)) {
 					return false
 				}
 			}
-			return nodeCordoned(t, node) && len(nodeEvents(t, node, drain.ReasonEvictionBlocked)) > 0
+			return nodeCordoned(t, m.wl, node) && len(nodeEvents(t, m.wl, node, drain.ReasonEvictionBlocked)) > 0
 		}, waitLong, tick)
-		require.True(t, podExists(t, f.ns, "guarded"), "a PDB refusal is retried, not skipped")
+		require.True(t, podExists(t, m.wl, f.ns, "guarded"), "a PDB refusal is retried, not skipped")
 		_, _, acked := a.get(inst.GetInstanceId())
 		require.False(t, acked, "no acknowledgement while a pod remains")
 		require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION, instanceState(t, shardA, inst.GetInstanceId()))
 
-		allowPDB(t, f.ns, "guarded")
+		allowPDB(t, m.wl, f.ns, "guarded")
 		require.Eventually(t, func() bool {
 			return instanceState(t, shardA, inst.GetInstanceId()) == nstancev1.InstanceState_INSTANCE_STATE_DELETED
 		}, waitLong, tick)
-		at, skipped, acked := a.get(inst.GetInstanceId())
-		require.True(t, acked)
+		at, skipped := a.wait(t, inst.GetInstanceId())
 		require.False(t, skipped)
 		require.True(t, at.Before(deadline), "acknowledged at %s, deadline %s", at, deadline)
-		require.False(t, podExists(t, f.ns, "guarded"))
-		require.True(t, podExists(t, f.ns, "ds"), "DaemonSet pods stay")
-		require.True(t, podExists(t, f.ns, "mirror"), "mirror pods stay")
-		require.Eventually(t, func() bool { return len(nodeEvents(t, node, drain.ReasonDrained)) > 0 }, waitLong, tick)
+		require.False(t, podExists(t, m.wl, f.ns, "guarded"))
+		require.True(t, podExists(t, m.wl, f.ns, "ds"), "DaemonSet pods stay")
+		require.True(t, podExists(t, m.wl, f.ns, "mirror"), "mirror pods stay")
+		require.Eventually(t, func() bool { return len(nodeEvents(t, m.wl, node, drain.ReasonDrained)) > 0 }, waitLong, tick)
+		if m.management() {
+			require.True(t, podExists(t, env.Client, f.ns, "app-0"), "nothing is evicted in the management cluster")
+			require.False(t, nodeCordoned(t, env.Client, node), "nothing is cordoned in the management cluster")
+			require.Empty(t, nodeEvents(t, env.Client, node, drain.ReasonDrained), "Node Events go to the workload cluster")
+		}
 	})
 
 	t.Run("VM already stopped: acknowledged without drain", func(t *testing.T) {
 		inst := onDemand(t, shardB, 30*time.Second)
 		node := "node-" + inst.GetInstanceId()
-		createNode(t, node, inst.GetProviderId())
+		createNode(t, m.wl, node, inst.GetProviderId())
 		r.waitNodeCached(t, inst.GetProviderId())
-		createPod(t, f.ns, "stays", node, plainPod, nil)
+		createPod(t, m.wl, f.ns, "stays", node, plainPod, nil)
 		shardB.sh.Provider.(*mock.Provider).Stop(inst.GetInstanceId())
 		require.Eventually(t, func() bool {
 			_, _, ok := a.get(inst.GetInstanceId())
@@ -249,9 +283,9 @@ func TestDrain(t *testing.T) {
 		}, waitLong, tick)
 		_, skipped, _ := a.get(inst.GetInstanceId())
 		require.True(t, skipped)
-		require.True(t, podExists(t, f.ns, "stays"), "no eviction")
-		require.False(t, nodeCordoned(t, node), "no cordon")
-		require.Eventually(t, func() bool { return len(nodeEvents(t, node, drain.ReasonDrainSkipped)) > 0 }, waitLong, tick)
+		require.True(t, podExists(t, m.wl, f.ns, "stays"), "no eviction")
+		require.False(t, nodeCordoned(t, m.wl, node), "no cordon")
+		require.Eventually(t, func() bool { return len(nodeEvents(t, m.wl, node, drain.ReasonDrainSkipped)) > 0 }, waitLong, tick)
 		require.Eventually(t, func() bool {
 			return instanceState(t, shardB, inst.GetInstanceId()) == nstancev1.InstanceState_INSTANCE_STATE_DELETED
 		}, waitLong, tick)
@@ -267,11 +301,11 @@ func TestDrain(t *testing.T) {
 		for i, sh := range []*fakeShard{shardA, shardB, shardA} {
 			inst := onDemand(t, sh, 30*time.Second)
 			v := victim{shard: sh, inst: inst, node: "node-" + inst.GetInstanceId()}
-			createNode(t, v.node, inst.GetProviderId())
+			createNode(t, m.wl, v.node, inst.GetProviderId())
 			r.waitNodeCached(t, inst.GetProviderId())
 			label := map[string]string{"app": fmt.Sprintf("par-%d", i)}
-			createPod(t, f.ns, fmt.Sprintf("par-%d", i), v.node, plainPod, label)
-			createPDB(t, f.ns, fmt.Sprintf("par-%d", i), label)
+			createPod(t, m.wl, f.ns, fmt.Sprintf("par-%d", i), v.node, plainPod, label)
+			createPDB(t, m.wl, f.ns, fmt.Sprintf("par-%d", i), label)
 			vs = append(vs, v)
 		}
 		for _, v := range vs {
@@ -281,21 +315,20 @@ func TestDrain(t *testing.T) {
 		// for another to finish.
 		require.Eventually(t, func() bool {
 			for _, v := range vs {
-				if !nodeCordoned(t, v.node) || len(nodeEvents(t, v.node, drain.ReasonEvictionBlocked)) == 0 {
+				if !nodeCordoned(t, m.wl, v.node) || len(nodeEvents(t, m.wl, v.node, drain.ReasonEvictionBlocked)) == 0 {
 					return false
 				}
 			}
 			return true
 		}, waitLong, tick)
 		for i := range vs {
-			allowPDB(t, f.ns, fmt.Sprintf("par-%d", i))
+			allowPDB(t, m.wl, f.ns, fmt.Sprintf("par-%d", i))
 		}
 		for _, v := range vs {
 			require.Eventually(t, func() bool {
 				return instanceState(t, v.shard, v.inst.GetInstanceId()) == nstancev1.InstanceState_INSTANCE_STATE_DELETED
 			}, waitLong, tick)
-			_, skipped, ok := a.get(v.inst.GetInstanceId())
-			require.True(t, ok)
+			_, skipped := a.wait(t, v.inst.GetInstanceId())
 			require.False(t, skipped)
 		}
 	})
@@ -304,25 +337,30 @@ func TestDrain(t *testing.T) {
 // A drain announced while no operator runs is acknowledged by the next one:
 // the server re-announces pending drains when the stream opens.
 func TestDrainAnnouncedWhileOperatorDown(t *testing.T) {
+	forEachMode(t, testDrainAnnouncedWhileOperatorDown)
+}
+
+func testDrainAnnouncedWhileOperatorDown(t *testing.T, m clusterMode) {
 	f := newFixture(t, "shard-a")
 	f.putNonce(t)
-	shardA := f.shards["shard-a"]
-	inst := onDemand(t, shardA, 30*time.Second)
-	createNode(t, "node-"+inst.GetInstanceId(), inst.GetProviderId())
-	createPod(t, f.ns, "late", "node-"+inst.GetInstanceId(), plainPod, nil)
-	deadline := deleteInstance(t, shardA, inst.GetInstanceId())
-
 	a := newAcks()
 	o := f.options(t)
 	o.DrainRetryInterval = 100 * time.Millisecond
 	o.OnDrainAcknowledged = a.record
+	f.prepare(t, m, &o, true)
+	shardA := f.shards["shard-a"]
+	inst := onDemand(t, shardA, 30*time.Second)
+	createNode(t, m.wl, "node-"+inst.GetInstanceId(), inst.GetProviderId())
+	createPod(t, m.wl, f.ns, "late", "node-"+inst.GetInstanceId(), plainPod, nil)
+	deadline := deleteInstance(t, shardA, inst.GetInstanceId())
+
 	startOperator(t, o)
+	f.started(t, m)
 	require.Eventually(t, func() bool {
 		return instanceState(t, shardA, inst.GetInstanceId()) == nstancev1.InstanceState_INSTANCE_STATE_DELETED
 	}, waitLong, tick)
-	at, skipped, ok := a.get(inst.GetInstanceId())
-	require.True(t, ok)
+	at, skipped := a.wait(t, inst.GetInstanceId())
 	require.False(t, skipped)
 	require.True(t, at.Before(deadline))
-	require.False(t, podExists(t, f.ns, "late"))
+	require.False(t, podExists(t, m.wl, f.ns, "late"))
 }

@@ -292,7 +292,13 @@ func (r *running) waitImported(t testing.TB) {
 
 func get[T client.Object](t testing.TB, ns, name string, obj T) (T, bool) {
 	t.Helper()
-	err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, obj)
+	return getIn(t, env.Client, ns, name, obj)
+}
+
+// getIn is get in the cluster of c.
+func getIn[T client.Object](t testing.TB, c client.Client, ns, name string, obj T) (T, bool) {
+	t.Helper()
+	err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, obj)
 	if err != nil {
 		require.True(t, isNotFound(err), "get %s: %v", name, err)
 		return obj, false
@@ -307,12 +313,18 @@ func isNotFound(err error) bool {
 
 func (f *fixture) createPool(t testing.TB, name string, replicas int32, shards ...string) {
 	t.Helper()
+	f.createPoolDrain(t, name, replicas, 100*time.Millisecond, shards...)
+}
+
+// createPoolDrain is createPool whose instances' drains may take drainTimeout.
+func (f *fixture) createPoolDrain(t testing.TB, name string, replicas int32, drainTimeout time.Duration, shards ...string) {
+	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, env.Client.Create(ctx, &infrav1.NstanceMachinePool{
 		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name},
 		Spec: infrav1.NstanceMachinePoolSpec{
 			Group: name, Shards: shards, Template: "worker",
-			DrainTimeout: &metav1.Duration{Duration: 100 * time.Millisecond},
+			DrainTimeout: &metav1.Duration{Duration: drainTimeout},
 		},
 	}))
 	require.NoError(t, env.Client.Create(ctx, &clusterv1.MachinePool{

@@ -129,18 +129,35 @@ func TestMachineLifecycle(t *testing.T) {
 	}
 }
 
-func TestOnDemandPod(t *testing.T) {
+func TestOnDemandPod(t *testing.T) { forEachMode(t, testOnDemandPod) }
+
+// testOnDemandPod: annotated pods in the workload cluster get a Machine and
+// NstanceMachine in the operator's namespace, and with them an instance.
+func testOnDemandPod(t *testing.T, m clusterMode) {
 	f := newFixture(t, "shard-a", "shard-b")
 	f.putNonce(t)
 	o := f.options(t)
 	o.DrainRetryInterval, o.MachinePollInterval = 100*time.Millisecond, 100*time.Millisecond
+	f.prepare(t, m, &o, true)
 	r := startOperator(t, o)
+	f.started(t, m)
 	r.waitImported(t)
 	f.createPool(t, "burst", 0, "shard-a", "shard-b")
 	f.waitGroupOnShards(t, "burst", "shard-a", "shard-b")
 	ctx := context.Background()
 	apps := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "apps-"}}
-	require.NoError(t, env.Client.Create(ctx, apps))
+	require.NoError(t, m.wl.Create(ctx, apps))
+	var decoy *corev1.Pod
+	if m.management() {
+		// An annotated pod in A, the management cluster: not the workload
+		// cluster's, so it gets nothing.
+		ensureNamespace(t, env.Client, apps.Name)
+		decoy = &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: apps.Name, Name: "decoy", Annotations: map[string]string{ondemand.AnnotationGroup: "burst"}},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/job"}}},
+		}
+		require.NoError(t, env.Client.Create(ctx, decoy))
+	}
 
 	tests := []struct {
 		name        string
@@ -157,31 +174,46 @@ func TestOnDemandPod(t *testing.T) {
 				ObjectMeta: metav1.ObjectMeta{Namespace: apps.Name, GenerateName: "job-", Annotations: tc.annotations},
 				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/job"}}},
 			}
-			require.NoError(t, env.Client.Create(ctx, pod))
+			require.NoError(t, m.wl.Create(ctx, pod))
 			name := ondemand.Name(pod)
-			var m *clusterv1.Machine
+			var machine *clusterv1.Machine
 			require.Eventually(t, func() bool {
 				got, ok := get(t, f.ns, name, &clusterv1.Machine{})
-				m = got
+				machine = got
 				return ok
 			}, waitLong, tick)
-			require.Equal(t, clusterID, m.Spec.ClusterName)
-			require.NotNil(t, m.Spec.Bootstrap.DataSecretName)
-			require.Equal(t, clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "NstanceMachine", Name: name}, m.Spec.InfrastructureRef)
-			require.Equal(t, tc.wantShard, m.Spec.FailureDomain)
+			require.Equal(t, clusterID, machine.Spec.ClusterName)
+			require.NotNil(t, machine.Spec.Bootstrap.DataSecretName)
+			require.Equal(t, clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "NstanceMachine", Name: name}, machine.Spec.InfrastructureRef)
+			require.Equal(t, tc.wantShard, machine.Spec.FailureDomain)
+			if m.management() {
+				require.Empty(t, machine.OwnerReferences, "a pod of another cluster owns nothing here")
+			}
 			nm := waitMachineRunning(t, f.ns, name)
 			require.Equal(t, tc.wantShard, nm.Status.Shard)
 			require.Equal(t, tc.annotations[ondemand.AnnotationInstanceType], nm.Spec.InstanceType)
 			require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_RUNNING, instanceState(t, f.shards[tc.wantShard], nm.Status.InstanceID))
+			got, ok := getIn(t, m.wl, pod.Namespace, pod.Name, &corev1.Pod{})
+			require.True(t, ok)
+			require.Contains(t, got.Finalizers, ondemand.Finalizer)
 
-			require.NoError(t, env.Client.Delete(ctx, pod))
+			require.NoError(t, m.wl.Delete(ctx, pod))
 			require.Eventually(t, func() bool {
-				_, podOK := get(t, pod.Namespace, pod.Name, &corev1.Pod{})
+				_, podOK := getIn(t, m.wl, pod.Namespace, pod.Name, &corev1.Pod{})
 				_, mOK := get(t, f.ns, name, &clusterv1.Machine{})
 				_, nmOK := get(t, f.ns, name, &infrav1.NstanceMachine{})
 				return !podOK && !mOK && !nmOK
 			}, waitLong, tick)
 			require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_DELETED, instanceState(t, f.shards[tc.wantShard], nm.Status.InstanceID))
 		})
+	}
+	if decoy != nil {
+		// The workload cluster's pods were served meanwhile; the pod in A
+		// was never looked at.
+		got, ok := get(t, decoy.Namespace, decoy.Name, &corev1.Pod{})
+		require.True(t, ok)
+		require.NotContains(t, got.Finalizers, ondemand.Finalizer)
+		_, ok = get(t, f.ns, ondemand.Name(got), &clusterv1.Machine{})
+		require.False(t, ok, "no Machine for a pod of the management cluster")
 	}
 }

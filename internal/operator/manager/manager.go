@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -44,6 +43,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/shardgroup"
 	"github.com/nstance-dev/nstance/internal/operator/watch"
 	opwebhook "github.com/nstance-dev/nstance/internal/operator/webhook"
+	"github.com/nstance-dev/nstance/internal/operator/workload"
 )
 
 // RBAC the wiring itself needs: the leader election Lease, the bootstrap
@@ -107,6 +107,13 @@ type Options struct {
 	MachinePollInterval time.Duration
 	// OnDrainAcknowledged observes acknowledged drains (tests, benchmarks).
 	OnDrainAcknowledged func(shard, instanceID string, skipped bool)
+	// WorkloadMode says where Nodes and Pods are (--workload-cluster):
+	// in-cluster (empty too) or management, through the Cluster's
+	// <cluster>-kubeconfig Secret.
+	WorkloadMode workload.Mode
+	// WorkloadConnectRetry is the pause after a failed connection to the
+	// workload cluster in management mode; zero means 30s.
+	WorkloadConnectRetry time.Duration
 }
 
 // Operator is a configured, not yet started operator.
@@ -120,6 +127,10 @@ type Operator struct {
 	direct  client.Client
 	ledger  *ledger.Ledger
 	Drain   *drain.Coordinator
+	// Workload reaches the workload cluster of Cluster (Nodes, Pods).
+	Workload workload.Access
+	// Cluster is the Cluster API Cluster the operator serves.
+	Cluster client.ObjectKey
 	// Imported is closed once the startup import finished.
 	Imported chan struct{}
 	// ImportResult is valid once Imported is closed.
@@ -160,6 +171,19 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 		return nil, err
 	}
 	ns := o.Env.Namespace
+	mode, err := workload.ParseMode(string(o.WorkloadMode))
+	if err != nil {
+		return nil, fmt.Errorf("workload cluster mode %w", err)
+	}
+	byObject := map[client.Object]cache.ByObject{
+		// Secrets only ever in the operator's namespace: the RBAC grants
+		// them nowhere else (namespaced Role).
+		&corev1.Secret{}: {Namespaces: map[string]cache.Config{ns: {}}},
+	}
+	if mode == workload.InCluster {
+		// On-demand pods may live in any namespace.
+		byObject[&corev1.Pod{}] = cache.ByObject{Namespaces: map[string]cache.Config{cache.AllNamespaces: {}}}
+	}
 	mopts := ctrl.Options{
 		Scheme:                        scheme,
 		Logger:                        o.Log,
@@ -171,13 +195,7 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 		LeaderElectionReleaseOnCancel: true,
 		Cache: cache.Options{
 			DefaultNamespaces: map[string]cache.Config{ns: {}},
-			ByObject: map[client.Object]cache.ByObject{
-				// On-demand pods may live in any namespace.
-				&corev1.Pod{}: {Namespaces: map[string]cache.Config{cache.AllNamespaces: {}}},
-				// Secrets only ever in the operator's namespace: the RBAC
-				// grants them nowhere else (namespaced Role).
-				&corev1.Secret{}: {Namespaces: map[string]cache.Config{ns: {}}},
-			},
+			ByObject:          byObject,
 		},
 		Controller: crconfig.Controller{SkipNameValidation: ptr.To(o.SkipNameValidation)},
 	}
@@ -204,6 +222,7 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 		trigger: make(chan event.GenericEvent, 1024), direct: direct,
 		ledger:   ledger.New(direct, ns, ""),
 		Imported: make(chan struct{}),
+		Cluster:  client.ObjectKey{Namespace: ns, Name: o.Config.ClusterID},
 	}
 	op.Conns = shardconn.New(shardconn.Options{
 		Shards: shardAddrs, MaxBackoff: o.MaxBackoff, ClusterID: o.Config.ClusterID, Metrics: m,
@@ -238,7 +257,9 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 		return nil, err
 	}
 	cp := &controlplane.Reconciler{
-		Client: mgr.GetClient(), ManageKubeconfig: o.Env.CAPIEndpoint == "",
+		// In management mode the kubeconfig Secret points at the workload
+		// cluster and is the user's; the operator's own API server is not it.
+		Client: mgr.GetClient(), ManageKubeconfig: o.Env.CAPIEndpoint == "" && mode == workload.InCluster,
 		ServiceAccount: o.Env.CAPIServiceAccount, APIServer: server, CAData: caData, TokenTTL: o.TokenTTL,
 	}
 	if err := cp.SetupWithManager(mgr); err != nil {
@@ -247,19 +268,21 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	if err := drain.SetupIndexes(ctx, mgr); err != nil {
 		return nil, err
 	}
-	// Evictions get their own client with a higher rate limit than
-	// client-go's default (5/s): many drains evict in parallel.
-	evictCfg := rest.CopyConfig(restCfg)
-	evictCfg.QPS, evictCfg.Burst = 100, 200
-	clientset, err := kubernetes.NewForConfig(evictCfg)
+	switch mode {
+	case workload.Management:
+		op.Workload, err = workload.NewRemote(ctx, mgr, workload.RemoteOptions{
+			Namespace: ns, ClusterName: o.Config.ClusterID, ConnectRetry: o.WorkloadConnectRetry, Log: o.Log.WithName("workload"),
+		})
+	default:
+		op.Workload, err = workload.NewLocal(ctx, mgr, restCfg)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("create clientset: %w", err)
+		return nil, err
 	}
 	op.Drain = &drain.Coordinator{
-		Policy: clientset.PolicyV1().RESTClient(),
-		Conns:  op.Conns, Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Recorder: recorder, Namespace: ns,
-		NodeRecorder: mgr.GetEventRecorderFor("nstance-operator"), //nolint:staticcheck // see drain.Coordinator.NodeRecorder
-		Log:          o.Log.WithName("drain"), RetryInterval: o.DrainRetryInterval, MaxBackoff: o.MaxBackoff,
+		Workload: op.Workload, Cluster: op.Cluster,
+		Conns: op.Conns, Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Recorder: recorder, Namespace: ns,
+		Log: o.Log.WithName("drain"), RetryInterval: o.DrainRetryInterval, MaxBackoff: o.MaxBackoff,
 		OnAcknowledged: o.OnDrainAcknowledged,
 	}
 	if err := op.Drain.SetupWithManager(mgr); err != nil {
@@ -279,8 +302,8 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	if err := mr.SetupWithManager(mgr, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up machine controller: %w", err)
 	}
-	od := &ondemand.Reconciler{Client: mgr.GetClient(), Namespace: ns, ClusterName: o.Config.ClusterID,
-		DefaultShard: defaultShard, Recorder: recorder}
+	od := &ondemand.Reconciler{Client: mgr.GetClient(), Workload: op.Workload, Namespace: ns, ClusterName: o.Config.ClusterID,
+		DefaultShard: defaultShard}
 	if err := od.SetupWithManager(mgr, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up on-demand controller: %w", err)
 	}

@@ -8,18 +8,18 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/workload"
 )
 
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;update;patch
@@ -47,12 +47,16 @@ const (
 
 // Reconciler reconciles annotated pods.
 type Reconciler struct {
+	// Client writes Machines and NstanceMachines (the operator's cluster).
 	Client client.Client
+	// Workload is where the pods are: the workload cluster of the Cluster
+	// Namespace/ClusterName (Pods are read and updated, and their Events
+	// recorded, there).
+	Workload workload.Access
 	// Namespace holds the Cluster, Machines and NstanceMachines.
 	Namespace    string
 	ClusterName  string
 	DefaultShard string
-	Recorder     events.EventRecorder
 }
 
 // Name returns the name of the Machine and NstanceMachine of a pod.
@@ -63,28 +67,41 @@ func interesting(o client.Object) bool {
 	return annotated || controllerutil.ContainsFinalizer(o, Finalizer)
 }
 
-// SetupWithManager registers the controller; the manager's cache must
-// cover Pods of every namespace.
+func (r *Reconciler) cluster() client.ObjectKey {
+	return client.ObjectKey{Namespace: r.Namespace, Name: r.ClusterName}
+}
+
+// SetupWithManager registers the controller; Pods are watched in the
+// workload cluster (in-cluster: the manager's cache must cover Pods of every
+// namespace).
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, workers int) error {
-	return ctrl.NewControllerManagedBy(mgr).
-		Named("ondemand").
-		For(&corev1.Pod{}, builder.WithPredicates(predicate.NewPredicateFuncs(interesting))).
-		WithOptions(controller.Options{MaxConcurrentReconciles: cmp.Or(workers, 4)}).
-		Complete(r)
+	// controller.New rather than the builder: the builder wants a watch
+	// up front, and in management mode the Pod watch starts only once the
+	// workload cluster is connected.
+	c, err := controller.New("ondemand", mgr, controller.Options{Reconciler: r, MaxConcurrentReconciles: cmp.Or(workers, 4)})
+	if err != nil {
+		return fmt.Errorf("create on-demand controller: %w", err)
+	}
+	return r.Workload.Watch(r.cluster(), c, "ondemand-pods", &corev1.Pod{}, &handler.EnqueueRequestForObject{},
+		predicate.NewPredicateFuncs(interesting))
 }
 
 // Reconcile ensures the Machine pair of one pod, or removes it.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	wl, err := r.Workload.Cluster(ctx, r.cluster())
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("pod %s: %w", req.NamespacedName, err)
+	}
 	var pod corev1.Pod
-	if err := r.Client.Get(ctx, req.NamespacedName, &pod); err != nil {
+	if err := wl.Client.Get(ctx, req.NamespacedName, &pod); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	group := pod.Annotations[AnnotationGroup]
 	if !pod.DeletionTimestamp.IsZero() || group == "" {
-		return reconcile.Result{}, r.remove(ctx, &pod)
+		return reconcile.Result{}, r.remove(ctx, wl, &pod)
 	}
 	if controllerutil.AddFinalizer(&pod, Finalizer) {
-		if err := r.Client.Update(ctx, &pod); err != nil {
+		if err := wl.Client.Update(ctx, &pod); err != nil {
 			return reconcile.Result{}, fmt.Errorf("add finalizer to pod %s/%s: %w", pod.Namespace, pod.Name, err)
 		}
 	}
@@ -92,7 +109,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	shard := cmp.Or(pod.Annotations[AnnotationShard], r.DefaultShard)
 	labels := map[string]string{clusterv1.ClusterNameLabel: r.ClusterName, LabelPodNamespace: pod.Namespace, LabelPodName: pod.Name}
 	var owners []metav1.OwnerReference
-	if pod.Namespace == r.Namespace {
+	if wl.Local && pod.Namespace == r.Namespace {
+		// Only a pod of the same cluster can own them; in management mode
+		// the garbage collector would take a pod of the workload cluster
+		// for a missing owner.
 		owners = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}}
 	}
 	nm := &infrav1.NstanceMachine{
@@ -119,15 +139,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := r.Client.Create(ctx, m); err != nil && !apierrors.IsAlreadyExists(err) {
 		return reconcile.Result{}, fmt.Errorf("create Machine %s for pod %s/%s: %w", name, pod.Namespace, pod.Name, err)
 	}
-	if created && r.Recorder != nil {
-		r.Recorder.Eventf(&pod, nil, corev1.EventTypeNormal, ReasonCreated, "Create",
+	if created && wl.Recorder != nil {
+		wl.Recorder.Eventf(&pod, corev1.EventTypeNormal, ReasonCreated,
 			"Machine and NstanceMachine %s/%s for group %s on shard %s", r.Namespace, name, group, shard)
 	}
 	return reconcile.Result{}, nil
 }
 
 // remove deletes the pod's Machine and NstanceMachine, then lets the pod go.
-func (r *Reconciler) remove(ctx context.Context, pod *corev1.Pod) error {
+func (r *Reconciler) remove(ctx context.Context, wl *workload.Cluster, pod *corev1.Pod) error {
 	if !controllerutil.ContainsFinalizer(pod, Finalizer) {
 		return nil
 	}
@@ -141,7 +161,7 @@ func (r *Reconciler) remove(ctx context.Context, pod *corev1.Pod) error {
 		}
 	}
 	controllerutil.RemoveFinalizer(pod, Finalizer)
-	if err := r.Client.Update(ctx, pod); err != nil && !apierrors.IsNotFound(err) {
+	if err := wl.Client.Update(ctx, pod); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("remove finalizer from pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	return nil

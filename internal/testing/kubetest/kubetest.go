@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -239,4 +240,41 @@ func RunMain(m *testing.M, env **Env) int {
 		}
 	}
 	return code
+}
+
+// Lazy is a further control plane that a package's tests start only when
+// one of them needs it (a second cluster); TestMain stops it after the
+// tests with Stop.
+type Lazy struct {
+	mu   sync.Mutex
+	env  *Env
+	stop func() error
+	err  error
+}
+
+// Get starts the control plane on the first call and returns it; a start
+// that failed fails every caller.
+func (l *Lazy) Get(t testing.TB) *Env {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.env == nil && l.err == nil {
+		l.env, l.stop, l.err = StartEnv()
+	}
+	if l.err != nil {
+		t.Fatalf("start second envtest control plane: %v", l.err)
+	}
+	return l.env
+}
+
+// Stop stops the control plane if it was started.
+func (l *Lazy) Stop() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stop == nil {
+		return nil
+	}
+	err := l.stop()
+	l.env, l.stop = nil, nil
+	return err
 }
