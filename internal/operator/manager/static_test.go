@@ -88,3 +88,27 @@ func TestStaticGroupImported(t *testing.T) {
 	r.waitImported(t)
 	require.Empty(t, r.op.ImportResult.Imported, "a deleted static pool is not imported again")
 }
+
+// TestShardGroupWithoutPoolNotImported: the group of an NstanceShardGroup
+// that no pool owns (as the machinedeployment cluster template declares
+// one) is Kubernetes' already; a restart does not import it as a pool.
+func TestShardGroupWithoutPoolNotImported(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, "shard-a")
+	f.putNonce(t)
+	r := startOperator(t, f.options(t))
+	r.waitImported(t)
+	require.NoError(t, env.Client.Create(ctx, &infrav1.NstanceShardGroup{
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: infrav1.ShardGroupName("md-0", "shard-a")},
+		Spec:       infrav1.NstanceShardGroupSpec{Group: "md-0", Shard: "shard-a", Size: 0, Template: "worker"},
+	}))
+	f.waitGroupOnShards(t, "md-0", "shard-a")
+	r.stop()
+
+	r = startOperator(t, f.options(t))
+	r.waitImported(t)
+	require.Empty(t, r.op.ImportResult.Imported)
+	require.Equal(t, 1, r.op.ImportResult.Known)
+	_, ok := get(t, f.ns, "md-0", &infrav1.NstanceMachinePool{})
+	require.False(t, ok)
+}
