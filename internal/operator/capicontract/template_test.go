@@ -3,11 +3,13 @@ package capicontract_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -65,19 +67,24 @@ func buildClusterctl(t *testing.T) *clusterctl {
 	return &clusterctl{bin: bin, home: home, root: root}
 }
 
-// generate runs `clusterctl generate cluster name --from templates/file`
-// into namespace ns with exactly vars as the environment (plus what
-// clusterctl needs to run offline), and returns stdout and stderr.
-func (c *clusterctl) generate(t *testing.T, file, name, ns string, workers int, vars map[string]string) (string, string, error) {
-	t.Helper()
-	cmd := exec.Command(c.bin, "generate", "cluster", name, "--from", filepath.Join(c.root, "templates", file),
-		"--target-namespace", ns, "--worker-machine-count", strconv.Itoa(workers))
-	// No configuration file, no version check against GitHub.
-	cmd.Env = []string{"HOME=" + c.home, "XDG_CONFIG_HOME=" + c.home, "PATH=" + os.Getenv("PATH"),
-		"CLUSTERCTL_DISABLE_VERSIONCHECK=true"}
+// command runs `clusterctl generate cluster name --from templates/file
+// --target-namespace ns args...` with exactly vars as the environment, plus
+// an empty home (no clusterctl.yaml) and no version check against GitHub.
+func (c *clusterctl) command(file, name, ns string, vars map[string]string, args ...string) *exec.Cmd {
+	cmd := exec.Command(c.bin, append([]string{"generate", "cluster", name,
+		"--from", filepath.Join(c.root, "templates", file), "--target-namespace", ns}, args...)...)
+	cmd.Env = []string{"HOME=" + c.home, "XDG_CONFIG_HOME=" + c.home, "CLUSTERCTL_DISABLE_VERSIONCHECK=true"}
 	for k, v := range vars {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
+	return cmd
+}
+
+// generate renders a template with workers worker machines and returns
+// stdout and stderr.
+func (c *clusterctl) generate(t *testing.T, file, name, ns string, workers int, vars map[string]string) (string, string, error) {
+	t.Helper()
+	cmd := c.command(file, name, ns, vars, "--worker-machine-count", strconv.Itoa(workers))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -115,7 +122,7 @@ func apply(ctx context.Context, objs []unstructured.Unstructured, opts ...client
 		o := objs[i].DeepCopy()
 		all := append([]client.ApplyOption{client.FieldOwner("clusterctl-template")}, opts...)
 		if err := env.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), all...); err != nil {
-			return err
+			return fmt.Errorf("apply %s %s: %w", o.GetKind(), o.GetName(), err)
 		}
 	}
 	return nil
@@ -146,6 +153,25 @@ func TestClusterctlTemplates(t *testing.T) {
 		return m
 	}
 	const mdCluster = "tmpl-md"
+
+	t.Run("every variable is documented in templates/README.md", func(t *testing.T) {
+		readme, err := os.ReadFile(filepath.Join(cc.root, "templates", "README.md"))
+		require.NoError(t, err)
+		for _, file := range []string{"cluster-template.yaml", "cluster-template-machinedeployment.yaml"} {
+			out, err := cc.command(file, "x", "x", nil, "--list-variables").CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			var vars []string
+			for line := range strings.SplitSeq(string(out), "\n") {
+				if v, ok := strings.CutPrefix(strings.TrimSpace(line), "- "); ok {
+					vars = append(vars, strings.Fields(v)[0])
+				}
+			}
+			require.Contains(t, vars, "NSTANCE_CONTROL_PLANE_HOST", "%s", out)
+			for _, v := range vars {
+				require.Contains(t, string(readme), "| `"+v+"` |", "%s uses %s, which templates/README.md does not document", file, v)
+			}
+		}
+	})
 
 	t.Run("missing required variables fail naming them", func(t *testing.T) {
 		_, stderr, err := cc.generate(t, "cluster-template.yaml", clusterID, f.ns, 2, map[string]string{})
