@@ -173,6 +173,36 @@ func TestClusterctlTemplates(t *testing.T) {
 		}
 	})
 
+	t.Run("from a release: clusterctl finds both flavours by provider name", func(t *testing.T) {
+		// A local provider repository laid out as a release (make
+		// release-manifests publishes these files side by side), named in
+		// clusterctl.yaml as templates/README.md says.
+		repo := filepath.Join(t.TempDir(), "infrastructure-nstance", "v0.1.0")
+		require.NoError(t, os.MkdirAll(repo, 0o755))
+		for _, src := range []string{"templates/cluster-template.yaml", "templates/cluster-template-machinedeployment.yaml", "metadata.yaml"} {
+			data, err := os.ReadFile(filepath.Join(cc.root, src))
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(filepath.Join(repo, filepath.Base(src)), data, 0o644))
+		}
+		components := filepath.Join(repo, "infrastructure-components.yaml")
+		require.NoError(t, os.WriteFile(components, []byte("---\n"), 0o644))
+		home := t.TempDir()
+		require.NoError(t, os.MkdirAll(filepath.Join(home, "cluster-api"), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(home, "cluster-api", "clusterctl.yaml"), []byte(
+			"providers:\n  - name: nstance\n    type: InfrastructureProvider\n    url: "+components+"\n"), 0o644))
+		for flavor, want := range map[string]string{"": "MachinePool", "machinedeployment": "MachineDeployment"} {
+			cmd := exec.Command(cc.bin, "generate", "cluster", "rel", "--infrastructure", "nstance:v0.1.0",
+				"--flavor", flavor, "--target-namespace", "x")
+			cmd.Env = []string{"HOME=" + home, "XDG_CONFIG_HOME=" + home, "CLUSTERCTL_DISABLE_VERSIONCHECK=true",
+				"NSTANCE_CONTROL_PLANE_HOST=h", "NSTANCE_SHARDS=a", "NSTANCE_SHARD=a"}
+			out, err := cmd.Output()
+			require.NoError(t, err, "flavor %q", flavor)
+			objs, err := capiyaml.ToUnstructured(out)
+			require.NoError(t, err)
+			require.Contains(t, kinds(objs), want, "flavor %q", flavor)
+		}
+	})
+
 	t.Run("missing required variables fail naming them", func(t *testing.T) {
 		_, stderr, err := cc.generate(t, "cluster-template.yaml", clusterID, f.ns, 2, map[string]string{})
 		require.Error(t, err)
