@@ -13,21 +13,31 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/utils/ptr"
+	clusterv1beta1 "sigs.k8s.io/cluster-api/api/core/v1beta1" //nolint:staticcheck // CAPI's conversion webhooks need the old types
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	capimachinedeployment "sigs.k8s.io/cluster-api/core/reconcilers/machinedeployment"
 	capimachineset "sigs.k8s.io/cluster-api/core/reconcilers/machineset"
+	coreadmission "sigs.k8s.io/cluster-api/core/webhooks/admission"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	capiyaml "sigs.k8s.io/cluster-api/util/yaml"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	opwebhook "github.com/nstance-dev/nstance/internal/operator/webhook"
 	"github.com/nstance-dev/nstance/internal/testing/kubetest"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -42,6 +52,100 @@ func withMachineDeployments(ctx context.Context, mgr ctrl.Manager, cc clustercac
 	}
 	return (&capimachineset.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cc,
 		PreflightChecks: sets.New(clusterv1.MachineSetPreflightCheckAll)}).SetupWithManager(ctx, mgr, opts)
+}
+
+// startAdmissionWebhooks serves core CAPI's admission webhooks (defaulting
+// and validation of Clusters, Machines, MachineSets, MachineDeployments and
+// MachinePools, configured from the cluster-api module's
+// core/config/webhook/manifests.yaml) and the operator's, and registers them
+// with the API server for namespace ns only, until the test ends: objects
+// there are admitted as in a management cluster with CAPI installed.
+func startAdmissionWebhooks(t *testing.T, ns string) {
+	t.Helper()
+	root, err := kubetest.RepoRoot()
+	require.NoError(t, err)
+	crdDir, err := kubetest.CAPICRDDir(root)
+	require.NoError(t, err)
+	fail := ptr.To(admissionv1.Fail)
+	none := ptr.To(admissionv1.SideEffectClassNone)
+	ours := &admissionv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "nstance-operator-validating"},
+		Webhooks: []admissionv1.ValidatingWebhook{{
+			Name: "validation.nstancemachinepool.infrastructure.cluster.x-k8s.io", AdmissionReviewVersions: []string{"v1"},
+			SideEffects: none, FailurePolicy: fail,
+			ClientConfig: admissionv1.WebhookClientConfig{Service: &admissionv1.ServiceReference{Name: "svc", Namespace: "default", Path: ptr.To(opwebhook.Path)}},
+			Rules: []admissionv1.RuleWithOperations{{Operations: []admissionv1.OperationType{admissionv1.Create, admissionv1.Update},
+				Rule: admissionv1.Rule{APIGroups: []string{infrav1.GroupVersion.Group}, APIVersions: []string{"v1beta1"}, Resources: []string{"nstancemachinepools"}}}},
+		}, {
+			Name: "validation.machinepool.static.nstance.dev", AdmissionReviewVersions: []string{"v1"},
+			SideEffects: none, FailurePolicy: fail,
+			ClientConfig:   admissionv1.WebhookClientConfig{Service: &admissionv1.ServiceReference{Name: "svc", Namespace: "default", Path: ptr.To(opwebhook.MachinePoolPath)}},
+			ObjectSelector: &metav1.LabelSelector{MatchLabels: map[string]string{opwebhook.StaticLabel: "true"}},
+			Rules: []admissionv1.RuleWithOperations{{Operations: []admissionv1.OperationType{admissionv1.Update},
+				Rule: admissionv1.Rule{APIGroups: []string{clusterv1.GroupVersion.Group}, APIVersions: []string{"v1beta2"}, Resources: []string{"machinepools"}}}},
+		}},
+	}
+	wo := &envtest.WebhookInstallOptions{
+		Paths:              []string{filepath.Join(filepath.Dir(filepath.Dir(crdDir)), "webhook", "manifests.yaml")},
+		ValidatingWebhooks: []*admissionv1.ValidatingWebhookConfiguration{ours},
+	}
+	// Certificates, and every clientConfig pointed at the local server.
+	require.NoError(t, wo.PrepWithoutInstalling())
+	t.Cleanup(func() { _ = wo.Cleanup() })
+	require.NotEmpty(t, wo.MutatingWebhooks, "core CAPI's defaulting webhooks")
+	only := &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: ns}}
+	ctx := context.Background()
+	var created []client.Object
+	for _, m := range wo.MutatingWebhooks {
+		m.Name += "-" + ns
+		for i := range m.Webhooks {
+			m.Webhooks[i].NamespaceSelector = only
+		}
+		created = append(created, m)
+	}
+	for _, v := range wo.ValidatingWebhooks {
+		v.Name += "-" + ns
+		for i := range v.Webhooks {
+			v.Webhooks[i].NamespaceSelector = only
+		}
+		created = append(created, v)
+	}
+
+	// CAPI's webhooks also convert from v1beta1, so they need its types.
+	scheme, err := kubetest.NewScheme()
+	require.NoError(t, err)
+	require.NoError(t, clusterv1beta1.AddToScheme(scheme))
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		Controller:    config.Controller{SkipNameValidation: ptr.To(true)},
+		WebhookServer: webhook.NewServer(webhook.Options{Host: wo.LocalServingHost, Port: wo.LocalServingPort, CertDir: wo.LocalServingCertDir}),
+	})
+	require.NoError(t, err)
+	for _, setup := range []func(ctrl.Manager) error{
+		(&coreadmission.Cluster{Client: mgr.GetClient()}).SetupWebhookWithManager,
+		(&coreadmission.Machine{}).SetupWebhookWithManager,
+		(&coreadmission.MachineSet{}).SetupWebhookWithManager,
+		(&coreadmission.MachineDeployment{}).SetupWebhookWithManager,
+		(&coreadmission.MachinePool{}).SetupWebhookWithManager,
+		opwebhook.Setup,
+	} {
+		require.NoError(t, setup(mgr))
+	}
+	mctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	t.Cleanup(func() {
+		for _, o := range created {
+			_ = env.Client.Delete(context.Background(), o)
+		}
+		cancel()
+		<-done
+	})
+	require.Eventually(t, func() bool { return mgr.GetWebhookServer().StartedChecker()(nil) == nil },
+		waitLong, tick, "webhook server serving")
+	for _, o := range created {
+		require.NoError(t, env.Client.Create(ctx, o))
+	}
 }
 
 // clusterctl is the clusterctl binary built from the cluster-api module in
@@ -132,9 +236,11 @@ func apply(ctx context.Context, objs []unstructured.Unstructured, opts ...client
 // MachinePool flavour) and templates/cluster-template-machinedeployment.yaml
 // with clusterctl built from the cluster-api module: a missing required
 // variable fails naming it; the rendered objects pass the API server's
-// validation in a server-side dry-run (which creates nothing, and refuses a
-// bad variable); applied for real beside core CAPI's controllers and the
-// operator, both Clusters become Available and their workers Ready.
+// validation and core CAPI's and the operator's admission webhooks in a
+// server-side dry-run (which creates nothing, and refuses a bad variable or
+// an object CAPI's webhook rejects); applied for real beside core CAPI's
+// controllers and the operator, both Clusters become Available and their
+// workers Ready.
 func TestClusterctlTemplates(t *testing.T) {
 	ctx := context.Background()
 	cc := buildClusterctl(t)
@@ -221,6 +327,7 @@ func TestClusterctlTemplates(t *testing.T) {
 		require.Equal(t, f.ns, o.GetNamespace(), "%s %s", o.GetKind(), o.GetName())
 	}
 
+	startAdmissionWebhooks(t, f.ns)
 	t.Run("server-side dry-run accepts the objects and creates nothing", func(t *testing.T) {
 		for _, objs := range [][]unstructured.Unstructured{mp, md} {
 			require.NoError(t, apply(ctx, objs, client.DryRunAll))
@@ -237,6 +344,20 @@ func TestClusterctlTemplates(t *testing.T) {
 		require.Error(t, err)
 		require.True(t, apierrors.IsInvalid(err), "%v", err)
 		require.Contains(t, err.Error(), "spec.shards")
+
+		// And core CAPI's webhooks admit: a MachineDeployment whose selector
+		// its template does not match is theirs to refuse.
+		broken := make([]unstructured.Unstructured, 0, len(md))
+		for _, o := range md {
+			o = *o.DeepCopy()
+			if o.GetKind() == "MachineDeployment" {
+				require.NoError(t, unstructured.SetNestedField(o.Object, "x", "spec", "selector", "matchLabels", "extra"))
+			}
+			broken = append(broken, o)
+		}
+		err = apply(ctx, broken, client.DryRunAll)
+		require.Error(t, err)
+		require.Contains(t, err.Error(), `admission webhook "validation.machinedeployment.cluster.x-k8s.io" denied the request`)
 	})
 
 	t.Run("applied beside core CAPI, the Clusters become Available and the workers Ready", func(t *testing.T) {
