@@ -195,10 +195,11 @@ helm-lint: $(BIN)/helm ## helm lint the chart with default and sample values.
 	$(BIN)/helm lint --strict $(CHART) -f $(CHART)/ci/sample-values.yaml
 
 .PHONY: release-manifests
-release-manifests: $(BIN)/helm ## clusterctl infrastructure-components.yaml and metadata.yaml in dist/.
+release-manifests: $(BIN)/helm ## clusterctl infrastructure-components.yaml, metadata.yaml and cluster templates in dist/.
 	@mkdir -p $(DIST)
 	deploy/clusterctl/components.sh $(BIN)/helm $(VERSION) > $(DIST)/infrastructure-components.yaml
 	cp metadata.yaml $(DIST)/metadata.yaml
+	cp templates/cluster-template.yaml templates/cluster-template-machinedeployment.yaml $(DIST)/
 
 .PHONY: release
 release: release-manifests ## linux/amd64+arm64 binaries, checksums and clusterctl manifests in dist/.
@@ -207,7 +208,7 @@ release: release-manifests ## linux/amd64+arm64 binaries, checksums and clusterc
 		GOOS=linux GOARCH=$$a CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(DIST)/$$b-linux-$$a ./cmd/$$b || exit 1; \
 	done; done
 	cd $(DIST) && sha256sum $(foreach b,$(RELEASE_BINARIES),$(foreach a,$(RELEASE_ARCHES),$(b)-linux-$(a))) \
-		infrastructure-components.yaml metadata.yaml > checksums.txt
+		infrastructure-components.yaml metadata.yaml cluster-template.yaml cluster-template-machinedeployment.yaml > checksums.txt
 	@cat $(DIST)/checksums.txt
 
 ##@ Development stack

@@ -18,8 +18,13 @@ type NstanceMachineTemplateResource struct {
 
 // NstanceMachineTemplateSpec is the desired state of an NstanceMachineTemplate.
 type NstanceMachineTemplateSpec struct {
-	// template describes the NstanceMachines to create.
+	// template describes the NstanceMachines to create. It cannot change,
+	// as the Cluster API contract asks of infrastructure machine templates:
+	// Machines already made from it would silently differ from it. To roll
+	// out a change, create a new template and point the MachineDeployment
+	// (or MachineSet) at it.
 	// +required
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="template is immutable: create a new NstanceMachineTemplate and reference it instead"
 	Template NstanceMachineTemplateResource `json:"template"`
 }
 

@@ -99,6 +99,28 @@ func TestInvalidObjectsRejected(t *testing.T) {
 			wantInMessage: []string{"spec.group", "group is immutable"},
 		},
 		{
+			name: "machine template spec changed",
+			apply: func(t *testing.T, ns string) error {
+				mt := validMachineTemplate()
+				mt.Namespace = ns
+				create(t, mt)
+				mt.Spec.Template.Spec.InstanceType = "m7i.xlarge"
+				return env.Client.Update(t.Context(), mt)
+			},
+			wantInMessage: []string{"spec.template", "template is immutable: create a new NstanceMachineTemplate"},
+		},
+		{
+			name: "machine template metadata changed",
+			apply: func(t *testing.T, ns string) error {
+				mt := validMachineTemplate()
+				mt.Namespace = ns
+				create(t, mt)
+				mt.Spec.Template.ObjectMeta.Labels = map[string]string{"tier": "new"}
+				return env.Client.Update(t.Context(), mt)
+			},
+			wantInMessage: []string{"spec.template", "template is immutable"},
+		},
+		{
 			name: "shard group with negative size",
 			apply: func(t *testing.T, ns string) error {
 				g := validShardGroup()

@@ -21,6 +21,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/bootstrap"
 	opconfig "github.com/nstance-dev/nstance/internal/operator/config"
 	opmanager "github.com/nstance-dev/nstance/internal/operator/manager"
+	opwebhook "github.com/nstance-dev/nstance/internal/operator/webhook"
 )
 
 const release = "nstance-operator"
@@ -418,10 +419,18 @@ func checkWebhook(t *testing.T, r rendering, objs []object) {
 	}
 	var vwc admissionv1.ValidatingWebhookConfiguration
 	into(t, vwcObj, &vwc)
-	require.Len(t, vwc.Webhooks, 1)
+	require.Len(t, vwc.Webhooks, 2)
 	wh := vwc.Webhooks[0]
 	require.Equal(t, []string{"nstancemachinepools"}, wh.Rules[0].Resources)
 	require.Equal(t, []string{"infrastructure.cluster.x-k8s.io"}, wh.Rules[0].APIGroups)
+	// Static pools' MachinePools only, selected by label.
+	mpw := vwc.Webhooks[1]
+	require.Equal(t, []string{"machinepools"}, mpw.Rules[0].Resources)
+	require.Equal(t, []string{"cluster.x-k8s.io"}, mpw.Rules[0].APIGroups)
+	require.Equal(t, opwebhook.MachinePoolPath, *mpw.ClientConfig.Service.Path)
+	require.Equal(t, map[string]string{opwebhook.StaticLabel: "true"}, mpw.ObjectSelector.MatchLabels)
+	require.Equal(t, wh.ClientConfig.Service.Name, mpw.ClientConfig.Service.Name)
+	require.Equal(t, wh.ClientConfig.CABundle, mpw.ClientConfig.CABundle)
 	svc := wh.ClientConfig.Service
 	require.NotNil(t, svc)
 	require.Equal(t, release+"-webhook", svc.Name)

@@ -172,6 +172,10 @@ func TestReleasePlan(t *testing.T) {
 	plan := run(t, root, "make", "-n", "release", "VERSION="+imageVersion, "DIST=/tmp/nstance-dist")
 	require.Contains(t, plan, "components.sh")
 	require.Contains(t, plan, "cp metadata.yaml /tmp/nstance-dist/metadata.yaml")
+	// clusterctl looks for cluster-template[-<flavor>].yaml among a
+	// release's assets (`clusterctl generate cluster --flavor`).
+	require.Contains(t, plan, "cp templates/cluster-template.yaml templates/cluster-template-machinedeployment.yaml /tmp/nstance-dist/")
+	require.Contains(t, plan, "cluster-template.yaml cluster-template-machinedeployment.yaml > checksums.txt")
 	require.Contains(t, plan, "sha256sum")
 	require.Contains(t, plan, "CGO_ENABLED=0")
 	for _, b := range []string{"nstance-server", "nstance-agent", "nstance-operator", "nstance-admin"} {

@@ -33,6 +33,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
@@ -151,12 +152,14 @@ func TestWebhookOnNonDefaultPort(t *testing.T) {
 	require.True(t, ok)
 	var vwc admissionv1.ValidatingWebhookConfiguration
 	into(t, vwcObj, &vwc)
-	require.Len(t, vwc.Webhooks, 1)
-	require.NotNil(t, vwc.Webhooks[0].ClientConfig.Service)
-	require.Equal(t, svc.Name, vwc.Webhooks[0].ClientConfig.Service.Name)
-	require.EqualValues(t, svc.Spec.Ports[0].Port, *vwc.Webhooks[0].ClientConfig.Service.Port)
-	path := *vwc.Webhooks[0].ClientConfig.Service.Path
-	require.Equal(t, opwebhook.Path, path, "the configuration calls a path the operator does not serve")
+	require.Len(t, vwc.Webhooks, 2)
+	for i, want := range []string{opwebhook.Path, opwebhook.MachinePoolPath} {
+		w := vwc.Webhooks[i]
+		require.NotNil(t, w.ClientConfig.Service)
+		require.Equal(t, svc.Name, w.ClientConfig.Service.Name)
+		require.EqualValues(t, svc.Spec.Ports[0].Port, *w.ClientConfig.Service.Port)
+		require.Equal(t, want, *w.ClientConfig.Service.Path, "the configuration calls a path the operator does not serve")
+	}
 
 	// The rendered CRDs, a namespace, and a Lease held by another replica:
 	// this operator stays a standby, which must answer admission requests
@@ -293,6 +296,32 @@ func TestWebhookOnNonDefaultPort(t *testing.T) {
 	// A change the webhook allows goes through it and is stored.
 	stored.Spec.InstanceType = "large"
 	require.NoError(t, e.Client.Update(ctx, &stored))
+
+	// The MachinePool of a static pool cannot be scaled; the label selects
+	// it, other MachinePools never reach the operator.
+	newMP := func(static bool) *clusterv1.MachinePool {
+		mp := &clusterv1.MachinePool{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "mp-"},
+			Spec: clusterv1.MachinePoolSpec{ClusterName: "webhook-test", Replicas: ptr.To[int32](2),
+				Template: clusterv1.MachineTemplateSpec{Spec: clusterv1.MachineSpec{ClusterName: "webhook-test",
+					Bootstrap: clusterv1.Bootstrap{DataSecretName: ptr.To("")},
+					InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+						APIGroup: infrav1.GroupVersion.Group, Kind: "NstanceMachinePool", Name: pool.Name}}}},
+		}
+		if static {
+			mp.Labels = map[string]string{opwebhook.StaticLabel: "true"}
+		}
+		require.NoError(t, e.Client.Create(ctx, mp))
+		return mp
+	}
+	staticMP := newMP(true)
+	staticMP.Spec.Replicas = ptr.To[int32](5)
+	err = e.Client.Update(ctx, staticMP)
+	require.Error(t, err)
+	require.Regexp(t, `admission webhook "[^"]+" denied the request: .*spec.replicas: Forbidden: the static group is sized by the shard config files \(2 instances\)`, err.Error())
+	dynamicMP := newMP(false)
+	dynamicMP.Spec.Replicas = ptr.To[int32](5)
+	require.NoError(t, e.Client.Update(ctx, dynamicMP))
 
 	require.NoError(t, e.Client.Delete(ctx, &vwc))
 	require.NoError(t, stop(), "the operator stops cleanly on SIGTERM:\n%s", logs.String())

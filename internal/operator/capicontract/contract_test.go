@@ -24,8 +24,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -37,6 +39,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/index"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -223,18 +226,27 @@ func bindCAPIWorkloadRole(t *testing.T, ns string) {
 
 // startCAPI runs core Cluster API's Cluster, Machine and MachinePool
 // controllers and its ClusterCache, watching ns, as its controller manager
-// wires them (core/setup), until the test ends.
-func startCAPI(t *testing.T, ns string, log logr.Logger) {
+// wires them (core/setup), until the test ends. extra sets up more of core
+// CAPI's controllers on the same manager and ClusterCache.
+func startCAPI(t *testing.T, ns string, log logr.Logger, extra ...capiSetup) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	scheme, err := kubetest.NewScheme()
 	require.NoError(t, err)
+	// The name must be unique per process: CAPI registers informer names
+	// globally and panics on a repeat (go test -count=2). The namespace is a
+	// field selector rather than the cache's DefaultNamespaces: a namespaced
+	// cache hands out informers that core CAPI's MachineDeployment and
+	// MachineSet controllers cannot use ("failed to cast MachineSet informer
+	// to SharedIndexInformer").
+	cacheOpts := setup.ManagerCacheOptions(scheme, "capi-contract-"+ns, "", 10*time.Minute)
+	cacheOpts.DefaultFieldSelector = fields.OneTermEqualSelector("metadata.namespace", ns)
+	// Core CAPI reads CRDs (cluster-scoped) for contract versions.
+	cacheOpts.ByObject[&apiextensionsv1.CustomResourceDefinition{}] = cache.ByObject{Field: fields.Everything()}
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme: scheme,
-		Logger: log,
-		// The name must be unique per process: CAPI registers informer
-		// names globally and panics on a repeat (go test -count=2).
-		Cache:                  setup.ManagerCacheOptions(scheme, "capi-contract-"+ns, ns, 10*time.Minute),
+		Scheme:                 scheme,
+		Logger:                 log,
+		Cache:                  cacheOpts,
 		Client:                 setup.ManagerClientOptions(),
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
@@ -262,6 +274,9 @@ func startCAPI(t *testing.T, ns string, log logr.Logger) {
 		RemoteConditionsGracePeriod: 5 * time.Minute}).SetupWithManager(ctx, mgr, opts))
 	require.NoError(t, (&capimachinepool.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cc}).
 		SetupWithManager(ctx, mgr, opts))
+	for _, setup := range extra {
+		require.NoError(t, setup(ctx, mgr, cc, opts))
+	}
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
 	t.Cleanup(func() {
@@ -277,6 +292,9 @@ func startCAPI(t *testing.T, ns string, log logr.Logger) {
 		}
 	})
 }
+
+// capiSetup adds controllers to the manager startCAPI runs.
+type capiSetup func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, opts controller.Options) error
 
 func startOperator(t *testing.T, o manager.Options) {
 	t.Helper()

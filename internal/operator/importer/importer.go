@@ -21,6 +21,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/ledger"
 	"github.com/nstance-dev/nstance/internal/operator/metrics"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
+	"github.com/nstance-dev/nstance/internal/operator/webhook"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -48,6 +49,7 @@ type Importer struct {
 }
 
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachinepools,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstanceshardgroups,verbs=get;list;watch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinepools,verbs=get;list;watch;create
 
 // Result reports what an import did.
@@ -76,7 +78,6 @@ func (im *Importer) Run(ctx context.Context) (Result, error) {
 		for _, g := range groups {
 			if g.GetStatic() {
 				res.Static++
-				continue
 			}
 			if g.GetShard() == "" {
 				g.Shard = shard
@@ -99,6 +100,15 @@ func (im *Importer) Run(ctx context.Context) (Result, error) {
 	}
 	for _, p := range pools.Items {
 		known[p.Spec.Group] = ledger.StateManaged
+	}
+	// A shard group without a pool (the machinedeployment cluster template
+	// declares one for its NstanceMachines) also holds its group.
+	var sgs infrav1.NstanceShardGroupList
+	if err := im.Reader.List(ctx, &sgs, client.InNamespace(im.Namespace)); err != nil {
+		return res, fmt.Errorf("list NstanceShardGroups: %w", err)
+	}
+	for _, sg := range sgs.Items {
+		known[sg.Spec.Group] = ledger.StateManaged
 	}
 
 	var todo []string
@@ -181,7 +191,11 @@ func (im *Importer) create(ctx context.Context, ids []string, found map[string][
 
 // Objects builds the NstanceMachinePool and MachinePool for a group found on
 // the given shards. Shards are ordered by size, largest first, so the even
-// split gives the remainder back to the shards that had more.
+// split gives the remainder back to the shards that had more. A static group
+// (defined in a shard's config file) becomes a pool annotated
+// webhook.StaticAnnotation: the webhook then refuses changes to its
+// template, subnet pool, shards and its MachinePool's replicas, which the
+// server would refuse anyway.
 func Objects(namespace, clusterName, id string, groups []*nstancev1.GroupStatus) (*infrav1.NstanceMachinePool, *clusterv1.MachinePool) {
 	groups = slices.Clone(groups)
 	slices.SortFunc(groups, func(a, b *nstancev1.GroupStatus) int {
@@ -202,6 +216,10 @@ func Objects(namespace, clusterName, id string, groups []*nstancev1.GroupStatus)
 		labels[clusterv1.ClusterNameLabel] = clusterName
 	}
 	ann := map[string]string{ImportedAnnotation: "true"}
+	static := slices.ContainsFunc(groups, (*nstancev1.GroupStatus).GetStatic)
+	if static {
+		ann[webhook.StaticAnnotation] = "true"
+	}
 	pool := &infrav1.NstanceMachinePool{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: id, Labels: labels, Annotations: ann},
 		Spec: infrav1.NstanceMachinePoolSpec{
@@ -215,8 +233,12 @@ func Objects(namespace, clusterName, id string, groups []*nstancev1.GroupStatus)
 	if d := spec.GetDrainTimeout(); d != nil {
 		pool.Spec.DrainTimeout = &metav1.Duration{Duration: d.AsDuration()}
 	}
+	mpLabels := maps.Clone(labels)
+	if static {
+		mpLabels[webhook.StaticLabel] = "true"
+	}
 	mp := &clusterv1.MachinePool{
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: id, Labels: maps.Clone(labels), Annotations: maps.Clone(ann)},
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: id, Labels: mpLabels, Annotations: maps.Clone(ann)},
 		Spec: clusterv1.MachinePoolSpec{
 			ClusterName:    clusterName,
 			Replicas:       ptr.To(total),
@@ -248,6 +270,7 @@ func (im *Importer) createOne(ctx context.Context, id string, groups []*nstancev
 	if err := im.Client.Create(ctx, mp); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("import group %s: create MachinePool: %w", id, err)
 	}
-	im.Log.Info("imported group", "group", id, "shards", pool.Spec.Shards, "replicas", *mp.Spec.Replicas)
+	im.Log.Info("imported group", "group", id, "shards", pool.Spec.Shards, "replicas", *mp.Spec.Replicas,
+		"static", webhook.IsStatic(pool))
 	return nil
 }

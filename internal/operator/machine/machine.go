@@ -168,29 +168,21 @@ func setCond(nm *infrav1.NstanceMachine, typ string, st metav1.ConditionStatus, 
 	meta.SetStatusCondition(&nm.Status.Conditions, metav1.Condition{Type: typ, Status: st, Reason: reason, Message: msg, ObservedGeneration: nm.Generation})
 }
 
-// shardFor picks the shard: spec.shard, the Machine's failureDomain, or the
-// default. ok is false while a Cluster API-managed NstanceMachine waits for
-// its owning Machine (which carries the failure domain).
-func (r *Reconciler) shardFor(nm *infrav1.NstanceMachine, machine *clusterv1.Machine) (string, bool) {
-	if nm.Spec.Shard != "" {
-		return nm.Spec.Shard, true
-	}
-	if machine != nil {
-		return cmp.Or(machine.Spec.FailureDomain, r.DefaultShard), true
-	}
-	if _, managed := nm.Labels[clusterv1.ClusterNameLabel]; managed {
-		return "", false
-	}
-	return r.DefaultShard, true
-}
-
 func (r *Reconciler) reconcileNormal(ctx context.Context, nm *infrav1.NstanceMachine, machine *clusterv1.Machine) (reconcile.Result, error) {
 	if nm.Status.InstanceID == "" {
-		shard, ok := r.shardFor(nm, machine)
-		if !ok {
-			setCond(nm, ConditionInstanceCreated, metav1.ConditionFalse, ReasonWaitingForMachine, "waiting for the owning Machine")
+		place := chooseShard(nm, machine, r.DefaultShard)
+		if place.shard == "" {
+			setCond(nm, ConditionInstanceCreated, metav1.ConditionFalse, place.reason, place.message)
+			if place.reason == ReasonShardMismatch {
+				// Ready carries it to the Machine's InfrastructureReady.
+				setCond(nm, ConditionReady, metav1.ConditionFalse, place.reason, place.message)
+				if r.Recorder != nil {
+					r.Recorder.Eventf(nm, machine, corev1.EventTypeWarning, place.reason, "Create", "%s", place.message)
+				}
+			}
 			return reconcile.Result{}, nil
 		}
+		shard := place.shard
 		if !r.Conns.Known(shard) {
 			setCond(nm, ConditionInstanceCreated, metav1.ConditionFalse, ReasonUnknownShard, fmt.Sprintf("shard %q is not in the operator configuration", shard))
 			return reconcile.Result{}, nil

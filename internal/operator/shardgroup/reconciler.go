@@ -27,6 +27,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/paused"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 	"github.com/nstance-dev/nstance/internal/operator/watch"
+	"github.com/nstance-dev/nstance/internal/operator/webhook"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -36,6 +37,7 @@ const (
 	EventConfigRejected   = "ConfigRejected"
 	EventGroupDeleted     = "GroupDeleted"
 	EventUnknownShard     = "UnknownShard"
+	EventStaticGroupKept  = "StaticGroupKept"
 )
 
 // Reconciler syncs NstanceShardGroups to the servers.
@@ -107,7 +109,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 
 	if !sg.DeletionTimestamp.IsZero() {
-		return r.reconcileDelete(ctx, &sg)
+		return r.reconcileDelete(ctx, &sg, owner != nil && webhook.IsStatic(owner))
 	}
 	if !controllerutil.ContainsFinalizer(&sg, infrav1.ShardGroupFinalizer) {
 		// Optimistic lock: a merge patch replaces the whole finalizer list.
@@ -135,9 +137,17 @@ func (r *Reconciler) ownerPool(ctx context.Context, sg *infrav1.NstanceShardGrou
 	return &pool, nil
 }
 
-func (r *Reconciler) reconcileDelete(ctx context.Context, sg *infrav1.NstanceShardGroup) (ctrl.Result, error) {
+// reconcileDelete deletes the server group, then the finalizer. The group
+// of a static pool is defined in the shard's config file, which the server
+// refuses to change: deleting the pool only stops mirroring it.
+func (r *Reconciler) reconcileDelete(ctx context.Context, sg *infrav1.NstanceShardGroup, static bool) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(sg, infrav1.ShardGroupFinalizer) {
 		return ctrl.Result{}, nil
+	}
+	if static {
+		r.Recorder.Eventf(sg, nil, corev1.EventTypeNormal, EventStaticGroupKept, "Delete",
+			"group %s on shard %s is defined in the shard's config file and stays there", sg.Spec.Group, sg.Spec.Shard)
+		return ctrl.Result{}, r.removeFinalizer(ctx, sg)
 	}
 	shard := sg.Spec.Shard
 	if !r.Conns.Known(shard) {

@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -43,6 +44,13 @@ func TestStaticPoolImmutableOverTLS(t *testing.T) {
 			ClientConfig: admissionv1.WebhookClientConfig{Service: &admissionv1.ServiceReference{Name: "svc", Namespace: "default", Path: ptr.To(opwebhook.Path)}},
 			Rules: []admissionv1.RuleWithOperations{{Operations: []admissionv1.OperationType{admissionv1.Create, admissionv1.Update},
 				Rule: admissionv1.Rule{APIGroups: []string{infrav1.GroupVersion.Group}, APIVersions: []string{"v1beta1"}, Resources: []string{"nstancemachinepools"}}}},
+		}, {
+			Name: "validation.machinepool.static.nstance.dev", AdmissionReviewVersions: []string{"v1"},
+			SideEffects: ptr.To(admissionv1.SideEffectClassNone), FailurePolicy: ptr.To(admissionv1.Fail),
+			ClientConfig:   admissionv1.WebhookClientConfig{Service: &admissionv1.ServiceReference{Name: "svc", Namespace: "default", Path: ptr.To(opwebhook.MachinePoolPath)}},
+			ObjectSelector: &metav1.LabelSelector{MatchLabels: map[string]string{opwebhook.StaticLabel: "true"}},
+			Rules: []admissionv1.RuleWithOperations{{Operations: []admissionv1.OperationType{admissionv1.Update},
+				Rule: admissionv1.Rule{APIGroups: []string{clusterv1.GroupVersion.Group}, APIVersions: []string{"v1beta2"}, Resources: []string{"machinepools"}}}},
 		}},
 	}
 	te := &envtest.Environment{BinaryAssetsDirectory: assets, CRDDirectoryPaths: crds, ErrorIfCRDPathMissing: true, Scheme: scheme,
@@ -104,6 +112,46 @@ func TestStaticPoolImmutableOverTLS(t *testing.T) {
 			require.Contains(t, err.Error(), "denied the request", "rejected by the webhook, not the schema")
 		})
 	}
+
+	t.Run("static MachinePool: scaling rejected, other changes allowed", func(t *testing.T) {
+		newMP := func(name string, static bool) *clusterv1.MachinePool {
+			mp := &clusterv1.MachinePool{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: name},
+				Spec: clusterv1.MachinePoolSpec{ClusterName: "c", Replicas: ptr.To[int32](2),
+					Template: clusterv1.MachineTemplateSpec{Spec: clusterv1.MachineSpec{ClusterName: "c",
+						Bootstrap: clusterv1.Bootstrap{DataSecretName: ptr.To("")},
+						InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+							APIGroup: infrav1.GroupVersion.Group, Kind: "NstanceMachinePool", Name: name}}}},
+			}
+			if static {
+				mp.Labels = map[string]string{opwebhook.StaticLabel: "true"}
+			}
+			require.NoError(t, c.Create(ctx, mp))
+			return mp
+		}
+		mp := newMP("mp-static", true)
+		mp.Spec.Replicas = ptr.To[int32](3)
+		err := c.Update(ctx, mp)
+		require.Error(t, err)
+		require.True(t, apierrors.IsInvalid(err), "%v", err)
+		require.Contains(t, err.Error(), "denied the request")
+		require.Contains(t, err.Error(), "spec.replicas")
+		require.Contains(t, err.Error(), "sized by the shard config files (2 instances)")
+
+		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(mp), mp))
+		mp.Labels = nil
+		err = c.Update(ctx, mp)
+		require.Error(t, err)
+		require.Contains(t, err.Error(), opwebhook.StaticLabel, "the marker cannot be removed to scale")
+
+		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(mp), mp))
+		mp.Spec.FailureDomains = []string{"a"}
+		require.NoError(t, c.Update(ctx, mp), "a change other than the size is allowed")
+
+		dyn := newMP("mp-dynamic", false)
+		dyn.Spec.Replicas = ptr.To[int32](3)
+		require.NoError(t, c.Update(ctx, dyn), "a MachinePool of a dynamic pool scales")
+	})
 
 	// --disable-webhooks: the chart then installs no
 	// ValidatingWebhookConfiguration (internal/packaging checks that), and

@@ -111,7 +111,8 @@ type NodeSpec struct {
 	ProviderID string `json:"providerID"`
 }
 
-// NodeStatus reports the Node ready with its addresses.
+// NodeStatus reports the Node healthy, as a kubelet would, with its
+// addresses.
 type NodeStatus struct {
 	Conditions []NodeCondition `json:"conditions"`
 	Addresses  []NodeAddress   `json:"addresses"`
@@ -122,7 +123,27 @@ type NodeCondition struct {
 	Type               string `json:"type"`
 	Status             string `json:"status"`
 	Reason             string `json:"reason"`
+	Message            string `json:"message,omitempty"`
+	LastHeartbeatTime  string `json:"lastHeartbeatTime"`
 	LastTransitionTime string `json:"lastTransitionTime"`
+}
+
+// kubeletConditions is the condition set a healthy kubelet reports: Ready
+// true and the three pressure conditions false. Core Cluster API's
+// NodeHealthy condition reads all four and is Unknown while one is missing.
+// NetworkUnavailable is left out: the kubelet does not report it (a CNI
+// plugin or cloud route controller does), and a Node without it counts as
+// having its network.
+func kubeletConditions(ts string) []NodeCondition {
+	c := func(typ, status, reason, msg string) NodeCondition {
+		return NodeCondition{Type: typ, Status: status, Reason: reason, Message: msg, LastHeartbeatTime: ts, LastTransitionTime: ts}
+	}
+	return []NodeCondition{
+		c("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+		c("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+		c("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+		c("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+	}
 }
 
 // NodeAddress is one Node address.
@@ -159,7 +180,7 @@ func WriteNode(nodeDir string, req provider.CreateRequest, now time.Time) error 
 		Metadata:   NodeMetadata{Name: req.InstanceID, Labels: labels, CreationTimestamp: ts},
 		Spec:       NodeSpec{ProviderID: req.ProviderID},
 		Status: NodeStatus{
-			Conditions: []NodeCondition{{Type: "Ready", Status: "True", Reason: "KubeletReady", LastTransitionTime: ts}},
+			Conditions: kubeletConditions(ts),
 			Addresses: []NodeAddress{
 				{Type: "InternalIP", Address: "127.0.0.1"},
 				{Type: "Hostname", Address: req.InstanceID},
