@@ -518,9 +518,9 @@ func (r *Reconciler) syncGroup(ctx context.Context, k groups.Key) (time.Duration
 	// Scale down: members beyond the size (and the surge a rotation in
 	// progress may use) go, drifted ones first.
 	if excess := len(fresh) + len(drifted) - size - min(r.surge(), len(drifted)); excess > 0 {
-		order := append(scaleDownOrder(drifted), scaleDownOrder(fresh)...)
+		order := markedFirst(append(scaleDownOrder(drifted), scaleDownOrder(fresh)...))
 		for _, rec := range order[:excess] {
-			if err := r.beginDeletion(ctx, rec.ID, nstancev1.DeletionReason_DELETION_REASON_SCALE_DOWN, false, fmt.Sprintf("group scaled to %d", size)); err != nil {
+			if err := r.beginDeletion(ctx, rec.ID, nstancev1.DeletionReason_DELETION_REASON_SCALE_DOWN, rec.ScaleDownSkipDrain, fmt.Sprintf("group scaled to %d", size)); err != nil {
 				errs = append(errs, err)
 				continue
 			}
@@ -628,6 +628,13 @@ func scaleDownOrder(recs []*instances.Record) []*instances.Record {
 		return out[i].ID > out[j].ID
 	})
 	return out
+}
+
+// markedFirst moves the members marked by MarkForScaleDown to the front,
+// keeping the order otherwise.
+func markedFirst(recs []*instances.Record) []*instances.Record {
+	sort.SliceStable(recs, func(i, j int) bool { return recs[i].ScaleDownFirst && !recs[j].ScaleDownFirst })
+	return recs
 }
 
 func (r *Reconciler) newRecord(tenant, groupID string, eff groups.Effective, labels map[string]string) (*instances.Record, error) {
