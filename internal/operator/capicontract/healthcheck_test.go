@@ -13,8 +13,8 @@ import (
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
-	capimhc "sigs.k8s.io/cluster-api/core/reconcilers/machinehealthcheck"
 	capimd "sigs.k8s.io/cluster-api/core/reconcilers/machinedeployment"
+	capimhc "sigs.k8s.io/cluster-api/core/reconcilers/machinehealthcheck"
 	capims "sigs.k8s.io/cluster-api/core/reconcilers/machineset"
 	"sigs.k8s.io/cluster-api/core/setup"
 	"sigs.k8s.io/cluster-api/util/index"
@@ -38,8 +38,8 @@ func startCAPIRemediation(t *testing.T, ns string, log logr.Logger) {
 	scheme, err := kubetest.NewScheme()
 	require.NoError(t, err)
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme:                 scheme,
-		Logger:                 log,
+		Scheme: scheme,
+		Logger: log,
 		// Every namespace: the MachineDeployment and MachineSet controllers
 		// wait for their cache through its informers' stores, which a cache
 		// restricted to namespaces does not hand out. Only ns holds
