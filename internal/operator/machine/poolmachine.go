@@ -170,10 +170,19 @@ func (r *Reconciler) releaseFromPool(ctx context.Context, mp *clusterv1.MachineP
 	return true, nil
 }
 
-// forgetRelease removes nm's record from mp once its instance is gone.
+// forgetRelease removes nm's record from mp once its instance is gone. mp
+// is read again from the API server: a cached copy that missed the record
+// would leave it behind for good.
 func (r *Reconciler) forgetRelease(ctx context.Context, mp *clusterv1.MachinePool, nm *infrav1.NstanceMachine) error {
 	if mp == nil {
 		return nil
+	}
+	reader := r.Reader
+	if reader == nil {
+		reader = r.Client
+	}
+	if err := reader.Get(ctx, client.ObjectKeyFromObject(mp), mp); err != nil {
+		return client.IgnoreNotFound(fmt.Errorf("get MachinePool %s: %w", mp.Name, err))
 	}
 	if _, ok := mp.Annotations[releaseKey(nm)]; !ok {
 		return nil
