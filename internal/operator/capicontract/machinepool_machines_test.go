@@ -57,6 +57,8 @@ func TestMachinePoolMachines(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
 	bindCAPIWorkloadRole(t, f.ns)
+	a := &acks{ids: map[string]int{}}
+	f.opts.OnDrainAcknowledged = a.record
 	startOperator(t, f.opts)
 	logs := &capiLog{}
 	startCAPI(t, f.ns, logs.logger())
@@ -67,6 +69,7 @@ func TestMachinePoolMachines(t *testing.T) {
 			}
 		}
 	})
+	stream := watchInstances(t, f.shard)
 	key := func(name string) client.ObjectKey { return client.ObjectKey{Namespace: f.ns, Name: name} }
 	f.createPool(t, "mpm", 3, 30*time.Second)
 
@@ -160,6 +163,14 @@ func TestMachinePoolMachines(t *testing.T) {
 		}, waitLong, tick, "the release record is removed from the MachinePool")
 		require.Equal(t, int32(2), ptr.Deref(mp.Spec.Replicas, 0))
 		require.Empty(t, logs.matching("Skipping deletion of Kubernetes Node"))
+		require.NotEmpty(t, events(t, f.ns, "Machine", victim, "SuccessfulDrainNode"), "core CAPI drained the Node")
+		// No second drain: core CAPI drained the Node, so the server removed
+		// the instance without announcing one.
+		require.Eventually(t, func() bool {
+			return slices.Contains(stream.of(victim), nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_DELETED)
+		}, waitLong, tick)
+		require.NotContains(t, stream.of(victim), nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION)
+		require.Zero(t, a.count(victim))
 	})
 
 	t.Run("an instance the server removes takes its NstanceMachine and Machine along", func(t *testing.T) {
@@ -178,5 +189,7 @@ func TestMachinePoolMachines(t *testing.T) {
 		require.Equal(t, int32(2), ptr.Deref(mp.Spec.Replicas, 0), "a server-side removal does not change the MachinePool")
 		creates, _ := f.provider.Counts()
 		require.Equal(t, 4, creates, "the group replaced the removed instance")
+		require.Equal(t, 1, a.count(gone), "the operator drained it once")
+		require.Empty(t, events(t, f.ns, "Machine", gone, "SuccessfulDrainNode"), "core CAPI did not drain again")
 	})
 }

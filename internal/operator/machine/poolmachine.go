@@ -124,11 +124,12 @@ func (r *Reconciler) deletePoolMachine(ctx context.Context, nm *infrav1.NstanceM
 		}
 	case st == nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION || st == nstancev1.InstanceState_INSTANCE_STATE_DELETING:
 		// Being removed by the server already: nothing to lower.
-	case mp == nil:
+	case mp == nil || !mp.DeletionTimestamp.IsZero():
+		// No MachinePool to lower (or it is going away with its group).
 		if _, err := cl.DeleteInstance(ctx, &nstancev1.DeleteInstanceRequest{InstanceId: id, SkipDrain: skipDrain}); err != nil && status.Code(err) != codes.NotFound {
 			return reconcile.Result{}, fmt.Errorf("DeleteInstance %s on shard %s: %w", id, nm.Spec.Shard, err)
 		}
-		if r.Recorder != nil {
+		if mp == nil && r.Recorder != nil {
 			r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, ReasonNoMachinePool, "Delete", "no MachinePool found for instance %s; deleted, its group replaces it", id)
 		}
 	default:
