@@ -97,8 +97,8 @@ type Record struct {
 	DrainAcked     bool                     `json:"drain_acked,omitempty"`
 	// ScaleDownFirst marks a group member its caller wants gone when the
 	// group next shrinks (DeleteInstance with on_scale_down): scale-down
-	// takes it before any other member, with ScaleDownSkipDrain as its
-	// skip_drain.
+	// takes it before any other member. With ScaleDownSkipDrain its removal,
+	// for whatever reason, announces no drain.
 	ScaleDownFirst     bool `json:"scale_down_first,omitempty"`
 	ScaleDownSkipDrain bool `json:"scale_down_skip_drain,omitempty"`
 }

@@ -520,7 +520,7 @@ func (r *Reconciler) syncGroup(ctx context.Context, k groups.Key) (time.Duration
 	if excess := len(fresh) + len(drifted) - size - min(r.surge(), len(drifted)); excess > 0 {
 		order := markedFirst(append(scaleDownOrder(drifted), scaleDownOrder(fresh)...))
 		for _, rec := range order[:excess] {
-			if err := r.beginDeletion(ctx, rec.ID, nstancev1.DeletionReason_DELETION_REASON_SCALE_DOWN, rec.ScaleDownSkipDrain, fmt.Sprintf("group scaled to %d", size)); err != nil {
+			if err := r.beginDeletion(ctx, rec.ID, nstancev1.DeletionReason_DELETION_REASON_SCALE_DOWN, false, fmt.Sprintf("group scaled to %d", size)); err != nil {
 				errs = append(errs, err)
 				continue
 			}
@@ -848,6 +848,9 @@ func (r *Reconciler) beginDeletion(ctx context.Context, id string, reason nstanc
 			}
 			return instances.ErrNoChange
 		}
+		// A member marked for scale-down with skip_drain was drained by
+		// its caller already, whatever removes it now.
+		skipDrain = skipDrain || x.ScaleDownSkipDrain
 		d := x.DrainTimeout
 		if d <= 0 {
 			d = r.cfg().Shard.DefaultDrainTimeout.D()

@@ -1012,8 +1012,8 @@ type DeleteInstanceRequest struct {
 	// Shrink the instance's group by this member: instead of deleting it now
 	// (which would make the group replace it), keep it and remove it first at
 	// the group's next scale-down; the caller then lowers the group's size by
-	// one. skip_drain applies to that removal. Only for members of a group
-	// (not on-demand instances).
+	// one. With skip_drain its removal (scale-down or any other) announces no
+	// drain. Only for members of a group (not on-demand instances).
 	OnScaleDown   bool `protobuf:"varint,3,opt,name=on_scale_down,json=onScaleDown,proto3" json:"on_scale_down,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
