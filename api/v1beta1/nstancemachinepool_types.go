@@ -81,6 +81,14 @@ type NstanceMachinePoolStatus struct {
 	// +optional
 	Replicas int32 `json:"replicas"`
 
+	// infrastructureMachineKind opts the pool into Cluster API's MachinePool
+	// Machines: the operator keeps one NstanceMachine per instance, labelled
+	// with the MachinePool's name and cluster, and core CAPI creates a
+	// Machine for each. Always NstanceMachine once the pool is reconciled.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	InfrastructureMachineKind string `json:"infrastructureMachineKind,omitempty"`
+
 	// readyReplicas is the number of those instances that are ready.
 	// +optional
 	ReadyReplicas int32 `json:"readyReplicas,omitempty"`

@@ -158,6 +158,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 			retErr = errors.Join(retErr, fmt.Errorf("patch NstanceMachine %s: %w", nm.Name, err))
 		}
 	}()
+	// An NstanceMachine of a pool's instance never creates one (see
+	// poolmachine.go); the paths below are for those that do.
+	if id := infrav1.PoolInstanceID(&nm); id != "" {
+		return r.reconcilePoolMachine(ctx, &nm, id)
+	}
 	if !nm.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, &nm)
 	}

@@ -244,7 +244,7 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	if err := sg.SetupWithManager(mgr, op.trigger, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up shard group controller: %w", err)
 	}
-	pool := &poolsync.Reconciler{Client: mgr.GetClient(), Ledger: op.ledger}
+	pool := &poolsync.Reconciler{Client: mgr.GetClient(), Ledger: op.ledger, Conns: op.Conns}
 	if err := pool.SetupWithManager(ctx, mgr, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up pool controller: %w", err)
 	}

@@ -4,5 +4,7 @@
 // {group}--{shard} and owned by the pool. The pool status follows the Cluster
 // API MachinePool contract: spec.providerIDList is the sorted union of the
 // shard groups' provider IDs, and status.replicas, ready and
-// initialization.provisioned summarise them.
+// initialization.provisioned summarise them. For Cluster API's MachinePool
+// Machines the pool reports status.infrastructureMachineKind NstanceMachine
+// and keeps one NstanceMachine per member instance (machines.go).
 package poolsync

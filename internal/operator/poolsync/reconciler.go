@@ -2,6 +2,7 @@ package poolsync
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -21,6 +22,7 @@ import (
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/operator/ledger"
 	"github.com/nstance-dev/nstance/internal/operator/paused"
+	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 )
 
 // InfraRefIndex indexes MachinePools by the name of the NstanceMachinePool
@@ -40,6 +42,9 @@ const (
 type Reconciler struct {
 	Client client.Client
 	Ledger *ledger.Ledger
+	// Conns lists a group's instances for the pool's NstanceMachines
+	// (MachinePool Machines); nil leaves them out.
+	Conns *shardconn.Manager
 }
 
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachinepools,verbs=get;list;watch;create;update;patch;delete
@@ -236,7 +241,12 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *infrav1.NstanceM
 	}
 	pool.Status.ObservedGeneration = pool.Generation
 	setCond(pool, infrav1.ReadyCondition, agg.Ready, agg.Reason, agg.Message)
-	return r.patchStatus(ctx, pool, before)
+	var syncErr error
+	if mp != nil {
+		pool.Status.InfrastructureMachineKind = infrav1.PoolMachineKind
+		syncErr = r.syncMachines(ctx, pool, mp, keep)
+	}
+	return errors.Join(syncErr, r.patchStatus(ctx, pool, before))
 }
 
 func (r *Reconciler) ensureShardGroup(ctx context.Context, pool *infrav1.NstanceMachinePool, mp *clusterv1.MachinePool, shard string, size int32) error {

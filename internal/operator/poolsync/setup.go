@@ -25,6 +25,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, wor
 		Named("nstancemachinepool").
 		For(&infrav1.NstanceMachinePool{}).
 		Owns(&infrav1.NstanceShardGroup{}).
+		// Not Owns: the pool owns its NstanceMachines without controlling
+		// them (core CAPI's Machine does).
+		Watches(&infrav1.NstanceMachine{}, handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &infrav1.NstanceMachinePool{})).
 		Watches(&clusterv1.MachinePool{}, handler.EnqueueRequestsFromMapFunc(mapMachinePool)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
 		Complete(r)

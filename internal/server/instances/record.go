@@ -95,6 +95,12 @@ type Record struct {
 	DeletionReason nstancev1.DeletionReason `json:"deletion_reason,omitempty"`
 	DrainDeadline  *time.Time               `json:"drain_deadline,omitempty"`
 	DrainAcked     bool                     `json:"drain_acked,omitempty"`
+	// ScaleDownFirst marks a group member its caller wants gone when the
+	// group next shrinks (DeleteInstance with on_scale_down): scale-down
+	// takes it before any other member. With ScaleDownSkipDrain its removal,
+	// for whatever reason, announces no drain.
+	ScaleDownFirst     bool `json:"scale_down_first,omitempty"`
+	ScaleDownSkipDrain bool `json:"scale_down_skip_drain,omitempty"`
 }
 
 // Clone returns a deep copy.

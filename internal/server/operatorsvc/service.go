@@ -225,7 +225,11 @@ func (s *Service) DeleteInstance(ctx context.Context, req *nstancev1.DeleteInsta
 	if err != nil {
 		return nil, err
 	}
-	rec, err := s.o.Reconciler.DeleteInstance(ctx, t, req.GetInstanceId(), req.GetSkipDrain())
+	del := s.o.Reconciler.DeleteInstance
+	if req.GetOnScaleDown() {
+		del = s.o.Reconciler.MarkForScaleDown
+	}
+	rec, err := del(ctx, t, req.GetInstanceId(), req.GetSkipDrain())
 	if err != nil {
 		return nil, toStatus(err)
 	}

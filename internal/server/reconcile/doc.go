@@ -16,6 +16,9 @@
 // a drain deadline (its drain timeout, else the shard's default) and is
 // announced on WatchInstances; it is deleted at the provider once the drain
 // is acknowledged or the deadline passes, and a deleted event follows.
+// DeleteInstance with on_scale_down (MarkForScaleDown) deletes nothing: it
+// marks a member to be the first one the next scale-down removes, so a
+// caller that then lowers the size shrinks the group by exactly that member.
 //
 // Health (when Options.Health is set, i.e. the provider runs agents): an
 // instance is ready while its agent's last report is younger than

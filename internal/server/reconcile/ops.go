@@ -237,6 +237,42 @@ func (r *Reconciler) ListInstances(tenant string, groupIDs []string, states []ns
 	return out
 }
 
+// MarkForScaleDown keeps a group member running and makes it the first one
+// the group's next scale-down removes (with skipDrain), so that lowering the
+// group's size by one removes exactly this instance and nothing replaces it.
+// Deleting it at once instead would make the group create a replacement
+// before the size comes down; lowering the size first would let the
+// scale-down pick any member. The mark is idempotent; an instance already
+// being deleted is returned as it is.
+func (r *Reconciler) MarkForScaleDown(ctx context.Context, tenant, id string, skipDrain bool) (*instances.Record, error) {
+	rec, err := r.tenantRecord(tenant, id)
+	if err != nil {
+		return nil, err
+	}
+	if rec.GroupID == "" || rec.OnDemand {
+		return nil, invalid(config.FieldError{Key: "on_scale_down", Reason: "instance " + id + " is not a member of a group"})
+	}
+	if !rec.State.Active() || (rec.ScaleDownFirst && rec.ScaleDownSkipDrain == skipDrain) {
+		return rec, nil
+	}
+	rec, err = r.o.Instances.Update(ctx, id, func(x *instances.Record) error {
+		if !x.State.Active() {
+			return instances.ErrNoChange
+		}
+		x.ScaleDownFirst, x.ScaleDownSkipDrain = true, skipDrain
+		x.UpdatedAt = r.o.Now().UTC()
+		return nil
+	})
+	if errors.Is(err, instances.ErrNotFound) {
+		return nil, fmt.Errorf("%w: instance %q", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	r.enqueueGroup(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
+	return rec, nil
+}
+
 // DeleteInstance starts the deletion of a tenant's instance.
 func (r *Reconciler) DeleteInstance(ctx context.Context, tenant, id string, skipDrain bool) (*instances.Record, error) {
 	before, err := r.tenantRecord(tenant, id)

@@ -562,7 +562,7 @@ func (r *Reconciler) syncGroup(ctx context.Context, k groups.Key) (time.Duration
 	// Scale down: members beyond the size (and the surge a rotation in
 	// progress may use) go, drifted ones first.
 	if excess := len(fresh) + len(drifted) - size - min(r.surge(), len(drifted)); excess > 0 {
-		order := append(scaleDownOrder(drifted), scaleDownOrder(fresh)...)
+		order := markedFirst(append(scaleDownOrder(drifted), scaleDownOrder(fresh)...))
 		for _, rec := range order[:excess] {
 			if err := r.beginDeletion(ctx, rec.ID, nstancev1.DeletionReason_DELETION_REASON_SCALE_DOWN, false, fmt.Sprintf("group scaled to %d", size)); err != nil {
 				errs = append(errs, err)
@@ -672,6 +672,13 @@ func scaleDownOrder(recs []*instances.Record) []*instances.Record {
 		return out[i].ID > out[j].ID
 	})
 	return out
+}
+
+// markedFirst moves the members marked by MarkForScaleDown to the front,
+// keeping the order otherwise.
+func markedFirst(recs []*instances.Record) []*instances.Record {
+	sort.SliceStable(recs, func(i, j int) bool { return recs[i].ScaleDownFirst && !recs[j].ScaleDownFirst })
+	return recs
 }
 
 func (r *Reconciler) newRecord(tenant, groupID string, eff groups.Effective, labels map[string]string) (*instances.Record, error) {
@@ -885,6 +892,9 @@ func (r *Reconciler) beginDeletion(ctx context.Context, id string, reason nstanc
 			}
 			return instances.ErrNoChange
 		}
+		// A member marked for scale-down with skip_drain was drained by
+		// its caller already, whatever removes it now.
+		skipDrain = skipDrain || x.ScaleDownSkipDrain
 		d := x.DrainTimeout
 		if d <= 0 {
 			d = r.cfg().Shard.DefaultDrainTimeout.D()

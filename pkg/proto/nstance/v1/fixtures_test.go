@@ -213,7 +213,7 @@ func fixtures() []fixture {
 			DrainTimeout: dur(90 * time.Second),
 		}},
 		{"CreateInstanceResponse", &nstancev1.CreateInstanceResponse{Instance: instanceStatus()}},
-		{"DeleteInstanceRequest", &nstancev1.DeleteInstanceRequest{InstanceId: "i-0a1b2c", SkipDrain: true}},
+		{"DeleteInstanceRequest", &nstancev1.DeleteInstanceRequest{InstanceId: "i-0a1b2c", SkipDrain: true, OnScaleDown: true}},
 		{"DeleteInstanceResponse", &nstancev1.DeleteInstanceResponse{Instance: instanceStatus()}},
 		{"GetInstanceStatusRequest/instance_id", &nstancev1.GetInstanceStatusRequest{Lookup: &nstancev1.GetInstanceStatusRequest_InstanceId{InstanceId: "i-0a1b2c"}}},
 		{"GetInstanceStatusRequest/client_token", &nstancev1.GetInstanceStatusRequest{Lookup: &nstancev1.GetInstanceStatusRequest_ClientToken{ClientToken: "machine-uid-42"}}},

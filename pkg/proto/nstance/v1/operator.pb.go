@@ -1008,7 +1008,13 @@ type DeleteInstanceRequest struct {
 	// Instance to delete.
 	InstanceId string `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
 	// Delete without waiting for a drain acknowledgement.
-	SkipDrain     bool `protobuf:"varint,2,opt,name=skip_drain,json=skipDrain,proto3" json:"skip_drain,omitempty"`
+	SkipDrain bool `protobuf:"varint,2,opt,name=skip_drain,json=skipDrain,proto3" json:"skip_drain,omitempty"`
+	// Shrink the instance's group by this member: instead of deleting it now
+	// (which would make the group replace it), keep it and remove it first at
+	// the group's next scale-down; the caller then lowers the group's size by
+	// one. With skip_drain its removal (scale-down or any other) announces no
+	// drain. Only for members of a group (not on-demand instances).
+	OnScaleDown   bool `protobuf:"varint,3,opt,name=on_scale_down,json=onScaleDown,proto3" json:"on_scale_down,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1053,6 +1059,13 @@ func (x *DeleteInstanceRequest) GetInstanceId() string {
 func (x *DeleteInstanceRequest) GetSkipDrain() bool {
 	if x != nil {
 		return x.SkipDrain
+	}
+	return false
+}
+
+func (x *DeleteInstanceRequest) GetOnScaleDown() bool {
+	if x != nil {
+		return x.OnScaleDown
 	}
 	return false
 }
@@ -2045,12 +2058,13 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
 	"\x16CreateInstanceResponse\x126\n" +
-	"\binstance\x18\x01 \x01(\v2\x1a.nstance.v1.InstanceStatusR\binstance\"W\n" +
+	"\binstance\x18\x01 \x01(\v2\x1a.nstance.v1.InstanceStatusR\binstance\"{\n" +
 	"\x15DeleteInstanceRequest\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1d\n" +
 	"\n" +
-	"skip_drain\x18\x02 \x01(\bR\tskipDrain\"P\n" +
+	"skip_drain\x18\x02 \x01(\bR\tskipDrain\x12\"\n" +
+	"\ron_scale_down\x18\x03 \x01(\bR\vonScaleDown\"P\n" +
 	"\x16DeleteInstanceResponse\x126\n" +
 	"\binstance\x18\x01 \x01(\v2\x1a.nstance.v1.InstanceStatusR\binstance\"l\n" +
 	"\x18GetInstanceStatusRequest\x12!\n" +
