@@ -3,6 +3,7 @@ package authz
 import (
 	"context"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -29,10 +30,22 @@ func IdentityFrom(ctx context.Context) (pki.Identity, bool) {
 }
 
 // Policy is what a listener requires of its callers: a verified client
-// certificate of the cluster whose role is one of Roles.
+// certificate of the cluster whose role is one of Roles, admitted by Gate.
 type Policy struct {
 	Roles     []pki.Role
 	ClusterID string
+	// Gate, when set, is asked on every RPC whether the certificate may
+	// still be used (revocation), and ends streams it stops admitting.
+	Gate Gate
+}
+
+// Gate decides whether a verified client certificate may still be used.
+type Gate interface {
+	// Admit returns an error when cert (of identity id) is refused.
+	Admit(cert *x509.Certificate, id pki.Identity) error
+	// Track returns a context that ends as soon as cert is refused, and a
+	// function to call when the stream ends.
+	Track(ctx context.Context, cert *x509.Certificate, id pki.Identity) (context.Context, func())
 }
 
 // Authenticate checks the verified peer certificate in ctx against p and
@@ -56,6 +69,11 @@ func (p Policy) Authenticate(ctx context.Context) (pki.Identity, error) {
 	}
 	if !slices.Contains(p.Roles, id.Role) {
 		return pki.Identity{}, status.Error(codes.PermissionDenied, fmt.Sprintf("client role %q may not call this service (roles %v)", id.Role, p.Roles))
+	}
+	if p.Gate != nil {
+		if err := p.Gate.Admit(chains[0][0], id); err != nil {
+			return pki.Identity{}, status.Errorf(codes.PermissionDenied, "client certificate: %v", err)
+		}
 	}
 	return id, nil
 }
@@ -92,8 +110,26 @@ func (p Policy) Stream() grpc.StreamServerInterceptor {
 		if err != nil {
 			return err
 		}
-		return handler(srv, &identityStream{ServerStream: ss, ctx: WithIdentity(ss.Context(), id)})
+		ctx := WithIdentity(ss.Context(), id)
+		if p.Gate == nil {
+			return handler(srv, &identityStream{ServerStream: ss, ctx: ctx})
+		}
+		return p.trackedStream(ctx, srv, ss, id, handler)
 	}
+}
+
+// trackedStream runs a stream whose context ends when the gate refuses the
+// caller's certificate; the stream then ends with PermissionDenied whatever
+// the handler returned.
+func (p Policy) trackedStream(ctx context.Context, srv any, ss grpc.ServerStream, id pki.Identity, handler grpc.StreamHandler) error {
+	cert, _ := PeerCertificate(ctx)
+	tctx, done := p.Gate.Track(ctx, cert, id)
+	defer done()
+	err := handler(srv, &identityStream{ServerStream: ss, ctx: tctx})
+	if cause := context.Cause(tctx); cause != nil && !errors.Is(cause, context.Canceled) && ctx.Err() == nil {
+		return status.Errorf(codes.PermissionDenied, "client certificate: %v", cause)
+	}
+	return err
 }
 
 type identityStream struct {
