@@ -34,6 +34,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/layout"
 	"github.com/nstance-dev/nstance/internal/server/operatorapi"
 	"github.com/nstance-dev/nstance/internal/server/registration"
+	"github.com/nstance-dev/nstance/internal/server/revocation"
 	"github.com/nstance-dev/nstance/internal/server/storage"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -96,6 +97,9 @@ type Runtime struct {
 	ServerHosts []string
 	NonceKey    ed25519.PrivateKey
 	Issuer      *registration.Issuer
+	// Revocations is the deny list the mTLS listeners consult (admin
+	// revocations, deleted instances).
+	Revocations *revocation.Gate
 	App         *App
 	Log         logr.Logger
 }
@@ -125,6 +129,10 @@ type App struct {
 	reg     *prometheus.Registry
 	ready   health.Readiness
 	metrics *metrics
+	// revocations is the deny list of client certificates (set in Run
+	// before the shard election starts) and revSync its re-read interval.
+	revocations *revocation.Gate
+	revSync     time.Duration
 
 	mu         sync.Mutex
 	addrs      Addrs
@@ -336,9 +344,16 @@ func (a *App) Run(ctx context.Context) error {
 		CA: cl.CA, ClusterID: cfg.Cluster.ID,
 		AgentValidity: cfg.Certificates.AgentValidity.D(), OperatorValidity: cfg.Certificates.OperatorValidity.D(),
 	}
+	a.revocations = revocation.New(revocation.Options{
+		Store: a.o.Store, Keys: a.o.Keys, ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID,
+		OperatorValidity: cfg.Certificates.OperatorValidity.D(), AgentValidity: cfg.Certificates.AgentValidity.D(),
+		Log: log.WithName("revocation"),
+	})
+	a.revSync = cfg.Certificates.RevocationSyncInterval.D()
 	rt := &Runtime{
 		Config: withAdvertiseDefaults(cfg, bind), ConfigETag: a.cfgETag, Store: a.o.Store, Keys: a.o.Keys, Cache: db,
-		CA: cl.CA, WorkloadCA: cl.WorkloadCA, ServerHosts: certHosts, NonceKey: cl.NonceKey, Issuer: issuer, App: a, Log: log,
+		CA: cl.CA, WorkloadCA: cl.WorkloadCA, ServerHosts: certHosts, NonceKey: cl.NonceKey, Issuer: issuer,
+		Revocations: a.revocations, App: a, Log: log,
 	}
 	factory := a.o.Services
 	if factory == nil {
@@ -358,7 +373,7 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	gcfg := grpcserve.Config{
 		ClusterID: cfg.Cluster.ID, ServerCert: serverCert, ClientCAs: cl.CA.Pool(),
-		Registration: reg, Operator: svcs.Operator, Agent: svcs.Agent, Log: log.WithName("grpc"),
+		Registration: reg, Operator: svcs.Operator, Agent: svcs.Agent, Log: log.WithName("grpc"), Gate: a.revocations,
 		ServerOptions: []grpc.ServerOption{grpc.ChainUnaryInterceptor(a.metrics.unary), grpc.ChainStreamInterceptor(a.metrics.stream)},
 	}
 
@@ -448,8 +463,9 @@ func keySources(ks []config.KeySource) []secrets.Source {
 // RPCs answer Unimplemented.
 func DefaultServices(rt *Runtime) (Services, error) {
 	return Services{
-		Operator: &operatorapi.Core{Shard: rt.Config.Shard.ID, Config: rt.App, Issuer: rt.Issuer},
-		Agent:    &nstancev1.UnimplementedAgentServiceServer{},
+		Operator: &operatorapi.Core{Shard: rt.Config.Shard.ID, Config: rt.App, Issuer: rt.Issuer,
+			Operators: &operatorapi.OperatorRecords{Store: rt.Store, Keys: rt.Keys}, Log: rt.Log.WithName("operator")},
+		Agent: &nstancev1.UnimplementedAgentServiceServer{},
 	}, nil
 }
 
@@ -518,6 +534,10 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cach
 		log.Error(err, "rebuilding the cache on leadership; stepping down")
 		return
 	}
+	if err := a.loadRevocations(lctx); err != nil {
+		log.Error(err, "loading revocations on leadership; stepping down")
+		return
+	}
 	ls, err := a.listenGRPC(bind)
 	if err != nil {
 		log.Error(err, "binding gRPC listeners; stepping down")
@@ -567,6 +587,20 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cach
 		srv.Stop()
 	}
 	log.Info("stopped serving gRPC")
+}
+
+// loadRevocations reads the deny list before the term serves anything and
+// keeps re-reading it for the length of the term (lctx).
+func (a *App) loadRevocations(lctx context.Context) error {
+	if a.revocations == nil {
+		return nil
+	}
+	err := storage.Retry(lctx, a.log(), "loading revocations", a.o.StorageBackoff, a.revocations.Sync)
+	if err != nil {
+		return err
+	}
+	go a.revocations.Run(lctx, a.revSync)
+	return nil
 }
 
 // listenGRPC binds the three gRPC listeners. A port chosen by the kernel

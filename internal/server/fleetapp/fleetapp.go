@@ -55,7 +55,8 @@ func Factory(o Options) app.ServiceFactory {
 		if err != nil {
 			return app.Services{}, err
 		}
-		core := &operatorapi.Core{Shard: cfg.Shard.ID, Config: holder, Issuer: rt.Issuer}
+		core := &operatorapi.Core{Shard: cfg.Shard.ID, Config: holder, Issuer: rt.Issuer,
+			Operators: &operatorapi.OperatorRecords{Store: rt.Store, Keys: rt.Keys}, Log: rt.Log.WithName("operator")}
 		opts := fleet.Options{
 			Store: rt.Store, Keys: rt.Keys, Config: holder, Provider: prov,
 			Nonces: reconcile.KeyMinter{Key: rt.NonceKey, ClusterID: cfg.Cluster.ID, Shard: cfg.Shard.ID, TTL: cfg.Certificates.AgentNonceTTL.D()},
@@ -66,7 +67,7 @@ func Factory(o Options) app.ServiceFactory {
 				return rt.CA.CertPEM, nil
 			},
 			RegistrationAddr: cfg.Shard.Advertise.RegistrationAddr, AgentAddr: cfg.Shard.Advertise.AgentAddr,
-			Renewer: core, Log: rt.Log, ResyncInterval: o.ResyncInterval, Agent: o.Agent,
+			Renewer: core, Log: rt.Log, ResyncInterval: o.ResyncInterval, Agent: o.Agent, Revocations: rt.Revocations,
 		}
 		opts.Agent.WorkloadCA = rt.WorkloadCA
 		opts.Agent.ServerHosts = append(append([]string{}, opts.Agent.ServerHosts...), rt.ServerHosts...)

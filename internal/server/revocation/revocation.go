@@ -113,6 +113,9 @@ type Options struct {
 type Gate struct {
 	o Options
 
+	// writeMu serialises Sync and revocations, so a Sync that listed
+	// storage before an entry was written cannot drop it from memory.
+	writeMu sync.Mutex
 	mu      sync.RWMutex
 	entries map[string]Entry // by storage key
 	serials map[string]bool
@@ -231,12 +234,14 @@ func entryID(seed string) string {
 // once: handshakes and RPCs of the certificates it names fail and their
 // open streams end.
 func (g *Gate) Revoke(ctx context.Context, e Entry) (Entry, error) {
+	g.writeMu.Lock()
+	defer g.writeMu.Unlock()
 	return g.revoke(ctx, e, "")
 }
 
 // revoke persists e under an id derived from seed (when not empty; from the
 // entry otherwise): servers that see the same event derive the same key and
-// only the first write creates it.
+// only the first write creates it. g.writeMu must be held.
 func (g *Gate) revoke(ctx context.Context, e Entry, seed string) (Entry, error) {
 	if err := e.validate(); err != nil {
 		return Entry{}, err
@@ -263,9 +268,6 @@ func (g *Gate) revoke(ctx context.Context, e Entry, seed string) (Entry, error) 
 		if e.Kind != KindSerial {
 			e.ExpiresAt = e.IssuedBefore.Add(validity + time.Minute)
 		}
-	}
-	if e.URI == "" && e.Kind == KindAgent {
-		e.URI = "spiffe://" + g.o.ClusterID + "/shard/" + e.Shard + "/agent/" + e.Subject
 	}
 	if seed == "" {
 		seed = strings.Join([]string{e.Kind, e.Shard, e.Subject, e.Serial, e.IssuedBefore.Format(time.RFC3339Nano), e.RevokedAt.Format(time.RFC3339Nano)}, "|")
@@ -331,6 +333,8 @@ func (g *Gate) Entries() []Entry {
 // expired ones (from storage too), and revokes operators whose record
 // disappeared since the previous Sync.
 func (g *Gate) Sync(ctx context.Context) error {
+	g.writeMu.Lock()
+	defer g.writeMu.Unlock()
 	now := g.o.Now()
 	loaded := map[string]Entry{}
 	g.mu.RLock()
@@ -422,6 +426,8 @@ func (g *Gate) RevokeOperator(ctx context.Context, id, reason string) (Entry, er
 	if err := layout.ValidateID("operator id", id); err != nil {
 		return Entry{}, err
 	}
+	g.writeMu.Lock()
+	defer g.writeMu.Unlock()
 	key := g.o.Keys.Operator(id)
 	seed := ""
 	uri := ""
@@ -451,6 +457,14 @@ func (g *Gate) RevokeOperator(ctx context.Context, id, reason string) (Entry, er
 	}
 	g.mu.Unlock()
 	return e, nil
+}
+
+// RevokeAgent revokes the agent certificates of instance id of the gate's
+// shard issued until now (the instance was deleted or is to be cut off).
+func (g *Gate) RevokeAgent(ctx context.Context, id, reason string) (Entry, error) {
+	g.writeMu.Lock()
+	defer g.writeMu.Unlock()
+	return g.revoke(ctx, Entry{Kind: KindAgent, Subject: id, Shard: g.o.Shard, Reason: reason}, "")
 }
 
 // Run calls Sync every interval until ctx ends; errors are logged.

@@ -1,0 +1,204 @@
+package shardtest_test
+
+import (
+	"context"
+	"crypto/tls"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	"github.com/nstance-dev/nstance/internal/agent/identity"
+	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/server/shardtest"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+// operatorConn is one open connection of an operator, proven to work.
+type operatorConn struct {
+	tc *tls.Config
+	c  nstancev1.OperatorServiceClient
+}
+
+func openOperator(t *testing.T, sh *shardtest.Shard, id string) operatorConn {
+	t.Helper()
+	tc, err := sh.OperatorTLS("acme", pki.RoleOperator, id)
+	require.NoError(t, err)
+	conn, err := grpc.NewClient(sh.OperatorAddr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	oc := operatorConn{tc: tc, c: nstancev1.NewOperatorServiceClient(conn)}
+	_, err = oc.c.GetConfigStatus(ctxT(t), &nstancev1.GetConfigStatusRequest{})
+	require.NoError(t, err, "operator %s before revocation", id)
+	return oc
+}
+
+// openWatch opens a WatchGroups stream and waits until it is subscribed.
+func openWatch(t *testing.T, c nstancev1.OperatorServiceClient) *collector[*nstancev1.GroupEvent] {
+	t.Helper()
+	w, err := c.WatchGroups(ctxT(t), &nstancev1.WatchGroupsRequest{})
+	require.NoError(t, err)
+	_, err = w.Header()
+	require.NoError(t, err)
+	return collect(t, w.Recv)
+}
+
+// streamEnded waits for the stream to end and returns its error.
+func streamEnded[T any](t *testing.T, c *collector[T]) error {
+	t.Helper()
+	select {
+	case err := <-c.err:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the stream of a revoked certificate is still open")
+		return nil
+	}
+}
+
+// requireRefused checks that tc is refused everywhere: the next RPC on its
+// open connection, its open stream, RenewCertificate, and a new connection
+// (whose TLS handshake the server refuses).
+func requireRefused(t *testing.T, sh *shardtest.Shard, oc operatorConn, watch *collector[*nstancev1.GroupEvent]) {
+	t.Helper()
+	_, err := oc.c.GetConfigStatus(ctxT(t), &nstancev1.GetConfigStatusRequest{})
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "next RPC on the open connection: %v", err)
+	require.Contains(t, err.Error(), "certificate revoked")
+	_, err = oc.c.RenewCertificate(ctxT(t), &nstancev1.RenewCertificateRequest{})
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "RenewCertificate: %v", err)
+	if watch != nil {
+		err = streamEnded(t, watch)
+		require.Equal(t, codes.PermissionDenied, status.Code(err), "open stream: %v", err)
+	}
+	require.ErrorContains(t, clientHandshake(t, sh.OperatorAddr, oc.tc), "bad certificate", "new connection")
+	err = call(t, sh.OperatorAddr, oc.tc)
+	require.Equal(t, codes.Unavailable, status.Code(err), "RPC on a new connection: %v", err)
+}
+
+func requireWorks(t *testing.T, sh *shardtest.Shard, oc operatorConn) {
+	t.Helper()
+	_, err := oc.c.GetConfigStatus(ctxT(t), &nstancev1.GetConfigStatusRequest{})
+	require.NoError(t, err)
+	_, err = oc.c.RenewCertificate(ctxT(t), &nstancev1.RenewCertificateRequest{})
+	require.NoError(t, err)
+	require.NoError(t, call(t, sh.OperatorAddr, oc.tc))
+}
+
+// TestRevokedOperatorIsRefusedAtOnce: revoking an operator (its record is
+// deleted and a deny entry written) refuses its very next RPC on an open
+// connection, ends its open streams, refuses RenewCertificate and any new
+// handshake, while another operator of the same tenant keeps working; a new
+// server of the shard (same storage) refuses it too.
+func TestRevokedOperatorIsRefusedAtOnce(t *testing.T) {
+	sh := shardtest.Start(t, shardtest.Options{})
+	a, b := openOperator(t, sh, "op-a"), openOperator(t, sh, "op-b")
+	watchA, watchB := openWatch(t, a.c), openWatch(t, b.c)
+
+	e, err := sh.Revocations.RevokeOperator(ctxT(t), "op-a", "test")
+	require.NoError(t, err)
+	require.Equal(t, "spiffe://test-cluster/tenant/acme/operator/op-a", e.URI)
+	_, err = sh.Store.Head(ctxT(t), sh.Keys.Operator("op-a"))
+	require.Error(t, err, "the record is deleted")
+	requireRefused(t, sh, a, watchA)
+	requireWorks(t, sh, b)
+	select {
+	case err := <-watchB.err:
+		t.Fatalf("the other operator's stream ended: %v", err)
+	default:
+	}
+
+	// A restarted server (the next leader) loads the entry from storage.
+	sh.Stop()
+	sh2 := shardtest.Start(t, shardtest.Options{Store: sh.Store, CA: sh.CA})
+	require.ErrorContains(t, clientHandshake(t, sh2.OperatorAddr, a.tc), "bad certificate")
+	require.NoError(t, call(t, sh2.OperatorAddr, b.tc))
+}
+
+// TestDeletedOperatorRecord: deleting an operator record by hand makes
+// RenewCertificate fail at once and, within one revocation sync, every RPC.
+func TestDeletedOperatorRecord(t *testing.T) {
+	sh := shardtest.Start(t, shardtest.Options{})
+	a, b := openOperator(t, sh, "op-a"), openOperator(t, sh, "op-b")
+	watchA := openWatch(t, a.c)
+	// Both records are seen by a sync before the deletion.
+	require.NoError(t, sh.Revocations.Sync(ctxT(t)))
+
+	require.NoError(t, sh.Store.Delete(ctxT(t), sh.Keys.Operator("op-a")))
+	_, err := a.c.RenewCertificate(ctxT(t), &nstancev1.RenewCertificateRequest{})
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	require.NoError(t, sh.Revocations.Sync(ctxT(t)))
+	requireRefused(t, sh, a, watchA)
+	requireWorks(t, sh, b)
+	var found bool
+	for _, e := range sh.Revocations.Entries() {
+		if e.Subject == "op-a" {
+			found = true
+			require.Equal(t, "operator record deleted", e.Reason)
+		}
+	}
+	require.True(t, found)
+}
+
+// TestDeletedInstanceAgentIsRefused: once an instance is deleted, its real
+// agent's certificate is refused on the Agent port: the next RPC on an open
+// connection, an open stream, and a new handshake; another instance's agent
+// keeps working.
+func TestDeletedInstanceAgentIsRefused(t *testing.T) {
+	a := startAgentShard(t)
+	a.upsert(t, 2, "")
+	waitGroup(t, a.c, "workers", 2)
+	ids := a.ids(t)
+	require.Len(t, ids, 2)
+	// The agent's certificate, held in memory: the provider removes the
+	// instance's files when it deletes it.
+	agentTLS := func(id string) *tls.Config {
+		dir := filepath.Join(a.stateDir, id, "identity")
+		cert, err := tls.LoadX509KeyPair(filepath.Join(dir, identity.CertFile), filepath.Join(dir, identity.KeyFile))
+		require.NoError(t, err)
+		return pki.ClientTLS(a.sh.CA.Pool(), &cert, "127.0.0.1")
+	}
+	type agentConn struct {
+		tc *tls.Config
+		c  nstancev1.AgentServiceClient
+	}
+	open := func(id string) agentConn {
+		tc := agentTLS(id)
+		conn, err := grpc.NewClient(a.sh.AgentAddr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close() })
+		ac := agentConn{tc: tc, c: nstancev1.NewAgentServiceClient(conn)}
+		_, err = ac.c.SubmitPublicKeys(ctxT(t), &nstancev1.SubmitPublicKeysRequest{})
+		require.NoError(t, err, "agent %s before deletion", id)
+		return ac
+	}
+	gone, kept := open(ids[0]), open(ids[1])
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	st, err := gone.c.KeyGenRequests(ctx, &nstancev1.KeyGenRequestsRequest{})
+	require.NoError(t, err)
+	_, err = st.Header()
+	require.NoError(t, err)
+	stream := collect(t, st.Recv)
+
+	// Scale down to the other instance: the first one is deleted.
+	_, err = a.c.DeleteInstance(ctxT(t), &nstancev1.DeleteInstanceRequest{InstanceId: ids[0], SkipDrain: true})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		_, ok := a.sh.Fleet.Instances.Get(ids[0])
+		return !ok
+	}, 20*time.Second, 10*time.Millisecond)
+
+	_, err = gone.c.SubmitPublicKeys(ctxT(t), &nstancev1.SubmitPublicKeysRequest{})
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "next RPC on the open connection: %v", err)
+	err = streamEnded(t, stream)
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "open stream: %v", err)
+	require.ErrorContains(t, clientHandshake(t, a.sh.AgentAddr, gone.tc), "bad certificate", "new connection")
+
+	_, err = kept.c.SubmitPublicKeys(ctxT(t), &nstancev1.SubmitPublicKeysRequest{})
+	require.NoError(t, err)
+	require.NoError(t, clientHandshake(t, a.sh.AgentAddr, kept.tc))
+}
