@@ -102,7 +102,9 @@ type Set struct {
 	conns   []*grpc.ClientConn
 }
 
-// Dial connects to the given shards (connections are lazy; errors show on first call).
+// Dial connects to the given shards (connections are lazy; errors show on
+// first call). Each server must carry the server identity of the shard it is
+// named for in servers.
 func Dial(servers map[string]string, tc *tls.Config) (*Set, error) {
 	s := &Set{clients: map[string]nstancev1.OperatorServiceClient{}}
 	for _, name := range sortedKeys(servers) {
@@ -111,6 +113,8 @@ func Dial(servers map[string]string, tc *tls.Config) (*Set, error) {
 		if host, _, err := net.SplitHostPort(addr); err == nil && cfg.ServerName == "" {
 			cfg.ServerName = host
 		}
+		// The server at addr must serve the shard it is named for.
+		cfg.VerifyConnection = pki.VerifyServerOfShard(name)
 		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 		if err != nil {
 			s.Close()
