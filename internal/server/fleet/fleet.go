@@ -160,7 +160,8 @@ func New(o Options) (*Fleet, error) {
 		}
 	}
 	o.Config.OnChange(func(old, cur *config.Config) { f.Reconciler.ConfigChanged() })
-	f.Service = operatorsvc.New(operatorsvc.Options{Shard: shard, Reconciler: f.Reconciler, Config: o.Config, Renewer: o.Renewer, Tenant: o.Tenant})
+	f.Service = operatorsvc.New(operatorsvc.Options{Shard: shard, Reconciler: f.Reconciler, Config: o.Config, Renewer: o.Renewer, Tenant: o.Tenant,
+		Revocations: o.Revocations})
 	return f, nil
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/layout"
+	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 )
 
@@ -34,6 +35,9 @@ const (
 
 // ErrRevoked is wrapped by every refusal of a revoked certificate.
 var ErrRevoked = errors.New("certificate revoked")
+
+// ErrInvalid is wrapped by refusals of a bad revocation request.
+var ErrInvalid = errors.New("invalid revocation")
 
 // errBadEntry marks a stored entry that does not parse or validate.
 var errBadEntry = errors.New("invalid revocation entry")
@@ -75,6 +79,19 @@ func (e Entry) Matches(cert *x509.Certificate, id pki.Identity) bool {
 }
 
 func (e Entry) validate() error {
+	if err := e.check(); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if len(e.Reason) > MaxReason {
+		return fmt.Errorf("%w: the reason is longer than %d bytes", ErrInvalid, MaxReason)
+	}
+	return nil
+}
+
+// MaxReason is the longest reason an entry keeps.
+const MaxReason = 1024
+
+func (e Entry) check() error {
 	switch e.Kind {
 	case KindOperator:
 		return layout.ValidateID("operator id", e.Subject)
@@ -423,8 +440,14 @@ func OperatorSeed(id, etag string) string { return KindOperator + "|" + id + "|"
 // RevokeOperator revokes operator id's certificates issued until now and
 // deletes its record. A missing record is no error (the entry still holds).
 func (g *Gate) RevokeOperator(ctx context.Context, id, reason string) (Entry, error) {
+	return g.RevokeOperatorBy(ctx, id, reason, "")
+}
+
+// RevokeOperatorBy is RevokeOperator recording who revoked (default: the
+// server id).
+func (g *Gate) RevokeOperatorBy(ctx context.Context, id, reason, by string) (Entry, error) {
 	if err := layout.ValidateID("operator id", id); err != nil {
-		return Entry{}, err
+		return Entry{}, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	g.writeMu.Lock()
 	defer g.writeMu.Unlock()
@@ -444,7 +467,7 @@ func (g *Gate) RevokeOperator(ctx context.Context, id, reason string) (Entry, er
 	case !errors.Is(err, objstore.ErrNotFound):
 		return Entry{}, fmt.Errorf("reading %s: %w", key, err)
 	}
-	e, err := g.revoke(ctx, Entry{Kind: KindOperator, Subject: id, URI: uri, Reason: reason}, seed)
+	e, err := g.revoke(ctx, Entry{Kind: KindOperator, Subject: id, URI: uri, Reason: reason, RevokedBy: by}, seed)
 	if err != nil {
 		return Entry{}, err
 	}
@@ -462,9 +485,38 @@ func (g *Gate) RevokeOperator(ctx context.Context, id, reason string) (Entry, er
 // RevokeAgent revokes the agent certificates of instance id of the gate's
 // shard issued until now (the instance was deleted or is to be cut off).
 func (g *Gate) RevokeAgent(ctx context.Context, id, reason string) (Entry, error) {
-	g.writeMu.Lock()
-	defer g.writeMu.Unlock()
-	return g.revoke(ctx, Entry{Kind: KindAgent, Subject: id, Shard: g.o.Shard, Reason: reason}, "")
+	return g.Revoke(ctx, Entry{Kind: KindAgent, Subject: id, Shard: g.o.Shard, Reason: reason})
+}
+
+// Operators returns the operator records of the cluster, sorted by id. An
+// unreadable record is returned with only its id.
+func (g *Gate) Operators(ctx context.Context) ([]registration.OperatorRecord, error) {
+	prefix := g.o.Keys.OperatorPrefix()
+	infos, err := g.o.Store.List(ctx, prefix)
+	if err != nil {
+		return nil, fmt.Errorf("listing %s: %w", prefix, err)
+	}
+	var out []registration.OperatorRecord
+	for _, info := range infos {
+		id, ok := strings.CutSuffix(strings.TrimPrefix(info.Key, prefix), ".json")
+		if !ok || strings.Contains(id, "/") {
+			continue
+		}
+		obj, err := g.o.Store.Get(ctx, info.Key)
+		if errors.Is(err, objstore.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading %s: %w", info.Key, err)
+		}
+		var rec registration.OperatorRecord
+		if err := json.Unmarshal(obj.Body, &rec); err != nil {
+			g.o.Log.Error(err, "unreadable operator record", "key", info.Key)
+		}
+		rec.ID = id
+		out = append(out, rec)
+	}
+	return out, nil
 }
 
 // Run calls Sync every interval until ctx ends; errors are logged.

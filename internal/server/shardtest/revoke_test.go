@@ -202,3 +202,62 @@ func TestDeletedInstanceAgentIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, clientHandshake(t, a.sh.AgentAddr, kept.tc))
 }
+
+// TestAdminRevocationRPCs: only admins list operators and revocations and
+// revoke; an operator revoked through the RPC is refused at once.
+func TestAdminRevocationRPCs(t *testing.T) {
+	sh := shardtest.Start(t, shardtest.Options{})
+	a, b := openOperator(t, sh, "op-a"), openOperator(t, sh, "op-b")
+	admin := sh.AdminClient(t, "acme")
+
+	_, err := b.c.Revoke(ctxT(t), &nstancev1.RevokeRequest{Target: &nstancev1.RevokeRequest_OperatorId{OperatorId: "op-a"}})
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	_, err = b.c.ListOperators(ctxT(t), &nstancev1.ListOperatorsRequest{})
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	_, err = b.c.ListRevocations(ctxT(t), &nstancev1.ListRevocationsRequest{})
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+
+	ops, err := admin.ListOperators(ctxT(t), &nstancev1.ListOperatorsRequest{})
+	require.NoError(t, err)
+	var ids []string
+	for _, o := range ops.GetOperators() {
+		ids = append(ids, o.GetOperatorId())
+		if o.GetOperatorId() == "op-a" {
+			require.Equal(t, "spiffe://test-cluster/tenant/acme/operator/op-a", o.GetUri())
+			require.Equal(t, nstancev1.ClientRole_CLIENT_ROLE_OPERATOR, o.GetRole())
+		}
+	}
+	require.Equal(t, []string{"admin-acme", "op-a", "op-b"}, ids)
+
+	for name, req := range map[string]*nstancev1.RevokeRequest{
+		"no target":       {},
+		"bad serial":      {Target: &nstancev1.RevokeRequest_Serial{Serial: "12ab"}},
+		"bad operator id": {Target: &nstancev1.RevokeRequest_OperatorId{OperatorId: "../op"}},
+		"bad instance id": {Target: &nstancev1.RevokeRequest_InstanceId{InstanceId: "a/b"}},
+	} {
+		_, err := admin.Revoke(ctxT(t), req)
+		require.Equal(t, codes.InvalidArgument, status.Code(err), "%s: %v", name, err)
+	}
+
+	resp, err := admin.Revoke(ctxT(t), &nstancev1.RevokeRequest{Target: &nstancev1.RevokeRequest_OperatorId{OperatorId: "op-a"}, Reason: "left the team"})
+	require.NoError(t, err)
+	r := resp.GetRevocation()
+	require.Equal(t, nstancev1.RevocationKind_REVOCATION_KIND_OPERATOR, r.GetKind())
+	require.Equal(t, "op-a", r.GetSubject())
+	require.Equal(t, "left the team", r.GetReason())
+	require.Equal(t, "spiffe://test-cluster/tenant/acme/admin/admin-acme", r.GetRevokedBy())
+	requireRefused(t, sh, a, nil)
+	requireWorks(t, sh, b)
+
+	_, err = admin.Revoke(ctxT(t), &nstancev1.RevokeRequest{Target: &nstancev1.RevokeRequest_InstanceId{InstanceId: "workers-0a1b2c3d"}})
+	require.NoError(t, err)
+	list, err := admin.ListRevocations(ctxT(t), &nstancev1.ListRevocationsRequest{})
+	require.NoError(t, err)
+	require.Len(t, list.GetRevocations(), 2)
+	require.Equal(t, "op-a", list.GetRevocations()[0].GetSubject())
+	require.Equal(t, nstancev1.RevocationKind_REVOCATION_KIND_AGENT, list.GetRevocations()[1].GetKind())
+	require.Equal(t, sh.ShardID, list.GetRevocations()[1].GetShard())
+	ops, err = admin.ListOperators(ctxT(t), &nstancev1.ListOperatorsRequest{})
+	require.NoError(t, err)
+	require.Len(t, ops.GetOperators(), 2, "op-a's record is gone")
+}
