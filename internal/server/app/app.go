@@ -347,7 +347,7 @@ func (a *App) Run(ctx context.Context) error {
 	a.revocations = revocation.New(revocation.Options{
 		Store: a.o.Store, Keys: a.o.Keys, ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID,
 		OperatorValidity: cfg.Certificates.OperatorValidity.D(), AgentValidity: cfg.Certificates.AgentValidity.D(),
-		Log: log.WithName("revocation"),
+		RequireOperatorRecords: true, Log: log.WithName("revocation"),
 	})
 	a.revSync = cfg.Certificates.RevocationSyncInterval.D()
 	rt := &Runtime{

@@ -121,6 +121,12 @@ type Options struct {
 	// certificates of each kind: an entry is kept that long after its
 	// IssuedBefore (a serial entry the longer of the two).
 	OperatorValidity, AgentValidity time.Duration
+	// RequireOperatorRecords admits operator and admin certificates only
+	// while their operator record (cluster/operators/{id}.json) exists: as
+	// seen by the last Sync, or read on a miss (the answer is kept until the
+	// next Sync). A record deleted by hand is then refused within one Sync
+	// even if no Sync ever saw it.
+	RequireOperatorRecords bool
 	// Now defaults to time.Now.
 	Now func() time.Time
 	Log logr.Logger
@@ -137,9 +143,11 @@ type Gate struct {
 	entries map[string]Entry // by storage key
 	serials map[string]bool
 	ids     map[string][]Entry // by index key (kind/shard/subject)
-	// operators are the operator records seen at the last Sync (id -> etag);
-	// nil before the first.
+	// operators are the operator records seen at the last Sync (id -> etag),
+	// plus those read since on a miss; nil before the first Sync. absent are
+	// the ids found without a record since the last Sync.
 	operators map[string]string
+	absent    map[string]bool
 	streams   map[*tracked]struct{}
 }
 
@@ -180,7 +188,8 @@ func (g *Gate) match(cert *x509.Certificate, id pki.Identity) (Entry, bool) {
 	return Entry{}, false
 }
 
-// Admit returns an error wrapping ErrRevoked when an entry denies cert.
+// Admit returns an error wrapping ErrRevoked when an entry denies cert
+// (or, with RequireOperatorRecords, when an operator's record is gone).
 func (g *Gate) Admit(cert *x509.Certificate, id pki.Identity) error {
 	g.mu.RLock()
 	e, ok := g.match(cert, id)
@@ -191,7 +200,48 @@ func (g *Gate) Admit(cert *x509.Certificate, id pki.Identity) error {
 		}
 		return fmt.Errorf("%w: %s %s", ErrRevoked, e.Kind, e.Subject)
 	}
+	if g.o.RequireOperatorRecords && (id.Role == pki.RoleOperator || id.Role == pki.RoleAdmin) {
+		return g.recordExists(id.ClientID)
+	}
 	return nil
+}
+
+// recordExists answers from what the last Sync (or an earlier miss) found,
+// and reads storage otherwise.
+func (g *Gate) recordExists(id string) error {
+	g.mu.RLock()
+	_, known := g.operators[id]
+	absent := g.absent[id]
+	g.mu.RUnlock()
+	switch {
+	case known:
+		return nil
+	case absent:
+		return fmt.Errorf("%w: operator %s has no record", ErrRevoked, id)
+	}
+	if layout.ValidateID("operator id", id) != nil {
+		return fmt.Errorf("%w: operator id %q", ErrRevoked, id)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	info, err := g.o.Store.Head(ctx, g.o.Keys.Operator(id))
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case err == nil:
+		if g.operators == nil {
+			g.operators = map[string]string{}
+		}
+		g.operators[id] = info.ETag
+		return nil
+	case errors.Is(err, objstore.ErrNotFound):
+		if g.absent == nil {
+			g.absent = map[string]bool{}
+		}
+		g.absent[id] = true
+		return fmt.Errorf("%w: operator %s has no record", ErrRevoked, id)
+	}
+	return fmt.Errorf("operator %s: reading its record: %w", id, err)
 }
 
 // Track returns a context that is cancelled with ErrRevoked as soon as an
@@ -414,8 +464,28 @@ func (g *Gate) syncOperators(ctx context.Context) error {
 	}
 	g.mu.Lock()
 	prev := g.operators
-	g.operators = now
+	g.operators, g.absent = now, nil
+	streams := make([]*tracked, 0, len(g.streams))
+	for t := range g.streams {
+		streams = append(streams, t)
+	}
 	g.mu.Unlock()
+	if g.o.RequireOperatorRecords {
+		// End the streams of operators whose record is gone.
+		for _, t := range streams {
+			if t.id.Role != pki.RoleOperator && t.id.Role != pki.RoleAdmin {
+				continue
+			}
+			if _, ok := now[t.id.ClientID]; !ok {
+				if err := g.recordExists(t.id.ClientID); errors.Is(err, ErrRevoked) {
+					g.mu.Lock()
+					delete(g.streams, t)
+					g.mu.Unlock()
+					t.cancel(err)
+				}
+			}
+		}
+	}
 	var errs []error
 	for id, etag := range prev {
 		if _, ok := now[id]; ok {

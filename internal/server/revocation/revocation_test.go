@@ -234,3 +234,31 @@ func TestTrackedStreamsEndOnRevocation(t *testing.T) {
 	doneB()
 	require.ErrorIs(t, context.Cause(ctxB), context.Canceled)
 }
+
+func TestRequireOperatorRecords(t *testing.T) {
+	f := newFixture(t)
+	g := revocation.New(revocation.Options{Store: f.store, Keys: f.keys, ClusterID: "c1", Shard: "s1", OperatorValidity: time.Hour,
+		AgentValidity: time.Hour, RequireOperatorRecords: true, Now: f.clock.Now})
+	require.NoError(t, g.Sync(ctx(t)))
+	op := f.cert(t, pki.Identity{Tenant: "acme", Role: pki.RoleOperator, ClientID: "op-a"}, f.clock.Now())
+	agent := f.cert(t, pki.Identity{Tenant: "acme", Role: pki.RoleAgent, ClientID: "i-1", Shard: "s1"}, f.clock.Now())
+	require.ErrorIs(t, g.Admit(op, ident(op)), revocation.ErrRevoked, "no record")
+	require.NoError(t, g.Admit(agent, ident(agent)), "agents have no operator record")
+
+	_, err := f.store.Put(ctx(t), f.keys.Operator("op-a"), []byte(`{"id":"op-a"}`), objstore.PutOptions{})
+	require.NoError(t, err)
+	require.ErrorIs(t, g.Admit(op, ident(op)), revocation.ErrRevoked, "a miss is remembered until the next Sync")
+	require.NoError(t, g.Sync(ctx(t)))
+	require.NoError(t, g.Admit(op, ident(op)))
+
+	streamCtx, done := g.Track(ctx(t), op, ident(op))
+	defer done()
+	require.NoError(t, f.store.Delete(ctx(t), f.keys.Operator("op-a")))
+	require.NoError(t, g.Sync(ctx(t)))
+	require.ErrorIs(t, g.Admit(op, ident(op)), revocation.ErrRevoked)
+	select {
+	case <-streamCtx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stream of an operator whose record is gone was not ended")
+	}
+}

@@ -2,7 +2,10 @@ package shardtest_test
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"crypto/tls"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -94,7 +97,7 @@ func requireWorks(t *testing.T, sh *shardtest.Shard, oc operatorConn) {
 // handshake, while another operator of the same tenant keeps working; a new
 // server of the shard (same storage) refuses it too.
 func TestRevokedOperatorIsRefusedAtOnce(t *testing.T) {
-	sh := shardtest.Start(t, shardtest.Options{})
+	sh := shardtest.Start(t, shardtest.Options{RequireOperatorRecords: true})
 	a, b := openOperator(t, sh, "op-a"), openOperator(t, sh, "op-b")
 	watchA, watchB := openWatch(t, a.c), openWatch(t, b.c)
 
@@ -113,34 +116,46 @@ func TestRevokedOperatorIsRefusedAtOnce(t *testing.T) {
 
 	// A restarted server (the next leader) loads the entry from storage.
 	sh.Stop()
-	sh2 := shardtest.Start(t, shardtest.Options{Store: sh.Store, CA: sh.CA})
+	sh2 := shardtest.Start(t, shardtest.Options{Store: sh.Store, CA: sh.CA, RequireOperatorRecords: true})
 	require.ErrorContains(t, clientHandshake(t, sh2.OperatorAddr, a.tc), "bad certificate")
 	require.NoError(t, call(t, sh2.OperatorAddr, b.tc))
 }
 
 // TestDeletedOperatorRecord: deleting an operator record by hand makes
-// RenewCertificate fail at once and, within one revocation sync, every RPC.
+// RenewCertificate fail at once and, within one revocation sync, every RPC
+// and stream; a record deleted before any sync saw it counts the same.
 func TestDeletedOperatorRecord(t *testing.T) {
-	sh := shardtest.Start(t, shardtest.Options{})
-	a, b := openOperator(t, sh, "op-a"), openOperator(t, sh, "op-b")
-	watchA := openWatch(t, a.c)
-	// Both records are seen by a sync before the deletion.
-	require.NoError(t, sh.Revocations.Sync(ctxT(t)))
-
-	require.NoError(t, sh.Store.Delete(ctxT(t), sh.Keys.Operator("op-a")))
-	_, err := a.c.RenewCertificate(ctxT(t), &nstancev1.RenewCertificateRequest{})
-	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
-	require.NoError(t, sh.Revocations.Sync(ctxT(t)))
-	requireRefused(t, sh, a, watchA)
-	requireWorks(t, sh, b)
-	var found bool
-	for _, e := range sh.Revocations.Entries() {
-		if e.Subject == "op-a" {
-			found = true
-			require.Equal(t, "operator record deleted", e.Reason)
-		}
+	for _, seen := range []bool{true, false} {
+		t.Run(fmt.Sprintf("seen by a sync %v", seen), func(t *testing.T) {
+			sh := shardtest.Start(t, shardtest.Options{RequireOperatorRecords: true})
+			a, b := openOperator(t, sh, "op-a"), openOperator(t, sh, "op-b")
+			watchA := openWatch(t, a.c)
+			if seen {
+				require.NoError(t, sh.Revocations.Sync(ctxT(t)))
+			}
+			require.NoError(t, sh.Store.Delete(ctxT(t), sh.Keys.Operator("op-a")))
+			_, err := a.c.RenewCertificate(ctxT(t), &nstancev1.RenewCertificateRequest{})
+			require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+			require.NoError(t, sh.Revocations.Sync(ctxT(t)))
+			requireRefused(t, sh, a, watchA)
+			requireWorks(t, sh, b)
+		})
 	}
-	require.True(t, found)
+}
+
+// TestOperatorWithoutRecordIsRefused: a certificate the CA issued for an
+// operator id that has no record (never registered, or its record lost) is
+// refused at the handshake when records are required.
+func TestOperatorWithoutRecordIsRefused(t *testing.T) {
+	sh := shardtest.Start(t, shardtest.Options{RequireOperatorRecords: true})
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	cert, _, err := sh.CA.IssueClient(pki.ClientRequest{Identity: pki.Identity{ClusterID: sh.ClusterID, Tenant: "acme", Role: pki.RoleAdmin, ClientID: "ghost"},
+		PublicKey: pub, Validity: time.Hour}, time.Now())
+	require.NoError(t, err)
+	tc := pki.ClientTLS(sh.CA.Pool(), &tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: priv}, "127.0.0.1")
+	require.ErrorContains(t, clientHandshake(t, sh.OperatorAddr, tc), "bad certificate")
+	require.NoError(t, call(t, sh.OperatorAddr, openOperator(t, sh, "registered").tc))
 }
 
 // TestDeletedInstanceAgentIsRefused: once an instance is deleted, its real
@@ -206,7 +221,7 @@ func TestDeletedInstanceAgentIsRefused(t *testing.T) {
 // TestAdminRevocationRPCs: only admins list operators and revocations and
 // revoke; an operator revoked through the RPC is refused at once.
 func TestAdminRevocationRPCs(t *testing.T) {
-	sh := shardtest.Start(t, shardtest.Options{})
+	sh := shardtest.Start(t, shardtest.Options{RequireOperatorRecords: true})
 	a, b := openOperator(t, sh, "op-a"), openOperator(t, sh, "op-b")
 	admin := sh.AdminClient(t, "acme")
 

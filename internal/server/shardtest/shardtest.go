@@ -58,6 +58,11 @@ type Options struct {
 	Agents bool
 	// Agent tunes the Agent service and health monitoring (WorkloadCA and Monitor are set by Start).
 	Agent fleet.AgentOptions
+	// RequireOperatorRecords admits operator and admin certificates only
+	// while their record exists, as nstance-server does (off by default:
+	// many tests dial with certificates issued straight from the CA; the
+	// client helpers here write records).
+	RequireOperatorRecords bool
 }
 
 // Shard is a running fake shard.
@@ -216,7 +221,8 @@ func start(o Options) (*Shard, error) {
 	}
 	gate := revocation.New(revocation.Options{
 		Store: o.Store, Keys: keys, ClusterID: o.ClusterID, Shard: o.ShardID, ServerID: "shardtest",
-		OperatorValidity: time.Hour, AgentValidity: time.Hour, Log: o.Log.WithName("revocation"),
+		OperatorValidity: time.Hour, AgentValidity: time.Hour, RequireOperatorRecords: o.RequireOperatorRecords,
+		Log: o.Log.WithName("revocation"),
 	})
 	if err := gate.Sync(ctx); err != nil {
 		closeAll()
