@@ -339,22 +339,17 @@ func (a *App) Run(ctx context.Context) error {
 	a.setAddr(func(ad *Addrs) { ad.Election = electLn.Addr().String() })
 	stopElect := serveHTTP(&bg, log, "election", electLn, health.ElectionHandler(a.electionState), pki.ServerTLS(serverCert, nil, false))
 	defer stopElect()
+	a.newRevocations(cfg, log)
 
 	issuer := &registration.Issuer{
 		CA: cl.CA, ClusterID: cfg.Cluster.ID,
 		AgentValidity: cfg.Certificates.AgentValidity.D(), OperatorValidity: cfg.Certificates.OperatorValidity.D(),
 	}
-	a.revocations = revocation.New(revocation.Options{
-		Store: a.o.Store, Keys: a.o.Keys, ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID,
-		OperatorValidity: cfg.Certificates.OperatorValidity.D(), AgentValidity: cfg.Certificates.AgentValidity.D(),
-		RequireOperatorRecords: true, Log: log.WithName("revocation"),
-	})
-	a.revSync = cfg.Certificates.RevocationSyncInterval.D()
 	rt := &Runtime{
 		Config: withAdvertiseDefaults(cfg, bind), ConfigETag: a.cfgETag, Store: a.o.Store, Keys: a.o.Keys, Cache: db,
-		CA: cl.CA, WorkloadCA: cl.WorkloadCA, ServerHosts: certHosts, NonceKey: cl.NonceKey, Issuer: issuer,
-		Revocations: a.revocations, App: a, Log: log,
+		CA: cl.CA, WorkloadCA: cl.WorkloadCA, ServerHosts: certHosts, NonceKey: cl.NonceKey, Issuer: issuer, App: a, Log: log,
 	}
+	rt.Revocations = a.revocations
 	factory := a.o.Services
 	if factory == nil {
 		factory = DefaultServices
@@ -373,7 +368,7 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	gcfg := grpcserve.Config{
 		ClusterID: cfg.Cluster.ID, ServerCert: serverCert, ClientCAs: cl.CA.Pool(),
-		Registration: reg, Operator: svcs.Operator, Agent: svcs.Agent, Log: log.WithName("grpc"), Gate: a.revocations,
+		Registration: reg, Operator: svcs.Operator, Agent: svcs.Agent, Log: log.WithName("grpc"),
 		ServerOptions: []grpc.ServerOption{grpc.ChainUnaryInterceptor(a.metrics.unary), grpc.ChainStreamInterceptor(a.metrics.stream)},
 	}
 
@@ -538,6 +533,7 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cach
 		log.Error(err, "loading revocations on leadership; stepping down")
 		return
 	}
+	gcfg.Gate = a.revocations
 	ls, err := a.listenGRPC(bind)
 	if err != nil {
 		log.Error(err, "binding gRPC listeners; stepping down")
@@ -587,6 +583,16 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cach
 		srv.Stop()
 	}
 	log.Info("stopped serving gRPC")
+}
+
+// newRevocations builds the deny list the mTLS listeners consult.
+func (a *App) newRevocations(cfg *config.Config, log logr.Logger) {
+	a.revocations = revocation.New(revocation.Options{
+		Store: a.o.Store, Keys: a.o.Keys, ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID,
+		OperatorValidity: cfg.Certificates.OperatorValidity.D(), AgentValidity: cfg.Certificates.AgentValidity.D(),
+		RequireOperatorRecords: true, Log: log.WithName("revocation"),
+	})
+	a.revSync = cfg.Certificates.RevocationSyncInterval.D()
 }
 
 // loadRevocations reads the deny list before the term serves anything and

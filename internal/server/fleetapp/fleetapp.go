@@ -55,8 +55,8 @@ func Factory(o Options) app.ServiceFactory {
 		if err != nil {
 			return app.Services{}, err
 		}
-		core := &operatorapi.Core{Shard: cfg.Shard.ID, Config: holder, Issuer: rt.Issuer,
-			Operators: &operatorapi.OperatorRecords{Store: rt.Store, Keys: rt.Keys}, Log: rt.Log.WithName("operator")}
+		core := &operatorapi.Core{Shard: cfg.Shard.ID, Config: holder, Issuer: rt.Issuer}
+		core.Operators, core.Log = &operatorapi.OperatorRecords{Store: rt.Store, Keys: rt.Keys}, rt.Log.WithName("operator")
 		opts := fleet.Options{
 			Store: rt.Store, Keys: rt.Keys, Config: holder, Provider: prov,
 			Nonces: reconcile.KeyMinter{Key: rt.NonceKey, ClusterID: cfg.Cluster.ID, Shard: cfg.Shard.ID, TTL: cfg.Certificates.AgentNonceTTL.D()},

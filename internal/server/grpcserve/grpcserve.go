@@ -30,6 +30,9 @@ type Config struct {
 	ServerCert tls.Certificate
 	// ClientCAs verifies client certificates on the mTLS listeners.
 	ClientCAs *x509.CertPool
+	// Gate, when set, refuses revoked client certificates on the mTLS
+	// listeners: at the handshake, on every RPC, and on open streams.
+	Gate authz.Gate
 
 	Registration nstancev1.RegistrationServiceServer
 	Operator     nstancev1.OperatorServiceServer
@@ -39,9 +42,6 @@ type Config struct {
 	ServerOptions []grpc.ServerOption
 	// Log receives handler panics (the server answers Internal and keeps serving).
 	Log logr.Logger
-	// Gate, when set, refuses revoked client certificates on the mTLS
-	// listeners: at the handshake, on every RPC, and on open streams.
-	Gate authz.Gate
 }
 
 // Listeners are the three network listeners. Any may be nil to skip that service.
