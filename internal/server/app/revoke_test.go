@@ -21,8 +21,8 @@ import (
 
 // TestDeletedOperatorRecordAcrossLeaders runs two real servers of one shard
 // on dev-s3: an operator registered through the Registration port loses
-// RenewCertificate as soon as its record is deleted, every RPC on its open
-// connection within one revocation sync, and the next leader refuses it too,
+// RenewCertificate and new connections as soon as its record is deleted,
+// every RPC on its open connection within one revocation sync, and the next leader refuses it too,
 // while another operator keeps working throughout.
 func TestDeletedOperatorRecordAcrossLeaders(t *testing.T) {
 	store := s3Store(t)
@@ -62,6 +62,8 @@ func TestDeletedOperatorRecordAcrossLeaders(t *testing.T) {
 	require.NoError(t, store.Delete(ctx, layout.New("").Operator("op-a")))
 	_, err = opA.RenewCertificate(ctx, &nstancev1.RenewCertificateRequest{})
 	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	_, err = operatorClient(t, ca, leader.app.Addrs().Operator, certA).GetConfigStatus(ctx, &nstancev1.GetConfigStatusRequest{})
+	require.Equal(t, codes.Unavailable, status.Code(err), "a new connection at once: %v", err)
 	require.Eventually(t, func() bool {
 		_, err := opA.GetConfigStatus(ctx, &nstancev1.GetConfigStatusRequest{})
 		return status.Code(err) == codes.PermissionDenied

@@ -41,8 +41,11 @@ type Policy struct {
 
 // Gate decides whether a verified client certificate may still be used.
 type Gate interface {
-	// Admit returns an error when cert (of identity id) is refused.
+	// Admit returns an error when cert (of identity id) is refused; it is
+	// asked on every RPC and should answer from memory.
 	Admit(cert *x509.Certificate, id pki.Identity) error
+	// AdmitHandshake is Admit for a new connection (it may read storage).
+	AdmitHandshake(cert *x509.Certificate, id pki.Identity) error
 	// Track returns a context that ends as soon as cert is refused, and a
 	// function to call when the stream ends.
 	Track(ctx context.Context, cert *x509.Certificate, id pki.Identity) (context.Context, func())

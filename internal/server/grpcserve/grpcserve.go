@@ -136,7 +136,7 @@ func AdmitConnection(clusterID string, gate authz.Gate) func(tls.ConnectionState
 		if err != nil {
 			return nil
 		}
-		return gate.Admit(leaf, id)
+		return gate.AdmitHandshake(leaf, id)
 	}
 }
 

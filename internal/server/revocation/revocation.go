@@ -189,8 +189,20 @@ func (g *Gate) match(cert *x509.Certificate, id pki.Identity) (Entry, bool) {
 }
 
 // Admit returns an error wrapping ErrRevoked when an entry denies cert
-// (or, with RequireOperatorRecords, when an operator's record is gone).
+// (or, with RequireOperatorRecords, when an operator's record is gone as
+// far as the last Sync knows). It is asked on every RPC.
 func (g *Gate) Admit(cert *x509.Certificate, id pki.Identity) error {
+	return g.admit(cert, id, false)
+}
+
+// AdmitHandshake is Admit for a new connection: with
+// RequireOperatorRecords an operator's record is read from storage, so a
+// record deleted a moment ago already refuses the next handshake.
+func (g *Gate) AdmitHandshake(cert *x509.Certificate, id pki.Identity) error {
+	return g.admit(cert, id, true)
+}
+
+func (g *Gate) admit(cert *x509.Certificate, id pki.Identity, fresh bool) error {
 	g.mu.RLock()
 	e, ok := g.match(cert, id)
 	g.mu.RUnlock()
@@ -201,23 +213,24 @@ func (g *Gate) Admit(cert *x509.Certificate, id pki.Identity) error {
 		return fmt.Errorf("%w: %s %s", ErrRevoked, e.Kind, e.Subject)
 	}
 	if g.o.RequireOperatorRecords && (id.Role == pki.RoleOperator || id.Role == pki.RoleAdmin) {
-		return g.recordExists(id.ClientID)
+		return g.recordExists(id.ClientID, fresh)
 	}
 	return nil
 }
 
-// recordExists answers from what the last Sync (or an earlier miss) found,
-// and reads storage otherwise.
-func (g *Gate) recordExists(id string) error {
+// recordExists answers from what the last Sync (or an earlier read) found,
+// and reads storage on a miss or when fresh.
+func (g *Gate) recordExists(id string, fresh bool) error {
 	g.mu.RLock()
 	_, known := g.operators[id]
 	absent := g.absent[id]
 	g.mu.RUnlock()
 	switch {
-	case known:
-		return nil
+	case fresh:
 	case absent:
 		return fmt.Errorf("%w: operator %s has no record", ErrRevoked, id)
+	case known:
+		return nil
 	}
 	if layout.ValidateID("operator id", id) != nil {
 		return fmt.Errorf("%w: operator id %q", ErrRevoked, id)
@@ -233,13 +246,21 @@ func (g *Gate) recordExists(id string) error {
 			g.operators = map[string]string{}
 		}
 		g.operators[id] = info.ETag
+		delete(g.absent, id)
 		return nil
 	case errors.Is(err, objstore.ErrNotFound):
 		if g.absent == nil {
 			g.absent = map[string]bool{}
 		}
+		// g.operators keeps the id, so the next Sync writes the entry
+		// that keeps these certificates refused should the id register again.
 		g.absent[id] = true
 		return fmt.Errorf("%w: operator %s has no record", ErrRevoked, id)
+	}
+	if known && !absent {
+		// Storage is unavailable: keep what the last Sync knew rather than
+		// refusing every operator until it is back.
+		return nil
 	}
 	return fmt.Errorf("operator %s: reading its record: %w", id, err)
 }
@@ -477,7 +498,7 @@ func (g *Gate) syncOperators(ctx context.Context) error {
 				continue
 			}
 			if _, ok := now[t.id.ClientID]; !ok {
-				if err := g.recordExists(t.id.ClientID); errors.Is(err, ErrRevoked) {
+				if err := g.recordExists(t.id.ClientID, false); errors.Is(err, ErrRevoked) {
 					g.mu.Lock()
 					delete(g.streams, t)
 					g.mu.Unlock()

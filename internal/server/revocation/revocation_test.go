@@ -254,8 +254,12 @@ func TestRequireOperatorRecords(t *testing.T) {
 	streamCtx, done := g.Track(ctx(t), op, ident(op))
 	defer done()
 	require.NoError(t, f.store.Delete(ctx(t), f.keys.Operator("op-a")))
+	require.NoError(t, g.Admit(op, ident(op)), "an RPC answers from the last Sync")
+	require.ErrorIs(t, g.AdmitHandshake(op, ident(op)), revocation.ErrRevoked, "a handshake reads the record")
+	require.ErrorIs(t, g.Admit(op, ident(op)), revocation.ErrRevoked, "and RPCs follow what it found")
 	require.NoError(t, g.Sync(ctx(t)))
 	require.ErrorIs(t, g.Admit(op, ident(op)), revocation.ErrRevoked)
+	require.Len(t, g.Entries(), 1, "the vanished record still gets its entry")
 	select {
 	case <-streamCtx.Done():
 	case <-time.After(5 * time.Second):

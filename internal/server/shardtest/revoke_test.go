@@ -122,8 +122,9 @@ func TestRevokedOperatorIsRefusedAtOnce(t *testing.T) {
 }
 
 // TestDeletedOperatorRecord: deleting an operator record by hand makes
-// RenewCertificate fail at once and, within one revocation sync, every RPC
-// and stream; a record deleted before any sync saw it counts the same.
+// RenewCertificate and the next handshake fail at once and, within one
+// revocation sync, every RPC and stream on open connections; a record
+// deleted before any sync saw it counts the same.
 func TestDeletedOperatorRecord(t *testing.T) {
 	for _, seen := range []bool{true, false} {
 		t.Run(fmt.Sprintf("seen by a sync %v", seen), func(t *testing.T) {
@@ -134,8 +135,11 @@ func TestDeletedOperatorRecord(t *testing.T) {
 				require.NoError(t, sh.Revocations.Sync(ctxT(t)))
 			}
 			require.NoError(t, sh.Store.Delete(ctxT(t), sh.Keys.Operator("op-a")))
+			// At once: RenewCertificate and the next handshake read the record.
 			_, err := a.c.RenewCertificate(ctxT(t), &nstancev1.RenewCertificateRequest{})
 			require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+			require.ErrorContains(t, clientHandshake(t, sh.OperatorAddr, a.tc), "bad certificate", "new connection")
+			// The open connection and stream within one sync.
 			require.NoError(t, sh.Revocations.Sync(ctxT(t)))
 			requireRefused(t, sh, a, watchA)
 			requireWorks(t, sh, b)
