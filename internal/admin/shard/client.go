@@ -110,11 +110,11 @@ func Dial(servers map[string]string, tc *tls.Config) (*Set, error) {
 	for _, name := range sortedKeys(servers) {
 		addr := servers[name]
 		cfg := tc.Clone()
+		// The server at addr must serve the shard it is named for.
+		cfg.VerifyConnection = pki.VerifyServerOfShard(name)
 		if host, _, err := net.SplitHostPort(addr); err == nil && cfg.ServerName == "" {
 			cfg.ServerName = host
 		}
-		// The server at addr must serve the shard it is named for.
-		cfg.VerifyConnection = pki.VerifyServerOfShard(name)
 		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 		if err != nil {
 			s.Close()

@@ -75,6 +75,7 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 		opts := append([]grpc.ServerOption{grpc.Creds(credentials.NewTLS(tlsCfg)),
 			grpc.ChainUnaryInterceptor(RecoverUnary(cfg.Log)), grpc.ChainStreamInterceptor(RecoverStream(cfg.Log))}, ka...)
 		opts = append(opts, cfg.ServerOptions...)
+		opts = append(opts, cfg.gateOptions(tlsCfg)...)
 		opts = append(opts, extra...)
 		return grpc.NewServer(opts...)
 	}
@@ -91,7 +92,7 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 			s.Stop()
 			return nil, errors.New("grpcserve: operator listener without a service")
 		}
-		g := newServer(cfg.mtls(), authz.Policy{Roles: []pki.Role{pki.RoleOperator, pki.RoleAdmin}, ClusterID: cfg.ClusterID, Gate: cfg.Gate}.ServerOptions()...)
+		g := newServer(pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), authz.Policy{Roles: []pki.Role{pki.RoleOperator, pki.RoleAdmin}, ClusterID: cfg.ClusterID}.ServerOptions()...)
 		nstancev1.RegisterOperatorServiceServer(g, cfg.Operator)
 		s.serve("operator", g, ls.Operator)
 	}
@@ -103,41 +104,13 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 		// Thousands of agents keep a connection each: small per-connection
 		// buffers and a shared write buffer cut the server's memory by about
 		// a quarter (bench/agents) at no cost for their small messages.
-		agentOpts := append(authz.Policy{Roles: []pki.Role{pki.RoleAgent}, ClusterID: cfg.ClusterID, Gate: cfg.Gate}.ServerOptions(),
+		agentOpts := append(authz.Policy{Roles: []pki.Role{pki.RoleAgent}, ClusterID: cfg.ClusterID}.ServerOptions(),
 			grpc.SharedWriteBuffer(true), grpc.ReadBufferSize(4<<10), grpc.WriteBufferSize(4<<10))
-		g := newServer(cfg.mtls(), agentOpts...)
+		g := newServer(pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), agentOpts...)
 		nstancev1.RegisterAgentServiceServer(g, cfg.Agent)
 		s.serve("agent", g, ls.Agent)
 	}
 	return s, nil
-}
-
-// mtls is the TLS configuration of the Operator and Agent listeners: client
-// certificates chained to ClientCAs and, with a Gate, not revoked (checked
-// during the handshake, so a revoked certificate gets no connection).
-func (cfg Config) mtls() *tls.Config {
-	tc := pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true)
-	if cfg.Gate != nil {
-		tc.VerifyConnection = AdmitConnection(cfg.ClusterID, cfg.Gate)
-	}
-	return tc
-}
-
-// AdmitConnection is a tls.Config.VerifyConnection that refuses client
-// certificates the gate does not admit. Certificates that carry no client
-// identity are left to the role check of the interceptors.
-func AdmitConnection(clusterID string, gate authz.Gate) func(tls.ConnectionState) error {
-	return func(cs tls.ConnectionState) error {
-		if len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
-			return nil
-		}
-		leaf := cs.VerifiedChains[0][0]
-		id, err := pki.IdentityFromCert(leaf, clusterID)
-		if err != nil {
-			return nil
-		}
-		return gate.AdmitHandshake(leaf, id)
-	}
 }
 
 // RecoverUnary turns a panic in a unary handler into codes.Internal and logs
@@ -214,4 +187,35 @@ func (s *Servers) Err() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return errors.Join(s.errs...)
+}
+
+// gateOptions are the options that make an mTLS server (one that requires
+// client certificates) consult cfg.Gate: credentials whose handshake asks
+// the gate (they replace the plain ones; a revoked certificate gets no
+// connection) and the per-RPC and stream interceptors. None without a gate
+// or for the Registration listener.
+func (cfg Config) gateOptions(tlsCfg *tls.Config) []grpc.ServerOption {
+	if cfg.Gate == nil || tlsCfg.ClientAuth != tls.RequireAndVerifyClientCert {
+		return nil
+	}
+	tc := tlsCfg.Clone()
+	tc.VerifyConnection = AdmitConnection(cfg.ClusterID, cfg.Gate)
+	return append([]grpc.ServerOption{grpc.Creds(credentials.NewTLS(tc))}, authz.GateOptions(cfg.ClusterID, cfg.Gate)...)
+}
+
+// AdmitConnection is a tls.Config.VerifyConnection that refuses client
+// certificates the gate does not admit. Certificates that carry no client
+// identity are left to the role check of the interceptors.
+func AdmitConnection(clusterID string, gate authz.Gate) func(tls.ConnectionState) error {
+	return func(cs tls.ConnectionState) error {
+		if len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
+			return nil
+		}
+		leaf := cs.VerifiedChains[0][0]
+		id, err := pki.IdentityFromCert(leaf, clusterID)
+		if err != nil {
+			return nil
+		}
+		return gate.AdmitHandshake(leaf, id)
+	}
 }

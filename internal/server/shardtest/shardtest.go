@@ -247,8 +247,9 @@ func start(o Options) (*Shard, error) {
 		closeAll()
 		return nil, err
 	}
-	gcfg := grpcserve.Config{ClusterID: o.ClusterID, ServerCert: serverCert, ClientCAs: ca.Pool(), Operator: f.Service, Log: o.Log.WithName("grpc"), Gate: gate}
+	gcfg := grpcserve.Config{ClusterID: o.ClusterID, ServerCert: serverCert, ClientCAs: ca.Pool(), Operator: f.Service, Log: o.Log.WithName("grpc")}
 	gls := grpcserve.Listeners{Operator: ln}
+	gcfg.Gate = gate
 	if o.Agents {
 		gcfg.Registration = &registration.Service{
 			Issuer:   issuer,
