@@ -34,6 +34,10 @@ func (r Role) Valid() bool { return r == RoleAgent || r == RoleOperator || r == 
 // clockSkew back-dates NotBefore so clients with slightly slow clocks accept new certificates.
 const clockSkew = time.Minute
 
+// IssuedAt is when cert was signed by this package: its NotBefore plus the
+// back-dating every issuer here applies (second resolution).
+func IssuedAt(cert *x509.Certificate) time.Time { return cert.NotBefore.Add(clockSkew) }
+
 // Identity is who a client certificate belongs to.
 type Identity struct {
 	ClusterID string

@@ -158,3 +158,44 @@ func TestMutualTLSHandshake(t *testing.T) {
 	require.NoError(t, dial(&client))
 	require.Error(t, dial(nil), "server must require a client certificate")
 }
+
+// TestClientChecksTheServersShard: a client of shard s1 refuses a valid
+// server certificate of shard s2 of the same cluster, over a real handshake.
+func TestClientChecksTheServersShard(t *testing.T) {
+	ca := newCA(t)
+	serve := func(shard string) string {
+		srvCert, err := ca.ServerKeyPair(ServerIdentity{Shard: shard, ServerID: "srv"}, []string{"127.0.0.1"}, time.Hour, time.Now())
+		require.NoError(t, err)
+		ln, err := tls.Listen("tcp", "127.0.0.1:0", ServerTLS(srvCert, nil, false))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					defer c.Close()
+					if err := c.(*tls.Conn).Handshake(); err == nil {
+						_, _ = c.Write([]byte("ok"))
+					}
+				}()
+			}
+		}()
+		return ln.Addr().String()
+	}
+	s1, s2 := serve("s1"), serve("s2")
+	dial := func(addr, shard string) error {
+		conn, err := tls.Dial("tcp", addr, ClientTLSForShard(ca.Pool(), nil, "127.0.0.1", shard))
+		if err != nil {
+			return err
+		}
+		return conn.Close()
+	}
+	require.NoError(t, dial(s1, "s1"))
+	require.NoError(t, dial(s2, "s2"))
+	err := dial(s2, "s1")
+	require.ErrorContains(t, err, `spiffe://c1/shard/s2/server/srv serves shard "s2", not "s1"`)
+	require.ErrorContains(t, dial(s1, ""), `not ""`, "an empty shard matches no server")
+}

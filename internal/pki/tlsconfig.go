@@ -63,3 +63,31 @@ func VerifyServerConnection(cs tls.ConnectionState) error {
 	}
 	return lastErr
 }
+
+// VerifyServerOfShard is VerifyServerConnection plus a check that the server
+// identity names shard: a client that talks to one shard refuses a server of
+// another shard of the same cluster (a mixed-up address, or a server moved
+// to another shard), which would otherwise be handed its requests.
+func VerifyServerOfShard(shard string) func(tls.ConnectionState) error {
+	return func(cs tls.ConnectionState) error {
+		if err := VerifyServerConnection(cs); err != nil {
+			return err
+		}
+		id, err := ServerIdentityFromCert(cs.VerifiedChains[0][0], "")
+		if err != nil {
+			return fmt.Errorf("nstance server: %w", err)
+		}
+		if id.Shard != shard {
+			return fmt.Errorf("nstance server: %s serves shard %q, not %q", id.URI(), id.Shard, shard)
+		}
+		return nil
+	}
+}
+
+// ClientTLSForShard is ClientTLS for a client of one shard: the server must
+// also carry a server identity of that shard (VerifyServerOfShard).
+func ClientTLSForShard(roots *x509.CertPool, cert *tls.Certificate, serverName, shard string) *tls.Config {
+	cfg := ClientTLS(roots, cert, serverName)
+	cfg.VerifyConnection = VerifyServerOfShard(shard)
+	return cfg
+}

@@ -103,12 +103,16 @@ type Set struct {
 	conns   []*grpc.ClientConn
 }
 
-// Dial connects to the given shards (connections are lazy; errors show on first call).
+// Dial connects to the given shards (connections are lazy; errors show on
+// first call). Each server must carry the server identity of the shard it is
+// named for in servers.
 func Dial(servers map[string]string, tc *tls.Config) (*Set, error) {
 	s := &Set{clients: map[string]nstancev1.OperatorServiceClient{}}
 	for _, name := range sortedKeys(servers) {
 		addr := servers[name]
 		cfg := tc.Clone()
+		// The server at addr must serve the shard it is named for.
+		cfg.VerifyConnection = pki.VerifyServerOfShard(name)
 		if host, _, err := net.SplitHostPort(addr); err == nil && cfg.ServerName == "" {
 			cfg.ServerName = host
 		}

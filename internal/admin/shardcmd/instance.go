@@ -164,6 +164,7 @@ func instanceCommand() *cli.Command {
 					})
 				},
 			},
+			instanceRevokeCommand(),
 		},
 	}
 }

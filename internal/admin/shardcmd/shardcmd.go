@@ -21,7 +21,7 @@ import (
 
 // Commands returns the shard commands for nstance-admin.
 func Commands() []*cli.Command {
-	return []*cli.Command{configCommand(), groupCommand(), instanceCommand(), serveCommand()}
+	return []*cli.Command{configCommand(), groupCommand(), instanceCommand(), operatorCommand(), revocationCommand(), serveCommand()}
 }
 
 // flags are the flags of a command that acts on shards and prints a result.

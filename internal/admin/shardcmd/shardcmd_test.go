@@ -16,6 +16,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 	"sigs.k8s.io/yaml"
 
 	"github.com/nstance-dev/nstance/internal/admin/adminapp"
@@ -510,4 +514,58 @@ func TestHTTPAPI(t *testing.T) {
 			require.Contains(t, body, tc.contains)
 		})
 	}
+}
+
+func TestOperatorAndRevocationCommands(t *testing.T) {
+	e := twoShards(t)
+	opTLS, err := e.a.OperatorTLS("default", pki.RoleOperator, "op-x")
+	require.NoError(t, err)
+	opConn, err := grpc.NewClient(e.a.OperatorAddr, grpc.WithTransportCredentials(credentials.NewTLS(opTLS)))
+	require.NoError(t, err)
+	t.Cleanup(func() { opConn.Close() })
+	op := nstancev1.NewOperatorServiceClient(opConn)
+	_, err = op.GetConfigStatus(context.Background(), &nstancev1.GetConfigStatusRequest{})
+	require.NoError(t, err)
+
+	out, err := run(t, e.args("operator list", "--shard", "dev-1", "-o", "json")...)
+	require.NoError(t, err)
+	l := decodeList(t, out)
+	require.Len(t, l.Items, 1)
+	require.Equal(t, "op-x", l.Items[0]["operator_id"])
+	require.Equal(t, "CLIENT_ROLE_OPERATOR", l.Items[0]["role"])
+
+	out, err = run(t, e.args("operator revoke", "op-x", "--shard", "dev-1", "--reason", "left the team")...)
+	require.NoError(t, err)
+	require.Contains(t, out, "kind: operator\n")
+	require.Contains(t, out, "subject: op-x\n")
+	require.Contains(t, out, "reason: left the team\n")
+	_, err = op.GetConfigStatus(context.Background(), &nstancev1.GetConfigStatusRequest{})
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+
+	_, err = run(t, e.args("group create", "--shard", "dev-1", "--template", "worker", "--size", "1", "db")...)
+	require.NoError(t, err)
+	g := waitGroup(t, e.a, "db", 1)
+	inst := g.GetProviderIds()[0][strings.LastIndex(g.GetProviderIds()[0], "/")+1:]
+	out, err = run(t, e.args("instance revoke", inst, "-o", "json")...)
+	require.NoError(t, err)
+	require.Contains(t, out, `"kind": "REVOCATION_KIND_AGENT"`)
+
+	out, err = run(t, e.args("revocation list", "--all-shards")...)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 3, out)
+	require.Regexp(t, `^SHARD\s+KIND\s+SUBJECT\s+SERIAL\s+REVOKED\s+EXPIRES\s+BY\s+REASON$`, lines[0])
+	require.Regexp(t, `^dev-1\s+operator\s+op-x\s+-\s+\S+\s+\S+\s+spiffe://test-cluster/tenant/default/admin/admin\s+left the team$`, lines[1])
+	require.Regexp(t, `^dev-1\s+agent\s+dev-1/`+inst+`\s`, lines[2])
+
+	_, err = run(t, e.args("revocation add", "12ab", "--shard", "dev-1")...)
+	require.ErrorContains(t, err, "want a decimal certificate serial number")
+	_, err = run(t, e.args("revocation add", "4242", "--shard", "dev-2")...)
+	require.NoError(t, err)
+	out, err = run(t, e.args("revocation list", "--shard", "dev-2", "-o", "json")...)
+	require.NoError(t, err)
+	l = decodeList(t, out)
+	require.Len(t, l.Items, 1)
+	require.Equal(t, "4242", l.Items[0]["serial"])
+	require.Equal(t, "dev-2", l.Items[0]["shard"], "the item's shard is the shard that answered")
 }

@@ -6,6 +6,8 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -216,19 +218,71 @@ func (d *Dir) Roots() (*x509.CertPool, error) {
 }
 
 // RegistrationTLS is the TLS configuration for the registration service:
-// server verified against the CA and by its server identity, no client
-// certificate.
+// server verified against the CA and by its server identity, which must
+// name the shard the nonce was minted for (once the nonce is spent: the
+// shard of the agent's certificate); no client certificate.
 func (d *Dir) RegistrationTLS(serverName string) (*tls.Config, error) {
 	roots, err := d.Roots()
 	if err != nil {
 		return nil, err
 	}
-	return pki.ClientTLS(roots, nil, serverName), nil
+	var shard string
+	tok, err := d.Nonce()
+	switch {
+	case err == nil:
+		if shard, err = nonceShard(tok); err != nil {
+			return nil, err
+		}
+	case errors.Is(err, fs.ErrNotExist):
+		if shard, err = d.certShard(); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, err
+	}
+	return pki.ClientTLSForShard(roots, nil, serverName, shard), nil
 }
 
-// AgentTLS is the mTLS configuration for the agent service (the server is
-// verified as for RegistrationTLS). The client certificate is re-read from
-// disk on each handshake when it changed.
+// certShard is the shard of the stored agent certificate.
+func (d *Dir) certShard() (string, error) {
+	c, err := d.Certificate(time.Now())
+	if err != nil {
+		return "", err
+	}
+	id, err := pki.IdentityFromCert(c.Leaf, "")
+	if err != nil {
+		return "", fmt.Errorf("identity: the agent certificate: %w", err)
+	}
+	return id.Shard, nil
+}
+
+// nonceShard reads the shard claim of a nonce without verifying it (the
+// agent holds no key to verify it with; the server does that).
+func nonceShard(tok string) (string, error) {
+	parts := strings.Split(tok, ".")
+	if len(parts) != 3 {
+		return "", errors.New("identity: the nonce is not a JWT")
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return "", fmt.Errorf("identity: the nonce's claims: %w", err)
+	}
+	var claims struct {
+		Shard string `json:"shard"`
+	}
+	if err := json.Unmarshal(payload, &claims); err != nil {
+		return "", fmt.Errorf("identity: the nonce's claims: %w", err)
+	}
+	if claims.Shard == "" {
+		return "", errors.New("identity: the nonce names no shard")
+	}
+	return claims.Shard, nil
+}
+
+// AgentTLS is the mTLS configuration for the agent service: the server is
+// verified as for RegistrationTLS and must serve the shard of the agent's
+// certificate. The client certificate is re-read from disk on each
+// handshake when it changed.
 func (d *Dir) AgentTLS(serverName string) (*tls.Config, error) {
 	roots, err := d.Roots()
 	if err != nil {
@@ -240,6 +294,13 @@ func (d *Dir) AgentTLS(serverName string) (*tls.Config, error) {
 	cfg := pki.ClientTLS(roots, nil, serverName)
 	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 		return d.Certificate(time.Now())
+	}
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		shard, err := d.certShard()
+		if err != nil {
+			return err
+		}
+		return pki.VerifyServerOfShard(shard)(cs)
 	}
 	return cfg, nil
 }

@@ -125,7 +125,8 @@ func (m *Manager) Start(ctx context.Context, creds *bootstrap.Credentials) error
 	}
 	for _, id := range m.ids {
 		addr := m.opts.Shards[id]
-		tlsCfg := pki.ClientTLS(creds.Roots, nil, bootstrap.ServerName(addr))
+		// The server must serve the shard this connection is configured for.
+		tlsCfg := pki.ClientTLSForShard(creds.Roots, nil, bootstrap.ServerName(addr), id)
 		tlsCfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			m.mu.RLock()
 			defer m.mu.RUnlock()

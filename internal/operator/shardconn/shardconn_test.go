@@ -11,6 +11,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/nstance-dev/nstance/internal/operator/bootstrap"
 	"github.com/nstance-dev/nstance/internal/pki"
@@ -42,7 +44,7 @@ func startServer(t *testing.T, ca *pki.CA, shard, addr string) *server {
 
 func (s *server) start() {
 	t := s.t
-	cert, err := s.ca.ServerKeyPair(pki.ServerIdentity{Shard: "s1", ServerID: "nstance-server"}, []string{"127.0.0.1"}, time.Hour, time.Now())
+	cert, err := s.ca.ServerKeyPair(pki.ServerIdentity{Shard: s.shard, ServerID: "nstance-server"}, []string{"127.0.0.1"}, time.Hour, time.Now())
 	require.NoError(t, err)
 	var ln net.Listener
 	require.Eventually(t, func() bool {
@@ -150,6 +152,28 @@ func TestHealthFollowsShards(t *testing.T) {
 	require.Eventually(t, func() bool { return m.Healthy("b") }, 15*time.Second, 20*time.Millisecond)
 	require.NoError(t, m.ReadyCheck(nil))
 	require.NoError(t, m.WaitReady(ctx, "b"))
+}
+
+// TestServerOfAnotherShardIsRefused: a connection configured for shard "a"
+// whose address reaches a server of shard "b" (same cluster CA) is refused
+// in the handshake, while b's own connection works.
+func TestServerOfAnotherShardIsRefused(t *testing.T) {
+	ca, err := pki.GenerateCA(clusterID, 24*time.Hour, time.Now())
+	require.NoError(t, err)
+	b := startServer(t, ca, "b", "127.0.0.1:0")
+	m := New(Options{Shards: map[string]string{"a": b.addr, "b": b.addr}, MaxBackoff: 200 * time.Millisecond, ClusterID: clusterID, Log: logr.Discard()})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	require.NoError(t, m.Start(ctx, operatorCreds(t, ca, time.Hour)))
+	require.Eventually(t, func() bool { return m.Healthy("b") }, 10*time.Second, 20*time.Millisecond)
+	c, err := m.Client("a")
+	require.NoError(t, err)
+	cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+	defer ccancel()
+	_, err = c.GetConfigStatus(cctx, &nstancev1.GetConfigStatusRequest{})
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	require.Contains(t, status.Convert(err).Message(), `authentication handshake failed: nstance server: spiffe://`+clusterID+`/shard/b/server/nstance-server serves shard \"b\", not \"a\"`)
+	require.False(t, m.Healthy("a"))
 }
 
 func TestRenewalBeforeExpiry(t *testing.T) {

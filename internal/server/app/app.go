@@ -35,6 +35,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/operatorapi"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/registration"
+	"github.com/nstance-dev/nstance/internal/server/revocation"
 	"github.com/nstance-dev/nstance/internal/server/storage"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -97,6 +98,9 @@ type Runtime struct {
 	ServerHosts []string
 	NonceKey    ed25519.PrivateKey
 	Issuer      *registration.Issuer
+	// Revocations is the deny list the mTLS listeners consult (admin
+	// revocations, deleted instances).
+	Revocations *revocation.Gate
 	App         *App
 	Log         logr.Logger
 	// Fence bounds the leader's work by its shard lease; Store is already
@@ -129,6 +133,10 @@ type App struct {
 	reg     *prometheus.Registry
 	ready   health.Readiness
 	metrics *metrics
+	// revocations is the deny list of client certificates (set in Run
+	// before the shard election starts) and revSync its re-read interval.
+	revocations *revocation.Gate
+	revSync     time.Duration
 
 	mu         sync.Mutex
 	addrs      Addrs
@@ -350,6 +358,7 @@ func (a *App) Run(ctx context.Context) error {
 	electTLS.Certificates, electTLS.GetCertificate = nil, serverCerts.GetCertificate
 	stopElect := serveHTTP(&bg, log, "election", electLn, health.ElectionHandler(a.electionState), electTLS)
 	defer stopElect()
+	a.newRevocations(cfg, log)
 
 	issuer := &registration.Issuer{
 		CA: cl.CA, ClusterID: cfg.Cluster.ID,
@@ -365,6 +374,7 @@ func (a *App) Run(ctx context.Context) error {
 		CA: cl.CA, WorkloadCA: cl.WorkloadCA, ServerHosts: certHosts, NonceKey: cl.NonceKey, Issuer: issuer, App: a, Log: log,
 		Fence: fence,
 	}
+	rt.Revocations = a.revocations
 	factory := a.o.Services
 	if factory == nil {
 		factory = DefaultServices
@@ -478,8 +488,9 @@ func keySources(ks []config.KeySource) []secrets.Source {
 // RPCs answer Unimplemented.
 func DefaultServices(rt *Runtime) (Services, error) {
 	return Services{
-		Operator: &operatorapi.Core{Shard: rt.Config.Shard.ID, Config: rt.App, Issuer: rt.Issuer},
-		Agent:    &nstancev1.UnimplementedAgentServiceServer{},
+		Operator: &operatorapi.Core{Shard: rt.Config.Shard.ID, Config: rt.App, Issuer: rt.Issuer,
+			Operators: &operatorapi.OperatorRecords{Store: rt.Store, Keys: rt.Keys}, Log: rt.Log.WithName("operator")},
+		Agent: &nstancev1.UnimplementedAgentServiceServer{},
 	}, nil
 }
 
@@ -548,6 +559,11 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cach
 		log.Error(err, "rebuilding the cache on leadership; stepping down")
 		return
 	}
+	if err := a.loadRevocations(lctx); err != nil {
+		log.Error(err, "loading revocations on leadership; stepping down")
+		return
+	}
+	gcfg.Gate = a.revocations
 	ls, err := a.listenGRPC(bind)
 	if err != nil {
 		log.Error(err, "binding gRPC listeners; stepping down")
@@ -608,6 +624,30 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cach
 	}
 	<-leadDone
 	log.Info("stopped serving gRPC")
+}
+
+// newRevocations builds the deny list the mTLS listeners consult.
+func (a *App) newRevocations(cfg *config.Config, log logr.Logger) {
+	a.revocations = revocation.New(revocation.Options{
+		Store: a.o.Store, Keys: a.o.Keys, ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID,
+		OperatorValidity: cfg.Certificates.OperatorValidity.D(), AgentValidity: cfg.Certificates.AgentValidity.D(),
+		RequireOperatorRecords: true, Log: log.WithName("revocation"),
+	})
+	a.revSync = cfg.Certificates.RevocationSyncInterval.D()
+}
+
+// loadRevocations reads the deny list before the term serves anything and
+// keeps re-reading it for the length of the term (lctx).
+func (a *App) loadRevocations(lctx context.Context) error {
+	if a.revocations == nil {
+		return nil
+	}
+	err := storage.Retry(lctx, a.log(), "loading revocations", a.o.StorageBackoff, a.revocations.Sync)
+	if err != nil {
+		return err
+	}
+	go a.revocations.Run(lctx, a.revSync)
+	return nil
 }
 
 // listenGRPC binds the three gRPC listeners. A port chosen by the kernel

@@ -3,6 +3,7 @@ package authz
 import (
 	"context"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -119,4 +120,64 @@ func PeerCertificate(ctx context.Context) (*x509.Certificate, bool) {
 		return nil, false
 	}
 	return info.State.VerifiedChains[0][0], true
+}
+
+// Gate decides whether a verified client certificate may still be used
+// (revocation).
+type Gate interface {
+	// Admit returns an error when cert (of identity id) is refused; it is
+	// asked on every RPC and should answer from memory.
+	Admit(cert *x509.Certificate, id pki.Identity) error
+	// AdmitHandshake is Admit for a new connection (it may read storage).
+	AdmitHandshake(cert *x509.Certificate, id pki.Identity) error
+	// Track returns a context that ends as soon as cert is refused, and a
+	// function to call when the stream ends.
+	Track(ctx context.Context, cert *x509.Certificate, id pki.Identity) (context.Context, func())
+}
+
+// gateCaller returns the verified client certificate of ctx and its
+// identity; ok is false when there is none (the role check refuses those).
+func gateCaller(ctx context.Context, clusterID string) (*x509.Certificate, pki.Identity, bool) {
+	cert, ok := PeerCertificate(ctx)
+	if !ok {
+		return nil, pki.Identity{}, false
+	}
+	id, err := pki.IdentityFromCert(cert, clusterID)
+	if err != nil {
+		return nil, pki.Identity{}, false
+	}
+	return cert, id, true
+}
+
+// GateOptions returns interceptors that ask gate about the caller's
+// certificate on every RPC (PermissionDenied when refused) and end a stream
+// with PermissionDenied as soon as the gate stops admitting it. They work
+// from the peer certificate, so their place in the chain does not matter.
+func GateOptions(clusterID string, gate Gate) []grpc.ServerOption {
+	unary := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if cert, id, ok := gateCaller(ctx, clusterID); ok {
+			if err := gate.Admit(cert, id); err != nil {
+				return nil, status.Errorf(codes.PermissionDenied, "client certificate: %v", err)
+			}
+		}
+		return handler(ctx, req)
+	}
+	stream := func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		ctx := ss.Context()
+		cert, id, ok := gateCaller(ctx, clusterID)
+		if !ok {
+			return handler(srv, ss)
+		}
+		if err := gate.Admit(cert, id); err != nil {
+			return status.Errorf(codes.PermissionDenied, "client certificate: %v", err)
+		}
+		tctx, done := gate.Track(ctx, cert, id)
+		defer done()
+		err := handler(srv, &identityStream{ServerStream: ss, ctx: tctx})
+		if cause := context.Cause(tctx); cause != nil && !errors.Is(cause, context.Canceled) && ctx.Err() == nil {
+			return status.Errorf(codes.PermissionDenied, "client certificate: %v", cause)
+		}
+		return err
+	}
+	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream)}
 }

@@ -180,6 +180,11 @@ type Certificates struct {
 	// NonceMaxLifetime is the longest lifetime (exp - iat) of a registration
 	// nonce the server accepts, agent or operator (default 24h).
 	NonceMaxLifetime Duration `json:"nonce_max_lifetime"`
+	// RevocationSyncInterval is how often the shard leader re-reads the
+	// revocation entries and operator records from storage (default 10s):
+	// what another server revoked, or an operator record deleted by hand,
+	// is refused within it.
+	RevocationSyncInterval Duration `json:"revocation_sync_interval"`
 }
 
 // Defaults apply to every template.

@@ -26,9 +26,11 @@ const (
 	// DefaultNonceMaxLifetime bounds every registration nonce (exp - iat);
 	// operator nonces are minted for 3h by default and 24h at most is common.
 	DefaultNonceMaxLifetime = 24 * time.Hour
-	DefaultStorageTimeout   = 10 * time.Second
-	DefaultShutdownTimeout  = 10 * time.Second
-	DefaultEncryptionKeyEnv = "NSTANCE_ENCRYPTION_KEY"
+	// DefaultRevocationSyncInterval is how often revocations are re-read.
+	DefaultRevocationSyncInterval = 10 * time.Second
+	DefaultStorageTimeout         = 10 * time.Second
+	DefaultShutdownTimeout        = 10 * time.Second
+	DefaultEncryptionKeyEnv       = "NSTANCE_ENCRYPTION_KEY"
 )
 
 // ApplyDefaults fills every unset timing and key source with its default.
@@ -69,6 +71,7 @@ func (c *Config) ApplyDefaults() {
 	setDur(&ce.OperatorValidity, DefaultOperatorValidity)
 	setDur(&ce.AgentNonceTTL, DefaultAgentNonceTTL)
 	setDur(&ce.NonceMaxLifetime, DefaultNonceMaxLifetime)
+	setDur(&ce.RevocationSyncInterval, DefaultRevocationSyncInterval)
 	setDur(&c.Shard.Timeouts.StorageCall, DefaultStorageTimeout)
 	setDur(&c.Shard.Timeouts.Shutdown, DefaultShutdownTimeout)
 	c.Shard.Limits.applyDefaults()
@@ -243,6 +246,7 @@ func (c *Config) Validate() error {
 		{"certificates.ca_validity", ce.CAValidity}, {"certificates.server_validity", ce.ServerValidity},
 		{"certificates.agent_validity", ce.AgentValidity}, {"certificates.operator_validity", ce.OperatorValidity},
 		{"certificates.agent_nonce_ttl", ce.AgentNonceTTL}, {"certificates.nonce_max_lifetime", ce.NonceMaxLifetime},
+		{"certificates.revocation_sync_interval", ce.RevocationSyncInterval},
 	} {
 		if kv.d <= 0 {
 			ch.add(kv.key, "must be positive")

@@ -62,6 +62,8 @@ func TestWorkloadNamesAtValidation(t *testing.T) {
 			"certificates.agent_nonce_ttl", "must not be longer than certificates.nonce_max_lifetime (10m0s)"},
 		{"negative nonce lifetime", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1"}, "certificates": {"nonce_max_lifetime": "-1h"}`},
 			"certificates.nonce_max_lifetime", "must be positive"},
+		{"negative revocation sync", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1"}, "certificates": {"revocation_sync_interval": "-1s"}`},
+			"certificates.revocation_sync_interval", "must be positive"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -86,6 +88,7 @@ func TestWorkloadPolicyAndData(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, DefaultNonceMaxLifetime, cfg.Certificates.NonceMaxLifetime.D())
 	require.Equal(t, 24*time.Hour, DefaultNonceMaxLifetime)
+	require.Equal(t, DefaultRevocationSyncInterval, cfg.Certificates.RevocationSyncInterval.D())
 	p := cfg.WorkloadPolicy("srv-host", "localhost")
 	require.Equal(t, "c1", p.TrustDomain)
 	require.Contains(t, p.ServerHosts, "srv-host")

@@ -25,6 +25,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/provider/process"
 	"github.com/nstance-dev/nstance/internal/server/provider/tmux"
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
+	"github.com/nstance-dev/nstance/internal/server/revocation"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -55,6 +56,9 @@ type Options struct {
 	Now func() time.Time
 	// Agent, when its CA is set, builds the Agent service.
 	Agent AgentOptions
+	// Revocations, when set, is the deny list: deleted instances' agent
+	// certificates are revoked, and the admin RPCs list and revoke.
+	Revocations *revocation.Gate
 }
 
 // AgentOptions configure the Agent service of a fleet.
@@ -119,6 +123,12 @@ func New(o Options) (*Fleet, error) {
 		RetryBase: o.RetryBase, HealthInterval: o.Agent.HealthInterval, HealthMisses: o.Agent.HealthMisses,
 		StartupGrace: o.Agent.StartupGrace, Surge: o.Agent.Surge, Now: o.Now,
 	}
+	if o.Revocations != nil {
+		ro.RevokeAgent = func(ctx context.Context, id, reason string) error {
+			_, err := o.Revocations.RevokeAgent(ctx, id, reason)
+			return err
+		}
+	}
 	if ao := o.Agent; ao.WorkloadCA != nil {
 		if ao.CertValidity <= 0 {
 			ao.CertValidity = 24 * time.Hour
@@ -158,7 +168,8 @@ func New(o Options) (*Fleet, error) {
 		}
 	}
 	o.Config.OnChange(func(old, cur *config.Config) { f.Reconciler.ConfigChanged() })
-	f.Service = operatorsvc.New(operatorsvc.Options{Shard: shard, Reconciler: f.Reconciler, Config: o.Config, Renewer: o.Renewer, Tenant: o.Tenant})
+	f.Service = operatorsvc.New(operatorsvc.Options{Shard: shard, Reconciler: f.Reconciler, Config: o.Config, Renewer: o.Renewer, Tenant: o.Tenant,
+		Revocations: o.Revocations})
 	return f, nil
 }
 

@@ -62,6 +62,7 @@ func Factory(o Options) app.ServiceFactory {
 			prov = provider.Fenced(prov, rt.Fence)
 		}
 		core := &operatorapi.Core{Shard: cfg.Shard.ID, Config: holder, Issuer: rt.Issuer}
+		core.Operators, core.Log = &operatorapi.OperatorRecords{Store: rt.Store, Keys: rt.Keys}, rt.Log.WithName("operator")
 		opts := fleet.Options{
 			Store: rt.Store, Keys: rt.Keys, Config: holder, Provider: prov,
 			Nonces: reconcile.KeyMinter{Key: rt.NonceKey, ClusterID: cfg.Cluster.ID, Shard: cfg.Shard.ID, TTL: cfg.Certificates.AgentNonceTTL.D()},
@@ -72,7 +73,7 @@ func Factory(o Options) app.ServiceFactory {
 				return rt.CA.CertPEM, nil
 			},
 			RegistrationAddr: cfg.Shard.Advertise.RegistrationAddr, AgentAddr: cfg.Shard.Advertise.AgentAddr,
-			Renewer: core, Log: rt.Log, ResyncInterval: o.ResyncInterval, Agent: o.Agent,
+			Renewer: core, Log: rt.Log, ResyncInterval: o.ResyncInterval, Agent: o.Agent, Revocations: rt.Revocations,
 		}
 		opts.Agent.WorkloadCA = rt.WorkloadCA
 		opts.Agent.ServerHosts = append(append([]string{}, opts.Agent.ServerHosts...), rt.ServerHosts...)

@@ -35,6 +35,9 @@ type Config struct {
 	GetCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	// ClientCAs verifies client certificates on the mTLS listeners.
 	ClientCAs *x509.CertPool
+	// Gate, when set, refuses revoked client certificates on the mTLS
+	// listeners: at the handshake, on every RPC, and on open streams.
+	Gate authz.Gate
 
 	Registration nstancev1.RegistrationServiceServer
 	Operator     nstancev1.OperatorServiceServer
@@ -107,6 +110,7 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 		opts := append([]grpc.ServerOption{grpc.Creds(credentials.NewTLS(tlsCfg)),
 			grpc.ChainUnaryInterceptor(RecoverUnary(cfg.Log)), grpc.ChainStreamInterceptor(RecoverStream(cfg.Log))}, ka...)
 		opts = append(opts, cfg.ServerOptions...)
+		opts = append(opts, cfg.gateOptions(tlsCfg)...)
 		opts = append(opts, extra...)
 		if cfg.PanicHook {
 			opts = append(opts, grpc.ChainUnaryInterceptor(panicHook))
@@ -256,4 +260,35 @@ func (s *Servers) Err() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return errors.Join(s.errs...)
+}
+
+// gateOptions are the options that make an mTLS server (one that requires
+// client certificates) consult cfg.Gate: credentials whose handshake asks
+// the gate (they replace the plain ones; a revoked certificate gets no
+// connection) and the per-RPC and stream interceptors. None without a gate
+// or for the Registration listener.
+func (cfg Config) gateOptions(tlsCfg *tls.Config) []grpc.ServerOption {
+	if cfg.Gate == nil || tlsCfg.ClientAuth != tls.RequireAndVerifyClientCert {
+		return nil
+	}
+	tc := tlsCfg.Clone()
+	tc.VerifyConnection = AdmitConnection(cfg.ClusterID, cfg.Gate)
+	return append([]grpc.ServerOption{grpc.Creds(credentials.NewTLS(tc))}, authz.GateOptions(cfg.ClusterID, cfg.Gate)...)
+}
+
+// AdmitConnection is a tls.Config.VerifyConnection that refuses client
+// certificates the gate does not admit. Certificates that carry no client
+// identity are left to the role check of the interceptors.
+func AdmitConnection(clusterID string, gate authz.Gate) func(tls.ConnectionState) error {
+	return func(cs tls.ConnectionState) error {
+		if len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
+			return nil
+		}
+		leaf := cs.VerifiedChains[0][0]
+		id, err := pki.IdentityFromCert(leaf, clusterID)
+		if err != nil {
+			return nil
+		}
+		return gate.AdmitHandshake(leaf, id)
+	}
 }

@@ -8,11 +8,13 @@
 //	cluster/secret/workload-ca.key      workload CA private key, encrypted envelope
 //	cluster/leader.json                 cluster leader lease
 //	cluster/operators/{id}.json         operator registrations
+//	cluster/revocations/{id}.json       revoked operator/admin identities and serials (every shard)
 //	config/{shard}.jsonc                shard server configuration (JSONC)
 //	groups/{shard}.jsonc                dynamic groups written through the Operator API
 //	shard/{shard}/leader.json           shard leader lease
 //	shard/{shard}/instances/{id}.json   instance records
 //	shard/{shard}/nonces/{jti}          used-nonce markers, created with If-None-Match
+//	shard/{shard}/revocations/{id}.json revoked agent identities of the shard's instances
 //	cluster/nonces/{jti}                used operator-nonce markers (operator nonces are cluster-wide)
 //
 // Every key may be placed under a common prefix (Keys.Prefix) so several

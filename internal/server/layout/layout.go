@@ -81,6 +81,29 @@ func (k Keys) ClusterNonce(jti string) string { return k.join("cluster", "nonces
 // Operator is the registration record of one operator.
 func (k Keys) Operator(id string) string { return k.join("cluster", "operators", id+".json") }
 
+// OperatorPrefix lists every operator registration record.
+func (k Keys) OperatorPrefix() string { return k.join("cluster", "operators") + "/" }
+
+// ClusterRevocation is one revocation entry that holds on every shard
+// (operator and admin certificates, serials).
+func (k Keys) ClusterRevocation(id string) string {
+	return k.join("cluster", "revocations", id+".json")
+}
+
+// ClusterRevocationPrefix lists the cluster-wide revocation entries.
+func (k Keys) ClusterRevocationPrefix() string { return k.join("cluster", "revocations") + "/" }
+
+// ShardRevocation is one revocation entry of a shard (agent certificates of
+// its instances).
+func (k Keys) ShardRevocation(shard, id string) string {
+	return k.join("shard", shard, "revocations", id+".json")
+}
+
+// ShardRevocationPrefix lists the revocation entries of one shard.
+func (k Keys) ShardRevocationPrefix(shard string) string {
+	return k.join("shard", shard, "revocations") + "/"
+}
+
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
 // ValidateID checks that s can be used as one key segment (shard id, instance

@@ -18,6 +18,9 @@ func TestKeys(t *testing.T) {
 		{"config", "", func(k Keys) string { return k.Config("dev-1") }, "config/dev-1.jsonc"},
 		{"shard leader", "x", func(k Keys) string { return k.ShardLeader("s") }, "x/shard/s/leader.json"},
 		{"nonce", "", func(k Keys) string { return k.ShardNonce("s", "abc") }, "shard/s/nonces/abc"},
+		{"cluster revocation", "p", func(k Keys) string { return k.ClusterRevocation("ab12") }, "p/cluster/revocations/ab12.json"},
+		{"shard revocation", "", func(k Keys) string { return k.ShardRevocation("s", "ab12") }, "shard/s/revocations/ab12.json"},
+		{"operator prefix", "", func(k Keys) string { return k.OperatorPrefix() }, "cluster/operators/"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

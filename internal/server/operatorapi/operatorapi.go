@@ -2,14 +2,21 @@ package operatorapi
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"time"
+
+	"github.com/go-logr/logr"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/authz"
+	"github.com/nstance-dev/nstance/internal/server/layout"
 	"github.com/nstance-dev/nstance/internal/server/registration"
+	"github.com/nstance-dev/nstance/pkg/objstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -26,6 +33,53 @@ type Core struct {
 	Shard  string
 	Config ConfigVersion
 	Issuer *registration.Issuer
+	// Operators, when set, holds the operator records (cluster/operators/):
+	// RenewCertificate refuses a caller whose record is missing, of another
+	// tenant or role, and records the renewed serial. Every server sets it;
+	// only tests of other layers leave it nil.
+	Operators *OperatorRecords
+	Log       logr.Logger
+}
+
+// OperatorRecords reads and updates operator records.
+type OperatorRecords struct {
+	Store objstore.Store
+	Keys  layout.Keys
+}
+
+// check returns the caller's record and its ETag, or PermissionDenied.
+func (o *OperatorRecords) check(ctx context.Context, id pki.Identity) (*registration.OperatorRecord, string, error) {
+	obj, err := o.Store.Get(ctx, o.Keys.Operator(id.ClientID))
+	if errors.Is(err, objstore.ErrNotFound) {
+		return nil, "", status.Errorf(codes.PermissionDenied, "operator %q is not registered (its record was deleted or never written)", id.ClientID)
+	}
+	if err != nil {
+		return nil, "", status.Errorf(codes.Unavailable, "reading the operator record: %v", err)
+	}
+	var rec registration.OperatorRecord
+	if err := json.Unmarshal(obj.Body, &rec); err != nil {
+		return nil, "", status.Errorf(codes.PermissionDenied, "operator %q: its record is unreadable: %v", id.ClientID, err)
+	}
+	role := rec.Role
+	if role == "" {
+		role = string(pki.RoleOperator)
+	}
+	if rec.Tenant != id.Tenant || role != string(id.Role) {
+		return nil, "", status.Errorf(codes.PermissionDenied, "operator %q: the certificate's tenant or role does not match its record", id.ClientID)
+	}
+	return &rec, obj.ETag, nil
+}
+
+// renewed records the serial and expiry of a renewed certificate; losing
+// the race with another write only loses bookkeeping.
+func (o *OperatorRecords) renewed(ctx context.Context, rec *registration.OperatorRecord, etag string, issued *registration.Issued) error {
+	rec.Serial, rec.ExpiresAt = issued.Serial, issued.NotAfter
+	body, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	_, err = o.Store.Put(ctx, o.Keys.Operator(rec.ID), body, objstore.PutOptions{IfMatch: etag})
+	return err
 }
 
 // GetConfigStatus reports the etag and modification time of the running config.
@@ -54,9 +108,22 @@ func (c *Core) RenewCertificate(ctx context.Context, req *nstancev1.RenewCertifi
 	if !ok {
 		return nil, status.Error(codes.Unauthenticated, "no verified client certificate")
 	}
+	var rec *registration.OperatorRecord
+	var etag string
+	if c.Operators != nil {
+		var err error
+		if rec, etag, err = c.Operators.check(ctx, id); err != nil {
+			return nil, err
+		}
+	}
 	issued, err := c.Issuer.Renew(id, cert, req.GetPublicKeyPem())
 	if err != nil {
 		return nil, err
+	}
+	if rec != nil {
+		if err := c.Operators.renewed(ctx, rec, etag, issued); err != nil {
+			c.Log.Error(err, "recording the renewed operator certificate", "operator", id.ClientID, "serial", issued.Serial)
+		}
 	}
 	return &nstancev1.RenewCertificateResponse{
 		CertificatePem: issued.CertificatePEM, CaChainPem: issued.CAChainPEM, ExpiresAt: issued.ExpiresAt, Identity: issued.Identity,

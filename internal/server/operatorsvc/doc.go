@@ -4,5 +4,7 @@
 // certificate (read from the request context); another tenant's groups and
 // instances are invisible (NotFound), and watch streams only carry the
 // caller's tenant's events. RenewCertificate is delegated to an injected
-// CertificateRenewer (the server core's implementation).
+// CertificateRenewer (the server core's implementation). The admin-only
+// ListOperators, ListRevocations and Revoke read and write the revocation
+// deny list (internal/server/revocation).
 package operatorsvc

@@ -17,6 +17,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/liveconfig"
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
+	"github.com/nstance-dev/nstance/internal/server/revocation"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -46,6 +47,9 @@ type Options struct {
 	Renewer    CertificateRenewer
 	// Tenant defaults to AuthzTenant.
 	Tenant TenantFunc
+	// Revocations serves the admin RPCs ListOperators, ListRevocations and
+	// Revoke; nil answers them Unimplemented.
+	Revocations *revocation.Gate
 }
 
 // Service implements nstancev1.OperatorServiceServer.

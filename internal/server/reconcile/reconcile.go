@@ -71,6 +71,10 @@ type Options struct {
 	Surge int
 	// Agents is told about config and group changes and removed instances.
 	Agents AgentHooks
+	// RevokeAgent, when set, revokes the agent certificates of an instance
+	// before its record is deleted (a failure keeps the record and retries),
+	// so a deleted instance's agent is refused at its next handshake and RPC.
+	RevokeAgent func(ctx context.Context, instanceID, reason string) error
 }
 
 type kind byte
@@ -733,6 +737,13 @@ func (r *Reconciler) launch(ctx context.Context, rec *instances.Record) error {
 			})
 			return err
 		}
+		if r.o.RevokeAgent != nil {
+			if rerr := r.o.RevokeAgent(ctx, rec.ID, "instance create failed"); rerr != nil {
+				// Keep the record: the next pass retries the deletion.
+				r.log.Error(rerr, "revoking the agent of a failed create", "instance", rec.ID)
+				return err
+			}
+		}
 		if derr := r.o.Instances.Delete(ctx, rec.ID); derr != nil {
 			r.log.Error(derr, "removing record of failed create", "instance", rec.ID)
 		}
@@ -957,6 +968,11 @@ func (r *Reconciler) deleteNow(ctx context.Context, rec *instances.Record) error
 // finish removes the record of an instance that no longer exists at the
 // provider and announces the deletion.
 func (r *Reconciler) finish(ctx context.Context, rec *instances.Record, reason nstancev1.DeletionReason, msg string) error {
+	if r.o.RevokeAgent != nil {
+		if err := r.o.RevokeAgent(ctx, rec.ID, "instance deleted"); err != nil {
+			return fmt.Errorf("revoking the agent certificates of %s: %w", rec.ID, err)
+		}
+	}
 	if err := r.o.Instances.Delete(ctx, rec.ID); err != nil {
 		return err
 	}

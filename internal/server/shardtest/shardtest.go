@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"net"
 	"strings"
@@ -23,10 +24,12 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
 	"github.com/nstance-dev/nstance/internal/server/layout"
 	"github.com/nstance-dev/nstance/internal/server/liveconfig"
+	"github.com/nstance-dev/nstance/internal/server/operatorapi"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/provider/mock"
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
 	"github.com/nstance-dev/nstance/internal/server/registration"
+	"github.com/nstance-dev/nstance/internal/server/revocation"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -55,6 +58,11 @@ type Options struct {
 	Agents bool
 	// Agent tunes the Agent service and health monitoring (WorkloadCA and Monitor are set by Start).
 	Agent fleet.AgentOptions
+	// RequireOperatorRecords admits operator and admin certificates only
+	// while their record exists, as nstance-server does (off by default:
+	// many tests dial with certificates issued straight from the CA; the
+	// client helpers here write records).
+	RequireOperatorRecords bool
 }
 
 // Shard is a running fake shard.
@@ -73,6 +81,8 @@ type Shard struct {
 	Provider provider.Provider
 	Fleet    *fleet.Fleet
 	Config   *liveconfig.Holder
+	// Revocations is the deny list the mTLS listeners consult.
+	Revocations *revocation.Gate
 
 	servers  *grpcserve.Servers
 	cancel   context.CancelFunc
@@ -209,12 +219,24 @@ func start(o Options) (*Shard, error) {
 		regAddr, agentAddr = regLn.Addr().String(), agentLn.Addr().String()
 		o.Agent.WorkloadCA, o.Agent.Monitor = wca, true
 	}
+	gate := revocation.New(revocation.Options{
+		Store: o.Store, Keys: keys, ClusterID: o.ClusterID, Shard: o.ShardID, ServerID: "shardtest",
+		OperatorValidity: time.Hour, AgentValidity: time.Hour, RequireOperatorRecords: o.RequireOperatorRecords,
+		Log: o.Log.WithName("revocation"),
+	})
+	if err := gate.Sync(ctx); err != nil {
+		closeAll()
+		return nil, fmt.Errorf("loading revocations: %w", err)
+	}
+	issuer := &registration.Issuer{CA: ca, ClusterID: o.ClusterID, AgentValidity: time.Hour, OperatorValidity: time.Hour}
+	core := &operatorapi.Core{Shard: o.ShardID, Config: holder, Issuer: issuer, Operators: &operatorapi.OperatorRecords{Store: o.Store, Keys: keys}, Log: o.Log}
 	f, err := fleet.New(fleet.Options{
 		Store: o.Store, Keys: keys, Config: holder, Provider: o.Provider,
 		Nonces:           reconcile.KeyMinter{Key: nonceKey, ClusterID: o.ClusterID, Shard: o.ShardID, TTL: 15 * time.Minute},
 		CACert:           func(context.Context) ([]byte, error) { return ca.CertPEM, nil },
 		RegistrationAddr: regAddr, AgentAddr: agentAddr,
 		Log: o.Log, ResyncInterval: o.ResyncInterval, RetryBase: o.RetryBase, Agent: o.Agent,
+		Renewer: core, Revocations: gate,
 	})
 	if err != nil {
 		closeAll()
@@ -228,9 +250,10 @@ func start(o Options) (*Shard, error) {
 	gcfg := grpcserve.Config{ClusterID: o.ClusterID, ServerCert: serverCert, ClientCAs: ca.Pool(), Operator: f.Service, Log: o.Log.WithName("grpc"),
 		Limits: holder.Current().Shard.Limits}
 	gls := grpcserve.Listeners{Operator: ln}
+	gcfg.Gate = gate
 	if o.Agents {
 		gcfg.Registration = &registration.Service{
-			Issuer:   &registration.Issuer{CA: ca, ClusterID: o.ClusterID, AgentValidity: time.Hour, OperatorValidity: time.Hour},
+			Issuer:   issuer,
 			Verifier: &nonce.Verifier{Key: nonceKey.Public().(ed25519.PublicKey), ClusterID: o.ClusterID, Shard: o.ShardID, Leeway: time.Minute},
 			Ledger:   &nonce.Ledger{Store: o.Store, Keys: keys},
 			Objects:  o.Store, Keys: keys, ServerID: "shardtest", Log: o.Log.WithName("registration"),
@@ -246,8 +269,9 @@ func start(o Options) (*Shard, error) {
 	runCtx, cancel := context.WithCancel(context.Background())
 	sh := &Shard{ClusterID: o.ClusterID, ShardID: o.ShardID, OperatorAddr: ln.Addr().String(), CA: ca, WorkloadCA: wca, NonceKey: nonceKey, Store: o.Store, Keys: keys,
 		RegistrationAddr: regAddr, AgentAddr: agentAddr,
-		Provider: o.Provider, Fleet: f, Config: holder, servers: servers, cancel: cancel, done: make(chan error, 1)}
+		Provider: o.Provider, Fleet: f, Config: holder, Revocations: gate, servers: servers, cancel: cancel, done: make(chan error, 1)}
 	go func() { sh.done <- f.Run(runCtx) }()
+	go gate.Run(runCtx, 100*time.Millisecond)
 	deadline := time.Now().Add(10 * time.Second)
 	for !f.Reconciler.Running() {
 		select {
@@ -282,19 +306,31 @@ func (s *Shard) ClientTLS(tenant string) (*tls.Config, error) {
 }
 
 // ClientTLSAs returns a TLS config with a fresh certificate of role
-// (operator or admin) for tenant.
+// (operator or admin) for tenant, whose operator id is "<role>-<tenant>".
 func (s *Shard) ClientTLSAs(tenant string, role pki.Role) (*tls.Config, error) {
+	return s.OperatorTLS(tenant, role, string(role)+"-"+strings.ToLower(tenant))
+}
+
+// OperatorTLS issues a certificate of role (operator or admin) for operator
+// id of tenant, writes its operator record as registration does, and
+// returns a client TLS config presenting it.
+func (s *Shard) OperatorTLS(tenant string, role pki.Role, id string) (*tls.Config, error) {
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return nil, err
 	}
-	clientID := string(role) + "-" + strings.ToLower(tenant)
-	cert, _, err := s.CA.IssueClient(pki.ClientRequest{
-		Identity:  pki.Identity{ClusterID: s.ClusterID, Tenant: tenant, Role: role, ClientID: clientID},
-		PublicKey: pub, Validity: time.Hour,
-	}, time.Now())
+	ident := pki.Identity{ClusterID: s.ClusterID, Tenant: tenant, Role: role, ClientID: id}
+	cert, _, err := s.CA.IssueClient(pki.ClientRequest{Identity: ident, PublicKey: pub, Validity: time.Hour}, time.Now())
 	if err != nil {
 		return nil, err
+	}
+	rec, err := json.Marshal(registration.OperatorRecord{ID: id, Tenant: tenant, Role: string(role), URI: ident.URI().String(),
+		Serial: cert.SerialNumber.String(), ExpiresAt: cert.NotAfter, RegisteredAt: time.Now().UTC(), RegisteredBy: "shardtest"})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.Store.Put(context.Background(), s.Keys.Operator(id), rec, objstore.PutOptions{}); err != nil {
+		return nil, fmt.Errorf("writing operator record: %w", err)
 	}
 	tc := tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: priv, Leaf: cert}
 	return pki.ClientTLS(s.CA.Pool(), &tc, "127.0.0.1"), nil

@@ -263,5 +263,23 @@ func fixtures() []fixture {
 			ExpiresAt:      ts(60 * 24 * time.Hour),
 			Identity:       identity(nstancev1.ClientRole_CLIENT_ROLE_OPERATOR),
 		}},
+		{"ListOperatorsResponse", &nstancev1.ListOperatorsResponse{Operators: []*nstancev1.OperatorRegistration{{
+			OperatorId: "op-1", Tenant: "acme", Role: nstancev1.ClientRole_CLIENT_ROLE_ADMIN,
+			Uri: "spiffe://cluster-7/tenant/acme/admin/op-1", Serial: "123456789012345678901234567890",
+			ExpiresAt: ts(90 * 24 * time.Hour), RegisteredAt: ts(-time.Hour), RegisteredBy: "server-a",
+		}}}},
+		{"ListRevocationsResponse", &nstancev1.ListRevocationsResponse{Revocations: []*nstancev1.Revocation{revocation()}}},
+		{"RevokeRequest", &nstancev1.RevokeRequest{Target: &nstancev1.RevokeRequest_InstanceId{InstanceId: "web-0a1b2c3d"}, Reason: "compromised"}},
+		{"RevokeRequestOperator", &nstancev1.RevokeRequest{Target: &nstancev1.RevokeRequest_OperatorId{OperatorId: "op-1"}, Reason: "left"}},
+		{"RevokeRequestSerial", &nstancev1.RevokeRequest{Target: &nstancev1.RevokeRequest_Serial{Serial: "42"}, Reason: "key lost"}},
+		{"RevokeResponse", &nstancev1.RevokeResponse{Revocation: revocation()}},
+	}
+}
+
+func revocation() *nstancev1.Revocation {
+	return &nstancev1.Revocation{
+		Id: "9f86d081884c7d659a2feaa0c55ad015", Kind: nstancev1.RevocationKind_REVOCATION_KIND_AGENT, Subject: "web-0a1b2c3d",
+		Shard: "dev-1", Serial: "42", Uri: "spiffe://cluster-7/tenant/acme/agent/web-0a1b2c3d", IssuedBefore: ts(0),
+		ExpiresAt: ts(30 * 24 * time.Hour), RevokedAt: ts(time.Second), RevokedBy: "server-a", Reason: "compromised",
 	}
 }

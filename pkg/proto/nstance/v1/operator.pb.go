@@ -324,6 +324,63 @@ func (ErrorSource) EnumDescriptor() ([]byte, []int) {
 	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{4}
 }
 
+// RevocationKind says what a revocation names.
+type RevocationKind int32
+
+const (
+	// Not set; never valid.
+	RevocationKind_REVOCATION_KIND_UNSPECIFIED RevocationKind = 0
+	// Every operator or admin certificate of one operator id issued before the revocation.
+	RevocationKind_REVOCATION_KIND_OPERATOR RevocationKind = 1
+	// Every agent certificate of one instance of a shard issued before the revocation.
+	RevocationKind_REVOCATION_KIND_AGENT RevocationKind = 2
+	// One certificate, by serial number.
+	RevocationKind_REVOCATION_KIND_SERIAL RevocationKind = 3
+)
+
+// Enum value maps for RevocationKind.
+var (
+	RevocationKind_name = map[int32]string{
+		0: "REVOCATION_KIND_UNSPECIFIED",
+		1: "REVOCATION_KIND_OPERATOR",
+		2: "REVOCATION_KIND_AGENT",
+		3: "REVOCATION_KIND_SERIAL",
+	}
+	RevocationKind_value = map[string]int32{
+		"REVOCATION_KIND_UNSPECIFIED": 0,
+		"REVOCATION_KIND_OPERATOR":    1,
+		"REVOCATION_KIND_AGENT":       2,
+		"REVOCATION_KIND_SERIAL":      3,
+	}
+)
+
+func (x RevocationKind) Enum() *RevocationKind {
+	p := new(RevocationKind)
+	*p = x
+	return p
+}
+
+func (x RevocationKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RevocationKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_nstance_v1_operator_proto_enumTypes[5].Descriptor()
+}
+
+func (RevocationKind) Type() protoreflect.EnumType {
+	return &file_nstance_v1_operator_proto_enumTypes[5]
+}
+
+func (x RevocationKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RevocationKind.Descriptor instead.
+func (RevocationKind) EnumDescriptor() ([]byte, []int) {
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{5}
+}
+
 // GetConfigStatusRequest asks for the running config's version.
 type GetConfigStatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2008,6 +2065,576 @@ func (x *RenewCertificateResponse) GetIdentity() *ClientIdentity {
 	return nil
 }
 
+// ListOperatorsRequest asks for the registered operators.
+type ListOperatorsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListOperatorsRequest) Reset() {
+	*x = ListOperatorsRequest{}
+	mi := &file_nstance_v1_operator_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListOperatorsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListOperatorsRequest) ProtoMessage() {}
+
+func (x *ListOperatorsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nstance_v1_operator_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListOperatorsRequest.ProtoReflect.Descriptor instead.
+func (*ListOperatorsRequest) Descriptor() ([]byte, []int) {
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{28}
+}
+
+// OperatorRegistration is the record of one registered operator or admin.
+type OperatorRegistration struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Operator id, the certificate common name.
+	OperatorId string `protobuf:"bytes,1,opt,name=operator_id,json=operatorId,proto3" json:"operator_id,omitempty"`
+	// Tenant of the operator.
+	Tenant string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Role of its certificates: operator or admin.
+	Role ClientRole `protobuf:"varint,3,opt,name=role,proto3,enum=nstance.v1.ClientRole" json:"role,omitempty"`
+	// Identity URI of its certificates.
+	Uri string `protobuf:"bytes,4,opt,name=uri,proto3" json:"uri,omitempty"`
+	// Serial of its latest certificate (registration or renewal), decimal.
+	Serial string `protobuf:"bytes,5,opt,name=serial,proto3" json:"serial,omitempty"`
+	// Moment its latest certificate expires.
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// Moment it registered.
+	RegisteredAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=registered_at,json=registeredAt,proto3" json:"registered_at,omitempty"`
+	// Server that registered it.
+	RegisteredBy  string `protobuf:"bytes,8,opt,name=registered_by,json=registeredBy,proto3" json:"registered_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OperatorRegistration) Reset() {
+	*x = OperatorRegistration{}
+	mi := &file_nstance_v1_operator_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OperatorRegistration) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OperatorRegistration) ProtoMessage() {}
+
+func (x *OperatorRegistration) ProtoReflect() protoreflect.Message {
+	mi := &file_nstance_v1_operator_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OperatorRegistration.ProtoReflect.Descriptor instead.
+func (*OperatorRegistration) Descriptor() ([]byte, []int) {
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *OperatorRegistration) GetOperatorId() string {
+	if x != nil {
+		return x.OperatorId
+	}
+	return ""
+}
+
+func (x *OperatorRegistration) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *OperatorRegistration) GetRole() ClientRole {
+	if x != nil {
+		return x.Role
+	}
+	return ClientRole_CLIENT_ROLE_UNSPECIFIED
+}
+
+func (x *OperatorRegistration) GetUri() string {
+	if x != nil {
+		return x.Uri
+	}
+	return ""
+}
+
+func (x *OperatorRegistration) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *OperatorRegistration) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *OperatorRegistration) GetRegisteredAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RegisteredAt
+	}
+	return nil
+}
+
+func (x *OperatorRegistration) GetRegisteredBy() string {
+	if x != nil {
+		return x.RegisteredBy
+	}
+	return ""
+}
+
+// ListOperatorsResponse returns the registered operators, sorted by id.
+type ListOperatorsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Registered operators.
+	Operators     []*OperatorRegistration `protobuf:"bytes,1,rep,name=operators,proto3" json:"operators,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListOperatorsResponse) Reset() {
+	*x = ListOperatorsResponse{}
+	mi := &file_nstance_v1_operator_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListOperatorsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListOperatorsResponse) ProtoMessage() {}
+
+func (x *ListOperatorsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nstance_v1_operator_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListOperatorsResponse.ProtoReflect.Descriptor instead.
+func (*ListOperatorsResponse) Descriptor() ([]byte, []int) {
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ListOperatorsResponse) GetOperators() []*OperatorRegistration {
+	if x != nil {
+		return x.Operators
+	}
+	return nil
+}
+
+// Revocation is one entry of the deny list.
+type Revocation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Entry id.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// What the entry names.
+	Kind RevocationKind `protobuf:"varint,2,opt,name=kind,proto3,enum=nstance.v1.RevocationKind" json:"kind,omitempty"`
+	// Operator or instance id (kinds operator and agent).
+	Subject string `protobuf:"bytes,3,opt,name=subject,proto3" json:"subject,omitempty"`
+	// Shard of the instance (kind agent).
+	Shard string `protobuf:"bytes,4,opt,name=shard,proto3" json:"shard,omitempty"`
+	// Certificate serial, decimal (kind serial).
+	Serial string `protobuf:"bytes,5,opt,name=serial,proto3" json:"serial,omitempty"`
+	// Identity URI the entry names, when known.
+	Uri string `protobuf:"bytes,6,opt,name=uri,proto3" json:"uri,omitempty"`
+	// Certificates issued at or before this moment are refused (kinds operator and agent).
+	IssuedBefore *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=issued_before,json=issuedBefore,proto3" json:"issued_before,omitempty"`
+	// Moment every certificate the entry names has expired; the entry is removed after it.
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// Moment of the revocation.
+	RevokedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=revoked_at,json=revokedAt,proto3" json:"revoked_at,omitempty"`
+	// Who revoked: the admin's identity URI, or the server id for revocations the server made itself.
+	RevokedBy string `protobuf:"bytes,10,opt,name=revoked_by,json=revokedBy,proto3" json:"revoked_by,omitempty"`
+	// Why, as given by the admin or the server.
+	Reason        string `protobuf:"bytes,11,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Revocation) Reset() {
+	*x = Revocation{}
+	mi := &file_nstance_v1_operator_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Revocation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Revocation) ProtoMessage() {}
+
+func (x *Revocation) ProtoReflect() protoreflect.Message {
+	mi := &file_nstance_v1_operator_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Revocation.ProtoReflect.Descriptor instead.
+func (*Revocation) Descriptor() ([]byte, []int) {
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *Revocation) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Revocation) GetKind() RevocationKind {
+	if x != nil {
+		return x.Kind
+	}
+	return RevocationKind_REVOCATION_KIND_UNSPECIFIED
+}
+
+func (x *Revocation) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *Revocation) GetShard() string {
+	if x != nil {
+		return x.Shard
+	}
+	return ""
+}
+
+func (x *Revocation) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *Revocation) GetUri() string {
+	if x != nil {
+		return x.Uri
+	}
+	return ""
+}
+
+func (x *Revocation) GetIssuedBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.IssuedBefore
+	}
+	return nil
+}
+
+func (x *Revocation) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *Revocation) GetRevokedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RevokedAt
+	}
+	return nil
+}
+
+func (x *Revocation) GetRevokedBy() string {
+	if x != nil {
+		return x.RevokedBy
+	}
+	return ""
+}
+
+func (x *Revocation) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// ListRevocationsRequest asks for the enforced revocations.
+type ListRevocationsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRevocationsRequest) Reset() {
+	*x = ListRevocationsRequest{}
+	mi := &file_nstance_v1_operator_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRevocationsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRevocationsRequest) ProtoMessage() {}
+
+func (x *ListRevocationsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nstance_v1_operator_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRevocationsRequest.ProtoReflect.Descriptor instead.
+func (*ListRevocationsRequest) Descriptor() ([]byte, []int) {
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{32}
+}
+
+// ListRevocationsResponse returns the revocations, oldest first.
+type ListRevocationsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Enforced revocations: the cluster's and this shard's.
+	Revocations   []*Revocation `protobuf:"bytes,1,rep,name=revocations,proto3" json:"revocations,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRevocationsResponse) Reset() {
+	*x = ListRevocationsResponse{}
+	mi := &file_nstance_v1_operator_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRevocationsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRevocationsResponse) ProtoMessage() {}
+
+func (x *ListRevocationsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nstance_v1_operator_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRevocationsResponse.ProtoReflect.Descriptor instead.
+func (*ListRevocationsResponse) Descriptor() ([]byte, []int) {
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *ListRevocationsResponse) GetRevocations() []*Revocation {
+	if x != nil {
+		return x.Revocations
+	}
+	return nil
+}
+
+// RevokeRequest names what to revoke: exactly one target.
+type RevokeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What to revoke.
+	//
+	// Types that are valid to be assigned to Target:
+	//
+	//	*RevokeRequest_OperatorId
+	//	*RevokeRequest_InstanceId
+	//	*RevokeRequest_Serial
+	Target isRevokeRequest_Target `protobuf_oneof:"target"`
+	// Why; recorded with the entry.
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeRequest) Reset() {
+	*x = RevokeRequest{}
+	mi := &file_nstance_v1_operator_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeRequest) ProtoMessage() {}
+
+func (x *RevokeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nstance_v1_operator_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeRequest.ProtoReflect.Descriptor instead.
+func (*RevokeRequest) Descriptor() ([]byte, []int) {
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *RevokeRequest) GetTarget() isRevokeRequest_Target {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
+func (x *RevokeRequest) GetOperatorId() string {
+	if x != nil {
+		if x, ok := x.Target.(*RevokeRequest_OperatorId); ok {
+			return x.OperatorId
+		}
+	}
+	return ""
+}
+
+func (x *RevokeRequest) GetInstanceId() string {
+	if x != nil {
+		if x, ok := x.Target.(*RevokeRequest_InstanceId); ok {
+			return x.InstanceId
+		}
+	}
+	return ""
+}
+
+func (x *RevokeRequest) GetSerial() string {
+	if x != nil {
+		if x, ok := x.Target.(*RevokeRequest_Serial); ok {
+			return x.Serial
+		}
+	}
+	return ""
+}
+
+func (x *RevokeRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type isRevokeRequest_Target interface {
+	isRevokeRequest_Target()
+}
+
+type RevokeRequest_OperatorId struct {
+	// An operator or admin: its record is deleted and its certificates refused on every shard.
+	OperatorId string `protobuf:"bytes,1,opt,name=operator_id,json=operatorId,proto3,oneof"`
+}
+
+type RevokeRequest_InstanceId struct {
+	// An instance of this shard: its agent's certificates are refused.
+	InstanceId string `protobuf:"bytes,2,opt,name=instance_id,json=instanceId,proto3,oneof"`
+}
+
+type RevokeRequest_Serial struct {
+	// One certificate by serial number (decimal), on every shard.
+	Serial string `protobuf:"bytes,3,opt,name=serial,proto3,oneof"`
+}
+
+func (*RevokeRequest_OperatorId) isRevokeRequest_Target() {}
+
+func (*RevokeRequest_InstanceId) isRevokeRequest_Target() {}
+
+func (*RevokeRequest_Serial) isRevokeRequest_Target() {}
+
+// RevokeResponse returns the entry written.
+type RevokeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The revocation now enforced.
+	Revocation    *Revocation `protobuf:"bytes,1,opt,name=revocation,proto3" json:"revocation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeResponse) Reset() {
+	*x = RevokeResponse{}
+	mi := &file_nstance_v1_operator_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeResponse) ProtoMessage() {}
+
+func (x *RevokeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nstance_v1_operator_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeResponse.ProtoReflect.Descriptor instead.
+func (*RevokeResponse) Descriptor() ([]byte, []int) {
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *RevokeResponse) GetRevocation() *Revocation {
+	if x != nil {
+		return x.Revocation
+	}
+	return nil
+}
+
 var File_nstance_v1_operator_proto protoreflect.FileDescriptor
 
 const file_nstance_v1_operator_proto_rawDesc = "" +
@@ -2131,7 +2758,53 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"caChainPem\x129\n" +
 	"\n" +
 	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x126\n" +
-	"\bidentity\x18\x04 \x01(\v2\x1a.nstance.v1.ClientIdentityR\bidentity*\xd9\x01\n" +
+	"\bidentity\x18\x04 \x01(\v2\x1a.nstance.v1.ClientIdentityR\bidentity\"\x16\n" +
+	"\x14ListOperatorsRequest\"\xc6\x02\n" +
+	"\x14OperatorRegistration\x12\x1f\n" +
+	"\voperator_id\x18\x01 \x01(\tR\n" +
+	"operatorId\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12*\n" +
+	"\x04role\x18\x03 \x01(\x0e2\x16.nstance.v1.ClientRoleR\x04role\x12\x10\n" +
+	"\x03uri\x18\x04 \x01(\tR\x03uri\x12\x16\n" +
+	"\x06serial\x18\x05 \x01(\tR\x06serial\x129\n" +
+	"\n" +
+	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12?\n" +
+	"\rregistered_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\fregisteredAt\x12#\n" +
+	"\rregistered_by\x18\b \x01(\tR\fregisteredBy\"W\n" +
+	"\x15ListOperatorsResponse\x12>\n" +
+	"\toperators\x18\x01 \x03(\v2 .nstance.v1.OperatorRegistrationR\toperators\"\x94\x03\n" +
+	"\n" +
+	"Revocation\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x1a.nstance.v1.RevocationKindR\x04kind\x12\x18\n" +
+	"\asubject\x18\x03 \x01(\tR\asubject\x12\x14\n" +
+	"\x05shard\x18\x04 \x01(\tR\x05shard\x12\x16\n" +
+	"\x06serial\x18\x05 \x01(\tR\x06serial\x12\x10\n" +
+	"\x03uri\x18\x06 \x01(\tR\x03uri\x12?\n" +
+	"\rissued_before\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\fissuedBefore\x129\n" +
+	"\n" +
+	"expires_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x129\n" +
+	"\n" +
+	"revoked_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\trevokedAt\x12\x1d\n" +
+	"\n" +
+	"revoked_by\x18\n" +
+	" \x01(\tR\trevokedBy\x12\x16\n" +
+	"\x06reason\x18\v \x01(\tR\x06reason\"\x18\n" +
+	"\x16ListRevocationsRequest\"S\n" +
+	"\x17ListRevocationsResponse\x128\n" +
+	"\vrevocations\x18\x01 \x03(\v2\x16.nstance.v1.RevocationR\vrevocations\"\x91\x01\n" +
+	"\rRevokeRequest\x12!\n" +
+	"\voperator_id\x18\x01 \x01(\tH\x00R\n" +
+	"operatorId\x12!\n" +
+	"\vinstance_id\x18\x02 \x01(\tH\x00R\n" +
+	"instanceId\x12\x18\n" +
+	"\x06serial\x18\x03 \x01(\tH\x00R\x06serial\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reasonB\b\n" +
+	"\x06target\"H\n" +
+	"\x0eRevokeResponse\x126\n" +
+	"\n" +
+	"revocation\x18\x01 \x01(\v2\x16.nstance.v1.RevocationR\n" +
+	"revocation*\xd9\x01\n" +
 	"\x14RefreshConfigOutcome\x12&\n" +
 	"\"REFRESH_CONFIG_OUTCOME_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eREFRESH_CONFIG_OUTCOME_UPDATED\x10\x01\x12'\n" +
@@ -2160,7 +2833,12 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"\x18ERROR_SOURCE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15ERROR_SOURCE_PROVIDER\x10\x01\x12\x17\n" +
 	"\x13ERROR_SOURCE_CONFIG\x10\x02\x12\x1a\n" +
-	"\x16ERROR_SOURCE_RECONCILE\x10\x032\xc2\t\n" +
+	"\x16ERROR_SOURCE_RECONCILE\x10\x03*\x86\x01\n" +
+	"\x0eRevocationKind\x12\x1f\n" +
+	"\x1bREVOCATION_KIND_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18REVOCATION_KIND_OPERATOR\x10\x01\x12\x19\n" +
+	"\x15REVOCATION_KIND_AGENT\x10\x02\x12\x1a\n" +
+	"\x16REVOCATION_KIND_SERIAL\x10\x032\xb5\v\n" +
 	"\x0fOperatorService\x12Z\n" +
 	"\x0fGetConfigStatus\x12\".nstance.v1.GetConfigStatusRequest\x1a#.nstance.v1.GetConfigStatusResponse\x12T\n" +
 	"\rRefreshConfig\x12 .nstance.v1.RefreshConfigRequest\x1a!.nstance.v1.RefreshConfigResponse\x12K\n" +
@@ -2176,7 +2854,10 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"\vWatchGroups\x12\x1e.nstance.v1.WatchGroupsRequest\x1a\x16.nstance.v1.GroupEvent0\x01\x12P\n" +
 	"\x0eWatchInstances\x12!.nstance.v1.WatchInstancesRequest\x1a\x19.nstance.v1.InstanceEvent0\x01\x12G\n" +
 	"\vWatchErrors\x12\x1e.nstance.v1.WatchErrorsRequest\x1a\x16.nstance.v1.ErrorEvent0\x01\x12]\n" +
-	"\x10RenewCertificate\x12#.nstance.v1.RenewCertificateRequest\x1a$.nstance.v1.RenewCertificateResponseB?Z=github.com/nstance-dev/nstance/pkg/proto/nstance/v1;nstancev1b\x06proto3"
+	"\x10RenewCertificate\x12#.nstance.v1.RenewCertificateRequest\x1a$.nstance.v1.RenewCertificateResponse\x12T\n" +
+	"\rListOperators\x12 .nstance.v1.ListOperatorsRequest\x1a!.nstance.v1.ListOperatorsResponse\x12Z\n" +
+	"\x0fListRevocations\x12\".nstance.v1.ListRevocationsRequest\x1a#.nstance.v1.ListRevocationsResponse\x12?\n" +
+	"\x06Revoke\x12\x19.nstance.v1.RevokeRequest\x1a\x1a.nstance.v1.RevokeResponseB?Z=github.com/nstance-dev/nstance/pkg/proto/nstance/v1;nstancev1b\x06proto3"
 
 var (
 	file_nstance_v1_operator_proto_rawDescOnce sync.Once
@@ -2190,114 +2871,140 @@ func file_nstance_v1_operator_proto_rawDescGZIP() []byte {
 	return file_nstance_v1_operator_proto_rawDescData
 }
 
-var file_nstance_v1_operator_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_nstance_v1_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_nstance_v1_operator_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_nstance_v1_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_nstance_v1_operator_proto_goTypes = []any{
 	(RefreshConfigOutcome)(0),          // 0: nstance.v1.RefreshConfigOutcome
 	(GroupEventType)(0),                // 1: nstance.v1.GroupEventType
 	(InstanceEventStatus)(0),           // 2: nstance.v1.InstanceEventStatus
 	(DeletionReason)(0),                // 3: nstance.v1.DeletionReason
 	(ErrorSource)(0),                   // 4: nstance.v1.ErrorSource
-	(*GetConfigStatusRequest)(nil),     // 5: nstance.v1.GetConfigStatusRequest
-	(*GetConfigStatusResponse)(nil),    // 6: nstance.v1.GetConfigStatusResponse
-	(*RefreshConfigRequest)(nil),       // 7: nstance.v1.RefreshConfigRequest
-	(*RefreshConfigResponse)(nil),      // 8: nstance.v1.RefreshConfigResponse
-	(*ListGroupsRequest)(nil),          // 9: nstance.v1.ListGroupsRequest
-	(*ListGroupsResponse)(nil),         // 10: nstance.v1.ListGroupsResponse
-	(*UpsertGroupRequest)(nil),         // 11: nstance.v1.UpsertGroupRequest
-	(*UpsertGroupResponse)(nil),        // 12: nstance.v1.UpsertGroupResponse
-	(*DeleteGroupRequest)(nil),         // 13: nstance.v1.DeleteGroupRequest
-	(*DeleteGroupResponse)(nil),        // 14: nstance.v1.DeleteGroupResponse
-	(*CreateInstanceRequest)(nil),      // 15: nstance.v1.CreateInstanceRequest
-	(*CreateInstanceResponse)(nil),     // 16: nstance.v1.CreateInstanceResponse
-	(*DeleteInstanceRequest)(nil),      // 17: nstance.v1.DeleteInstanceRequest
-	(*DeleteInstanceResponse)(nil),     // 18: nstance.v1.DeleteInstanceResponse
-	(*GetInstanceStatusRequest)(nil),   // 19: nstance.v1.GetInstanceStatusRequest
-	(*GetInstanceStatusResponse)(nil),  // 20: nstance.v1.GetInstanceStatusResponse
-	(*ListInstancesRequest)(nil),       // 21: nstance.v1.ListInstancesRequest
-	(*ListInstancesResponse)(nil),      // 22: nstance.v1.ListInstancesResponse
-	(*AcknowledgeDrainedRequest)(nil),  // 23: nstance.v1.AcknowledgeDrainedRequest
-	(*AcknowledgeDrainedResponse)(nil), // 24: nstance.v1.AcknowledgeDrainedResponse
-	(*WatchGroupsRequest)(nil),         // 25: nstance.v1.WatchGroupsRequest
-	(*GroupEvent)(nil),                 // 26: nstance.v1.GroupEvent
-	(*WatchInstancesRequest)(nil),      // 27: nstance.v1.WatchInstancesRequest
-	(*InstanceEvent)(nil),              // 28: nstance.v1.InstanceEvent
-	(*WatchErrorsRequest)(nil),         // 29: nstance.v1.WatchErrorsRequest
-	(*ErrorEvent)(nil),                 // 30: nstance.v1.ErrorEvent
-	(*RenewCertificateRequest)(nil),    // 31: nstance.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil),   // 32: nstance.v1.RenewCertificateResponse
-	nil,                                // 33: nstance.v1.CreateInstanceRequest.VarsEntry
-	nil,                                // 34: nstance.v1.CreateInstanceRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),      // 35: google.protobuf.Timestamp
-	(*ValidationError)(nil),            // 36: nstance.v1.ValidationError
-	(*GroupStatus)(nil),                // 37: nstance.v1.GroupStatus
-	(*GroupSpec)(nil),                  // 38: nstance.v1.GroupSpec
-	(*durationpb.Duration)(nil),        // 39: google.protobuf.Duration
-	(*InstanceStatus)(nil),             // 40: nstance.v1.InstanceStatus
-	(InstanceState)(0),                 // 41: nstance.v1.InstanceState
-	(*ClientIdentity)(nil),             // 42: nstance.v1.ClientIdentity
+	(RevocationKind)(0),                // 5: nstance.v1.RevocationKind
+	(*GetConfigStatusRequest)(nil),     // 6: nstance.v1.GetConfigStatusRequest
+	(*GetConfigStatusResponse)(nil),    // 7: nstance.v1.GetConfigStatusResponse
+	(*RefreshConfigRequest)(nil),       // 8: nstance.v1.RefreshConfigRequest
+	(*RefreshConfigResponse)(nil),      // 9: nstance.v1.RefreshConfigResponse
+	(*ListGroupsRequest)(nil),          // 10: nstance.v1.ListGroupsRequest
+	(*ListGroupsResponse)(nil),         // 11: nstance.v1.ListGroupsResponse
+	(*UpsertGroupRequest)(nil),         // 12: nstance.v1.UpsertGroupRequest
+	(*UpsertGroupResponse)(nil),        // 13: nstance.v1.UpsertGroupResponse
+	(*DeleteGroupRequest)(nil),         // 14: nstance.v1.DeleteGroupRequest
+	(*DeleteGroupResponse)(nil),        // 15: nstance.v1.DeleteGroupResponse
+	(*CreateInstanceRequest)(nil),      // 16: nstance.v1.CreateInstanceRequest
+	(*CreateInstanceResponse)(nil),     // 17: nstance.v1.CreateInstanceResponse
+	(*DeleteInstanceRequest)(nil),      // 18: nstance.v1.DeleteInstanceRequest
+	(*DeleteInstanceResponse)(nil),     // 19: nstance.v1.DeleteInstanceResponse
+	(*GetInstanceStatusRequest)(nil),   // 20: nstance.v1.GetInstanceStatusRequest
+	(*GetInstanceStatusResponse)(nil),  // 21: nstance.v1.GetInstanceStatusResponse
+	(*ListInstancesRequest)(nil),       // 22: nstance.v1.ListInstancesRequest
+	(*ListInstancesResponse)(nil),      // 23: nstance.v1.ListInstancesResponse
+	(*AcknowledgeDrainedRequest)(nil),  // 24: nstance.v1.AcknowledgeDrainedRequest
+	(*AcknowledgeDrainedResponse)(nil), // 25: nstance.v1.AcknowledgeDrainedResponse
+	(*WatchGroupsRequest)(nil),         // 26: nstance.v1.WatchGroupsRequest
+	(*GroupEvent)(nil),                 // 27: nstance.v1.GroupEvent
+	(*WatchInstancesRequest)(nil),      // 28: nstance.v1.WatchInstancesRequest
+	(*InstanceEvent)(nil),              // 29: nstance.v1.InstanceEvent
+	(*WatchErrorsRequest)(nil),         // 30: nstance.v1.WatchErrorsRequest
+	(*ErrorEvent)(nil),                 // 31: nstance.v1.ErrorEvent
+	(*RenewCertificateRequest)(nil),    // 32: nstance.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil),   // 33: nstance.v1.RenewCertificateResponse
+	(*ListOperatorsRequest)(nil),       // 34: nstance.v1.ListOperatorsRequest
+	(*OperatorRegistration)(nil),       // 35: nstance.v1.OperatorRegistration
+	(*ListOperatorsResponse)(nil),      // 36: nstance.v1.ListOperatorsResponse
+	(*Revocation)(nil),                 // 37: nstance.v1.Revocation
+	(*ListRevocationsRequest)(nil),     // 38: nstance.v1.ListRevocationsRequest
+	(*ListRevocationsResponse)(nil),    // 39: nstance.v1.ListRevocationsResponse
+	(*RevokeRequest)(nil),              // 40: nstance.v1.RevokeRequest
+	(*RevokeResponse)(nil),             // 41: nstance.v1.RevokeResponse
+	nil,                                // 42: nstance.v1.CreateInstanceRequest.VarsEntry
+	nil,                                // 43: nstance.v1.CreateInstanceRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),      // 44: google.protobuf.Timestamp
+	(*ValidationError)(nil),            // 45: nstance.v1.ValidationError
+	(*GroupStatus)(nil),                // 46: nstance.v1.GroupStatus
+	(*GroupSpec)(nil),                  // 47: nstance.v1.GroupSpec
+	(*durationpb.Duration)(nil),        // 48: google.protobuf.Duration
+	(*InstanceStatus)(nil),             // 49: nstance.v1.InstanceStatus
+	(InstanceState)(0),                 // 50: nstance.v1.InstanceState
+	(*ClientIdentity)(nil),             // 51: nstance.v1.ClientIdentity
+	(ClientRole)(0),                    // 52: nstance.v1.ClientRole
 }
 var file_nstance_v1_operator_proto_depIdxs = []int32{
-	35, // 0: nstance.v1.GetConfigStatusResponse.last_modified:type_name -> google.protobuf.Timestamp
+	44, // 0: nstance.v1.GetConfigStatusResponse.last_modified:type_name -> google.protobuf.Timestamp
 	0,  // 1: nstance.v1.RefreshConfigResponse.outcome:type_name -> nstance.v1.RefreshConfigOutcome
-	36, // 2: nstance.v1.RefreshConfigResponse.validation_errors:type_name -> nstance.v1.ValidationError
-	37, // 3: nstance.v1.ListGroupsResponse.groups:type_name -> nstance.v1.GroupStatus
-	38, // 4: nstance.v1.UpsertGroupRequest.group:type_name -> nstance.v1.GroupSpec
-	37, // 5: nstance.v1.UpsertGroupResponse.group:type_name -> nstance.v1.GroupStatus
-	33, // 6: nstance.v1.CreateInstanceRequest.vars:type_name -> nstance.v1.CreateInstanceRequest.VarsEntry
-	34, // 7: nstance.v1.CreateInstanceRequest.labels:type_name -> nstance.v1.CreateInstanceRequest.LabelsEntry
-	39, // 8: nstance.v1.CreateInstanceRequest.drain_timeout:type_name -> google.protobuf.Duration
-	40, // 9: nstance.v1.CreateInstanceResponse.instance:type_name -> nstance.v1.InstanceStatus
-	40, // 10: nstance.v1.DeleteInstanceResponse.instance:type_name -> nstance.v1.InstanceStatus
-	40, // 11: nstance.v1.GetInstanceStatusResponse.instance:type_name -> nstance.v1.InstanceStatus
-	41, // 12: nstance.v1.ListInstancesRequest.states:type_name -> nstance.v1.InstanceState
-	40, // 13: nstance.v1.ListInstancesResponse.instances:type_name -> nstance.v1.InstanceStatus
-	40, // 14: nstance.v1.AcknowledgeDrainedResponse.instance:type_name -> nstance.v1.InstanceStatus
+	45, // 2: nstance.v1.RefreshConfigResponse.validation_errors:type_name -> nstance.v1.ValidationError
+	46, // 3: nstance.v1.ListGroupsResponse.groups:type_name -> nstance.v1.GroupStatus
+	47, // 4: nstance.v1.UpsertGroupRequest.group:type_name -> nstance.v1.GroupSpec
+	46, // 5: nstance.v1.UpsertGroupResponse.group:type_name -> nstance.v1.GroupStatus
+	42, // 6: nstance.v1.CreateInstanceRequest.vars:type_name -> nstance.v1.CreateInstanceRequest.VarsEntry
+	43, // 7: nstance.v1.CreateInstanceRequest.labels:type_name -> nstance.v1.CreateInstanceRequest.LabelsEntry
+	48, // 8: nstance.v1.CreateInstanceRequest.drain_timeout:type_name -> google.protobuf.Duration
+	49, // 9: nstance.v1.CreateInstanceResponse.instance:type_name -> nstance.v1.InstanceStatus
+	49, // 10: nstance.v1.DeleteInstanceResponse.instance:type_name -> nstance.v1.InstanceStatus
+	49, // 11: nstance.v1.GetInstanceStatusResponse.instance:type_name -> nstance.v1.InstanceStatus
+	50, // 12: nstance.v1.ListInstancesRequest.states:type_name -> nstance.v1.InstanceState
+	49, // 13: nstance.v1.ListInstancesResponse.instances:type_name -> nstance.v1.InstanceStatus
+	49, // 14: nstance.v1.AcknowledgeDrainedResponse.instance:type_name -> nstance.v1.InstanceStatus
 	1,  // 15: nstance.v1.GroupEvent.type:type_name -> nstance.v1.GroupEventType
-	37, // 16: nstance.v1.GroupEvent.group:type_name -> nstance.v1.GroupStatus
-	35, // 17: nstance.v1.GroupEvent.occurred_at:type_name -> google.protobuf.Timestamp
+	46, // 16: nstance.v1.GroupEvent.group:type_name -> nstance.v1.GroupStatus
+	44, // 17: nstance.v1.GroupEvent.occurred_at:type_name -> google.protobuf.Timestamp
 	2,  // 18: nstance.v1.InstanceEvent.status:type_name -> nstance.v1.InstanceEventStatus
 	3,  // 19: nstance.v1.InstanceEvent.reason:type_name -> nstance.v1.DeletionReason
-	35, // 20: nstance.v1.InstanceEvent.drain_deadline:type_name -> google.protobuf.Timestamp
-	35, // 21: nstance.v1.InstanceEvent.occurred_at:type_name -> google.protobuf.Timestamp
+	44, // 20: nstance.v1.InstanceEvent.drain_deadline:type_name -> google.protobuf.Timestamp
+	44, // 21: nstance.v1.InstanceEvent.occurred_at:type_name -> google.protobuf.Timestamp
 	4,  // 22: nstance.v1.WatchErrorsRequest.sources:type_name -> nstance.v1.ErrorSource
 	4,  // 23: nstance.v1.ErrorEvent.source:type_name -> nstance.v1.ErrorSource
-	35, // 24: nstance.v1.ErrorEvent.occurred_at:type_name -> google.protobuf.Timestamp
-	35, // 25: nstance.v1.RenewCertificateResponse.expires_at:type_name -> google.protobuf.Timestamp
-	42, // 26: nstance.v1.RenewCertificateResponse.identity:type_name -> nstance.v1.ClientIdentity
-	5,  // 27: nstance.v1.OperatorService.GetConfigStatus:input_type -> nstance.v1.GetConfigStatusRequest
-	7,  // 28: nstance.v1.OperatorService.RefreshConfig:input_type -> nstance.v1.RefreshConfigRequest
-	9,  // 29: nstance.v1.OperatorService.ListGroups:input_type -> nstance.v1.ListGroupsRequest
-	11, // 30: nstance.v1.OperatorService.UpsertGroup:input_type -> nstance.v1.UpsertGroupRequest
-	13, // 31: nstance.v1.OperatorService.DeleteGroup:input_type -> nstance.v1.DeleteGroupRequest
-	15, // 32: nstance.v1.OperatorService.CreateInstance:input_type -> nstance.v1.CreateInstanceRequest
-	17, // 33: nstance.v1.OperatorService.DeleteInstance:input_type -> nstance.v1.DeleteInstanceRequest
-	19, // 34: nstance.v1.OperatorService.GetInstanceStatus:input_type -> nstance.v1.GetInstanceStatusRequest
-	21, // 35: nstance.v1.OperatorService.ListInstances:input_type -> nstance.v1.ListInstancesRequest
-	23, // 36: nstance.v1.OperatorService.AcknowledgeDrained:input_type -> nstance.v1.AcknowledgeDrainedRequest
-	25, // 37: nstance.v1.OperatorService.WatchGroups:input_type -> nstance.v1.WatchGroupsRequest
-	27, // 38: nstance.v1.OperatorService.WatchInstances:input_type -> nstance.v1.WatchInstancesRequest
-	29, // 39: nstance.v1.OperatorService.WatchErrors:input_type -> nstance.v1.WatchErrorsRequest
-	31, // 40: nstance.v1.OperatorService.RenewCertificate:input_type -> nstance.v1.RenewCertificateRequest
-	6,  // 41: nstance.v1.OperatorService.GetConfigStatus:output_type -> nstance.v1.GetConfigStatusResponse
-	8,  // 42: nstance.v1.OperatorService.RefreshConfig:output_type -> nstance.v1.RefreshConfigResponse
-	10, // 43: nstance.v1.OperatorService.ListGroups:output_type -> nstance.v1.ListGroupsResponse
-	12, // 44: nstance.v1.OperatorService.UpsertGroup:output_type -> nstance.v1.UpsertGroupResponse
-	14, // 45: nstance.v1.OperatorService.DeleteGroup:output_type -> nstance.v1.DeleteGroupResponse
-	16, // 46: nstance.v1.OperatorService.CreateInstance:output_type -> nstance.v1.CreateInstanceResponse
-	18, // 47: nstance.v1.OperatorService.DeleteInstance:output_type -> nstance.v1.DeleteInstanceResponse
-	20, // 48: nstance.v1.OperatorService.GetInstanceStatus:output_type -> nstance.v1.GetInstanceStatusResponse
-	22, // 49: nstance.v1.OperatorService.ListInstances:output_type -> nstance.v1.ListInstancesResponse
-	24, // 50: nstance.v1.OperatorService.AcknowledgeDrained:output_type -> nstance.v1.AcknowledgeDrainedResponse
-	26, // 51: nstance.v1.OperatorService.WatchGroups:output_type -> nstance.v1.GroupEvent
-	28, // 52: nstance.v1.OperatorService.WatchInstances:output_type -> nstance.v1.InstanceEvent
-	30, // 53: nstance.v1.OperatorService.WatchErrors:output_type -> nstance.v1.ErrorEvent
-	32, // 54: nstance.v1.OperatorService.RenewCertificate:output_type -> nstance.v1.RenewCertificateResponse
-	41, // [41:55] is the sub-list for method output_type
-	27, // [27:41] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	44, // 24: nstance.v1.ErrorEvent.occurred_at:type_name -> google.protobuf.Timestamp
+	44, // 25: nstance.v1.RenewCertificateResponse.expires_at:type_name -> google.protobuf.Timestamp
+	51, // 26: nstance.v1.RenewCertificateResponse.identity:type_name -> nstance.v1.ClientIdentity
+	52, // 27: nstance.v1.OperatorRegistration.role:type_name -> nstance.v1.ClientRole
+	44, // 28: nstance.v1.OperatorRegistration.expires_at:type_name -> google.protobuf.Timestamp
+	44, // 29: nstance.v1.OperatorRegistration.registered_at:type_name -> google.protobuf.Timestamp
+	35, // 30: nstance.v1.ListOperatorsResponse.operators:type_name -> nstance.v1.OperatorRegistration
+	5,  // 31: nstance.v1.Revocation.kind:type_name -> nstance.v1.RevocationKind
+	44, // 32: nstance.v1.Revocation.issued_before:type_name -> google.protobuf.Timestamp
+	44, // 33: nstance.v1.Revocation.expires_at:type_name -> google.protobuf.Timestamp
+	44, // 34: nstance.v1.Revocation.revoked_at:type_name -> google.protobuf.Timestamp
+	37, // 35: nstance.v1.ListRevocationsResponse.revocations:type_name -> nstance.v1.Revocation
+	37, // 36: nstance.v1.RevokeResponse.revocation:type_name -> nstance.v1.Revocation
+	6,  // 37: nstance.v1.OperatorService.GetConfigStatus:input_type -> nstance.v1.GetConfigStatusRequest
+	8,  // 38: nstance.v1.OperatorService.RefreshConfig:input_type -> nstance.v1.RefreshConfigRequest
+	10, // 39: nstance.v1.OperatorService.ListGroups:input_type -> nstance.v1.ListGroupsRequest
+	12, // 40: nstance.v1.OperatorService.UpsertGroup:input_type -> nstance.v1.UpsertGroupRequest
+	14, // 41: nstance.v1.OperatorService.DeleteGroup:input_type -> nstance.v1.DeleteGroupRequest
+	16, // 42: nstance.v1.OperatorService.CreateInstance:input_type -> nstance.v1.CreateInstanceRequest
+	18, // 43: nstance.v1.OperatorService.DeleteInstance:input_type -> nstance.v1.DeleteInstanceRequest
+	20, // 44: nstance.v1.OperatorService.GetInstanceStatus:input_type -> nstance.v1.GetInstanceStatusRequest
+	22, // 45: nstance.v1.OperatorService.ListInstances:input_type -> nstance.v1.ListInstancesRequest
+	24, // 46: nstance.v1.OperatorService.AcknowledgeDrained:input_type -> nstance.v1.AcknowledgeDrainedRequest
+	26, // 47: nstance.v1.OperatorService.WatchGroups:input_type -> nstance.v1.WatchGroupsRequest
+	28, // 48: nstance.v1.OperatorService.WatchInstances:input_type -> nstance.v1.WatchInstancesRequest
+	30, // 49: nstance.v1.OperatorService.WatchErrors:input_type -> nstance.v1.WatchErrorsRequest
+	32, // 50: nstance.v1.OperatorService.RenewCertificate:input_type -> nstance.v1.RenewCertificateRequest
+	34, // 51: nstance.v1.OperatorService.ListOperators:input_type -> nstance.v1.ListOperatorsRequest
+	38, // 52: nstance.v1.OperatorService.ListRevocations:input_type -> nstance.v1.ListRevocationsRequest
+	40, // 53: nstance.v1.OperatorService.Revoke:input_type -> nstance.v1.RevokeRequest
+	7,  // 54: nstance.v1.OperatorService.GetConfigStatus:output_type -> nstance.v1.GetConfigStatusResponse
+	9,  // 55: nstance.v1.OperatorService.RefreshConfig:output_type -> nstance.v1.RefreshConfigResponse
+	11, // 56: nstance.v1.OperatorService.ListGroups:output_type -> nstance.v1.ListGroupsResponse
+	13, // 57: nstance.v1.OperatorService.UpsertGroup:output_type -> nstance.v1.UpsertGroupResponse
+	15, // 58: nstance.v1.OperatorService.DeleteGroup:output_type -> nstance.v1.DeleteGroupResponse
+	17, // 59: nstance.v1.OperatorService.CreateInstance:output_type -> nstance.v1.CreateInstanceResponse
+	19, // 60: nstance.v1.OperatorService.DeleteInstance:output_type -> nstance.v1.DeleteInstanceResponse
+	21, // 61: nstance.v1.OperatorService.GetInstanceStatus:output_type -> nstance.v1.GetInstanceStatusResponse
+	23, // 62: nstance.v1.OperatorService.ListInstances:output_type -> nstance.v1.ListInstancesResponse
+	25, // 63: nstance.v1.OperatorService.AcknowledgeDrained:output_type -> nstance.v1.AcknowledgeDrainedResponse
+	27, // 64: nstance.v1.OperatorService.WatchGroups:output_type -> nstance.v1.GroupEvent
+	29, // 65: nstance.v1.OperatorService.WatchInstances:output_type -> nstance.v1.InstanceEvent
+	31, // 66: nstance.v1.OperatorService.WatchErrors:output_type -> nstance.v1.ErrorEvent
+	33, // 67: nstance.v1.OperatorService.RenewCertificate:output_type -> nstance.v1.RenewCertificateResponse
+	36, // 68: nstance.v1.OperatorService.ListOperators:output_type -> nstance.v1.ListOperatorsResponse
+	39, // 69: nstance.v1.OperatorService.ListRevocations:output_type -> nstance.v1.ListRevocationsResponse
+	41, // 70: nstance.v1.OperatorService.Revoke:output_type -> nstance.v1.RevokeResponse
+	54, // [54:71] is the sub-list for method output_type
+	37, // [37:54] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_nstance_v1_operator_proto_init() }
@@ -2312,13 +3019,18 @@ func file_nstance_v1_operator_proto_init() {
 		(*GetInstanceStatusRequest_InstanceId)(nil),
 		(*GetInstanceStatusRequest_ClientToken)(nil),
 	}
+	file_nstance_v1_operator_proto_msgTypes[34].OneofWrappers = []any{
+		(*RevokeRequest_OperatorId)(nil),
+		(*RevokeRequest_InstanceId)(nil),
+		(*RevokeRequest_Serial)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nstance_v1_operator_proto_rawDesc), len(file_nstance_v1_operator_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   30,
+			NumEnums:      6,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -33,6 +33,9 @@ const (
 	OperatorService_WatchInstances_FullMethodName     = "/nstance.v1.OperatorService/WatchInstances"
 	OperatorService_WatchErrors_FullMethodName        = "/nstance.v1.OperatorService/WatchErrors"
 	OperatorService_RenewCertificate_FullMethodName   = "/nstance.v1.OperatorService/RenewCertificate"
+	OperatorService_ListOperators_FullMethodName      = "/nstance.v1.OperatorService/ListOperators"
+	OperatorService_ListRevocations_FullMethodName    = "/nstance.v1.OperatorService/ListRevocations"
+	OperatorService_Revoke_FullMethodName             = "/nstance.v1.OperatorService/Revoke"
 )
 
 // OperatorServiceClient is the client API for OperatorService service.
@@ -71,6 +74,13 @@ type OperatorServiceClient interface {
 	WatchErrors(ctx context.Context, in *WatchErrorsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ErrorEvent], error)
 	// RenewCertificate issues a fresh operator certificate before the current one expires.
 	RenewCertificate(ctx context.Context, in *RenewCertificateRequest, opts ...grpc.CallOption) (*RenewCertificateResponse, error)
+	// ListOperators returns every registered operator and admin of the cluster (admin only).
+	ListOperators(ctx context.Context, in *ListOperatorsRequest, opts ...grpc.CallOption) (*ListOperatorsResponse, error)
+	// ListRevocations returns the revocations this shard enforces (admin only).
+	ListRevocations(ctx context.Context, in *ListRevocationsRequest, opts ...grpc.CallOption) (*ListRevocationsResponse, error)
+	// Revoke refuses an operator's certificates, an instance's agent certificates or one certificate
+	// by serial from the next handshake and RPC on (admin only).
+	Revoke(ctx context.Context, in *RevokeRequest, opts ...grpc.CallOption) (*RevokeResponse, error)
 }
 
 type operatorServiceClient struct {
@@ -248,6 +258,36 @@ func (c *operatorServiceClient) RenewCertificate(ctx context.Context, in *RenewC
 	return out, nil
 }
 
+func (c *operatorServiceClient) ListOperators(ctx context.Context, in *ListOperatorsRequest, opts ...grpc.CallOption) (*ListOperatorsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListOperatorsResponse)
+	err := c.cc.Invoke(ctx, OperatorService_ListOperators_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *operatorServiceClient) ListRevocations(ctx context.Context, in *ListRevocationsRequest, opts ...grpc.CallOption) (*ListRevocationsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListRevocationsResponse)
+	err := c.cc.Invoke(ctx, OperatorService_ListRevocations_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *operatorServiceClient) Revoke(ctx context.Context, in *RevokeRequest, opts ...grpc.CallOption) (*RevokeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RevokeResponse)
+	err := c.cc.Invoke(ctx, OperatorService_Revoke_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // OperatorServiceServer is the server API for OperatorService service.
 // All implementations must embed UnimplementedOperatorServiceServer
 // for forward compatibility.
@@ -284,6 +324,13 @@ type OperatorServiceServer interface {
 	WatchErrors(*WatchErrorsRequest, grpc.ServerStreamingServer[ErrorEvent]) error
 	// RenewCertificate issues a fresh operator certificate before the current one expires.
 	RenewCertificate(context.Context, *RenewCertificateRequest) (*RenewCertificateResponse, error)
+	// ListOperators returns every registered operator and admin of the cluster (admin only).
+	ListOperators(context.Context, *ListOperatorsRequest) (*ListOperatorsResponse, error)
+	// ListRevocations returns the revocations this shard enforces (admin only).
+	ListRevocations(context.Context, *ListRevocationsRequest) (*ListRevocationsResponse, error)
+	// Revoke refuses an operator's certificates, an instance's agent certificates or one certificate
+	// by serial from the next handshake and RPC on (admin only).
+	Revoke(context.Context, *RevokeRequest) (*RevokeResponse, error)
 	mustEmbedUnimplementedOperatorServiceServer()
 }
 
@@ -335,6 +382,15 @@ func (UnimplementedOperatorServiceServer) WatchErrors(*WatchErrorsRequest, grpc.
 }
 func (UnimplementedOperatorServiceServer) RenewCertificate(context.Context, *RenewCertificateRequest) (*RenewCertificateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RenewCertificate not implemented")
+}
+func (UnimplementedOperatorServiceServer) ListOperators(context.Context, *ListOperatorsRequest) (*ListOperatorsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListOperators not implemented")
+}
+func (UnimplementedOperatorServiceServer) ListRevocations(context.Context, *ListRevocationsRequest) (*ListRevocationsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListRevocations not implemented")
+}
+func (UnimplementedOperatorServiceServer) Revoke(context.Context, *RevokeRequest) (*RevokeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Revoke not implemented")
 }
 func (UnimplementedOperatorServiceServer) mustEmbedUnimplementedOperatorServiceServer() {}
 func (UnimplementedOperatorServiceServer) testEmbeddedByValue()                         {}
@@ -588,6 +644,60 @@ func _OperatorService_RenewCertificate_Handler(srv interface{}, ctx context.Cont
 	return interceptor(ctx, in, info, handler)
 }
 
+func _OperatorService_ListOperators_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListOperatorsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServiceServer).ListOperators(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: OperatorService_ListOperators_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServiceServer).ListOperators(ctx, req.(*ListOperatorsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _OperatorService_ListRevocations_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRevocationsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServiceServer).ListRevocations(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: OperatorService_ListRevocations_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServiceServer).ListRevocations(ctx, req.(*ListRevocationsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _OperatorService_Revoke_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RevokeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServiceServer).Revoke(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: OperatorService_Revoke_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServiceServer).Revoke(ctx, req.(*RevokeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // OperatorService_ServiceDesc is the grpc.ServiceDesc for OperatorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -638,6 +748,18 @@ var OperatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RenewCertificate",
 			Handler:    _OperatorService_RenewCertificate_Handler,
+		},
+		{
+			MethodName: "ListOperators",
+			Handler:    _OperatorService_ListOperators_Handler,
+		},
+		{
+			MethodName: "ListRevocations",
+			Handler:    _OperatorService_ListRevocations_Handler,
+		},
+		{
+			MethodName: "Revoke",
+			Handler:    _OperatorService_Revoke_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

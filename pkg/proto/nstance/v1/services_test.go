@@ -77,6 +77,9 @@ var wantServices = []struct {
 			"WatchInstances":     serverStream,
 			"WatchErrors":        serverStream,
 			"RenewCertificate":   unary,
+			"ListOperators":      unary,
+			"ListRevocations":    unary,
+			"Revoke":             unary,
 		},
 	},
 }

@@ -1,0 +1,627 @@
+package revocation
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/server/layout"
+	"github.com/nstance-dev/nstance/internal/server/registration"
+	"github.com/nstance-dev/nstance/pkg/objstore"
+)
+
+// Entry kinds.
+const (
+	// KindOperator denies the operator and admin certificates of one
+	// operator id issued up to IssuedBefore (every shard).
+	KindOperator = "operator"
+	// KindAgent denies the agent certificates of one instance of a shard
+	// issued up to IssuedBefore.
+	KindAgent = "agent"
+	// KindSerial denies one certificate by serial number (every shard).
+	KindSerial = "serial"
+)
+
+// ErrRevoked is wrapped by every refusal of a revoked certificate.
+var ErrRevoked = errors.New("certificate revoked")
+
+// ErrInvalid is wrapped by refusals of a bad revocation request.
+var ErrInvalid = errors.New("invalid revocation")
+
+// errBadEntry marks a stored entry that does not parse or validate.
+var errBadEntry = errors.New("invalid revocation entry")
+
+// Entry is one revocation.
+type Entry struct {
+	// ID is the entry's key segment (hex).
+	ID   string `json:"id"`
+	Kind string `json:"kind"`
+	// Subject is the operator or instance id (KindOperator, KindAgent).
+	Subject string `json:"subject,omitempty"`
+	// Shard is the instance's shard (KindAgent).
+	Shard string `json:"shard,omitempty"`
+	// Serial is the certificate serial in decimal (KindSerial).
+	Serial string `json:"serial,omitempty"`
+	// URI is the SPIFFE id the entry names, when known (informative).
+	URI string `json:"uri,omitempty"`
+	// IssuedBefore: identity entries deny certificates issued at or before it.
+	IssuedBefore time.Time `json:"issued_before,omitzero"`
+	// ExpiresAt is when every certificate the entry can name has expired;
+	// the entry is removed after it.
+	ExpiresAt time.Time `json:"expires_at"`
+	RevokedAt time.Time `json:"revoked_at"`
+	RevokedBy string    `json:"revoked_by,omitempty"`
+	Reason    string    `json:"reason,omitempty"`
+}
+
+// Matches reports whether e denies cert, whose identity is id.
+func (e Entry) Matches(cert *x509.Certificate, id pki.Identity) bool {
+	switch e.Kind {
+	case KindSerial:
+		return cert.SerialNumber != nil && cert.SerialNumber.String() == e.Serial
+	case KindOperator:
+		return (id.Role == pki.RoleOperator || id.Role == pki.RoleAdmin) && id.ClientID == e.Subject && !pki.IssuedAt(cert).After(e.IssuedBefore)
+	case KindAgent:
+		return id.Role == pki.RoleAgent && id.ClientID == e.Subject && id.Shard == e.Shard && !pki.IssuedAt(cert).After(e.IssuedBefore)
+	}
+	return false
+}
+
+func (e Entry) validate() error {
+	if err := e.check(); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if len(e.Reason) > MaxReason {
+		return fmt.Errorf("%w: the reason is longer than %d bytes", ErrInvalid, MaxReason)
+	}
+	return nil
+}
+
+// MaxReason is the longest reason an entry keeps.
+const MaxReason = 1024
+
+func (e Entry) check() error {
+	switch e.Kind {
+	case KindOperator:
+		return layout.ValidateID("operator id", e.Subject)
+	case KindAgent:
+		if err := layout.ValidateID("instance id", e.Subject); err != nil {
+			return err
+		}
+		return layout.ValidateID("shard", e.Shard)
+	case KindSerial:
+		if e.Serial == "" || strings.Trim(e.Serial, "0123456789") != "" || len(e.Serial) > 64 {
+			return fmt.Errorf("serial %q: want a decimal certificate serial number", e.Serial)
+		}
+		return nil
+	}
+	return fmt.Errorf("unknown revocation kind %q", e.Kind)
+}
+
+// Options configures a Gate.
+type Options struct {
+	Store objstore.Store
+	Keys  layout.Keys
+	// ClusterID is the cluster's id; Shard the shard whose agent entries are loaded.
+	ClusterID, Shard string
+	// ServerID is recorded as RevokedBy of entries this server writes.
+	ServerID string
+	// OperatorValidity and AgentValidity are the longest lifetimes of the
+	// certificates of each kind: an entry is kept that long after its
+	// IssuedBefore (a serial entry the longer of the two).
+	OperatorValidity, AgentValidity time.Duration
+	// RequireOperatorRecords admits operator and admin certificates only
+	// while their operator record (cluster/operators/{id}.json) exists: as
+	// seen by the last Sync, or read on a miss (the answer is kept until the
+	// next Sync). A record deleted by hand is then refused within one Sync
+	// even if no Sync ever saw it.
+	RequireOperatorRecords bool
+	// Now defaults to time.Now.
+	Now func() time.Time
+	Log logr.Logger
+}
+
+// Gate is the loaded deny list. It is safe for concurrent use.
+type Gate struct {
+	o Options
+
+	// writeMu serialises Sync and revocations, so a Sync that listed
+	// storage before an entry was written cannot drop it from memory.
+	writeMu sync.Mutex
+	mu      sync.RWMutex
+	entries map[string]Entry // by storage key
+	serials map[string]bool
+	ids     map[string][]Entry // by index key (kind/shard/subject)
+	// operators are the operator records seen at the last Sync (id -> etag),
+	// plus those read since on a miss; nil before the first Sync. absent are
+	// the ids found without a record since the last Sync.
+	operators map[string]string
+	absent    map[string]bool
+	streams   map[*tracked]struct{}
+}
+
+type tracked struct {
+	cert   *x509.Certificate
+	id     pki.Identity
+	cancel context.CancelCauseFunc
+}
+
+// New returns an empty Gate; call Sync before serving.
+func New(o Options) *Gate {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Gate{o: o, entries: map[string]Entry{}, serials: map[string]bool{}, ids: map[string][]Entry{}, streams: map[*tracked]struct{}{}}
+}
+
+func indexKey(kind, shard, subject string) string { return kind + "/" + shard + "/" + subject }
+
+func (g *Gate) match(cert *x509.Certificate, id pki.Identity) (Entry, bool) {
+	if cert.SerialNumber != nil && g.serials[cert.SerialNumber.String()] {
+		return Entry{Kind: KindSerial, Serial: cert.SerialNumber.String()}, true
+	}
+	var keys []string
+	switch id.Role {
+	case pki.RoleOperator, pki.RoleAdmin:
+		keys = []string{indexKey(KindOperator, "", id.ClientID)}
+	case pki.RoleAgent:
+		keys = []string{indexKey(KindAgent, id.Shard, id.ClientID)}
+	}
+	for _, k := range keys {
+		for _, e := range g.ids[k] {
+			if e.Matches(cert, id) {
+				return e, true
+			}
+		}
+	}
+	return Entry{}, false
+}
+
+// Admit returns an error wrapping ErrRevoked when an entry denies cert
+// (or, with RequireOperatorRecords, when an operator's record is gone as
+// far as the last Sync knows). It is asked on every RPC.
+func (g *Gate) Admit(cert *x509.Certificate, id pki.Identity) error {
+	return g.admit(cert, id, false)
+}
+
+// AdmitHandshake is Admit for a new connection: with
+// RequireOperatorRecords an operator's record is read from storage, so a
+// record deleted a moment ago already refuses the next handshake.
+func (g *Gate) AdmitHandshake(cert *x509.Certificate, id pki.Identity) error {
+	return g.admit(cert, id, true)
+}
+
+func (g *Gate) admit(cert *x509.Certificate, id pki.Identity, fresh bool) error {
+	g.mu.RLock()
+	e, ok := g.match(cert, id)
+	g.mu.RUnlock()
+	if ok {
+		if e.Kind == KindSerial {
+			return fmt.Errorf("%w: serial %s", ErrRevoked, e.Serial)
+		}
+		return fmt.Errorf("%w: %s %s", ErrRevoked, e.Kind, e.Subject)
+	}
+	if g.o.RequireOperatorRecords && (id.Role == pki.RoleOperator || id.Role == pki.RoleAdmin) {
+		return g.recordExists(id.ClientID, fresh)
+	}
+	return nil
+}
+
+// recordExists answers from what the last Sync (or an earlier read) found,
+// and reads storage on a miss or when fresh.
+func (g *Gate) recordExists(id string, fresh bool) error {
+	g.mu.RLock()
+	_, known := g.operators[id]
+	absent := g.absent[id]
+	g.mu.RUnlock()
+	switch {
+	case fresh:
+	case absent:
+		return fmt.Errorf("%w: operator %s has no record", ErrRevoked, id)
+	case known:
+		return nil
+	}
+	if layout.ValidateID("operator id", id) != nil {
+		return fmt.Errorf("%w: operator id %q", ErrRevoked, id)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	info, err := g.o.Store.Head(ctx, g.o.Keys.Operator(id))
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case err == nil:
+		if g.operators == nil {
+			g.operators = map[string]string{}
+		}
+		g.operators[id] = info.ETag
+		delete(g.absent, id)
+		return nil
+	case errors.Is(err, objstore.ErrNotFound):
+		if g.absent == nil {
+			g.absent = map[string]bool{}
+		}
+		// g.operators keeps the id, so the next Sync writes the entry
+		// that keeps these certificates refused should the id register again.
+		g.absent[id] = true
+		return fmt.Errorf("%w: operator %s has no record", ErrRevoked, id)
+	}
+	if known && !absent {
+		// Storage is unavailable: keep what the last Sync knew rather than
+		// refusing every operator until it is back.
+		return nil
+	}
+	return fmt.Errorf("operator %s: reading its record: %w", id, err)
+}
+
+// Track returns a context that is cancelled with ErrRevoked as soon as an
+// entry denying cert arrives, and a function that stops tracking it (call it
+// when the stream ends).
+func (g *Gate) Track(ctx context.Context, cert *x509.Certificate, id pki.Identity) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	t := &tracked{cert: cert, id: id, cancel: cancel}
+	g.mu.Lock()
+	g.streams[t] = struct{}{}
+	g.mu.Unlock()
+	return ctx, func() {
+		g.mu.Lock()
+		delete(g.streams, t)
+		g.mu.Unlock()
+		cancel(context.Canceled)
+	}
+}
+
+// rebuildLocked recomputes the indexes and cancels tracked streams that are
+// denied now. g.mu must be held for writing.
+func (g *Gate) rebuildLocked() {
+	g.serials = map[string]bool{}
+	g.ids = map[string][]Entry{}
+	for _, e := range g.entries {
+		switch e.Kind {
+		case KindSerial:
+			g.serials[e.Serial] = true
+		case KindOperator:
+			g.ids[indexKey(KindOperator, "", e.Subject)] = append(g.ids[indexKey(KindOperator, "", e.Subject)], e)
+		case KindAgent:
+			g.ids[indexKey(KindAgent, e.Shard, e.Subject)] = append(g.ids[indexKey(KindAgent, e.Shard, e.Subject)], e)
+		}
+	}
+	for t := range g.streams {
+		if e, ok := g.match(t.cert, t.id); ok {
+			t.cancel(fmt.Errorf("%w: %s %s%s", ErrRevoked, e.Kind, e.Subject, e.Serial))
+			delete(g.streams, t)
+		}
+	}
+}
+
+func (g *Gate) key(e Entry) string {
+	if e.Kind == KindAgent {
+		return g.o.Keys.ShardRevocation(e.Shard, e.ID)
+	}
+	return g.o.Keys.ClusterRevocation(e.ID)
+}
+
+func entryID(seed string) string {
+	sum := sha256.Sum256([]byte(seed))
+	return hex.EncodeToString(sum[:16])
+}
+
+// Revoke completes e (RevokedAt, IssuedBefore for identity kinds,
+// ExpiresAt, RevokedBy, URI), persists it create-only and applies it at
+// once: handshakes and RPCs of the certificates it names fail and their
+// open streams end.
+func (g *Gate) Revoke(ctx context.Context, e Entry) (Entry, error) {
+	g.writeMu.Lock()
+	defer g.writeMu.Unlock()
+	return g.revoke(ctx, e, "")
+}
+
+// revoke persists e under an id derived from seed (when not empty; from the
+// entry otherwise): servers that see the same event derive the same key and
+// only the first write creates it. g.writeMu must be held.
+func (g *Gate) revoke(ctx context.Context, e Entry, seed string) (Entry, error) {
+	if err := e.validate(); err != nil {
+		return Entry{}, err
+	}
+	now := g.o.Now().UTC()
+	if e.RevokedAt.IsZero() {
+		e.RevokedAt = now
+	}
+	if e.RevokedBy == "" {
+		e.RevokedBy = g.o.ServerID
+	}
+	validity := max(g.o.OperatorValidity, g.o.AgentValidity)
+	switch e.Kind {
+	case KindOperator:
+		validity = g.o.OperatorValidity
+	case KindAgent:
+		validity = g.o.AgentValidity
+	}
+	if e.Kind != KindSerial && e.IssuedBefore.IsZero() {
+		e.IssuedBefore = now
+	}
+	if e.ExpiresAt.IsZero() {
+		e.ExpiresAt = e.RevokedAt.Add(validity + time.Minute)
+		if e.Kind != KindSerial {
+			e.ExpiresAt = e.IssuedBefore.Add(validity + time.Minute)
+		}
+	}
+	if seed == "" {
+		seed = strings.Join([]string{e.Kind, e.Shard, e.Subject, e.Serial, e.IssuedBefore.Format(time.RFC3339Nano), e.RevokedAt.Format(time.RFC3339Nano)}, "|")
+	}
+	e.ID = entryID(seed)
+	key := g.key(e)
+	body, err := json.Marshal(e)
+	if err != nil {
+		return Entry{}, err
+	}
+	if _, err := g.o.Store.Put(ctx, key, body, objstore.PutOptions{IfNoneMatch: true}); err != nil {
+		if !errors.Is(err, objstore.ErrPreconditionFailed) {
+			return Entry{}, fmt.Errorf("writing revocation %s: %w", key, err)
+		}
+		// Another server recorded the same event first: apply its entry.
+		existing, gerr := g.load(ctx, key)
+		if gerr != nil {
+			return Entry{}, gerr
+		}
+		e = existing
+	}
+	g.mu.Lock()
+	g.entries[key] = e
+	g.rebuildLocked()
+	g.mu.Unlock()
+	g.o.Log.Info("certificate revoked", "kind", e.Kind, "subject", e.Subject, "shard", e.Shard, "serial", e.Serial, "reason", e.Reason, "key", key)
+	return e, nil
+}
+
+func (g *Gate) load(ctx context.Context, key string) (Entry, error) {
+	obj, err := g.o.Store.Get(ctx, key)
+	if err != nil {
+		return Entry{}, fmt.Errorf("reading revocation %s: %w", key, err)
+	}
+	var e Entry
+	if err := json.Unmarshal(obj.Body, &e); err != nil {
+		return Entry{}, fmt.Errorf("%w %s: %v", errBadEntry, key, err)
+	}
+	if err := e.validate(); err != nil {
+		return Entry{}, fmt.Errorf("%w %s: %v", errBadEntry, key, err)
+	}
+	return e, nil
+}
+
+// Entries returns the loaded entries, oldest revocation first.
+func (g *Gate) Entries() []Entry {
+	g.mu.RLock()
+	out := make([]Entry, 0, len(g.entries))
+	for _, e := range g.entries {
+		out = append(out, e)
+	}
+	g.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].RevokedAt.Equal(out[j].RevokedAt) {
+			return out[i].RevokedAt.Before(out[j].RevokedAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out
+}
+
+// Sync re-reads the entries of the cluster and of the gate's shard, removes
+// expired ones (from storage too), and revokes operators whose record
+// disappeared since the previous Sync.
+func (g *Gate) Sync(ctx context.Context) error {
+	g.writeMu.Lock()
+	defer g.writeMu.Unlock()
+	now := g.o.Now()
+	loaded := map[string]Entry{}
+	g.mu.RLock()
+	for k, e := range g.entries {
+		loaded[k] = e
+	}
+	g.mu.RUnlock()
+	next := map[string]Entry{}
+	for _, prefix := range []string{g.o.Keys.ClusterRevocationPrefix(), g.o.Keys.ShardRevocationPrefix(g.o.Shard)} {
+		infos, err := g.o.Store.List(ctx, prefix)
+		if err != nil {
+			return fmt.Errorf("listing %s: %w", prefix, err)
+		}
+		for _, info := range infos {
+			e, ok := loaded[info.Key]
+			if !ok {
+				var err error
+				if e, err = g.load(ctx, info.Key); err != nil {
+					if errors.Is(err, objstore.ErrNotFound) {
+						continue
+					}
+					if errors.Is(err, errBadEntry) {
+						// A broken entry is not retried forever; it stays in storage for a person to look at.
+						g.o.Log.Error(err, "skipping an unreadable revocation entry", "key", info.Key)
+						continue
+					}
+					return err
+				}
+			}
+			if now.After(e.ExpiresAt) {
+				if err := g.o.Store.Delete(ctx, info.Key); err != nil {
+					g.o.Log.Error(err, "removing an expired revocation entry", "key", info.Key)
+				}
+				continue
+			}
+			next[info.Key] = e
+		}
+	}
+	g.mu.Lock()
+	g.entries = next
+	g.rebuildLocked()
+	g.mu.Unlock()
+	return g.syncOperators(ctx)
+}
+
+// syncOperators revokes every operator whose record existed at the previous
+// Sync and is gone now.
+func (g *Gate) syncOperators(ctx context.Context) error {
+	prefix := g.o.Keys.OperatorPrefix()
+	infos, err := g.o.Store.List(ctx, prefix)
+	if err != nil {
+		return fmt.Errorf("listing %s: %w", prefix, err)
+	}
+	now := map[string]string{}
+	for _, info := range infos {
+		id, ok := strings.CutSuffix(strings.TrimPrefix(info.Key, prefix), ".json")
+		if ok && !strings.Contains(id, "/") {
+			now[id] = info.ETag
+		}
+	}
+	g.mu.Lock()
+	prev := g.operators
+	g.operators, g.absent = now, nil
+	streams := make([]*tracked, 0, len(g.streams))
+	for t := range g.streams {
+		streams = append(streams, t)
+	}
+	g.mu.Unlock()
+	if g.o.RequireOperatorRecords {
+		// End the streams of operators whose record is gone.
+		for _, t := range streams {
+			if t.id.Role != pki.RoleOperator && t.id.Role != pki.RoleAdmin {
+				continue
+			}
+			if _, ok := now[t.id.ClientID]; !ok {
+				if err := g.recordExists(t.id.ClientID, false); errors.Is(err, ErrRevoked) {
+					g.mu.Lock()
+					delete(g.streams, t)
+					g.mu.Unlock()
+					t.cancel(err)
+				}
+			}
+		}
+	}
+	var errs []error
+	for id, etag := range prev {
+		if _, ok := now[id]; ok {
+			continue
+		}
+		e := Entry{Kind: KindOperator, Subject: id, Reason: "operator record deleted"}
+		if _, err := g.revoke(ctx, e, OperatorSeed(id, etag)); err != nil {
+			errs = append(errs, fmt.Errorf("revoking operator %s: %w", id, err))
+			// Try again at the next Sync.
+			g.mu.Lock()
+			g.operators[id] = etag
+			g.mu.Unlock()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// OperatorSeed names the revocation of the operator record id at etag, so
+// every server that sees that record go derives the same entry.
+func OperatorSeed(id, etag string) string { return KindOperator + "|" + id + "|" + etag }
+
+// RevokeOperator revokes operator id's certificates issued until now and
+// deletes its record. A missing record is no error (the entry still holds).
+func (g *Gate) RevokeOperator(ctx context.Context, id, reason string) (Entry, error) {
+	return g.RevokeOperatorBy(ctx, id, reason, "")
+}
+
+// RevokeOperatorBy is RevokeOperator recording who revoked (default: the
+// server id).
+func (g *Gate) RevokeOperatorBy(ctx context.Context, id, reason, by string) (Entry, error) {
+	if err := layout.ValidateID("operator id", id); err != nil {
+		return Entry{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	g.writeMu.Lock()
+	defer g.writeMu.Unlock()
+	key := g.o.Keys.Operator(id)
+	seed := ""
+	uri := ""
+	obj, err := g.o.Store.Get(ctx, key)
+	switch {
+	case err == nil:
+		seed = OperatorSeed(id, obj.ETag)
+		var rec struct {
+			URI string `json:"uri"`
+		}
+		if json.Unmarshal(obj.Body, &rec) == nil {
+			uri = rec.URI
+		}
+	case !errors.Is(err, objstore.ErrNotFound):
+		return Entry{}, fmt.Errorf("reading %s: %w", key, err)
+	}
+	e, err := g.revoke(ctx, Entry{Kind: KindOperator, Subject: id, URI: uri, Reason: reason, RevokedBy: by}, seed)
+	if err != nil {
+		return Entry{}, err
+	}
+	if err := g.o.Store.Delete(ctx, key); err != nil {
+		return e, fmt.Errorf("deleting %s: %w", key, err)
+	}
+	g.mu.Lock()
+	if g.operators != nil {
+		delete(g.operators, id)
+	}
+	g.mu.Unlock()
+	return e, nil
+}
+
+// RevokeAgent revokes the agent certificates of instance id of the gate's
+// shard issued until now (the instance was deleted or is to be cut off).
+func (g *Gate) RevokeAgent(ctx context.Context, id, reason string) (Entry, error) {
+	return g.Revoke(ctx, Entry{Kind: KindAgent, Subject: id, Shard: g.o.Shard, Reason: reason})
+}
+
+// Operators returns the operator records of the cluster, sorted by id. An
+// unreadable record is returned with only its id.
+func (g *Gate) Operators(ctx context.Context) ([]registration.OperatorRecord, error) {
+	prefix := g.o.Keys.OperatorPrefix()
+	infos, err := g.o.Store.List(ctx, prefix)
+	if err != nil {
+		return nil, fmt.Errorf("listing %s: %w", prefix, err)
+	}
+	var out []registration.OperatorRecord
+	for _, info := range infos {
+		id, ok := strings.CutSuffix(strings.TrimPrefix(info.Key, prefix), ".json")
+		if !ok || strings.Contains(id, "/") {
+			continue
+		}
+		obj, err := g.o.Store.Get(ctx, info.Key)
+		if errors.Is(err, objstore.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading %s: %w", info.Key, err)
+		}
+		var rec registration.OperatorRecord
+		if err := json.Unmarshal(obj.Body, &rec); err != nil {
+			g.o.Log.Error(err, "unreadable operator record", "key", info.Key)
+		}
+		rec.ID = id
+		out = append(out, rec)
+	}
+	return out, nil
+}
+
+// Run calls Sync every interval until ctx ends; errors are logged.
+func (g *Gate) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := g.Sync(ctx); err != nil && ctx.Err() == nil {
+				g.o.Log.Error(err, "syncing revocations")
+			}
+		}
+	}
+}
