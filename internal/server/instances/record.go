@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"maps"
+	"slices"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -91,16 +92,38 @@ type Record struct {
 	// WorkloadGone is set once the provider reported the VM stopped, deleted
 	// or failed; a drain of it has nothing to evict.
 	WorkloadGone bool `json:"workload_gone,omitempty"`
+	// Addresses are the instance's IP addresses as the provider reported
+	// them; its agent certificate carries them and registration checks the
+	// caller's source address against them.
+	Addresses []string `json:"addresses,omitempty"`
+	// Agent is set once the instance's agent registered: the key it
+	// registered with. Another key is refused for this instance.
+	Agent *AgentRegistration `json:"agent,omitempty"`
 	// Deletion fields, set once the instance is chosen for removal.
 	DeletionReason nstancev1.DeletionReason `json:"deletion_reason,omitempty"`
 	DrainDeadline  *time.Time               `json:"drain_deadline,omitempty"`
 	DrainAcked     bool                     `json:"drain_acked,omitempty"`
 }
 
+// AgentRegistration records the registration of an instance's agent.
+type AgentRegistration struct {
+	// KeySHA256 is the hex SHA-256 of the agent public key (PKIX DER).
+	KeySHA256    string    `json:"key_sha256"`
+	NonceID      string    `json:"nonce_id"`
+	Serial       string    `json:"serial"`
+	RegisteredAt time.Time `json:"registered_at"`
+	RegisteredBy string    `json:"registered_by,omitempty"`
+}
+
 // Clone returns a deep copy.
 func (r *Record) Clone() *Record {
 	c := *r
 	c.Vars, c.Args, c.Labels = maps.Clone(r.Vars), maps.Clone(r.Args), maps.Clone(r.Labels)
+	c.Addresses = slices.Clone(r.Addresses)
+	if r.Agent != nil {
+		a := *r.Agent
+		c.Agent = &a
+	}
 	if r.LastHealthAt != nil {
 		t := *r.LastHealthAt
 		c.LastHealthAt = &t

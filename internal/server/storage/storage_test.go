@@ -8,6 +8,9 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
+
+	"github.com/nstance-dev/nstance/pkg/objstore"
+	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 )
 
 func TestRetry(t *testing.T) {
@@ -51,4 +54,27 @@ func TestOpenErrors(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, s)
 	require.Equal(t, "p/cluster/ca.crt", keys.CACert())
+}
+
+// TestCreateOnlySurvivesARetriedCreate: a 412 caused by the create's own
+// earlier attempt (same bytes stored) is success; anything else stays a
+// conflict.
+func TestCreateOnlySurvivesARetriedCreate(t *testing.T) {
+	ctx := context.Background()
+	s := memstore.New()
+	etag, err := CreateOnly(ctx, s, "a/b", []byte("one"))
+	require.NoError(t, err)
+	// The retry of a committed create whose reply was lost.
+	again, err := CreateOnly(ctx, s, "a/b", []byte("one"))
+	require.NoError(t, err)
+	require.Equal(t, etag, again)
+	// A different writer's content is a real conflict, and stays stored.
+	_, err = CreateOnly(ctx, s, "a/b", []byte("two"))
+	require.ErrorIs(t, err, objstore.ErrPreconditionFailed)
+	obj, err := s.Get(ctx, "a/b")
+	require.NoError(t, err)
+	require.Equal(t, "one", string(obj.Body))
+	// Other errors pass through.
+	_, err = CreateOnly(ctx, s, "../x", []byte("one"))
+	require.ErrorIs(t, err, objstore.ErrInvalidKey)
 }
