@@ -217,6 +217,16 @@ func (c *Config) Validate() error {
 		ch.add("shard.expiry.forced_age", "must not be shorter than eligible_age (%s)", ex.EligibleAge.D())
 	}
 	ch.positive("shard.garbage_collection.interval", s.GarbageCollection.Interval)
+	switch s.Registration.SourceAddressCheck {
+	case "", "enforce", "off":
+	default:
+		ch.add("shard.registration.source_address_check", `must be "enforce" or "off", got %q`, s.Registration.SourceAddressCheck)
+	}
+	for i, p := range s.Registration.TrustedProxies {
+		if _, err := parsePrefix(p); err != nil {
+			ch.add(fmt.Sprintf("shard.registration.trusted_proxies[%d]", i), "%v", err)
+		}
+	}
 
 	ce := c.Certificates
 	for _, kv := range []struct {

@@ -46,10 +46,10 @@ func newFixture(t *testing.T) *fixture {
 	f.addRecord(t, &instances.Record{ID: "i-1", Tenant: "acme", GroupID: "web", Shard: "s1", State: instances.StateRunning})
 	f.svc = &Service{
 		Instances: &InstanceGate{Records: f.records, Policy: func() SourcePolicy { return f.policy }},
-		Issuer:   &Issuer{CA: ca, ClusterID: "c1", AgentValidity: time.Hour, OperatorValidity: 2 * time.Hour},
-		Verifier: &nonce.Verifier{Key: pub, ClusterID: "c1", Shard: "s1"},
-		Ledger:   &nonce.Ledger{Store: store, Keys: layout.New("")},
-		Objects:  store, Keys: layout.New(""), ServerID: "srv", Log: logr.Discard(),
+		Issuer:    &Issuer{CA: ca, ClusterID: "c1", AgentValidity: time.Hour, OperatorValidity: 2 * time.Hour},
+		Verifier:  &nonce.Verifier{Key: pub, ClusterID: "c1", Shard: "s1"},
+		Ledger:    &nonce.Ledger{Store: store, Keys: layout.New("")},
+		Objects:   store, Keys: layout.New(""), ServerID: "srv", Log: logr.Discard(),
 		OnAgentRegistered: func(context.Context, *nonce.Claims, *Issued) { f.agents.Add(1) },
 	}
 	return f
