@@ -188,7 +188,9 @@ func TestLedgerSingleUse(t *testing.T) {
 	ag := &Claims{Kind: KindAgent, ClusterID: "c", Tenant: "t", Shard: "s1", RegisteredClaims: jwt.RegisteredClaims{ID: "j1", Subject: "i"}}
 	require.Equal(t, "cluster/nonces/j1", l1.MarkerKey(op))
 	require.Equal(t, "shard/s1/nonces/j1", l1.MarkerKey(ag))
-	use := func(key, cert, by string) Use { return Use{KeySHA256: key, CertificatePEM: cert, UsedBy: by, Now: time.Now()} }
+	use := func(key, cert, by string) Use {
+		return Use{KeySHA256: key, CertificatePEM: cert, UsedBy: by, Now: time.Now()}
+	}
 	m, err := l1.Consume(ctx, op, use("k1", "cert-1", "srv1"))
 	require.NoError(t, err)
 	require.Equal(t, "cert-1", m.CertificatePEM)
