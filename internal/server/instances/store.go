@@ -272,7 +272,8 @@ func (s *Store) Update(ctx context.Context, id string, fn func(*Record) error) (
 		if err != nil {
 			return nil, fmt.Errorf("encoding record %s: %w", id, err)
 		}
-		newTag, err := s.obj.Put(ctx, s.keys.Instance(s.shard, id), body, objstore.PutOptions{IfMatch: etag})
+		// A retried write that committed finds its own content: success.
+		newTag, err := storage.ReplaceIfMatch(ctx, s.obj, s.keys.Instance(s.shard, id), body, etag)
 		if errors.Is(err, objstore.ErrPreconditionFailed) && attempt < 2 {
 			if rerr := s.reload(ctx, id); rerr != nil {
 				return nil, rerr
@@ -299,6 +300,11 @@ func (s *Store) Refresh(ctx context.Context, id string) (*Record, error) {
 	if err := layout.ValidateID("instance id", id); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNotFound, err)
 	}
+	// Serialised with Update, so an older read never replaces a newer write
+	// in the index.
+	l := s.lock(id)
+	l.Lock()
+	defer l.Unlock()
 	if err := s.reload(ctx, id); err != nil {
 		return nil, err
 	}

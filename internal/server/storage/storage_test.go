@@ -78,3 +78,25 @@ func TestCreateOnlySurvivesARetriedCreate(t *testing.T) {
 	_, err = CreateOnly(ctx, s, "../x", []byte("one"))
 	require.ErrorIs(t, err, objstore.ErrInvalidKey)
 }
+
+// TestReplaceIfMatchSurvivesARetriedReplace: the retry of a committed
+// replace finds its own content under a new ETag; that is success, while a
+// different content is a conflict.
+func TestReplaceIfMatchSurvivesARetriedReplace(t *testing.T) {
+	ctx := context.Background()
+	s := memstore.New()
+	v1, err := s.Put(ctx, "k", []byte("v1"), objstore.PutOptions{})
+	require.NoError(t, err)
+	v2, err := ReplaceIfMatch(ctx, s, "k", []byte("v2"), v1)
+	require.NoError(t, err)
+	// The SDK retries the same request (same If-Match) after a lost reply.
+	again, err := ReplaceIfMatch(ctx, s, "k", []byte("v2"), v1)
+	require.NoError(t, err)
+	require.Equal(t, v2, again)
+	_, err = ReplaceIfMatch(ctx, s, "k", []byte("v3"), v1)
+	require.ErrorIs(t, err, objstore.ErrPreconditionFailed)
+	_, err = ReplaceIfMatch(ctx, s, "missing", []byte("v2"), v1)
+	require.ErrorIs(t, err, objstore.ErrPreconditionFailed)
+	_, err = ReplaceIfMatch(ctx, s, "k", []byte("v2"), "")
+	require.Error(t, err)
+}
