@@ -5,7 +5,6 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,26 +32,13 @@ import (
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
-// agentBinary builds cmd/nstance-agent once per test binary run.
-var agentBinary = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "nstance-chaos-agent-")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "nstance-agent")
+// buildAgent builds cmd/nstance-agent into a directory of the test.
+func buildAgent(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "nstance-agent")
 	out, err := exec.Command("go", "build", "-o", bin, "github.com/nstance-dev/nstance/cmd/nstance-agent").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("building nstance-agent: %v\n%s", err, out)
-	}
-	return bin, nil
-})
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if bin, err := agentBinary(); err == nil {
-		_ = os.RemoveAll(filepath.Dir(bin))
-	}
-	os.Exit(code)
+	require.NoError(t, err, "building nstance-agent: %s", out)
+	return bin
 }
 
 // noting remembers the nonce the server handed each instance, so the test
@@ -85,8 +71,7 @@ func (n *noting) nonce(id string) string {
 // nonce with another key, or asking for another instance's name, is
 // refused, and with the agent's own key returns the same certificate.
 func TestAgentRegistersThroughALostMarkerReply(t *testing.T) {
-	bin, err := agentBinary()
-	require.NoError(t, err)
+	bin := buildAgent(t)
 	for _, tc := range []struct {
 		name   string
 		resets int

@@ -355,12 +355,14 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	reg := &registration.Service{
 		Issuer: issuer,
-		Verifier: &nonce.Verifier{Key: cl.NonceKey.Public().(ed25519.PublicKey), ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, Leeway: nonceLeeway,
+		Verifier: &nonce.Verifier{Key: cl.NonceKey.Public().(ed25519.PublicKey), ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, Leeway: 5 * time.Second,
 			MaxLifetime: cfg.Certificates.NonceMaxLifetime.D()},
 		Ledger:  &nonce.Ledger{Store: a.o.Store, Keys: a.o.Keys},
 		Objects: a.o.Store, Keys: a.o.Keys, ServerID: a.o.ServerID,
-		Instances: svcs.AgentGate, OnAgentRegistered: svcs.OnAgentRegistered, Log: log.WithName("registration"),
+		OnAgentRegistered: svcs.OnAgentRegistered, Log: log.WithName("registration"),
 	}
+	// Agents are admitted against the instance records (nil: refused).
+	reg.Instances = svcs.AgentGate
 	gcfg := grpcserve.Config{
 		ClusterID: cfg.Cluster.ID, ServerCert: serverCert, ClientCAs: cl.CA.Pool(),
 		Registration: reg, Operator: svcs.Operator, Agent: svcs.Agent, Log: log.WithName("grpc"),
@@ -537,6 +539,12 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cach
 	a.mu.Unlock()
 	ad := a.Addrs()
 	log.Info("serving gRPC as shard leader", "registration", ad.Registration, "operator", ad.Operator, "agent", ad.Agent)
+	sweepDone := make(chan struct{})
+	go func() {
+		defer close(sweepDone)
+		a.sweepNonces(lctx, log)
+	}()
+	defer func() { <-sweepDone }()
 	leadDone := make(chan struct{})
 	go func() {
 		defer close(leadDone)
@@ -559,14 +567,8 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cach
 			}
 		}
 	}()
-	sweepDone := make(chan struct{})
-	go func() {
-		defer close(sweepDone)
-		a.sweepNonces(lctx, log)
-	}()
 	<-lctx.Done()
 	<-leadDone
-	<-sweepDone
 	a.mu.Lock()
 	a.grpcActive = false
 	a.mu.Unlock()
@@ -584,7 +586,7 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cach
 // later, and a replay is refused as expired after another leeway; the skew
 // allowance covers the storage clock that stamped the marker.
 const (
-	nonceLeeway        = 5 * time.Second
+	nonceLeeway        = 5 * time.Second // the Registration verifier's leeway
 	nonceSkewAllowance = 5 * time.Minute
 	// nonceSweepLimit bounds the deletions of one pass, so a backlog is
 	// worked off over several passes instead of one long burst.
