@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"maps"
+	"net"
 	"slices"
 	"time"
 
@@ -142,6 +143,14 @@ func (r *Record) Proto() *nstancev1.InstanceStatus {
 		State: r.State.Proto(), CreatedAt: timestamppb.New(r.CreatedAt), InstanceType: r.InstanceType,
 		Message: r.Message, Template: r.Template, ClientToken: r.ClientToken, WorkloadGone: r.WorkloadGone,
 		Addresses: []*nstancev1.InstanceAddress{{Type: nstancev1.AddressType_ADDRESS_TYPE_HOSTNAME, Address: r.ID}},
+	}
+	for _, a := range r.Addresses {
+		// The provider-reported addresses, which agent certificates carry.
+		typ := nstancev1.AddressType_ADDRESS_TYPE_INTERNAL_DNS
+		if net.ParseIP(a) != nil {
+			typ = nstancev1.AddressType_ADDRESS_TYPE_INTERNAL_IP
+		}
+		st.Addresses = append(st.Addresses, &nstancev1.InstanceAddress{Type: typ, Address: a})
 	}
 	if r.LastHealthAt != nil {
 		st.LastHealthAt = timestamppb.New(*r.LastHealthAt)

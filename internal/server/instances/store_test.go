@@ -113,3 +113,15 @@ func TestCreateSurvivesARetriedCreate(t *testing.T) {
 	_, err = fresh.Refresh(ctx, "../x")
 	require.ErrorIs(t, err, instances.ErrNotFound)
 }
+
+// TestProtoCarriesProviderAddresses: the status lists the instance's host
+// name and the provider-reported addresses (what its agent certificate
+// names).
+func TestProtoCarriesProviderAddresses(t *testing.T) {
+	r := &instances.Record{ID: "web-1", Addresses: []string{"10.0.0.7", "web-1.internal"}}
+	var got []string
+	for _, a := range r.Proto().GetAddresses() {
+		got = append(got, a.GetType().String()+"="+a.GetAddress())
+	}
+	require.Equal(t, []string{"ADDRESS_TYPE_HOSTNAME=web-1", "ADDRESS_TYPE_INTERNAL_IP=10.0.0.7", "ADDRESS_TYPE_INTERNAL_DNS=web-1.internal"}, got)
+}
