@@ -209,14 +209,6 @@ func (c *Config) Validate() error {
 			ch.add(key+".subnets", "must list at least one subnet")
 		}
 	}
-	ex := s.Expiry
-	ch.positive("shard.expiry.eligible_age", ex.EligibleAge)
-	ch.positive("shard.expiry.forced_age", ex.ForcedAge)
-	ch.positive("shard.expiry.ondemand_age", ex.OndemandAge)
-	if ex.ForcedAge > 0 && ex.EligibleAge > ex.ForcedAge {
-		ch.add("shard.expiry.forced_age", "must not be shorter than eligible_age (%s)", ex.EligibleAge.D())
-	}
-	ch.positive("shard.garbage_collection.interval", s.GarbageCollection.Interval)
 	switch s.Registration.SourceAddressCheck {
 	case "", "enforce", "off":
 	default:
@@ -227,6 +219,14 @@ func (c *Config) Validate() error {
 			ch.add(fmt.Sprintf("shard.registration.trusted_proxies[%d]", i), "%v", err)
 		}
 	}
+	ex := s.Expiry
+	ch.positive("shard.expiry.eligible_age", ex.EligibleAge)
+	ch.positive("shard.expiry.forced_age", ex.ForcedAge)
+	ch.positive("shard.expiry.ondemand_age", ex.OndemandAge)
+	if ex.ForcedAge > 0 && ex.EligibleAge > ex.ForcedAge {
+		ch.add("shard.expiry.forced_age", "must not be shorter than eligible_age (%s)", ex.EligibleAge.D())
+	}
+	ch.positive("shard.garbage_collection.interval", s.GarbageCollection.Interval)
 
 	ce := c.Certificates
 	for _, kv := range []struct {
