@@ -1,7 +1,8 @@
 // Command registration measures RegisterAgent throughput and latency of an
 // in-process nstance-server over real TLS on loopback. Every registration
-// verifies an EdDSA nonce, signs a certificate and records the nonce as used
-// with a conditional create in object storage (dev-s3 over HTTP by default).
+// verifies an EdDSA nonce, reads the instance record, signs a certificate,
+// records the nonce as used with a conditional create and binds the key to
+// the instance record in object storage (dev-s3 over HTTP by default).
 //
 //	go run ./bench/registration -n 3000 -c 16 -storage s3
 package main
@@ -27,6 +28,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/go-logr/logr"
 	"github.com/golang-jwt/jwt/v5"
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	grpccreds "google.golang.org/grpc/credentials"
 
@@ -35,7 +37,9 @@ import (
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/secrets"
 	"github.com/nstance-dev/nstance/internal/server/app"
+	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/layout"
+	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
@@ -106,9 +110,29 @@ func run(n, conc, nconns int, storageKind string) error {
 	if _, err := store.Put(ctx, "config/s1.jsonc", []byte(config), objstore.PutOptions{}); err != nil {
 		return err
 	}
+	// Every registering agent has an instance record, as the reconciler
+	// writes before the provider starts the instance; registration reads it
+	// and records the agent's key on it.
+	records := instances.NewStore(store, layout.New(""), "s1", nil)
+	var g errgroup.Group
+	g.SetLimit(16)
+	for i := 0; i < n; i++ {
+		g.Go(func() error {
+			return records.Create(ctx, &instances.Record{ID: fmt.Sprintf("i-%06d", i), Tenant: "default", GroupID: "g", Shard: "s1",
+				State: instances.StateRunning, Addresses: []string{"127.0.0.1"}, CreatedAt: time.Now().UTC()})
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return fmt.Errorf("creating instance records: %w", err)
+	}
 	a, err := app.New(app.Options{
 		ServerID: "bench", Shard: "s1", Store: store, Keys: layout.New(""), Bind: app.BindOverrides{Health: "127.0.0.1:0"},
 		Getenv: func(string) string { return encKey }, Log: logr.Discard(),
+		Services: func(rt *app.Runtime) (app.Services, error) {
+			svcs, err := app.DefaultServices(rt)
+			svcs.AgentGate = &registration.InstanceGate{Records: records}
+			return svcs, err
+		},
 	})
 	if err != nil {
 		return err
@@ -182,7 +206,7 @@ func run(n, conc, nconns int, storageKind string) error {
 					return
 				}
 				t0 := time.Now()
-				_, err := c.RegisterAgent(ctx, &nstancev1.RegisterAgentRequest{Nonce: jobs[i].nonce, PublicKeyPem: jobs[i].pub, IpAddresses: []string{"10.0.0.1"}})
+				_, err := c.RegisterAgent(ctx, &nstancev1.RegisterAgentRequest{Nonce: jobs[i].nonce, PublicKeyPem: jobs[i].pub})
 				lat[i] = time.Since(t0)
 				if err != nil {
 					failures.Add(1)

@@ -166,9 +166,23 @@ func TestAgentProcessFailures(t *testing.T) {
 	require.Eventually(t, func() bool { _, ok := shard.Health.Get("dup"); return ok }, 20*time.Second, 50*time.Millisecond)
 	require.NoError(t, first.cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, first.wait(t))
-	// Wipe the identity and replay the nonce.
+	// The certificate is lost but the key and nonce are still there (a crash
+	// right after RegisterAgent returned): the same certificate comes back.
 	idDir := filepath.Join(dir, "dup", "identity")
+	firstCert, err := os.ReadFile(filepath.Join(idDir, "agent.crt"))
+	require.NoError(t, err)
 	require.NoError(t, os.Remove(filepath.Join(idDir, "agent.crt")))
+	require.NoError(t, os.WriteFile(filepath.Join(idDir, "nonce.jwt"), nonce, 0o600))
+	again := start(t, bin, env)
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(filepath.Join(idDir, "agent.crt"))
+		return err == nil && string(b) == string(firstCert)
+	}, 20*time.Second, 50*time.Millisecond, "the retry with the same key gets the same certificate")
+	require.NoError(t, again.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, again.wait(t))
+	// Wipe the whole identity (a new key) and replay the nonce: refused.
+	require.NoError(t, os.Remove(filepath.Join(idDir, "agent.crt")))
+	require.NoError(t, os.Remove(filepath.Join(idDir, "agent.key")))
 	require.NoError(t, os.WriteFile(filepath.Join(idDir, "nonce.jwt"), nonce, 0o600))
 	second := start(t, bin, env)
 	err = second.wait(t)

@@ -3,5 +3,8 @@
 // claims name the kind of client (agent or operator), subject, cluster,
 // tenant and, for agents, shard and group. A Ledger makes each nonce single-use
 // by creating a marker object with If-None-Match in object storage, so a
-// replay fails on every server even after a cache wipe.
+// replay fails on every server even after a cache wipe; the marker holds the
+// registering key's fingerprint and the certificate issued, so the same key
+// retrying gets that certificate back. Sweep deletes markers once every nonce
+// they record has expired.
 package nonce

@@ -2,8 +2,11 @@ package nonce
 
 import (
 	"context"
+	"crypto"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -209,7 +212,11 @@ type Ledger struct {
 	Keys  layout.Keys
 }
 
-type usedMarker struct {
+// Marker is the object that records a nonce as used, and what was issued
+// for it: the registering key's fingerprint and the certificate, so a client
+// that retries with the same key after a lost reply gets the same
+// certificate, while any other key is refused.
+type Marker struct {
 	JTI       string    `json:"jti"`
 	Kind      Kind      `json:"kind"`
 	Subject   string    `json:"sub"`
@@ -217,6 +224,20 @@ type usedMarker struct {
 	UsedAt    time.Time `json:"used_at"`
 	ExpiresAt time.Time `json:"expires_at"`
 	UsedBy    string    `json:"used_by,omitempty"`
+	// KeySHA256 is KeyFingerprint of the public key the nonce registered.
+	KeySHA256 string `json:"key_sha256"`
+	// CertificatePEM is the certificate issued for it.
+	CertificatePEM string `json:"certificate_pem,omitempty"`
+}
+
+// KeyFingerprint is the hex SHA-256 of a public key's PKIX DER form.
+func KeyFingerprint(pub crypto.PublicKey) (string, error) {
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return "", fmt.Errorf("fingerprinting public key: %w", err)
+	}
+	sum := sha256.Sum256(der)
+	return hex.EncodeToString(sum[:]), nil
 }
 
 // MarkerKey is the object that records c as used: per shard for agent
@@ -228,23 +249,98 @@ func (l *Ledger) MarkerKey(c *Claims) string {
 	return l.Keys.ClusterNonce(c.ID)
 }
 
-// Consume marks the nonce used with a create-only write. It returns an error
-// wrapping ErrReplayed when the marker already exists.
-func (l *Ledger) Consume(ctx context.Context, c *Claims, usedBy string, now time.Time) error {
-	m := usedMarker{JTI: c.ID, Kind: c.Kind, Subject: c.Subject, Tenant: c.Tenant, UsedAt: now.UTC(), UsedBy: usedBy}
+// Use is one registration's claim on a nonce.
+type Use struct {
+	// KeySHA256 is KeyFingerprint of the registering public key (required).
+	KeySHA256 string
+	// CertificatePEM is the certificate issued for this attempt.
+	CertificatePEM string
+	UsedBy         string
+	Now            time.Time
+}
+
+// Consume marks the nonce used for u with a create-only write and returns
+// the marker that holds: u's own, or, when the nonce was already used with
+// the same key (a retry after a lost reply, possibly on another server, or
+// the storage SDK's retry of this very write), the stored one, whose
+// certificate the caller should return. A nonce used with another key (or
+// recorded without one) returns an error wrapping ErrReplayed.
+func (l *Ledger) Consume(ctx context.Context, c *Claims, u Use) (*Marker, error) {
+	if u.KeySHA256 == "" {
+		return nil, errors.New("consuming nonce: no key fingerprint")
+	}
+	m := &Marker{JTI: c.ID, Kind: c.Kind, Subject: c.Subject, Tenant: c.Tenant, UsedAt: u.Now.UTC(), UsedBy: u.UsedBy,
+		KeySHA256: u.KeySHA256, CertificatePEM: u.CertificatePEM}
 	if c.ExpiresAt != nil {
 		m.ExpiresAt = c.ExpiresAt.UTC()
 	}
 	body, err := json.Marshal(m)
 	if err != nil {
-		return fmt.Errorf("encoding nonce marker: %w", err)
+		return nil, fmt.Errorf("encoding nonce marker: %w", err)
 	}
 	key := l.MarkerKey(c)
-	if _, err := l.Store.Put(ctx, key, body, objstore.PutOptions{IfNoneMatch: true}); err != nil {
-		if errors.Is(err, objstore.ErrPreconditionFailed) {
-			return fmt.Errorf("%w (jti %s)", ErrReplayed, c.ID)
-		}
-		return fmt.Errorf("recording nonce %s as used: %w", c.ID, err)
+	_, err = l.Store.Put(ctx, key, body, objstore.PutOptions{IfNoneMatch: true})
+	if err == nil {
+		return m, nil
 	}
-	return nil
+	if !errors.Is(err, objstore.ErrPreconditionFailed) {
+		return nil, fmt.Errorf("recording nonce %s as used: %w", c.ID, err)
+	}
+	obj, gerr := l.Store.Get(ctx, key)
+	if errors.Is(gerr, objstore.ErrNotFound) {
+		// Swept in between: the nonce is long expired.
+		return nil, fmt.Errorf("%w (jti %s)", ErrReplayed, c.ID)
+	}
+	if gerr != nil {
+		return nil, fmt.Errorf("nonce %s is marked used; reading the marker: %w", c.ID, gerr)
+	}
+	var stored Marker
+	if err := json.Unmarshal(obj.Body, &stored); err != nil {
+		return nil, fmt.Errorf("%w (jti %s; marker unreadable: %v)", ErrReplayed, c.ID, err)
+	}
+	if stored.KeySHA256 == "" || stored.KeySHA256 != u.KeySHA256 || stored.JTI != c.ID || stored.Subject != c.Subject {
+		return nil, fmt.Errorf("%w (jti %s, with another key)", ErrReplayed, c.ID)
+	}
+	return &stored, nil
+}
+
+// SweepStats says what one Sweep did.
+type SweepStats struct {
+	Listed, Deleted int
+	// More is true when old markers remain beyond the per-pass limit.
+	More bool
+}
+
+// Sweep deletes the markers under prefix whose last write is older than
+// cutoff, at most limit of them (0: no limit). A marker is only needed while
+// its nonce could still verify; callers pass a cutoff of now minus the
+// longest nonce lifetime and the clock allowances, after which every nonce
+// it records has expired. Errors deleting one marker are returned after the
+// others were tried.
+func (l *Ledger) Sweep(ctx context.Context, prefix string, cutoff time.Time, limit int) (SweepStats, error) {
+	var st SweepStats
+	infos, err := l.Store.List(ctx, prefix)
+	if err != nil {
+		return st, fmt.Errorf("listing nonce markers under %s: %w", prefix, err)
+	}
+	st.Listed = len(infos)
+	var errs []error
+	for _, info := range infos {
+		if !info.LastModified.Before(cutoff) {
+			continue
+		}
+		if limit > 0 && st.Deleted >= limit {
+			st.More = true
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			return st, err
+		}
+		if err := l.Store.Delete(ctx, info.Key); err != nil {
+			errs = append(errs, fmt.Errorf("deleting nonce marker %s: %w", info.Key, err))
+			continue
+		}
+		st.Deleted++
+	}
+	return st, errors.Join(errs...)
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/base64"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nstance-dev/nstance/internal/server/layout"
+	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 )
 
@@ -186,8 +188,78 @@ func TestLedgerSingleUse(t *testing.T) {
 	ag := &Claims{Kind: KindAgent, ClusterID: "c", Tenant: "t", Shard: "s1", RegisteredClaims: jwt.RegisteredClaims{ID: "j1", Subject: "i"}}
 	require.Equal(t, "cluster/nonces/j1", l1.MarkerKey(op))
 	require.Equal(t, "shard/s1/nonces/j1", l1.MarkerKey(ag))
-	require.NoError(t, l1.Consume(ctx, op, "srv1", time.Now()))
-	require.ErrorIs(t, l2.Consume(ctx, op, "srv2", time.Now()), ErrReplayed)
-	require.NoError(t, l2.Consume(ctx, ag, "srv2", time.Now()))
-	require.ErrorIs(t, l1.Consume(ctx, ag, "srv1", time.Now()), ErrReplayed)
+	use := func(key, cert, by string) Use {
+		return Use{KeySHA256: key, CertificatePEM: cert, UsedBy: by, Now: time.Now()}
+	}
+	m, err := l1.Consume(ctx, op, use("k1", "cert-1", "srv1"))
+	require.NoError(t, err)
+	require.Equal(t, "cert-1", m.CertificatePEM)
+	// Another key: replayed, on any server.
+	_, err = l2.Consume(ctx, op, use("k2", "cert-2", "srv2"))
+	require.ErrorIs(t, err, ErrReplayed)
+	// The same key again (a retry after a lost reply): the stored certificate.
+	m, err = l2.Consume(ctx, op, use("k1", "cert-1b", "srv2"))
+	require.NoError(t, err)
+	require.Equal(t, "cert-1", m.CertificatePEM)
+	require.Equal(t, "srv1", m.UsedBy)
+	_, err = l1.Consume(ctx, op, Use{Now: time.Now()})
+	require.Error(t, err, "a use without a key fingerprint is refused")
+	// Agent markers are per shard.
+	_, err = l2.Consume(ctx, ag, use("k2", "c", "srv2"))
+	require.NoError(t, err)
+	_, err = l1.Consume(ctx, ag, use("k3", "c", "srv1"))
+	require.ErrorIs(t, err, ErrReplayed)
+	// A marker written without a key (older format, or foreign) never matches.
+	_, err = mem.Put(ctx, "shard/s1/nonces/j2", []byte(`{"jti":"j2","sub":"i"}`), objstore.PutOptions{})
+	require.NoError(t, err)
+	ag2 := *ag
+	ag2.ID = "j2"
+	_, err = l1.Consume(ctx, &ag2, use("", "c", "srv1"))
+	require.Error(t, err)
+	_, err = l1.Consume(ctx, &ag2, use("k1", "c", "srv1"))
+	require.ErrorIs(t, err, ErrReplayed)
+}
+
+func TestKeyFingerprint(t *testing.T) {
+	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	a, err := KeyFingerprint(pub)
+	require.NoError(t, err)
+	require.Len(t, a, 64)
+	b, err := KeyFingerprint(pub)
+	require.NoError(t, err)
+	require.Equal(t, a, b)
+	other, _, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	c, err := KeyFingerprint(other)
+	require.NoError(t, err)
+	require.NotEqual(t, a, c)
+}
+
+// TestSweep deletes markers written before the cutoff, at most the limit
+// per pass, and leaves younger ones.
+func TestSweep(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New()
+	l := &Ledger{Store: mem, Keys: layout.New("")}
+	for i := range 5 {
+		_, err := mem.Put(ctx, fmt.Sprintf("shard/s1/nonces/old-%d", i), []byte("{}"), objstore.PutOptions{})
+		require.NoError(t, err)
+	}
+	_, err := mem.Put(ctx, "shard/s2/nonces/other", []byte("{}"), objstore.PutOptions{})
+	require.NoError(t, err)
+	prefix := l.Keys.ShardNonce("s1", "")
+	st, err := l.Sweep(ctx, prefix, time.Now().Add(-time.Hour), 0)
+	require.NoError(t, err)
+	require.Equal(t, SweepStats{Listed: 5}, st, "nothing is old enough")
+	cutoff := time.Now().Add(time.Second)
+	st, err = l.Sweep(ctx, prefix, cutoff, 3)
+	require.NoError(t, err)
+	require.Equal(t, SweepStats{Listed: 5, Deleted: 3, More: true}, st)
+	st, err = l.Sweep(ctx, prefix, cutoff, 3)
+	require.NoError(t, err)
+	require.Equal(t, SweepStats{Listed: 2, Deleted: 2}, st)
+	left, err := mem.List(ctx, "shard/")
+	require.NoError(t, err)
+	require.Len(t, left, 1, "another shard's markers are not touched")
 }

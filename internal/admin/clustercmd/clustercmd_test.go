@@ -137,9 +137,17 @@ func TestNonceFromAdminRegistersOperator(t *testing.T) {
 	require.Equal(t, "dev-1", st.GetShard())
 	require.NotEmpty(t, st.GetEtag())
 
-	// The same nonce cannot be used twice.
-	_, err = nstancev1.NewRegistrationServiceClient(regConn).RegisterOperator(ctx, &nstancev1.RegisterOperatorRequest{Nonce: tok, PublicKeyPem: string(pubPEM)})
+	// The same nonce cannot register another key; with the same key (a retry
+	// after a lost reply) it returns the same certificate.
+	otherPub, _, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	otherPEM, err := pki.MarshalPublicKeyPEM(otherPub)
+	require.NoError(t, err)
+	_, err = nstancev1.NewRegistrationServiceClient(regConn).RegisterOperator(ctx, &nstancev1.RegisterOperatorRequest{Nonce: tok, PublicKeyPem: string(otherPEM)})
 	require.Equal(t, codes.AlreadyExists, status.Code(err))
+	again, err := nstancev1.NewRegistrationServiceClient(regConn).RegisterOperator(ctx, &nstancev1.RegisterOperatorRequest{Nonce: tok, PublicKeyPem: string(pubPEM)})
+	require.NoError(t, err)
+	require.Equal(t, resp.GetCertificatePem(), again.GetCertificatePem())
 }
 
 func TestRegisterOperatorWritesCredentials(t *testing.T) {

@@ -21,6 +21,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/agentapi"
 	"github.com/nstance-dev/nstance/internal/server/config"
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
+	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/layout"
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
@@ -49,7 +50,9 @@ type Shard struct {
 	WorkloadCA *pki.CA
 	nonceKey   ed25519.PrivateKey
 	objects    *memstore.Store
-	log        logr.Logger
+	// Records are the instance records registration admits agents against.
+	Records *instances.Store
+	log     logr.Logger
 
 	// RepushInterval is passed to agentapi (set before Start).
 	RepushInterval time.Duration
@@ -83,7 +86,9 @@ func New(log logr.Logger) (*Shard, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Shard{CA: ca, WorkloadCA: wca, nonceKey: nk, objects: memstore.New(), log: log, instances: map[string]*Instance{}}, nil
+	objects := memstore.New()
+	return &Shard{CA: ca, WorkloadCA: wca, nonceKey: nk, objects: objects, Records: instances.NewStore(objects, layout.New(""), ShardID, nil),
+		log: log, instances: map[string]*Instance{}}, nil
 }
 
 // RegistrationAddr and AgentAddr are the listening addresses (stable across restarts).
@@ -132,6 +137,7 @@ func (s *Shard) Start() error {
 		Verifier: &nonce.Verifier{Key: s.nonceKey.Public().(ed25519.PublicKey), ClusterID: ClusterID, Shard: ShardID, Leeway: time.Minute},
 		Ledger:   &nonce.Ledger{Store: s.objects, Keys: keys},
 		Objects:  s.objects, Keys: keys, ServerID: "test-server", Log: s.log.WithName("registration"),
+		Instances: &registration.InstanceGate{Records: s.Records},
 	}
 	s.Keys = agentapi.NewMemKeyStore()
 	s.Health = agentapi.NewTracker()
@@ -194,6 +200,13 @@ func (s *Shard) lookup(_ context.Context, ref agentapi.Ref) (*agentapi.TemplateI
 func (s *Shard) Add(in Instance, dir string) ([]string, error) {
 	tok, err := nonce.Mint(s.nonceKey, nonce.Claims{Kind: nonce.KindAgent, ClusterID: ClusterID, Tenant: Tenant, Shard: ShardID, Group: in.Group,
 		RegisteredClaims: nonceSubject(in.ID)}, 10*time.Minute, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	// The instance's record, as the reconciler writes it before the provider
+	// starts the instance; its agent connects from loopback.
+	err = s.Records.Create(context.Background(), &instances.Record{ID: in.ID, Tenant: Tenant, GroupID: in.Group, Shard: ShardID,
+		State: instances.StateCreating, Addresses: []string{"127.0.0.1"}, CreatedAt: time.Now().UTC()})
 	if err != nil {
 		return nil, err
 	}

@@ -3,11 +3,9 @@ package app
 import (
 	"context"
 	"fmt"
-	"os"
-	"regexp"
-	"strings"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/nstance-dev/nstance/internal/agent/backoff"
 	"github.com/nstance-dev/nstance/internal/agent/config"
@@ -19,8 +17,6 @@ import (
 	"github.com/nstance-dev/nstance/internal/agent/session"
 )
 
-var hostnamePattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$`)
-
 // Run registers if needed and keeps the agent session alive until ctx ends.
 func Run(ctx context.Context, cfg config.Config, version string, log logr.Logger) error {
 	id, err := identity.Open(cfg.IdentityDir)
@@ -28,13 +24,9 @@ func Run(ctx context.Context, cfg config.Config, version string, log logr.Logger
 		return err
 	}
 	bo := backoff.Backoff{Min: cfg.ReconnectMin, Max: cfg.ReconnectMax, Jitter: 0.2}
-	hostname, _ := os.Hostname()
-	if hostname = strings.ToLower(hostname); !hostnamePattern.MatchString(hostname) || len(hostname) > 253 {
-		hostname = ""
-	}
 	if err := register.Ensure(ctx, register.Options{
 		Addr: cfg.RegistrationAddr, ServerName: cfg.ServerNameFor(cfg.RegistrationAddr), Identity: id,
-		Hostname: hostname, Backoff: bo, Log: log.WithName("register"),
+		Backoff: wait.Backoff{Duration: cfg.ReconnectMin, Factor: 2, Jitter: 0.2, Cap: cfg.ReconnectMax}, Log: log.WithName("register"),
 	}); err != nil {
 		if ctx.Err() != nil {
 			return nil

@@ -13,9 +13,12 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nstance-dev/nstance/internal/pki"
@@ -61,6 +64,12 @@ type Options struct {
 	// Shards are tried in order until one registers the operator.
 	Shards    []Shard
 	Registrar Registrar
+	// Backoff spaces registration rounds after transient failures; its
+	// Steps is the number of rounds (zero Duration: DefaultBackoff).
+	Backoff wait.Backoff
+	// SkewAllowance bounds the retries of a nonce that is not valid yet
+	// (default DefaultSkewAllowance).
+	SkewAllowance time.Duration
 	// AfterKeypairStored, when set, runs right after the keypair Secret is
 	// written and before registration. Tests use it to inject a crash.
 	AfterKeypairStored func() error
@@ -310,24 +319,99 @@ func loadNonce(ctx context.Context, c client.Client, o Options) (string, error) 
 	return tok, nil
 }
 
+// DefaultBackoff spaces the registration rounds (every shard once) after
+// transient failures: about 1.5 minutes in all before giving up.
+var DefaultBackoff = wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: 7, Cap: 30 * time.Second}
+
+// DefaultSkewAllowance is how long a nonce the servers find "not valid
+// yet" (their clocks behind the clock it was minted with) is retried.
+const DefaultSkewAllowance = 5 * time.Minute
+
+type outcome int
+
+const (
+	transient outcome = iota
+	notYetValid
+	definite
+)
+
+// classify follows the codes the Registration service documents.
+func classify(err error) outcome {
+	switch status.Code(err) {
+	case codes.FailedPrecondition:
+		return notYetValid
+	case codes.InvalidArgument, codes.Unauthenticated, codes.PermissionDenied, codes.AlreadyExists,
+		codes.NotFound, codes.Unimplemented, codes.OutOfRange:
+		return definite
+	}
+	return transient
+}
+
+// register tries every shard in order, in rounds spaced by o.Backoff, until
+// one registers the operator. A retry after a lost reply is safe: the server
+// answers the same key with the certificate it issued first. A definite
+// refusal ends at once; transient failures end after the backoff's steps,
+// a nonce that is not valid yet after the skew allowance.
 func register(ctx context.Context, o Options, roots *x509.CertPool, nonce string, pubPEM []byte) ([]byte, error) {
 	if len(o.Shards) == 0 {
 		return nil, fmt.Errorf("%w: no shards configured", ErrRegistrationFailed)
 	}
-	var errs []string
-	for _, s := range o.Shards {
-		certPEM, err := o.Registrar.Register(ctx, s.Addr, roots, nonce, pubPEM)
-		if err == nil {
-			o.Log.Info("registered with shard", "shard", s.ID, "addr", s.Addr)
-			return certPEM, nil
-		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		o.Log.Error(err, "registration attempt failed", "shard", s.ID, "addr", s.Addr)
-		errs = append(errs, fmt.Sprintf("%s (%s): %v", s.ID, s.Addr, err))
+	now := time.Now
+	if o.Now != nil {
+		now = o.Now
 	}
-	return nil, fmt.Errorf("%w: %s", ErrRegistrationFailed, strings.Join(errs, "; "))
+	bo := o.Backoff
+	if bo.Duration <= 0 {
+		bo = DefaultBackoff
+	}
+	rounds := max(bo.Steps, 1)
+	skew := o.SkewAllowance
+	if skew <= 0 {
+		skew = DefaultSkewAllowance
+	}
+	var earlySince time.Time
+	for round := 1; ; round++ {
+		var errs []string
+		early := false
+		for _, s := range o.Shards {
+			certPEM, err := o.Registrar.Register(ctx, s.Addr, roots, nonce, pubPEM)
+			if err == nil {
+				o.Log.Info("registered with shard", "shard", s.ID, "addr", s.Addr, "round", round)
+				return certPEM, nil
+			}
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			switch classify(err) {
+			case definite:
+				return nil, fmt.Errorf("%w: shard %s (%s) refused it for good: %s (%s); the nonce in Secret %s/%s cannot register this "+
+					"operator: mint a new one with `nstance-admin cluster nonce`", ErrRegistrationFailed, s.ID, s.Addr,
+					status.Convert(err).Message(), status.Code(err), o.Namespace, o.NonceSecret)
+			case notYetValid:
+				early = true
+			}
+			o.Log.Error(err, "registration attempt failed", "shard", s.ID, "addr", s.Addr, "round", round)
+			errs = append(errs, fmt.Sprintf("%s (%s): %v", s.ID, s.Addr, err))
+		}
+		if early {
+			if earlySince.IsZero() {
+				earlySince = now()
+			}
+			if waited := now().Sub(earlySince); waited >= skew {
+				return nil, fmt.Errorf("%w: the nonce is still not valid yet after %s: the servers' clocks are behind the clock it was "+
+					"minted with by more than that; fix the clocks (NTP): %s", ErrRegistrationFailed, waited.Round(time.Second), strings.Join(errs, "; "))
+			}
+		} else if round >= rounds {
+			return nil, fmt.Errorf("%w after %d rounds: %s", ErrRegistrationFailed, round, strings.Join(errs, "; "))
+		}
+		t := time.NewTimer(bo.Step())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
 }
 
 // StoreCert writes the certificate Secret, creating or replacing it.

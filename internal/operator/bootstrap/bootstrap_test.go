@@ -12,9 +12,12 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nstance-dev/nstance/internal/nonce"
@@ -119,6 +122,7 @@ func options(ns string, shards ...bootstrap.Shard) bootstrap.Options {
 		NonceSecret: "nstance-operator-nonce", CertSecret: "nstance-operator-cert",
 		ClusterID: clusterID, Shards: shards,
 		Registrar: bootstrap.GRPCRegistrar{Timeout: 5 * time.Second, Hostname: "operator-test"},
+		Backoff:   wait.Backoff{Duration: 20 * time.Millisecond, Factor: 2, Steps: 3},
 		Log:       logr.Discard(),
 	}
 }
@@ -276,7 +280,7 @@ func TestFatalErrors(t *testing.T) {
 				cl.seed(t, ns, true)
 				return options(ns, bootstrap.Shard{ID: "a", Addr: deadAddr(t)}, bootstrap.Shard{ID: "b", Addr: deadAddr(t)})
 			},
-			is: bootstrap.ErrRegistrationFailed, want: "b (127.0.0.1",
+			is: bootstrap.ErrRegistrationFailed, want: "after 3 rounds: a (127.0.0.1",
 		},
 		{
 			name: "nonce from another cluster rejected",
@@ -332,4 +336,63 @@ func TestReplayedNonceFailsButStoredCertSurvives(t *testing.T) {
 			require.NoError(t, err)
 		}
 	}
+}
+
+// lossyRegistrar registers for real but loses the first reply(ies), or
+// answers with a scripted error, as a flaky network or a skewed clock would.
+type lossyRegistrar struct {
+	real  bootstrap.Registrar
+	lose  int
+	err   error
+	calls int
+	first []byte
+}
+
+func (r *lossyRegistrar) Register(ctx context.Context, addr string, roots *x509.CertPool, nonce string, pub []byte) ([]byte, error) {
+	r.calls++
+	if r.err != nil {
+		return nil, r.err
+	}
+	cert, err := r.real.Register(ctx, addr, roots, nonce, pub)
+	if err == nil && r.calls <= r.lose {
+		if r.first == nil {
+			r.first = cert
+		}
+		return nil, status.Error(codes.Unavailable, "connection reset (reply lost)")
+	}
+	return cert, err
+}
+
+// TestLostReplyIsRetried: the server issued the certificate but the reply
+// never arrived; the next round, with the same key, gets the same
+// certificate.
+func TestLostReplyIsRetried(t *testing.T) {
+	cl := newCluster(t)
+	ns := newNamespace(t)
+	cl.seed(t, ns, true)
+	opts := options(ns, bootstrap.Shard{ID: "a", Addr: cl.startShard(t, "a")})
+	lossy := &lossyRegistrar{real: opts.Registrar, lose: 2}
+	opts.Registrar = lossy
+	creds, err := bootstrap.Ensure(t.Context(), env.Client, opts)
+	require.NoError(t, err)
+	require.Equal(t, 3, lossy.calls)
+	require.Equal(t, lossy.first, creds.CertPEM, "the retry got the certificate issued first")
+}
+
+// TestNotYetValidIsRetriedWithinTheSkewAllowance: a nonce the servers find
+// not valid yet is retried (beyond the backoff's rounds) until the
+// allowance is used up, then the error says what to fix.
+func TestNotYetValidIsRetriedWithinTheSkewAllowance(t *testing.T) {
+	cl := newCluster(t)
+	ns := newNamespace(t)
+	cl.seed(t, ns, true)
+	opts := options(ns, bootstrap.Shard{ID: "a", Addr: cl.startShard(t, "a")})
+	early := &lossyRegistrar{err: status.Error(codes.FailedPrecondition, "registration refused for now: the nonce is not valid yet")}
+	opts.Registrar = early
+	opts.SkewAllowance = 300 * time.Millisecond
+	_, err := bootstrap.Ensure(t.Context(), env.Client, opts)
+	require.ErrorIs(t, err, bootstrap.ErrRegistrationFailed)
+	require.ErrorContains(t, err, "still not valid yet")
+	require.Greater(t, early.calls, 3, "retried beyond the transient rounds")
+	require.False(t, secretExists(t, ns, "nstance-operator-cert"))
 }

@@ -47,7 +47,6 @@ const DefaultHealthPort = 8990
 // Cache kinds mirrored from storage.
 const (
 	KindInstance = "instance"
-	KindNonce    = "nonce"
 	KindGroups   = "groups"
 )
 
@@ -81,6 +80,9 @@ type Options struct {
 	Services ServiceFactory
 	// StorageBackoff overrides the retry backoff for storage calls.
 	StorageBackoff storage.Backoff
+	// NonceSweepInterval is how often the shard leader deletes nonce markers
+	// older than the longest nonce lifetime (default 10 minutes).
+	NonceSweepInterval time.Duration
 }
 
 // Runtime is what service factories get to build their services.
@@ -114,6 +116,9 @@ type Services struct {
 	Agent    nstancev1.AgentServiceServer
 	// OnAgentRegistered is told about every registered agent.
 	OnAgentRegistered registration.AgentRegistered
+	// AgentGate admits agent registrations against the instance records;
+	// nil refuses every agent.
+	AgentGate *registration.InstanceGate
 	// Lead, when set, runs for each shard-leadership term once the gRPC
 	// services serve (the reconciler); its context ends with the term.
 	Lead func(ctx context.Context) error
@@ -391,6 +396,8 @@ func (a *App) Run(ctx context.Context) error {
 		Objects: leaderStore, Keys: a.o.Keys, ServerID: a.o.ServerID,
 		OnAgentRegistered: svcs.OnAgentRegistered, Log: log.WithName("registration"),
 	}
+	// Agents are admitted against the instance records (nil: refused).
+	reg.Instances = svcs.AgentGate
 	gcfg := grpcserve.Config{
 		ClusterID: cfg.Cluster.ID, ServerCert: serverCert, GetCertificate: serverCerts.GetCertificate, ClientCAs: cl.CA.Pool(),
 		Registration: reg, Operator: svcs.Operator, Agent: svcs.Agent, Log: log.WithName("grpc"), Limits: cfg.Shard.Limits,
@@ -541,7 +548,6 @@ func (a *App) loadConfig(ctx context.Context) (*config.Config, error) {
 func (a *App) cacheSources() []cache.Source {
 	return []cache.Source{
 		{Kind: KindInstance, Prefix: a.o.Keys.InstancePrefix(a.o.Shard)},
-		{Kind: KindNonce, Prefix: a.o.Keys.ShardNonce(a.o.Shard, "") /* ends in "/" */, SkipBodies: true},
 		{Kind: KindGroups, Key: a.o.Keys.Groups(a.o.Shard)},
 	}
 }
@@ -579,6 +585,12 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cach
 	a.mu.Unlock()
 	ad := a.Addrs()
 	log.Info("serving gRPC as shard leader", "registration", ad.Registration, "operator", ad.Operator, "agent", ad.Agent)
+	sweepDone := make(chan struct{})
+	go func() {
+		defer close(sweepDone)
+		a.sweepNonces(lctx, log)
+	}()
+	defer func() { <-sweepDone }()
 	leadDone := make(chan struct{})
 	go func() {
 		defer close(leadDone)
@@ -648,6 +660,60 @@ func (a *App) loadRevocations(lctx context.Context) error {
 	}
 	go a.revocations.Run(lctx, a.revSync)
 	return nil
+}
+
+// Nonce marker housekeeping. A marker is needed while its nonce could still
+// verify: a nonce verified at time t expires at most MaxLifetime + leeway
+// later, and a replay is refused as expired after another leeway; the skew
+// allowance covers the storage clock that stamped the marker.
+const (
+	nonceLeeway        = 5 * time.Second // the Registration verifier's leeway
+	nonceSkewAllowance = 5 * time.Minute
+	// nonceSweepLimit bounds the deletions of one pass, so a backlog is
+	// worked off over several passes instead of one long burst.
+	nonceSweepLimit = 2000
+)
+
+// sweepNonces deletes old nonce markers for the length of a shard
+// leadership term: the shard's agent-nonce markers, and, while this server
+// also leads the cluster, the cluster-wide operator-nonce markers. The first
+// pass waits one interval, so a takeover never waits for it.
+func (a *App) sweepNonces(ctx context.Context, log logr.Logger) {
+	every := a.o.NonceSweepInterval
+	if every <= 0 {
+		every = 10 * time.Minute
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		a.mu.Lock()
+		cfg, ce := a.cfg, a.clusterEl
+		a.mu.Unlock()
+		maxLife := nonce.DefaultMaxLifetime
+		if cfg != nil && cfg.Certificates.NonceMaxLifetime > 0 {
+			maxLife = cfg.Certificates.NonceMaxLifetime.D()
+		}
+		cutoff := time.Now().Add(-(maxLife + 2*nonceLeeway + nonceSkewAllowance))
+		ledger := &nonce.Ledger{Store: a.o.Store, Keys: a.o.Keys}
+		prefixes := []string{a.o.Keys.ShardNonce(a.o.Shard, "")}
+		if ce != nil && ce.Leading() {
+			prefixes = append(prefixes, a.o.Keys.ClusterNonce(""))
+		}
+		for _, p := range prefixes {
+			st, err := ledger.Sweep(ctx, p, cutoff, nonceSweepLimit)
+			if err != nil && ctx.Err() == nil {
+				log.Error(err, "sweeping nonce markers", "prefix", p)
+			}
+			if st.Deleted > 0 || st.More {
+				log.V(1).Info("swept nonce markers", "prefix", p, "listed", st.Listed, "deleted", st.Deleted, "more", st.More)
+			}
+		}
+	}
 }
 
 // listenGRPC binds the three gRPC listeners. A port chosen by the kernel

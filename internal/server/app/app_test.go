@@ -148,8 +148,9 @@ func TestNonceAttacks(t *testing.T) {
 	}{
 		// Registration callers are anonymous: every refusal is generic (the
 		// reason is in the server log), naming no cluster, shard or tenant.
-		{"expired", regA, mint(op, nonceKey, time.Minute, now.Add(-time.Hour)), nil, "Unauthenticated", "expired or is not valid yet"},
-		{"not yet valid", regA, mint(later, nonceKey, 2*time.Hour, now), nil, "Unauthenticated", "expired or is not valid yet"},
+		{"expired", regA, mint(op, nonceKey, time.Minute, now.Add(-time.Hour)), nil, "Unauthenticated", "the nonce has expired"},
+		// Not valid yet is worth retrying (clock skew): a code of its own.
+		{"not yet valid", regA, mint(later, nonceKey, 2*time.Hour, now), nil, "FailedPrecondition", "the nonce is not valid yet"},
 		{"wrong cluster", regA, mint(wrongCluster, nonceKey, time.Hour, now), nil, "Unauthenticated", "the nonce is not valid here"},
 		{"wrong kind", regA, mint(agentNonce, nonceKey, time.Hour, now), nil, "Unauthenticated", "the nonce is not valid here"},
 		{"alg none", regA, raw(jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType), nil, "Unauthenticated", "the nonce is not valid here"},

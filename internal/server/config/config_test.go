@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -48,6 +49,10 @@ func TestParseDefaults(t *testing.T) {
 	require.Equal(t, "env", cfg.Cluster.Secrets.EncryptionKey.Provider)
 	require.Equal(t, DefaultEncryptionKeyEnv, cfg.Cluster.Secrets.EncryptionKey.Env)
 	require.Equal(t, DefaultAgentNonceTTL, cfg.Certificates.AgentNonceTTL.D())
+	require.False(t, cfg.Shard.Registration.SourceCheckOff(), "the source-address check is on by default")
+	r := Registration{SourceAddressCheck: "off", TrustedProxies: []string{"10.1.2.3/8", "192.168.0.9", "::ffff:172.16.0.1"}}
+	require.True(t, r.SourceCheckOff())
+	require.Equal(t, "[10.0.0.0/8 192.168.0.9/32 172.16.0.1/32]", fmt.Sprint(r.Proxies()))
 }
 
 func TestParseErrors(t *testing.T) {
@@ -79,6 +84,8 @@ func TestParseErrors(t *testing.T) {
 		{"missing provider", [2]string{`"provider": "tmux", `, ``}, "shard.infra.provider", "required"},
 		{"negative health misses", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "health_misses": -1`}, "shard.health_misses", "must not be negative"},
 		{"negative rotation surge", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "rotation_surge": -2`}, "shard.rotation_surge", "must not be negative"},
+		{"source check value", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "registration": {"source_address_check": "maybe"}`}, "shard.registration.source_address_check", `must be "enforce" or "off"`},
+		{"trusted proxy", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "registration": {"trusted_proxies": ["10.0.0.0/8", "nat-gw"]}`}, "shard.registration.trusted_proxies[1]", "neither a CIDR nor an IP"},
 		{"negative startup grace", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "agent_startup_grace": "-1m"`}, "shard.agent_startup_grace", "must not be negative"},
 	}
 	for _, tc := range tests {

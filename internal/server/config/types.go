@@ -3,6 +3,7 @@ package config
 import (
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"time"
 )
 
@@ -88,12 +89,14 @@ type LeaderElection struct {
 
 // Shard holds the settings of this zone shard.
 type Shard struct {
-	ID                  string    `json:"id"`
-	Infra               Infra     `json:"infra"`
-	Bind                Bind      `json:"bind"`
-	Advertise           Advertise `json:"advertise"`
-	Timeouts            Timeouts  `json:"timeouts"`
-	HealthCheckInterval Duration  `json:"health_check_interval"`
+	ID        string    `json:"id"`
+	Infra     Infra     `json:"infra"`
+	Bind      Bind      `json:"bind"`
+	Advertise Advertise `json:"advertise"`
+	Timeouts  Timeouts  `json:"timeouts"`
+	// Registration tunes the checks on agent registrations.
+	Registration        Registration `json:"registration"`
+	HealthCheckInterval Duration     `json:"health_check_interval"`
 	// HealthMisses is how many missed reports make an instance unhealthy
 	// (0: the default, 3).
 	HealthMisses int `json:"health_misses"`
@@ -143,6 +146,45 @@ type Timeouts struct {
 	StorageCall  Duration `json:"storage_call"`
 	Registration Duration `json:"registration"`
 	Shutdown     Duration `json:"shutdown"`
+}
+
+// Registration tunes how an agent registration is checked against what the
+// provider reported for its instance.
+type Registration struct {
+	// SourceAddressCheck is "enforce" (the default; empty means enforce) or
+	// "off". Enforced, an agent whose instance has provider-reported
+	// addresses must connect from one of them.
+	SourceAddressCheck string `json:"source_address_check"`
+	// TrustedProxies are CIDRs (or single addresses) of NAT gateways or load
+	// balancers in front of the Registration port: connections from them are
+	// not checked, their source address says nothing about the instance.
+	TrustedProxies []string `json:"trusted_proxies"`
+}
+
+// SourceCheckOff reports whether the source-address check is turned off.
+func (r Registration) SourceCheckOff() bool { return r.SourceAddressCheck == "off" }
+
+// Proxies parses TrustedProxies (validated by Validate; bad entries are skipped).
+func (r Registration) Proxies() []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range r.TrustedProxies {
+		if p, err := parsePrefix(s); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func parsePrefix(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q is neither a CIDR nor an IP address", s)
+	}
+	a = a.Unmap()
+	return netip.PrefixFrom(a, a.BitLen()), nil
 }
 
 // RateLimit bounds how fast instances are created.

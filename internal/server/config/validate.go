@@ -228,6 +228,16 @@ func (c *Config) Validate() error {
 			ch.add(key+".subnets", "must list at least one subnet")
 		}
 	}
+	switch s.Registration.SourceAddressCheck {
+	case "", "enforce", "off":
+	default:
+		ch.add("shard.registration.source_address_check", `must be "enforce" or "off", got %q`, s.Registration.SourceAddressCheck)
+	}
+	for i, p := range s.Registration.TrustedProxies {
+		if _, err := parsePrefix(p); err != nil {
+			ch.add(fmt.Sprintf("shard.registration.trusted_proxies[%d]", i), "%v", err)
+		}
+	}
 	ex := s.Expiry
 	ch.positive("shard.expiry.eligible_age", ex.EligibleAge)
 	ch.positive("shard.expiry.forced_age", ex.ForcedAge)

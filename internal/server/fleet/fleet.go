@@ -25,6 +25,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/provider/process"
 	"github.com/nstance-dev/nstance/internal/server/provider/tmux"
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
+	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/internal/server/revocation"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -99,6 +100,9 @@ type Fleet struct {
 	Agent     *agentapi.Server
 	AgentKeys *agentapi.MemKeyStore
 	Health    *agentapi.Tracker
+	// Gate admits agent registrations against the instance records, the
+	// provider's addresses and shard.registration of the live config.
+	Gate *registration.InstanceGate
 }
 
 // New assembles a fleet. The config holder must already hold a config.
@@ -116,6 +120,19 @@ func New(o Options) (*Fleet, error) {
 	store := instances.NewStore(o.Store, o.Keys, shard, o.Mirror)
 	reg := groups.NewRegistry(o.Store, o.Keys, shard)
 	f := &Fleet{Instances: store, Groups: reg, Events: hubs}
+	f.Gate = &registration.InstanceGate{Records: store, Now: o.Now, Policy: func() registration.SourcePolicy {
+		r := o.Config.Current().Shard.Registration
+		return registration.SourcePolicy{Off: r.SourceCheckOff(), TrustedProxies: r.Proxies()}
+	}}
+	if p := o.Provider; p != nil {
+		f.Gate.ProviderAddresses = func(ctx context.Context, id string) ([]string, error) {
+			inst, err := p.Status(ctx, id)
+			if err != nil {
+				return nil, err
+			}
+			return inst.Addresses, nil
+		}
+	}
 	ro := reconcile.Options{
 		Cluster: cfg.Cluster.ID, Shard: shard, Config: o.Config.Current, Groups: reg, Instances: store,
 		Provider: o.Provider, Nonces: o.Nonces, CACert: o.CACert, RegistrationAddr: o.RegistrationAddr,

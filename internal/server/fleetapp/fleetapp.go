@@ -92,7 +92,7 @@ func Factory(o Options) app.ServiceFactory {
 		if o.OnBuilt != nil {
 			o.OnBuilt(&Built{Fleet: f, Config: holder})
 		}
-		svcs := app.Services{Operator: f.Service, Agent: &nstancev1.UnimplementedAgentServiceServer{}, Lead: f.Run}
+		svcs := app.Services{Operator: f.Service, Agent: &nstancev1.UnimplementedAgentServiceServer{}, Lead: f.Run, AgentGate: f.Gate}
 		if f.Agent != nil {
 			svcs.Agent = f.Agent
 		}

@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"maps"
+	"net"
+	"slices"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -91,6 +93,13 @@ type Record struct {
 	// WorkloadGone is set once the provider reported the VM stopped, deleted
 	// or failed; a drain of it has nothing to evict.
 	WorkloadGone bool `json:"workload_gone,omitempty"`
+	// Addresses are the instance's IP addresses as the provider reported
+	// them; its agent certificate carries them and registration checks the
+	// caller's source address against them.
+	Addresses []string `json:"addresses,omitempty"`
+	// Agent is set once the instance's agent registered: the key it
+	// registered with. Another key is refused for this instance.
+	Agent *AgentRegistration `json:"agent,omitempty"`
 	// Deletion fields, set once the instance is chosen for removal.
 	DeletionReason nstancev1.DeletionReason `json:"deletion_reason,omitempty"`
 	DrainDeadline  *time.Time               `json:"drain_deadline,omitempty"`
@@ -103,10 +112,25 @@ type Record struct {
 	ScaleDownSkipDrain bool `json:"scale_down_skip_drain,omitempty"`
 }
 
+// AgentRegistration records the registration of an instance's agent.
+type AgentRegistration struct {
+	// KeySHA256 is the hex SHA-256 of the agent public key (PKIX DER).
+	KeySHA256    string    `json:"key_sha256"`
+	NonceID      string    `json:"nonce_id"`
+	Serial       string    `json:"serial"`
+	RegisteredAt time.Time `json:"registered_at"`
+	RegisteredBy string    `json:"registered_by,omitempty"`
+}
+
 // Clone returns a deep copy.
 func (r *Record) Clone() *Record {
 	c := *r
 	c.Vars, c.Args, c.Labels = maps.Clone(r.Vars), maps.Clone(r.Args), maps.Clone(r.Labels)
+	c.Addresses = slices.Clone(r.Addresses)
+	if r.Agent != nil {
+		a := *r.Agent
+		c.Agent = &a
+	}
 	if r.LastHealthAt != nil {
 		t := *r.LastHealthAt
 		c.LastHealthAt = &t
@@ -125,6 +149,14 @@ func (r *Record) Proto() *nstancev1.InstanceStatus {
 		State: r.State.Proto(), CreatedAt: timestamppb.New(r.CreatedAt), InstanceType: r.InstanceType,
 		Message: r.Message, Template: r.Template, ClientToken: r.ClientToken, WorkloadGone: r.WorkloadGone,
 		Addresses: []*nstancev1.InstanceAddress{{Type: nstancev1.AddressType_ADDRESS_TYPE_HOSTNAME, Address: r.ID}},
+	}
+	for _, a := range r.Addresses {
+		// The provider-reported addresses, which agent certificates carry.
+		typ := nstancev1.AddressType_ADDRESS_TYPE_INTERNAL_DNS
+		if net.ParseIP(a) != nil {
+			typ = nstancev1.AddressType_ADDRESS_TYPE_INTERNAL_IP
+		}
+		st.Addresses = append(st.Addresses, &nstancev1.InstanceAddress{Type: typ, Address: a})
 	}
 	if r.LastHealthAt != nil {
 		st.LastHealthAt = timestamppb.New(*r.LastHealthAt)

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/nstance-dev/nstance/internal/server/layout"
+	"github.com/nstance-dev/nstance/internal/server/storage"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 )
 
@@ -177,11 +178,16 @@ func (s *Store) Create(ctx context.Context, rec *Record) error {
 	l := s.lock(rec.ID)
 	l.Lock()
 	defer l.Unlock()
+	if _, ok := s.Get(rec.ID); ok {
+		return fmt.Errorf("creating record %s: %w", rec.ID, ErrExists)
+	}
 	body, err := json.Marshal(rec)
 	if err != nil {
 		return fmt.Errorf("encoding record %s: %w", rec.ID, err)
 	}
-	etag, err := s.obj.Put(ctx, s.keys.Instance(s.shard, rec.ID), body, objstore.PutOptions{IfNoneMatch: true})
+	// A create whose reply was lost and that the SDK retried finds its own
+	// object: CreateOnly counts identical content as success.
+	etag, err := storage.CreateOnly(ctx, s.obj, s.keys.Instance(s.shard, rec.ID), body)
 	if errors.Is(err, objstore.ErrPreconditionFailed) {
 		return fmt.Errorf("creating record %s: %w", rec.ID, ErrExists)
 	}
@@ -266,7 +272,8 @@ func (s *Store) Update(ctx context.Context, id string, fn func(*Record) error) (
 		if err != nil {
 			return nil, fmt.Errorf("encoding record %s: %w", id, err)
 		}
-		newTag, err := s.obj.Put(ctx, s.keys.Instance(s.shard, id), body, objstore.PutOptions{IfMatch: etag})
+		// A retried write that committed finds its own content: success.
+		newTag, err := storage.ReplaceIfMatch(ctx, s.obj, s.keys.Instance(s.shard, id), body, etag)
 		if errors.Is(err, objstore.ErrPreconditionFailed) && attempt < 2 {
 			if rerr := s.reload(ctx, id); rerr != nil {
 				return nil, rerr
@@ -284,6 +291,28 @@ func (s *Store) Update(ctx context.Context, id string, fn func(*Record) error) (
 		}
 		return rec, nil
 	}
+}
+
+// Refresh reads one record from object storage (the source of truth, not the
+// index, which may lag at the start of a leadership term), updates the index
+// and returns a copy. A missing record returns ErrNotFound.
+func (s *Store) Refresh(ctx context.Context, id string) (*Record, error) {
+	if err := layout.ValidateID("instance id", id); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNotFound, err)
+	}
+	// Serialised with Update, so an older read never replaces a newer write
+	// in the index.
+	l := s.lock(id)
+	l.Lock()
+	defer l.Unlock()
+	if err := s.reload(ctx, id); err != nil {
+		return nil, err
+	}
+	rec, ok := s.Get(id)
+	if !ok {
+		return nil, fmt.Errorf("reading %s: %w", id, ErrNotFound)
+	}
+	return rec, nil
 }
 
 func (s *Store) reload(ctx context.Context, id string) error {

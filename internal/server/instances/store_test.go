@@ -2,6 +2,7 @@ package instances_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -73,4 +74,54 @@ func TestStoreRoundTripAndConflicts(t *testing.T) {
 	require.ErrorIs(t, err, objstore.ErrNotFound)
 	_, err = fresh.Update(ctx, "web-00000001", func(*instances.Record) error { return nil })
 	require.ErrorIs(t, err, instances.ErrNotFound)
+}
+
+// TestCreateSurvivesARetriedCreate: the SDK retrying a committed create
+// (reply lost) gets 412 for its own object; Create checks the stored content
+// and succeeds, while another writer's record stays a conflict. Refresh reads
+// a record the index does not know yet.
+func TestCreateSurvivesARetriedCreate(t *testing.T) {
+	ctx := context.Background()
+	obj := memstore.New()
+	keys := layout.New("")
+	s := instances.NewStore(obj, keys, "s1", nil)
+	rec := &instances.Record{ID: "web-00000002", Tenant: "acme", Shard: "s1", State: instances.StatePending, CreatedAt: time.Now().UTC()}
+	body, err := json.Marshal(rec)
+	require.NoError(t, err)
+	// The first attempt committed; its reply never arrived.
+	_, err = obj.Put(ctx, keys.Instance("s1", rec.ID), body, objstore.PutOptions{IfNoneMatch: true})
+	require.NoError(t, err)
+	require.NoError(t, s.Create(ctx, rec))
+	got, ok := s.Get(rec.ID)
+	require.True(t, ok)
+	require.Equal(t, "acme", got.Tenant)
+	other := rec.Clone()
+	other.Tenant = "evil"
+	require.ErrorIs(t, s.Create(ctx, other), instances.ErrExists)
+
+	// Refresh: a record written by another server, unknown to this index.
+	fresh := instances.NewStore(obj, keys, "s1", nil)
+	_, ok = fresh.Get(rec.ID)
+	require.False(t, ok)
+	r, err := fresh.Refresh(ctx, rec.ID)
+	require.NoError(t, err)
+	require.Equal(t, rec.ID, r.ID)
+	_, ok = fresh.Get(rec.ID)
+	require.True(t, ok, "Refresh updates the index")
+	_, err = fresh.Refresh(ctx, "web-missing")
+	require.ErrorIs(t, err, instances.ErrNotFound)
+	_, err = fresh.Refresh(ctx, "../x")
+	require.ErrorIs(t, err, instances.ErrNotFound)
+}
+
+// TestProtoCarriesProviderAddresses: the status lists the instance's host
+// name and the provider-reported addresses (what its agent certificate
+// names).
+func TestProtoCarriesProviderAddresses(t *testing.T) {
+	r := &instances.Record{ID: "web-1", Addresses: []string{"10.0.0.7", "web-1.internal"}}
+	var got []string
+	for _, a := range r.Proto().GetAddresses() {
+		got = append(got, a.GetType().String()+"="+a.GetAddress())
+	}
+	require.Equal(t, []string{"ADDRESS_TYPE_HOSTNAME=web-1", "ADDRESS_TYPE_INTERNAL_IP=10.0.0.7", "ADDRESS_TYPE_INTERNAL_DNS=web-1.internal"}, got)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -783,6 +784,10 @@ func (r *Reconciler) launch(ctx context.Context, rec *instances.Record) error {
 			return instances.ErrNoChange
 		}
 		x.State, x.Message, x.UpdatedAt = state, "", r.o.Now().UTC()
+		if len(inst.Addresses) > 0 {
+			// Registration checks the agent against these.
+			x.Addresses = slices.Clone(inst.Addresses)
+		}
 		return nil
 	})
 	return err
@@ -867,6 +872,21 @@ func (r *Reconciler) syncInstance(ctx context.Context, id string) (time.Duration
 				return instances.ErrNoChange
 			}
 			x.State, x.Message, x.UpdatedAt = instances.StateRunning, "", now.UTC()
+			if len(obs.Addresses) > 0 {
+				x.Addresses = slices.Clone(obs.Addresses)
+			}
+			return nil
+		}); err != nil {
+			return 0, err
+		}
+	}
+	if len(obs.Addresses) > 0 && !slices.Equal(obs.Addresses, rec.Addresses) {
+		// The provider's addresses are what registration checks callers against.
+		if _, err := r.o.Instances.Update(ctx, id, func(x *instances.Record) error {
+			if !x.State.Active() || slices.Equal(obs.Addresses, x.Addresses) {
+				return instances.ErrNoChange
+			}
+			x.Addresses = slices.Clone(obs.Addresses)
 			return nil
 		}); err != nil {
 			return 0, err

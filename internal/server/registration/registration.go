@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"regexp"
 	"time"
 
@@ -113,6 +114,9 @@ type Service struct {
 	Keys     layout.Keys
 	// ServerID names this server in nonce markers and operator records.
 	ServerID string
+	// Instances admits agents against their instance records; without it
+	// every agent registration is refused.
+	Instances *InstanceGate
 	// OnAgentRegistered, when set, is told about each registered agent.
 	OnAgentRegistered AgentRegistered
 	Log               logr.Logger
@@ -156,12 +160,27 @@ func checkFields(nonceTok, keyPEM string, ips []string, hostname string) (*field
 }
 
 // Refusal messages. Registration callers are anonymous, so what they are
-// told names no cluster, shard, tenant or storage detail; the server log has
-// the reason.
+// told names no cluster, shard, tenant, instance or storage detail; the
+// server log has the reason.
+//
+// The codes tell a client whether to retry:
+//   - InvalidArgument: the request is malformed (definite).
+//   - Unauthenticated: the nonce is forged, of another cluster or shard, or
+//     expired (definite).
+//   - AlreadyExists: the nonce was used with another key (definite).
+//   - PermissionDenied: the instance may not register: no record, not in a
+//     state that registers, registered with another key, or the caller's
+//     source address is not the instance's (definite).
+//   - FailedPrecondition: the nonce is not valid yet; the minting server's
+//     clock is ahead of this one's (transient within a clock-skew bound).
+//   - Unavailable: storage or the provider could not be reached (transient).
+//   - Internal: signing failed (transient at best).
 const (
 	msgInvalidNonce = "registration refused: the nonce is not valid here"
-	msgTimeNonce    = "registration refused: the nonce has expired or is not valid yet"
+	msgExpiredNonce = "registration refused: the nonce has expired"
+	msgEarlyNonce   = "registration refused for now: the nonce is not valid yet (clock skew); retry shortly"
 	msgUsedNonce    = "registration refused: the nonce has already been used"
+	msgRefused      = "registration refused: this instance may not register"
 	msgUnavailable  = "registration is unavailable right now; retry later"
 	msgInternal     = "registration failed on the server"
 )
@@ -172,8 +191,10 @@ func NonceStatus(err error) error {
 	switch {
 	case errors.Is(err, nonce.ErrReplayed):
 		return status.Error(codes.AlreadyExists, msgUsedNonce)
-	case errors.Is(err, nonce.ErrExpired), errors.Is(err, nonce.ErrNotYetValid):
-		return status.Error(codes.Unauthenticated, msgTimeNonce)
+	case errors.Is(err, nonce.ErrNotYetValid):
+		return status.Error(codes.FailedPrecondition, msgEarlyNonce)
+	case errors.Is(err, nonce.ErrExpired):
+		return status.Error(codes.Unauthenticated, msgExpiredNonce)
 	case errors.Is(err, nonce.ErrMalformed), errors.Is(err, nonce.ErrAlgorithm), errors.Is(err, nonce.ErrSignature),
 		errors.Is(err, nonce.ErrWrongCluster), errors.Is(err, nonce.ErrWrongKind), errors.Is(err, nonce.ErrWrongShard),
 		errors.Is(err, nonce.ErrClaims), errors.Is(err, nonce.ErrLifetime):
@@ -183,6 +204,16 @@ func NonceStatus(err error) error {
 	}
 }
 
+func gateStatus(err error) error {
+	if errors.Is(err, nonce.ErrReplayed) {
+		return NonceStatus(err)
+	}
+	if IsRefusal(err) {
+		return status.Error(codes.PermissionDenied, msgRefused)
+	}
+	return status.Error(codes.Unavailable, msgUnavailable)
+}
+
 func peerAddr(ctx context.Context) string {
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		return p.Addr.String()
@@ -190,8 +221,25 @@ func peerAddr(ctx context.Context) string {
 	return ""
 }
 
-// register verifies, issues, then consumes: a request that fails validation
-// or issuance does not burn the nonce. Refusals are logged with their
+func peerIP(ctx context.Context) netip.Addr {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return netip.Addr{}
+	}
+	if ta, ok := p.Addr.(*net.TCPAddr); ok {
+		return ta.AddrPort().Addr().Unmap()
+	}
+	ap, err := netip.ParseAddrPort(p.Addr.String())
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ap.Addr().Unmap()
+}
+
+// register verifies the nonce, admits agents against their instance record,
+// issues, then consumes the nonce for the key: a request that is refused
+// does not burn the nonce, and a retry with the same key after a lost reply
+// gets the certificate stored with the nonce. Refusals are logged with their
 // reason; the caller gets a generic status.
 func (s *Service) register(ctx context.Context, kinds []nonce.Kind, tok, keyPEM string, ips []string, hostname string) (*Issued, *nonce.Claims, error) {
 	f, err := checkFields(tok, keyPEM, ips, hostname)
@@ -203,6 +251,11 @@ func (s *Service) register(ctx context.Context, kinds []nonce.Kind, tok, keyPEM 
 		s.Log.Info("registration refused", "kind", kinds[0], "peer", peerAddr(ctx), "reason", err.Error())
 		return nil, nil, NonceStatus(err)
 	}
+	log := s.Log.WithValues("kind", claims.Kind, "jti", claims.ID, "subject", claims.Subject, "peer", peerAddr(ctx))
+	fp, err := nonce.KeyFingerprint(f.pub)
+	if err != nil {
+		return nil, nil, status.Errorf(codes.InvalidArgument, "public_key_pem: %v", err)
+	}
 	role := pki.RoleAgent
 	switch claims.Kind {
 	case nonce.KindOperator:
@@ -211,20 +264,69 @@ func (s *Service) register(ctx context.Context, kinds []nonce.Kind, tok, keyPEM 
 		role = pki.RoleAdmin
 	}
 	id := pki.Identity{ClusterID: s.Issuer.ClusterID, Tenant: claims.Tenant, Role: role, ClientID: claims.Subject, Shard: claims.Shard, Group: claims.Group}
-	var dns []string
+	sanIPs, dns := f.ips, []string(nil)
 	if f.hostname != "" {
 		dns = []string{f.hostname}
 	}
-	issued, err := s.Issuer.Issue(id, f.pub, f.ips, dns)
+	if role == pki.RoleAgent {
+		if s.Instances == nil {
+			log.Info("registration refused", "reason", "this server keeps no instance records to admit agents against")
+			return nil, nil, status.Error(codes.PermissionDenied, msgRefused)
+		}
+		adm, err := s.Instances.Admit(ctx, AdmitRequest{Claims: claims, KeySHA256: fp, Peer: peerIP(ctx), Hostname: f.hostname, IPs: f.ips})
+		if err != nil {
+			log.Info("registration refused", "reason", err.Error())
+			return nil, nil, gateStatus(err)
+		}
+		// The certificate names what the server knows, never what was asked.
+		sanIPs, dns = adm.IPs, adm.DNSNames
+	}
+	issued, err := s.Issuer.Issue(id, f.pub, sanIPs, dns)
 	if err != nil {
-		s.Log.Error(err, "registration: issuing certificate", "kind", claims.Kind, "subject", claims.Subject, "peer", peerAddr(ctx))
+		log.Error(err, "registration: issuing certificate")
 		return nil, nil, status.Error(codes.Internal, msgInternal)
 	}
-	if err := s.Ledger.Consume(ctx, claims, s.ServerID, s.Issuer.now()); err != nil {
-		s.Log.Info("registration refused", "kind", claims.Kind, "jti", claims.ID, "subject", claims.Subject, "peer", peerAddr(ctx), "reason", err.Error())
+	marker, err := s.Ledger.Consume(ctx, claims, nonce.Use{KeySHA256: fp, CertificatePEM: issued.CertificatePEM, UsedBy: s.ServerID, Now: s.Issuer.now()})
+	if err != nil {
+		log.Info("registration refused", "reason", err.Error())
 		return nil, nil, NonceStatus(err)
 	}
+	if marker.CertificatePEM != issued.CertificatePEM {
+		// A retry with the same key: answer with what was issued first.
+		prior, err := s.Issuer.FromPEM(marker.CertificatePEM)
+		if err != nil {
+			log.Error(err, "registration: the certificate stored with the nonce is unusable")
+			return nil, nil, status.Error(codes.Internal, msgInternal)
+		}
+		log.Info("registration retried with the same key; returning the certificate issued first", "serial", prior.Serial, "first_by", marker.UsedBy)
+		issued = prior
+	}
+	if role == pki.RoleAgent {
+		if err := s.Instances.Bind(ctx, BindRequest{Claims: claims, KeySHA256: fp, Serial: issued.Serial, ServerID: s.ServerID}); err != nil {
+			// Not bound yet: a transient failure is retried by the agent
+			// (same key, same certificate, bound then).
+			log.Info("registration refused", "reason", err.Error())
+			return nil, nil, gateStatus(err)
+		}
+	}
 	return issued, claims, nil
+}
+
+// FromPEM rebuilds the wire parts of a certificate this issuer signed
+// earlier (stored with its nonce).
+func (i *Issuer) FromPEM(certPEM string) (*Issued, error) {
+	cert, err := pki.ParseCertificatePEM([]byte(certPEM))
+	if err != nil {
+		return nil, err
+	}
+	id, err := pki.IdentityFromCert(cert, i.ClusterID)
+	if err != nil {
+		return nil, err
+	}
+	return &Issued{
+		CertificatePEM: certPEM, CAChainPEM: string(i.CA.CertPEM), ExpiresAt: timestamppb.New(cert.NotAfter),
+		Identity: ToProto(id), Serial: cert.SerialNumber.String(), NotAfter: cert.NotAfter,
+	}, nil
 }
 
 // RegisterAgent exchanges an agent nonce for an agent certificate.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,10 +15,12 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/nstance-dev/nstance/internal/nonce"
 	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/layout"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -27,6 +30,8 @@ type fixture struct {
 	svc      *Service
 	nonceKey ed25519.PrivateKey
 	store    *memstore.Store
+	records  *instances.Store
+	policy   SourcePolicy
 	agents   atomic.Int32
 }
 
@@ -37,23 +42,41 @@ func newFixture(t *testing.T) *fixture {
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)
 	store := memstore.New()
-	f := &fixture{nonceKey: priv, store: store}
+	f := &fixture{nonceKey: priv, store: store, records: instances.NewStore(store, layout.New(""), "s1", nil)}
+	f.addRecord(t, &instances.Record{ID: "i-1", Tenant: "acme", GroupID: "web", Shard: "s1", State: instances.StateRunning})
 	f.svc = &Service{
-		Issuer:   &Issuer{CA: ca, ClusterID: "c1", AgentValidity: time.Hour, OperatorValidity: 2 * time.Hour},
-		Verifier: &nonce.Verifier{Key: pub, ClusterID: "c1", Shard: "s1"},
-		Ledger:   &nonce.Ledger{Store: store, Keys: layout.New("")},
-		Objects:  store, Keys: layout.New(""), ServerID: "srv", Log: logr.Discard(),
+		Instances: &InstanceGate{Records: f.records, Policy: func() SourcePolicy { return f.policy }},
+		Issuer:    &Issuer{CA: ca, ClusterID: "c1", AgentValidity: time.Hour, OperatorValidity: 2 * time.Hour},
+		Verifier:  &nonce.Verifier{Key: pub, ClusterID: "c1", Shard: "s1"},
+		Ledger:    &nonce.Ledger{Store: store, Keys: layout.New("")},
+		Objects:   store, Keys: layout.New(""), ServerID: "srv", Log: logr.Discard(),
 		OnAgentRegistered: func(context.Context, *nonce.Claims, *Issued) { f.agents.Add(1) },
 	}
 	return f
 }
 
+func (f *fixture) addRecord(t *testing.T, rec *instances.Record) {
+	t.Helper()
+	rec.CreatedAt = time.Now().UTC()
+	require.NoError(t, f.records.Create(context.Background(), rec))
+}
+
 func (f *fixture) agentNonce(t *testing.T) string {
 	t.Helper()
-	tok, err := nonce.Mint(f.nonceKey, nonce.Claims{Kind: nonce.KindAgent, ClusterID: "c1", Tenant: "acme", Shard: "s1", Group: "web",
-		RegisteredClaims: jwt.RegisteredClaims{Subject: "i-1"}}, time.Minute, time.Now())
+	return f.agentNonceFor(t, "i-1", "web")
+}
+
+func (f *fixture) agentNonceFor(t *testing.T, id, group string) string {
+	t.Helper()
+	tok, err := nonce.Mint(f.nonceKey, nonce.Claims{Kind: nonce.KindAgent, ClusterID: "c1", Tenant: "acme", Shard: "s1", Group: group,
+		RegisteredClaims: jwt.RegisteredClaims{Subject: id}}, time.Minute, time.Now())
 	require.NoError(t, err)
 	return tok
+}
+
+// from returns a context whose gRPC peer is ip.
+func from(ip string) context.Context {
+	return peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP(ip), Port: 40000}})
 }
 
 func pubPEM(t *testing.T) string {
@@ -91,22 +114,31 @@ func TestBadFieldsDoNotSpendTheNonce(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, objs, "refused requests must not mark the nonce used")
 
-	resp, err := f.svc.RegisterAgent(ctx, &nstancev1.RegisterAgentRequest{Nonce: tok, PublicKeyPem: pubPEM(t), IpAddresses: []string{"10.0.0.7"}, Hostname: "web-1.example"})
+	_, err = f.records.Update(ctx, "i-1", func(r *instances.Record) error { r.Addresses = []string{"10.0.0.7"}; return nil })
+	require.NoError(t, err)
+	resp, err := f.svc.RegisterAgent(from("10.0.0.7"), &nstancev1.RegisterAgentRequest{Nonce: tok, PublicKeyPem: pubPEM(t), IpAddresses: []string{"10.0.0.7"}, Hostname: "i-1"})
 	require.NoError(t, err)
 	cert, err := pki.ParseCertificatePEM([]byte(resp.GetCertificatePem()))
 	require.NoError(t, err)
 	id, err := pki.IdentityFromCert(cert, "c1")
 	require.NoError(t, err)
 	require.Equal(t, pki.Identity{ClusterID: "c1", Tenant: "acme", Role: pki.RoleAgent, ClientID: "i-1", Shard: "s1", Group: "web"}, id)
+	require.Len(t, cert.IPAddresses, 1)
 	require.Equal(t, "10.0.0.7", cert.IPAddresses[0].String())
-	require.Equal(t, []string{"web-1.example"}, cert.DNSNames)
+	require.Equal(t, []string{"i-1"}, cert.DNSNames, "names come from the record")
 	require.Equal(t, int32(1), f.agents.Load())
+	rec, ok := f.records.Get("i-1")
+	require.True(t, ok)
+	require.NotNil(t, rec.Agent, "the record holds the registered key")
+	require.Equal(t, cert.SerialNumber.String(), rec.Agent.Serial)
 }
 
 func TestConcurrentUseOfOneNonce(t *testing.T) {
 	f := newFixture(t)
 	tok := f.agentNonce(t)
 	var ok, replayed atomic.Int32
+	// Every caller uses another key: exactly one wins, the others are told
+	// the nonce is used.
 	var wg sync.WaitGroup
 	for i := 0; i < 16; i++ {
 		wg.Add(1)
@@ -176,8 +208,9 @@ func TestRefusalsAreGeneric(t *testing.T) {
 		require.NoError(t, err)
 		return tok
 	}
-	agent := nonce.Claims{Kind: nonce.KindAgent, ClusterID: "c1", Tenant: "acme", Shard: "s1", RegisteredClaims: jwt.RegisteredClaims{Subject: "i-1"}}
-	otherCluster, otherShard := agent, agent
+	agent := nonce.Claims{Kind: nonce.KindAgent, ClusterID: "c1", Tenant: "acme", Shard: "s1", Group: "web", RegisteredClaims: jwt.RegisteredClaims{Subject: "i-1"}}
+	otherCluster, otherShard, unknown := agent, agent, agent
+	unknown.Subject = "i-404"
 	otherCluster.ClusterID = "secret-cluster-c2"
 	otherShard.Shard = "secret-shard-s2"
 	used := mint(agent, time.Minute, now)
@@ -192,16 +225,18 @@ func TestRefusalsAreGeneric(t *testing.T) {
 		"other cluster": {mint(otherCluster, time.Minute, now), codes.Unauthenticated, msgInvalidNonce, "secret-cluster-c2"},
 		"other shard":   {mint(otherShard, time.Minute, now), codes.Unauthenticated, msgInvalidNonce, "secret-shard-s2"},
 		"too long":      {mint(agent, 25*time.Hour, now), codes.Unauthenticated, msgInvalidNonce, "lifetime"},
-		"expired":       {mint(agent, time.Minute, now.Add(-time.Hour)), codes.Unauthenticated, msgTimeNonce, "expired"},
+		"expired":       {mint(agent, time.Minute, now.Add(-time.Hour)), codes.Unauthenticated, msgExpiredNonce, "expired"},
+		"not yet valid": {mint(agent, time.Hour, now.Add(10*time.Minute)), codes.FailedPrecondition, msgEarlyNonce, "not valid yet"},
 		"garbage":       {"a.b.c", codes.Unauthenticated, msgInvalidNonce, "well-formed"},
 		"replayed":      {used, codes.AlreadyExists, msgUsedNonce, "already been used"},
+		"no record":     {mint(unknown, time.Minute, now), codes.PermissionDenied, msgRefused, "i-404 has no record"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := f.svc.RegisterAgent(ctx, &nstancev1.RegisterAgentRequest{Nonce: tc.tok, PublicKeyPem: pubPEM(t)})
 			st := status.Convert(err)
 			require.Equal(t, tc.code, st.Code())
 			require.Equal(t, tc.msg, st.Message())
-			for _, secret := range []string{"c1", "s1", "acme", "c2", "s2", "i-1"} {
+			for _, secret := range []string{"c1", "s1", "acme", "c2", "s2", "i-1", "i-404"} {
 				require.NotContains(t, st.Message(), secret)
 			}
 			mu.Lock()

@@ -256,7 +256,7 @@ func start(o Options) (*Shard, error) {
 			Issuer:   issuer,
 			Verifier: &nonce.Verifier{Key: nonceKey.Public().(ed25519.PublicKey), ClusterID: o.ClusterID, Shard: o.ShardID, Leeway: time.Minute},
 			Ledger:   &nonce.Ledger{Store: o.Store, Keys: keys},
-			Objects:  o.Store, Keys: keys, ServerID: "shardtest", Log: o.Log.WithName("registration"),
+			Objects:  o.Store, Keys: keys, ServerID: "shardtest", Instances: f.Gate, Log: o.Log.WithName("registration"),
 		}
 		gcfg.Agent = f.Agent
 		gls.Registration, gls.Agent = regLn, agentLn

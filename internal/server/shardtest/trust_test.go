@@ -23,6 +23,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/agent/identity"
 	"github.com/nstance-dev/nstance/internal/nonce"
 	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -260,6 +261,9 @@ func TestRegistrationRefusalsOverTLS(t *testing.T) {
 		})
 	}
 
+	// The nonce's instance has a record; the caller comes from its address.
+	require.NoError(t, sh.Fleet.Instances.Create(ctxT(t), &instances.Record{ID: "i-1", Tenant: "acme", Shard: sh.ShardID,
+		State: instances.StateRunning, Addresses: []string{"127.0.0.1"}, CreatedAt: time.Now().UTC()}))
 	tok := mint(sh.NonceKey, sh.ShardID, time.Minute)
 	var ok, used atomic.Int32
 	var wg sync.WaitGroup

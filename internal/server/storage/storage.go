@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -104,4 +105,47 @@ func Retry(ctx context.Context, log logr.Logger, what string, b Backoff, fn func
 		}
 		wait = min(wait*2, b.Max)
 	}
+}
+
+// ReplaceIfMatch replaces key with body only if its ETag is still etag
+// (If-Match), and like CreateOnly survives the SDK's retry of a committed
+// write: a precondition failure with exactly body stored is success.
+func ReplaceIfMatch(ctx context.Context, s objstore.Store, key string, body []byte, etag string) (string, error) {
+	if etag == "" {
+		return "", errors.New("ReplaceIfMatch: empty etag")
+	}
+	newTag, err := s.Put(ctx, key, body, objstore.PutOptions{IfMatch: etag})
+	if err == nil || !errors.Is(err, objstore.ErrPreconditionFailed) {
+		return newTag, err
+	}
+	return sameContent(ctx, s, key, body, err)
+}
+
+func sameContent(ctx context.Context, s objstore.Store, key string, body []byte, conflict error) (string, error) {
+	cur, gerr := s.Get(ctx, key)
+	if gerr != nil {
+		if errors.Is(gerr, objstore.ErrNotFound) {
+			return "", conflict
+		}
+		return "", fmt.Errorf("conditional write of %s was refused and reading it back failed: %w", key, gerr)
+	}
+	if bytes.Equal(cur.Body, body) {
+		return cur.ETag, nil
+	}
+	return "", conflict
+}
+
+// CreateOnly writes body to key only if key does not exist yet
+// (If-None-Match), and survives the SDK's own retries: when a create whose
+// reply was lost is retried, the retry finds the object the first attempt
+// wrote and gets 412. So a precondition failure is checked against the stored
+// content: the same bytes mean this write is what is stored (success, with
+// the stored ETag); different bytes are a real conflict and return an error
+// wrapping objstore.ErrPreconditionFailed.
+func CreateOnly(ctx context.Context, s objstore.Store, key string, body []byte) (string, error) {
+	etag, err := s.Put(ctx, key, body, objstore.PutOptions{IfNoneMatch: true})
+	if err == nil || !errors.Is(err, objstore.ErrPreconditionFailed) {
+		return etag, err
+	}
+	return sameContent(ctx, s, key, body, err)
 }

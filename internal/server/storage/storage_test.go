@@ -8,6 +8,9 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
+
+	"github.com/nstance-dev/nstance/pkg/objstore"
+	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 )
 
 func TestRetry(t *testing.T) {
@@ -51,4 +54,49 @@ func TestOpenErrors(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, s)
 	require.Equal(t, "p/cluster/ca.crt", keys.CACert())
+}
+
+// TestCreateOnlySurvivesARetriedCreate: a 412 caused by the create's own
+// earlier attempt (same bytes stored) is success; anything else stays a
+// conflict.
+func TestCreateOnlySurvivesARetriedCreate(t *testing.T) {
+	ctx := context.Background()
+	s := memstore.New()
+	etag, err := CreateOnly(ctx, s, "a/b", []byte("one"))
+	require.NoError(t, err)
+	// The retry of a committed create whose reply was lost.
+	again, err := CreateOnly(ctx, s, "a/b", []byte("one"))
+	require.NoError(t, err)
+	require.Equal(t, etag, again)
+	// A different writer's content is a real conflict, and stays stored.
+	_, err = CreateOnly(ctx, s, "a/b", []byte("two"))
+	require.ErrorIs(t, err, objstore.ErrPreconditionFailed)
+	obj, err := s.Get(ctx, "a/b")
+	require.NoError(t, err)
+	require.Equal(t, "one", string(obj.Body))
+	// Other errors pass through.
+	_, err = CreateOnly(ctx, s, "../x", []byte("one"))
+	require.ErrorIs(t, err, objstore.ErrInvalidKey)
+}
+
+// TestReplaceIfMatchSurvivesARetriedReplace: the retry of a committed
+// replace finds its own content under a new ETag; that is success, while a
+// different content is a conflict.
+func TestReplaceIfMatchSurvivesARetriedReplace(t *testing.T) {
+	ctx := context.Background()
+	s := memstore.New()
+	v1, err := s.Put(ctx, "k", []byte("v1"), objstore.PutOptions{})
+	require.NoError(t, err)
+	v2, err := ReplaceIfMatch(ctx, s, "k", []byte("v2"), v1)
+	require.NoError(t, err)
+	// The SDK retries the same request (same If-Match) after a lost reply.
+	again, err := ReplaceIfMatch(ctx, s, "k", []byte("v2"), v1)
+	require.NoError(t, err)
+	require.Equal(t, v2, again)
+	_, err = ReplaceIfMatch(ctx, s, "k", []byte("v3"), v1)
+	require.ErrorIs(t, err, objstore.ErrPreconditionFailed)
+	_, err = ReplaceIfMatch(ctx, s, "missing", []byte("v2"), v1)
+	require.ErrorIs(t, err, objstore.ErrPreconditionFailed)
+	_, err = ReplaceIfMatch(ctx, s, "k", []byte("v2"), "")
+	require.Error(t, err)
 }
