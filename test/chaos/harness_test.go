@@ -196,12 +196,13 @@ func (s *server) signal(t *testing.T, sig syscall.Signal) {
 // stack is dev-s3 (in-process) and nstance-servers of one shard, each
 // reaching storage through its own proxy.
 type stack struct {
-	t       *testing.T
-	bin     string
-	dir     string
-	net     string
-	s3URL   string
-	servers []*server
+	t        *testing.T
+	extraEnv []string
+	bin      string
+	dir      string
+	net      string
+	s3URL    string
+	servers  []*server
 }
 
 // leaseConfig is the shard config with short leases: lease 3s, renew 1s,
@@ -224,12 +225,17 @@ func leaseConfig() string {
 }
 
 func newStack(t *testing.T, servers int) *stack {
+	return newStackWith(t, servers, leaseConfig(), nil)
+}
+
+// newStackWith starts servers on the shard config cfg; extraEnv is added to
+// every server's environment (and so to the processes it starts).
+func newStackWith(t *testing.T, servers int, cfg string, extraEnv []string) *stack {
 	t.Helper()
-	s := &stack{t: t, bin: binaries(t), dir: t.TempDir(), net: loopbackNet(t)}
+	s := &stack{t: t, bin: binaries(t), dir: t.TempDir(), net: loopbackNet(t), extraEnv: extraEnv}
 	s3 := devs3test.Start(t, filepath.Join(s.dir, "dev-s3"))
 	s.s3URL = s3.URL
-	cfg := []byte(leaseConfig())
-	_, err := devs3test.Client(s3.URL).PutObject(context.Background(), putInput("config/"+shard+".jsonc", cfg))
+	_, err := devs3test.Client(s3.URL).PutObject(context.Background(), putInput("config/"+shard+".jsonc", []byte(cfg)))
 	require.NoError(t, err)
 	for i := 1; i <= servers; i++ {
 		s.startServer(fmt.Sprintf("srv-%d", i), s.net+strconv.Itoa(i))
@@ -238,30 +244,22 @@ func newStack(t *testing.T, servers int) *stack {
 }
 
 func (s *stack) env(endpoint string) []string {
-	return append(os.Environ(),
+	return append(append(os.Environ(),
 		"AWS_ACCESS_KEY_ID=dev", "AWS_SECRET_ACCESS_KEY=dev", "AWS_REGION=us-east-1",
 		"AWS_ENDPOINT_URL="+endpoint, "AWS_S3_USE_PATH_STYLE=true",
 		"NSTANCE_ENCRYPTION_KEY="+encryptionKey,
-	)
+	), s.extraEnv...)
 }
 
+// startServer starts nstance-server id on its own loopback host, reaching
+// dev-s3 through a new proxy; the process is killed when the test ends.
 func (s *stack) startServer(id, host string) *server {
 	t := s.t
 	t.Helper()
 	u := strings.TrimPrefix(s.s3URL, "http://")
 	p := startProxy(t, net.JoinHostPort(host, "8989"), u)
-	srv := &server{id: id, host: host, proxy: p, log: filepath.Join(s.dir, id+".log"), done: make(chan struct{})}
-	f, err := os.Create(srv.log)
-	require.NoError(t, err)
-	bind := func(port int) string { return srv.addr(port) }
-	srv.cmd = exec.Command(filepath.Join(s.bin, "nstance-server"), "--id", id, "--shard", shard, "--bucket", "dev",
-		"--advertise-host", host, "--bind-health", bind(8990), "--bind-election", bind(8991),
-		"--bind-registration", bind(8992), "--bind-operator", bind(8993), "--bind-agent", bind(8994))
-	srv.cmd.Env = s.env("http://" + p.Addr())
-	srv.cmd.Stdout, srv.cmd.Stderr = f, f
-	srv.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	require.NoError(t, srv.cmd.Start())
-	go func() { _ = srv.cmd.Wait(); _ = f.Close(); close(srv.done) }()
+	srv := &server{id: id, host: host, proxy: p, log: filepath.Join(s.dir, id+".log")}
+	s.launch(srv)
 	t.Cleanup(func() {
 		// A stopped process must be continued to die of SIGKILL promptly.
 		_ = srv.cmd.Process.Signal(syscall.SIGCONT)
@@ -275,6 +273,32 @@ func (s *stack) startServer(id, host string) *server {
 	})
 	s.servers = append(s.servers, srv)
 	return srv
+}
+
+// launch (re)starts srv's process; its output is appended to srv.log.
+func (s *stack) launch(srv *server) {
+	t := s.t
+	t.Helper()
+	f, err := os.OpenFile(srv.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	require.NoError(t, err)
+	bind := func(port int) string { return srv.addr(port) }
+	srv.cmd = exec.Command(filepath.Join(s.bin, "nstance-server"), "--id", srv.id, "--shard", shard, "--bucket", "dev",
+		"--advertise-host", srv.host, "--bind-health", bind(8990), "--bind-election", bind(8991),
+		"--bind-registration", bind(8992), "--bind-operator", bind(8993), "--bind-agent", bind(8994))
+	srv.cmd.Env = s.env("http://" + srv.proxy.Addr())
+	srv.cmd.Stdout, srv.cmd.Stderr = f, f
+	srv.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	require.NoError(t, srv.cmd.Start())
+	done := make(chan struct{})
+	srv.done = done
+	cmd := srv.cmd
+	go func() { _ = cmd.Wait(); _ = f.Close(); close(done) }()
+}
+
+// kill9 kills srv with SIGKILL and waits for it to be gone.
+func (s *stack) kill9(srv *server) {
+	require.NoError(s.t, srv.cmd.Process.Kill())
+	<-srv.done
 }
 
 func putInput(key string, body []byte) *s3.PutObjectInput {

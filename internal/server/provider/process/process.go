@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -75,15 +76,26 @@ func New(cfg Config) (*Provider, error) {
 		return nil, fmt.Errorf("process provider: %w", err)
 	}
 	p := &Provider{cfg: cfg, children: map[string]*child{}}
-	entries, err := os.ReadDir(cfg.StateDir)
+	if err := p.adopt(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// adopt records every process recorded in StateDir that this Provider does
+// not know yet. Another server of the shard (an earlier leader) may have
+// created instances since this one started, so every List, Status and
+// Delete looks again; callers hold p.mu (or own p exclusively).
+func (p *Provider) adopt() error {
+	entries, err := os.ReadDir(p.cfg.StateDir)
 	if err != nil {
-		return nil, fmt.Errorf("process provider: reading state dir: %w", err)
+		return fmt.Errorf("process provider: reading state dir: %w", err)
 	}
 	for _, e := range entries {
-		if !e.IsDir() || provider.ValidateInstanceID(e.Name()) != nil {
+		if _, known := p.children[e.Name()]; known || !e.IsDir() || provider.ValidateInstanceID(e.Name()) != nil {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(cfg.StateDir, e.Name(), "process.json"))
+		b, err := os.ReadFile(filepath.Join(p.cfg.StateDir, e.Name(), "process.json"))
 		if err != nil {
 			continue
 		}
@@ -93,7 +105,7 @@ func New(cfg Config) (*Provider, error) {
 		}
 		p.children[e.Name()] = &child{pid: r.PID, startTicks: r.StartTicks, providerID: r.ProviderID}
 	}
-	return p, nil
+	return nil
 }
 
 // Name implements provider.Provider.
@@ -106,13 +118,28 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if err := p.adopt(); err != nil {
+		return provider.Instance{}, err
+	}
 	if c, ok := p.children[req.InstanceID]; ok {
 		return p.observe(req.InstanceID, c), nil
+	}
+	dir := localagent.InstanceDir(p.cfg.StateDir, req.InstanceID)
+	if _, err := os.Stat(dir); err == nil {
+		// An earlier Create (this or another server, killed before it
+		// recorded the PID) may have started the process already: adopt it
+		// instead of starting a second one.
+		if c, ok := p.findUnrecorded(req); ok {
+			if err := p.record(dir, c); err != nil {
+				return provider.Instance{}, fmt.Errorf("process create %s: recording adopted pid: %w", req.InstanceID, err)
+			}
+			p.children[req.InstanceID] = c
+			return p.observe(req.InstanceID, c), nil
+		}
 	}
 	if _, err := localagent.Prepare(p.cfg.StateDir, req); err != nil {
 		return provider.Instance{}, fmt.Errorf("process create %s: %w", req.InstanceID, err)
 	}
-	dir := localagent.InstanceDir(p.cfg.StateDir, req.InstanceID)
 	logf, err := os.OpenFile(filepath.Join(dir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return provider.Instance{}, fmt.Errorf("process create %s: %w", req.InstanceID, err)
@@ -137,8 +164,7 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 		p.mu.Unlock()
 		close(c.done)
 	}()
-	b, _ := json.Marshal(record{PID: c.pid, StartTicks: c.startTicks, ProviderID: c.providerID})
-	if err := os.WriteFile(filepath.Join(dir, "process.json"), b, 0o600); err != nil {
+	if err := p.record(dir, c); err != nil {
 		killGroup(c.pid, syscall.SIGKILL)
 		return provider.Instance{}, fmt.Errorf("process create %s: recording pid: %w", req.InstanceID, err)
 	}
@@ -148,6 +174,56 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	}
 	p.children[req.InstanceID] = c
 	return p.observe(req.InstanceID, c), nil
+}
+
+// record writes the child's PID and start time into dir/process.json
+// atomically (a crash leaves the old file or the new one, never half).
+func (p *Provider) record(dir string, c *child) error {
+	b, err := json.Marshal(record{PID: c.pid, StartTicks: c.startTicks, ProviderID: c.providerID})
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, ".process.json.tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, "process.json"))
+}
+
+// findUnrecorded looks for a live process started for req whose PID was
+// never recorded: its environment names this instance's identity
+// directory (unique per state dir and instance).
+func (p *Provider) findUnrecorded(req provider.CreateRequest) (*child, bool) {
+	want := localagent.EnvIdentityDir + "=" + localagent.IdentityDir(p.cfg.StateDir, req.InstanceID)
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, false
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if err != nil || !slices.Contains(strings.Split(string(env), "\x00"), want) {
+			continue
+		}
+		ticks, state, err := procStat(pid)
+		if err != nil || state == 'Z' || state == 'X' || syscallGetpgid(pid) != pid {
+			continue // gone, or a descendant rather than the group leader we started
+		}
+		return &child{pid: pid, startTicks: ticks, providerID: req.ProviderID}, true
+	}
+	return nil, false
+}
+
+// syscallGetpgid is the process group of pid, or -1.
+func syscallGetpgid(pid int) int {
+	g, err := syscall.Getpgid(pid)
+	if err != nil {
+		return -1
+	}
+	return g
 }
 
 // alive reports whether the child still runs; callers hold p.mu.
@@ -182,6 +258,9 @@ func (p *Provider) observe(id string, c *child) provider.Instance {
 func (p *Provider) Status(ctx context.Context, id string) (provider.Instance, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if err := p.adopt(); err != nil {
+		return provider.Instance{}, err
+	}
 	c, ok := p.children[id]
 	if !ok {
 		return provider.Instance{}, fmt.Errorf("process status %s: %w", id, provider.ErrNotFound)
@@ -193,6 +272,9 @@ func (p *Provider) Status(ctx context.Context, id string) (provider.Instance, er
 func (p *Provider) List(ctx context.Context) ([]provider.Instance, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if err := p.adopt(); err != nil {
+		return nil, err
+	}
 	out := make([]provider.Instance, 0, len(p.children))
 	for id, c := range p.children {
 		out = append(out, p.observe(id, c))
@@ -216,6 +298,10 @@ func (p *Provider) PID(id string) (int, bool) {
 // after StopTimeout, then the instance directory and Node file are removed.
 func (p *Provider) Delete(ctx context.Context, id string) error {
 	p.mu.Lock()
+	if err := p.adopt(); err != nil {
+		p.mu.Unlock()
+		return err
+	}
 	c, ok := p.children[id]
 	p.mu.Unlock()
 	if ok {

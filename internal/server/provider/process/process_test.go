@@ -172,3 +172,33 @@ func TestBadInput(t *testing.T) {
 	_, err = bad.Status(context.Background(), "x-1")
 	require.ErrorIs(t, err, provider.ErrNotFound, "a failed start leaves nothing behind")
 }
+
+// A server killed between starting an instance's process and recording
+// its PID leaves a running process with no process.json; the next Create
+// of that instance (by a new leader) adopts it instead of starting a
+// second one.
+func TestCreateAdoptsUnrecordedProcess(t *testing.T) {
+	dir := t.TempDir()
+	p, err := process.New(process.Config{Command: []string{"sleep", "300"}, StateDir: dir, NodeDir: "-"})
+	require.NoError(t, err)
+	req := provider.CreateRequest{InstanceID: "i-orphan", ProviderID: "nstance://c/s/i-orphan"}
+	inst, err := p.Create(context.Background(), req)
+	require.NoError(t, err)
+	pid, ok := p.PID(req.InstanceID)
+	require.True(t, ok)
+	t.Cleanup(func() { _ = syscall.Kill(-pid, syscall.SIGKILL) })
+	// Simulate the crash window: the PID was never recorded.
+	require.NoError(t, os.Remove(filepath.Join(dir, req.InstanceID, "process.json")))
+
+	q, err := process.New(process.Config{Command: []string{"sleep", "300"}, StateDir: dir, NodeDir: "-"})
+	require.NoError(t, err)
+	again, err := q.Create(context.Background(), req)
+	require.NoError(t, err)
+	qpid, ok := q.PID(req.InstanceID)
+	require.True(t, ok)
+	require.Equal(t, pid, qpid, "the running process was adopted, no second one started")
+	require.Equal(t, inst.ProviderID, again.ProviderID)
+	require.Equal(t, provider.StateRunning, again.State)
+	_, err = os.Stat(filepath.Join(dir, req.InstanceID, "process.json"))
+	require.NoError(t, err, "the adopted PID is recorded")
+}
