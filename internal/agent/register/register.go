@@ -68,6 +68,11 @@ func Ensure(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	// A nonce that does not even say which shard it is for never becomes
+	// usable: no retry can help.
+	if _, err := o.Identity.RegistrationTLS(o.ServerName); err != nil {
+		return fmt.Errorf("%w: %v; this nonce cannot register the instance, which needs a new one", ErrRefused, err)
+	}
 	if o.AttemptTimeout <= 0 {
 		o.AttemptTimeout = 15 * time.Second
 	}

@@ -2,6 +2,7 @@ package register
 
 import (
 	"context"
+	"encoding/base64"
 	"crypto"
 	"net"
 	"os"
@@ -76,7 +77,9 @@ func start(t *testing.T, errs ...error) (*scripted, Options) {
 	t.Cleanup(srv.Stop)
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, identity.CAFile), ca.CertPEM, 0o600))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "nonce.jwt"), []byte("a.b.c"), 0o600))
+	// The server checks the nonce; the agent only reads its shard claim.
+	claims := base64.RawURLEncoding.EncodeToString([]byte(`{"shard":"s1"}`))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "nonce.jwt"), []byte("e30."+claims+".sig"), 0o600))
 	id, err := identity.Open(dir)
 	require.NoError(t, err)
 	return s, Options{Addr: ln.Addr().String(), ServerName: "127.0.0.1", Identity: id, Log: logr.Discard(),
@@ -107,6 +110,23 @@ func TestDefiniteRefusalsStop(t *testing.T) {
 		require.ErrorContains(t, err, "needs a new one")
 		require.Equal(t, 1, s.calls, code.String())
 	}
+}
+
+// A nonce whose shard cannot be read is refused before any call: retrying
+// cannot make it usable.
+func TestUnreadableNonceIsDefinite(t *testing.T) {
+	s, o := start(t)
+	require.NoError(t, os.WriteFile(o.Identity.Path("nonce.jwt"), []byte("a.b.c"), 0o600))
+	done := make(chan error, 1)
+	go func() { done <- Ensure(context.Background(), o) }()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, ErrRefused)
+		require.ErrorContains(t, err, "nonce")
+	case <-time.After(30 * time.Second):
+		t.Fatal("an unreadable nonce is retried forever")
+	}
+	require.Zero(t, s.calls)
 }
 
 func TestNotYetValidIsBoundedBySkewAllowance(t *testing.T) {
