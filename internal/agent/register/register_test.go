@@ -2,8 +2,8 @@ package register
 
 import (
 	"context"
-	"encoding/base64"
 	"crypto"
+	"encoding/base64"
 	"net"
 	"os"
 	"path/filepath"
