@@ -48,7 +48,7 @@ var (
 )
 
 // binaries builds nstance-server and nstance-admin once per test binary.
-func binaries(t *testing.T) string {
+func binaries(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "nstance-chaos-bin-")
@@ -77,7 +77,7 @@ func TestMain(m *testing.M) {
 
 // loopbackNet picks 127.X.Y.0/24 for one test: its hosts .1, .2, ... bind
 // the standard ports without colliding with anything else on the machine.
-func loopbackNet(t *testing.T) string {
+func loopbackNet(t testing.TB) string {
 	n, err := rand.Int(rand.Reader, big.NewInt(200*250))
 	require.NoError(t, err)
 	v := int(n.Int64())
@@ -97,7 +97,7 @@ type proxy struct {
 	wg    sync.WaitGroup
 }
 
-func startProxy(t *testing.T, listen, target string) *proxy {
+func startProxy(t testing.TB, listen, target string) *proxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", listen)
 	require.NoError(t, err)
@@ -188,7 +188,7 @@ func (s *server) Operator() string { return s.addr(8993) }
 // Registration is the server's Registration API address.
 func (s *server) Registration() string { return s.addr(8992) }
 
-func (s *server) signal(t *testing.T, sig syscall.Signal) {
+func (s *server) signal(t testing.TB, sig syscall.Signal) {
 	t.Helper()
 	require.NoError(t, s.cmd.Process.Signal(sig))
 }
@@ -196,7 +196,7 @@ func (s *server) signal(t *testing.T, sig syscall.Signal) {
 // stack is dev-s3 (in-process) and nstance-servers of one shard, each
 // reaching storage through its own proxy.
 type stack struct {
-	t        *testing.T
+	t        testing.TB
 	extraEnv []string
 	bin      string
 	dir      string
@@ -224,13 +224,13 @@ func leaseConfig() string {
 }`, clusterID, shard)
 }
 
-func newStack(t *testing.T, servers int) *stack {
+func newStack(t testing.TB, servers int) *stack {
 	return newStackWith(t, servers, leaseConfig(), nil)
 }
 
 // newStackWith starts servers on the shard config cfg; extraEnv is added to
 // every server's environment (and so to the processes it starts).
-func newStackWith(t *testing.T, servers int, cfg string, extraEnv []string) *stack {
+func newStackWith(t testing.TB, servers int, cfg string, extraEnv []string) *stack {
 	t.Helper()
 	s := &stack{t: t, bin: binaries(t), dir: t.TempDir(), net: loopbackNet(t), extraEnv: extraEnv}
 	s3 := devs3test.Start(t, filepath.Join(s.dir, "dev-s3"))

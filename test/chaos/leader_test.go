@@ -11,7 +11,7 @@ import (
 )
 
 // envInt reads a positive integer knob (make chaos raises them).
-func envInt(t *testing.T, name string, def int) int {
+func envInt(t testing.TB, name string, def int) int {
 	t.Helper()
 	v := os.Getenv(name)
 	if v == "" {
