@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"net"
@@ -220,7 +221,9 @@ func TestAgentArgumentsAndLogs(t *testing.T) {
 	require.NoError(t, l.Close())
 	idDir := filepath.Join(t.TempDir(), "identity")
 	require.NoError(t, os.MkdirAll(idDir, 0o700))
-	require.NoError(t, os.WriteFile(filepath.Join(idDir, "nonce.jwt"), []byte("x.y.z"), 0o600))
+	// The agent reads only the nonce's shard claim; the server would check the rest.
+	claims := base64.RawURLEncoding.EncodeToString([]byte(`{"shard":"s1"}`))
+	require.NoError(t, os.WriteFile(filepath.Join(idDir, "nonce.jwt"), []byte("e30."+claims+".sig"), 0o600))
 	require.NoError(t, os.WriteFile(filepath.Join(idDir, "ca.crt"), testCA(t).CertPEM, 0o600))
 	p = start(t, bin, []string{"NSTANCE_INSTANCE_ID=logs", "NSTANCE_IDENTITY_DIR=" + idDir,
 		"NSTANCE_REGISTRATION_ADDR=" + addr, "NSTANCE_AGENT_ADDR=" + addr, "NSTANCE_LOG_FORMAT=json"})
