@@ -77,13 +77,13 @@ func cases() []attackCase {
 		{name: "tenant A naming tenant B's ids gets NotFound", run: crossTenantIDs},
 		{name: "tenant A's watches see none of tenant B's events", run: crossTenantEvents},
 		// Features being built on other branches; enable after the merge.
-		{name: "revoked operator: record deleted, next handshake and RenewCertificate refused", requires: "trust-revoke (issue 16 item 3)", run: revokedOperator},
-		{name: "revoked agent: instance deleted, its certificate refused", requires: "trust-revoke (issue 16 item 3)", run: revokedAgent},
+		{name: "revoked operator: record deleted, next handshake and RenewCertificate refused", run: revokedOperator},
+		{name: "revoked agent: instance deleted, its certificate refused", run: revokedAgent},
 		{name: "10,000 streams on one connection: refused beyond the limit, RSS bounded", run: manyStreams},
 		{name: "10,000 watches from one operator: refused beyond the limit, RSS bounded", run: manyWatches},
-		{name: "agent nonce for an instance the shard does not know", requires: "trust-reg (issue 16 item 2)", run: nonceUnknownInstance},
-		{name: "agent nonce of a registered instance minted again", requires: "trust-reg (issue 16 item 2)", run: nonceRegisteredInstance},
-		{name: "agent certificate names come from the instance record", requires: "trust-reg (issue 16 item 2)", run: namesFromRecord},
+		{name: "agent nonce for an instance the shard does not know", run: nonceUnknownInstance},
+		{name: "agent nonce of a registered instance minted again", run: nonceRegisteredInstance},
+		{name: "agent certificate names come from the instance record", run: namesFromRecord},
 	}
 }
 

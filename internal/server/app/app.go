@@ -641,7 +641,7 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cach
 // newRevocations builds the deny list the mTLS listeners consult.
 func (a *App) newRevocations(cfg *config.Config, log logr.Logger) {
 	a.revocations = revocation.New(revocation.Options{
-		Store: a.o.Store, Keys: a.o.Keys, ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID,
+		Store: fencedStore{Store: a.o.Store, fence: leaderFence{a: a}}, Keys: a.o.Keys, ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID,
 		OperatorValidity: cfg.Certificates.OperatorValidity.D(), AgentValidity: cfg.Certificates.AgentValidity.D(),
 		RequireOperatorRecords: true, Log: log.WithName("revocation"),
 	})
@@ -699,7 +699,7 @@ func (a *App) sweepNonces(ctx context.Context, log logr.Logger) {
 			maxLife = cfg.Certificates.NonceMaxLifetime.D()
 		}
 		cutoff := time.Now().Add(-(maxLife + 2*nonceLeeway + nonceSkewAllowance))
-		ledger := &nonce.Ledger{Store: a.o.Store, Keys: a.o.Keys}
+		ledger := &nonce.Ledger{Store: fencedStore{Store: a.o.Store, fence: leaderFence{a: a}}, Keys: a.o.Keys}
 		prefixes := []string{a.o.Keys.ShardNonce(a.o.Shard, "")}
 		if ce != nil && ce.Leading() {
 			prefixes = append(prefixes, a.o.Keys.ClusterNonce(""))
