@@ -50,7 +50,7 @@ const (
 	// NodeProviderIDIndex indexes Nodes by spec.providerID.
 	NodeProviderIDIndex = "spec.providerID"
 	// MachineInstanceIndex indexes NstanceMachines by "{shard}/{instanceID}".
-	MachineInstanceIndex = "status.shardInstance"
+	MachineInstanceIndex = "spec.shardInstance"
 )
 
 // Event reasons, on the Node (and the NstanceMachine when there is one).
@@ -138,10 +138,10 @@ func SetupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 	}
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &infrav1.NstanceMachine{}, MachineInstanceIndex, func(o client.Object) []string {
 		m := o.(*infrav1.NstanceMachine)
-		if m.Status.InstanceID == "" || m.Status.Shard == "" {
+		if m.Spec.InstanceID == "" || m.Spec.Shard == "" {
 			return nil
 		}
-		return []string{m.Status.Shard + "/" + m.Status.InstanceID}
+		return []string{m.Spec.Shard + "/" + m.Spec.InstanceID}
 	}); err != nil {
 		return fmt.Errorf("index NstanceMachines by instance: %w", err)
 	}

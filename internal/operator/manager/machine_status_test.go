@@ -122,22 +122,34 @@ func TestMachineStatusWrites(t *testing.T) {
 	f.machinePair(t, "m-early", "solo", "shard-b")
 	nm, ok := get(t, f.ns, "m-early", &infrav1.NstanceMachine{})
 	require.True(t, ok)
-	// The shard creates the instance before the reconciler first asks: the
-	// same client token the reconciler sends, so its CreateInstance returns
-	// this (already running) instance.
-	resp, err := shard.client(t).CreateInstance(ctx, &nstancev1.CreateInstanceRequest{GroupId: "solo", ClientToken: string(nm.UID)})
+	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(nm)}
+	// The first passes store the Paused condition, the finalizer, then the
+	// shard and the create nonce, and create nothing yet.
+	for pass := 0; nm.Annotations[machine.CreateNonceAnnotation] == ""; pass++ {
+		require.Less(t, pass, 3, "the create nonce is stored within three passes")
+		_, err = r.Reconcile(ctx, req)
+		require.NoError(t, err)
+		nm, ok = get(t, f.ns, "m-early", &infrav1.NstanceMachine{})
+		require.True(t, ok)
+	}
+	require.Equal(t, "shard-b", nm.Spec.Shard)
+	require.Empty(t, nm.Spec.InstanceID)
+	// The shard creates the instance before the reconciler's create call
+	// (as when its reply was lost): the same client token the reconciler
+	// sends, so its CreateInstance returns this (already running) instance.
+	resp, err := shard.client(t).CreateInstance(ctx, &nstancev1.CreateInstanceRequest{GroupId: "solo", ClientToken: machine.CreateToken(nm)})
 	require.NoError(t, err)
 	id := resp.GetInstance().GetInstanceId()
 	require.Eventually(t, func() bool {
 		return instanceState(t, shard, id) == nstancev1.InstanceState_INSTANCE_STATE_RUNNING
 	}, waitLong, tick)
 
-	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(nm)}
 	_, err = r.Reconcile(ctx, req)
 	require.NoError(t, err)
 	nm, ok = get(t, f.ns, "m-early", &infrav1.NstanceMachine{})
 	require.True(t, ok)
 	require.Equal(t, resp.GetInstance().GetProviderId(), nm.Spec.ProviderID)
+	require.Equal(t, id, nm.Spec.InstanceID, "the instance is named in spec")
 	require.True(t, nm.Status.Ready)
 	require.True(t, ptr.Deref(nm.Status.Initialization.Provisioned, false))
 	require.Equal(t, id, nm.Status.InstanceID, "instanceID kept when providerID is written in the same pass")

@@ -41,7 +41,7 @@ func TestCheck(t *testing.T) {
 		{"annotated object", []client.Object{pool(true, "")}, true},
 		{"annotated second object", []client.Object{pool(false, ""), pool(true, "")}, true},
 		{"cluster spec.paused", []client.Object{pool(false, "paused")}, true},
-		{"cluster annotated", []client.Object{pool(false, "annotated")}, true},
+		{"annotated cluster is not paused (as in Cluster API)", []client.Object{pool(false, "annotated")}, false},
 		{"running cluster", []client.Object{pool(false, "running")}, false},
 		{"missing cluster", []client.Object{pool(false, "gone")}, false},
 		{"no cluster label", []client.Object{pool(false, "")}, false},
