@@ -145,9 +145,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	if err := r.Client.Get(ctx, req.NamespacedName, cp); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if added, err := finalizers.EnsureFinalizer(ctx, r.Client, cp, cpv1.ControlPlaneFinalizer); err != nil || added {
-		return ctrl.Result{}, err
-	}
 	cluster, err := r.cluster(ctx, cp)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -162,6 +159,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		ctx = ctrl.LoggerInto(ctx, log)
 	}
 	if isPaused, requeue, err := paused.EnsurePausedCondition(ctx, r.Client, cluster, cp); err != nil || isPaused || requeue {
+		return ctrl.Result{}, err
+	}
+	// After the pause check: a paused control plane is not written to.
+	if added, err := finalizers.EnsureFinalizer(ctx, r.Client, cp, cpv1.ControlPlaneFinalizer); err != nil || added {
 		return ctrl.Result{}, err
 	}
 	helper, err := patch.NewHelper(cp, r.Client)

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/annotations"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -34,6 +35,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/paused"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -106,7 +108,10 @@ type Coordinator struct {
 	// node finds them.
 	NodeRecorder record.EventRecorder
 	Namespace    string
-	Log          logr.Logger
+	// ClusterName is the Cluster whose pause stops drains of instances
+	// that have no NstanceMachine (those of pools).
+	ClusterName string
+	Log         logr.Logger
 	// RetryInterval separates eviction passes while pods remain; zero means 2s.
 	RetryInterval time.Duration
 	// MaxBackoff caps the delay between stream attempts; zero means 5s.
@@ -303,6 +308,19 @@ func (c *Coordinator) Reconcile(ctx context.Context, key Key) (reconcile.Result,
 	}
 	shard, id := key.Namespace, key.Name
 	log := c.Log.WithValues("shard", shard, "instance", id)
+	machine, err := c.machineFor(ctx, shard, id)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	// A paused cluster (clusterctl move) is not written to: no cordon,
+	// eviction, acknowledgement or cleanup until it resumes. The server
+	// still deletes the instance at its drain deadline.
+	if p, err := c.paused(ctx, machine); err != nil {
+		return reconcile.Result{}, err
+	} else if p {
+		log.V(1).Info("cluster paused; drain waits")
+		return reconcile.Result{RequeueAfter: cmp.Or(c.RetryInterval, 2*time.Second)}, nil
+	}
 	if st.deleted {
 		if err := c.cleanup(ctx, shard, id); err != nil {
 			return reconcile.Result{}, err
@@ -328,10 +346,6 @@ func (c *Coordinator) Reconcile(ctx context.Context, key Key) (reconcile.Result,
 	inst := resp.GetInstance()
 	if d := inst.GetDrainDeadline(); d != nil {
 		st.deadline = d.AsTime()
-	}
-	machine, err := c.machineFor(ctx, shard, id)
-	if err != nil {
-		return reconcile.Result{}, err
 	}
 	switch inst.GetState() {
 	case nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION:
@@ -392,6 +406,20 @@ func (c *Coordinator) Reconcile(ctx context.Context, key Key) (reconcile.Result,
 		wait = max(min(wait, time.Until(st.deadline)), time.Millisecond)
 	}
 	return reconcile.Result{RequeueAfter: wait}, nil
+}
+
+// paused reports whether the instance's cluster is paused: through its
+// NstanceMachine (its paused annotation or its Cluster), or for an instance
+// without one (a pool's) through the operator's own Cluster.
+func (c *Coordinator) paused(ctx context.Context, machine *infrav1.NstanceMachine) (bool, error) {
+	if machine != nil && (machine.Labels[clusterv1.ClusterNameLabel] != "" || annotations.HasPaused(machine)) {
+		return paused.Check(ctx, c.Client, machine.Namespace, machine)
+	}
+	if c.ClusterName == "" {
+		return false, nil
+	}
+	cl, err := paused.ClusterNamed(ctx, c.Client, c.Namespace, c.ClusterName)
+	return paused.IsClusterPaused(cl), err
 }
 
 // vmGone reports whether the provider already said the VM is stopped, failed
