@@ -9,6 +9,8 @@ import (
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util"
+	"sigs.k8s.io/cluster-api/util/annotations"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	capipaused "sigs.k8s.io/cluster-api/util/paused"
 	"sigs.k8s.io/cluster-api/util/predicates"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -48,20 +50,33 @@ func IsClusterPaused(c *clusterv1.Cluster) bool {
 }
 
 // Ensure sets obj's Paused condition from its Cluster (found by the
-// cluster-name label) and its own paused annotation, as Cluster API's
-// EnsurePausedCondition does. A reconciler stops when stop is true: the
-// object is paused, or the condition was just written (the write brings the
-// object back). cluster is the object's Cluster, or nil.
+// cluster-name label) and its own paused annotation; see EnsureCondition.
+// cluster is the object's Cluster, or nil.
 func Ensure(ctx context.Context, c client.Client, obj capipaused.ConditionSetter) (cluster *clusterv1.Cluster, stop bool, err error) {
 	cluster, err = Cluster(ctx, c, obj)
 	if err != nil {
 		return nil, true, err
 	}
+	stop, err = EnsureCondition(ctx, c, cluster, obj)
+	return cluster, stop, err
+}
+
+// EnsureCondition sets obj's Paused condition from cluster (nil: none) and
+// obj's paused annotation, as Cluster API's EnsurePausedCondition does. A
+// reconciler stops when stop is true: the object is paused, or the
+// condition was just written (the write brings the object back).
+func EnsureCondition(ctx context.Context, c client.Client, cluster *clusterv1.Cluster, obj capipaused.ConditionSetter) (stop bool, err error) {
+	// Still paused and already saying so: nothing is written, not even the
+	// condition's observedGeneration after a spec change (which
+	// EnsurePausedCondition would patch), so a paused object sees no write.
+	if (IsClusterPaused(cluster) || annotations.HasPaused(obj)) && conditions.IsTrue(obj, clusterv1.PausedCondition) {
+		return true, nil
+	}
 	isPaused, requeue, err := capipaused.EnsurePausedCondition(ctx, c, cluster, obj)
 	if err != nil {
-		return cluster, true, fmt.Errorf("set Paused condition of %s: %w", obj.GetName(), err)
+		return true, fmt.Errorf("set Paused condition of %s: %w", obj.GetName(), err)
 	}
-	return cluster, isPaused || requeue, nil
+	return isPaused || requeue, nil
 }
 
 // Check returns true when any object carries the paused annotation or the
