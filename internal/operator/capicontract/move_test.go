@@ -25,6 +25,7 @@ import (
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	opconfig "github.com/nstance-dev/nstance/internal/operator/config"
 	"github.com/nstance-dev/nstance/internal/operator/machine"
+	"github.com/nstance-dev/nstance/internal/operator/ondemand"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -366,9 +367,9 @@ func TestClusterctlMove(t *testing.T) {
 	require.Equal(t, deletes, d, "no VM deleted")
 }
 
-// resourceVersions maps every object in objs (and the Node named node) to
-// its current resourceVersion; an object that is gone maps to "".
-func resourceVersions(t *testing.T, objs []*unstructured.Unstructured, node string) map[string]string {
+// resourceVersions maps every object in objs (and the Nodes named nodes)
+// to its current resourceVersion; an object that is gone maps to "".
+func resourceVersions(t *testing.T, objs []*unstructured.Unstructured, nodes ...string) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	for _, o := range objs {
@@ -380,20 +381,23 @@ func resourceVersions(t *testing.T, objs []*unstructured.Unstructured, node stri
 			out[kindName(o)] = ""
 		}
 	}
-	var n corev1.Node
-	if get(t, client.ObjectKey{Name: node}, &n) {
-		out["Node/"+node] = n.ResourceVersion
+	for _, node := range nodes {
+		var n corev1.Node
+		if get(t, client.ObjectKey{Name: node}, &n) {
+			out["Node/"+node] = n.ResourceVersion
+		}
 	}
 	return out
 }
 
 // TestPauseStopsWrites pauses the Cluster and then does what normally makes
 // the operator write: a MachinePool and an NstanceMachinePool spec change,
-// and server-side deletions that stream instance and group events (one of
-// them of a standalone Machine's instance with a pod on its Node, whose
-// drain deadline passes while paused). For several reconcile periods no
-// object of the cluster the operator writes changes its resourceVersion, no
-// Node is cordoned and no pod evicted. Unpaused, the writes follow at once.
+// an annotated on-demand pod, and server-side deletions that stream
+// instance and group events (one of them of a standalone Machine's instance
+// with a pod on its Node, whose drain deadline passes while paused). For
+// several reconcile periods no object of the cluster the operator writes
+// (nor any Node, nor the pod) changes its resourceVersion, and no pod is
+// evicted. Unpaused, the writes follow at once.
 func TestPauseStopsWrites(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
@@ -429,7 +433,13 @@ func TestPauseStopsWrites(t *testing.T) {
 	objs = slices.DeleteFunc(objs, func(o *unstructured.Unstructured) bool {
 		return o.GetKind() == "Cluster" || o.GetKind() == "MachinePool"
 	})
-	want := resourceVersions(t, objs, node.Name)
+	var nodeList corev1.NodeList
+	require.NoError(t, env.Client.List(ctx, &nodeList))
+	var nodes []string
+	for _, n := range nodeList.Items {
+		nodes = append(nodes, n.Name)
+	}
+	want := resourceVersions(t, objs, nodes...)
 
 	// Normally: shard groups resized and re-specced, pool status updated.
 	require.True(t, get(t, key("workers"), &mp))
@@ -442,6 +452,20 @@ func TestPauseStopsWrites(t *testing.T) {
 	pool.Spec.Vars = map[string]string{"moved": "no"}
 	require.NoError(t, env.Client.Patch(ctx, &pool, poolPatch))
 	want["NstanceMachinePool/workers"] = pool.ResourceVersion
+	// Normally: the pod gets a finalizer, a Machine and an NstanceMachine.
+	burst := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "burst", Annotations: map[string]string{ondemand.AnnotationGroup: "solo"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/app"}}},
+	}
+	require.NoError(t, env.Client.Create(ctx, burst))
+	want["Pod/burst"] = burst.ResourceVersion
+	podRV := func() string {
+		var p corev1.Pod
+		if !get(t, client.ObjectKeyFromObject(burst), &p) {
+			return ""
+		}
+		return p.ResourceVersion
+	}
 	// Normally: the shard group's status follows the replacement.
 	poolInstance := ""
 	for _, id := range shardInstances(t, f) {
@@ -460,20 +484,26 @@ func TestPauseStopsWrites(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION, resp.GetInstance().GetState())
 
+	current := func() map[string]string {
+		got := resourceVersions(t, objs, nodes...)
+		got["Pod/burst"] = podRV()
+		return got
+	}
 	unchanged := func(d time.Duration) {
 		t.Helper()
 		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(tick) {
-			require.Equal(t, want, resourceVersions(t, objs, node.Name), "a paused cluster's objects are not written")
+			require.Equal(t, want, current(), "a paused cluster's objects are not written")
 		}
 	}
 	// The server deletes the instance at its drain deadline, unacknowledged.
 	require.Eventually(t, func() bool {
-		require.Equal(t, want, resourceVersions(t, objs, node.Name), "a paused cluster's objects are not written")
+		require.Equal(t, want, current(), "a paused cluster's objects are not written")
 		return instanceState(t, f.shard, nm.Spec.InstanceID) == nstancev1.InstanceState_INSTANCE_STATE_DELETED
 	}, waitLong, tick, "the server deletes the undrained instance at its deadline")
 	// Many reconcile periods (poll and retry intervals are 100-300ms).
 	unchanged(3 * time.Second)
 	require.True(t, podExists(t, f.ns, "app"), "no eviction while paused")
+	require.False(t, get(t, key(ondemand.Name(burst)), &clusterv1.Machine{}), "no on-demand Machine while paused")
 	var n corev1.Node
 	require.True(t, get(t, client.ObjectKey{Name: node.Name}, &n))
 	require.False(t, n.Spec.Unschedulable, "no cordon while paused")
@@ -490,6 +520,9 @@ func TestPauseStopsWrites(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return !get(t, key(m.Name), &clusterv1.Machine{}) && !get(t, key(m.Name), &infrav1.NstanceMachine{})
 	}, prompt, tick, "the Machine of the deleted instance goes")
+	require.Eventually(t, func() bool {
+		return get(t, key(ondemand.Name(burst)), &clusterv1.Machine{}) && get(t, key(ondemand.Name(burst)), &infrav1.NstanceMachine{})
+	}, prompt, tick, "the on-demand pod gets its Machine")
 	require.Eventually(t, func() bool {
 		return get(t, key("workers"), &pool) && pool.Status.Replicas == 3 && pool.Status.ObservedGeneration == pool.Generation
 	}, waitLong, tick, "the pool reports three replicas")
