@@ -458,6 +458,12 @@ func TestPauseStopsWrites(t *testing.T) {
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/app"}}},
 	}
 	require.NoError(t, env.Client.Create(ctx, burst))
+	// Operators of later tests watch pods of every namespace: the pod must
+	// not outlive this test (its finalizer is gone once removed here).
+	t.Cleanup(func() {
+		_ = env.Client.Delete(context.Background(), burst)
+		_ = env.Client.Patch(context.Background(), burst, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`)))
+	})
 	want["Pod/burst"] = burst.ResourceVersion
 	podRV := func() string {
 		var p corev1.Pod

@@ -17,7 +17,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
@@ -26,6 +25,8 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/annotations"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/patch"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -665,12 +666,14 @@ func (c *Coordinator) setCondition(ctx context.Context, m *infrav1.NstanceMachin
 	if m == nil {
 		return
 	}
-	patch := client.MergeFrom(m.DeepCopy())
-	if !meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{Type: ConditionDrained, Status: st, Reason: reason,
-		Message: msg, ObservedGeneration: m.Generation}) {
+	// The patch helper writes only a change, and only this condition.
+	helper, err := patch.NewHelper(m, c.Client)
+	if err != nil {
+		c.Log.Error(err, "set Drained condition", "nstanceMachine", m.Name)
 		return
 	}
-	if err := c.Client.Status().Patch(ctx, m, patch); err != nil && !apierrors.IsNotFound(err) {
+	conditions.Set(m, metav1.Condition{Type: ConditionDrained, Status: st, Reason: reason, Message: msg})
+	if err := helper.Patch(ctx, m, patch.WithOwnedConditions{Conditions: []string{ConditionDrained}}); err != nil && !apierrors.IsNotFound(err) {
 		c.Log.Error(err, "set Drained condition", "nstanceMachine", m.Name)
 	}
 }
