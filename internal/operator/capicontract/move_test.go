@@ -348,9 +348,17 @@ func TestClusterctlMove(t *testing.T) {
 		require.True(t, conditions.IsTrue(&nm, machine.ConditionInstanceCreated))
 		var m clusterv1.Machine
 		require.Eventually(t, func() bool {
+			return get(t, key(name), &m) && ptr.Deref(m.Status.Initialization.InfrastructureProvisioned, false)
+		}, waitLong, tick, "core CAPI sees Machine %s's infrastructure provisioned again", name)
+		require.Equal(t, b.providerID, m.Spec.ProviderID)
+		// Running and Ready need core CAPI's connection to the workload
+		// cluster of the recreated Cluster; its Machine controller retries
+		// with exponential backoff until then, which can take longer than
+		// the operator's part.
+		require.Eventually(t, func() bool {
 			return get(t, key(name), &m) && m.Status.Phase == string(clusterv1.MachinePhaseRunning) && m.Status.NodeRef.IsDefined() &&
 				conditions.IsTrue(&m, clusterv1.MachineReadyCondition)
-		}, waitLong, tick, "core CAPI reports Machine %s Running and Ready again: %v", name, lazy(func() string {
+		}, drainWait, tick, "core CAPI reports Machine %s Running and Ready again: %v", name, lazy(func() string {
 			return fmt.Sprintf("phase=%s nodeRef=%v conditions=%+v", m.Status.Phase, m.Status.NodeRef, m.Status.Conditions)
 		}))
 		require.Equal(t, b.providerID, m.Spec.ProviderID)

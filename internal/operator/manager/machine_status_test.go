@@ -177,3 +177,42 @@ func TestMachineStatusWrites(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, rv, nm.ResourceVersion)
 }
+
+// TestMachineDeletedBeforeCreateStored: the create call went out (the shard
+// made the instance) but its reply was never stored, then the NstanceMachine
+// is deleted. The reconciler finds the instance by its create token and
+// deletes it instead of letting the finalizer go and leaking it.
+func TestMachineDeletedBeforeCreateStored(t *testing.T) {
+	f := newFixture(t, "shard-a", "shard-b")
+	ctx := context.Background()
+	shard := f.shards["shard-b"]
+	_, err := shard.client(t).UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: "solo", Template: "worker"}})
+	require.NoError(t, err)
+	r := &machine.Reconciler{Client: env.Client, Conns: f.shardConns(t), Namespace: f.ns,
+		DefaultShard: "shard-a", PollInterval: 100 * time.Millisecond, Log: logr.Discard()}
+
+	f.machinePair(t, "m-lost", "solo", "shard-b")
+	nm, ok := get(t, f.ns, "m-lost", &infrav1.NstanceMachine{})
+	require.True(t, ok)
+	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(nm)}
+	for pass := 0; nm.Annotations[machine.CreateNonceAnnotation] == ""; pass++ {
+		require.Less(t, pass, 3, "the create nonce is stored within three passes")
+		_, err = r.Reconcile(ctx, req)
+		require.NoError(t, err)
+		nm, ok = get(t, f.ns, "m-lost", &infrav1.NstanceMachine{})
+		require.True(t, ok)
+	}
+	resp, err := shard.client(t).CreateInstance(ctx, &nstancev1.CreateInstanceRequest{GroupId: "solo", ClientToken: machine.CreateToken(nm)})
+	require.NoError(t, err)
+	id := resp.GetInstance().GetInstanceId()
+
+	require.NoError(t, env.Client.Delete(ctx, nm))
+	_, err = r.Reconcile(ctx, req)
+	require.NoError(t, err)
+	nm, ok = get(t, f.ns, "m-lost", &infrav1.NstanceMachine{})
+	require.True(t, ok, "the finalizer holds the object while its instance goes")
+	require.Equal(t, id, nm.Spec.InstanceID, "found by the create token")
+	require.Contains(t, []nstancev1.InstanceState{nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION,
+		nstancev1.InstanceState_INSTANCE_STATE_DELETING, nstancev1.InstanceState_INSTANCE_STATE_DELETED},
+		instanceState(t, shard, id), "the instance is being deleted")
+}
