@@ -109,10 +109,7 @@ type Coordinator struct {
 	// node finds them.
 	NodeRecorder record.EventRecorder
 	Namespace    string
-	// ClusterName is the Cluster whose pause stops drains of instances
-	// that have no NstanceMachine (those of pools).
-	ClusterName string
-	Log         logr.Logger
+	Log          logr.Logger
 	// RetryInterval separates eviction passes while pods remain; zero means 2s.
 	RetryInterval time.Duration
 	// MaxBackoff caps the delay between stream attempts; zero means 5s.
@@ -125,6 +122,9 @@ type Coordinator struct {
 	// OnAcknowledged, when set, is called after a drain was acknowledged
 	// (tests and benchmarks measure with it).
 	OnAcknowledged func(shard, instanceID string, skipped bool)
+	// ClusterName is the Cluster (in Namespace) whose pause stops drains
+	// of instances that have no NstanceMachine (those of pools).
+	ClusterName string
 
 	mu     sync.Mutex
 	drains map[Key]*drainState

@@ -258,11 +258,11 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	op.Drain = &drain.Coordinator{
 		Policy: clientset.PolicyV1().RESTClient(),
 		Conns:  op.Conns, Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Recorder: recorder, Namespace: ns,
-		ClusterName:  o.Config.ClusterID,
 		NodeRecorder: mgr.GetEventRecorderFor("nstance-operator"), //nolint:staticcheck // see drain.Coordinator.NodeRecorder
 		Log:          o.Log.WithName("drain"), RetryInterval: o.DrainRetryInterval, MaxBackoff: o.MaxBackoff,
 		OnAcknowledged: o.OnDrainAcknowledged,
 	}
+	op.Drain.ClusterName = o.Config.ClusterID
 	if err := op.Drain.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up drain controller: %w", err)
 	}
