@@ -11,18 +11,15 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/util/predicates"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
-	"github.com/nstance-dev/nstance/internal/operator/paused"
 )
 
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;update;patch
@@ -72,30 +69,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, workers int) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("ondemand").
 		For(&corev1.Pod{}, builder.WithPredicates(predicate.NewPredicateFuncs(interesting))).
-		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.clusterToPods),
-			builder.WithPredicates(predicates.ClusterPausedTransitions(mgr.GetScheme(), mgr.GetLogger()))).
 		WithOptions(controller.Options{MaxConcurrentReconciles: cmp.Or(workers, 4)}).
 		Complete(r)
-}
-
-// clusterToPods brings back every annotated pod when the operator's
-// Cluster is paused or resumed.
-func (r *Reconciler) clusterToPods(ctx context.Context, o client.Object) []reconcile.Request {
-	if o.GetNamespace() != r.Namespace || o.GetName() != r.ClusterName {
-		return nil
-	}
-	var pods corev1.PodList
-	if err := r.Client.List(ctx, &pods); err != nil {
-		ctrl.LoggerFrom(ctx).Error(err, "list pods after a Cluster pause change")
-		return nil
-	}
-	var out []reconcile.Request
-	for i := range pods.Items {
-		if interesting(&pods.Items[i]) {
-			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&pods.Items[i])})
-		}
-	}
-	return out
 }
 
 // Reconcile ensures the Machine pair of one pod, or removes it.
@@ -105,13 +80,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	// While the Cluster is paused (clusterctl move) nothing is created or
-	// removed; the Cluster watch brings the pod back when it resumes.
-	cl, err := paused.ClusterNamed(ctx, r.Client, r.Namespace, r.ClusterName)
-	if err != nil {
+	// removed; the pod is looked at again shortly.
+	if p, err := r.clusterPaused(ctx); err != nil {
 		return reconcile.Result{}, err
-	}
-	if paused.IsClusterPaused(cl) {
-		return reconcile.Result{}, nil
+	} else if p {
+		return reconcile.Result{RequeueAfter: pausePoll}, nil
 	}
 	group := pod.Annotations[AnnotationGroup]
 	if !pod.DeletionTimestamp.IsZero() || group == "" {
