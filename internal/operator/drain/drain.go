@@ -144,10 +144,13 @@ func SetupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 	}
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &infrav1.NstanceMachine{}, MachineInstanceIndex, func(o client.Object) []string {
 		m := o.(*infrav1.NstanceMachine)
-		if m.Spec.InstanceID == "" || m.Spec.Shard == "" {
+		// spec names the instance (it survives clusterctl move); status
+		// covers NstanceMachines that name it elsewhere (a pool's).
+		id, shard := cmp.Or(m.Spec.InstanceID, m.Status.InstanceID), cmp.Or(m.Spec.Shard, m.Status.Shard)
+		if id == "" || shard == "" {
 			return nil
 		}
-		return []string{m.Spec.Shard + "/" + m.Spec.InstanceID}
+		return []string{shard + "/" + id}
 	}); err != nil {
 		return fmt.Errorf("index NstanceMachines by instance: %w", err)
 	}
