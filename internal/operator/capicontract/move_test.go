@@ -431,9 +431,24 @@ func TestPauseStopsWrites(t *testing.T) {
 
 	setClusterPaused(t, f.ns, true)
 	waitPausedCondition(t, f.ns, true, waitLong)
+	// Core CAPI records its own Paused condition on every Machine and
+	// MachinePool (a write the snapshot must not see later).
 	require.Eventually(t, func() bool {
-		return get(t, key(m.Name), m) && conditions.IsTrue(m, clusterv1.PausedCondition) &&
-			get(t, key("workers"), &mp) && conditions.IsTrue(&mp, clusterv1.PausedCondition)
+		var ms clusterv1.MachineList
+		var mps clusterv1.MachinePoolList
+		require.NoError(t, env.Client.List(ctx, &ms, client.InNamespace(f.ns)))
+		require.NoError(t, env.Client.List(ctx, &mps, client.InNamespace(f.ns)))
+		for i := range ms.Items {
+			if !conditions.IsTrue(&ms.Items[i], clusterv1.PausedCondition) {
+				return false
+			}
+		}
+		for i := range mps.Items {
+			if !conditions.IsTrue(&mps.Items[i], clusterv1.PausedCondition) {
+				return false
+			}
+		}
+		return len(ms.Items) > 0 && len(mps.Items) > 0
 	}, waitLong, tick, "core CAPI pauses too")
 	objs, _ := discoverMove(t, f.ns)
 	// The Cluster and the MachinePools are written by core CAPI and the
