@@ -5,6 +5,13 @@ import (
 )
 
 // NstanceMachineSpec is the desired state of a single Nstance instance.
+//
+// instanceID and shard name the instance once it exists. They live in spec,
+// not only in status, because clusterctl move recreates objects without
+// their status: the operator then finds the instance again instead of
+// creating a second one. Once set they never change.
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.instanceID) || (has(self.instanceID) && self.instanceID == oldSelf.instanceID)",message="instanceID is immutable once set"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.shard) || (has(self.shard) && self.shard == oldSelf.shard)",message="shard is immutable once set"
 type NstanceMachineSpec struct {
 	// providerID identifies the instance. Per the Cluster API contract it is
 	// equal to the spec.providerID of the Node the instance registers as. The
@@ -40,13 +47,22 @@ type NstanceMachineSpec struct {
 	// +optional
 	Vars map[string]string `json:"vars,omitempty"`
 
-	// shard pins the instance to a shard. Normally empty: the shard then
-	// comes from the owning Machine's spec.failureDomain.
+	// shard pins the instance to a shard. Normally empty: the operator then
+	// takes the owning Machine's spec.failureDomain (or its default shard)
+	// and records it here before it creates the instance.
 	// +optional
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=63
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
 	Shard string `json:"shard,omitempty"`
+
+	// instanceID is the server's ID of the instance. The operator sets it
+	// once the server has created the instance (as other providers keep
+	// their cloud's instance ID in spec).
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	InstanceID string `json:"instanceID,omitempty"`
 }
 
 // NstanceMachineStatus is the observed state of an NstanceMachine.
@@ -59,12 +75,12 @@ type NstanceMachineStatus struct {
 	// +optional
 	Ready bool `json:"ready,omitempty"`
 
-	// instanceID is the server's ID of the instance.
+	// instanceID mirrors spec.instanceID.
 	// +optional
 	// +kubebuilder:validation:MaxLength=256
 	InstanceID string `json:"instanceID,omitempty"`
 
-	// shard the instance runs in.
+	// shard the instance runs in; mirrors spec.shard.
 	// +optional
 	// +kubebuilder:validation:MaxLength=63
 	Shard string `json:"shard,omitempty"`
@@ -113,11 +129,11 @@ type NstanceMachineStatus struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:path=nstancemachines,scope=Namespaced,categories=cluster-api,shortName=nm
 // +kubebuilder:metadata:labels="cluster.x-k8s.io/v1beta2=v1beta1"
-// +kubebuilder:printcolumn:name="Shard",type="string",JSONPath=".status.shard"
+// +kubebuilder:printcolumn:name="Shard",type="string",JSONPath=".spec.shard"
 // +kubebuilder:printcolumn:name="ProviderID",type="string",JSONPath=".spec.providerID"
 // +kubebuilder:printcolumn:name="Ready",type="boolean",JSONPath=".status.ready"
 // +kubebuilder:printcolumn:name="Group",type="string",JSONPath=".spec.group",priority=1
-// +kubebuilder:printcolumn:name="Instance",type="string",JSONPath=".status.instanceID",priority=1
+// +kubebuilder:printcolumn:name="Instance",type="string",JSONPath=".spec.instanceID",priority=1
 // +kubebuilder:printcolumn:name="State",type="string",JSONPath=".status.state",priority=1
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
 type NstanceMachine struct {

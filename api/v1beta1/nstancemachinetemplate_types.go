@@ -6,6 +6,7 @@ import (
 )
 
 // NstanceMachineTemplateResource is what an NstanceMachine is made from.
+// +kubebuilder:validation:XValidation:rule="!has(self.spec.instanceID)",message="a template must not name an instance: spec.instanceID is set by the operator"
 type NstanceMachineTemplateResource struct {
 	// metadata is copied to the NstanceMachines made from the template.
 	// +optional

@@ -190,9 +190,11 @@ func validMachineSpec() infrav1.NstanceMachineSpec {
 }
 
 func validMachine() *infrav1.NstanceMachine {
+	spec := validMachineSpec()
+	spec.InstanceID = "i-7"
 	return &infrav1.NstanceMachine{
 		ObjectMeta: metav1.ObjectMeta{Name: "gpu-7"},
-		Spec:       validMachineSpec(),
+		Spec:       spec,
 		Status: infrav1.NstanceMachineStatus{
 			Initialization: infrav1.InitializationStatus{Provisioned: ptr.To(true)},
 			Ready:          true,

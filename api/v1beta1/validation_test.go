@@ -161,6 +161,48 @@ func TestInvalidObjectsRejected(t *testing.T) {
 			wantInMessage: []string{"spec.shard", "should match"},
 		},
 		{
+			name: "machine instanceID changed",
+			apply: func(t *testing.T, ns string) error {
+				m := validMachine()
+				m.Namespace = ns
+				create(t, m)
+				m.Spec.InstanceID = "i-8"
+				return env.Client.Update(t.Context(), m)
+			},
+			wantInMessage: []string{"spec", "instanceID is immutable once set"},
+		},
+		{
+			name: "machine instanceID removed",
+			apply: func(t *testing.T, ns string) error {
+				m := validMachine()
+				m.Namespace = ns
+				create(t, m)
+				m.Spec.InstanceID = ""
+				return env.Client.Update(t.Context(), m)
+			},
+			wantInMessage: []string{"spec", "instanceID is immutable once set"},
+		},
+		{
+			name: "machine shard changed once set",
+			apply: func(t *testing.T, ns string) error {
+				m := validMachine()
+				m.Namespace, m.Spec.InstanceID = ns, ""
+				create(t, m)
+				m.Spec.Shard = "us-east-1a"
+				return env.Client.Update(t.Context(), m)
+			},
+			wantInMessage: []string{"spec", "shard is immutable once set"},
+		},
+		{
+			name: "machine template naming an instance",
+			apply: func(t *testing.T, ns string) error {
+				mt := validMachineTemplate()
+				mt.Namespace, mt.Spec.Template.Spec.InstanceID = ns, "i-7"
+				return env.Client.Create(t.Context(), mt)
+			},
+			wantInMessage: []string{"spec.template", "a template must not name an instance"},
+		},
+		{
 			name: "machine template without group",
 			apply: func(t *testing.T, ns string) error {
 				mt := validMachineTemplate()

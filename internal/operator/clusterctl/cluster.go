@@ -2,18 +2,19 @@ package clusterctl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"slices"
 	"strconv"
 
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/patch"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -36,14 +37,20 @@ type Reconciler struct {
 
 // SetupWithManager registers the controller.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("nstancecluster").
-		For(&infrav1.NstanceCluster{}).
-		Complete(r)
+		For(&infrav1.NstanceCluster{})
+	b, err := paused.WatchClusters(b, mgr, &infrav1.NstanceClusterList{}, mgr.GetLogger())
+	if err != nil {
+		return err
+	}
+	return b.Complete(r)
 }
 
-// Reconcile implements reconcile.Reconciler.
-func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+// Reconcile implements reconcile.Reconciler. Changes are written once, at
+// the end, by Cluster API's patch helper; a paused NstanceCluster gets its
+// Paused condition and nothing else.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
 	var nc infrav1.NstanceCluster
 	if err := r.Client.Get(ctx, req.NamespacedName, &nc); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
@@ -51,12 +58,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if !nc.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, nil
 	}
-	if p, err := paused.Check(ctx, r.Client, nc.Namespace, &nc); err != nil {
+	if _, stop, err := paused.Ensure(ctx, r.Client, &nc); err != nil || stop {
 		return ctrl.Result{}, err
-	} else if p {
-		return ctrl.Result{}, nil
 	}
-	before := nc.Status.DeepCopy()
+	helper, err := patch.NewHelper(&nc, r.Client)
+	if err != nil {
+		return ctrl.Result{}, fmt.Errorf("patch helper for NstanceCluster %s: %w", nc.Name, err)
+	}
+	defer func() {
+		if err := helper.Patch(ctx, &nc, patch.WithOwnedConditions{Conditions: []string{clusterv1.PausedCondition, infrav1.ReadyCondition}}); err != nil {
+			retErr = errors.Join(retErr, fmt.Errorf("patch NstanceCluster %s: %w", nc.Name, err))
+		}
+	}()
 	nc.Status.FailureDomains = nil
 	for _, s := range slices.Sorted(slices.Values(r.Shards)) {
 		nc.Status.FailureDomains = append(nc.Status.FailureDomains, infrav1.FailureDomain{Name: s, ControlPlane: ptr.To(false)})
@@ -64,14 +77,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	nc.Status.Ready = true
 	nc.Status.Initialization.Provisioned = ptr.To(true)
 	nc.Status.ObservedGeneration = nc.Generation
-	meta.SetStatusCondition(&nc.Status.Conditions, metav1.Condition{
-		Type: infrav1.ReadyCondition, Status: metav1.ConditionTrue, Reason: infrav1.SyncedReason, ObservedGeneration: nc.Generation,
-	})
-	if !equality.Semantic.DeepEqual(before, &nc.Status) {
-		if err := r.Client.Status().Update(ctx, &nc); err != nil {
-			return ctrl.Result{}, fmt.Errorf("update NstanceCluster status: %w", err)
-		}
-	}
+	conditions.Set(&nc, metav1.Condition{Type: infrav1.ReadyCondition, Status: metav1.ConditionTrue, Reason: infrav1.SyncedReason})
 	return ctrl.Result{}, nil
 }
 
@@ -96,8 +102,20 @@ func Endpoint(server string) (infrav1.APIEndpoint, error) {
 // Cluster named name when they do not exist, and gives an existing Cluster
 // that has no control plane (made by an operator before the
 // NstanceControlPlane existed) a reference to it. Everything else on
-// existing objects is left as it is.
+// existing objects is left as it is. A paused Cluster (clusterctl move in
+// progress) is left alone entirely, and so are its objects.
 func EnsureObjects(ctx context.Context, c client.Client, namespace, name string, endpoint infrav1.APIEndpoint) error {
+	existing, err := paused.ClusterNamed(ctx, c, namespace, name)
+	if err != nil {
+		return err
+	}
+	if paused.IsClusterPaused(existing) {
+		return nil
+	}
+	return ensureObjects(ctx, c, namespace, name, endpoint)
+}
+
+func ensureObjects(ctx context.Context, c client.Client, namespace, name string, endpoint infrav1.APIEndpoint) error {
 	labels := map[string]string{clusterv1.ClusterNameLabel: name}
 	nc := &infrav1.NstanceCluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Labels: labels},

@@ -5,8 +5,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -39,10 +42,15 @@ func TestClusterObjects(t *testing.T) {
 	require.Equal(t, "prod", cp.Labels[clusterv1.ClusterNameLabel])
 
 	r := &clusterctl.Reconciler{Client: env.Client, Shards: []string{"us-west-2a", "us-east-1a"}}
-	_, err = r.Reconcile(ctx, ctrl.Request{NamespacedName: key})
-	require.NoError(t, err)
+	// The first pass records the Paused condition (false) and ends.
+	for range 2 {
+		_, err = r.Reconcile(ctx, ctrl.Request{NamespacedName: key})
+		require.NoError(t, err)
+	}
 	var nc infrav1.NstanceCluster
 	require.NoError(t, env.Client.Get(ctx, key, &nc))
+	require.True(t, conditions.IsFalse(&nc, clusterv1.PausedCondition))
+	require.True(t, conditions.IsTrue(&nc, infrav1.ReadyCondition))
 	require.Equal(t, []string{"us-east-1a", "us-west-2a"}, []string{nc.Status.FailureDomains[0].Name, nc.Status.FailureDomains[1].Name})
 	require.True(t, nc.Status.Ready)
 	require.True(t, *nc.Status.Initialization.Provisioned)
@@ -77,6 +85,58 @@ func TestExistingClusterGetsControlPlane(t *testing.T) {
 	require.Equal(t, infraRef("legacy"), legacy.Spec.InfrastructureRef)
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(other), other))
 	require.Equal(t, otherRef, other.Spec.ControlPlaneRef, "an existing control plane reference is kept")
+}
+
+// TestPausedClusterLeftAlone: while its Cluster is paused (clusterctl
+// move), EnsureObjects changes nothing and the NstanceCluster gets only its
+// Paused condition; unpaused, both do their work.
+func TestPausedClusterLeftAlone(t *testing.T) {
+	env := kubetest.Start(t)
+	ctx := t.Context()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "cc-"}}
+	require.NoError(t, env.Client.Create(ctx, ns))
+	key := client.ObjectKey{Namespace: ns.Name, Name: "moved"}
+	cl := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "moved"},
+		Spec: clusterv1.ClusterSpec{Paused: ptr.To(true),
+			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "NstanceCluster", Name: "moved"}}}
+	require.NoError(t, env.Client.Create(ctx, cl))
+	nc := &infrav1.NstanceCluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "moved",
+		Labels: map[string]string{clusterv1.ClusterNameLabel: "moved"}}}
+	require.NoError(t, env.Client.Create(ctx, nc))
+	ep := infrav1.APIEndpoint{Host: "10.0.0.1", Port: 6443}
+
+	require.NoError(t, clusterctl.EnsureObjects(ctx, env.Client, ns.Name, "moved", ep))
+	require.NoError(t, env.Client.Get(ctx, key, cl))
+	require.False(t, cl.Spec.ControlPlaneRef.IsDefined(), "a paused Cluster is not patched")
+	require.True(t, apierrors.IsNotFound(env.Client.Get(ctx, key, &cpv1.NstanceControlPlane{})), "nothing is created for a paused Cluster")
+
+	r := &clusterctl.Reconciler{Client: env.Client, Shards: []string{"us-west-2a"}}
+	for range 3 {
+		_, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key})
+		require.NoError(t, err)
+	}
+	require.NoError(t, env.Client.Get(ctx, key, nc))
+	require.True(t, conditions.IsTrue(nc, clusterv1.PausedCondition))
+	require.False(t, nc.Status.Ready)
+	require.Empty(t, nc.Status.FailureDomains)
+	rv := nc.ResourceVersion
+	_, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key})
+	require.NoError(t, err)
+	require.NoError(t, env.Client.Get(ctx, key, nc))
+	require.Equal(t, rv, nc.ResourceVersion, "a paused NstanceCluster is not written again")
+
+	cl.Spec.Paused = ptr.To(false)
+	require.NoError(t, env.Client.Update(ctx, cl))
+	require.NoError(t, clusterctl.EnsureObjects(ctx, env.Client, ns.Name, "moved", ep))
+	require.NoError(t, env.Client.Get(ctx, key, cl))
+	require.Equal(t, "NstanceControlPlane", cl.Spec.ControlPlaneRef.Kind)
+	for range 2 {
+		_, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key})
+		require.NoError(t, err)
+	}
+	require.NoError(t, env.Client.Get(ctx, key, nc))
+	require.True(t, conditions.IsFalse(nc, clusterv1.PausedCondition))
+	require.True(t, nc.Status.Ready)
 }
 
 func TestEndpoint(t *testing.T) {

@@ -15,7 +15,6 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/finalizers"
 	"sigs.k8s.io/cluster-api/util/patch"
-	"sigs.k8s.io/cluster-api/util/paused"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -23,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	cpv1 "github.com/nstance-dev/nstance/api/controlplane/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/paused"
 )
 
 // Reconciler reconciles NstanceControlPlanes.
@@ -145,9 +145,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	if err := r.Client.Get(ctx, req.NamespacedName, cp); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if added, err := finalizers.EnsureFinalizer(ctx, r.Client, cp, cpv1.ControlPlaneFinalizer); err != nil || added {
-		return ctrl.Result{}, err
-	}
 	cluster, err := r.cluster(ctx, cp)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -161,7 +158,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		log = log.WithValues("Cluster", cluster.Name)
 		ctx = ctrl.LoggerInto(ctx, log)
 	}
-	if isPaused, requeue, err := paused.EnsurePausedCondition(ctx, r.Client, cluster, cp); err != nil || isPaused || requeue {
+	if stop, err := paused.EnsureCondition(ctx, r.Client, cluster, cp); err != nil || stop {
+		return ctrl.Result{}, err
+	}
+	// After the pause check: a paused control plane is not written to.
+	if added, err := finalizers.EnsureFinalizer(ctx, r.Client, cp, cpv1.ControlPlaneFinalizer); err != nil || added {
 		return ctrl.Result{}, err
 	}
 	helper, err := patch.NewHelper(cp, r.Client)

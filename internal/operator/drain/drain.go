@@ -17,12 +17,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/annotations"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/patch"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -32,6 +34,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/paused"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 	"github.com/nstance-dev/nstance/internal/operator/workload"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -50,7 +53,7 @@ const (
 	// of the workload cluster, see package workload).
 	NodeProviderIDIndex = workload.NodeProviderIDIndex
 	// MachineInstanceIndex indexes NstanceMachines by "{shard}/{instanceID}".
-	MachineInstanceIndex = "status.shardInstance"
+	MachineInstanceIndex = "spec.shardInstance"
 )
 
 // Event reasons, on the Node (and the NstanceMachine when there is one).
@@ -122,6 +125,9 @@ type Coordinator struct {
 	// OnAcknowledged, when set, is called after a drain was acknowledged
 	// (tests and benchmarks measure with it).
 	OnAcknowledged func(shard, instanceID string, skipped bool)
+	// ClusterName is the Cluster (in Namespace) whose pause stops drains
+	// of instances that have no NstanceMachine (those of pools).
+	ClusterName string
 
 	mu     sync.Mutex
 	drains map[Key]*drainState
@@ -134,10 +140,13 @@ type Coordinator struct {
 func SetupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &infrav1.NstanceMachine{}, MachineInstanceIndex, func(o client.Object) []string {
 		m := o.(*infrav1.NstanceMachine)
-		if m.Status.InstanceID == "" || m.Status.Shard == "" {
+		// spec names the instance (it survives clusterctl move); status
+		// covers NstanceMachines that name it elsewhere (a pool's).
+		id, shard := cmp.Or(m.Spec.InstanceID, m.Status.InstanceID), cmp.Or(m.Spec.Shard, m.Status.Shard)
+		if id == "" || shard == "" {
 			return nil
 		}
-		return []string{m.Status.Shard + "/" + m.Status.InstanceID}
+		return []string{shard + "/" + id}
 	}); err != nil {
 		return fmt.Errorf("index NstanceMachines by instance: %w", err)
 	}
@@ -299,6 +308,19 @@ func (c *Coordinator) Reconcile(ctx context.Context, key Key) (reconcile.Result,
 	}
 	shard, id := key.Namespace, key.Name
 	log := c.Log.WithValues("shard", shard, "instance", id)
+	machine, err := c.machineFor(ctx, shard, id)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	// A paused cluster (clusterctl move) is not written to: no cordon,
+	// eviction, acknowledgement or cleanup until it resumes. The server
+	// still deletes the instance at its drain deadline.
+	if p, err := c.paused(ctx, machine); err != nil {
+		return reconcile.Result{}, err
+	} else if p {
+		log.V(1).Info("cluster paused; drain waits")
+		return reconcile.Result{RequeueAfter: cmp.Or(c.RetryInterval, 2*time.Second)}, nil
+	}
 	if st.deleted {
 		if err := c.cleanup(ctx, shard, id); err != nil {
 			return reconcile.Result{}, err
@@ -324,10 +346,6 @@ func (c *Coordinator) Reconcile(ctx context.Context, key Key) (reconcile.Result,
 	inst := resp.GetInstance()
 	if d := inst.GetDrainDeadline(); d != nil {
 		st.deadline = d.AsTime()
-	}
-	machine, err := c.machineFor(ctx, shard, id)
-	if err != nil {
-		return reconcile.Result{}, err
 	}
 	switch inst.GetState() {
 	case nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION:
@@ -428,6 +446,20 @@ func (c *Coordinator) waitForWorkload(ctx context.Context, key Key, st drainStat
 	}
 	c.setCondition(ctx, machine, metav1.ConditionFalse, ReasonWorkloadUnreachable, note)
 	return reconcile.Result{RequeueAfter: c.retryAfter(st)}
+}
+
+// paused reports whether the instance's cluster is paused: through its
+// NstanceMachine (its paused annotation or its Cluster), or for an instance
+// without one (a pool's) through the operator's own Cluster.
+func (c *Coordinator) paused(ctx context.Context, machine *infrav1.NstanceMachine) (bool, error) {
+	if machine != nil && (machine.Labels[clusterv1.ClusterNameLabel] != "" || annotations.HasPaused(machine)) {
+		return paused.Check(ctx, c.Client, machine.Namespace, machine)
+	}
+	if c.ClusterName == "" {
+		return false, nil
+	}
+	cl, err := paused.ClusterNamed(ctx, c.Client, c.Namespace, c.ClusterName)
+	return paused.IsClusterPaused(cl), err
 }
 
 // vmGone reports whether the provider already said the VM is stopped, failed
@@ -675,12 +707,14 @@ func (c *Coordinator) setCondition(ctx context.Context, m *infrav1.NstanceMachin
 	if m == nil {
 		return
 	}
-	patch := client.MergeFrom(m.DeepCopy())
-	if !meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{Type: ConditionDrained, Status: st, Reason: reason,
-		Message: msg, ObservedGeneration: m.Generation}) {
+	// The patch helper writes only a change, and only this condition.
+	helper, err := patch.NewHelper(m, c.Client)
+	if err != nil {
+		c.Log.Error(err, "set Drained condition", "nstanceMachine", m.Name)
 		return
 	}
-	if err := c.Client.Status().Patch(ctx, m, patch); err != nil && !apierrors.IsNotFound(err) {
+	conditions.Set(m, metav1.Condition{Type: ConditionDrained, Status: st, Reason: reason, Message: msg})
+	if err := helper.Patch(ctx, m, patch.WithOwnedConditions{Conditions: []string{ConditionDrained}}); err != nil && !apierrors.IsNotFound(err) {
 		c.Log.Error(err, "set Drained condition", "nstanceMachine", m.Name)
 	}
 }

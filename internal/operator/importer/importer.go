@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -20,6 +21,7 @@ import (
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/operator/ledger"
 	"github.com/nstance-dev/nstance/internal/operator/metrics"
+	"github.com/nstance-dev/nstance/internal/operator/paused"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 	"github.com/nstance-dev/nstance/internal/operator/webhook"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -63,6 +65,9 @@ type Result struct {
 // Run performs the import.
 func (im *Importer) Run(ctx context.Context) (Result, error) {
 	var res Result
+	if err := im.waitUnpaused(ctx); err != nil {
+		return res, err
+	}
 	wait := cmp.Or(im.Wait, 30*time.Second)
 	found := map[string][]*nstancev1.GroupStatus{}
 	for _, shard := range im.Conns.ShardIDs() {
@@ -187,6 +192,26 @@ func (im *Importer) create(ctx context.Context, ids []string, found map[string][
 	wg.Wait()
 	slices.Sort(imported)
 	return imported, errors.Join(errs...)
+}
+
+// waitUnpaused returns once the operator's Cluster is not paused: while
+// clusterctl move has it paused, no pools are created for it.
+func (im *Importer) waitUnpaused(ctx context.Context) error {
+	logged := false
+	return wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		cl, err := paused.ClusterNamed(ctx, im.Reader, im.Namespace, im.ClusterName)
+		if err != nil {
+			return false, err
+		}
+		if !paused.IsClusterPaused(cl) {
+			return true, nil
+		}
+		if !logged {
+			im.Log.Info("Cluster is paused; the import waits until it resumes", "cluster", im.ClusterName)
+			logged = true
+		}
+		return false, nil
+	})
 }
 
 // Objects builds the NstanceMachinePool and MachinePool for a group found on

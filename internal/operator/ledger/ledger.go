@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -57,7 +58,12 @@ func (l *Ledger) RecordMany(ctx context.Context, entries map[string]string) erro
 	if len(entries) == 0 {
 		return nil
 	}
-	body, err := json.Marshal(map[string]any{"data": entries})
+	// The move label makes clusterctl move carry the ledger with the
+	// cluster's objects (it owns none and no Cluster owns it).
+	body, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"labels": map[string]string{clusterctlv1.ClusterctlMoveLabel: ""}},
+		"data":     entries,
+	})
 	if err != nil {
 		return fmt.Errorf("encode ledger patch: %w", err)
 	}
@@ -65,6 +71,7 @@ func (l *Ledger) RecordMany(ctx context.Context, entries map[string]string) erro
 	err = l.Client.Patch(ctx, cm, client.RawPatch(types.MergePatchType, body))
 	if apierrors.IsNotFound(err) {
 		cm.Data = entries
+		cm.Labels = map[string]string{clusterctlv1.ClusterctlMoveLabel: ""}
 		err = l.Client.Create(ctx, cm)
 		if apierrors.IsAlreadyExists(err) {
 			err = l.Client.Patch(ctx, cm, client.RawPatch(types.MergePatchType, body))

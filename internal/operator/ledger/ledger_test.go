@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nstance-dev/nstance/internal/operator/ledger"
@@ -36,4 +37,5 @@ func TestLedgerPersists(t *testing.T) {
 	var cm corev1.ConfigMap
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns.Name, Name: ledger.DefaultName}, &cm))
 	require.Len(t, cm.Data, 3)
+	require.Contains(t, cm.Labels, clusterctlv1.ClusterctlMoveLabel, "clusterctl move carries the ledger")
 }

@@ -3,6 +3,9 @@ package machine
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -13,11 +16,11 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/finalizers"
 	"sigs.k8s.io/cluster-api/util/patch"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -42,6 +45,11 @@ import (
 // Finalizer keeps an NstanceMachine until its instance is deleted.
 const Finalizer = "nstancemachine.infrastructure.cluster.x-k8s.io"
 
+// CreateNonceAnnotation holds the random part of an NstanceMachine's
+// create token (see CreateToken). The operator stores it before the
+// instance is created; clusterctl move carries it with the object.
+const CreateNonceAnnotation = "nstance.dev/create-nonce"
+
 // Condition types and reasons on NstanceMachines.
 const (
 	ConditionReady            = "Ready"
@@ -54,6 +62,8 @@ const (
 	ReasonInstanceNotRunning  = "InstanceNotRunning"
 	ReasonInstanceGone        = "InstanceGone"
 	ReasonDeleting            = "Deleting"
+	ReasonCreating            = "Creating"
+	ReasonAdopted             = "Adopted"
 	ReasonShardUnreachable    = "ShardUnreachable"
 	instanceLabelMachine      = "nstance.dev/machine"
 	instanceLabelMachineSpace = "nstance.dev/namespace"
@@ -76,13 +86,18 @@ type Reconciler struct {
 	Log          logr.Logger
 }
 
-// SetupWithManager registers the controller.
+// SetupWithManager registers the controller. A Cluster that is paused or
+// unpaused brings its NstanceMachines back at once.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, workers int) error {
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		For(&infrav1.NstanceMachine{}).
 		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(machineToInfra)).
-		WithOptions(controller.Options{MaxConcurrentReconciles: cmp.Or(workers, 4)}).
-		Complete(r)
+		WithOptions(controller.Options{MaxConcurrentReconciles: cmp.Or(workers, 4)})
+	b, err := paused.WatchClusters(b, mgr, &infrav1.NstanceMachineList{}, r.Log)
+	if err != nil {
+		return err
+	}
+	return b.Complete(r)
 }
 
 func machineToInfra(_ context.Context, o client.Object) []reconcile.Request {
@@ -126,21 +141,18 @@ func (r *Reconciler) poll() time.Duration { return cmp.Or(r.PollInterval, 2*time
 // in-memory status with the server's (an earlier version wrote
 // spec.providerID mid-pass and lost status.instanceID and status.shard when
 // the instance was already running), and a pass that changes nothing writes
-// nothing.
+// nothing. A paused NstanceMachine (its Cluster's spec.paused, or its own
+// paused annotation) gets its Paused condition and nothing else.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ reconcile.Result, retErr error) {
 	var nm infrav1.NstanceMachine
 	if err := r.Client.Get(ctx, req.NamespacedName, &nm); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	machine, err := OwnerMachine(ctx, r.Client, &nm)
-	if err != nil {
+	if _, stop, err := paused.Ensure(ctx, r.Client, &nm); err != nil || stop {
 		return reconcile.Result{}, err
 	}
-	var machineObj client.Object
-	if machine != nil {
-		machineObj = machine
-	}
-	if p, err := paused.Check(ctx, r.Client, nm.Namespace, &nm, machineObj); err != nil || p {
+	machine, err := OwnerMachine(ctx, r.Client, &nm)
+	if err != nil {
 		return reconcile.Result{}, err
 	}
 	// The finalizer is stored before anything is created on a shard, so an
@@ -154,7 +166,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 	}
 	defer func() {
 		if err := helper.Patch(ctx, &nm, patch.WithStatusObservedGeneration{},
-			patch.WithOwnedConditions{Conditions: []string{ConditionReady, ConditionInstanceCreated}}); err != nil {
+			patch.WithOwnedConditions{Conditions: []string{clusterv1.PausedCondition, ConditionReady, ConditionInstanceCreated}}); err != nil {
 			retErr = errors.Join(retErr, fmt.Errorf("patch NstanceMachine %s: %w", nm.Name, err))
 		}
 	}()
@@ -163,6 +175,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 	if id := infrav1.PoolInstanceID(&nm); id != "" {
 		return r.reconcilePoolMachine(ctx, &nm, id)
 	}
+	// The spec names the instance; status mirrors it (and is all that
+	// clusterctl move leaves out). Objects from before the instance moved
+	// into spec carry it in status only.
+	if nm.Spec.InstanceID == "" && nm.Status.InstanceID != "" && nm.Status.Shard != "" && cmp.Or(nm.Spec.Shard, nm.Status.Shard) == nm.Status.Shard {
+		nm.Spec.InstanceID, nm.Spec.Shard = nm.Status.InstanceID, nm.Status.Shard
+	}
+	nm.Status.InstanceID, nm.Status.Shard = nm.Spec.InstanceID, ""
+	if nm.Spec.InstanceID != "" {
+		nm.Status.Shard, nm.Status.FailureDomain = nm.Spec.Shard, nm.Spec.Shard
+	}
 	if !nm.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, &nm)
 	}
@@ -170,11 +192,22 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 }
 
 func setCond(nm *infrav1.NstanceMachine, typ string, st metav1.ConditionStatus, reason, msg string) {
-	meta.SetStatusCondition(&nm.Status.Conditions, metav1.Condition{Type: typ, Status: st, Reason: reason, Message: msg, ObservedGeneration: nm.Generation})
+	conditions.Set(nm, metav1.Condition{Type: typ, Status: st, Reason: reason, Message: msg})
+}
+
+// CreateToken is the client token an NstanceMachine creates its instance
+// with: derived from its namespace, name and its create-nonce annotation,
+// all of which clusterctl move keeps. A create retried after a lost reply,
+// or repeated by an operator that sees the object after a move before
+// spec.instanceID was stored, therefore returns the same instance; a new
+// object that reuses the name gets a new nonce and a new instance.
+func CreateToken(nm *infrav1.NstanceMachine) string {
+	sum := sha256.Sum256([]byte(nm.Namespace + "/" + nm.Name + "/" + nm.Annotations[CreateNonceAnnotation]))
+	return "nm-" + hex.EncodeToString(sum[:20])
 }
 
 func (r *Reconciler) reconcileNormal(ctx context.Context, nm *infrav1.NstanceMachine, machine *clusterv1.Machine) (reconcile.Result, error) {
-	if nm.Status.InstanceID == "" {
+	if nm.Spec.InstanceID == "" {
 		place := chooseShard(nm, machine, r.DefaultShard)
 		if place.shard == "" {
 			setCond(nm, ConditionInstanceCreated, metav1.ConditionFalse, place.reason, place.message)
@@ -192,6 +225,20 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, nm *infrav1.NstanceMac
 			setCond(nm, ConditionInstanceCreated, metav1.ConditionFalse, ReasonUnknownShard, fmt.Sprintf("shard %q is not in the operator configuration", shard))
 			return reconcile.Result{}, nil
 		}
+		// Shard and nonce are stored before the create call (the deferred
+		// patch; its update event brings the next pass), so every attempt,
+		// here or after a move, asks the same shard with the same token.
+		if nm.Spec.Shard == "" || nm.Annotations[CreateNonceAnnotation] == "" {
+			nm.Spec.Shard = shard
+			if nm.Annotations[CreateNonceAnnotation] == "" {
+				if nm.Annotations == nil {
+					nm.Annotations = map[string]string{}
+				}
+				nm.Annotations[CreateNonceAnnotation] = rand.Text()
+			}
+			setCond(nm, ConditionInstanceCreated, metav1.ConditionFalse, ReasonCreating, "creating the instance on shard "+shard)
+			return reconcile.Result{}, nil
+		}
 		cl, err := r.Conns.Client(shard)
 		if err != nil {
 			setCond(nm, ConditionInstanceCreated, metav1.ConditionFalse, ReasonShardUnreachable, err.Error())
@@ -199,7 +246,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, nm *infrav1.NstanceMac
 		}
 		req := &nstancev1.CreateInstanceRequest{
 			GroupId: nm.Spec.Group, Template: nm.Spec.Template, InstanceType: nm.Spec.InstanceType,
-			SubnetPool: nm.Spec.SubnetPool, Vars: nm.Spec.Vars, ClientToken: string(nm.UID),
+			SubnetPool: nm.Spec.SubnetPool, Vars: nm.Spec.Vars, ClientToken: CreateToken(nm),
 			Labels: map[string]string{instanceLabelMachine: nm.Name, instanceLabelMachineSpace: nm.Namespace},
 		}
 		resp, err := cl.CreateInstance(ctx, req)
@@ -212,20 +259,24 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, nm *infrav1.NstanceMac
 			return reconcile.Result{}, fmt.Errorf("%s", msg)
 		}
 		inst := resp.GetInstance()
+		nm.Spec.InstanceID = inst.GetInstanceId()
 		nm.Status.InstanceID, nm.Status.Shard, nm.Status.FailureDomain = inst.GetInstanceId(), shard, shard
 		setCond(nm, ConditionInstanceCreated, metav1.ConditionTrue, ReasonCreated, "instance "+inst.GetInstanceId()+" created on shard "+shard)
 		if r.Recorder != nil {
 			r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, ReasonCreated, "Create", "instance %s created on shard %s", inst.GetInstanceId(), shard)
 		}
+	} else if !conditions.Has(nm, ConditionInstanceCreated) {
+		// Recreated without status (clusterctl move): the instance exists.
+		setCond(nm, ConditionInstanceCreated, metav1.ConditionTrue, ReasonAdopted, "instance "+nm.Spec.InstanceID+" on shard "+nm.Spec.Shard)
 	}
-	cl, err := r.Conns.Client(nm.Status.Shard)
+	cl, err := r.Conns.Client(nm.Spec.Shard)
 	if err != nil {
 		return reconcile.Result{RequeueAfter: r.poll()}, nil
 	}
-	resp, err := cl.GetInstanceStatus(ctx, &nstancev1.GetInstanceStatusRequest{Lookup: &nstancev1.GetInstanceStatusRequest_InstanceId{InstanceId: nm.Status.InstanceID}})
+	resp, err := cl.GetInstanceStatus(ctx, &nstancev1.GetInstanceStatusRequest{Lookup: &nstancev1.GetInstanceStatusRequest_InstanceId{InstanceId: nm.Spec.InstanceID}})
 	if status.Code(err) == codes.NotFound {
 		nm.Status.Ready, nm.Status.State = false, "deleted"
-		setCond(nm, ConditionReady, metav1.ConditionFalse, ReasonInstanceGone, "the instance no longer exists on shard "+nm.Status.Shard)
+		setCond(nm, ConditionReady, metav1.ConditionFalse, ReasonInstanceGone, "the instance no longer exists on shard "+nm.Spec.Shard)
 		return reconcile.Result{}, nil
 	}
 	if err != nil {
@@ -253,13 +304,23 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, nm *infrav1.NstanceMac
 	if !controllerutil.ContainsFinalizer(nm, Finalizer) {
 		return reconcile.Result{}, nil
 	}
-	gone := nm.Status.InstanceID == ""
+	if nm.Spec.InstanceID == "" && nm.Spec.Shard != "" && nm.Annotations[CreateNonceAnnotation] != "" {
+		// A create may have succeeded without its reply being stored.
+		found, err := r.lookupByToken(ctx, nm)
+		if err != nil {
+			setCond(nm, ConditionReady, metav1.ConditionFalse, ReasonShardUnreachable, err.Error())
+			return reconcile.Result{RequeueAfter: r.poll()}, nil
+		}
+		nm.Spec.InstanceID = found
+		nm.Status.InstanceID = found
+	}
+	gone := nm.Spec.InstanceID == ""
 	if !gone {
-		cl, err := r.Conns.Client(nm.Status.Shard)
+		cl, err := r.Conns.Client(nm.Spec.Shard)
 		if err != nil {
 			return reconcile.Result{RequeueAfter: r.poll()}, nil
 		}
-		resp, err := cl.GetInstanceStatus(ctx, &nstancev1.GetInstanceStatusRequest{Lookup: &nstancev1.GetInstanceStatusRequest_InstanceId{InstanceId: nm.Status.InstanceID}})
+		resp, err := cl.GetInstanceStatus(ctx, &nstancev1.GetInstanceStatusRequest{Lookup: &nstancev1.GetInstanceStatusRequest_InstanceId{InstanceId: nm.Spec.InstanceID}})
 		switch {
 		case status.Code(err) == codes.NotFound:
 			gone = true
@@ -276,14 +337,14 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, nm *infrav1.NstanceMac
 				// coordinator, unless Cluster API drained the Node already:
 				// skip_drain then lets the server go ahead.
 				if st != nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION || skipDrain {
-					if _, err := cl.DeleteInstance(ctx, &nstancev1.DeleteInstanceRequest{InstanceId: nm.Status.InstanceID, SkipDrain: skipDrain}); err != nil && status.Code(err) != codes.NotFound {
-						return reconcile.Result{}, fmt.Errorf("DeleteInstance %s on shard %s: %w", nm.Status.InstanceID, nm.Status.Shard, err)
+					if _, err := cl.DeleteInstance(ctx, &nstancev1.DeleteInstanceRequest{InstanceId: nm.Spec.InstanceID, SkipDrain: skipDrain}); err != nil && status.Code(err) != codes.NotFound {
+						return reconcile.Result{}, fmt.Errorf("DeleteInstance %s on shard %s: %w", nm.Spec.InstanceID, nm.Spec.Shard, err)
 					}
 				}
 			}
 			nm.Status.Ready = false
 			nm.Status.State = stateName(resp.GetInstance().GetState())
-			setCond(nm, ConditionReady, metav1.ConditionFalse, ReasonDeleting, "waiting for instance "+nm.Status.InstanceID+" to be deleted")
+			setCond(nm, ConditionReady, metav1.ConditionFalse, ReasonDeleting, "waiting for instance "+nm.Spec.InstanceID+" to be deleted")
 		}
 	}
 	if !gone {
@@ -292,6 +353,26 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, nm *infrav1.NstanceMac
 	// The deferred patch removes it; the object may then be gone at once.
 	controllerutil.RemoveFinalizer(nm, Finalizer)
 	return reconcile.Result{}, nil
+}
+
+// lookupByToken returns the instance created with nm's create token on its
+// shard, or "" when there is none.
+func (r *Reconciler) lookupByToken(ctx context.Context, nm *infrav1.NstanceMachine) (string, error) {
+	if !r.Conns.Known(nm.Spec.Shard) {
+		return "", nil
+	}
+	cl, err := r.Conns.Client(nm.Spec.Shard)
+	if err != nil {
+		return "", err
+	}
+	resp, err := cl.GetInstanceStatus(ctx, &nstancev1.GetInstanceStatusRequest{Lookup: &nstancev1.GetInstanceStatusRequest_ClientToken{ClientToken: CreateToken(nm)}})
+	if status.Code(err) == codes.NotFound {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("look up instance by create token on shard %s: %s", nm.Spec.Shard, status.Convert(err).Message())
+	}
+	return resp.GetInstance().GetInstanceId(), nil
 }
 
 func stateName(s nstancev1.InstanceState) string {

@@ -122,22 +122,34 @@ func TestMachineStatusWrites(t *testing.T) {
 	f.machinePair(t, "m-early", "solo", "shard-b")
 	nm, ok := get(t, f.ns, "m-early", &infrav1.NstanceMachine{})
 	require.True(t, ok)
-	// The shard creates the instance before the reconciler first asks: the
-	// same client token the reconciler sends, so its CreateInstance returns
-	// this (already running) instance.
-	resp, err := shard.client(t).CreateInstance(ctx, &nstancev1.CreateInstanceRequest{GroupId: "solo", ClientToken: string(nm.UID)})
+	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(nm)}
+	// The first passes store the Paused condition, the finalizer, then the
+	// shard and the create nonce, and create nothing yet.
+	for pass := 0; nm.Annotations[machine.CreateNonceAnnotation] == ""; pass++ {
+		require.Less(t, pass, 3, "the create nonce is stored within three passes")
+		_, err = r.Reconcile(ctx, req)
+		require.NoError(t, err)
+		nm, ok = get(t, f.ns, "m-early", &infrav1.NstanceMachine{})
+		require.True(t, ok)
+	}
+	require.Equal(t, "shard-b", nm.Spec.Shard)
+	require.Empty(t, nm.Spec.InstanceID)
+	// The shard creates the instance before the reconciler's create call
+	// (as when its reply was lost): the same client token the reconciler
+	// sends, so its CreateInstance returns this (already running) instance.
+	resp, err := shard.client(t).CreateInstance(ctx, &nstancev1.CreateInstanceRequest{GroupId: "solo", ClientToken: machine.CreateToken(nm)})
 	require.NoError(t, err)
 	id := resp.GetInstance().GetInstanceId()
 	require.Eventually(t, func() bool {
 		return instanceState(t, shard, id) == nstancev1.InstanceState_INSTANCE_STATE_RUNNING
 	}, waitLong, tick)
 
-	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(nm)}
 	_, err = r.Reconcile(ctx, req)
 	require.NoError(t, err)
 	nm, ok = get(t, f.ns, "m-early", &infrav1.NstanceMachine{})
 	require.True(t, ok)
 	require.Equal(t, resp.GetInstance().GetProviderId(), nm.Spec.ProviderID)
+	require.Equal(t, id, nm.Spec.InstanceID, "the instance is named in spec")
 	require.True(t, nm.Status.Ready)
 	require.True(t, ptr.Deref(nm.Status.Initialization.Provisioned, false))
 	require.Equal(t, id, nm.Status.InstanceID, "instanceID kept when providerID is written in the same pass")
@@ -164,4 +176,43 @@ func TestMachineStatusWrites(t *testing.T) {
 	nm, ok = get(t, f.ns, "m-early", &infrav1.NstanceMachine{})
 	require.True(t, ok)
 	require.Equal(t, rv, nm.ResourceVersion)
+}
+
+// TestMachineDeletedBeforeCreateStored: the create call went out (the shard
+// made the instance) but its reply was never stored, then the NstanceMachine
+// is deleted. The reconciler finds the instance by its create token and
+// deletes it instead of letting the finalizer go and leaking it.
+func TestMachineDeletedBeforeCreateStored(t *testing.T) {
+	f := newFixture(t, "shard-a", "shard-b")
+	ctx := context.Background()
+	shard := f.shards["shard-b"]
+	_, err := shard.client(t).UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: "solo", Template: "worker"}})
+	require.NoError(t, err)
+	r := &machine.Reconciler{Client: env.Client, Conns: f.shardConns(t), Namespace: f.ns,
+		DefaultShard: "shard-a", PollInterval: 100 * time.Millisecond, Log: logr.Discard()}
+
+	f.machinePair(t, "m-lost", "solo", "shard-b")
+	nm, ok := get(t, f.ns, "m-lost", &infrav1.NstanceMachine{})
+	require.True(t, ok)
+	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(nm)}
+	for pass := 0; nm.Annotations[machine.CreateNonceAnnotation] == ""; pass++ {
+		require.Less(t, pass, 3, "the create nonce is stored within three passes")
+		_, err = r.Reconcile(ctx, req)
+		require.NoError(t, err)
+		nm, ok = get(t, f.ns, "m-lost", &infrav1.NstanceMachine{})
+		require.True(t, ok)
+	}
+	resp, err := shard.client(t).CreateInstance(ctx, &nstancev1.CreateInstanceRequest{GroupId: "solo", ClientToken: machine.CreateToken(nm)})
+	require.NoError(t, err)
+	id := resp.GetInstance().GetInstanceId()
+
+	require.NoError(t, env.Client.Delete(ctx, nm))
+	_, err = r.Reconcile(ctx, req)
+	require.NoError(t, err)
+	nm, ok = get(t, f.ns, "m-lost", &infrav1.NstanceMachine{})
+	require.True(t, ok, "the finalizer holds the object while its instance goes")
+	require.Equal(t, id, nm.Spec.InstanceID, "found by the create token")
+	require.Contains(t, []nstancev1.InstanceState{nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION,
+		nstancev1.InstanceState_INSTANCE_STATE_DELETING, nstancev1.InstanceState_INSTANCE_STATE_DELETED},
+		instanceState(t, shard, id), "the instance is being deleted")
 }

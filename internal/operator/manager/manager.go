@@ -285,6 +285,7 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 		Log: o.Log.WithName("drain"), RetryInterval: o.DrainRetryInterval, MaxBackoff: o.MaxBackoff,
 		OnAcknowledged: o.OnDrainAcknowledged,
 	}
+	op.Drain.ClusterName = o.Config.ClusterID
 	if err := op.Drain.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up drain controller: %w", err)
 	}

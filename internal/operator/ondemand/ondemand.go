@@ -96,6 +96,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := wl.Client.Get(ctx, req.NamespacedName, &pod); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
+	// While the Cluster is paused (clusterctl move) nothing is created or
+	// removed; the pod is looked at again shortly.
+	if p, err := r.clusterPaused(ctx); err != nil {
+		return reconcile.Result{}, err
+	} else if p {
+		return reconcile.Result{RequeueAfter: pausePoll}, nil
+	}
 	group := pod.Annotations[AnnotationGroup]
 	if !pod.DeletionTimestamp.IsZero() || group == "" {
 		return reconcile.Result{}, r.remove(ctx, wl, &pod)

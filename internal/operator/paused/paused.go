@@ -4,10 +4,80 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util"
+	"sigs.k8s.io/cluster-api/util/annotations"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	capipaused "sigs.k8s.io/cluster-api/util/paused"
+	"sigs.k8s.io/cluster-api/util/predicates"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 )
+
+// Cluster returns the Cluster named by obj's cluster-name label in its
+// namespace, or nil when the label is missing or the Cluster does not exist.
+func Cluster(ctx context.Context, r client.Reader, obj client.Object) (*clusterv1.Cluster, error) {
+	name := obj.GetLabels()[clusterv1.ClusterNameLabel]
+	if name == "" {
+		return nil, nil
+	}
+	return ClusterNamed(ctx, r, obj.GetNamespace(), name)
+}
+
+// ClusterNamed returns the Cluster namespace/name, or nil when it does not
+// exist.
+func ClusterNamed(ctx context.Context, r client.Reader, namespace, name string) (*clusterv1.Cluster, error) {
+	var c clusterv1.Cluster
+	if err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &c); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("get Cluster %s/%s: %w", namespace, name, err)
+	}
+	return &c, nil
+}
+
+// IsClusterPaused reports whether c (which may be nil) is paused. As in
+// Cluster API, only spec.paused pauses a Cluster; the paused annotation
+// pauses the object that carries it.
+func IsClusterPaused(c *clusterv1.Cluster) bool {
+	return c != nil && ptr.Deref(c.Spec.Paused, false)
+}
+
+// Ensure sets obj's Paused condition from its Cluster (found by the
+// cluster-name label) and its own paused annotation; see EnsureCondition.
+// cluster is the object's Cluster, or nil.
+func Ensure(ctx context.Context, c client.Client, obj capipaused.ConditionSetter) (cluster *clusterv1.Cluster, stop bool, err error) {
+	cluster, err = Cluster(ctx, c, obj)
+	if err != nil {
+		return nil, true, err
+	}
+	stop, err = EnsureCondition(ctx, c, cluster, obj)
+	return cluster, stop, err
+}
+
+// EnsureCondition sets obj's Paused condition from cluster (nil: none) and
+// obj's paused annotation, as Cluster API's EnsurePausedCondition does. A
+// reconciler stops when stop is true: the object is paused, or the
+// condition was just written (the write brings the object back).
+func EnsureCondition(ctx context.Context, c client.Client, cluster *clusterv1.Cluster, obj capipaused.ConditionSetter) (stop bool, err error) {
+	// Still paused and already saying so: nothing is written, not even the
+	// condition's observedGeneration after a spec change (which
+	// EnsurePausedCondition would patch), so a paused object sees no write.
+	if (IsClusterPaused(cluster) || annotations.HasPaused(obj)) && conditions.IsTrue(obj, clusterv1.PausedCondition) {
+		return true, nil
+	}
+	isPaused, requeue, err := capipaused.EnsurePausedCondition(ctx, c, cluster, obj)
+	if err != nil {
+		return true, fmt.Errorf("set Paused condition of %s: %w", obj.GetName(), err)
+	}
+	return isPaused || requeue, nil
+}
 
 // Check returns true when any object carries the paused annotation or the
 // Cluster named by their cluster-name label (in namespace) is paused. Nil
@@ -28,15 +98,21 @@ func Check(ctx context.Context, r client.Reader, namespace string, objs ...clien
 	if cluster == "" {
 		return false, nil
 	}
-	var c clusterv1.Cluster
-	if err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: cluster}, &c); err != nil {
-		if apierrors.IsNotFound(err) {
-			return false, nil
-		}
-		return false, fmt.Errorf("get Cluster %s/%s: %w", namespace, cluster, err)
+	c, err := ClusterNamed(ctx, r, namespace, cluster)
+	if err != nil {
+		return false, err
 	}
-	if _, ok := c.Annotations[clusterv1.PausedAnnotation]; ok {
-		return true, nil
+	return IsClusterPaused(c), nil
+}
+
+// WatchClusters makes b reconcile every object of list's kind that carries
+// a Cluster's name label when that Cluster is paused or unpaused, so a
+// resumed object is reconciled at once rather than at the next resync.
+func WatchClusters(b *builder.Builder, mgr ctrl.Manager, list client.ObjectList, log logr.Logger) (*builder.Builder, error) {
+	mapper, err := util.ClusterToTypedObjectsMapper(mgr.GetClient(), list, mgr.GetScheme())
+	if err != nil {
+		return nil, fmt.Errorf("map Clusters to %T: %w", list, err)
 	}
-	return c.Spec.Paused != nil && *c.Spec.Paused, nil
+	return b.Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(mapper),
+		builder.WithPredicates(predicates.ClusterPausedTransitions(mgr.GetScheme(), log))), nil
 }

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -41,7 +42,7 @@ func TestCheck(t *testing.T) {
 		{"annotated object", []client.Object{pool(true, "")}, true},
 		{"annotated second object", []client.Object{pool(false, ""), pool(true, "")}, true},
 		{"cluster spec.paused", []client.Object{pool(false, "paused")}, true},
-		{"cluster annotated", []client.Object{pool(false, "annotated")}, true},
+		{"annotated cluster is not paused (as in Cluster API)", []client.Object{pool(false, "annotated")}, false},
 		{"running cluster", []client.Object{pool(false, "running")}, false},
 		{"missing cluster", []client.Object{pool(false, "gone")}, false},
 		{"no cluster label", []client.Object{pool(false, "")}, false},
@@ -54,4 +55,59 @@ func TestCheck(t *testing.T) {
 			require.Equal(t, tt.want, got)
 		})
 	}
+}
+
+// TestEnsureCondition: the Paused condition is written when the pause
+// state changes and stops the pass; a paused object that already says so
+// is not written again, not even after a spec change.
+func TestEnsureCondition(t *testing.T) {
+	ctx := t.Context()
+	s := runtime.NewScheme()
+	require.NoError(t, clusterv1.AddToScheme(s))
+	require.NoError(t, infrav1.AddToScheme(s))
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c"}, Spec: clusterv1.ClusterSpec{Paused: ptr.To(true)}}
+	pool := &infrav1.NstanceMachinePool{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", Generation: 1,
+		Labels: map[string]string{clusterv1.ClusterNameLabel: "c"}}}
+	c := fake.NewClientBuilder().WithScheme(s).WithObjects(cluster, pool).WithStatusSubresource(pool).Build()
+	reload := func() *infrav1.NstanceMachinePool {
+		p := &infrav1.NstanceMachinePool{}
+		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(pool), p))
+		return p
+	}
+
+	p := reload()
+	got, stop, err := Ensure(ctx, c, p)
+	require.NoError(t, err)
+	require.True(t, stop)
+	require.Equal(t, "c", got.Name)
+	p = reload()
+	require.True(t, conditions.IsTrue(p, clusterv1.PausedCondition), "paused: condition written")
+
+	// A spec change (new generation) while paused writes nothing.
+	p.Spec.Template = "other"
+	require.NoError(t, c.Update(ctx, p))
+	p = reload()
+	rv := p.ResourceVersion
+	stop, err = EnsureCondition(ctx, c, cluster, p)
+	require.NoError(t, err)
+	require.True(t, stop)
+	require.Equal(t, rv, reload().ResourceVersion, "no write while paused")
+
+	// Unpaused: the condition turns false and the pass stops once.
+	cluster.Spec.Paused = ptr.To(false)
+	stop, err = EnsureCondition(ctx, c, cluster, p)
+	require.NoError(t, err)
+	require.True(t, stop)
+	p = reload()
+	require.True(t, conditions.IsFalse(p, clusterv1.PausedCondition))
+	stop, err = EnsureCondition(ctx, c, cluster, p)
+	require.NoError(t, err)
+	require.False(t, stop, "unpaused and recorded: the pass goes on")
+
+	// The object's own annotation pauses it without a Cluster.
+	p.Annotations = map[string]string{clusterv1.PausedAnnotation: ""}
+	stop, err = EnsureCondition(ctx, c, nil, p)
+	require.NoError(t, err)
+	require.True(t, stop)
+	require.True(t, conditions.IsTrue(reload(), clusterv1.PausedCondition))
 }

@@ -8,12 +8,14 @@ import (
 	"slices"
 	"strings"
 
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/annotations"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/finalizers"
+	"sigs.k8s.io/cluster-api/util/patch"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -68,43 +70,49 @@ func InfraRefName(o client.Object) []string {
 	return []string{ref.Name}
 }
 
-// Reconcile implements reconcile.Reconciler.
-func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+// Reconcile implements reconcile.Reconciler. Changes to the pool are
+// written once, at the end, by Cluster API's patch helper. A paused pool
+// (its Cluster's spec.paused, or its own paused annotation) gets its Paused
+// condition and nothing else; so does a pool whose MachinePool carries the
+// paused annotation.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
 	var pool infrav1.NstanceMachinePool
 	if err := r.Client.Get(ctx, req.NamespacedName, &pool); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	log := log.FromContext(ctx).WithValues("group", pool.Spec.Group)
 	ctx = ctrl.LoggerInto(ctx, log)
+	if _, stop, err := paused.Ensure(ctx, r.Client, &pool); err != nil || stop {
+		return ctrl.Result{}, err
+	}
 
 	mp, err := r.machinePool(ctx, &pool)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	objs := []client.Object{&pool}
-	if mp != nil {
-		objs = append(objs, mp)
-	}
-	if p, err := paused.Check(ctx, r.Client, pool.Namespace, objs...); err != nil {
-		return ctrl.Result{}, err
-	} else if p {
-		log.V(1).Info("reconciliation paused")
+	if mp != nil && annotations.HasPaused(mp) {
+		log.V(1).Info("reconciliation paused by the MachinePool")
 		return ctrl.Result{}, nil
 	}
-
-	if !pool.DeletionTimestamp.IsZero() {
-		return ctrl.Result{}, r.reconcileDelete(ctx, &pool)
-	}
-	if err := r.Ledger.Record(ctx, pool.Spec.Group, ledger.StateManaged); err != nil {
-		return ctrl.Result{}, err
-	}
-	if !controllerutil.ContainsFinalizer(&pool, infrav1.MachinePoolFinalizer) {
-		// Optimistic lock: a merge patch replaces the whole finalizer list.
-		patch := client.MergeFromWithOptions(pool.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		controllerutil.AddFinalizer(&pool, infrav1.MachinePoolFinalizer)
-		if err := r.Client.Patch(ctx, &pool, patch); err != nil {
+	if pool.DeletionTimestamp.IsZero() {
+		if err := r.Ledger.Record(ctx, pool.Spec.Group, ledger.StateManaged); err != nil {
+			return ctrl.Result{}, err
+		}
+		if _, err := finalizers.EnsureFinalizer(ctx, r.Client, &pool, infrav1.MachinePoolFinalizer); err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
 		}
+	}
+	helper, err := patch.NewHelper(&pool, r.Client)
+	if err != nil {
+		return ctrl.Result{}, fmt.Errorf("patch helper for NstanceMachinePool %s: %w", pool.Name, err)
+	}
+	defer func() {
+		if err := helper.Patch(ctx, &pool, patch.WithOwnedConditions{Conditions: []string{clusterv1.PausedCondition, infrav1.ReadyCondition}}); err != nil {
+			retErr = errors.Join(retErr, fmt.Errorf("patch NstanceMachinePool %s: %w", pool.Name, err))
+		}
+	}()
+	if !pool.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, r.reconcileDelete(ctx, &pool)
 	}
 	return ctrl.Result{}, r.reconcileNormal(ctx, &pool, mp)
 }
@@ -173,22 +181,16 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, pool *infrav1.NstanceM
 		}
 	}
 	if len(sgs) > 0 {
-		before := pool.Status.DeepCopy()
 		setCond(pool, infrav1.ReadyCondition, false, infrav1.DeletingReason, fmt.Sprintf("waiting for %d shard groups to be deleted", len(sgs)))
 		// The shard groups' deletion events bring us back here.
-		return r.patchStatus(ctx, pool, before)
+		return nil
 	}
-	// Optimistic lock: a merge patch replaces the whole finalizer list.
-	patch := client.MergeFromWithOptions(pool.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	// The deferred patch removes it; the object may then be gone at once.
 	controllerutil.RemoveFinalizer(pool, infrav1.MachinePoolFinalizer)
-	if err := r.Client.Patch(ctx, pool, patch); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("remove finalizer: %w", err)
-	}
 	return nil
 }
 
 func (r *Reconciler) reconcileNormal(ctx context.Context, pool *infrav1.NstanceMachinePool, mp *clusterv1.MachinePool) error {
-	before := pool.Status.DeepCopy()
 	var desired int32
 	if mp != nil {
 		desired = ptr.Deref(mp.Spec.Replicas, 1)
@@ -223,11 +225,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *infrav1.NstanceM
 		agg.Reason, agg.Message = WaitingForMachinePoolReason, "no MachinePool references this pool"
 	}
 	if !slices.Equal(pool.Spec.ProviderIDList, agg.ProviderIDs) {
-		patch := client.MergeFrom(pool.DeepCopy())
 		pool.Spec.ProviderIDList = agg.ProviderIDs
-		if err := r.Client.Patch(ctx, pool, patch); err != nil {
-			return fmt.Errorf("update providerIDList: %w", err)
-		}
 	}
 	pool.Status.Replicas = agg.Replicas
 	pool.Status.ReadyReplicas = agg.ReadyReplicas
@@ -241,12 +239,11 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *infrav1.NstanceM
 	}
 	pool.Status.ObservedGeneration = pool.Generation
 	setCond(pool, infrav1.ReadyCondition, agg.Ready, agg.Reason, agg.Message)
-	var syncErr error
 	if mp != nil {
 		pool.Status.InfrastructureMachineKind = infrav1.PoolMachineKind
-		syncErr = r.syncMachines(ctx, pool, mp, keep)
+		return r.syncMachines(ctx, pool, mp, keep)
 	}
-	return errors.Join(syncErr, r.patchStatus(ctx, pool, before))
+	return nil
 }
 
 func (r *Reconciler) ensureShardGroup(ctx context.Context, pool *infrav1.NstanceMachinePool, mp *clusterv1.MachinePool, shard string, size int32) error {
@@ -287,24 +284,12 @@ func (r *Reconciler) ensureShardGroup(ctx context.Context, pool *infrav1.Nstance
 	return nil
 }
 
-func (r *Reconciler) patchStatus(ctx context.Context, pool *infrav1.NstanceMachinePool, before *infrav1.NstanceMachinePoolStatus) error {
-	if equality.Semantic.DeepEqual(before, &pool.Status) {
-		return nil
-	}
-	if err := r.Client.Status().Update(ctx, pool); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("update status: %w", err)
-	}
-	return nil
-}
-
 func setCond(pool *infrav1.NstanceMachinePool, typ string, ok bool, reason, msg string) {
 	st := metav1.ConditionFalse
 	if ok {
 		st = metav1.ConditionTrue
 	}
-	meta.SetStatusCondition(&pool.Status.Conditions, metav1.Condition{
-		Type: typ, Status: st, Reason: reason, Message: msg, ObservedGeneration: pool.Generation,
-	})
+	conditions.Set(pool, metav1.Condition{Type: typ, Status: st, Reason: reason, Message: msg})
 }
 
 // Summary is a pool's status derived from its shard groups.
@@ -349,10 +334,10 @@ func Aggregate(sgs []infrav1.NstanceShardGroup, shards []string, desired int32, 
 			notReady = append(notReady, shard+" (no shard group)")
 			continue
 		}
-		if !meta.IsStatusConditionTrue(sg.Status.Conditions, infrav1.ConfigValidCondition) {
+		if !conditions.IsTrue(sg, infrav1.ConfigValidCondition) {
 			s.Provisioned = false
 		}
-		c := meta.FindStatusCondition(sg.Status.Conditions, infrav1.ReadyCondition)
+		c := conditions.Get(sg, infrav1.ReadyCondition)
 		if c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != sg.Generation {
 			why := "not synced"
 			if c != nil && c.Reason != "" {

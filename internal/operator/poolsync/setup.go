@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/paused"
 )
 
 // SetupWithManager registers the index and the controller.
@@ -21,7 +22,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, wor
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &clusterv1.MachinePool{}, InfraRefIndex, InfraRefName); err != nil {
 		return err
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("nstancemachinepool").
 		For(&infrav1.NstanceMachinePool{}).
 		Owns(&infrav1.NstanceShardGroup{}).
@@ -29,8 +30,12 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, wor
 		// them (core CAPI's Machine does).
 		Watches(&infrav1.NstanceMachine{}, handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &infrav1.NstanceMachinePool{})).
 		Watches(&clusterv1.MachinePool{}, handler.EnqueueRequestsFromMapFunc(mapMachinePool)).
-		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
-		Complete(r)
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers})
+	b, err := paused.WatchClusters(b, mgr, &infrav1.NstanceMachinePoolList{}, mgr.GetLogger())
+	if err != nil {
+		return err
+	}
+	return b.Complete(r)
 }
 
 // mapMachinePool turns a MachinePool event into a request for the

@@ -12,11 +12,15 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/equality"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/annotations"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/finalizers"
+	"sigs.k8s.io/cluster-api/util/patch"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -84,40 +88,46 @@ func (r *Reconciler) callCtx(ctx context.Context) (context.Context, context.Canc
 	return context.WithTimeout(ctx, d)
 }
 
-// Reconcile implements reconcile.Reconciler.
-func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+// Reconcile implements reconcile.Reconciler. Changes to the shard group
+// are written once, at the end, by Cluster API's patch helper. A paused
+// shard group (its Cluster's spec.paused, or its own paused annotation)
+// gets its Paused condition and nothing else; so does one whose owning pool
+// carries the paused annotation.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
 	var sg infrav1.NstanceShardGroup
 	if err := r.Client.Get(ctx, req.NamespacedName, &sg); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	log := log.FromContext(ctx).WithValues("group", sg.Spec.Group, "shard", sg.Spec.Shard)
 	ctx = ctrl.LoggerInto(ctx, log)
-
+	if _, stop, err := paused.Ensure(ctx, r.Client, &sg); err != nil || stop {
+		return ctrl.Result{}, err
+	}
 	owner, err := r.ownerPool(ctx, &sg)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	objs := []client.Object{&sg}
-	if owner != nil {
-		objs = append(objs, owner)
-	}
-	if p, err := paused.Check(ctx, r.Client, sg.Namespace, objs...); err != nil {
-		return ctrl.Result{}, err
-	} else if p {
-		log.V(1).Info("reconciliation paused")
+	if owner != nil && annotations.HasPaused(owner) {
+		log.V(1).Info("reconciliation paused by the owning pool")
 		return ctrl.Result{}, nil
 	}
-
-	if !sg.DeletionTimestamp.IsZero() {
-		return r.reconcileDelete(ctx, &sg, owner != nil && webhook.IsStatic(owner))
-	}
-	if !controllerutil.ContainsFinalizer(&sg, infrav1.ShardGroupFinalizer) {
-		// Optimistic lock: a merge patch replaces the whole finalizer list.
-		patch := client.MergeFromWithOptions(sg.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		controllerutil.AddFinalizer(&sg, infrav1.ShardGroupFinalizer)
-		if err := r.Client.Patch(ctx, &sg, patch); err != nil {
+	if sg.DeletionTimestamp.IsZero() {
+		if _, err := finalizers.EnsureFinalizer(ctx, r.Client, &sg, infrav1.ShardGroupFinalizer); err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
 		}
+	}
+	helper, err := patch.NewHelper(&sg, r.Client)
+	if err != nil {
+		return ctrl.Result{}, fmt.Errorf("patch helper for NstanceShardGroup %s: %w", sg.Name, err)
+	}
+	defer func() {
+		if err := helper.Patch(ctx, &sg, patch.WithOwnedConditions{Conditions: []string{clusterv1.PausedCondition,
+			infrav1.ReadyCondition, infrav1.ShardReachableCondition, infrav1.ConfigValidCondition}}); err != nil {
+			retErr = errors.Join(retErr, fmt.Errorf("patch NstanceShardGroup %s: %w", sg.Name, err))
+		}
+	}()
+	if !sg.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, &sg, owner != nil && webhook.IsStatic(owner))
 	}
 	return r.reconcileNormal(ctx, &sg)
 }
@@ -178,15 +188,9 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, sg *infrav1.NstanceSha
 	return ctrl.Result{}, r.removeFinalizer(ctx, sg)
 }
 
-func (r *Reconciler) removeFinalizer(ctx context.Context, sg *infrav1.NstanceShardGroup) error {
-	if controllerutil.ContainsFinalizer(sg, infrav1.ShardGroupFinalizer) {
-		// Optimistic lock: a merge patch replaces the whole finalizer list.
-		patch := client.MergeFromWithOptions(sg.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		controllerutil.RemoveFinalizer(sg, infrav1.ShardGroupFinalizer)
-		if err := r.Client.Patch(ctx, sg, patch); err != nil && !kerrors.IsNotFound(err) {
-			return fmt.Errorf("remove finalizer: %w", err)
-		}
-	}
+// removeFinalizer lets the shard group go; the deferred patch writes it.
+func (r *Reconciler) removeFinalizer(_ context.Context, sg *infrav1.NstanceShardGroup) error {
+	controllerutil.RemoveFinalizer(sg, infrav1.ShardGroupFinalizer)
 	return nil
 }
 
@@ -199,7 +203,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, sg *infrav1.NstanceSha
 		if cond := meta.FindStatusCondition(before.Conditions, infrav1.ShardReachableCondition); cond == nil || cond.Reason != infrav1.UnknownShardReason {
 			r.Recorder.Eventf(sg, nil, corev1.EventTypeWarning, EventUnknownShard, "Sync", "shard %q is not in the operator configuration", shard)
 		}
-		return ctrl.Result{}, r.patchStatus(ctx, sg, before)
+		return ctrl.Result{}, nil
 	}
 	c, err := r.Conns.Client(shard)
 	if errors.Is(err, shardconn.ErrNotStarted) {
@@ -235,12 +239,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, sg *infrav1.NstanceSha
 				sg.Status.ObservedGeneration = sg.Generation
 				// A rejected spec needs a spec change; retry slowly in case the
 				// server's config changed meanwhile.
-				return ctrl.Result{RequeueAfter: time.Minute}, r.patchStatus(ctx, sg, before)
+				return ctrl.Result{RequeueAfter: time.Minute}, nil
 			default:
 				setCond(sg, infrav1.ReadyCondition, false, infrav1.SyncFailedReason, err.Error())
-				if perr := r.patchStatus(ctx, sg, before); perr != nil {
-					return ctrl.Result{}, perr
-				}
 				return ctrl.Result{}, fmt.Errorf("UpsertGroup %s on shard %s: %w", sg.Spec.Group, shard, err)
 			}
 		}
@@ -263,7 +264,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, sg *infrav1.NstanceSha
 		setCond(sg, infrav1.ReadyCondition, false, infrav1.WaitingForReplicasReason,
 			fmt.Sprintf("%d of %d instances exist", sg.Status.Replicas, sg.Spec.Size))
 	}
-	return ctrl.Result{}, r.patchStatus(ctx, sg, before)
+	return ctrl.Result{}, nil
 }
 
 func (r *Reconciler) markUnreachable(ctx context.Context, sg *infrav1.NstanceShardGroup, cause error) (ctrl.Result, error) {
@@ -278,23 +279,7 @@ func (r *Reconciler) markUnreachable(ctx context.Context, sg *infrav1.NstanceSha
 	}
 	setCond(sg, infrav1.ShardReachableCondition, false, infrav1.ShardUnreachableReason, msg)
 	setCond(sg, infrav1.ReadyCondition, false, infrav1.ShardUnreachableReason, "shard is unreachable")
-	if err := r.patchStatus(ctx, sg, before); err != nil {
-		return ctrl.Result{}, err
-	}
 	return ctrl.Result{RequeueAfter: r.retry()}, nil
-}
-
-func (r *Reconciler) patchStatus(ctx context.Context, sg *infrav1.NstanceShardGroup, before *infrav1.NstanceShardGroupStatus) error {
-	if apierrors.Semantic.DeepEqual(before, &sg.Status) {
-		return nil
-	}
-	if err := r.Client.Status().Update(ctx, sg); err != nil {
-		if kerrors.IsNotFound(err) {
-			return nil
-		}
-		return fmt.Errorf("update status: %w", err)
-	}
-	return nil
 }
 
 // applyServerStatus copies the server's view of the group into the status.
@@ -314,9 +299,7 @@ func setCond(sg *infrav1.NstanceShardGroup, typ string, ok bool, reason, msg str
 	if ok {
 		st = metav1.ConditionTrue
 	}
-	meta.SetStatusCondition(&sg.Status.Conditions, metav1.Condition{
-		Type: typ, Status: st, Reason: reason, Message: msg, ObservedGeneration: sg.Generation,
-	})
+	conditions.Set(sg, metav1.Condition{Type: typ, Status: st, Reason: reason, Message: msg})
 }
 
 // DesiredSpec is the server group spec an NstanceShardGroup asks for.

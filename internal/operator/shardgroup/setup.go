@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/paused"
 )
 
 // SetupWithManager registers the controller. trigger carries shard groups to
@@ -21,12 +22,16 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, trigger <-chan event.Gen
 	if workers <= 0 {
 		workers = 4
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("nstanceshardgroup").
 		For(&infrav1.NstanceShardGroup{}).
 		WatchesRawSource(source.Channel(trigger, &handler.EnqueueRequestForObject{})).
-		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
-		Complete(r)
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers})
+	b, err := paused.WatchClusters(b, mgr, &infrav1.NstanceShardGroupList{}, mgr.GetLogger())
+	if err != nil {
+		return err
+	}
+	return b.Complete(r)
 }
 
 // Trigger sends a reconcile request for the shard group of group on shard.
