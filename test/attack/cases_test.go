@@ -710,17 +710,17 @@ func victimAgent(ctx context.Context, e *env, imp impostor, caPEM []byte) error 
 		if !clientAlert(err) {
 			return fmt.Errorf("the handshake failed without the agent refusing the certificate: %v", err)
 		}
-	case <-p.done:
-		return fmt.Errorf("the agent exited before connecting:\n%s", tail(p.log, 10))
+	case <-p.Done:
+		return fmt.Errorf("the agent exited before connecting:\n%s", tail(p.Log, 10))
 	case <-ctx.Done():
 		return errors.New("the agent never connected to the fake server")
 	}
 	// The agent logs why it refused; it must be the check under test.
 	if err := waitFor("the agent's refusal in its log", refuseWithin, func() bool {
-		b, _ := os.ReadFile(p.log)
+		b, _ := os.ReadFile(p.Log)
 		return strings.Contains(string(b), imp.refusal)
 	}); err != nil {
-		return fmt.Errorf("%v:\n%s", err, tail(p.log, 5))
+		return fmt.Errorf("%v:\n%s", err, tail(p.Log, 5))
 	}
 	if _, err := os.Stat(filepath.Join(id, "nonce.jwt")); err != nil {
 		return fmt.Errorf("the agent's nonce: %v", err)
@@ -790,7 +790,7 @@ func handlerPanic(ctx context.Context, e *env) error {
 			return fmt.Errorf("%s: not serving after the panic: %v %v", sv.shard, resp, err)
 		}
 		select {
-		case <-sv.proc.done:
+		case <-sv.proc.Done:
 			return fmt.Errorf("%s exited", sv.shard)
 		default:
 		}
@@ -1073,7 +1073,7 @@ type limitResult struct {
 // server's RSS meanwhile.
 func limitRun(ctx context.Context, sv *server, conns []*grpc.ClientConn, total int) (limitResult, error) {
 	var r limitResult
-	before, err := rss(sv.proc.cmd.Process.Pid)
+	before, err := rss(sv.proc.Cmd.Process.Pid)
 	if err != nil {
 		return r, err
 	}
@@ -1135,12 +1135,12 @@ func limitRun(ctx context.Context, sv *server, conns []*grpc.ClientConn, total i
 		case <-all:
 			waiting = false
 		case <-tick.C:
-			if v, err := rss(sv.proc.cmd.Process.Pid); err == nil && v > peak {
+			if v, err := rss(sv.proc.Cmd.Process.Pid); err == nil && v > peak {
 				peak = v
 			}
 		}
 	}
-	if v, err := rss(sv.proc.cmd.Process.Pid); err == nil && v > peak {
+	if v, err := rss(sv.proc.Cmd.Process.Pid); err == nil && v > peak {
 		peak = v
 	}
 	close(release)

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nstance-dev/nstance/internal/server/layout"
+	"github.com/nstance-dev/nstance/internal/testing/proctest"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
 )
@@ -53,22 +53,13 @@ type server struct {
 	proc                                            *proc
 }
 
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-}
+type proc = proctest.Proc
 
 func repoRoot(t *testing.T) string {
 	t.Helper()
-	wd, err := os.Getwd()
+	root, err := proctest.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
-	}
-	root := filepath.Clean(filepath.Join(wd, "..", ".."))
-	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
-		t.Fatalf("repository root not found from %s", wd)
 	}
 	return root
 }
@@ -78,15 +69,8 @@ func repoRoot(t *testing.T) string {
 func buildBinaries(t *testing.T, root string) string {
 	t.Helper()
 	dir := t.TempDir()
-	args := []string{"build", "-o", dir + string(filepath.Separator)}
-	for _, b := range []string{"dev-s3", "nstance-server", "nstance-agent"} {
-		args = append(args, "./cmd/"+b)
-	}
-	cmd := exec.Command("go", args...)
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	if err := proctest.Build(root, dir, "dev-s3", "nstance-server", "nstance-agent"); err != nil {
+		t.Fatal(err)
 	}
 	return dir
 }
@@ -125,26 +109,10 @@ func (s *stack) awsEnv() []string {
 // dir/logs/{name}.log.
 func (s *stack) start(name, binary string, env []string, args ...string) *proc {
 	s.t.Helper()
-	logs := filepath.Join(s.dir, "logs")
-	if err := os.MkdirAll(logs, 0o755); err != nil {
-		s.t.Fatal(err)
-	}
-	logPath := filepath.Join(logs, name+".log")
-	f, err := os.Create(logPath)
+	p, err := proctest.Start(name, filepath.Join(s.dir, "logs", name+".log"), s.dir, append(os.Environ(), env...), filepath.Join(s.bin, binary), args...)
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(s.bin, binary), args...)
-	cmd.Dir = s.dir
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		s.t.Fatalf("starting %s: %v", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); f.Close(); close(p.done) }()
 	s.mu.Lock()
 	s.procs = append(s.procs, p)
 	s.mu.Unlock()
@@ -152,20 +120,7 @@ func (s *stack) start(name, binary string, env []string, args ...string) *proc {
 }
 
 // stopProc ends one process group: SIGTERM, then SIGKILL after 10s.
-func stopProc(p *proc) {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
-	}
-}
+func stopProc(p *proc) { p.Stop(10 * time.Second) }
 
 // agentRecord is what the process provider records per instance
 // ({state_dir}/{id}/process.json).
@@ -229,7 +184,7 @@ func (s *stack) stop() {
 	}
 	if s.t.Failed() {
 		for _, p := range procs {
-			s.t.Logf("---- %s (%s), last lines:\n%s", p.name, p.log, tail(p.log, 40))
+			s.t.Logf("---- %s (%s), last lines:\n%s", p.Name, p.Log, tail(p.Log, 40))
 		}
 	}
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/server/provider/tmux"
 	"github.com/nstance-dev/nstance/internal/testing/hosttools"
+	"github.com/nstance-dev/nstance/internal/testing/proctest"
 )
 
 // Binaries the stack is built from, once per test run.
@@ -57,12 +58,7 @@ type serverPorts struct {
 	health, election, registration, operator, agent string
 }
 
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-}
+type proc = proctest.Proc
 
 var (
 	buildOnce sync.Once
@@ -72,13 +68,9 @@ var (
 
 func repoRoot(t *testing.T) string {
 	t.Helper()
-	wd, err := os.Getwd()
+	root, err := proctest.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
-	}
-	root := filepath.Clean(filepath.Join(wd, "..", ".."))
-	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
-		t.Fatalf("repository root not found from %s", wd)
 	}
 	return root
 }
@@ -92,17 +84,7 @@ func buildBinaries(t *testing.T, root string) string {
 		if buildErr != nil {
 			return
 		}
-		args := []string{"build", "-o", buildDir + string(filepath.Separator)}
-		for _, b := range binaries {
-			args = append(args, "./cmd/"+b)
-		}
-		cmd := exec.Command("go", args...)
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
+		buildErr = proctest.Build(root, buildDir, binaries...)
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)
@@ -155,26 +137,10 @@ func (s *stack) env() []string {
 // dir/logs/{name}.log.
 func (s *stack) start(name, binary string, extraEnv []string, args ...string) *proc {
 	s.t.Helper()
-	logs := filepath.Join(s.dir, "logs")
-	if err := os.MkdirAll(logs, 0o755); err != nil {
-		s.t.Fatal(err)
-	}
-	logPath := filepath.Join(logs, name+".log")
-	f, err := os.Create(logPath)
+	p, err := proctest.Start(name, filepath.Join(s.dir, "logs", name+".log"), s.root, append(s.env(), extraEnv...), filepath.Join(s.bin, binary), args...)
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(s.bin, binary), args...)
-	cmd.Dir = s.root
-	cmd.Env = append(s.env(), extraEnv...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		s.t.Fatalf("starting %s: %v", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); f.Close(); close(p.done) }()
 	s.mu.Lock()
 	s.procs = append(s.procs, p)
 	s.mu.Unlock()
@@ -182,20 +148,7 @@ func (s *stack) start(name, binary string, extraEnv []string, args ...string) *p
 }
 
 // stopProc ends one process group: SIGTERM, then SIGKILL after 10s.
-func stopProc(p *proc) {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
-	}
-}
+func stopProc(p *proc) { p.Stop(10 * time.Second) }
 
 // stop tears everything down in reverse start order, then the private tmux
 // server; on failure it prints the tail of every log.
@@ -222,7 +175,7 @@ func (s *stack) stop() {
 	}
 	if s.t.Failed() {
 		for _, p := range procs {
-			s.t.Logf("---- %s (%s), last lines:\n%s", p.name, p.log, tail(p.log, 30))
+			s.t.Logf("---- %s (%s), last lines:\n%s", p.Name, p.Log, tail(p.Log, 30))
 		}
 	}
 }
