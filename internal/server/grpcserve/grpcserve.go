@@ -35,6 +35,9 @@ type Config struct {
 	GetCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	// ClientCAs verifies client certificates on the mTLS listeners.
 	ClientCAs *x509.CertPool
+	// ClientCAsFunc, when set, replaces ClientCAs and is read at every
+	// handshake (the trusted bundle changes during a CA rotation).
+	ClientCAsFunc func() *x509.CertPool
 
 	Registration nstancev1.RegistrationServiceServer
 	Operator     nstancev1.OperatorServiceServer
@@ -84,7 +87,7 @@ type Servers struct {
 
 // Start serves each non-nil listener in its own goroutine.
 func Start(cfg Config, ls Listeners) (*Servers, error) {
-	if cfg.ClientCAs == nil {
+	if cfg.ClientCAs == nil && cfg.ClientCAsFunc == nil {
 		return nil, errors.New("grpcserve: client CA pool is required")
 	}
 	lim := cfg.Limits.WithDefaults()
@@ -132,7 +135,7 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 		watches := limits.NewCounter(lim.MaxWatchesPerOperator)
 		opOpts := append(authz.Policy{Roles: []pki.Role{pki.RoleOperator, pki.RoleAdmin}, ClusterID: cfg.ClusterID}.ServerOptions(),
 			grpc.ChainStreamInterceptor(limits.StreamsPerKey(watches, identityKey, "shard.limits.max_watches_per_operator")))
-		g := newServer(pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), opOpts...)
+		g := newServer(mtlsConfig(cfg), opOpts...)
 		nstancev1.RegisterOperatorServiceServer(g, cfg.Operator)
 		s.serve("operator", g, s.limitSources(cfg.Log, "operator", ls.Operator, lim.MaxConnectionsPerSource))
 	}
@@ -148,11 +151,22 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 		agentOpts := append(authz.Policy{Roles: []pki.Role{pki.RoleAgent}, ClusterID: cfg.ClusterID}.ServerOptions(),
 			grpc.ChainStreamInterceptor(limits.StreamsPerKey(agentStreams, identityKey, "shard.limits.max_streams_per_agent")),
 			grpc.SharedWriteBuffer(true), grpc.ReadBufferSize(4<<10), grpc.WriteBufferSize(4<<10))
-		g := newServer(pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), agentOpts...)
+		g := newServer(mtlsConfig(cfg), agentOpts...)
 		nstancev1.RegisterAgentServiceServer(g, cfg.Agent)
 		s.serve("agent", g, s.limitSources(cfg.Log, "agent", ls.Agent, lim.MaxConnectionsPerSource))
 	}
 	return s, nil
+}
+
+// mtlsConfig is the TLS configuration of the mutual-TLS listeners: client
+// certificates verified against the client CA pool, read at each handshake
+// when it can change.
+func mtlsConfig(cfg Config) *tls.Config {
+	c := pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true)
+	if cfg.ClientCAsFunc != nil {
+		pki.DynamicClientCAs(c, cfg.ClientCAsFunc)
+	}
+	return c
 }
 
 // identityKey is what the per-caller stream limits count against: the

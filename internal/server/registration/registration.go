@@ -36,7 +36,11 @@ var hostnamePattern = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z
 
 // Issuer signs client certificates with the cluster CA.
 type Issuer struct {
-	CA               *pki.CA
+	CA *pki.CA
+	// Trust, when set, replaces CA: certificates are signed by its current
+	// signer and the CA chain returned is its bundle (both CAs during a
+	// rotation), so every client learns the CAs to verify servers with.
+	Trust            *pki.Trust
 	ClusterID        string
 	AgentValidity    time.Duration
 	OperatorValidity time.Duration
@@ -56,13 +60,22 @@ func (i *Issuer) Issue(id pki.Identity, pub crypto.PublicKey, ips []net.IP, dns 
 	if id.Role == pki.RoleOperator || id.Role == pki.RoleAdmin {
 		validity = i.OperatorValidity
 	}
-	cert, pemBytes, err := i.CA.IssueClient(pki.ClientRequest{Identity: id, PublicKey: pub, IPs: ips, DNSNames: dns, Validity: validity}, i.now())
+	ca, chain := i.CA, []byte(nil)
+	if i.Trust != nil {
+		ca, chain = i.Trust.Signer(), i.Trust.BundlePEM()
+	} else if ca != nil {
+		chain = ca.CertPEM
+	}
+	if ca == nil {
+		return nil, errors.New("registration: no CA to sign with")
+	}
+	cert, pemBytes, err := ca.IssueClient(pki.ClientRequest{Identity: id, PublicKey: pub, IPs: ips, DNSNames: dns, Validity: validity}, i.now())
 	if err != nil {
 		return nil, err
 	}
 	return &Issued{
 		CertificatePEM: string(pemBytes),
-		CAChainPEM:     string(i.CA.CertPEM),
+		CAChainPEM:     string(chain),
 		ExpiresAt:      timestamppb.New(cert.NotAfter),
 		Identity:       ToProto(id),
 		Serial:         cert.SerialNumber.String(),
