@@ -191,12 +191,19 @@ func ClientTLSDynamic(roots func() *x509.CertPool, cert *tls.Certificate, server
 		if len(cs.PeerCertificates) == 0 {
 			return errors.New("nstance server: presented no certificate")
 		}
+		name := serverName
+		if name == "" {
+			name = cs.ServerName
+		}
+		if name == "" {
+			return errors.New("nstance server: no server name to verify the certificate against")
+		}
 		inter := x509.NewCertPool()
 		for _, c := range cs.PeerCertificates[1:] {
 			inter.AddCert(c)
 		}
 		chains, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{
-			Roots: roots(), Intermediates: inter, DNSName: serverName, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+			Roots: roots(), Intermediates: inter, DNSName: name, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		})
 		if err != nil {
 			return fmt.Errorf("nstance server: %w", err)
