@@ -224,10 +224,12 @@ func (r *Rotator) ensureNext(ctx context.Context, cur *pki.CA, validity time.Dur
 	if err != nil {
 		return nil, fmt.Errorf("new CA key: %w", err)
 	}
+	etag := ""
 	if obj, err := r.Objects.Get(ctx, r.Keys.NextCACert()); err == nil {
 		if ca, lerr := pki.LoadCA(obj.Body, keyPEM); lerr == nil && ca.TrustDomain() == r.ClusterID && !ca.Cert.Equal(cur.Cert) {
 			return ca, nil
 		}
+		etag = obj.ETag // a leftover that does not belong to the key: replaced
 	} else if !errors.Is(err, objstore.ErrNotFound) {
 		return nil, fmt.Errorf("reading %s: %w", r.Keys.NextCACert(), err)
 	}
@@ -243,7 +245,17 @@ func (r *Rotator) ensureNext(ctx context.Context, cur *pki.CA, validity time.Dur
 	if err != nil {
 		return nil, err
 	}
-	if _, err := r.Objects.Put(ctx, r.Keys.NextCACert(), ca.CertPEM, objstore.PutOptions{}); err != nil {
+	// Conditional, so two runs at once end with one certificate: the loser
+	// takes the winner's.
+	_, err = r.Objects.Put(ctx, r.Keys.NextCACert(), ca.CertPEM, objstore.PutOptions{IfNoneMatch: etag == "", IfMatch: etag})
+	if errors.Is(err, objstore.ErrPreconditionFailed) {
+		obj, gerr := r.Objects.Get(ctx, r.Keys.NextCACert())
+		if gerr != nil {
+			return nil, fmt.Errorf("reading %s: %w", r.Keys.NextCACert(), gerr)
+		}
+		return pki.LoadCA(obj.Body, keyPEM)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("writing %s: %w", r.Keys.NextCACert(), err)
 	}
 	return ca, nil
