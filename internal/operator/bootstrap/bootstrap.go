@@ -358,7 +358,7 @@ func StoreCert(ctx context.Context, c client.Client, namespace, name string, cer
 		if err := c.Get(ctx, client.ObjectKeyFromObject(&s), &cur); err != nil {
 			return fmt.Errorf("read certificate Secret %s/%s: %w", namespace, name, err)
 		}
-		if bytes.Equal(cur.Data[CertKey], certPEM) && bytes.Equal(cur.Data[CertKeyKey], keyPEM) {
+		if bytes.Equal(cur.Data[CertKey], certPEM) && bytes.Equal(cur.Data[CertKeyKey], keyPEM) && bytes.Equal(cur.Data[CAKey], caPEM) {
 			return nil
 		}
 		if cur.Type != corev1.SecretTypeTLS {
