@@ -170,8 +170,10 @@ func (t *Trust) Fingerprints() []string { return append([]string(nil), t.get().f
 // DynamicClientCAs makes a server configuration that requires client
 // certificates verify them against clientCAs() as it is at each handshake
 // (a pool that changes while the server runs, e.g. during a CA rotation).
-// cfg is used as the template; it must not be changed after the server
-// starts.
+// Each handshake uses a copy of cfg as it is then: apply it last, to the
+// very configuration the server uses. A clone of cfg changed afterwards
+// (say, given its own VerifyConnection) still hands out copies of cfg, so
+// the change would be lost: call DynamicClientCAs on that clone again.
 func DynamicClientCAs(cfg *tls.Config, clientCAs func() *x509.CertPool) {
 	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
 		c := cfg.Clone()
@@ -183,9 +185,13 @@ func DynamicClientCAs(cfg *tls.Config, clientCAs func() *x509.CertPool) {
 
 // ClientTLSDynamic is ClientTLS with roots read at each handshake, for
 // clients whose trust bundle changes while they run: the chain is verified
-// against roots() and the host name against serverName, then the server
-// identity as in VerifyServerConnection.
-func ClientTLSDynamic(roots func() *x509.CertPool, cert *tls.Certificate, serverName string) *tls.Config {
+// against roots() and the host name against serverName, then the verified
+// connection is checked by verify (VerifyServerConnection when nil; a
+// stricter check such as one of the server's shard may be given).
+func ClientTLSDynamic(roots func() *x509.CertPool, cert *tls.Certificate, serverName string, verify func(tls.ConnectionState) error) *tls.Config {
+	if verify == nil {
+		verify = VerifyServerConnection
+	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS13, ServerName: serverName, InsecureSkipVerify: true}
 	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
 		if len(cs.PeerCertificates) == 0 {
@@ -209,7 +215,7 @@ func ClientTLSDynamic(roots func() *x509.CertPool, cert *tls.Certificate, server
 			return fmt.Errorf("nstance server: %w", err)
 		}
 		cs.VerifiedChains = chains
-		return VerifyServerConnection(cs)
+		return verify(cs)
 	}
 	if cert != nil {
 		cfg.Certificates = []tls.Certificate{*cert}

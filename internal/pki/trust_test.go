@@ -121,7 +121,7 @@ func TestRotationHandshakes(t *testing.T) {
 		return c
 	}
 	dial := func(c *client) error {
-		tcfg := ClientTLSDynamic(c.roots.Load, nil, "127.0.0.1")
+		tcfg := ClientTLSDynamic(c.roots.Load, nil, "127.0.0.1", nil)
 		tcfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return c.cert.Load(), nil }
 		conn, err := tls.Dial("tcp", ln.Addr().String(), tcfg)
 		if err != nil {
@@ -198,7 +198,7 @@ func TestClientTLSDynamicChecksNameAndIdentity(t *testing.T) {
 		"no name given":   {good, "", false},
 	} {
 		t.Run(name, func(t *testing.T) {
-			cfg := ClientTLSDynamic(ca.Pool, nil, tc.serverName)
+			cfg := ClientTLSDynamic(ca.Pool, nil, tc.serverName, nil)
 			err := cfg.VerifyConnection(tls.ConnectionState{PeerCertificates: []*x509.Certificate{tc.cert.Leaf}})
 			if tc.ok {
 				require.NoError(t, err)
@@ -207,7 +207,7 @@ func TestClientTLSDynamicChecksNameAndIdentity(t *testing.T) {
 			}
 		})
 	}
-	require.Error(t, ClientTLSDynamic(ca.Pool, nil, "x").VerifyConnection(tls.ConnectionState{}), "no certificate")
+	require.Error(t, ClientTLSDynamic(ca.Pool, nil, "x", nil).VerifyConnection(tls.ConnectionState{}), "no certificate")
 }
 
 func mustKey(t *testing.T) ed25519.PrivateKey {

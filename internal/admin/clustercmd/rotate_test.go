@@ -79,7 +79,7 @@ func (c *client) setRoots(t *testing.T, bundlePEM []byte) {
 }
 
 func (c *client) tlsConfig() *tls.Config {
-	cfg := pki.ClientTLSDynamic(c.roots.Load, nil, "127.0.0.1")
+	cfg := pki.ClientTLSDynamic(c.roots.Load, nil, "127.0.0.1", nil)
 	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return c.cert.Load(), nil }
 	return cfg
 }

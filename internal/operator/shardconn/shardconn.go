@@ -131,7 +131,7 @@ func (m *Manager) Start(ctx context.Context, creds *bootstrap.Credentials) error
 			m.mu.RLock()
 			defer m.mu.RUnlock()
 			return m.creds.Roots
-		}, nil, bootstrap.ServerName(addr))
+		}, nil, bootstrap.ServerName(addr), nil)
 		tlsCfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			m.mu.RLock()
 			defer m.mu.RUnlock()
