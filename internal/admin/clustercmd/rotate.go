@@ -3,6 +3,7 @@ package clustercmd
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -137,7 +138,7 @@ func printStatus(c *cli.Context, r *carotation.Rotator) error {
 	if phase == "" {
 		phase = "none (never rotated)"
 	}
-	kv := []string{"phase", phase, "signer", st.Signer.Fingerprint + " " + roleOf(st.Signer)}
+	kv := []string{"phase", phase, "signer", strings.TrimSpace(st.Signer.Fingerprint + " " + roleOf(st.Signer))}
 	for i, b := range st.Bundle {
 		kv = append(kv, fmt.Sprintf("trusted[%d]", i), fmt.Sprintf("%s %s(expires %s)", b.Fingerprint, roleOf(b), b.NotAfter.Format(time.RFC3339)))
 	}
