@@ -377,7 +377,7 @@ func (a *App) Run(ctx context.Context) error {
 	defer stopElect()
 
 	issuer := &registration.Issuer{
-		Trust: trust, ClusterID: cfg.Cluster.ID,
+		CA: cl.CA, Trust: trust, ClusterID: cfg.Cluster.ID,
 		AgentValidity: cfg.Certificates.AgentValidity.D(), OperatorValidity: cfg.Certificates.OperatorValidity.D(),
 	}
 	// Everything the shard leader writes goes through the fence: once its

@@ -36,8 +36,9 @@ var hostnamePattern = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z
 
 // Issuer signs client certificates with the cluster CA.
 type Issuer struct {
+	// CA signs when Trust is nil.
 	CA *pki.CA
-	// Trust, when set, replaces CA: certificates are signed by its current
+	// Trust, when set, takes the place of CA: certificates are signed by its current
 	// signer and the CA chain returned is its bundle (both CAs during a
 	// rotation), so every client learns the CAs to verify servers with.
 	Trust            *pki.Trust
@@ -60,12 +61,7 @@ func (i *Issuer) Issue(id pki.Identity, pub crypto.PublicKey, ips []net.IP, dns 
 	if id.Role == pki.RoleOperator || id.Role == pki.RoleAdmin {
 		validity = i.OperatorValidity
 	}
-	ca, chain := i.CA, []byte(nil)
-	if i.Trust != nil {
-		ca, chain = i.Trust.Signer(), i.Trust.BundlePEM()
-	} else if ca != nil {
-		chain = ca.CertPEM
-	}
+	ca, chain := i.signer(), i.CAChain()
 	if ca == nil {
 		return nil, errors.New("registration: no CA to sign with")
 	}
@@ -81,6 +77,26 @@ func (i *Issuer) Issue(id pki.Identity, pub crypto.PublicKey, ips []net.IP, dns 
 		Serial:         cert.SerialNumber.String(),
 		NotAfter:       cert.NotAfter,
 	}, nil
+}
+
+// signer is the CA new certificates are signed with.
+func (i *Issuer) signer() *pki.CA {
+	if i.Trust != nil {
+		return i.Trust.Signer()
+	}
+	return i.CA
+}
+
+// CAChain is the CA chain handed out with a certificate: every trusted CA
+// (both during a CA rotation), so clients can verify servers of either.
+func (i *Issuer) CAChain() []byte {
+	if i.Trust != nil {
+		return i.Trust.BundlePEM()
+	}
+	if i.CA != nil {
+		return i.CA.CertPEM
+	}
+	return nil
 }
 
 // Issued is a freshly signed certificate.
