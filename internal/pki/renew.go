@@ -26,6 +26,8 @@ type RenewingCert struct {
 	// schedule runs from when each was issued, not from NotBefore.
 	renewAt atomic.Int64
 	renewed atomic.Int64
+	// kick asks Run to renew at once (RenewNow).
+	kick chan struct{}
 }
 
 // NewRenewingCert issues the first certificate with issue and returns the
@@ -38,7 +40,7 @@ func NewRenewingCert(issue func(now time.Time) (tls.Certificate, error), fractio
 	if now == nil {
 		now = time.Now
 	}
-	r := &RenewingCert{issue: issue, now: now, log: log, renewFraction: fraction}
+	r := &RenewingCert{issue: issue, now: now, log: log, renewFraction: fraction, kick: make(chan struct{}, 1)}
 	c, at, err := r.issueLeaf()
 	if err != nil {
 		return nil, err
@@ -71,6 +73,15 @@ func (r *RenewingCert) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, e
 	return r.cur.Load(), nil
 }
 
+// RenewNow makes Run issue a replacement at once, e.g. because the CA that
+// signs it changed. It does not wait for the new certificate.
+func (r *RenewingCert) RenewNow() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
 // RenewAt is when the current certificate is due for renewal.
 func (r *RenewingCert) RenewAt() time.Time { return time.Unix(0, r.renewAt.Load()) }
 
@@ -86,8 +97,10 @@ func (r *RenewingCert) Run(ctx context.Context) {
 				t.Stop()
 				return
 			case <-t.C:
+				continue
+			case <-r.kick:
+				t.Stop()
 			}
-			continue
 		}
 		if !r.renewOnce(ctx) {
 			return

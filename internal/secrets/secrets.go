@@ -256,3 +256,95 @@ func (s *Store) Put(ctx context.Context, key string, plaintext []byte, opts objs
 	}
 	return nil
 }
+
+// EnvelopeKeyID is the id of the key an envelope was sealed with.
+func EnvelopeKeyID(data []byte) (string, error) {
+	var env envelope
+	if err := json.Unmarshal(data, &env); err != nil {
+		return "", fmt.Errorf("not an encrypted envelope: %w", err)
+	}
+	if env.Version != envelopeVersion || env.Algorithm != algorithm || env.KeyID == "" {
+		return "", fmt.Errorf("unsupported envelope version %d algorithm %q key id %q", env.Version, env.Algorithm, env.KeyID)
+	}
+	return env.KeyID, nil
+}
+
+// ResealReport counts what ResealAll did.
+type ResealReport struct {
+	// Total envelopes found under the prefix.
+	Total int `json:"total"`
+	// Resealed under the current key by this run.
+	Resealed int `json:"resealed"`
+	// AlreadyCurrent were sealed with the current key before this run.
+	AlreadyCurrent int `json:"already_current"`
+	// Keys lists every envelope re-sealed by this run.
+	Keys []string `json:"resealed_keys,omitempty"`
+}
+
+// Reseal rewrites the envelope at key under the current key unless it
+// already is; the write is conditional on the object being unchanged since
+// it was read, and is retried from the read when it was changed meanwhile
+// (by someone sealing with the same ring, the result is then current).
+func (s *Store) Reseal(ctx context.Context, key string) (resealed bool, err error) {
+	for attempt := 0; attempt < 5; attempt++ {
+		obj, err := s.Objects.Get(ctx, key)
+		if err != nil {
+			return false, fmt.Errorf("reading secret %s: %w", key, err)
+		}
+		kid, err := EnvelopeKeyID(obj.Body)
+		if err != nil {
+			return false, fmt.Errorf("secret %s: %w", key, err)
+		}
+		if kid == s.Ring.CurrentID() {
+			return false, nil
+		}
+		pt, err := s.Ring.Open(key, obj.Body)
+		if err != nil {
+			return false, err
+		}
+		env, err := s.Ring.Seal(key, pt)
+		if err != nil {
+			return false, err
+		}
+		_, err = s.Objects.Put(ctx, key, env, objstore.PutOptions{IfMatch: obj.ETag})
+		if errors.Is(err, objstore.ErrPreconditionFailed) {
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("writing secret %s: %w", key, err)
+		}
+		return true, nil
+	}
+	return false, fmt.Errorf("secret %s kept changing while it was re-sealed", key)
+}
+
+// ResealAll re-seals every envelope under prefix with the current key. It
+// is idempotent and resumable: envelopes already under the current key are
+// left alone, so a run interrupted midway is finished by running it again.
+// Nothing is written until an envelope has been opened and re-sealed, so a
+// key the ring does not hold stops the run with the envelope unchanged.
+func (s *Store) ResealAll(ctx context.Context, prefix string) (ResealReport, error) {
+	var rep ResealReport
+	infos, err := s.Objects.List(ctx, prefix)
+	if err != nil {
+		return rep, fmt.Errorf("listing secrets under %s: %w", prefix, err)
+	}
+	for _, info := range infos {
+		rep.Total++
+		done, err := s.Reseal(ctx, info.Key)
+		if errors.Is(err, objstore.ErrNotFound) {
+			rep.Total-- // deleted since the listing
+			continue
+		}
+		if err != nil {
+			return rep, err
+		}
+		if done {
+			rep.Resealed++
+			rep.Keys = append(rep.Keys, info.Key)
+		} else {
+			rep.AlreadyCurrent++
+		}
+	}
+	return rep, nil
+}

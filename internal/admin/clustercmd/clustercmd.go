@@ -42,7 +42,7 @@ func Command() *cli.Command {
 	return &cli.Command{
 		Name:        "cluster",
 		Usage:       "cluster-wide administration",
-		Subcommands: []*cli.Command{nonceCommand(), registerCommand()},
+		Subcommands: []*cli.Command{nonceCommand(), registerCommand(), rotateCACommand(), rotateKeyCommand()},
 	}
 }
 
@@ -313,13 +313,17 @@ func register(ctx context.Context, c *cli.Context, log logr.Logger) (*registrati
 		if err != nil {
 			return nil, err
 		}
-		obj, err := objs.Get(ctx, keys.CACert())
+		// The bundle (both CAs while the cluster CA rotates) when there is one.
+		obj, err := objs.Get(ctx, keys.CABundle())
+		if errors.Is(err, objstore.ErrNotFound) {
+			obj, err = objs.Get(ctx, keys.CACert())
+		}
 		if err != nil {
-			return nil, fmt.Errorf("reading %s: %w", keys.CACert(), err)
+			return nil, fmt.Errorf("reading the cluster CA: %w", err)
 		}
 		caPEM = obj.Body
 	}
-	caCert, err := pki.ParseCertificatePEM(caPEM)
+	caCerts, err := pki.ParseCertificatesPEM(caPEM)
 	if err != nil {
 		return nil, fmt.Errorf("cluster CA: %w", err)
 	}
@@ -358,7 +362,7 @@ func register(ctx context.Context, c *cli.Context, log logr.Logger) (*registrati
 		return nil, err
 	}
 
-	pool := x509Pool(caCert)
+	pool := x509Pool(caCerts...)
 	host := c.String("registration-addr")
 	conn, err := grpc.NewClient(host, grpc.WithTransportCredentials(credentials.NewTLS(pki.ClientTLS(pool, nil, hostOf(host)))), msgsize.DialOption())
 	if err != nil {

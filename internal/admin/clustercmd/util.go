@@ -5,9 +5,11 @@ import (
 	"net"
 )
 
-func x509Pool(ca *x509.Certificate) *x509.CertPool {
+func x509Pool(cas ...*x509.Certificate) *x509.CertPool {
 	p := x509.NewCertPool()
-	p.AddCert(ca)
+	for _, ca := range cas {
+		p.AddCert(ca)
+	}
 	return p
 }
 

@@ -106,8 +106,7 @@ func Ensure(ctx context.Context, c client.Client, o Options) (*Credentials, erro
 	if err != nil {
 		return nil, err
 	}
-	if creds, reason := loadCert(ctx, c, o, roots, now()); creds != nil {
-		creds.CAPEM = caPEM
+	if creds, reason := loadCert(ctx, c, o, caPEM, roots, now()); creds != nil {
 		log.Info("reusing stored operator certificate", "secret", o.CertSecret, "notAfter", creds.Leaf.NotAfter)
 		return creds, nil
 	} else {
@@ -172,15 +171,30 @@ func loadCA(ctx context.Context, c client.Client, o Options) ([]byte, *x509.Cert
 
 // loadCert returns the stored credentials when they are usable, or nil and
 // the reason they are not.
-func loadCert(ctx context.Context, c client.Client, o Options, roots *x509.CertPool, now time.Time) (*Credentials, string) {
+//
+// The CAs the certificate Secret holds (the bundle the server returned at
+// the last renewal, both CAs during a cluster CA rotation) are trusted
+// besides the CA ConfigMap's, so an operator that renewed from a new CA
+// still starts after a restart; only cluster CAs of this cluster are taken.
+func loadCert(ctx context.Context, c client.Client, o Options, caPEM []byte, roots *x509.CertPool, now time.Time) (*Credentials, string) {
 	var s corev1.Secret
 	if err := c.Get(ctx, client.ObjectKey{Namespace: o.Namespace, Name: o.CertSecret}, &s); err != nil {
 		return nil, fmt.Sprintf("certificate Secret %s: %v", o.CertSecret, err)
+	}
+	if extra := s.Data[CAKey]; len(extra) > 0 && !bytes.Equal(extra, caPEM) {
+		if certs, err := pki.ParseCertificatesPEM(extra); err == nil && pki.CheckClusterBundle(certs, o.ClusterID) == nil {
+			roots = roots.Clone()
+			for _, ca := range certs {
+				roots.AddCert(ca)
+			}
+			caPEM = append(append(append([]byte(nil), caPEM...), '\n'), extra...)
+		}
 	}
 	creds, err := parseWith(roots, s.Data[CertKey], s.Data[CertKeyKey], o.ClusterID, now)
 	if err != nil {
 		return nil, fmt.Sprintf("certificate Secret %s unusable: %v", o.CertSecret, err)
 	}
+	creds.CAPEM = caPEM
 	if pub, err := pki.MarshalPublicKeyPEM(creds.Leaf.PublicKey); err == nil {
 		creds.PublicKeyPEM = pub
 	}
@@ -428,7 +442,7 @@ func StoreCert(ctx context.Context, c client.Client, namespace, name string, cer
 		if err := c.Get(ctx, client.ObjectKeyFromObject(&s), &cur); err != nil {
 			return fmt.Errorf("read certificate Secret %s/%s: %w", namespace, name, err)
 		}
-		if bytes.Equal(cur.Data[CertKey], certPEM) && bytes.Equal(cur.Data[CertKeyKey], keyPEM) {
+		if bytes.Equal(cur.Data[CertKey], certPEM) && bytes.Equal(cur.Data[CertKeyKey], keyPEM) && bytes.Equal(cur.Data[CAKey], caPEM) {
 			return nil
 		}
 		if cur.Type != corev1.SecretTypeTLS {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/nstance-dev/nstance/internal/operator/bootstrap"
+	"github.com/nstance-dev/nstance/internal/pki"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -69,7 +70,21 @@ func (m *Manager) Renew(ctx context.Context) error {
 			lastErr = fmt.Errorf("RenewCertificate on shard %s: %w", id, err)
 			continue
 		}
-		next, err := bootstrap.Parse(cur.CAPEM, []byte(resp.GetCertificatePem()), cur.KeyPEM, m.opts.ClusterID, time.Now())
+		// The server's CA chain is its trusted bundle: during a cluster CA
+		// rotation it brings the new CA before servers switch to it, and
+		// drops the old one once it is retired.
+		caPEM := cur.CAPEM
+		if chain := []byte(resp.GetCaChainPem()); len(chain) > 0 {
+			certs, err := pki.ParseCertificatesPEM(chain)
+			if err == nil {
+				err = pki.CheckClusterBundle(certs, m.opts.ClusterID)
+			}
+			if err != nil {
+				return fmt.Errorf("CA chain from shard %s: %w", id, err)
+			}
+			caPEM = chain
+		}
+		next, err := bootstrap.Parse(caPEM, []byte(resp.GetCertificatePem()), cur.KeyPEM, m.opts.ClusterID, time.Now())
 		if err != nil {
 			return fmt.Errorf("renewed certificate from shard %s: %w", id, err)
 		}

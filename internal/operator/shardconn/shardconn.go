@@ -3,6 +3,7 @@ package shardconn
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
@@ -125,8 +126,13 @@ func (m *Manager) Start(ctx context.Context, creds *bootstrap.Credentials) error
 	}
 	for _, id := range m.ids {
 		addr := m.opts.Shards[id]
-		// The server must serve the shard this connection is configured for.
-		tlsCfg := pki.ClientTLSForShard(creds.Roots, nil, bootstrap.ServerName(addr), id)
+		// The server must serve the shard this connection is configured for;
+		// roots are read at each handshake: a renewal may bring a new CA bundle.
+		tlsCfg := pki.ClientTLSDynamic(func() *x509.CertPool {
+			m.mu.RLock()
+			defer m.mu.RUnlock()
+			return m.creds.Roots
+		}, nil, bootstrap.ServerName(addr), pki.VerifyServerOfShard(id))
 		tlsCfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			m.mu.RLock()
 			defer m.mu.RUnlock()

@@ -83,7 +83,14 @@ type Options struct {
 	// NonceSweepInterval is how often the shard leader deletes nonce markers
 	// older than the longest nonce lifetime (default 10 minutes).
 	NonceSweepInterval time.Duration
+	// TrustRefresh is how often the cluster CA and CA bundle are re-read
+	// to follow a CA rotation (default DefaultTrustRefresh).
+	TrustRefresh time.Duration
 }
+
+// DefaultTrustRefresh is how often a server re-reads the cluster CA and
+// the CA bundle; carotation.RefreshGrace must stay well above it.
+const DefaultTrustRefresh = 10 * time.Second
 
 // Runtime is what service factories get to build their services.
 type Runtime struct {
@@ -92,9 +99,13 @@ type Runtime struct {
 	Store      objstore.Store
 	Keys       layout.Keys
 	Cache      *cache.Cache
-	// CA is the cluster CA; WorkloadCA signs what templates ask for.
+	// CA is the cluster CA loaded at start; WorkloadCA signs what templates
+	// ask for.
 	CA         *pki.CA
 	WorkloadCA *pki.CA
+	// Trust is the signing cluster CA and the trusted bundle as they are
+	// now (they change during a CA rotation); CA is its signer at start.
+	Trust *pki.Trust
 	// ServerHosts are the names and addresses in this server's certificate;
 	// no template certificate may carry them.
 	ServerHosts []string
@@ -321,28 +332,42 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	campaign(clusterEl)
 
-	cl, err := bootstrap.Ensure(runCtx, bootstrap.Options{
+	bootOpts := bootstrap.Options{
 		ClusterID: cfg.Cluster.ID, Objects: a.o.Store, Secrets: &secrets.Store{Objects: a.o.Store, Ring: ring}, Keys: a.o.Keys,
 		CAValidity: cfg.Certificates.CAValidity.D(), IsLeader: clusterEl.Leading, RetryInterval: le.RetryInterval.D(), Log: log.WithName("bootstrap"),
-	})
+	}
+	cl, err := bootstrap.Ensure(runCtx, bootOpts)
 	if err != nil {
 		if cause := context.Cause(runCtx); ctx.Err() == nil && cause != nil {
 			return cause
 		}
 		return err
 	}
+	trust, err := pki.NewTrust(cl.CA, cl.CABundlePEM)
+	if err != nil {
+		return fmt.Errorf("cluster CA bundle: %w", err)
+	}
 	certHosts := a.certHosts(cfg)
 	// The server certificate is renewed with a third of its validity left
-	// and swapped in live for new handshakes.
+	// and swapped in live for new handshakes; it is re-issued at once when
+	// a CA rotation switches the signing CA.
 	serverID := pki.ServerIdentity{ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID}
 	serverCerts, err := pki.NewRenewingCert(func(now time.Time) (tls.Certificate, error) {
-		return cl.CA.ServerKeyPair(serverID, certHosts, cfg.Certificates.ServerValidity.D(), now)
+		return trust.Signer().ServerKeyPair(serverID, certHosts, cfg.Certificates.ServerValidity.D(), now)
 	}, 2.0/3, nil, log.WithName("server-cert"))
 	if err != nil {
 		return fmt.Errorf("issuing the server certificate: %w", err)
 	}
-	bg.Add(1)
+	bg.Add(2)
 	go func() { defer bg.Done(); serverCerts.Run(runCtx) }()
+	trustRefresh := a.o.TrustRefresh
+	if trustRefresh <= 0 {
+		trustRefresh = DefaultTrustRefresh
+	}
+	go func() {
+		defer bg.Done()
+		bootstrap.WatchTrust(runCtx, bootOpts, trust, trustRefresh, serverCerts.RenewNow)
+	}()
 	serverCert := *serverCerts.Current()
 
 	bind := cfg.Shard.Bind
@@ -366,7 +391,7 @@ func (a *App) Run(ctx context.Context) error {
 	a.newRevocations(cfg, log)
 
 	issuer := &registration.Issuer{
-		CA: cl.CA, ClusterID: cfg.Cluster.ID,
+		CA: cl.CA, Trust: trust, ClusterID: cfg.Cluster.ID,
 		AgentValidity: cfg.Certificates.AgentValidity.D(), OperatorValidity: cfg.Certificates.OperatorValidity.D(),
 	}
 	// Everything the shard leader writes goes through the fence: once its
@@ -376,7 +401,7 @@ func (a *App) Run(ctx context.Context) error {
 	leaderStore := fencedStore{Store: a.o.Store, fence: fence}
 	rt := &Runtime{
 		Config: withAdvertiseDefaults(cfg, bind), ConfigETag: a.cfgETag, Store: leaderStore, Keys: a.o.Keys, Cache: db,
-		CA: cl.CA, WorkloadCA: cl.WorkloadCA, ServerHosts: certHosts, NonceKey: cl.NonceKey, Issuer: issuer, App: a, Log: log,
+		CA: cl.CA, Trust: trust, WorkloadCA: cl.WorkloadCA, ServerHosts: certHosts, NonceKey: cl.NonceKey, Issuer: issuer, App: a, Log: log,
 		Fence: fence,
 	}
 	rt.Revocations = a.revocations
@@ -399,7 +424,7 @@ func (a *App) Run(ctx context.Context) error {
 	// Agents are admitted against the instance records (nil: refused).
 	reg.Instances = svcs.AgentGate
 	gcfg := grpcserve.Config{
-		ClusterID: cfg.Cluster.ID, ServerCert: serverCert, GetCertificate: serverCerts.GetCertificate, ClientCAs: cl.CA.Pool(),
+		ClusterID: cfg.Cluster.ID, ServerCert: serverCert, GetCertificate: serverCerts.GetCertificate, ClientCAsFunc: trust.Pool,
 		Registration: reg, Operator: svcs.Operator, Agent: svcs.Agent, Log: log.WithName("grpc"), Limits: cfg.Shard.Limits,
 		ServerOptions: append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(a.metrics.unary), grpc.ChainStreamInterceptor(a.metrics.stream)},
 			fence.grpcOptions()...),

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -24,6 +25,9 @@ type Cluster struct {
 	// Nstance listener trusts it.
 	WorkloadCA *pki.CA
 	NonceKey   ed25519.PrivateKey
+	// CABundlePEM is cluster/ca-bundle.crt: every cluster CA to trust
+	// (two during a CA rotation); nil when there is none (CA alone).
+	CABundlePEM []byte
 }
 
 // Options configures Ensure.
@@ -89,7 +93,72 @@ func Once(ctx context.Context, o Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Cluster{CA: ca, WorkloadCA: wca, NonceKey: nonceKey}, nil
+	bundle, err := loadBundle(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	return &Cluster{CA: ca, WorkloadCA: wca, NonceKey: nonceKey, CABundlePEM: bundle}, nil
+}
+
+func loadBundle(ctx context.Context, o Options) ([]byte, error) {
+	obj, err := o.Objects.Get(ctx, o.Keys.CABundle())
+	if errors.Is(err, objstore.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("loading the CA bundle: %w", err)
+	}
+	return obj.Body, nil
+}
+
+// LoadTrust reads the signing cluster CA and the CA bundle as they are now
+// (nothing is created): what a running server re-reads to follow a CA
+// rotation.
+func LoadTrust(ctx context.Context, o Options) (*pki.CA, []byte, error) {
+	ca, err := loadOrCreateCA(ctx, o, false, time.Time{}, clusterCA)
+	if err != nil {
+		return nil, nil, err
+	}
+	bundle, err := loadBundle(ctx, o)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ca, bundle, nil
+}
+
+// WatchTrust re-reads the signing CA and bundle every interval until ctx
+// ends and applies them to trust; onSignerChange runs after the signing CA
+// changed. A read that fails, or a pair that does not match (a rotation
+// step between its two writes), leaves the trust as it was until the next
+// read.
+func WatchTrust(ctx context.Context, o Options, trust *pki.Trust, interval time.Duration, onSignerChange func()) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ca, bundle, err := LoadTrust(ctx, o)
+		if err == nil {
+			var changed bool
+			before := trust.Fingerprints()
+			changed, err = trust.Update(ca, bundle)
+			if err == nil {
+				if after := trust.Fingerprints(); changed || !slices.Equal(before, after) {
+					o.Log.Info("cluster CA trust changed", "signer", after[0], "trusted", after, "signerChanged", changed)
+				}
+				if changed && onSignerChange != nil {
+					onSignerChange()
+				}
+				continue
+			}
+		}
+		if ctx.Err() == nil {
+			o.Log.Error(err, "re-reading the cluster CA; keeping the current trust")
+		}
+	}
 }
 
 // caKind describes one of the two CAs.

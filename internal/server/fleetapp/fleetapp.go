@@ -67,6 +67,10 @@ func Factory(o Options) app.ServiceFactory {
 			Store: rt.Store, Keys: rt.Keys, Config: holder, Provider: prov,
 			Nonces: reconcile.KeyMinter{Key: rt.NonceKey, ClusterID: cfg.Cluster.ID, Shard: cfg.Shard.ID, TTL: cfg.Certificates.AgentNonceTTL.D()},
 			CACert: func(context.Context) ([]byte, error) {
+				if rt.Trust != nil {
+					// Every trusted CA: both while the cluster CA rotates.
+					return rt.Trust.BundlePEM(), nil
+				}
 				if rt.CA == nil {
 					return nil, fmt.Errorf("cluster CA not loaded")
 				}

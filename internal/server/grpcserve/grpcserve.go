@@ -38,6 +38,9 @@ type Config struct {
 	// Gate, when set, refuses revoked client certificates on the mTLS
 	// listeners: at the handshake, on every RPC, and on open streams.
 	Gate authz.Gate
+	// ClientCAsFunc, when set, replaces ClientCAs and is read at every
+	// handshake (the trusted bundle changes during a CA rotation).
+	ClientCAsFunc func() *x509.CertPool
 
 	Registration nstancev1.RegistrationServiceServer
 	Operator     nstancev1.OperatorServiceServer
@@ -87,7 +90,7 @@ type Servers struct {
 
 // Start serves each non-nil listener in its own goroutine.
 func Start(cfg Config, ls Listeners) (*Servers, error) {
-	if cfg.ClientCAs == nil {
+	if cfg.ClientCAs == nil && cfg.ClientCAsFunc == nil {
 		return nil, errors.New("grpcserve: client CA pool is required")
 	}
 	lim := cfg.Limits.WithDefaults()
@@ -136,7 +139,7 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 		watches := limits.NewCounter(lim.MaxWatchesPerOperator)
 		opOpts := append(authz.Policy{Roles: []pki.Role{pki.RoleOperator, pki.RoleAdmin}, ClusterID: cfg.ClusterID}.ServerOptions(),
 			grpc.ChainStreamInterceptor(limits.StreamsPerKey(watches, identityKey, "shard.limits.max_watches_per_operator")))
-		g := newServer(pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), opOpts...)
+		g := newServer(mtlsConfig(cfg), opOpts...)
 		nstancev1.RegisterOperatorServiceServer(g, cfg.Operator)
 		s.serve("operator", g, s.limitSources(cfg.Log, "operator", ls.Operator, lim.MaxConnectionsPerSource))
 	}
@@ -152,11 +155,22 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 		agentOpts := append(authz.Policy{Roles: []pki.Role{pki.RoleAgent}, ClusterID: cfg.ClusterID}.ServerOptions(),
 			grpc.ChainStreamInterceptor(limits.StreamsPerKey(agentStreams, identityKey, "shard.limits.max_streams_per_agent")),
 			grpc.SharedWriteBuffer(true), grpc.ReadBufferSize(4<<10), grpc.WriteBufferSize(4<<10))
-		g := newServer(pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), agentOpts...)
+		g := newServer(mtlsConfig(cfg), agentOpts...)
 		nstancev1.RegisterAgentServiceServer(g, cfg.Agent)
 		s.serve("agent", g, s.limitSources(cfg.Log, "agent", ls.Agent, lim.MaxConnectionsPerSource))
 	}
 	return s, nil
+}
+
+// mtlsConfig is the TLS configuration of the mutual-TLS listeners: client
+// certificates verified against the client CA pool, read at each handshake
+// when it can change.
+func mtlsConfig(cfg Config) *tls.Config {
+	c := pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true)
+	if cfg.ClientCAsFunc != nil {
+		pki.DynamicClientCAs(c, cfg.ClientCAsFunc)
+	}
+	return c
 }
 
 // identityKey is what the per-caller stream limits count against: the
@@ -273,6 +287,11 @@ func (cfg Config) gateOptions(tlsCfg *tls.Config) []grpc.ServerOption {
 	}
 	tc := tlsCfg.Clone()
 	tc.VerifyConnection = AdmitConnection(cfg.ClusterID, cfg.Gate)
+	if cfg.ClientCAsFunc != nil {
+		// The clone's per-handshake config would copy tlsCfg, without the
+		// gate: derive it from tc instead (DynamicClientCAs must come last).
+		pki.DynamicClientCAs(tc, cfg.ClientCAsFunc)
+	}
 	return append([]grpc.ServerOption{grpc.Creds(credentials.NewTLS(tc))}, authz.GateOptions(cfg.ClusterID, cfg.Gate)...)
 }
 

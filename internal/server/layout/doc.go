@@ -4,6 +4,11 @@
 //	cluster/ca.crt                      cluster CA certificate, plain PEM
 //	cluster/secret/ca.key               CA private key, encrypted envelope
 //	cluster/secret/nonce-signing.key    Ed25519 nonce-signing key, encrypted envelope
+//	cluster/ca-bundle.crt               every trusted cluster CA (two while rotating), plain PEM
+//	cluster/ca-rotation.json            cluster CA rotation state (phase, fingerprints, gates)
+//	cluster/ca-next.crt                 incoming CA during a rotation (introduce -> switch), plain PEM
+//	cluster/secret/ca-next.key          its private key, encrypted envelope
+//	cluster/ca-previous.crt             outgoing CA during a rotation (switch -> retire), plain PEM
 //	cluster/workload-ca.crt             workload CA certificate (template certificates), plain PEM
 //	cluster/secret/workload-ca.key      workload CA private key, encrypted envelope
 //	cluster/leader.json                 cluster leader lease

@@ -31,6 +31,24 @@ func (k Keys) CACert() string { return k.join("cluster", "ca.crt") }
 // CAKey is the encrypted cluster CA private key.
 func (k Keys) CAKey() string { return k.join("cluster", "secret", "ca.key") }
 
+// CABundle is every cluster CA servers and clients trust (plain PEM). It
+// holds two CAs while the cluster CA rotates; absent, CACert alone is trusted.
+func (k Keys) CABundle() string { return k.join("cluster", "ca-bundle.crt") }
+
+// CARotation is the state of a cluster CA rotation (JSON).
+func (k Keys) CARotation() string { return k.join("cluster", "ca-rotation.json") }
+
+// NextCACert is the incoming cluster CA certificate between the introduce
+// and switch phases of a rotation.
+func (k Keys) NextCACert() string { return k.join("cluster", "ca-next.crt") }
+
+// NextCAKey is the encrypted private key of the incoming cluster CA.
+func (k Keys) NextCAKey() string { return k.join("cluster", "secret", "ca-next.key") }
+
+// PreviousCACert is the outgoing cluster CA certificate between the switch
+// and retire phases of a rotation.
+func (k Keys) PreviousCACert() string { return k.join("cluster", "ca-previous.crt") }
+
 // WorkloadCACert is the workload CA certificate (plain PEM): it signs the
 // certificates instance templates ask for and no Nstance listener trusts it.
 func (k Keys) WorkloadCACert() string { return k.join("cluster", "workload-ca.crt") }
@@ -58,6 +76,9 @@ func (k Keys) ShardLeader(shard string) string { return k.join("shard", shard, "
 
 // Config is the configuration of one shard.
 func (k Keys) Config(shard string) string { return k.join("config", shard+".jsonc") }
+
+// ConfigPrefix lists every shard's configuration.
+func (k Keys) ConfigPrefix() string { return k.join("config") + "/" }
 
 // Groups holds the dynamic groups of one shard.
 func (k Keys) Groups(shard string) string { return k.join("groups", shard+".jsonc") }

@@ -37,7 +37,12 @@ var hostnamePattern = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z
 
 // Issuer signs client certificates with the cluster CA.
 type Issuer struct {
-	CA               *pki.CA
+	// CA signs when Trust is nil.
+	CA *pki.CA
+	// Trust, when set, takes the place of CA: certificates are signed by its current
+	// signer and the CA chain returned is its bundle (both CAs during a
+	// rotation), so every client learns the CAs to verify servers with.
+	Trust            *pki.Trust
 	ClusterID        string
 	AgentValidity    time.Duration
 	OperatorValidity time.Duration
@@ -57,18 +62,42 @@ func (i *Issuer) Issue(id pki.Identity, pub crypto.PublicKey, ips []net.IP, dns 
 	if id.Role == pki.RoleOperator || id.Role == pki.RoleAdmin {
 		validity = i.OperatorValidity
 	}
-	cert, pemBytes, err := i.CA.IssueClient(pki.ClientRequest{Identity: id, PublicKey: pub, IPs: ips, DNSNames: dns, Validity: validity}, i.now())
+	ca, chain := i.signer(), i.CAChain()
+	if ca == nil {
+		return nil, errors.New("registration: no CA to sign with")
+	}
+	cert, pemBytes, err := ca.IssueClient(pki.ClientRequest{Identity: id, PublicKey: pub, IPs: ips, DNSNames: dns, Validity: validity}, i.now())
 	if err != nil {
 		return nil, err
 	}
 	return &Issued{
 		CertificatePEM: string(pemBytes),
-		CAChainPEM:     string(i.CA.CertPEM),
+		CAChainPEM:     string(chain),
 		ExpiresAt:      timestamppb.New(cert.NotAfter),
 		Identity:       ToProto(id),
 		Serial:         cert.SerialNumber.String(),
 		NotAfter:       cert.NotAfter,
 	}, nil
+}
+
+// signer is the CA new certificates are signed with.
+func (i *Issuer) signer() *pki.CA {
+	if i.Trust != nil {
+		return i.Trust.Signer()
+	}
+	return i.CA
+}
+
+// CAChain is the CA chain handed out with a certificate: every trusted CA
+// (both during a CA rotation), so clients can verify servers of either.
+func (i *Issuer) CAChain() []byte {
+	if i.Trust != nil {
+		return i.Trust.BundlePEM()
+	}
+	if i.CA != nil {
+		return i.CA.CertPEM
+	}
+	return nil
 }
 
 // Issued is a freshly signed certificate.
@@ -324,7 +353,7 @@ func (i *Issuer) FromPEM(certPEM string) (*Issued, error) {
 		return nil, err
 	}
 	return &Issued{
-		CertificatePEM: certPEM, CAChainPEM: string(i.CA.CertPEM), ExpiresAt: timestamppb.New(cert.NotAfter),
+		CertificatePEM: certPEM, CAChainPEM: string(i.CAChain()), ExpiresAt: timestamppb.New(cert.NotAfter),
 		Identity: ToProto(id), Serial: cert.SerialNumber.String(), NotAfter: cert.NotAfter,
 	}, nil
 }
