@@ -8,11 +8,14 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nstance-dev/nstance/internal/nonce"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/pkg/objstore"
@@ -218,3 +221,32 @@ func TestNoGateRefusesAgents(t *testing.T) {
 }
 
 func parseCert(p string) (*x509.Certificate, error) { return pki.ParseCertificatePEM([]byte(p)) }
+
+// TestOperatorRecordFailureIsRetried: the operator's certificate is issued
+// but its record cannot be written; the caller is told to retry (its
+// certificate would be refused without the record) and, with the same key,
+// gets the same certificate and its record.
+func TestOperatorRecordFailureIsRetried(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	fs := &failingStore{Store: f.store, match: "/operators/"}
+	f.svc.Objects = fs
+	fs.fail.Store(1)
+	tok, err := nonce.Mint(f.nonceKey, nonce.Claims{Kind: nonce.KindOperator, ClusterID: "c1", Tenant: "acme", RegisteredClaims: jwt.RegisteredClaims{Subject: "op"}}, time.Hour, time.Now())
+	require.NoError(t, err)
+	key := pubPEM(t)
+	_, err = f.svc.RegisterOperator(ctx, &nstancev1.RegisterOperatorRequest{Nonce: tok, PublicKeyPem: key})
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	_, err = f.store.Get(ctx, "cluster/operators/op.json")
+	require.ErrorIs(t, err, objstore.ErrNotFound)
+	resp, err := f.svc.RegisterOperator(ctx, &nstancev1.RegisterOperatorRequest{Nonce: tok, PublicKeyPem: key})
+	require.NoError(t, err)
+	rec, err := f.store.Get(ctx, "cluster/operators/op.json")
+	require.NoError(t, err)
+	cert, err := parseCert(resp.GetCertificatePem())
+	require.NoError(t, err)
+	require.Contains(t, string(rec.Body), cert.SerialNumber.String(), "the record names the certificate the caller holds")
+	// Another key is still refused.
+	_, err = f.svc.RegisterOperator(ctx, &nstancev1.RegisterOperatorRequest{Nonce: tok, PublicKeyPem: pubPEM(t)})
+	require.Equal(t, codes.AlreadyExists, status.Code(err))
+}

@@ -397,10 +397,19 @@ func (s *Service) RegisterOperator(ctx context.Context, req *nstancev1.RegisterO
 		ID: claims.Subject, Tenant: claims.Tenant, Role: string(claims.Kind), URI: issued.Identity.GetUri(), Serial: issued.Serial,
 		ExpiresAt: issued.NotAfter, RegisteredAt: s.Issuer.now().UTC(), RegisteredBy: s.ServerID, NonceID: claims.ID,
 	}
-	if body, err := json.Marshal(rec); err == nil && s.Objects != nil {
+	body, err := json.Marshal(rec)
+	if err != nil {
+		s.Log.Error(err, "encoding the operator record", "operator", claims.Subject)
+		return nil, status.Error(codes.Internal, "internal error")
+	}
+	if s.Objects != nil {
+		// Operator certificates are admitted only while their record exists,
+		// so the record is part of the registration: without it the caller
+		// retries with the same key and gets the same certificate (the
+		// nonce marker holds it), written then.
 		if _, err := s.Objects.Put(ctx, s.Keys.Operator(claims.Subject), body, objstore.PutOptions{}); err != nil {
-			// The nonce is spent and the certificate valid; losing the record only loses bookkeeping.
-			s.Log.Error(err, "recording operator registration", "operator", claims.Subject)
+			s.Log.Error(err, "recording operator registration; the caller retries", "operator", claims.Subject)
+			return nil, status.Error(codes.Unavailable, "registration is unavailable right now; retry later")
 		}
 	}
 	s.Log.Info("operator registered", "operator", claims.Subject, "tenant", claims.Tenant, "role", claims.Kind, "serial", issued.Serial)
