@@ -3,6 +3,7 @@ package pki
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"sync/atomic"
 	"time"
@@ -119,4 +120,21 @@ func (r *RenewingCert) renewOnce(ctx context.Context) bool {
 		case <-t.C:
 		}
 	}
+}
+
+// IssuedAt is when a certificate issued by this package was signed: its
+// NotBefore is back-dated by the clock-skew allowance, which is not part of
+// its intended lifetime.
+func IssuedAt(cert *x509.Certificate) time.Time {
+	if at := cert.NotBefore.Add(clockSkew); at.Before(cert.NotAfter) {
+		return at
+	}
+	return cert.NotBefore
+}
+
+// RenewAt is when fraction (0 < fraction < 1) of a certificate's lifetime,
+// counted from IssuedAt, has passed: the time to renew it.
+func RenewAt(cert *x509.Certificate, fraction float64) time.Time {
+	at := IssuedAt(cert)
+	return at.Add(time.Duration(float64(cert.NotAfter.Sub(at)) * fraction))
 }
