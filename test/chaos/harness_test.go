@@ -47,7 +47,7 @@ var (
 	buildErr  error
 )
 
-// binaries builds nstance-server and nstance-admin once per test binary.
+// binaries builds nstance-server, nstance-admin and nstance-agent once per test binary.
 func binaries(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -57,7 +57,7 @@ func binaries(t *testing.T) string {
 			return
 		}
 		buildDir = dir
-		cmd := exec.Command("go", "build", "-o", dir+"/", "../../cmd/nstance-server", "../../cmd/nstance-admin")
+		cmd := exec.Command("go", "build", "-o", dir+"/", "../../cmd/nstance-server", "../../cmd/nstance-admin", "../../cmd/nstance-agent")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %v: %s", err, out)
