@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,12 +27,30 @@ import (
 type agentProc struct {
 	cmd  *exec.Cmd
 	done chan struct{}
-	log  *bytes.Buffer
+	log  *lockedBuffer
+}
+
+// lockedBuffer collects a child's output while the test reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func startAgent(t *testing.T, bin string, env []string) *agentProc {
 	t.Helper()
-	p := &agentProc{done: make(chan struct{}), log: &bytes.Buffer{}}
+	p := &agentProc{done: make(chan struct{}), log: &lockedBuffer{}}
 	p.cmd = exec.Command(bin)
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
@@ -42,7 +61,7 @@ func startAgent(t *testing.T, bin string, env []string) *agentProc {
 		_ = p.cmd.Process.Kill()
 		<-p.done
 		if t.Failed() {
-			t.Logf("--- agent pid %d output ---\n%s", p.cmd.Process.Pid, tail(p.log.Bytes(), 4000))
+			t.Logf("--- agent pid %d output ---\n%s", p.cmd.Process.Pid, tail([]byte(p.log.String()), 4000))
 		}
 	})
 	return p
