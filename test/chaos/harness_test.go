@@ -202,6 +202,15 @@ type stack struct {
 	net     string
 	s3URL   string
 	servers []*server
+	// roots and opCert are set by operatorClients.
+	roots  *x509.CertPool
+	opCert tls.Certificate
+}
+
+// operatorTLS is the operator's client TLS configuration for srv (after
+// operatorClients).
+func (s *stack) operatorTLS(srv *server) *tls.Config {
+	return pki.ClientTLS(s.roots, &s.opCert, srv.host)
 }
 
 // leaseConfig is the shard config with short leases: lease 3s, renew 1s,
@@ -225,10 +234,17 @@ func leaseConfig() string {
 
 func newStack(t *testing.T, servers int) *stack {
 	t.Helper()
+	return newStackWith(t, servers, func(*stack) string { return leaseConfig() })
+}
+
+// newStackWith is newStack with the shard config config returns (it may
+// use the stack's binaries, directory and addresses).
+func newStackWith(t *testing.T, servers int, config func(*stack) string) *stack {
+	t.Helper()
 	s := &stack{t: t, bin: binaries(t), dir: t.TempDir(), net: loopbackNet(t)}
 	s3 := devs3test.Start(t, filepath.Join(s.dir, "dev-s3"))
 	s.s3URL = s3.URL
-	cfg := []byte(leaseConfig())
+	cfg := []byte(config(s))
 	_, err := devs3test.Client(s3.URL).PutObject(context.Background(), putInput("config/"+shard+".jsonc", cfg))
 	require.NoError(t, err)
 	for i := 1; i <= servers; i++ {
@@ -340,6 +356,7 @@ func (s *stack) operatorClients() map[*server]nstancev1.OperatorServiceClient {
 	require.NoError(t, err)
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	require.NoError(t, err)
+	s.roots, s.opCert = roots, cert
 	out := map[*server]nstancev1.OperatorServiceClient{}
 	for _, srv := range s.servers {
 		// Reconnect at the polling pace: gRPC's default backoff (up to
