@@ -24,7 +24,16 @@ import (
 // PendingPublicKeyPEM returns the PKIX PEM of the renewal key, generating
 // and storing it (0600, synced) the first time.
 func (d *Dir) PendingPublicKeyPEM() (string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	k, err := d.loadOrCreateKey(NextKeyFile)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		// An unreadable renewal key is only a pending one: start over.
+		if rerr := atomicfile.RemovePath(d.Path(NextKeyFile)); rerr != nil {
+			return "", rerr
+		}
+		k, err = d.loadOrCreateKey(NextKeyFile)
+	}
 	if err != nil {
 		return "", err
 	}

@@ -128,3 +128,13 @@ func TestInterruptedSwapFinishedAtOpen(t *testing.T) {
 		})
 	}
 }
+
+func TestUnreadablePendingKeyReplaced(t *testing.T) {
+	d, _ := registered(t)
+	require.NoError(t, os.WriteFile(d.Path(NextKeyFile), []byte("garbage"), 0o600))
+	pub, err := d.PendingPublicKeyPEM()
+	require.NoError(t, err)
+	again, err := d.PendingPublicKeyPEM()
+	require.NoError(t, err)
+	require.Equal(t, pub, again)
+}
