@@ -81,6 +81,10 @@ type killMoment struct {
 	// requires names a feature of another branch; the case is skipped
 	// until it is merged (CHAOS_ALL=1 runs it anyway).
 	requires string
+	// stored: the certificate was on disk at the kill, so the restarted
+	// agent must not register again; otherwise it registers again with
+	// the same key (and the server answers with the same certificate).
+	stored bool
 }
 
 // kill -9 of an agent right after RegisterAgent returned: the agent is
@@ -96,7 +100,7 @@ func TestAgentKilledAfterRegistration(t *testing.T) {
 	for _, m := range []killMoment{
 		// The certificate is stored (renamed into place): registration is
 		// complete on both sides.
-		{name: "certificate stored", prefix: identity.CertFile},
+		{name: "certificate stored", prefix: identity.CertFile, stored: true},
 		// The reply arrived and the certificate is being written: the
 		// agent restarts with its nonce and key and must get the same
 		// certificate again, which needs retry-safe registration.
@@ -113,14 +117,14 @@ func TestAgentKilledAfterRegistration(t *testing.T) {
 			t.Cleanup(shard.Stop)
 			tmpl := config.Template{Kind: "worker", Files: map[string]config.TemplateFile{"motd": {Kind: "string", Content: "{{ .InstanceID }}"}}}
 			for i := 1; i <= runs; i++ {
-				killAfterRegistration(t, shard, bin, tmpl, fmt.Sprintf("kill-%d", i), m.prefix)
+				killAfterRegistration(t, shard, bin, tmpl, fmt.Sprintf("kill-%d", i), m)
 			}
 			require.Zero(t, shard.HandshakeFailures.Load(), "failed TLS handshakes")
 		})
 	}
 }
 
-func killAfterRegistration(t *testing.T, shard *agenttest.Shard, bin string, tmpl config.Template, id, prefix string) {
+func killAfterRegistration(t *testing.T, shard *agenttest.Shard, bin string, tmpl config.Template, id string, m killMoment) {
 	t.Helper()
 	dir := t.TempDir()
 	env, err := shard.Add(agenttest.Instance{ID: id, Group: "g", Template: tmpl}, dir)
@@ -138,7 +142,7 @@ func killAfterRegistration(t *testing.T, shard *agenttest.Shard, bin string, tmp
 	for !killed {
 		select {
 		case ev := <-w.Events:
-			if ev.Has(fsnotify.Create) && strings.HasPrefix(filepath.Base(ev.Name), prefix) {
+			if ev.Has(fsnotify.Create) && strings.HasPrefix(filepath.Base(ev.Name), m.prefix) {
 				a.kill(t)
 				killed = true
 			}
@@ -147,10 +151,12 @@ func killAfterRegistration(t *testing.T, shard *agenttest.Shard, bin string, tmp
 		case <-a.done:
 			t.Fatalf("%s: the agent exited before it registered:\n%s", id, a.log.String())
 		case <-deadline:
-			t.Fatalf("%s: no %s* was written in 60s", id, prefix)
+			t.Fatalf("%s: no %s* was written in 60s", id, m.prefix)
 		}
 	}
 	streams := shard.FileStreams.Load()
+	key, err := os.ReadFile(filepath.Join(idDir, identity.KeyFile))
+	require.NoError(t, err, "%s: the agent key exists before registration", id)
 
 	b := startAgent(t, bin, env)
 	exited := false
@@ -173,6 +179,11 @@ func killAfterRegistration(t *testing.T, shard *agenttest.Shard, bin string, tmp
 	require.Equal(t, id, c.Leaf.Subject.CommonName)
 	_, err = os.Stat(filepath.Join(idDir, identity.NonceFile))
 	require.ErrorIs(t, err, os.ErrNotExist, "%s: the used nonce is gone", id)
-	require.NotContains(t, b.log.String(), "registered", "%s: the restarted agent did not register again", id)
+	after, err := os.ReadFile(filepath.Join(idDir, identity.KeyFile))
+	require.NoError(t, err)
+	require.Equal(t, key, after, "%s: the same key before and after the kill", id)
+	if m.stored {
+		require.NotContains(t, b.log.String(), "registered", "%s: the restarted agent did not register again", id)
+	}
 	b.kill(t)
 }
