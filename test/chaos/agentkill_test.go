@@ -96,7 +96,7 @@ type killMoment struct {
 // instances each (3 in make test).
 func TestAgentKilledAfterRegistration(t *testing.T) {
 	runs := envInt(t, "CHAOS_KILL_RUNS", 3)
-	bin := filepath.Join(binaries(t), "nstance-agent")
+	bin := agentBinary(t)
 	for _, m := range []killMoment{
 		// The certificate is stored (renamed into place): registration is
 		// complete on both sides.

@@ -47,8 +47,8 @@ var (
 	buildErr  error
 )
 
-// binaries builds nstance-server, nstance-admin and nstance-agent once per test binary.
-func binaries(t *testing.T) string {
+// binaries builds nstance-server and nstance-admin once per test binary.
+func binaries(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "nstance-chaos-bin-")
@@ -57,7 +57,7 @@ func binaries(t *testing.T) string {
 			return
 		}
 		buildDir = dir
-		cmd := exec.Command("go", "build", "-o", dir+"/", "../../cmd/nstance-server", "../../cmd/nstance-admin", "../../cmd/nstance-agent")
+		cmd := exec.Command("go", "build", "-o", dir+"/", "../../cmd/nstance-server", "../../cmd/nstance-admin")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %v: %s", err, out)
@@ -77,7 +77,7 @@ func TestMain(m *testing.M) {
 
 // loopbackNet picks 127.X.Y.0/24 for one test: its hosts .1, .2, ... bind
 // the standard ports without colliding with anything else on the machine.
-func loopbackNet(t *testing.T) string {
+func loopbackNet(t testing.TB) string {
 	n, err := rand.Int(rand.Reader, big.NewInt(200*250))
 	require.NoError(t, err)
 	v := int(n.Int64())
@@ -97,7 +97,7 @@ type proxy struct {
 	wg    sync.WaitGroup
 }
 
-func startProxy(t *testing.T, listen, target string) *proxy {
+func startProxy(t testing.TB, listen, target string) *proxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", listen)
 	require.NoError(t, err)
@@ -188,7 +188,7 @@ func (s *server) Operator() string { return s.addr(8993) }
 // Registration is the server's Registration API address.
 func (s *server) Registration() string { return s.addr(8992) }
 
-func (s *server) signal(t *testing.T, sig syscall.Signal) {
+func (s *server) signal(t testing.TB, sig syscall.Signal) {
 	t.Helper()
 	require.NoError(t, s.cmd.Process.Signal(sig))
 }
@@ -196,21 +196,13 @@ func (s *server) signal(t *testing.T, sig syscall.Signal) {
 // stack is dev-s3 (in-process) and nstance-servers of one shard, each
 // reaching storage through its own proxy.
 type stack struct {
-	t       *testing.T
-	bin     string
-	dir     string
-	net     string
-	s3URL   string
-	servers []*server
-	// roots and opCert are set by operatorClients.
-	roots  *x509.CertPool
-	opCert tls.Certificate
-}
-
-// operatorTLS is the operator's client TLS configuration for srv (after
-// operatorClients).
-func (s *stack) operatorTLS(srv *server) *tls.Config {
-	return pki.ClientTLS(s.roots, &s.opCert, srv.host)
+	t        testing.TB
+	extraEnv []string
+	bin      string
+	dir      string
+	net      string
+	s3URL    string
+	servers  []*server
 }
 
 // leaseConfig is the shard config with short leases: lease 3s, renew 1s,
@@ -232,20 +224,18 @@ func leaseConfig() string {
 }`, clusterID, shard)
 }
 
-func newStack(t *testing.T, servers int) *stack {
-	t.Helper()
-	return newStackWith(t, servers, func(*stack) string { return leaseConfig() })
+func newStack(t testing.TB, servers int) *stack {
+	return newStackWith(t, servers, leaseConfig(), nil)
 }
 
-// newStackWith is newStack with the shard config config returns (it may
-// use the stack's binaries, directory and addresses).
-func newStackWith(t *testing.T, servers int, config func(*stack) string) *stack {
+// newStackWith starts servers on the shard config cfg; extraEnv is added to
+// every server's environment (and so to the processes it starts).
+func newStackWith(t testing.TB, servers int, cfg string, extraEnv []string) *stack {
 	t.Helper()
-	s := &stack{t: t, bin: binaries(t), dir: t.TempDir(), net: loopbackNet(t)}
+	s := &stack{t: t, bin: binaries(t), dir: t.TempDir(), net: loopbackNet(t), extraEnv: extraEnv}
 	s3 := devs3test.Start(t, filepath.Join(s.dir, "dev-s3"))
 	s.s3URL = s3.URL
-	cfg := []byte(config(s))
-	_, err := devs3test.Client(s3.URL).PutObject(context.Background(), putInput("config/"+shard+".jsonc", cfg))
+	_, err := devs3test.Client(s3.URL).PutObject(context.Background(), putInput("config/"+shard+".jsonc", []byte(cfg)))
 	require.NoError(t, err)
 	for i := 1; i <= servers; i++ {
 		s.startServer(fmt.Sprintf("srv-%d", i), s.net+strconv.Itoa(i))
@@ -254,30 +244,22 @@ func newStackWith(t *testing.T, servers int, config func(*stack) string) *stack 
 }
 
 func (s *stack) env(endpoint string) []string {
-	return append(os.Environ(),
+	return append(append(os.Environ(),
 		"AWS_ACCESS_KEY_ID=dev", "AWS_SECRET_ACCESS_KEY=dev", "AWS_REGION=us-east-1",
 		"AWS_ENDPOINT_URL="+endpoint, "AWS_S3_USE_PATH_STYLE=true",
 		"NSTANCE_ENCRYPTION_KEY="+encryptionKey,
-	)
+	), s.extraEnv...)
 }
 
+// startServer starts nstance-server id on its own loopback host, reaching
+// dev-s3 through a new proxy; the process is killed when the test ends.
 func (s *stack) startServer(id, host string) *server {
 	t := s.t
 	t.Helper()
 	u := strings.TrimPrefix(s.s3URL, "http://")
 	p := startProxy(t, net.JoinHostPort(host, "8989"), u)
-	srv := &server{id: id, host: host, proxy: p, log: filepath.Join(s.dir, id+".log"), done: make(chan struct{})}
-	f, err := os.Create(srv.log)
-	require.NoError(t, err)
-	bind := func(port int) string { return srv.addr(port) }
-	srv.cmd = exec.Command(filepath.Join(s.bin, "nstance-server"), "--id", id, "--shard", shard, "--bucket", "dev",
-		"--advertise-host", host, "--bind-health", bind(8990), "--bind-election", bind(8991),
-		"--bind-registration", bind(8992), "--bind-operator", bind(8993), "--bind-agent", bind(8994))
-	srv.cmd.Env = s.env("http://" + p.Addr())
-	srv.cmd.Stdout, srv.cmd.Stderr = f, f
-	srv.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	require.NoError(t, srv.cmd.Start())
-	go func() { _ = srv.cmd.Wait(); _ = f.Close(); close(srv.done) }()
+	srv := &server{id: id, host: host, proxy: p, log: filepath.Join(s.dir, id+".log")}
+	s.launch(srv)
 	t.Cleanup(func() {
 		// A stopped process must be continued to die of SIGKILL promptly.
 		_ = srv.cmd.Process.Signal(syscall.SIGCONT)
@@ -293,6 +275,32 @@ func (s *stack) startServer(id, host string) *server {
 	return srv
 }
 
+// launch (re)starts srv's process; its output is appended to srv.log.
+func (s *stack) launch(srv *server) {
+	t := s.t
+	t.Helper()
+	f, err := os.OpenFile(srv.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	require.NoError(t, err)
+	bind := func(port int) string { return srv.addr(port) }
+	srv.cmd = exec.Command(filepath.Join(s.bin, "nstance-server"), "--id", srv.id, "--shard", shard, "--bucket", "dev",
+		"--advertise-host", srv.host, "--bind-health", bind(8990), "--bind-election", bind(8991),
+		"--bind-registration", bind(8992), "--bind-operator", bind(8993), "--bind-agent", bind(8994))
+	srv.cmd.Env = s.env("http://" + srv.proxy.Addr())
+	srv.cmd.Stdout, srv.cmd.Stderr = f, f
+	srv.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	require.NoError(t, srv.cmd.Start())
+	done := make(chan struct{})
+	srv.done = done
+	cmd := srv.cmd
+	go func() { _ = cmd.Wait(); _ = f.Close(); close(done) }()
+}
+
+// kill9 kills srv with SIGKILL and waits for it to be gone.
+func (s *stack) kill9(srv *server) {
+	require.NoError(s.t, srv.cmd.Process.Kill())
+	<-srv.done
+}
+
 func putInput(key string, body []byte) *s3.PutObjectInput {
 	return &s3.PutObjectInput{Bucket: aws.String(devs3test.Bucket), Key: aws.String(key), Body: bytes.NewReader(body)}
 }
@@ -304,10 +312,10 @@ func tail(b []byte, n int) []byte {
 	return b
 }
 
-// operatorClient registers an operator with a nonce minted by nstance-admin
-// and returns Operator API clients, one per server, each over its own
-// connection.
-func (s *stack) operatorClients() map[*server]nstancev1.OperatorServiceClient {
+// registerOperator registers an operator with a nonce minted by
+// nstance-admin and returns the cluster CA pool and the operator's
+// certificate.
+func (s *stack) registerOperator() (*x509.CertPool, tls.Certificate) {
 	t := s.t
 	t.Helper()
 	var caPEM []byte
@@ -356,7 +364,15 @@ func (s *stack) operatorClients() map[*server]nstancev1.OperatorServiceClient {
 	require.NoError(t, err)
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	require.NoError(t, err)
-	s.roots, s.opCert = roots, cert
+	return roots, cert
+}
+
+// operatorClients registers an operator (registerOperator) and returns
+// Operator API clients, one per server, each over its own connection.
+func (s *stack) operatorClients() map[*server]nstancev1.OperatorServiceClient {
+	t := s.t
+	t.Helper()
+	roots, cert := s.registerOperator()
 	out := map[*server]nstancev1.OperatorServiceClient{}
 	for _, srv := range s.servers {
 		// Reconnect at the polling pace: gRPC's default backoff (up to

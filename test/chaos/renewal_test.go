@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -25,6 +26,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/nstance-dev/nstance/internal/agent/identity"
+	"github.com/nstance-dev/nstance/internal/devs3/devs3test"
 	"github.com/nstance-dev/nstance/internal/pki"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -42,15 +44,21 @@ func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
 	return d
 }
 
-// renewalConfig is a one-server shard whose instances are real agents
-// (process provider) and whose server and agent certificates live validity.
-func renewalConfig(validity time.Duration, agentDir string) func(*stack) string {
-	return func(s *stack) string {
-		host := s.net + "1"
-		options, _ := json.Marshal(map[string]string{
-			"command": filepath.Join(s.bin, "nstance-agent"), "state_dir": agentDir, "node_dir": "-", "work_dir": agentDir,
-		})
-		return fmt.Sprintf(`{
+// agentBinary builds cmd/nstance-agent into a directory of the test.
+func agentBinary(t testing.TB) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "nstance-agent")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/nstance-dev/nstance/cmd/nstance-agent").CombinedOutput()
+	require.NoError(t, err, "building nstance-agent: %s", out)
+	return bin
+}
+
+// renewalConfig is a one-server shard on host whose instances are real
+// agents (process provider running agent, state in agentDir) and whose
+// server and agent certificates live validity.
+func renewalConfig(host string, validity time.Duration, agent, agentDir string) string {
+	options, _ := json.Marshal(map[string]string{"command": agent, "state_dir": agentDir, "node_dir": "-", "work_dir": agentDir})
+	return fmt.Sprintf(`{
   "cluster": {
     "id": %[1]q,
     "leader_election": {"lease_duration": "3s", "renew_interval": "1s", "renew_deadline": "2s", "max_clock_skew": "500ms", "retry_interval": "200ms"}
@@ -62,11 +70,11 @@ func renewalConfig(validity time.Duration, agentDir string) func(*stack) string 
       "health_addr": "0.0.0.0:8990", "election_addr": "0.0.0.0:8991", "registration_addr": "0.0.0.0:8992",
       "operator_addr": "0.0.0.0:8993", "agent_addr": "0.0.0.0:8994"
     },
-    "advertise": {"hosts": [%[4]q], "registration_addr": "%[4]s:8992", "operator_addr": "%[4]s:8993", "agent_addr": "%[4]s:8994"},
+    "advertise": {"hosts": [%[5]q]},
     "health_check_interval": "1s",
     "subnet_pools": {"default": {"subnets": ["dev-subnet-a"]}}
   },
-  "certificates": {"server_validity": %[5]q, "agent_validity": %[5]q, "operator_validity": "24h", "agent_nonce_ttl": "15m"},
+  "certificates": {"server_validity": %[4]q, "agent_validity": %[4]q, "operator_validity": "24h", "agent_nonce_ttl": "15m"},
   "templates": {
     "svc": {
       "kind": "worker", "arch": "amd64", "instance_type": "dev.small", "subnet_pool": "default",
@@ -74,8 +82,22 @@ func renewalConfig(validity time.Duration, agentDir string) func(*stack) string 
     }
   },
   "groups": {}
-}`, clusterID, shard, options, host, validity.String())
-	}
+}`, clusterID, shard, options, validity.String(), host)
+}
+
+// startRenewalStack is newStack with renewalConfig: one server on its own
+// loopback host, dev-s3 in-process.
+func startRenewalStack(t *testing.T, validity time.Duration, agent, agentDir string) *stack {
+	t.Helper()
+	st := &stack{t: t, bin: binaries(t), dir: t.TempDir(), net: loopbackNet(t)}
+	s3 := devs3test.Start(t, filepath.Join(st.dir, "dev-s3"))
+	st.s3URL = s3.URL
+	host := st.net + "1"
+	_, err := devs3test.Client(s3.URL).PutObject(context.Background(), putInput("config/"+shard+".jsonc",
+		[]byte(renewalConfig(host, validity, agent, agentDir))))
+	require.NoError(t, err)
+	st.startServer("srv-1", host)
+	return st
 }
 
 // killRecordedAgents ends the agent process groups the process provider
@@ -221,15 +243,28 @@ func TestCertificatesRenewedUnderTraffic(t *testing.T) {
 	run := envDuration(t, "CHAOS_RENEWAL_RUN", 90*time.Second)
 	const size = 3
 	agentDir := t.TempDir()
-	t.Cleanup(func() { killRecordedAgents(agentDir) }) // after the servers are gone (cleanups run last-in first-out)
-	st := newStackWith(t, 1, renewalConfig(validity, agentDir))
+	t.Cleanup(func() { // after the servers are gone (cleanups run last-in first-out)
+		killRecordedAgents(agentDir)
+		if t.Failed() {
+			logs, _ := filepath.Glob(filepath.Join(agentDir, "*", "agent.log"))
+			for _, l := range logs {
+				b, _ := os.ReadFile(l)
+				t.Logf("--- %s (last 3000 bytes) ---\n%s", l, tail(b, 3000))
+			}
+		}
+	})
+	st := startRenewalStack(t, validity, agentBinary(t), agentDir)
 	srv := st.servers[0]
-	clients := st.operatorClients()
-	c := clients[srv]
+	roots, opCert := st.registerOperator()
+	opTLS := pki.ClientTLS(roots, &opCert, srv.host)
+	conn, err := grpc.NewClient(srv.Operator(), grpc.WithTransportCredentials(credentials.NewTLS(opTLS.Clone())))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	c := nstancev1.NewOperatorServiceClient(conn)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := c.UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: "renew", Template: "svc", Size: size}})
+	_, err = c.UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: "renew", Template: "svc", Size: size}})
 	require.NoError(t, err)
 	var initial []string
 	require.Eventually(t, func() bool {
@@ -274,7 +309,6 @@ func TestCertificatesRenewedUnderTraffic(t *testing.T) {
 			sleepCtx(tctx, 200*time.Millisecond)
 		}
 	}()
-	opTLS := st.operatorTLS(srv)
 	go func() { // a new connection, so a new handshake, every second
 		defer wg.Done()
 		for tctx.Err() == nil {
@@ -307,7 +341,7 @@ func TestCertificatesRenewedUnderTraffic(t *testing.T) {
 	require.Empty(t, callErrs, "failed operator calls")
 	// Control: the counter sees a refused handshake (a client certificate
 	// of a foreign CA).
-	require.Error(t, freshCall(context.Background(), srv.Operator(), foreignClientTLS(t, st.roots, srv.host)))
+	require.Error(t, freshCall(context.Background(), srv.Operator(), foreignClientTLS(t, roots, srv.host)))
 	require.Eventually(t, func() bool {
 		return handshakeFailures(t, "http://"+srv.addr(8990)+"/metrics")[`nstance_server_tls_handshake_failures_total{listener="operator",reason="certificate"}`] == 1
 	}, 10*time.Second, 50*time.Millisecond, "the handshake failure metric counts a refused client certificate")
