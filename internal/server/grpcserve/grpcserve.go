@@ -50,6 +50,8 @@ type Config struct {
 	// listener's name ("registration", "operator", "agent"), e.g. a client
 	// presenting an expired certificate.
 	OnHandshakeError func(listener string, err error)
+	// listenerNames maps listening ports to listener names (set by Start).
+	listenerNames map[string]string
 	// PanicHook makes a unary call that carries metadata PanicHookHeader
 	// panic after authorization. Test only: the attack suite (test/attack)
 	// sets PanicHookEnv to prove the recovery black-box.
@@ -102,14 +104,12 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 		grpc.MaxSendMsgSize(lim.MaxMessageBytes),
 	}
 	s := &Servers{}
-	newServer := func(name string, tlsCfg *tls.Config, extra ...grpc.ServerOption) *grpc.Server {
+	cfg.listenerNames = listenerNames(ls)
+	newServer := func(tlsCfg *tls.Config, extra ...grpc.ServerOption) *grpc.Server {
 		if cfg.GetCertificate != nil {
 			tlsCfg.Certificates, tlsCfg.GetCertificate = nil, cfg.GetCertificate
 		}
-		creds := credentials.NewTLS(tlsCfg)
-		if cfg.OnHandshakeError != nil {
-			creds = handshakeObserver{TransportCredentials: creds, name: name, onError: cfg.OnHandshakeError}
-		}
+		creds := cfg.observed(credentials.NewTLS(tlsCfg))
 		// Recovery first, so a panic anywhere below (other interceptors,
 		// handlers) ends only its own RPC.
 		opts := append([]grpc.ServerOption{grpc.Creds(creds),
@@ -126,7 +126,7 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 			return nil, errors.New("grpcserve: registration listener without a service")
 		}
 		rl := limits.NewKeyedRate(lim.RegistrationRate.PerMinute, lim.RegistrationRate.Burst, lim.RegistrationSources, nil)
-		g := newServer("registration", pki.ServerTLS(cfg.ServerCert, nil, false),
+		g := newServer(pki.ServerTLS(cfg.ServerCert, nil, false),
 			grpc.ChainUnaryInterceptor(limits.RatePerSource(rl, "shard.limits.registration_rate")))
 		nstancev1.RegisterRegistrationServiceServer(g, cfg.Registration)
 		s.serve("registration", g, s.limitSources(cfg.Log, "registration", ls.Registration, lim.MaxConnectionsPerSource))
@@ -140,7 +140,7 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 		watches := limits.NewCounter(lim.MaxWatchesPerOperator)
 		opOpts := append(authz.Policy{Roles: []pki.Role{pki.RoleOperator, pki.RoleAdmin}, ClusterID: cfg.ClusterID}.ServerOptions(),
 			grpc.ChainStreamInterceptor(limits.StreamsPerKey(watches, identityKey, "shard.limits.max_watches_per_operator")))
-		g := newServer("operator", pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), opOpts...)
+		g := newServer(pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), opOpts...)
 		nstancev1.RegisterOperatorServiceServer(g, cfg.Operator)
 		s.serve("operator", g, s.limitSources(cfg.Log, "operator", ls.Operator, lim.MaxConnectionsPerSource))
 	}
@@ -156,7 +156,7 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 		agentOpts := append(authz.Policy{Roles: []pki.Role{pki.RoleAgent}, ClusterID: cfg.ClusterID}.ServerOptions(),
 			grpc.ChainStreamInterceptor(limits.StreamsPerKey(agentStreams, identityKey, "shard.limits.max_streams_per_agent")),
 			grpc.SharedWriteBuffer(true), grpc.ReadBufferSize(4<<10), grpc.WriteBufferSize(4<<10))
-		g := newServer("agent", pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), agentOpts...)
+		g := newServer(pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true), agentOpts...)
 		nstancev1.RegisterAgentServiceServer(g, cfg.Agent)
 		s.serve("agent", g, s.limitSources(cfg.Log, "agent", ls.Agent, lim.MaxConnectionsPerSource))
 	}
