@@ -122,19 +122,22 @@ func (r *RenewingCert) renewOnce(ctx context.Context) bool {
 	}
 }
 
-// IssuedAt is when a certificate issued by this package was signed: its
+// issuedAt is when a certificate issued by this package was signed: its
 // NotBefore is back-dated by the clock-skew allowance, which is not part of
-// its intended lifetime.
-func IssuedAt(cert *x509.Certificate) time.Time {
+// its intended lifetime (a certificate shorter than the allowance counts
+// from NotBefore).
+func issuedAt(cert *x509.Certificate) time.Time {
 	if at := cert.NotBefore.Add(clockSkew); at.Before(cert.NotAfter) {
 		return at
 	}
 	return cert.NotBefore
 }
 
+// Lifetime is a certificate's intended validity: from its signing to NotAfter.
+func Lifetime(cert *x509.Certificate) time.Duration { return cert.NotAfter.Sub(issuedAt(cert)) }
+
 // RenewAt is when fraction (0 < fraction < 1) of a certificate's lifetime,
-// counted from IssuedAt, has passed: the time to renew it.
+// counted from its signing, has passed: the time to renew it.
 func RenewAt(cert *x509.Certificate, fraction float64) time.Time {
-	at := IssuedAt(cert)
-	return at.Add(time.Duration(float64(cert.NotAfter.Sub(at)) * fraction))
+	return issuedAt(cert).Add(time.Duration(float64(Lifetime(cert)) * fraction))
 }

@@ -70,7 +70,7 @@ func identityKeySpec() *nstancev1.KeySpec {
 func (s *Server) identityRetry(st identityStatus) time.Duration {
 	d := s.o.IdentityRetry
 	if st.leaf != nil {
-		if l := st.leaf.NotAfter.Sub(pki.IssuedAt(st.leaf)) / 20; l < d {
+		if l := pki.Lifetime(st.leaf) / 20; l < d {
 			d = l
 		}
 	}
