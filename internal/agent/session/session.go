@@ -212,9 +212,13 @@ func (s *Session) keyLoop(ctx context.Context, c nstancev1.AgentServiceClient) e
 		req, idSpec := splitIdentityKey(req)
 		pubs, err := s.o.Keys.Apply(req)
 		if err != nil {
-			// A request the agent cannot honour is logged; the next one may be fine.
+			// A request the agent cannot honour is logged; the next one may
+			// be fine. The identity renewal goes ahead regardless.
 			s.o.Log.Error(err, "cannot apply key request", "hash", req.GetConfigHash())
-			continue
+			if idSpec == nil {
+				continue
+			}
+			pubs = nil
 		}
 		if idSpec != nil {
 			pem, err := s.o.Identity.PendingPublicKeyPEM()
