@@ -105,6 +105,11 @@ test-go: ## Unit and envtest tests (builds the envtest binaries on first use).
 	@assets=$$(scripts/envtest-assets.sh); source scripts/lib/progress.sh; PROGRESS_TAG=test-go; \
 		progress_run "go test $(GO_TEST_FLAGS) ./... (KUBEBUILDER_ASSETS=$$assets)" env KUBEBUILDER_ASSETS=$$assets $(GO) test $(GO_TEST_FLAGS) ./...
 
+# make chaos also runs server and agent certificates of 2 minutes for 10 minutes and 20 agent kills.
+chaos: export CHAOS_CERT_VALIDITY := 2m
+chaos: export CHAOS_RENEWAL_RUN := 10m
+chaos: export CHAOS_KILL_RUNS := 20
+
 .PHONY: chaos
 chaos: ## Long fault-injection runs (test/chaos): 20 leader handovers, a 20 s SIGSTOP, 10 leader kills during 50-instance scale-ups. The short variants run in `make test`.
 	CHAOS_RUNS=20 CHAOS_FREEZE=20 CHAOS_SCALE_ROUNDS=10 CHAOS_SCALE_STEP=50 $(GO) test -count=1 -v -timeout 60m ./test/chaos/...

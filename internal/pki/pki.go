@@ -31,6 +31,11 @@ const (
 // Valid reports whether r is a known client role.
 func (r Role) Valid() bool { return r == RoleAgent || r == RoleOperator || r == RoleAdmin }
 
+// AgentIdentityKeyName is the key name the Agent service uses on
+// KeyGenRequests to ask an agent for a new identity key (renewal of its
+// cluster-CA client certificate). Templates may not use it.
+const AgentIdentityKeyName = "nstance-identity"
+
 // clockSkew back-dates NotBefore so clients with slightly slow clocks accept new certificates.
 const clockSkew = time.Minute
 

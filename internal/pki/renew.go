@@ -3,6 +3,7 @@ package pki
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"sync/atomic"
 	"time"
@@ -132,4 +133,24 @@ func (r *RenewingCert) renewOnce(ctx context.Context) bool {
 		case <-t.C:
 		}
 	}
+}
+
+// issuedAt is when a certificate issued by this package was signed: its
+// NotBefore is back-dated by the clock-skew allowance, which is not part of
+// its intended lifetime (a certificate shorter than the allowance counts
+// from NotBefore).
+func issuedAt(cert *x509.Certificate) time.Time {
+	if at := cert.NotBefore.Add(clockSkew); at.Before(cert.NotAfter) {
+		return at
+	}
+	return cert.NotBefore
+}
+
+// Lifetime is a certificate's intended validity: from its signing to NotAfter.
+func Lifetime(cert *x509.Certificate) time.Duration { return cert.NotAfter.Sub(issuedAt(cert)) }
+
+// RenewAt is when fraction (0 < fraction < 1) of a certificate's lifetime,
+// counted from its signing, has passed: the time to renew it.
+func RenewAt(cert *x509.Certificate, fraction float64) time.Time {
+	return issuedAt(cert).Add(time.Duration(float64(Lifetime(cert)) * fraction))
 }

@@ -312,10 +312,10 @@ func tail(b []byte, n int) []byte {
 	return b
 }
 
-// operatorClient registers an operator with a nonce minted by nstance-admin
-// and returns Operator API clients, one per server, each over its own
-// connection.
-func (s *stack) operatorClients() map[*server]nstancev1.OperatorServiceClient {
+// registerOperator registers an operator with a nonce minted by
+// nstance-admin and returns the cluster CA pool and the operator's
+// certificate.
+func (s *stack) registerOperator() (*x509.CertPool, tls.Certificate) {
 	t := s.t
 	t.Helper()
 	var caPEM []byte
@@ -364,6 +364,15 @@ func (s *stack) operatorClients() map[*server]nstancev1.OperatorServiceClient {
 	require.NoError(t, err)
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	require.NoError(t, err)
+	return roots, cert
+}
+
+// operatorClients registers an operator (registerOperator) and returns
+// Operator API clients, one per server, each over its own connection.
+func (s *stack) operatorClients() map[*server]nstancev1.OperatorServiceClient {
+	t := s.t
+	t.Helper()
+	roots, cert := s.registerOperator()
 	out := map[*server]nstancev1.OperatorServiceClient{}
 	for _, srv := range s.servers {
 		// Reconnect at the polling pace: gRPC's default backoff (up to

@@ -56,9 +56,14 @@ type Shard struct {
 
 	// RepushInterval is passed to agentapi (set before Start).
 	RepushInterval time.Duration
+	// AgentValidity of issued agent certificates (default 1h; set before
+	// Start). Identity renewal through the Agent streams is on.
+	AgentValidity time.Duration
 	// FileStreams counts ReceiveFiles streams opened (an agent that keeps
 	// reconnecting makes it grow).
 	FileStreams atomic.Int64
+	// HandshakeFailures counts failed TLS handshakes on both listeners.
+	HandshakeFailures atomic.Int64
 	// Refused counts deliveries the Agent service refused to send (OnRefused).
 	Refused atomic.Int64
 
@@ -132,8 +137,13 @@ func (s *Shard) Start() error {
 	}
 	s.regAddr, s.agentAddr = regLn.Addr().String(), agLn.Addr().String()
 	keys := layout.New("")
+	validity := s.AgentValidity
+	if validity <= 0 {
+		validity = time.Hour
+	}
+	issuer := &registration.Issuer{CA: s.CA, ClusterID: ClusterID, AgentValidity: validity, OperatorValidity: time.Hour}
 	reg := &registration.Service{
-		Issuer:   &registration.Issuer{CA: s.CA, ClusterID: ClusterID, AgentValidity: time.Hour, OperatorValidity: time.Hour},
+		Issuer:   issuer,
 		Verifier: &nonce.Verifier{Key: s.nonceKey.Public().(ed25519.PublicKey), ClusterID: ClusterID, Shard: ShardID, Leeway: time.Minute},
 		Ledger:   &nonce.Ledger{Store: s.objects, Keys: keys},
 		Objects:  s.objects, Keys: keys, ServerID: "test-server", Log: s.log.WithName("registration"),
@@ -148,7 +158,8 @@ func (s *Shard) Start() error {
 	s.Agent, err = agentapi.New(agentapi.Options{
 		Shard: ShardID, Source: src, Keys: s.Keys, Signer: &agentapi.WorkloadSigner{CA: s.WorkloadCA, MaxValidity: time.Hour, Policy: policy},
 		Health: s.Health, Log: s.log.WithName("agentapi"), RepushInterval: s.RepushInterval,
-		OnRefused: func(agentapi.Ref, error) { s.Refused.Add(1) },
+		OnRefused:     func(agentapi.Ref, error) { s.Refused.Add(1) },
+		RenewIdentity: issuer.RenewAgentPEM,
 	})
 	if err != nil {
 		return err
@@ -159,7 +170,8 @@ func (s *Shard) Start() error {
 	}
 	s.servers, err = grpcserve.Start(grpcserve.Config{
 		ClusterID: ClusterID, ServerCert: cert, ClientCAs: s.CA.Pool(), Registration: reg, Agent: s.Agent, Log: s.log.WithName("grpc"),
-		ServerOptions: []grpc.ServerOption{grpc.ChainStreamInterceptor(s.countFileStreams)},
+		ServerOptions:    []grpc.ServerOption{grpc.ChainStreamInterceptor(s.countFileStreams)},
+		OnHandshakeError: func(string, error) { s.HandshakeFailures.Add(1) },
 	}, grpcserve.Listeners{Registration: regLn, Agent: agLn})
 	return err
 }

@@ -53,12 +53,15 @@ type env struct {
 	agentEnv map[string]string
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T, tune ...func(*agenttest.Shard)) *env {
 	t.Helper()
 	log := testr.NewWithOptions(t, testr.Options{Verbosity: 0})
 	s, err := agenttest.New(log)
 	require.NoError(t, err)
 	s.RepushInterval = 300 * time.Millisecond
+	for _, f := range tune {
+		f(s)
+	}
 	require.NoError(t, s.Start())
 	t.Cleanup(s.Stop)
 	return &env{shard: s, dir: t.TempDir(), log: log}

@@ -30,6 +30,10 @@ const (
 	KeyFile     = "agent.key"
 	CertFile    = "agent.crt"
 	CAChainFile = "ca-chain.crt"
+	// NextKeyFile is the key generated for an identity renewal, and
+	// NextCertFile its certificate while the pair is being swapped in.
+	NextKeyFile  = "agent.key.next"
+	NextCertFile = "agent.crt.next"
 )
 
 // ErrNotRegistered is returned when no usable certificate is stored.
@@ -52,7 +56,11 @@ func Open(path string) (*Dir, error) {
 	if err := os.MkdirAll(path, 0o700); err != nil {
 		return nil, fmt.Errorf("identity: creating %s: %w", path, err)
 	}
-	return &Dir{path: path}, nil
+	d := &Dir{path: path}
+	if err := d.finishRenewal(); err != nil {
+		return nil, err
+	}
+	return d, nil
 }
 
 // Path returns the full path of a file in the directory.
@@ -82,28 +90,14 @@ func (d *Dir) RemoveNonce() error {
 
 // Key returns the agent's Ed25519 key, generating and storing it (0600) the
 // first time.
-func (d *Dir) Key() (ed25519.PrivateKey, error) {
-	b, err := os.ReadFile(d.Path(KeyFile))
-	switch {
-	case err == nil:
-		blk, _ := pem.Decode(b)
-		if blk == nil || blk.Type != "PRIVATE KEY" {
-			return nil, fmt.Errorf("identity: %s holds no PRIVATE KEY block", d.Path(KeyFile))
-		}
-		k, err := x509.ParsePKCS8PrivateKey(blk.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("identity: parsing %s: %w", d.Path(KeyFile), err)
-		}
-		ek, ok := k.(ed25519.PrivateKey)
-		if !ok {
-			return nil, fmt.Errorf("identity: %s is %T, want Ed25519", d.Path(KeyFile), k)
-		}
-		return ek, nil
-	case errors.Is(err, fs.ErrNotExist):
-	default:
-		return nil, fmt.Errorf("identity: reading key: %w", err)
+func (d *Dir) Key() (ed25519.PrivateKey, error) { return d.loadOrCreateKey(KeyFile) }
+
+func (d *Dir) loadOrCreateKey(name string) (ed25519.PrivateKey, error) {
+	k, err := d.loadKey(name)
+	if err == nil || !errors.Is(err, fs.ErrNotExist) {
+		return k, err
 	}
-	_, k, err := ed25519.GenerateKey(rand.Reader)
+	_, k, err = ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("identity: generating key: %w", err)
 	}
@@ -111,10 +105,33 @@ func (d *Dir) Key() (ed25519.PrivateKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("identity: encoding key: %w", err)
 	}
-	if err := atomicfile.WritePath(d.Path(KeyFile), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+	if err := atomicfile.WritePath(d.Path(name), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
 		return nil, err
 	}
 	return k, nil
+}
+
+// loadKey reads a stored Ed25519 key; a missing file is fs.ErrNotExist (wrapped).
+func (d *Dir) loadKey(name string) (ed25519.PrivateKey, error) {
+	b, err := os.ReadFile(d.Path(name))
+	switch {
+	case err == nil:
+		blk, _ := pem.Decode(b)
+		if blk == nil || blk.Type != "PRIVATE KEY" {
+			return nil, fmt.Errorf("identity: %s holds no PRIVATE KEY block", d.Path(name))
+		}
+		k, err := x509.ParsePKCS8PrivateKey(blk.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("identity: parsing %s: %w", d.Path(name), err)
+		}
+		ek, ok := k.(ed25519.PrivateKey)
+		if !ok {
+			return nil, fmt.Errorf("identity: %s is %T, want Ed25519", d.Path(name), k)
+		}
+		return ek, nil
+	default:
+		return nil, fmt.Errorf("identity: reading key: %w", err)
+	}
 }
 
 // PublicKeyPEM returns the PKIX PEM of the agent key.

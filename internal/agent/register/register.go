@@ -54,15 +54,24 @@ type Options struct {
 // is safe to retry: the server answers a retry with the same key with the
 // certificate it issued first.
 func Ensure(ctx context.Context, o Options) error {
+	certErr := error(nil)
 	if _, err := o.Identity.Certificate(time.Now()); err == nil {
 		// A nonce left over from a crash after the certificate was stored is useless now.
 		return o.Identity.RemoveNonce()
 	} else if !errors.Is(err, identity.ErrNotRegistered) {
 		return err
+	} else {
+		certErr = err
 	}
 	tok, err := o.Identity.Nonce()
 	if err != nil {
-		return fmt.Errorf("%w: not registered and no nonce: %v", ErrRefused, err)
+		if certErr != identity.ErrNotRegistered { //nolint:errorlint // the bare sentinel means "no certificate stored"
+			// A certificate is stored but unusable: most likely it expired
+			// because it was not renewed in time. Say so loudly.
+			o.Log.Error(certErr, "!!! the stored agent identity cannot be used and there is no nonce to register again: this instance cannot connect until it is replaced",
+				"dir", o.Identity.Path(""))
+		}
+		return fmt.Errorf("%w: not registered and no nonce: %v (stored identity: %v)", ErrRefused, err, certErr)
 	}
 	pubPEM, err := o.Identity.PublicKeyPEM()
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/agent/identity"
 	"github.com/nstance-dev/nstance/internal/agent/keys"
 	"github.com/nstance-dev/nstance/internal/msgsize"
+	"github.com/nstance-dev/nstance/internal/pki"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -49,6 +50,27 @@ type Session struct {
 	configHash string
 	connects   int
 	reports    uint64
+	renewals   int
+	lost       int
+}
+
+// errRenewed ends a connection after the identity was renewed, so the next
+// one presents the new certificate.
+var errRenewed = errors.New("identity renewed")
+
+// Renewals counts identity certificates installed so far.
+func (s *Session) Renewals() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.renewals
+}
+
+// Lost counts connections that ended with an error (not counting the
+// planned reconnects after a renewal).
+func (s *Session) Lost() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lost
 }
 
 // New checks the options and returns a Session.
@@ -100,11 +122,21 @@ func (s *Session) Run(ctx context.Context) error {
 			return nil
 		}
 		if errors.Is(err, identity.ErrNotRegistered) {
+			s.o.Log.Error(err, "!!! the agent identity certificate is unusable (expired?): this agent cannot connect any more; the instance needs a new registration",
+				"dir", s.o.Identity.Path(""))
 			return err
+		}
+		if errors.Is(err, errRenewed) {
+			s.o.Log.Info("reconnecting with the renewed identity", "addr", s.o.Addr)
+			b.Reset()
+			continue
 		}
 		if time.Since(start) > 4*s.o.Interval+b.Max {
 			b.Reset()
 		}
+		s.mu.Lock()
+		s.lost++
+		s.mu.Unlock()
 		s.o.Log.Error(err, "agent connection lost; reconnecting", "addr", s.o.Addr)
 		if b.Wait(ctx) != nil {
 			return nil
@@ -177,11 +209,25 @@ func (s *Session) keyLoop(ctx context.Context, c nstancev1.AgentServiceClient) e
 		if err != nil {
 			return fmt.Errorf("key requests: %w", err)
 		}
+		req, idSpec := splitIdentityKey(req)
 		pubs, err := s.o.Keys.Apply(req)
 		if err != nil {
-			// A request the agent cannot honour is logged; the next one may be fine.
+			// A request the agent cannot honour is logged; the next one may
+			// be fine. The identity renewal goes ahead regardless.
 			s.o.Log.Error(err, "cannot apply key request", "hash", req.GetConfigHash())
-			continue
+			if idSpec == nil {
+				continue
+			}
+			pubs = nil
+		}
+		if idSpec != nil {
+			pem, err := s.o.Identity.PendingPublicKeyPEM()
+			if err != nil {
+				s.o.Log.Error(err, "cannot create the identity renewal key; the server will ask again")
+			} else {
+				s.o.Log.Info("server asked for a new identity key; submitting it")
+				pubs = append(pubs, &nstancev1.PublicKey{Name: idSpec.GetName(), Type: idSpec.GetType(), PublicKeyPem: pem})
+			}
 		}
 		resp, err := c.SubmitPublicKeys(ctx, &nstancev1.SubmitPublicKeysRequest{Keys: pubs})
 		if err != nil {
@@ -204,6 +250,15 @@ func (s *Session) fileLoop(ctx context.Context, c nstancev1.AgentServiceClient, 
 		if err != nil {
 			return fmt.Errorf("receive files: %w", err)
 		}
+		d, idFile := splitIdentityFile(d)
+		renewed, idErr := false, error(nil)
+		if idFile != nil {
+			renewed, idErr = s.o.Identity.InstallRenewed(idFile.GetContent())
+			if idErr != nil {
+				// Keep the old hash so the server's drift check sends it again.
+				s.o.Log.Error(idErr, "cannot install the renewed identity certificate; keeping the current one")
+			}
+		}
 		bad := 0
 		for _, st := range s.o.Files.Apply(d) {
 			if st.GetState() != nstancev1.FileState_FILE_STATE_OK {
@@ -212,9 +267,20 @@ func (s *Session) fileLoop(ctx context.Context, c nstancev1.AgentServiceClient, 
 			}
 		}
 		s.mu.Lock()
-		s.configHash = d.GetConfigHash()
+		if idErr == nil {
+			s.configHash = d.GetConfigHash()
+		}
+		if renewed {
+			s.renewals++
+		}
 		s.mu.Unlock()
 		s.o.Log.Info("files applied", "files", len(d.GetFiles()), "rejected", bad, "hash", d.GetConfigHash())
+		if renewed {
+			if c, err := s.o.Identity.Certificate(time.Now()); err == nil {
+				s.o.Log.Info("identity certificate renewed", "serial", c.Leaf.SerialNumber.String(), "not_after", c.Leaf.NotAfter)
+			}
+			return errRenewed
+		}
 		select {
 		case kick <- struct{}{}:
 		default:
@@ -308,4 +374,40 @@ func (s *Session) final(stream nstancev1.AgentService_ReportHealthClient) error 
 	case <-time.After(s.o.FinalReportTimeout):
 		return errors.New("final health report timed out")
 	}
+}
+
+// splitIdentityKey takes the identity renewal key out of a key request:
+// it is kept in the identity directory, not in the key store.
+func splitIdentityKey(req *nstancev1.KeyGenRequest) (*nstancev1.KeyGenRequest, *nstancev1.KeySpec) {
+	var id *nstancev1.KeySpec
+	rest := make([]*nstancev1.KeySpec, 0, len(req.GetKeys()))
+	for _, k := range req.GetKeys() {
+		if k.GetName() == pki.AgentIdentityKeyName && k.GetCertificate() == nil {
+			id = k
+			continue
+		}
+		rest = append(rest, k)
+	}
+	if id == nil {
+		return req, nil
+	}
+	return &nstancev1.KeyGenRequest{Keys: rest, ConfigHash: req.GetConfigHash(), SentAt: req.GetSentAt()}, id
+}
+
+// splitIdentityFile takes a renewed identity certificate out of a delivery:
+// it goes to the identity directory, never among the agent's files.
+func splitIdentityFile(d *nstancev1.FileDelivery) (*nstancev1.FileDelivery, *nstancev1.DeliveredFile) {
+	var id *nstancev1.DeliveredFile
+	rest := make([]*nstancev1.DeliveredFile, 0, len(d.GetFiles()))
+	for _, f := range d.GetFiles() {
+		if f.GetKind() == nstancev1.FileKind_FILE_KIND_AGENT_IDENTITY {
+			id = f
+			continue
+		}
+		rest = append(rest, f)
+	}
+	if id == nil {
+		return d, nil
+	}
+	return &nstancev1.FileDelivery{Files: rest, ConfigHash: d.GetConfigHash(), SentAt: d.GetSentAt(), PendingPaths: d.GetPendingPaths()}, id
 }

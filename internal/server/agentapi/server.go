@@ -63,6 +63,16 @@ type Options struct {
 	// OnRefused, when set, hears once per file set why a delivery was not
 	// sent (the fleet reports it to the instance's tenant).
 	OnRefused func(ref Ref, err error)
+	// RenewIdentity, when set, renews agents' identity certificates
+	// through the streams (see identity.go); nil turns renewal off.
+	RenewIdentity RenewIdentityFunc
+	// IdentityRenewAfter is the share of an identity certificate's lifetime
+	// after which it is renewed (default 2/3).
+	IdentityRenewAfter float64
+	// IdentityRetry is the longest wait before asking again for an identity
+	// key the agent has not submitted (default 1m; shorter for short-lived
+	// certificates).
+	IdentityRetry time.Duration
 }
 
 // Server implements nstancev1.AgentServiceServer.
@@ -90,6 +100,12 @@ func New(o Options) (*Server, error) {
 	}
 	if o.MaxFileBytes <= 0 {
 		o.MaxFileBytes = config.DefaultMaxFileBytes
+	}
+	if o.IdentityRenewAfter <= 0 || o.IdentityRenewAfter >= 1 {
+		o.IdentityRenewAfter = 2.0 / 3
+	}
+	if o.IdentityRetry <= 0 {
+		o.IdentityRetry = time.Minute
 	}
 	return &Server{o: o, hub: hub{byID: map[string]*instanceState{}}}, nil
 }
@@ -156,24 +172,53 @@ func (s *Server) KeyGenRequests(req *nstancev1.KeyGenRequestsRequest, stream nst
 	w := s.hub.add(ref.InstanceID)
 	defer s.hub.remove(ref.InstanceID, w)
 	last := ""
+	var asked time.Time
 	for {
 		p, err := s.plan(ctx, ref)
 		if err != nil {
 			return err
 		}
-		h := hashKeys(p.Keys)
-		if h != last {
-			msg := &nstancev1.KeyGenRequest{Keys: p.Keys, ConfigHash: h, SentAt: timestamppb.New(s.o.Now())}
+		keys, now := p.Keys, s.o.Now()
+		id := s.identityStatus(ctx, ref)
+		due := id.due(now)
+		if due {
+			keys = append(append([]*nstancev1.KeySpec{}, keys...), identityKeySpec())
+		}
+		h := hashKeys(keys)
+		if h != last || (due && now.Sub(asked) >= s.identityRetry(id)) {
+			msg := &nstancev1.KeyGenRequest{Keys: keys, ConfigHash: h, SentAt: timestamppb.New(now)}
 			if err := stream.Send(msg); err != nil {
 				return err
 			}
 			last = h
+			if due {
+				if !asked.IsZero() {
+					s.o.Log.Info("agent has not submitted its new identity key yet; asking again", "instance", ref.InstanceID,
+						"not_after", id.leaf.NotAfter)
+				}
+				asked = now
+			}
+		}
+		if !due {
+			asked = time.Time{}
+		}
+		var timer *time.Timer
+		switch {
+		case due:
+			timer = time.NewTimer(s.identityRetry(id))
+		case !id.renewAt.IsZero():
+			timer = time.NewTimer(max(id.renewAt.Sub(now), 0) + 10*time.Millisecond)
+		default:
+			timer = time.NewTimer(time.Hour)
 		}
 		select {
 		case <-ctx.Done():
+			timer.Stop()
 			return nil
 		case <-w.ch:
+		case <-timer.C:
 		}
+		timer.Stop()
 	}
 }
 
@@ -203,6 +248,14 @@ func (s *Server) SubmitPublicKeys(ctx context.Context, req *nstancev1.SubmitPubl
 		name := k.GetName()
 		spec, ok := specs[name]
 		switch {
+		case name == pki.AgentIdentityKeyName && !seen[name]:
+			seen[name] = true
+			if ok, why := s.renewIdentity(ctx, ref, k); ok {
+				resp.Accepted = append(resp.Accepted, name)
+			} else {
+				reject(name, "%s", why)
+			}
+			continue
 		case seen[name]:
 			reject(name, "submitted twice")
 			continue
@@ -328,6 +381,9 @@ func (s *Server) Delivery(ctx context.Context, ref Ref) (*nstancev1.FileDelivery
 		}
 		sum := sha256.Sum256(content)
 		out = append(out, &nstancev1.DeliveredFile{Path: f.Path, Content: content, Mode: f.Mode, Kind: f.Kind, Sha256: hex.EncodeToString(sum[:])})
+	}
+	if f := identityFile(s.identityStatus(ctx, ref)); f != nil {
+		out = append(out, f)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	sort.Strings(pending)

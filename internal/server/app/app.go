@@ -429,6 +429,9 @@ func (a *App) Run(ctx context.Context) error {
 		ServerOptions: append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(a.metrics.unary), grpc.ChainStreamInterceptor(a.metrics.stream)},
 			fence.grpcOptions()...),
 		PanicHook: a.o.Getenv(grpcserve.PanicHookEnv) == "1",
+		OnHandshakeError: func(listener string, err error) {
+			a.metrics.handshakeFailed(log.WithName("tls"), listener, err)
+		},
 	}
 	if gcfg.PanicHook {
 		log.Info("WARNING: the test-only panic hook is on: a call carrying metadata "+grpcserve.PanicHookHeader+" panics", "variable", grpcserve.PanicHookEnv)
@@ -825,14 +828,18 @@ func serveHTTP(wg *sync.WaitGroup, log logr.Logger, name string, ln net.Listener
 }
 
 type metrics struct {
-	rpcs *prometheus.CounterVec
+	rpcs       *prometheus.CounterVec
+	handshakes *prometheus.CounterVec
 }
 
 func newMetrics(a *App) *metrics {
 	m := &metrics{rpcs: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nstance_server_grpc_requests_total", Help: "gRPC requests handled, by full method and status code.",
-	}, []string{"method", "code"})}
-	a.reg.MustRegister(m.rpcs,
+	}, []string{"method", "code"}), handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nstance_server_tls_handshake_failures_total",
+		Help: "Failed TLS handshakes on the gRPC listeners, by listener and reason (expired: the client certificate had expired).",
+	}, []string{"listener", "reason"})}
+	a.reg.MustRegister(m.rpcs, m.handshakes,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nstance_server_ready", Help: "1 when the config is loaded and the cache synced."},

@@ -81,6 +81,7 @@ func TestParseErrors(t *testing.T) {
 		{"bad file path", [2]string{`"kind": "worker"}`, `"kind": "worker", "files": {"f": {"kind": "string", "path": "../etc/passwd"}}}`}, "templates.t.files.f.path", "clean relative path"},
 		{"cert without key", [2]string{`"kind": "worker"}`, `"kind": "worker", "files": {"f": {"kind": "certificate", "key": "k"}}}`}, "templates.t.files.f.key", `unknown key "k"`},
 		{"bad key type", [2]string{`"kind": "worker"}`, `"kind": "worker", "keys": {"k": {"type": "dsa"}}}`}, "templates.t.keys.k.type", "must be one of"},
+		{"reserved key name", [2]string{`"kind": "worker"}`, `"kind": "worker", "keys": {"nstance-identity": {"type": "ed25519"}}}`}, "templates.t.keys.nstance-identity", "reserved for the agent's own identity renewal"},
 		{"missing provider", [2]string{`"provider": "tmux", `, ``}, "shard.infra.provider", "required"},
 		{"negative health misses", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "health_misses": -1`}, "shard.health_misses", "must not be negative"},
 		{"negative rotation surge", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "rotation_surge": -2`}, "shard.rotation_surge", "must not be negative"},

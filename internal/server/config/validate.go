@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/election"
 	"github.com/nstance-dev/nstance/internal/server/layout"
 )
@@ -338,6 +339,9 @@ func checkTemplate(ch *checker, key, name string, t Template, pools map[string]S
 	for kname, k := range t.Keys {
 		kk := key + ".keys." + kname
 		ch.id(kk, "key name", kname, true)
+		if kname == pki.AgentIdentityKeyName {
+			ch.add(kk, "the key name %q is reserved for the agent's own identity renewal", kname)
+		}
 		if !keyTypes[k.Type] {
 			ch.add(kk+".type", "must be one of ed25519, ecdsa-p256, ecdsa-p384, rsa-2048, rsa-4096, got %q", k.Type)
 		}

@@ -84,6 +84,9 @@ type AgentOptions struct {
 	Surge          int
 	// RepushInterval is passed to agentapi.
 	RepushInterval time.Duration
+	// RenewIdentity renews agents' cluster-CA identity certificates through
+	// the Agent streams (agentapi.Options.RenewIdentity); nil: no renewal.
+	RenewIdentity agentapi.RenewIdentityFunc
 	// OnReport, when set, also sees every accepted health report (after the reconciler).
 	OnReport func(ctx context.Context, ref agentapi.Ref, report *nstancev1.HealthReport, received time.Time)
 }
@@ -158,7 +161,7 @@ func New(o Options) (*Fleet, error) {
 		srv, err := agentapi.New(agentapi.Options{
 			Shard: shard, Source: src, Keys: f.AgentKeys, Signer: signer,
 			Health: f.Health, Log: o.Log.WithName("agentapi"), RepushInterval: ao.RepushInterval,
-			MaxFileBytes: lim.MaxFileBytes,
+			MaxFileBytes: lim.MaxFileBytes, RenewIdentity: ao.RenewIdentity,
 			OnRefused: func(ref agentapi.Ref, err error) {
 				f.Reconciler.ReportInstanceError(ref.Tenant, ref.Group, ref.InstanceID, err)
 			},

@@ -80,6 +80,9 @@ func Factory(o Options) app.ServiceFactory {
 			Renewer: core, Log: rt.Log, ResyncInterval: o.ResyncInterval, Agent: o.Agent, Revocations: rt.Revocations,
 		}
 		opts.Agent.WorkloadCA = rt.WorkloadCA
+		if rt.Issuer != nil && opts.Agent.RenewIdentity == nil {
+			opts.Agent.RenewIdentity = rt.Issuer.RenewAgentPEM
+		}
 		opts.Agent.ServerHosts = append(append([]string{}, opts.Agent.ServerHosts...), rt.ServerHosts...)
 		if opts.Agent.CertValidity <= 0 {
 			opts.Agent.CertValidity = cfg.Certificates.AgentValidity.D()

@@ -52,6 +52,12 @@ type Config struct {
 	Log logr.Logger
 	// Limits are shard.limits; unset values take their defaults.
 	Limits config.Limits
+	// OnHandshakeError, when set, hears every failed TLS handshake with the
+	// listener's name ("registration", "operator", "agent"), e.g. a client
+	// presenting an expired certificate.
+	OnHandshakeError func(listener string, err error)
+	// listenerNames maps listening ports to listener names (set by Start).
+	listenerNames map[string]string
 	// PanicHook makes a unary call that carries metadata PanicHookHeader
 	// panic after authorization. Test only: the attack suite (test/attack)
 	// sets PanicHookEnv to prove the recovery black-box.
@@ -104,13 +110,15 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 		grpc.MaxSendMsgSize(lim.MaxMessageBytes),
 	}
 	s := &Servers{}
+	cfg.listenerNames = listenerNames(ls)
 	newServer := func(tlsCfg *tls.Config, extra ...grpc.ServerOption) *grpc.Server {
 		if cfg.GetCertificate != nil {
 			tlsCfg.Certificates, tlsCfg.GetCertificate = nil, cfg.GetCertificate
 		}
+		creds := cfg.observed(credentials.NewTLS(tlsCfg))
 		// Recovery first, so a panic anywhere below (other interceptors,
 		// handlers) ends only its own RPC.
-		opts := append([]grpc.ServerOption{grpc.Creds(credentials.NewTLS(tlsCfg)),
+		opts := append([]grpc.ServerOption{grpc.Creds(creds),
 			grpc.ChainUnaryInterceptor(RecoverUnary(cfg.Log)), grpc.ChainStreamInterceptor(RecoverStream(cfg.Log))}, ka...)
 		opts = append(opts, cfg.ServerOptions...)
 		opts = append(opts, cfg.gateOptions(tlsCfg)...)

@@ -3,6 +3,7 @@ package registration
 import (
 	"context"
 	"crypto"
+	"crypto/ed25519"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
@@ -446,4 +447,35 @@ func (i *Issuer) Renew(id pki.Identity, current *x509.Certificate, newKeyPEM str
 		return nil, status.Errorf(codes.Internal, "issuing certificate: %v", fmt.Errorf("renewal: %w", err))
 	}
 	return issued, nil
+}
+
+// RenewAgent issues a new identity certificate for the agent that presents
+// leaf (a verified cluster-CA agent certificate) and now holds pub: the same
+// identity (tenant, instance id, shard, group) and the same names (host name
+// and addresses given at registration), a fresh validity.
+func (i *Issuer) RenewAgent(leaf *x509.Certificate, pub crypto.PublicKey) (*Issued, error) {
+	if leaf == nil {
+		return nil, errors.New("renewal: no presented certificate")
+	}
+	id, err := pki.IdentityFromCert(leaf, i.ClusterID)
+	if err != nil {
+		return nil, fmt.Errorf("renewal: presented certificate: %w", err)
+	}
+	if id.Role != pki.RoleAgent {
+		return nil, fmt.Errorf("renewal: role %q is not an agent", id.Role)
+	}
+	if _, ok := pub.(ed25519.PublicKey); !ok {
+		return nil, fmt.Errorf("renewal: identity keys are Ed25519, not %T", pub)
+	}
+	return i.Issue(id, pub, leaf.IPAddresses, leaf.DNSNames)
+}
+
+// RenewAgentPEM is RenewAgent returning the certificate and CA chain PEM
+// (the form agentapi.Options.RenewIdentity takes).
+func (i *Issuer) RenewAgentPEM(_ context.Context, leaf *x509.Certificate, pub crypto.PublicKey) ([]byte, []byte, error) {
+	issued, err := i.RenewAgent(leaf, pub)
+	if err != nil {
+		return nil, nil, err
+	}
+	return []byte(issued.CertificatePEM), []byte(issued.CAChainPEM), nil
 }

@@ -159,6 +159,11 @@ const (
 	FileKind_FILE_KIND_JSON FileKind = 5
 	// Arbitrary text written as is.
 	FileKind_FILE_KIND_STRING FileKind = 6
+	// The agent's renewed identity certificate (cluster CA) followed by the CA
+	// chain, for the key the server asked for as "nstance-identity". The agent
+	// stores it in its identity directory, never among its files, and uses it
+	// for its next connections. Templates cannot produce this kind.
+	FileKind_FILE_KIND_AGENT_IDENTITY FileKind = 7
 )
 
 // Enum value maps for FileKind.
@@ -171,15 +176,17 @@ var (
 		4: "FILE_KIND_ENV",
 		5: "FILE_KIND_JSON",
 		6: "FILE_KIND_STRING",
+		7: "FILE_KIND_AGENT_IDENTITY",
 	}
 	FileKind_value = map[string]int32{
-		"FILE_KIND_UNSPECIFIED": 0,
-		"FILE_KIND_CERTIFICATE": 1,
-		"FILE_KIND_CA_BUNDLE":   2,
-		"FILE_KIND_SECRET":      3,
-		"FILE_KIND_ENV":         4,
-		"FILE_KIND_JSON":        5,
-		"FILE_KIND_STRING":      6,
+		"FILE_KIND_UNSPECIFIED":    0,
+		"FILE_KIND_CERTIFICATE":    1,
+		"FILE_KIND_CA_BUNDLE":      2,
+		"FILE_KIND_SECRET":         3,
+		"FILE_KIND_ENV":            4,
+		"FILE_KIND_JSON":           5,
+		"FILE_KIND_STRING":         6,
+		"FILE_KIND_AGENT_IDENTITY": 7,
 	}
 )
 
@@ -1713,7 +1720,7 @@ const file_nstance_v1_agent_proto_rawDesc = "" +
 	"\x10CertificateUsage\x12!\n" +
 	"\x1dCERTIFICATE_USAGE_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dCERTIFICATE_USAGE_SERVER_AUTH\x10\x01\x12!\n" +
-	"\x1dCERTIFICATE_USAGE_CLIENT_AUTH\x10\x02*\xac\x01\n" +
+	"\x1dCERTIFICATE_USAGE_CLIENT_AUTH\x10\x02*\xca\x01\n" +
 	"\bFileKind\x12\x19\n" +
 	"\x15FILE_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15FILE_KIND_CERTIFICATE\x10\x01\x12\x17\n" +
@@ -1721,7 +1728,8 @@ const file_nstance_v1_agent_proto_rawDesc = "" +
 	"\x10FILE_KIND_SECRET\x10\x03\x12\x11\n" +
 	"\rFILE_KIND_ENV\x10\x04\x12\x12\n" +
 	"\x0eFILE_KIND_JSON\x10\x05\x12\x14\n" +
-	"\x10FILE_KIND_STRING\x10\x06*P\n" +
+	"\x10FILE_KIND_STRING\x10\x06\x12\x1c\n" +
+	"\x18FILE_KIND_AGENT_IDENTITY\x10\a*P\n" +
 	"\tFileState\x12\x1a\n" +
 	"\x16FILE_STATE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rFILE_STATE_OK\x10\x01\x12\x14\n" +

@@ -1,0 +1,76 @@
+package app
+
+import (
+	"crypto/x509"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nstance-dev/nstance/internal/agent/agenttest"
+	"github.com/nstance-dev/nstance/internal/agent/identity"
+	"github.com/nstance-dev/nstance/internal/pki"
+)
+
+// TestIdentityRenewedWithoutInterruption runs a real agent against the real
+// Agent and Registration services with 3-second agent certificates: the
+// agent's identity is renewed through the streams again and again, every
+// renewed certificate carries the same identity and names, no TLS handshake
+// fails, the agent keeps running and reporting, and it never outlives its
+// certificate.
+func TestIdentityRenewedWithoutInterruption(t *testing.T) {
+	const validity = 3 * time.Second
+	e := newEnv(t, func(s *agenttest.Shard) { s.AgentValidity = validity })
+	cfg, stop := e.start(t, "node-r", template(), map[string]string{"role": "worker"})
+	e.waitConverged(t, "node-r", 5)
+
+	read := func() *identity.Dir {
+		d, err := identity.Open(cfg.IdentityDir)
+		require.NoError(t, err)
+		return d
+	}
+	first, err := read().Certificate(time.Now())
+	require.NoError(t, err)
+	firstID, err := pki.IdentityFromCert(first.Leaf, agenttest.ClusterID)
+	require.NoError(t, err)
+
+	serials := map[string]bool{first.Leaf.SerialNumber.String(): true}
+	deadline := time.Now().Add(5 * validity)
+	for time.Now().Before(deadline) {
+		c, err := read().Certificate(time.Now())
+		require.NoError(t, err, "the agent's certificate must never be expired or mismatched")
+		if !serials[c.Leaf.SerialNumber.String()] {
+			serials[c.Leaf.SerialNumber.String()] = true
+			id, err := pki.IdentityFromCert(c.Leaf, agenttest.ClusterID)
+			require.NoError(t, err)
+			require.Equal(t, firstID, id, "renewal keeps the identity")
+			require.Equal(t, first.Leaf.DNSNames, c.Leaf.DNSNames)
+			require.Equal(t, first.Leaf.IPAddresses, c.Leaf.IPAddresses)
+			require.NotEqual(t, first.Leaf.PublicKey, c.Leaf.PublicKey, "renewal uses a new key")
+			_, err = c.Leaf.Verify(x509VerifyClient(e.shard.CA))
+			require.NoError(t, err, "renewed from the cluster CA")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// 5 lifetimes, renewed after 2/3 of each: at least 5 renewals.
+	require.GreaterOrEqual(t, len(serials)-1, 5, "renewals")
+	require.Zero(t, e.shard.HandshakeFailures.Load(), "failed TLS handshakes")
+	// The agent keeps reporting on its current connection.
+	rec, ok := e.shard.Health.Get("node-r")
+	require.True(t, ok)
+	require.WithinDuration(t, time.Now(), rec.Received, 2*time.Second)
+	// Nothing is left of the swaps, and the files were never touched by it.
+	for _, n := range []string{identity.NextCertFile} {
+		_, err := os.Stat(filepath.Join(cfg.IdentityDir, n))
+		require.ErrorIs(t, err, os.ErrNotExist, n)
+	}
+	_, err = os.Stat(filepath.Join(cfg.FilesDir, pki.AgentIdentityKeyName))
+	require.ErrorIs(t, err, os.ErrNotExist, "the identity never lands among the agent's files")
+	stop()
+}
+
+func x509VerifyClient(ca *pki.CA) x509.VerifyOptions {
+	return x509.VerifyOptions{Roots: ca.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+}
