@@ -78,9 +78,6 @@ func (p *agentProc) kill(t *testing.T) {
 type killMoment struct {
 	name   string
 	prefix string
-	// requires names a feature of another branch; the case is skipped
-	// until it is merged (CHAOS_ALL=1 runs it anyway).
-	requires string
 	// stored: the certificate was on disk at the kill, so the restarted
 	// agent must not register again; otherwise it registers again with
 	// the same key (and the server answers with the same certificate).
@@ -104,13 +101,9 @@ func TestAgentKilledAfterRegistration(t *testing.T) {
 		// The reply arrived and the certificate is being written: the
 		// agent restarts with its nonce and key and must get the same
 		// certificate again, which needs retry-safe registration.
-		{name: "reply received, certificate not stored", prefix: "." + identity.CertFile + ".tmp-",
-			requires: "retry-safe registration (issue 17 item 4: a same-key retry of a used nonce gets the same certificate)"},
+		{name: "reply received, certificate not stored", prefix: "." + identity.CertFile + ".tmp-"},
 	} {
 		t.Run(m.name, func(t *testing.T) {
-			if m.requires != "" && os.Getenv("CHAOS_ALL") != "1" {
-				t.Skipf("requires %s; CHAOS_ALL=1 runs it", m.requires)
-			}
 			shard, err := agenttest.New(logr.Discard())
 			require.NoError(t, err)
 			require.NoError(t, shard.Start())

@@ -300,7 +300,7 @@ func (cfg Config) gateOptions(tlsCfg *tls.Config) []grpc.ServerOption {
 		// gate: derive it from tc instead (DynamicClientCAs must come last).
 		pki.DynamicClientCAs(tc, cfg.ClientCAsFunc)
 	}
-	return append([]grpc.ServerOption{grpc.Creds(credentials.NewTLS(tc))}, authz.GateOptions(cfg.ClusterID, cfg.Gate)...)
+	return append([]grpc.ServerOption{grpc.Creds(cfg.observed(credentials.NewTLS(tc)))}, authz.GateOptions(cfg.ClusterID, cfg.Gate)...)
 }
 
 // AdmitConnection is a tls.Config.VerifyConnection that refuses client
