@@ -256,7 +256,14 @@ func TestCertificatesRenewedUnderTraffic(t *testing.T) {
 	st := startRenewalStack(t, validity, agentBinary(t), agentDir)
 	srv := st.servers[0]
 	roots, opCert := st.registerOperator()
-	opTLS := pki.ClientTLS(roots, &opCert, srv.host)
+	// The operator-like client reads its roots and certificate at every
+	// handshake: a CA rotation during the run replaces both through
+	// RenewCertificate, as the operator does.
+	op := &rotClient{name: "operator"}
+	op.roots.Store(roots)
+	op.cert.Store(&opCert)
+	opTLS := pki.ClientTLSDynamic(op.roots.Load, nil, srv.host, nil)
+	opTLS.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return op.cert.Load(), nil }
 	conn, err := grpc.NewClient(srv.Operator(), grpc.WithTransportCredentials(credentials.NewTLS(opTLS.Clone())))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
@@ -322,7 +329,13 @@ func TestCertificatesRenewedUnderTraffic(t *testing.T) {
 			sleepCtx(tctx, time.Second)
 		}
 	}()
-	time.Sleep(run) // the run's length is the input, not a wait for a condition
+	began := time.Now()
+	if os.Getenv("CHAOS_NO_ROTATION") == "" {
+		// rotate-ca introduce -> switch -> retire while the traffic runs.
+		rotateDuringRun(t, st, srv, c, op, agentDir, initial, validity)
+	}
+	// The run's length is the input, not a wait for a condition.
+	time.Sleep(time.Until(began.Add(run)))
 	tcancel()
 	wg.Wait()
 	w.Stop()
