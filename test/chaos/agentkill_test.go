@@ -112,7 +112,10 @@ func TestAgentKilledAfterRegistration(t *testing.T) {
 			for i := 1; i <= runs; i++ {
 				killAfterRegistration(t, shard, bin, tmpl, fmt.Sprintf("kill-%d", i), m)
 			}
-			require.Zero(t, shard.HandshakeFailures.Load(), "failed TLS handshakes")
+			// A client killed mid-handshake aborts it (counted apart); no
+			// handshake may be refused.
+			require.Zero(t, shard.HandshakeFailures.Load(), "refused TLS handshakes")
+			t.Logf("%d runs: %d handshakes aborted by a killed agent, none refused", runs, shard.HandshakesAborted.Load())
 		})
 	}
 }

@@ -4,13 +4,16 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -62,8 +65,12 @@ type Shard struct {
 	// FileStreams counts ReceiveFiles streams opened (an agent that keeps
 	// reconnecting makes it grow).
 	FileStreams atomic.Int64
-	// HandshakeFailures counts failed TLS handshakes on both listeners.
+	// HandshakeFailures counts TLS handshakes refused on both listeners for
+	// the client's certificate (or any reason but the client hanging up).
 	HandshakeFailures atomic.Int64
+	// HandshakesAborted counts handshakes the client broke off (EOF,
+	// connection reset): a client killed mid-handshake, not a refusal.
+	HandshakesAborted atomic.Int64
 	// Refused counts deliveries the Agent service refused to send (OnRefused).
 	Refused atomic.Int64
 
@@ -170,8 +177,14 @@ func (s *Shard) Start() error {
 	}
 	s.servers, err = grpcserve.Start(grpcserve.Config{
 		ClusterID: ClusterID, ServerCert: cert, ClientCAs: s.CA.Pool(), Registration: reg, Agent: s.Agent, Log: s.log.WithName("grpc"),
-		ServerOptions:    []grpc.ServerOption{grpc.ChainStreamInterceptor(s.countFileStreams)},
-		OnHandshakeError: func(string, error) { s.HandshakeFailures.Add(1) },
+		ServerOptions: []grpc.ServerOption{grpc.ChainStreamInterceptor(s.countFileStreams)},
+		OnHandshakeError: func(_ string, err error) {
+			if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) {
+				s.HandshakesAborted.Add(1)
+				return
+			}
+			s.HandshakeFailures.Add(1)
+		},
 	}, grpcserve.Listeners{Registration: regLn, Agent: agLn})
 	return err
 }
