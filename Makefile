@@ -167,9 +167,12 @@ $(BIN)/helm:
 
 # build-image: static linux binary for $(IMAGE_ARCH), then an image archive
 # (OCI layout + docker manifest.json) written by scripts/image, no daemon.
+# The version comes from VERSION (ldflags), not from the work tree's VCS
+# state, so two builds of the same inputs are byte-identical even while
+# the tree changes.
 define build-image
 	@mkdir -p $(DIST)/images/$(IMAGE_ARCH)
-	GOOS=linux GOARCH=$(IMAGE_ARCH) CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' \
+	GOOS=linux GOARCH=$(IMAGE_ARCH) CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' \
 		-o $(DIST)/images/$(IMAGE_ARCH)/$(1) ./cmd/$(1)
 	cd scripts/image && $(GO) run . -binary $(DIST)/images/$(IMAGE_ARCH)/$(1) -name $(1) \
 		-version $(VERSION) -arch $(IMAGE_ARCH) -repo $(IMAGE_REPO) \
