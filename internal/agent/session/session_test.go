@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -305,4 +306,34 @@ func TestRunStopsWithoutUsableIdentity(t *testing.T) {
 	require.NoError(t, ctx.Err(), "returned without waiting for a backoff")
 	require.Equal(t, 0, s.Lost())
 	require.Equal(t, 0, s.Connects())
+}
+
+func TestRunCountsLostConnectionsAndStopsWithContext(t *testing.T) {
+	// A loopback port nobody listens on: every connection fails at once.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+
+	f := newFixture(t)
+	o := f.s.o
+	o.Addr = addr
+	// The wait after the first loss outlasts the test: exactly one attempt.
+	o.Backoff = backoff.Backoff{Min: time.Hour, Max: time.Hour}
+	s, err := New(o)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	require.Eventually(t, func() bool { return s.Lost() == 1 }, 30*time.Second, 5*time.Millisecond)
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "Run ends without error when its context ends")
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not stop with its context")
+	}
+	require.Equal(t, 1, s.Lost())
+	require.Equal(t, 0, s.Connects())
+	require.Equal(t, 0, s.Renewals())
 }
