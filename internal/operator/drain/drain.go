@@ -565,10 +565,7 @@ func (c *Coordinator) acknowledge(ctx context.Context, key Key, st drainState, w
 		return reconcile.Result{}, err
 	}
 	_, err = cl.AcknowledgeDrained(ctx, &nstancev1.AcknowledgeDrainedRequest{InstanceId: key.Name})
-	switch status.Code(err) {
-	case codes.OK, codes.NotFound, codes.Aborted, codes.FailedPrecondition:
-		// Acknowledged, or the server stopped waiting for one.
-	default:
+	if !ackSettled(err) {
 		return reconcile.Result{}, fmt.Errorf("acknowledge drain of instance %s on shard %s: %w", key.Name, key.Namespace, err)
 	}
 	c.update(key, func(s *drainState) { s.acked = true })
@@ -585,6 +582,18 @@ func (c *Coordinator) acknowledge(ctx context.Context, key Key, st drainState, w
 		c.OnAcknowledged(key.Namespace, key.Name, skipped)
 	}
 	return reconcile.Result{}, nil
+}
+
+// ackSettled reports whether the reply to AcknowledgeDrained ends the
+// drain: acknowledged, or the server stopped waiting for one (the instance
+// is gone, already deleting, or no longer pending deletion). Any other
+// error is retried.
+func ackSettled(err error) bool {
+	switch status.Code(err) {
+	case codes.OK, codes.NotFound, codes.Aborted, codes.FailedPrecondition:
+		return true
+	}
+	return false
 }
 
 func (c *Coordinator) nodeFor(ctx context.Context, wl *workload.Cluster, providerID string) (*corev1.Node, error) {
