@@ -179,7 +179,7 @@ func TestBadInput(t *testing.T) {
 // second one.
 func TestCreateAdoptsUnrecordedProcess(t *testing.T) {
 	dir := t.TempDir()
-	p, err := process.New(process.Config{Command: []string{"sleep", "300"}, StateDir: dir, NodeDir: "-"})
+	p, err := process.New(process.Config{Command: []string{"sleep", "300"}, StateDir: dir})
 	require.NoError(t, err)
 	req := provider.CreateRequest{InstanceID: "i-orphan", ProviderID: "nstance://c/s/i-orphan"}
 	inst, err := p.Create(context.Background(), req)
@@ -190,7 +190,7 @@ func TestCreateAdoptsUnrecordedProcess(t *testing.T) {
 	// Simulate the crash window: the PID was never recorded.
 	require.NoError(t, os.Remove(filepath.Join(dir, req.InstanceID, "process.json")))
 
-	q, err := process.New(process.Config{Command: []string{"sleep", "300"}, StateDir: dir, NodeDir: "-"})
+	q, err := process.New(process.Config{Command: []string{"sleep", "300"}, StateDir: dir})
 	require.NoError(t, err)
 	again, err := q.Create(context.Background(), req)
 	require.NoError(t, err)
