@@ -10,8 +10,8 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/admin/cmdutil"
 	"github.com/nstance-dev/nstance/internal/carotation"
+	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/secrets"
-	"github.com/nstance-dev/nstance/internal/server/layout"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 )
 

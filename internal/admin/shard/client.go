@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"maps"
 	"net"
 	"os"
 	"sort"
@@ -15,9 +14,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/msgsize"
 	"github.com/nstance-dev/nstance/internal/pki"
-	"github.com/nstance-dev/nstance/internal/server/layout"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -126,11 +125,6 @@ func Dial(servers map[string]string, tc *tls.Config) (*Set, error) {
 		s.names = append(s.names, name)
 	}
 	return s, nil
-}
-
-// NewSet wraps existing clients (for tests and embedding).
-func NewSet(clients map[string]nstancev1.OperatorServiceClient) *Set {
-	return &Set{names: sortedKeys(clients), clients: maps.Clone(clients)}
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -219,7 +219,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *infrav1.NstanceM
 		}
 	}
 
-	agg := Aggregate(keep, pool.Spec.Shards, desired, pool.Generation)
+	agg := Aggregate(keep, pool.Spec.Shards, desired)
 	if mp == nil {
 		agg.Ready = false
 		agg.Reason, agg.Message = WaitingForMachinePoolReason, "no MachinePool references this pool"
@@ -309,7 +309,7 @@ type Summary struct {
 // replicas over shards. The pool is provisioned when every shard has a
 // shard group whose server accepted it (ConfigValid), and ready when every
 // shard has a Ready shard group and the instance count equals desired.
-func Aggregate(sgs []infrav1.NstanceShardGroup, shards []string, desired int32, _ int64) Summary {
+func Aggregate(sgs []infrav1.NstanceShardGroup, shards []string, desired int32) Summary {
 	var s Summary
 	ids := map[string]struct{}{}
 	byShard := map[string]*infrav1.NstanceShardGroup{}

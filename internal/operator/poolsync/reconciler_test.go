@@ -90,7 +90,7 @@ func TestAggregate(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := Aggregate(tt.sgs, tt.shards, tt.desired, 1)
+			got := Aggregate(tt.sgs, tt.shards, tt.desired)
 			require.Equal(t, tt.wantIDs, got.ProviderIDs)
 			require.Equal(t, tt.wantRepl, got.Replicas)
 			require.Equal(t, tt.wantProv, got.Provisioned)
@@ -103,7 +103,7 @@ func TestAggregate(t *testing.T) {
 func TestStaleConditionIsNotReady(t *testing.T) {
 	sg := shardGroup("a", 1, true, "p://a/1")
 	sg.Generation = 3 // spec changed since the condition was written
-	got := Aggregate([]infrav1.NstanceShardGroup{sg}, []string{"a"}, 1, 1)
+	got := Aggregate([]infrav1.NstanceShardGroup{sg}, []string{"a"}, 1)
 	require.False(t, got.Ready)
 }
 

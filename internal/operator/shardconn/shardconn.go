@@ -101,9 +101,6 @@ func (m *Manager) OnChange(fn func(shard string, up bool)) {
 	m.listeners = append(m.listeners, fn)
 }
 
-// Started is closed once Start has dialled every shard.
-func (m *Manager) Started() <-chan struct{} { return m.started }
-
 // WaitStarted blocks until Start completed or ctx ends.
 func (m *Manager) WaitStarted(ctx context.Context) error {
 	select {

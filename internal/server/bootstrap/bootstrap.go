@@ -11,9 +11,9 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/secrets"
-	"github.com/nstance-dev/nstance/internal/server/layout"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 )
 

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/election"
-	"github.com/nstance-dev/nstance/internal/server/layout"
 )
 
 // Default values applied by ApplyDefaults.

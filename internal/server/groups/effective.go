@@ -5,8 +5,8 @@ import (
 	"maps"
 	"time"
 
+	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/server/config"
-	"github.com/nstance-dev/nstance/internal/server/layout"
 )
 
 // Overrides are per-instance settings given to CreateInstance.

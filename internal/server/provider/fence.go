@@ -11,8 +11,8 @@ type Fence interface {
 	Bound(ctx context.Context) (context.Context, context.CancelFunc, error)
 }
 
-// Fenced returns p with every state-changing call (Create, Delete,
-// AttachNetwork) refused unless f allows it and bounded by f; reads pass
+// Fenced returns p with its state-changing calls (Create, Delete)
+// refused unless f allows it and bounded by f; reads pass
 // through. A server that lost its lease therefore creates and deletes
 // nothing, even from work that has not noticed yet.
 func Fenced(p Provider, f Fence) Provider { return fenced{Provider: p, f: f} }
@@ -38,13 +38,4 @@ func (p fenced) Delete(ctx context.Context, instanceID string) error {
 		return fmt.Errorf("deleting instance %s: %w", instanceID, err)
 	}
 	return p.Provider.Delete(ctx, instanceID)
-}
-
-func (p fenced) AttachNetwork(ctx context.Context, att NetworkAttachment) error {
-	ctx, cancel, err := p.f.Bound(ctx)
-	defer cancel()
-	if err != nil {
-		return fmt.Errorf("attaching a network: %w", err)
-	}
-	return p.Provider.AttachNetwork(ctx, att)
 }

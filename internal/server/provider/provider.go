@@ -56,26 +56,16 @@ type Instance struct {
 	Addresses []string
 }
 
-// NetworkAttachment asks the provider to attach a fixed address (ENI, VIP) to
-// the server's own host after it wins leader election.
-type NetworkAttachment struct {
-	Shard   string
-	Address string
-}
-
 // Provider is an infrastructure backend. Implementations are safe for
 // concurrent use. Create is idempotent per instance id: creating an id that
 // already exists returns the existing instance. Delete of a missing instance
 // is not an error.
 type Provider interface {
-	// Name is the provider kind, as in shard.infra.provider.
-	Name() string
 	Create(ctx context.Context, req CreateRequest) (Instance, error)
 	// Status returns ErrNotFound (wrapped) when the instance does not exist.
 	Status(ctx context.Context, instanceID string) (Instance, error)
 	List(ctx context.Context) ([]Instance, error)
 	Delete(ctx context.Context, instanceID string) error
-	AttachNetwork(ctx context.Context, att NetworkAttachment) error
 }
 
 // ID returns the provider id the local providers use:

@@ -412,9 +412,6 @@ func (r *Reconciler) processNext(ctx context.Context, q workqueue.TypedRateLimit
 	return true
 }
 
-// QueueLen returns the number of keys waiting (not counting delayed ones).
-func (r *Reconciler) QueueLen() int { return r.q().Len() }
-
 func (r *Reconciler) cfg() *config.Config { return r.o.Config() }
 
 func (r *Reconciler) expired(rec *instances.Record, age time.Duration) bool {

@@ -27,9 +27,6 @@ func New() *Provider {
 	return &Provider{instances: map[string]provider.Instance{}, requests: map[string]provider.CreateRequest{}}
 }
 
-// Name implements provider.Provider.
-func (p *Provider) Name() string { return "mock" }
-
 // FailCreate installs f; a non-nil error from f fails that create. Pass nil to clear.
 func (p *Provider) FailCreate(f func(provider.CreateRequest) error) {
 	p.mu.Lock()
@@ -91,11 +88,6 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 		delete(p.requests, id)
 		p.deletes++
 	}
-	return nil
-}
-
-// AttachNetwork implements provider.Provider; the mock has no network.
-func (p *Provider) AttachNetwork(ctx context.Context, att provider.NetworkAttachment) error {
 	return nil
 }
 

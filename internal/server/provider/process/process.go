@@ -108,9 +108,6 @@ func (p *Provider) adopt() error {
 	return nil
 }
 
-// Name implements provider.Provider.
-func (p *Provider) Name() string { return "process" }
-
 // Create implements provider.Provider.
 func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (provider.Instance, error) {
 	if err := provider.ValidateInstanceID(req.InstanceID); err != nil {
@@ -348,11 +345,6 @@ func (p *Provider) waitGone(ctx context.Context, c *child, d time.Duration) bool
 		case <-tick.C:
 		}
 	}
-}
-
-// AttachNetwork implements provider.Provider; local processes share the host network.
-func (p *Provider) AttachNetwork(ctx context.Context, att provider.NetworkAttachment) error {
-	return nil
 }
 
 func killGroup(pid int, sig syscall.Signal) {

@@ -79,9 +79,6 @@ func New(cfg Config) (*Provider, error) {
 	return &Provider{cfg: cfg, providerIDs: map[string]string{}}, nil
 }
 
-// Name implements provider.Provider.
-func (p *Provider) Name() string { return "tmux" }
-
 // Session returns the session name in use.
 func (p *Provider) Session() string { return p.cfg.Session }
 
@@ -294,11 +291,6 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 	if err := localagent.Cleanup(p.cfg.StateDir, id); err != nil {
 		return fmt.Errorf("tmux delete %s: %w", id, err)
 	}
-	return nil
-}
-
-// AttachNetwork implements provider.Provider; tmux windows share the host network.
-func (p *Provider) AttachNetwork(ctx context.Context, att provider.NetworkAttachment) error {
 	return nil
 }
 

@@ -24,4 +24,8 @@
 //
 // Every key may be placed under a common prefix (Keys.Prefix) so several
 // clusters can share a bucket.
+//
+// layout is a shared leaf package (docs/architecture.md, "Import rule";
+// checked by test/imports): the server, nstance-admin, nonce and carotation
+// import it, and it imports no component package.
 package layout
