@@ -171,11 +171,16 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 }
 
 // mtlsConfig is the TLS configuration of the mutual-TLS listeners: client
-// certificates verified against the client CA pool, read at each handshake
-// when it can change.
+// certificates verified against the client CA pool (read at each handshake
+// when it can change) and admitted by the revocation gate when there is one.
 func mtlsConfig(cfg Config) *tls.Config {
 	c := pki.ServerTLS(cfg.ServerCert, cfg.ClientCAs, true)
+	if cfg.Gate != nil {
+		// A revoked certificate gets no connection.
+		c.VerifyConnection = AdmitConnection(cfg.ClusterID, cfg.Gate)
+	}
 	if cfg.ClientCAsFunc != nil {
+		// Last: the per-handshake config copies c as set up here.
 		pki.DynamicClientCAs(c, cfg.ClientCAsFunc)
 	}
 	return c
@@ -284,23 +289,15 @@ func (s *Servers) Err() error {
 	return errors.Join(s.errs...)
 }
 
-// gateOptions are the options that make an mTLS server (one that requires
-// client certificates) consult cfg.Gate: credentials whose handshake asks
-// the gate (they replace the plain ones; a revoked certificate gets no
-// connection) and the per-RPC and stream interceptors. None without a gate
-// or for the Registration listener.
+// gateOptions are the per-RPC and stream interceptors that make an mTLS
+// server (one that requires client certificates) consult cfg.Gate; the
+// handshake consults it through mtlsConfig. None without a gate or for the
+// Registration listener.
 func (cfg Config) gateOptions(tlsCfg *tls.Config) []grpc.ServerOption {
 	if cfg.Gate == nil || tlsCfg.ClientAuth != tls.RequireAndVerifyClientCert {
 		return nil
 	}
-	tc := tlsCfg.Clone()
-	tc.VerifyConnection = AdmitConnection(cfg.ClusterID, cfg.Gate)
-	if cfg.ClientCAsFunc != nil {
-		// The clone's per-handshake config would copy tlsCfg, without the
-		// gate: derive it from tc instead (DynamicClientCAs must come last).
-		pki.DynamicClientCAs(tc, cfg.ClientCAsFunc)
-	}
-	return append([]grpc.ServerOption{grpc.Creds(cfg.observed(credentials.NewTLS(tc)))}, authz.GateOptions(cfg.ClusterID, cfg.Gate)...)
+	return authz.GateOptions(cfg.ClusterID, cfg.Gate)
 }
 
 // AdmitConnection is a tls.Config.VerifyConnection that refuses client
