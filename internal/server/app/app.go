@@ -398,7 +398,7 @@ func (a *App) Run(ctx context.Context) error {
 	// lease no longer lets it act, writes, provider calls and RPCs are
 	// refused even before its work has noticed.
 	fence := leaderFence{a: a}
-	leaderStore := fencedStore{Store: a.o.Store, fence: fence}
+	leaderStore := a.leaderStore()
 	rt := &Runtime{
 		Config: withAdvertiseDefaults(cfg, bind), ConfigETag: a.cfgETag, Store: leaderStore, Keys: a.o.Keys, Cache: db,
 		CA: cl.CA, Trust: trust, WorkloadCA: cl.WorkloadCA, ServerHosts: certHosts, NonceKey: cl.NonceKey, Issuer: issuer, App: a, Log: log,
@@ -669,7 +669,7 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cach
 // newRevocations builds the deny list the mTLS listeners consult.
 func (a *App) newRevocations(cfg *config.Config, log logr.Logger) {
 	a.revocations = revocation.New(revocation.Options{
-		Store: fencedStore{Store: a.o.Store, fence: leaderFence{a: a}}, Keys: a.o.Keys, ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID,
+		Store: a.leaderStore(), Keys: a.o.Keys, ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID,
 		OperatorValidity: cfg.Certificates.OperatorValidity.D(), AgentValidity: cfg.Certificates.AgentValidity.D(),
 		RequireOperatorRecords: true, Log: log.WithName("revocation"),
 	})
@@ -727,7 +727,7 @@ func (a *App) sweepNonces(ctx context.Context, log logr.Logger) {
 			maxLife = cfg.Certificates.NonceMaxLifetime.D()
 		}
 		cutoff := time.Now().Add(-(maxLife + 2*nonceLeeway + nonceSkewAllowance))
-		ledger := &nonce.Ledger{Store: fencedStore{Store: a.o.Store, fence: leaderFence{a: a}}, Keys: a.o.Keys}
+		ledger := &nonce.Ledger{Store: a.leaderStore(), Keys: a.o.Keys}
 		prefixes := []string{a.o.Keys.ShardNonce(a.o.Shard, "")}
 		if ce != nil && ce.Leading() {
 			prefixes = append(prefixes, a.o.Keys.ClusterNonce(""))

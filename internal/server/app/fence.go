@@ -67,6 +67,11 @@ func (f leaderFence) grpcOptions() []grpc.ServerOption {
 	}
 }
 
+// leaderStore is the store for everything the shard leader writes.
+func (a *App) leaderStore() objstore.Store {
+	return fencedStore{Store: a.o.Store, fence: leaderFence{a: a}}
+}
+
 // fencedStore refuses writes and deletes unless the fence allows them, and
 // bounds each by the leader's validity; reads pass through.
 type fencedStore struct {
