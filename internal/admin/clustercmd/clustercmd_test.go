@@ -48,6 +48,12 @@ type cluster struct {
 
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
+	return startClusterWith(t, func(*app.Options) {})
+}
+
+// startClusterWith is startCluster with the app options adjusted by opts.
+func startClusterWith(t *testing.T, opts func(*app.Options)) *cluster {
+	t.Helper()
 	s3 := devs3test.Start(t, "")
 	for k, v := range map[string]string{
 		"AWS_ENDPOINT_URL": s3.URL, "AWS_ACCESS_KEY_ID": "dev", "AWS_SECRET_ACCESS_KEY": "dev", "AWS_REGION": "us-east-1",
@@ -60,7 +66,9 @@ func startCluster(t *testing.T) *cluster {
 	require.NoError(t, err)
 	_, err = store.Put(context.Background(), "config/dev-1.jsonc", []byte(cfg), objstore.PutOptions{})
 	require.NoError(t, err)
-	a, err := app.New(app.Options{ServerID: "srv", Shard: "dev-1", Store: store, Keys: layout.New(""), Bind: app.BindOverrides{Health: "127.0.0.1:0"}, Log: logr.Discard()})
+	o := app.Options{ServerID: "srv", Shard: "dev-1", Store: store, Keys: layout.New(""), Bind: app.BindOverrides{Health: "127.0.0.1:0"}, Log: logr.Discard()}
+	opts(&o)
+	a, err := app.New(o)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -22,13 +22,10 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/nstance-dev/nstance/internal/carotation"
-	"github.com/nstance-dev/nstance/internal/devs3/devs3test"
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/secrets"
 	"github.com/nstance-dev/nstance/internal/server/app"
-	"github.com/nstance-dev/nstance/pkg/objstore"
-	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -36,27 +33,7 @@ import (
 // 100ms, so a rotation step reaches it quickly.
 func startRotating(t *testing.T) *cluster {
 	t.Helper()
-	s3 := devs3test.Start(t, "")
-	for k, v := range map[string]string{
-		"AWS_ENDPOINT_URL": s3.URL, "AWS_ACCESS_KEY_ID": "dev", "AWS_SECRET_ACCESS_KEY": "dev", "AWS_REGION": "us-east-1",
-		"AWS_S3_USE_PATH_STYLE": "true", "AWS_CONFIG_FILE": filepath.Join(t.TempDir(), "none"), "AWS_SHARED_CREDENTIALS_FILE": filepath.Join(t.TempDir(), "none"),
-		"NSTANCE_ENCRYPTION_KEY": encKey,
-	} {
-		t.Setenv(k, v)
-	}
-	store, err := s3store.NewWithClient(devs3test.Client(s3.URL), devs3test.Bucket, "")
-	require.NoError(t, err)
-	_, err = store.Put(context.Background(), "config/dev-1.jsonc", []byte(cfg), objstore.PutOptions{})
-	require.NoError(t, err)
-	a, err := app.New(app.Options{ServerID: "srv", Shard: "dev-1", Store: store, Keys: layout.New(""), Bind: app.BindOverrides{Health: "127.0.0.1:0"},
-		Log: testr.New(t), TrustRefresh: 100 * time.Millisecond})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
-	require.Eventually(t, a.ServingGRPC, 20*time.Second, 20*time.Millisecond)
-	return &cluster{App: a, store: store}
+	return startClusterWith(t, func(o *app.Options) { o.Log, o.TrustRefresh = testr.New(t), 100*time.Millisecond })
 }
 
 // client is an agent- or operator-like client: the CAs it trusts and the
