@@ -28,6 +28,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -243,6 +244,28 @@ func startCAPI(t *testing.T, ns string, log logr.Logger, extra ...capiSetup) {
 	cacheOpts.DefaultFieldSelector = fields.OneTermEqualSelector("metadata.namespace", ns)
 	// Core CAPI reads CRDs (cluster-scoped) for contract versions.
 	cacheOpts.ByObject[&apiextensionsv1.CustomResourceDefinition{}] = cache.ByObject{Field: fields.Everything()}
+	runCAPIManager(t, ctx, cancel, scheme, "capi-contract", cacheOpts, log, append([]capiSetup{
+		func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, opts controller.Options) error {
+			return (&capicluster.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cc,
+				RemoteConnectionGracePeriod: 50 * time.Second}).SetupWithManager(ctx, mgr, opts)
+		},
+		func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, opts controller.Options) error {
+			return (&capimachine.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cc,
+				RemoteConditionsGracePeriod: 5 * time.Minute}).SetupWithManager(ctx, mgr, opts)
+		},
+		func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, opts controller.Options) error {
+			return (&capimachinepool.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cc}).
+				SetupWithManager(ctx, mgr, opts)
+		},
+	}, extra...)...)
+}
+
+// runCAPIManager runs a controller manager the way core CAPI's wires its
+// controllers (core/setup): default indexes, a ClusterCache named name
+// (retrying connections every second, not 30), and the controllers setups
+// add, until the test ends.
+func runCAPIManager(t *testing.T, ctx context.Context, cancel context.CancelFunc, scheme *runtime.Scheme, name string, cacheOpts cache.Options, log logr.Logger, setups ...capiSetup) {
+	t.Helper()
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:                 scheme,
 		Logger:                 log,
@@ -260,7 +283,7 @@ func startCAPI(t *testing.T, ns string, log logr.Logger, extra ...capiSetup) {
 	cc, err := clustercache.SetupWithManager(ctx, mgr, clustercache.Options{
 		SecretClient: secretClient,
 		Cache:        setup.ClusterCacheCacheOptions(),
-		Client:       setup.ClusterCacheClientOptions("capi-contract", 20, 30),
+		Client:       setup.ClusterCacheClientOptions(name, 20, 30),
 	}, opts)
 	require.NoError(t, err)
 	// The default is 30s between connection attempts; the Cluster turns
@@ -268,13 +291,7 @@ func startCAPI(t *testing.T, ns string, log logr.Logger, extra ...capiSetup) {
 	retry, ok := cc.(interface{ SetConnectionCreationRetryInterval(time.Duration) })
 	require.True(t, ok)
 	retry.SetConnectionCreationRetryInterval(time.Second)
-	require.NoError(t, (&capicluster.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cc,
-		RemoteConnectionGracePeriod: 50 * time.Second}).SetupWithManager(ctx, mgr, opts))
-	require.NoError(t, (&capimachine.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cc,
-		RemoteConditionsGracePeriod: 5 * time.Minute}).SetupWithManager(ctx, mgr, opts))
-	require.NoError(t, (&capimachinepool.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cc}).
-		SetupWithManager(ctx, mgr, opts))
-	for _, setup := range extra {
+	for _, setup := range setups {
 		require.NoError(t, setup(ctx, mgr, cc, opts))
 	}
 	done := make(chan error, 1)
@@ -288,7 +305,7 @@ func startCAPI(t *testing.T, ns string, log logr.Logger, extra ...capiSetup) {
 		case err := <-done:
 			require.NoError(t, err)
 		case <-time.After(30 * time.Second):
-			t.Error("cluster-api manager did not stop")
+			t.Errorf("cluster-api manager %s did not stop", name)
 		}
 	})
 }

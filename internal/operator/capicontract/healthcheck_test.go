@@ -17,12 +17,9 @@ import (
 	capimhc "sigs.k8s.io/cluster-api/core/reconcilers/machinehealthcheck"
 	capims "sigs.k8s.io/cluster-api/core/reconcilers/machineset"
 	"sigs.k8s.io/cluster-api/core/setup"
-	"sigs.k8s.io/cluster-api/util/index"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/testing/kubetest"
@@ -37,50 +34,20 @@ func startCAPIRemediation(t *testing.T, ns string, log logr.Logger) {
 	ctx, cancel := context.WithCancel(context.Background())
 	scheme, err := kubetest.NewScheme()
 	require.NoError(t, err)
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme: scheme,
-		Logger: log,
-		// Every namespace: the MachineDeployment and MachineSet controllers
-		// wait for their cache through its informers' stores, which a cache
-		// restricted to namespaces does not hand out. Only ns holds
-		// MachineDeployments, MachineSets and MachineHealthChecks.
-		Cache:                  setup.ManagerCacheOptions(scheme, "capi-remediation-"+ns, "", 10*time.Minute),
-		Client:                 setup.ManagerClientOptions(),
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	require.NoError(t, err)
-	require.NoError(t, index.AddDefaultIndexes(ctx, mgr))
-	secretClient, err := setup.CreateSecretCachingClient(mgr)
-	require.NoError(t, err)
-	opts := controller.Options{MaxConcurrentReconciles: 2, SkipNameValidation: ptr.To(true)}
-	cc, err := clustercache.SetupWithManager(ctx, mgr, clustercache.Options{
-		SecretClient: secretClient,
-		Cache:        setup.ClusterCacheCacheOptions(),
-		Client:       setup.ClusterCacheClientOptions("capi-remediation", 20, 30),
-	}, opts)
-	require.NoError(t, err)
-	retry, ok := cc.(interface{ SetConnectionCreationRetryInterval(time.Duration) })
-	require.True(t, ok)
-	retry.SetConnectionCreationRetryInterval(time.Second)
-	require.NoError(t, (&capimd.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(ctx, mgr, opts))
-	require.NoError(t, (&capims.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cc}).SetupWithManager(ctx, mgr, opts))
-	require.NoError(t, (&capimhc.Reconciler{Client: mgr.GetClient(), ClusterCache: cc}).SetupWithManager(ctx, mgr, opts))
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if s, ok := cc.(interface{ Shutdown() }); ok {
-			s.Shutdown()
-		}
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(30 * time.Second):
-			t.Error("cluster-api remediation manager did not stop")
-		}
-	})
+	// Every namespace: the MachineDeployment and MachineSet controllers
+	// wait for their cache through its informers' stores, which a cache
+	// restricted to namespaces does not hand out. Only ns holds
+	// MachineDeployments, MachineSets and MachineHealthChecks.
+	runCAPIManager(t, ctx, cancel, scheme, "capi-remediation", setup.ManagerCacheOptions(scheme, "capi-remediation-"+ns, "", 10*time.Minute), log,
+		func(ctx context.Context, mgr ctrl.Manager, _ clustercache.ClusterCache, opts controller.Options) error {
+			return (&capimd.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(ctx, mgr, opts)
+		},
+		func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, opts controller.Options) error {
+			return (&capims.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cc}).SetupWithManager(ctx, mgr, opts)
+		},
+		func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, opts controller.Options) error {
+			return (&capimhc.Reconciler{Client: mgr.GetClient(), ClusterCache: cc}).SetupWithManager(ctx, mgr, opts)
+		})
 }
 
 // TestMachineHealthCheckReplacesUnhealthyMachine: a MachineDeployment of
