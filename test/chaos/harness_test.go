@@ -32,6 +32,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/devs3/devs3test"
 	"github.com/nstance-dev/nstance/internal/operator/bootstrap"
 	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/testing/proctest"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -47,7 +48,8 @@ var (
 	buildErr  error
 )
 
-// binaries builds nstance-server and nstance-admin once per test binary.
+// binaries builds nstance-server, nstance-admin and nstance-agent once per
+// test binary.
 func binaries(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -57,11 +59,12 @@ func binaries(t testing.TB) string {
 			return
 		}
 		buildDir = dir
-		cmd := exec.Command("go", "build", "-o", dir+"/", "../../cmd/nstance-server", "../../cmd/nstance-admin")
-		out, err := cmd.CombinedOutput()
+		root, err := proctest.RepoRoot()
 		if err != nil {
-			buildErr = fmt.Errorf("go build: %v: %s", err, out)
+			buildErr = err
+			return
 		}
+		buildErr = proctest.Build(root, dir, "nstance-server", "nstance-admin", "nstance-agent")
 	})
 	require.NoError(t, buildErr)
 	return buildDir

@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -31,15 +30,6 @@ import (
 	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
-
-// buildAgent builds cmd/nstance-agent into a directory of the test.
-func buildAgent(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "nstance-agent")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/nstance-dev/nstance/cmd/nstance-agent").CombinedOutput()
-	require.NoError(t, err, "building nstance-agent: %s", out)
-	return bin
-}
 
 // noting remembers the nonce the server handed each instance, so the test
 // can replay it.
@@ -71,7 +61,7 @@ func (n *noting) nonce(id string) string {
 // nonce with another key, or asking for another instance's name, is
 // refused, and with the agent's own key returns the same certificate.
 func TestAgentRegistersThroughALostMarkerReply(t *testing.T) {
-	bin := buildAgent(t)
+	bin := agentBinary(t)
 	for _, tc := range []struct {
 		name   string
 		resets int

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -44,13 +43,10 @@ func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
 	return d
 }
 
-// agentBinary builds cmd/nstance-agent into a directory of the test.
+// agentBinary is the nstance-agent binary built with the others.
 func agentBinary(t testing.TB) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "nstance-agent")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/nstance-dev/nstance/cmd/nstance-agent").CombinedOutput()
-	require.NoError(t, err, "building nstance-agent: %s", out)
-	return bin
+	return filepath.Join(binaries(t), "nstance-agent")
 }
 
 // renewalConfig is a one-server shard on host whose instances are real
