@@ -83,29 +83,39 @@ func New(cfg Config) (*Provider, error) {
 }
 
 // adopt records every process recorded in StateDir that this Provider does
-// not know yet. Another server of the shard (an earlier leader) may have
-// created instances since this one started, so every List, Status and
-// Delete looks again; callers hold p.mu (or own p exclusively).
+// not know yet: another server of the shard (an earlier leader) may have
+// created instances since this one started. List looks again each time;
+// the per-instance calls look only for the instance they are about
+// (adoptOne), so they do no directory scan. Callers hold p.mu (or own p
+// exclusively).
 func (p *Provider) adopt() error {
 	entries, err := os.ReadDir(p.cfg.StateDir)
 	if err != nil {
 		return fmt.Errorf("process provider: reading state dir: %w", err)
 	}
 	for _, e := range entries {
-		if _, known := p.children[e.Name()]; known || !e.IsDir() || provider.ValidateInstanceID(e.Name()) != nil {
-			continue
+		if e.IsDir() {
+			p.adoptOne(e.Name())
 		}
-		b, err := os.ReadFile(filepath.Join(p.cfg.StateDir, e.Name(), "process.json"))
-		if err != nil {
-			continue
-		}
-		var r record
-		if json.Unmarshal(b, &r) != nil || r.PID <= 0 {
-			continue
-		}
-		p.children[e.Name()] = &child{pid: r.PID, startTicks: r.StartTicks, providerID: r.ProviderID}
 	}
 	return nil
+}
+
+// adoptOne records the process of instance id from its process.json when
+// this Provider does not know it yet; callers hold p.mu.
+func (p *Provider) adoptOne(id string) {
+	if _, known := p.children[id]; known || provider.ValidateInstanceID(id) != nil {
+		return
+	}
+	b, err := os.ReadFile(filepath.Join(p.cfg.StateDir, id, "process.json"))
+	if err != nil {
+		return
+	}
+	var r record
+	if json.Unmarshal(b, &r) != nil || r.PID <= 0 {
+		return
+	}
+	p.children[id] = &child{pid: r.PID, startTicks: r.StartTicks, providerID: r.ProviderID}
 }
 
 // Create implements provider.Provider.
@@ -115,9 +125,7 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if err := p.adopt(); err != nil {
-		return provider.Instance{}, err
-	}
+	p.adoptOne(req.InstanceID)
 	if c, ok := p.children[req.InstanceID]; ok {
 		return p.observe(req.InstanceID, c), nil
 	}
@@ -255,9 +263,7 @@ func (p *Provider) observe(id string, c *child) provider.Instance {
 func (p *Provider) Status(ctx context.Context, id string) (provider.Instance, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if err := p.adopt(); err != nil {
-		return provider.Instance{}, err
-	}
+	p.adoptOne(id)
 	c, ok := p.children[id]
 	if !ok {
 		return provider.Instance{}, fmt.Errorf("process status %s: %w", id, provider.ErrNotFound)
@@ -295,10 +301,7 @@ func (p *Provider) PID(id string) (int, bool) {
 // after StopTimeout, then the instance directory and Node file are removed.
 func (p *Provider) Delete(ctx context.Context, id string) error {
 	p.mu.Lock()
-	if err := p.adopt(); err != nil {
-		p.mu.Unlock()
-		return err
-	}
+	p.adoptOne(id)
 	c, ok := p.children[id]
 	p.mu.Unlock()
 	if ok {
