@@ -17,7 +17,7 @@ import (
 
 	cpv1 "github.com/nstance-dev/nstance/api/controlplane/v1beta1"
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
-	"github.com/nstance-dev/nstance/internal/operator/clusterctl"
+	"github.com/nstance-dev/nstance/internal/operator/cluster"
 	"github.com/nstance-dev/nstance/internal/operator/controlplane"
 )
 
@@ -64,9 +64,9 @@ func kubeconfigToken(t *testing.T, key client.ObjectKey) (token, expires string,
 func TestManagedKubeconfig(t *testing.T) {
 	ctx := t.Context()
 	ns := namespace(t)
-	ep, err := clusterctl.Endpoint(env.Config.Host)
+	ep, err := cluster.Endpoint(env.Config.Host)
 	require.NoError(t, err)
-	require.NoError(t, clusterctl.EnsureObjects(ctx, env.Client, ns, "prod", ep))
+	require.NoError(t, cluster.EnsureObjects(ctx, env.Client, ns, "prod", ep))
 	server, ca, err := controlplane.APIServerFrom(env.Config)
 	require.NoError(t, err)
 	now := time.Now()
@@ -144,7 +144,7 @@ func TestManagedKubeconfig(t *testing.T) {
 func TestTakesOverLegacySecret(t *testing.T) {
 	ctx := t.Context()
 	ns := namespace(t)
-	require.NoError(t, clusterctl.EnsureObjects(ctx, env.Client, ns, "old", infrav1.APIEndpoint{Host: "10.0.0.1", Port: 6443}))
+	require.NoError(t, cluster.EnsureObjects(ctx, env.Client, ns, "old", infrav1.APIEndpoint{Host: "10.0.0.1", Port: 6443}))
 	nc := &infrav1.NstanceCluster{}
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "old"}, nc))
 	legacy := &corev1.Secret{
@@ -178,7 +178,7 @@ func TestTakesOverLegacySecret(t *testing.T) {
 func TestExternalKubeconfig(t *testing.T) {
 	ctx := t.Context()
 	ns := namespace(t)
-	require.NoError(t, clusterctl.EnsureObjects(ctx, env.Client, ns, "ext", infrav1.APIEndpoint{Host: "api.example", Port: 6443}))
+	require.NoError(t, cluster.EnsureObjects(ctx, env.Client, ns, "ext", infrav1.APIEndpoint{Host: "api.example", Port: 6443}))
 	r := &controlplane.Reconciler{Client: env.Client, ManageKubeconfig: false, ServiceAccount: "sa"}
 	key := client.ObjectKey{Namespace: ns, Name: "ext"}
 	settle(t, r, key)

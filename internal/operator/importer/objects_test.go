@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/nstance-dev/nstance/internal/operator/poolsync"
+	"github.com/nstance-dev/nstance/internal/operator/machinepool"
 	"github.com/nstance-dev/nstance/internal/operator/webhook"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -35,7 +35,7 @@ func TestObjects(t *testing.T) {
 	require.NotContains(t, mp.Labels, webhook.StaticLabel)
 	// The split of the imported total reproduces sizes that differ by one.
 	pool2, mp2 := Objects("ns", "prod", "web", []*nstancev1.GroupStatus{{Spec: spec(1), Shard: "a"}, {Spec: spec(2), Shard: "b"}})
-	split := poolsync.SplitReplicas(*mp2.Spec.Replicas, pool2.Spec.Shards)
+	split := machinepool.SplitReplicas(*mp2.Spec.Replicas, pool2.Spec.Shards)
 	require.Equal(t, map[string]int32{"a": 1, "b": 2}, split)
 }
 

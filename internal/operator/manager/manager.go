@@ -29,16 +29,16 @@ import (
 	cpv1 "github.com/nstance-dev/nstance/api/controlplane/v1beta1"
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/operator/bootstrap"
-	"github.com/nstance-dev/nstance/internal/operator/clusterctl"
+	"github.com/nstance-dev/nstance/internal/operator/cluster"
 	"github.com/nstance-dev/nstance/internal/operator/config"
 	"github.com/nstance-dev/nstance/internal/operator/controlplane"
 	"github.com/nstance-dev/nstance/internal/operator/drain"
 	"github.com/nstance-dev/nstance/internal/operator/importer"
 	"github.com/nstance-dev/nstance/internal/operator/ledger"
 	"github.com/nstance-dev/nstance/internal/operator/machine"
+	"github.com/nstance-dev/nstance/internal/operator/machinepool"
 	"github.com/nstance-dev/nstance/internal/operator/metrics"
 	"github.com/nstance-dev/nstance/internal/operator/ondemand"
-	"github.com/nstance-dev/nstance/internal/operator/poolsync"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 	"github.com/nstance-dev/nstance/internal/operator/shardgroup"
 	"github.com/nstance-dev/nstance/internal/operator/watch"
@@ -244,11 +244,11 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	if err := sg.SetupWithManager(mgr, op.trigger, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up shard group controller: %w", err)
 	}
-	pool := &poolsync.Reconciler{Client: mgr.GetClient(), Ledger: op.ledger, Conns: op.Conns}
+	pool := &machinepool.Reconciler{Client: mgr.GetClient(), Ledger: op.ledger, Conns: op.Conns}
 	if err := pool.SetupWithManager(ctx, mgr, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up pool controller: %w", err)
 	}
-	cc := &clusterctl.Reconciler{Client: mgr.GetClient(), Shards: op.Conns.ShardIDs()}
+	cc := &cluster.Reconciler{Client: mgr.GetClient(), Shards: op.Conns.ShardIDs()}
 	if err := cc.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up cluster controller: %w", err)
 	}
@@ -357,10 +357,10 @@ func (op *Operator) sync(ctx context.Context) error {
 	if server == "" {
 		server = o.RestConfig.Host
 	}
-	if ep, err := clusterctl.Endpoint(server); err == nil {
+	if ep, err := cluster.Endpoint(server); err == nil {
 		endpoint = ep
 	}
-	if err := clusterctl.EnsureObjects(ctx, op.direct, o.Env.Namespace, o.Config.ClusterID, endpoint); err != nil {
+	if err := cluster.EnsureObjects(ctx, op.direct, o.Env.Namespace, o.Config.ClusterID, endpoint); err != nil {
 		return err
 	}
 	w := &watch.Watcher{

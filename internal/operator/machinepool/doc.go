@@ -1,4 +1,4 @@
-// Package poolsync reconciles NstanceMachinePools. The size comes from the
+// Package machinepool reconciles NstanceMachinePools. The size comes from the
 // MachinePool whose infrastructureRef names the pool; it is split over the
 // pool's shards (SplitReplicas) into one NstanceShardGroup per shard, named
 // {group}--{shard} and owned by the pool. The pool status follows the Cluster
@@ -7,4 +7,4 @@
 // initialization.provisioned summarise them. For Cluster API's MachinePool
 // Machines the pool reports status.infrastructureMachineKind NstanceMachine
 // and keeps one NstanceMachine per member instance (machines.go).
-package poolsync
+package machinepool

@@ -1,4 +1,4 @@
-package poolsync
+package machinepool
 
 // SplitReplicas divides total replicas over shards as evenly as possible.
 // Every shard gets total/len(shards); the remainder goes one each to the

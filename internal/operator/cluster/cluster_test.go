@@ -1,4 +1,4 @@
-package clusterctl_test
+package cluster_test
 
 import (
 	"testing"
@@ -15,7 +15,7 @@ import (
 
 	cpv1 "github.com/nstance-dev/nstance/api/controlplane/v1beta1"
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
-	"github.com/nstance-dev/nstance/internal/operator/clusterctl"
+	"github.com/nstance-dev/nstance/internal/operator/cluster"
 	"github.com/nstance-dev/nstance/internal/testing/kubetest"
 )
 
@@ -25,10 +25,10 @@ func TestClusterObjects(t *testing.T) {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "cc-"}}
 	require.NoError(t, env.Client.Create(ctx, ns))
 
-	ep, err := clusterctl.Endpoint(env.Config.Host)
+	ep, err := cluster.Endpoint(env.Config.Host)
 	require.NoError(t, err)
-	require.NoError(t, clusterctl.EnsureObjects(ctx, env.Client, ns.Name, "prod", ep))
-	require.NoError(t, clusterctl.EnsureObjects(ctx, env.Client, ns.Name, "prod", ep), "idempotent")
+	require.NoError(t, cluster.EnsureObjects(ctx, env.Client, ns.Name, "prod", ep))
+	require.NoError(t, cluster.EnsureObjects(ctx, env.Client, ns.Name, "prod", ep), "idempotent")
 	key := client.ObjectKey{Namespace: ns.Name, Name: "prod"}
 	var cl clusterv1.Cluster
 	require.NoError(t, env.Client.Get(ctx, key, &cl))
@@ -41,7 +41,7 @@ func TestClusterObjects(t *testing.T) {
 	require.Equal(t, ep, cp.Spec.ControlPlaneEndpoint)
 	require.Equal(t, "prod", cp.Labels[clusterv1.ClusterNameLabel])
 
-	r := &clusterctl.Reconciler{Client: env.Client, Shards: []string{"us-west-2a", "us-east-1a"}}
+	r := &cluster.Reconciler{Client: env.Client, Shards: []string{"us-west-2a", "us-east-1a"}}
 	// The first pass records the Paused condition (false) and ends.
 	for range 2 {
 		_, err = r.Reconcile(ctx, ctrl.Request{NamespacedName: key})
@@ -77,8 +77,8 @@ func TestExistingClusterGetsControlPlane(t *testing.T) {
 	require.NoError(t, env.Client.Create(ctx, other))
 
 	ep := infrav1.APIEndpoint{Host: "10.0.0.1", Port: 6443}
-	require.NoError(t, clusterctl.EnsureObjects(ctx, env.Client, ns.Name, "legacy", ep))
-	require.NoError(t, clusterctl.EnsureObjects(ctx, env.Client, ns.Name, "other", ep))
+	require.NoError(t, cluster.EnsureObjects(ctx, env.Client, ns.Name, "legacy", ep))
+	require.NoError(t, cluster.EnsureObjects(ctx, env.Client, ns.Name, "other", ep))
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(legacy), legacy))
 	require.Equal(t, "NstanceControlPlane", legacy.Spec.ControlPlaneRef.Kind)
 	require.Equal(t, "legacy", legacy.Spec.ControlPlaneRef.Name)
@@ -105,12 +105,12 @@ func TestPausedClusterLeftAlone(t *testing.T) {
 	require.NoError(t, env.Client.Create(ctx, nc))
 	ep := infrav1.APIEndpoint{Host: "10.0.0.1", Port: 6443}
 
-	require.NoError(t, clusterctl.EnsureObjects(ctx, env.Client, ns.Name, "moved", ep))
+	require.NoError(t, cluster.EnsureObjects(ctx, env.Client, ns.Name, "moved", ep))
 	require.NoError(t, env.Client.Get(ctx, key, cl))
 	require.False(t, cl.Spec.ControlPlaneRef.IsDefined(), "a paused Cluster is not patched")
 	require.True(t, apierrors.IsNotFound(env.Client.Get(ctx, key, &cpv1.NstanceControlPlane{})), "nothing is created for a paused Cluster")
 
-	r := &clusterctl.Reconciler{Client: env.Client, Shards: []string{"us-west-2a"}}
+	r := &cluster.Reconciler{Client: env.Client, Shards: []string{"us-west-2a"}}
 	for range 3 {
 		_, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key})
 		require.NoError(t, err)
@@ -127,7 +127,7 @@ func TestPausedClusterLeftAlone(t *testing.T) {
 
 	cl.Spec.Paused = ptr.To(false)
 	require.NoError(t, env.Client.Update(ctx, cl))
-	require.NoError(t, clusterctl.EnsureObjects(ctx, env.Client, ns.Name, "moved", ep))
+	require.NoError(t, cluster.EnsureObjects(ctx, env.Client, ns.Name, "moved", ep))
 	require.NoError(t, env.Client.Get(ctx, key, cl))
 	require.Equal(t, "NstanceControlPlane", cl.Spec.ControlPlaneRef.Kind)
 	for range 2 {
@@ -149,7 +149,7 @@ func TestEndpoint(t *testing.T) {
 		{"api.example.com:8443", infrav1.APIEndpoint{Host: "api.example.com", Port: 8443}},
 	}
 	for _, tt := range tests {
-		got, err := clusterctl.Endpoint(tt.in)
+		got, err := cluster.Endpoint(tt.in)
 		require.NoError(t, err)
 		require.Equal(t, tt.want, got, tt.in)
 	}

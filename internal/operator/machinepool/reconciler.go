@@ -1,4 +1,4 @@
-package poolsync
+package machinepool
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package clusterctl
+package cluster
 
 import (
 	"context"
