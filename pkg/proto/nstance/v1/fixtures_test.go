@@ -79,6 +79,7 @@ func instanceStatus() *nstancev1.InstanceStatus {
 		DrainDeadline: ts(5 * time.Minute),
 		ClientToken:   "machine-uid-42",
 		WorkloadGone:  true,
+		AgentVersion:  "v0.4.0",
 	}
 }
 
@@ -186,7 +187,7 @@ func fixtures() []fixture {
 		{"InstanceStatus", instanceStatus()},
 
 		// operator.proto
-		{"GetConfigStatusResponse", &nstancev1.GetConfigStatusResponse{Etag: "d41d8cd98f00b204e9800998ecf8427e", LastModified: ts(-24 * time.Hour), Shard: "dev-1"}},
+		{"GetConfigStatusResponse", &nstancev1.GetConfigStatusResponse{Etag: "d41d8cd98f00b204e9800998ecf8427e", LastModified: ts(-24 * time.Hour), Shard: "dev-1", ServerId: "dev-1-a", LeaderSince: ts(-time.Hour)}},
 		{"RefreshConfigResponse", &nstancev1.RefreshConfigResponse{
 			Outcome: nstancev1.RefreshConfigOutcome_REFRESH_CONFIG_OUTCOME_INVALID,
 			Etag:    "old",

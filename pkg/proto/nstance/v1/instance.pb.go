@@ -254,7 +254,10 @@ type InstanceStatus struct {
 	ClientToken string `protobuf:"bytes,13,opt,name=client_token,json=clientToken,proto3" json:"client_token,omitempty"`
 	// True once the provider reported the VM stopped, deleted or failed: there
 	// is nothing left on it to drain.
-	WorkloadGone  bool `protobuf:"varint,14,opt,name=workload_gone,json=workloadGone,proto3" json:"workload_gone,omitempty"`
+	WorkloadGone bool `protobuf:"varint,14,opt,name=workload_gone,json=workloadGone,proto3" json:"workload_gone,omitempty"`
+	// Version of the agent binary from the instance's last health report;
+	// empty until the agent has reported.
+	AgentVersion  string `protobuf:"bytes,15,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -387,6 +390,13 @@ func (x *InstanceStatus) GetWorkloadGone() bool {
 	return false
 }
 
+func (x *InstanceStatus) GetAgentVersion() string {
+	if x != nil {
+		return x.AgentVersion
+	}
+	return ""
+}
+
 var File_nstance_v1_instance_proto protoreflect.FileDescriptor
 
 const file_nstance_v1_instance_proto_rawDesc = "" +
@@ -395,7 +405,7 @@ const file_nstance_v1_instance_proto_rawDesc = "" +
 	"nstance.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"X\n" +
 	"\x0fInstanceAddress\x12+\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x17.nstance.v1.AddressTypeR\x04type\x12\x18\n" +
-	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xd2\x04\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xf7\x04\n" +
 	"\x0eInstanceStatus\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x19\n" +
@@ -414,7 +424,8 @@ const file_nstance_v1_instance_proto_rawDesc = "" +
 	"\btemplate\x18\v \x01(\tR\btemplate\x12A\n" +
 	"\x0edrain_deadline\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\rdrainDeadline\x12!\n" +
 	"\fclient_token\x18\r \x01(\tR\vclientToken\x12#\n" +
-	"\rworkload_gone\x18\x0e \x01(\bR\fworkloadGone*\xb7\x02\n" +
+	"\rworkload_gone\x18\x0e \x01(\bR\fworkloadGone\x12#\n" +
+	"\ragent_version\x18\x0f \x01(\tR\fagentVersion*\xb7\x02\n" +
 	"\rInstanceState\x12\x1e\n" +
 	"\x1aINSTANCE_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16INSTANCE_STATE_PENDING\x10\x01\x12\x1b\n" +

@@ -426,7 +426,11 @@ type GetConfigStatusResponse struct {
 	// Last-modified time of the config object in use.
 	LastModified *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=last_modified,json=lastModified,proto3" json:"last_modified,omitempty"`
 	// Shard the config belongs to.
-	Shard         string `protobuf:"bytes,3,opt,name=shard,proto3" json:"shard,omitempty"`
+	Shard string `protobuf:"bytes,3,opt,name=shard,proto3" json:"shard,omitempty"`
+	// The server that answered: the shard leader.
+	ServerId string `protobuf:"bytes,4,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
+	// When that server's current shard-leadership term began.
+	LeaderSince   *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=leader_since,json=leaderSince,proto3" json:"leader_since,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -480,6 +484,20 @@ func (x *GetConfigStatusResponse) GetShard() string {
 		return x.Shard
 	}
 	return ""
+}
+
+func (x *GetConfigStatusResponse) GetServerId() string {
+	if x != nil {
+		return x.ServerId
+	}
+	return ""
+}
+
+func (x *GetConfigStatusResponse) GetLeaderSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LeaderSince
+	}
+	return nil
 }
 
 // RefreshConfigRequest asks the server to reload its config.
@@ -2641,11 +2659,13 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"\n" +
 	"\x19nstance/v1/operator.proto\x12\n" +
 	"nstance.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17nstance/v1/common.proto\x1a\x16nstance/v1/group.proto\x1a\x19nstance/v1/instance.proto\"\x18\n" +
-	"\x16GetConfigStatusRequest\"\x84\x01\n" +
+	"\x16GetConfigStatusRequest\"\xe0\x01\n" +
 	"\x17GetConfigStatusResponse\x12\x12\n" +
 	"\x04etag\x18\x01 \x01(\tR\x04etag\x12?\n" +
 	"\rlast_modified\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\flastModified\x12\x14\n" +
-	"\x05shard\x18\x03 \x01(\tR\x05shard\"\x16\n" +
+	"\x05shard\x18\x03 \x01(\tR\x05shard\x12\x1b\n" +
+	"\tserver_id\x18\x04 \x01(\tR\bserverId\x12=\n" +
+	"\fleader_since\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\vleaderSince\"\x16\n" +
 	"\x14RefreshConfigRequest\"\xf0\x01\n" +
 	"\x15RefreshConfigResponse\x12:\n" +
 	"\aoutcome\x18\x01 \x01(\x0e2 .nstance.v1.RefreshConfigOutcomeR\aoutcome\x12\x12\n" +
@@ -2930,81 +2950,82 @@ var file_nstance_v1_operator_proto_goTypes = []any{
 }
 var file_nstance_v1_operator_proto_depIdxs = []int32{
 	44, // 0: nstance.v1.GetConfigStatusResponse.last_modified:type_name -> google.protobuf.Timestamp
-	0,  // 1: nstance.v1.RefreshConfigResponse.outcome:type_name -> nstance.v1.RefreshConfigOutcome
-	45, // 2: nstance.v1.RefreshConfigResponse.validation_errors:type_name -> nstance.v1.ValidationError
-	46, // 3: nstance.v1.ListGroupsResponse.groups:type_name -> nstance.v1.GroupStatus
-	47, // 4: nstance.v1.UpsertGroupRequest.group:type_name -> nstance.v1.GroupSpec
-	46, // 5: nstance.v1.UpsertGroupResponse.group:type_name -> nstance.v1.GroupStatus
-	42, // 6: nstance.v1.CreateInstanceRequest.vars:type_name -> nstance.v1.CreateInstanceRequest.VarsEntry
-	43, // 7: nstance.v1.CreateInstanceRequest.labels:type_name -> nstance.v1.CreateInstanceRequest.LabelsEntry
-	48, // 8: nstance.v1.CreateInstanceRequest.drain_timeout:type_name -> google.protobuf.Duration
-	49, // 9: nstance.v1.CreateInstanceResponse.instance:type_name -> nstance.v1.InstanceStatus
-	49, // 10: nstance.v1.DeleteInstanceResponse.instance:type_name -> nstance.v1.InstanceStatus
-	49, // 11: nstance.v1.GetInstanceStatusResponse.instance:type_name -> nstance.v1.InstanceStatus
-	50, // 12: nstance.v1.ListInstancesRequest.states:type_name -> nstance.v1.InstanceState
-	49, // 13: nstance.v1.ListInstancesResponse.instances:type_name -> nstance.v1.InstanceStatus
-	49, // 14: nstance.v1.AcknowledgeDrainedResponse.instance:type_name -> nstance.v1.InstanceStatus
-	1,  // 15: nstance.v1.GroupEvent.type:type_name -> nstance.v1.GroupEventType
-	46, // 16: nstance.v1.GroupEvent.group:type_name -> nstance.v1.GroupStatus
-	44, // 17: nstance.v1.GroupEvent.occurred_at:type_name -> google.protobuf.Timestamp
-	2,  // 18: nstance.v1.InstanceEvent.status:type_name -> nstance.v1.InstanceEventStatus
-	3,  // 19: nstance.v1.InstanceEvent.reason:type_name -> nstance.v1.DeletionReason
-	44, // 20: nstance.v1.InstanceEvent.drain_deadline:type_name -> google.protobuf.Timestamp
-	44, // 21: nstance.v1.InstanceEvent.occurred_at:type_name -> google.protobuf.Timestamp
-	4,  // 22: nstance.v1.WatchErrorsRequest.sources:type_name -> nstance.v1.ErrorSource
-	4,  // 23: nstance.v1.ErrorEvent.source:type_name -> nstance.v1.ErrorSource
-	44, // 24: nstance.v1.ErrorEvent.occurred_at:type_name -> google.protobuf.Timestamp
-	44, // 25: nstance.v1.RenewCertificateResponse.expires_at:type_name -> google.protobuf.Timestamp
-	51, // 26: nstance.v1.RenewCertificateResponse.identity:type_name -> nstance.v1.ClientIdentity
-	52, // 27: nstance.v1.OperatorRegistration.role:type_name -> nstance.v1.ClientRole
-	44, // 28: nstance.v1.OperatorRegistration.expires_at:type_name -> google.protobuf.Timestamp
-	44, // 29: nstance.v1.OperatorRegistration.registered_at:type_name -> google.protobuf.Timestamp
-	35, // 30: nstance.v1.ListOperatorsResponse.operators:type_name -> nstance.v1.OperatorRegistration
-	5,  // 31: nstance.v1.Revocation.kind:type_name -> nstance.v1.RevocationKind
-	44, // 32: nstance.v1.Revocation.issued_before:type_name -> google.protobuf.Timestamp
-	44, // 33: nstance.v1.Revocation.expires_at:type_name -> google.protobuf.Timestamp
-	44, // 34: nstance.v1.Revocation.revoked_at:type_name -> google.protobuf.Timestamp
-	37, // 35: nstance.v1.ListRevocationsResponse.revocations:type_name -> nstance.v1.Revocation
-	37, // 36: nstance.v1.RevokeResponse.revocation:type_name -> nstance.v1.Revocation
-	6,  // 37: nstance.v1.OperatorService.GetConfigStatus:input_type -> nstance.v1.GetConfigStatusRequest
-	8,  // 38: nstance.v1.OperatorService.RefreshConfig:input_type -> nstance.v1.RefreshConfigRequest
-	10, // 39: nstance.v1.OperatorService.ListGroups:input_type -> nstance.v1.ListGroupsRequest
-	12, // 40: nstance.v1.OperatorService.UpsertGroup:input_type -> nstance.v1.UpsertGroupRequest
-	14, // 41: nstance.v1.OperatorService.DeleteGroup:input_type -> nstance.v1.DeleteGroupRequest
-	16, // 42: nstance.v1.OperatorService.CreateInstance:input_type -> nstance.v1.CreateInstanceRequest
-	18, // 43: nstance.v1.OperatorService.DeleteInstance:input_type -> nstance.v1.DeleteInstanceRequest
-	20, // 44: nstance.v1.OperatorService.GetInstanceStatus:input_type -> nstance.v1.GetInstanceStatusRequest
-	22, // 45: nstance.v1.OperatorService.ListInstances:input_type -> nstance.v1.ListInstancesRequest
-	24, // 46: nstance.v1.OperatorService.AcknowledgeDrained:input_type -> nstance.v1.AcknowledgeDrainedRequest
-	26, // 47: nstance.v1.OperatorService.WatchGroups:input_type -> nstance.v1.WatchGroupsRequest
-	28, // 48: nstance.v1.OperatorService.WatchInstances:input_type -> nstance.v1.WatchInstancesRequest
-	30, // 49: nstance.v1.OperatorService.WatchErrors:input_type -> nstance.v1.WatchErrorsRequest
-	32, // 50: nstance.v1.OperatorService.RenewCertificate:input_type -> nstance.v1.RenewCertificateRequest
-	34, // 51: nstance.v1.OperatorService.ListOperators:input_type -> nstance.v1.ListOperatorsRequest
-	38, // 52: nstance.v1.OperatorService.ListRevocations:input_type -> nstance.v1.ListRevocationsRequest
-	40, // 53: nstance.v1.OperatorService.Revoke:input_type -> nstance.v1.RevokeRequest
-	7,  // 54: nstance.v1.OperatorService.GetConfigStatus:output_type -> nstance.v1.GetConfigStatusResponse
-	9,  // 55: nstance.v1.OperatorService.RefreshConfig:output_type -> nstance.v1.RefreshConfigResponse
-	11, // 56: nstance.v1.OperatorService.ListGroups:output_type -> nstance.v1.ListGroupsResponse
-	13, // 57: nstance.v1.OperatorService.UpsertGroup:output_type -> nstance.v1.UpsertGroupResponse
-	15, // 58: nstance.v1.OperatorService.DeleteGroup:output_type -> nstance.v1.DeleteGroupResponse
-	17, // 59: nstance.v1.OperatorService.CreateInstance:output_type -> nstance.v1.CreateInstanceResponse
-	19, // 60: nstance.v1.OperatorService.DeleteInstance:output_type -> nstance.v1.DeleteInstanceResponse
-	21, // 61: nstance.v1.OperatorService.GetInstanceStatus:output_type -> nstance.v1.GetInstanceStatusResponse
-	23, // 62: nstance.v1.OperatorService.ListInstances:output_type -> nstance.v1.ListInstancesResponse
-	25, // 63: nstance.v1.OperatorService.AcknowledgeDrained:output_type -> nstance.v1.AcknowledgeDrainedResponse
-	27, // 64: nstance.v1.OperatorService.WatchGroups:output_type -> nstance.v1.GroupEvent
-	29, // 65: nstance.v1.OperatorService.WatchInstances:output_type -> nstance.v1.InstanceEvent
-	31, // 66: nstance.v1.OperatorService.WatchErrors:output_type -> nstance.v1.ErrorEvent
-	33, // 67: nstance.v1.OperatorService.RenewCertificate:output_type -> nstance.v1.RenewCertificateResponse
-	36, // 68: nstance.v1.OperatorService.ListOperators:output_type -> nstance.v1.ListOperatorsResponse
-	39, // 69: nstance.v1.OperatorService.ListRevocations:output_type -> nstance.v1.ListRevocationsResponse
-	41, // 70: nstance.v1.OperatorService.Revoke:output_type -> nstance.v1.RevokeResponse
-	54, // [54:71] is the sub-list for method output_type
-	37, // [37:54] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	44, // 1: nstance.v1.GetConfigStatusResponse.leader_since:type_name -> google.protobuf.Timestamp
+	0,  // 2: nstance.v1.RefreshConfigResponse.outcome:type_name -> nstance.v1.RefreshConfigOutcome
+	45, // 3: nstance.v1.RefreshConfigResponse.validation_errors:type_name -> nstance.v1.ValidationError
+	46, // 4: nstance.v1.ListGroupsResponse.groups:type_name -> nstance.v1.GroupStatus
+	47, // 5: nstance.v1.UpsertGroupRequest.group:type_name -> nstance.v1.GroupSpec
+	46, // 6: nstance.v1.UpsertGroupResponse.group:type_name -> nstance.v1.GroupStatus
+	42, // 7: nstance.v1.CreateInstanceRequest.vars:type_name -> nstance.v1.CreateInstanceRequest.VarsEntry
+	43, // 8: nstance.v1.CreateInstanceRequest.labels:type_name -> nstance.v1.CreateInstanceRequest.LabelsEntry
+	48, // 9: nstance.v1.CreateInstanceRequest.drain_timeout:type_name -> google.protobuf.Duration
+	49, // 10: nstance.v1.CreateInstanceResponse.instance:type_name -> nstance.v1.InstanceStatus
+	49, // 11: nstance.v1.DeleteInstanceResponse.instance:type_name -> nstance.v1.InstanceStatus
+	49, // 12: nstance.v1.GetInstanceStatusResponse.instance:type_name -> nstance.v1.InstanceStatus
+	50, // 13: nstance.v1.ListInstancesRequest.states:type_name -> nstance.v1.InstanceState
+	49, // 14: nstance.v1.ListInstancesResponse.instances:type_name -> nstance.v1.InstanceStatus
+	49, // 15: nstance.v1.AcknowledgeDrainedResponse.instance:type_name -> nstance.v1.InstanceStatus
+	1,  // 16: nstance.v1.GroupEvent.type:type_name -> nstance.v1.GroupEventType
+	46, // 17: nstance.v1.GroupEvent.group:type_name -> nstance.v1.GroupStatus
+	44, // 18: nstance.v1.GroupEvent.occurred_at:type_name -> google.protobuf.Timestamp
+	2,  // 19: nstance.v1.InstanceEvent.status:type_name -> nstance.v1.InstanceEventStatus
+	3,  // 20: nstance.v1.InstanceEvent.reason:type_name -> nstance.v1.DeletionReason
+	44, // 21: nstance.v1.InstanceEvent.drain_deadline:type_name -> google.protobuf.Timestamp
+	44, // 22: nstance.v1.InstanceEvent.occurred_at:type_name -> google.protobuf.Timestamp
+	4,  // 23: nstance.v1.WatchErrorsRequest.sources:type_name -> nstance.v1.ErrorSource
+	4,  // 24: nstance.v1.ErrorEvent.source:type_name -> nstance.v1.ErrorSource
+	44, // 25: nstance.v1.ErrorEvent.occurred_at:type_name -> google.protobuf.Timestamp
+	44, // 26: nstance.v1.RenewCertificateResponse.expires_at:type_name -> google.protobuf.Timestamp
+	51, // 27: nstance.v1.RenewCertificateResponse.identity:type_name -> nstance.v1.ClientIdentity
+	52, // 28: nstance.v1.OperatorRegistration.role:type_name -> nstance.v1.ClientRole
+	44, // 29: nstance.v1.OperatorRegistration.expires_at:type_name -> google.protobuf.Timestamp
+	44, // 30: nstance.v1.OperatorRegistration.registered_at:type_name -> google.protobuf.Timestamp
+	35, // 31: nstance.v1.ListOperatorsResponse.operators:type_name -> nstance.v1.OperatorRegistration
+	5,  // 32: nstance.v1.Revocation.kind:type_name -> nstance.v1.RevocationKind
+	44, // 33: nstance.v1.Revocation.issued_before:type_name -> google.protobuf.Timestamp
+	44, // 34: nstance.v1.Revocation.expires_at:type_name -> google.protobuf.Timestamp
+	44, // 35: nstance.v1.Revocation.revoked_at:type_name -> google.protobuf.Timestamp
+	37, // 36: nstance.v1.ListRevocationsResponse.revocations:type_name -> nstance.v1.Revocation
+	37, // 37: nstance.v1.RevokeResponse.revocation:type_name -> nstance.v1.Revocation
+	6,  // 38: nstance.v1.OperatorService.GetConfigStatus:input_type -> nstance.v1.GetConfigStatusRequest
+	8,  // 39: nstance.v1.OperatorService.RefreshConfig:input_type -> nstance.v1.RefreshConfigRequest
+	10, // 40: nstance.v1.OperatorService.ListGroups:input_type -> nstance.v1.ListGroupsRequest
+	12, // 41: nstance.v1.OperatorService.UpsertGroup:input_type -> nstance.v1.UpsertGroupRequest
+	14, // 42: nstance.v1.OperatorService.DeleteGroup:input_type -> nstance.v1.DeleteGroupRequest
+	16, // 43: nstance.v1.OperatorService.CreateInstance:input_type -> nstance.v1.CreateInstanceRequest
+	18, // 44: nstance.v1.OperatorService.DeleteInstance:input_type -> nstance.v1.DeleteInstanceRequest
+	20, // 45: nstance.v1.OperatorService.GetInstanceStatus:input_type -> nstance.v1.GetInstanceStatusRequest
+	22, // 46: nstance.v1.OperatorService.ListInstances:input_type -> nstance.v1.ListInstancesRequest
+	24, // 47: nstance.v1.OperatorService.AcknowledgeDrained:input_type -> nstance.v1.AcknowledgeDrainedRequest
+	26, // 48: nstance.v1.OperatorService.WatchGroups:input_type -> nstance.v1.WatchGroupsRequest
+	28, // 49: nstance.v1.OperatorService.WatchInstances:input_type -> nstance.v1.WatchInstancesRequest
+	30, // 50: nstance.v1.OperatorService.WatchErrors:input_type -> nstance.v1.WatchErrorsRequest
+	32, // 51: nstance.v1.OperatorService.RenewCertificate:input_type -> nstance.v1.RenewCertificateRequest
+	34, // 52: nstance.v1.OperatorService.ListOperators:input_type -> nstance.v1.ListOperatorsRequest
+	38, // 53: nstance.v1.OperatorService.ListRevocations:input_type -> nstance.v1.ListRevocationsRequest
+	40, // 54: nstance.v1.OperatorService.Revoke:input_type -> nstance.v1.RevokeRequest
+	7,  // 55: nstance.v1.OperatorService.GetConfigStatus:output_type -> nstance.v1.GetConfigStatusResponse
+	9,  // 56: nstance.v1.OperatorService.RefreshConfig:output_type -> nstance.v1.RefreshConfigResponse
+	11, // 57: nstance.v1.OperatorService.ListGroups:output_type -> nstance.v1.ListGroupsResponse
+	13, // 58: nstance.v1.OperatorService.UpsertGroup:output_type -> nstance.v1.UpsertGroupResponse
+	15, // 59: nstance.v1.OperatorService.DeleteGroup:output_type -> nstance.v1.DeleteGroupResponse
+	17, // 60: nstance.v1.OperatorService.CreateInstance:output_type -> nstance.v1.CreateInstanceResponse
+	19, // 61: nstance.v1.OperatorService.DeleteInstance:output_type -> nstance.v1.DeleteInstanceResponse
+	21, // 62: nstance.v1.OperatorService.GetInstanceStatus:output_type -> nstance.v1.GetInstanceStatusResponse
+	23, // 63: nstance.v1.OperatorService.ListInstances:output_type -> nstance.v1.ListInstancesResponse
+	25, // 64: nstance.v1.OperatorService.AcknowledgeDrained:output_type -> nstance.v1.AcknowledgeDrainedResponse
+	27, // 65: nstance.v1.OperatorService.WatchGroups:output_type -> nstance.v1.GroupEvent
+	29, // 66: nstance.v1.OperatorService.WatchInstances:output_type -> nstance.v1.InstanceEvent
+	31, // 67: nstance.v1.OperatorService.WatchErrors:output_type -> nstance.v1.ErrorEvent
+	33, // 68: nstance.v1.OperatorService.RenewCertificate:output_type -> nstance.v1.RenewCertificateResponse
+	36, // 69: nstance.v1.OperatorService.ListOperators:output_type -> nstance.v1.ListOperatorsResponse
+	39, // 70: nstance.v1.OperatorService.ListRevocations:output_type -> nstance.v1.ListRevocationsResponse
+	41, // 71: nstance.v1.OperatorService.Revoke:output_type -> nstance.v1.RevokeResponse
+	55, // [55:72] is the sub-list for method output_type
+	38, // [38:55] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_nstance_v1_operator_proto_init() }
