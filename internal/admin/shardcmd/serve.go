@@ -13,6 +13,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/admin/cmdutil"
 	"github.com/nstance-dev/nstance/internal/admin/conn"
 	"github.com/nstance-dev/nstance/internal/admin/shard"
+	"github.com/nstance-dev/nstance/internal/admin/status"
 	"github.com/nstance-dev/nstance/internal/logging"
 	"github.com/nstance-dev/nstance/internal/version"
 )
@@ -21,11 +22,12 @@ func serveCommand() *cli.Command {
 	fs := append(conn.SettingFlags(), conn.FileFlags()...)
 	fs = append(fs,
 		&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8980", Usage: "HTTP listen address", EnvVars: []string{"NSTANCE_ADMIN_LISTEN"}},
+		&cli.DurationFlag{Name: "status-refresh", Value: 10 * time.Second, Usage: "how often the status page lists every shard besides on watch events"},
 		&cli.DurationFlag{Name: "shutdown-timeout", Value: 10 * time.Second, Usage: "on SIGTERM or SIGINT, how long open requests may take to finish"},
 	)
 	return &cli.Command{
 		Name:  "serve",
-		Usage: "serve the config and group operations as a JSON HTTP API until SIGTERM or SIGINT",
+		Usage: "serve the live status page (/) and the config and group operations as a JSON HTTP API (/v1/shards) until SIGTERM or SIGINT",
 		Flags: append(fs, cmdutil.LogFlags()...),
 		Action: func(c *cli.Context) error {
 			log, flush, err := cmdutil.Logger(c)
@@ -46,8 +48,27 @@ func serveCommand() *cli.Command {
 			if err != nil {
 				return fmt.Errorf("--listen: %w", err)
 			}
-			srv := &http.Server{Handler: shard.Handler(set), ReadHeaderTimeout: 10 * time.Second}
-			log.Info("serving the HTTP API", "url", "http://"+ln.Addr().String(), "shards", shard.FormatServers(st.Servers), "context", st.Context)
+			if c.Duration("status-refresh") <= 0 {
+				return fmt.Errorf("--status-refresh must be positive, got %s", c.Duration("status-refresh"))
+			}
+			col, err := status.NewCollector(status.Options{Shards: set, Addresses: st.Servers, Refresh: c.Duration("status-refresh"), Log: log.WithName("status")})
+			if err != nil {
+				return err
+			}
+			cctx, stopCollector := context.WithCancel(c.Context)
+			collected := make(chan struct{})
+			go func() { defer close(collected); _ = col.Run(cctx) }()
+			defer func() { stopCollector(); <-collected }()
+			mux := http.NewServeMux()
+			api := shard.Handler(set)
+			mux.Handle("/v1/shards", api)
+			mux.Handle("/v1/shards/", api)
+			mux.Handle("/", status.Handler(col, 0))
+			srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+			// Event streams never finish by themselves: stopping the
+			// collector ends them, so Shutdown waits only for API calls.
+			srv.RegisterOnShutdown(stopCollector)
+			log.Info("serving the status page and the HTTP API", "url", "http://"+ln.Addr().String(), "shards", shard.FormatServers(st.Servers), "context", st.Context)
 			served := make(chan error, 1)
 			go func() { served <- srv.Serve(ln) }()
 			select {
