@@ -196,23 +196,29 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 		return provider.Instance{}, fmt.Errorf("tmux create %s: %w", req.InstanceID, err)
 	}
 	name := WindowName(req.InstanceID)
-	var args []string
-	if p.sessionExists(ctx) {
-		args = []string{"new-window", "-d", "-t", "=" + p.cfg.Session + ":", "-n", name}
-	} else {
-		args = []string{"new-session", "-d", "-s", p.cfg.Session, "-n", name, "-x", "200", "-y", "50"}
-	}
+	var opts []string
 	if p.cfg.WorkDir != "" {
-		args = append(args, "-c", p.cfg.WorkDir)
+		opts = append(opts, "-c", p.cfg.WorkDir)
 	}
 	for _, kv := range append(append([]string{}, p.cfg.Env...), localagent.Env(p.cfg.StateDir, req)...) {
-		args = append(args, "-e", kv)
+		opts = append(opts, "-e", kv)
 	}
 	// remain-on-exit is switched on right after creation so an exited agent
 	// shows as a dead pane (stopped); one that exits before that leaves no
 	// window, which reads as gone. Both lead to a replacement.
-	args = append(args, p.cfg.Command)
-	if _, err := p.tmux(ctx, args...); err != nil {
+	opts = append(opts, p.cfg.Command)
+	newWindow := append([]string{"new-window", "-d", "-t", "=" + p.cfg.Session + ":", "-n", name}, opts...)
+	if p.sessionExists(ctx) {
+		_, err = p.tmux(ctx, newWindow...)
+	} else {
+		_, err = p.tmux(ctx, append([]string{"new-session", "-d", "-s", p.cfg.Session, "-n", name, "-x", "200", "-y", "50"}, opts...)...)
+		if err != nil && p.sessionExists(ctx) {
+			// Another server sharing the tmux server (the dev stack's
+			// shards do) created the session in between: add a window.
+			_, err = p.tmux(ctx, newWindow...)
+		}
+	}
+	if err != nil {
 		_ = localagent.Cleanup(p.cfg.StateDir, req.InstanceID)
 		return provider.Instance{}, fmt.Errorf("tmux create %s: %w", req.InstanceID, err)
 	}

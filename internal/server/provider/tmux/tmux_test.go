@@ -137,3 +137,34 @@ func TestCLocale(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 }
+
+// TestTwoServersShareOneSession: the dev stack's shard servers share one
+// tmux server and session. When both create their first instance at the
+// same moment, both see no session; the one whose new-session loses must
+// add a window instead of failing (seen as a "duplicate session" provider
+// error on the status page). Each round starts from no session (a second
+// session keeps the tmux server itself running between rounds).
+func TestTwoServersShareOneSession(t *testing.T) {
+	ctx := context.Background()
+	a, session, nodeDir, run := newProvider(t, "sleep 3600")
+	run("new-session", "-d", "-s", "keep", "sleep 3600")
+	b, err := tmux.New(tmux.Config{Command: "sleep 3600", Session: session, Socket: a.Socket(), StateDir: t.TempDir(), NodeDir: nodeDir})
+	require.NoError(t, err)
+	for round := range 10 {
+		ids := []string{fmt.Sprintf("a-%08d", round), fmt.Sprintf("b-%08d", round)}
+		errs := make(chan error, 2)
+		for i, p := range []*tmux.Provider{a, b} {
+			go func() {
+				_, err := p.Create(ctx, provider.CreateRequest{InstanceID: ids[i], ProviderID: provider.ID("c1", "dev-1", ids[i]), Shard: "dev-1", AgentNonce: "n"})
+				errs <- err
+			}()
+		}
+		require.NoError(t, <-errs, "round %d", round)
+		require.NoError(t, <-errs, "round %d", round)
+		windows := run("list-windows", "-t", session, "-F", "#{window_name}")
+		for _, id := range ids {
+			require.Contains(t, windows, "nstance-agent-"+id, "round %d", round)
+		}
+		run("kill-session", "-t", "="+session)
+	}
+}
