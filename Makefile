@@ -281,15 +281,15 @@ endef
 
 .PHONY: dev-tmux
 dev-tmux: check dev-binaries ## dev-s3 + 2 nstance-servers (shards dev-1, dev-2; ports 8990-8994, 9000-9004), agents in tmux.
-	$(call dev-start,s3$(comma)server,NSTANCE_DEV_WITH_K8S=false)
+	$(call dev-start,s3$(comma)server$(comma)status,NSTANCE_DEV_WITH_K8S=false)
 
 .PHONY: dev-tmux-k8s
 dev-tmux-k8s: check dev-binaries ## dev-tmux plus dev-k8s (:6443) and nstance-operator.
-	$(call dev-start,s3$(comma)server$(comma)k8s$(comma)operator,)
+	$(call dev-start,s3$(comma)server$(comma)k8s$(comma)operator$(comma)status,)
 
 .PHONY: dev-tmux-apiserver
 dev-tmux-apiserver: check dev-binaries envtest-assets ## dev-tmux plus a real kube-apiserver + etcd (envtest binaries) and the operator.
-	$(call dev-start,s3$(comma)server$(comma)k8s$(comma)operator,NSTANCE_DEV_K8S=apiserver KUBEBUILDER_ASSETS=$$(scripts/envtest-assets.sh --dir))
+	$(call dev-start,s3$(comma)server$(comma)k8s$(comma)operator$(comma)status,NSTANCE_DEV_K8S=apiserver KUBEBUILDER_ASSETS=$$(scripts/envtest-assets.sh --dir))
 
 .PHONY: dev-operator
 dev-operator: check dev-binaries ## The operator alone against temp/operator/kubeconfig (e.g. kind), servers from make dev-tmux.

@@ -28,6 +28,8 @@ for ((n = 1; n <= DEV_SERVERS; n++)); do
 	wait_for "server $n (shard $(shard_of "$n")) on http://127.0.0.1:$(port_of "$n" 8990)/health" 900 \
 		http_ok "http://127.0.0.1:$(port_of "$n" 8990)/health"
 done
+status_url="http://127.0.0.1:$(port_of 1 8980)/"
+wait_for "the status page $status_url" 300 http_ok "${status_url}v1/status"
 if [[ $with_k8s == true ]]; then
 	if [[ $k8s_mode == apiserver ]]; then
 		wait_for "kube-apiserver's kubeconfig $kubeconfig" 300 test -s "$kubeconfig"
@@ -45,7 +47,7 @@ if [[ -f $DEV_DIR/pids/started-at ]]; then
 fi
 servers=()
 for ((n = 1; n <= DEV_SERVERS; n++)); do servers+=("http://127.0.0.1:$(port_of "$n" 8990)/health ($(shard_of "$n"))"); done
-procs="s3, server#1..server#$DEV_SERVERS"
+procs="s3, server#1..server#$DEV_SERVERS, status"
 [[ $with_k8s == true ]] && procs+=", k8s, operator"
 
 summary=(
@@ -53,6 +55,7 @@ summary=(
 	"===== nstance dev stack is up$took ====="
 	"dev-s3      http://$DEV_S3_ADDR  bucket $DEV_BUCKET, e.g. AWS_ACCESS_KEY_ID=dev AWS_SECRET_ACCESS_KEY=dev aws --endpoint-url http://$DEV_S3_ADDR s3 ls s3://$DEV_BUCKET/"
 	"servers     ${servers[*]}"
+	"status      $status_url  (live page: shards, leaders, groups, instances, errors)"
 )
 if [[ $with_k8s == true ]]; then
 	if [[ $k8s_mode == apiserver ]]; then

@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -155,6 +157,7 @@ func TestMakeDevTmuxK8s(t *testing.T) {
 		fmt.Sprintf("http://127.0.0.1:%d/health (dev-1)", base),
 		fmt.Sprintf("http://127.0.0.1:%d/health (dev-2)", base+10),
 		fmt.Sprintf("http://127.0.0.1:%d/readyz", base+51),
+		fmt.Sprintf("status      http://127.0.0.1:%d/", base-10),
 		"export KUBECONFIG=" + filepath.Join(dir, "operator", "kubeconfig"),
 		"tmux attach -t " + session,
 		"bin/overmind connect -s " + filepath.Join(dir, "overmind.sock"),
@@ -174,6 +177,30 @@ func TestMakeDevTmuxK8s(t *testing.T) {
 		return err == nil
 	})
 	t.Logf("operator registered %s after make dev-tmux-k8s", time.Since(start).Round(time.Second))
+	statusURL := fmt.Sprintf("http://127.0.0.1:%d/v1/status", base-10)
+	wait("status page: both shards reachable with a leader", time.Minute, func() bool {
+		resp, err := http.Get(statusURL)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var snap struct {
+			Shards []struct {
+				Name      string `json:"name"`
+				Reachable bool   `json:"reachable"`
+				Leader    string `json:"leader"`
+			} `json:"shards"`
+		}
+		if json.NewDecoder(resp.Body).Decode(&snap) != nil || len(snap.Shards) != 2 {
+			return false
+		}
+		for _, sh := range snap.Shards {
+			if !sh.Reachable || sh.Leader == "" {
+				return false
+			}
+		}
+		return true
+	})
 	pidFile, _ := os.ReadFile(filepath.Join(dir, "pids", "overmind.pid"))
 
 	clean()

@@ -163,6 +163,9 @@ type App struct {
 	shardEl    *election.Elector
 	cacheDB    *cache.Cache
 	grpcActive bool
+	// servingSince is when this server began serving gRPC as shard leader
+	// in the current term (zero while it does not).
+	servingSince time.Time
 }
 
 // New checks options and returns an App.
@@ -208,6 +211,14 @@ func (a *App) ServingGRPC() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.grpcActive
+}
+
+// Leadership names this server and when its current term of serving as
+// shard leader began; since is zero while it does not serve.
+func (a *App) Leadership() (serverID string, since time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.o.ServerID, a.servingSince
 }
 
 // ConfigVersion reports the etag and modification time of the loaded config.
@@ -609,7 +620,7 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cach
 		return
 	}
 	a.mu.Lock()
-	a.grpcActive = true
+	a.grpcActive, a.servingSince = true, time.Now()
 	a.mu.Unlock()
 	ad := a.Addrs()
 	log.Info("serving gRPC as shard leader", "registration", ad.Registration, "operator", ad.Operator, "agent", ad.Agent)
@@ -646,7 +657,7 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cach
 	// lctx when this server may no longer act, and a standby may take over
 	// soon after.
 	a.mu.Lock()
-	a.grpcActive = false
+	a.grpcActive, a.servingSince = false, time.Time{}
 	a.mu.Unlock()
 	if appCtx.Err() != nil {
 		// Shutting down while still leading: let RPCs finish, but never

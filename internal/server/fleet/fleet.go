@@ -46,6 +46,8 @@ type Options struct {
 	Renewer          operatorsvc.CertificateRenewer
 	// Tenant overrides how the caller's tenant is read (default: authz identity).
 	Tenant operatorsvc.TenantFunc
+	// Leadership names the serving server and its term start (GetConfigStatus).
+	Leadership func() (serverID string, since time.Time)
 	// Mirror receives instance record changes (the SQLite cache); optional.
 	Mirror         instances.Mirror
 	Log            logr.Logger
@@ -188,7 +190,7 @@ func New(o Options) (*Fleet, error) {
 		}
 	}
 	o.Config.OnChange(func(old, cur *config.Config) { f.Reconciler.ConfigChanged() })
-	f.Service = operatorsvc.New(operatorsvc.Options{Shard: shard, Reconciler: f.Reconciler, Config: o.Config, Renewer: o.Renewer, Tenant: o.Tenant,
+	f.Service = operatorsvc.New(operatorsvc.Options{Shard: shard, Reconciler: f.Reconciler, Config: o.Config, Renewer: o.Renewer, Tenant: o.Tenant, Leadership: o.Leadership,
 		Revocations: o.Revocations})
 	return f, nil
 }

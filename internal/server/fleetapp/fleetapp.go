@@ -79,6 +79,9 @@ func Factory(o Options) app.ServiceFactory {
 			RegistrationAddr: cfg.Shard.Advertise.RegistrationAddr, AgentAddr: cfg.Shard.Advertise.AgentAddr,
 			Renewer: core, Log: rt.Log, ResyncInterval: o.ResyncInterval, Agent: o.Agent, Revocations: rt.Revocations,
 		}
+		if rt.App != nil {
+			opts.Leadership = rt.App.Leadership
+		}
 		opts.Agent.WorkloadCA = rt.WorkloadCA
 		if rt.Issuer != nil && opts.Agent.RenewIdentity == nil {
 			opts.Agent.RenewIdentity = rt.Issuer.RenewAgentPEM

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -50,6 +51,9 @@ type Options struct {
 	// Revocations serves the admin RPCs ListOperators, ListRevocations and
 	// Revoke; nil answers them Unimplemented.
 	Revocations *revocation.Gate
+	// Leadership names the serving server and the start of its term for
+	// GetConfigStatus; nil leaves them out.
+	Leadership func() (serverID string, since time.Time)
 }
 
 // Service implements nstancev1.OperatorServiceServer.
@@ -125,6 +129,13 @@ func (s *Service) GetConfigStatus(ctx context.Context, _ *nstancev1.GetConfigSta
 	resp := &nstancev1.GetConfigStatusResponse{Etag: etag, Shard: s.o.Shard}
 	if !mod.IsZero() {
 		resp.LastModified = timestamppb.New(mod)
+	}
+	if s.o.Leadership != nil {
+		id, since := s.o.Leadership()
+		resp.ServerId = id
+		if !since.IsZero() {
+			resp.LeaderSince = timestamppb.New(since)
+		}
 	}
 	return resp, nil
 }

@@ -11,6 +11,8 @@ func Hint(name string) string {
 	switch name {
 	case "aws":
 		return "apt-get install awscli (the tests use aws CLI v1; pip install awscli works too)"
+	case "chromium":
+		return "apt-get install chromium (headless browser tests)"
 	case "curl":
 		return "apt-get install curl"
 	case "git":
