@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"sync"
 )
 
 // Running is a server started by Start.
@@ -13,6 +14,8 @@ type Running struct {
 	URL    string
 	cancel context.CancelFunc
 	done   chan error
+	once   sync.Once
+	err    error
 }
 
 // Start serves cfg on ln in the background (tests and benchmarks use it
@@ -29,8 +32,12 @@ func Start(ctx context.Context, ln net.Listener, cfg Config) (*Running, error) {
 	return r, nil
 }
 
-// Stop shuts the server down gracefully and waits for it.
+// Stop shuts the server down gracefully and waits for it. Later calls
+// return the first call's result.
 func (r *Running) Stop() error {
-	r.cancel()
-	return <-r.done
+	r.once.Do(func() {
+		r.cancel()
+		r.err = <-r.done
+	})
+	return r.err
 }

@@ -262,7 +262,7 @@ func (a *App) Run(ctx context.Context) error {
 		return fmt.Errorf("binding health port %s: %w", healthAddr, err)
 	}
 	a.setAddr(func(ad *Addrs) { ad.Health = healthLn.Addr().String() })
-	stopHealth := serveHTTP(&bg, log, "health", healthLn, health.Handler(&a.ready, a.reg), nil)
+	stopHealth := serveHTTP(&bg, log, "health", healthLn, health.Handler(&a.ready, a.reg, health.Check{Name: "storage", Func: a.storageAnswers}), nil)
 	defer stopHealth()
 	log.Info("health port listening", "addr", healthLn.Addr().String())
 
@@ -791,6 +791,27 @@ func (a *App) listenGRPC(bind *config.Bind) (grpcserve.Listeners, error) {
 		a.setAddr(func(ad *Addrs) { it.set(ad, l.Addr().String()) })
 	}
 	return ls, nil
+}
+
+// storageAnswers is the readiness check of storage: the shard election has
+// had an answer from storage within one lease duration. Without one this
+// server can neither lead nor take over.
+func (a *App) storageAnswers() error {
+	a.mu.Lock()
+	el, cfg := a.shardEl, a.cfg
+	a.mu.Unlock()
+	if el == nil || cfg == nil {
+		return errors.New("shard election not started")
+	}
+	limit := cfg.Cluster.LeaderElection.LeaseDuration.D()
+	last := el.Status().LastContact
+	if last.IsZero() {
+		return errors.New("storage has not answered yet")
+	}
+	if age := time.Since(last); age > limit {
+		return fmt.Errorf("storage last answered %s ago (more than the lease duration %s)", age.Round(time.Second), limit)
+	}
+	return nil
 }
 
 func (a *App) electionState() health.ElectionState {

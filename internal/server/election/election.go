@@ -73,6 +73,10 @@ type Status struct {
 	// ValidUntil is when this leader stops acting unless it renews first:
 	// the start of its last successful renewal plus the renew deadline.
 	ValidUntil time.Time
+	// LastContact is when storage last answered a lease read or write
+	// (a missing lease and a lost conditional write are answers too): a
+	// server whose storage went away sees it stop moving.
+	LastContact time.Time
 }
 
 // ErrNotLeader is returned by Check when this candidate may not act as the
@@ -230,8 +234,17 @@ func (e *Elector) Run(ctx context.Context) error {
 	}
 }
 
+// contacted records that storage answered (err is nil or an answer).
+func (e *Elector) contacted(err error) {
+	if err == nil || errors.Is(err, objstore.ErrNotFound) || errors.Is(err, objstore.ErrPreconditionFailed) {
+		now := e.cfg.Now()
+		e.set(func(s *Status) { s.LastContact = now })
+	}
+}
+
 func (e *Elector) read(ctx context.Context) (*Lease, string, error) {
 	obj, err := e.cfg.Store.Get(ctx, e.cfg.Key)
+	e.contacted(err)
 	if err != nil {
 		return nil, "", err
 	}
@@ -249,7 +262,9 @@ func (e *Elector) write(ctx context.Context, l Lease, opts objstore.PutOptions) 
 	if err != nil {
 		return "", err
 	}
-	return e.cfg.Store.Put(ctx, e.cfg.Key, body, opts)
+	etag, err := e.cfg.Store.Put(ctx, e.cfg.Key, body, opts)
+	e.contacted(err)
+	return etag, err
 }
 
 // tryAcquire reads the lease and takes it when it is free or dead. The time

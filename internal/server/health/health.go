@@ -28,16 +28,52 @@ type report struct {
 	Status       string `json:"status"`
 	ConfigLoaded bool   `json:"config_loaded"`
 	CacheSynced  bool   `json:"cache_synced"`
+	// Checks holds each further readiness check: "ok" or why it fails.
+	Checks map[string]string `json:"checks,omitempty"`
 }
 
-// Handler serves /health and /metrics.
-func Handler(r *Readiness, gatherer prometheus.Gatherer) http.Handler {
+// Check is a further readiness condition: Func returns nil while it holds.
+type Check struct {
+	Name string
+	Func func() error
+}
+
+// Handler serves the probes and /metrics:
+//
+//	GET /healthz   liveness: 200 while the process serves HTTP at all; it
+//	               never depends on storage or leadership, so an outage of
+//	               either does not get the server restarted
+//	GET /readyz    readiness: 200 once the config is loaded and the cache
+//	               synced and while every check holds (storage answering),
+//	               for the leader and a standby alike; 503 otherwise
+//	GET /health    the config and cache conditions alone (the first
+//	               probe; kept for the dev scripts and older manifests)
+func Handler(r *Readiness, gatherer prometheus.Gatherer, checks ...Check) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		rep := report{Status: "ok", ConfigLoaded: r.configLoaded.Load(), CacheSynced: r.cacheSynced.Load()}
 		code := http.StatusOK
 		if !r.Ready() {
 			rep.Status, code = "starting", http.StatusServiceUnavailable
+		}
+		writeJSON(w, code, rep)
+	})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		rep := report{Status: "ready", ConfigLoaded: r.configLoaded.Load(), CacheSynced: r.cacheSynced.Load(), Checks: map[string]string{}}
+		ok := r.Ready()
+		for _, c := range checks {
+			if err := c.Func(); err != nil {
+				rep.Checks[c.Name], ok = err.Error(), false
+			} else {
+				rep.Checks[c.Name] = "ok"
+			}
+		}
+		code := http.StatusOK
+		if !ok {
+			rep.Status, code = "not ready", http.StatusServiceUnavailable
 		}
 		writeJSON(w, code, rep)
 	})

@@ -2,9 +2,11 @@ package health
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -64,4 +66,41 @@ func TestElectionHandler(t *testing.T) {
 	code, body := get(t, srv.URL+"/health")
 	require.Equal(t, 200, code)
 	require.Contains(t, body, `"shard_leader":true`)
+}
+
+// TestProbes: /healthz answers 200 whatever the readiness conditions;
+// /readyz needs the config, the cache and every check, and names the
+// failing check.
+func TestProbes(t *testing.T) {
+	var r Readiness
+	var storageErr atomic.Pointer[error]
+	check := func() error {
+		if p := storageErr.Load(); p != nil {
+			return *p
+		}
+		return nil
+	}
+	srv := httptest.NewServer(Handler(&r, nil, Check{Name: "storage", Func: check}))
+	defer srv.Close()
+
+	code, _ := get(t, srv.URL+"/healthz")
+	require.Equal(t, http.StatusOK, code)
+	code, _ = get(t, srv.URL+"/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code, "starting: no config, no cache")
+
+	r.SetConfigLoaded(true)
+	r.SetCacheSynced(true)
+	code, body := get(t, srv.URL+"/readyz")
+	require.Equal(t, http.StatusOK, code, body)
+	require.JSONEq(t, `{"status":"ready","config_loaded":true,"cache_synced":true,"checks":{"storage":"ok"}}`, body)
+
+	e := errors.New("storage last answered 9s ago")
+	storageErr.Store(&e)
+	code, body = get(t, srv.URL+"/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.JSONEq(t, `{"status":"not ready","config_loaded":true,"cache_synced":true,"checks":{"storage":"storage last answered 9s ago"}}`, body)
+	code, _ = get(t, srv.URL+"/healthz")
+	require.Equal(t, http.StatusOK, code, "liveness does not follow readiness checks")
+	code, _ = get(t, srv.URL+"/health")
+	require.Equal(t, http.StatusOK, code, "/health keeps its config-and-cache meaning")
 }
