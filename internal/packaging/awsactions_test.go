@@ -248,6 +248,18 @@ func TestIAMPoliciesCoverAWSCalls(t *testing.T) {
 	}
 	require.False(t, operator.allows("s3:GetObject"))
 
+	// nstance-admin's storage commands (cluster nonce, register-operator,
+	// rotate-ca, rotate-encryption-key) open the bucket directly.
+	admin := loadPolicy(t, "nstance-admin-policy.json")
+	calls, err = scanAWSCalls(moduleFiles(t, "./cmd/nstance-admin"))
+	require.NoError(t, err)
+	require.NotEmpty(t, calls, "nstance-admin links the S3 store; the scanner found no call")
+	for _, c := range calls {
+		for _, action := range iamActions(c.Op) {
+			require.True(t, admin.allows(action), "nstance-admin calls %s (%s) but deploy/aws/iam/nstance-admin-policy.json does not allow it", action, c.Where)
+		}
+	}
+
 	// The agent runs with an instance profile without policies: it reads
 	// only the instance metadata service, which IAM does not govern.
 	calls, err = scanAWSCalls(moduleFiles(t, "./cmd/nstance-agent"))

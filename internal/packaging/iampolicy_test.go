@@ -405,7 +405,7 @@ func loadPolicy(t *testing.T, name string) *iamPolicy {
 func TestIAMPolicyGrammar(t *testing.T) {
 	files, err := filepath.Glob(filepath.Join(root, "deploy", "aws", "iam", "*.json"))
 	require.NoError(t, err)
-	require.Len(t, files, 2)
+	require.Len(t, files, 3)
 	for _, f := range files {
 		t.Run(filepath.Base(f), func(t *testing.T) { loadPolicy(t, filepath.Base(f)) })
 	}
