@@ -335,10 +335,7 @@ func TestCloudFormationReferences(t *testing.T) {
 	} {
 		broken := strings.Replace(string(data), tc.from, tc.to, 1)
 		require.NotEqual(t, string(data), broken, "fixture %q not found in the template", tc.from)
-		errs := tm.check()
-		require.Empty(t, errs)
-		errs = loadCFN(t, []byte(broken)).check()
-		require.ErrorContains(t, errors.Join(errs...), tc.want)
+		require.ErrorContains(t, errors.Join(loadCFN(t, []byte(broken)).check()...), tc.want)
 	}
 }
 
