@@ -198,9 +198,11 @@ helm-sync: ## Copy the generated CRDs and operator RBAC (config/) into the Helm 
 	cp config/rbac/role.yaml $(CHART)/files/rbac/role.yaml
 
 .PHONY: helm-lint
-helm-lint: $(BIN)/helm ## helm lint the chart with default and sample values.
+helm-lint: $(BIN)/helm ## helm lint the charts with default and sample values.
 	$(BIN)/helm lint --strict $(CHART)
 	$(BIN)/helm lint --strict $(CHART) -f $(CHART)/ci/sample-values.yaml
+	$(BIN)/helm lint --strict deploy/helm/nstance-server
+	$(BIN)/helm lint --strict deploy/helm/nstance-server -f deploy/helm/nstance-server/ci/sample-values.yaml
 
 .PHONY: release-manifests
 release-manifests: $(BIN)/helm ## clusterctl infrastructure-components.yaml, metadata.yaml and cluster templates in dist/.

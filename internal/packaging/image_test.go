@@ -70,17 +70,60 @@ func blob(t *testing.T, files map[string][]byte, d descriptor) []byte {
 // the standard library only.
 func TestOperatorImageArchive(t *testing.T) {
 	require.True(t, operatorExists(), "cmd/nstance-operator has no main package")
-	const name = "nstance-operator"
+	help := checkImageArchive(t, "nstance-operator", "image-operator")
+
+	// Every flag the chart passes is one the binary knows.
+	for _, r := range renderings() {
+		_, c := deployment(t, render(t, r))
+		for _, arg := range c.Args {
+			flag := regexp.MustCompile(`^--?([a-z0-9-]+)`).FindStringSubmatch(arg)
+			require.NotNil(t, flag, "argument %q", arg)
+			require.Regexp(t, `(?m)^\s+--?`+regexp.QuoteMeta(flag[1])+`\b`, help, "the chart passes %s, which the operator does not accept", arg)
+		}
+	}
+}
+
+// TestServerImageArchive builds the nstance-server image (`make
+// image-server`) twice and checks it like the operator's; the flags and
+// environment variables the server chart passes must be ones the binary
+// knows.
+func TestServerImageArchive(t *testing.T) {
+	help := checkImageArchive(t, "nstance-server", "image-server")
+	for _, r := range serverRenderings() {
+		objs := r.render(t)
+		for _, d := range ofKind(objs, "Deployment") {
+			_, c := serverDeployment(t, d)
+			for _, arg := range c.Args {
+				flag := regexp.MustCompile(`^--?([a-z0-9-]+)`).FindStringSubmatch(arg)
+				require.NotNil(t, flag, "argument %q", arg)
+				require.Regexp(t, `(?m)^\s+--?`+regexp.QuoteMeta(flag[1])+`\b`, help, "the chart passes %s, which nstance-server does not accept", arg)
+			}
+		}
+		for _, name := range serverEnvNames(t, objs) {
+			if strings.HasPrefix(name, "NSTANCE_") && name != "NSTANCE_ENCRYPTION_KEY" {
+				require.Contains(t, help, "$"+name, "the chart sets %s, which no nstance-server flag reads", name)
+			}
+		}
+	}
+}
+
+// checkImageArchive builds the image of name with `make target`, twice, and
+// checks the archive from the outside with the standard library only. It
+// returns the binary's --help output.
+func checkImageArchive(t *testing.T, name, target string) string {
+	t.Helper()
 	var archives [2][]byte
 	for i := range archives {
 		dist := t.TempDir()
-		run(t, root, "make", "-s", "image-operator", "DIST="+dist, "VERSION="+imageVersion, "IMAGE_ARCH="+runtime.GOARCH)
+		run(t, root, "make", "-s", target, "DIST="+dist, "VERSION="+imageVersion, "IMAGE_ARCH="+runtime.GOARCH)
 		path := filepath.Join(dist, "images", name+"-"+imageVersion+"-linux-"+runtime.GOARCH+".tar")
 		data, err := os.ReadFile(path)
 		require.NoError(t, err)
 		archives[i] = data
 	}
 	require.True(t, bytes.Equal(archives[0], archives[1]), "two builds of the same inputs differ")
+	sum0, sum1 := sha256.Sum256(archives[0]), sha256.Sum256(archives[1])
+	t.Logf("%s archive: %d bytes, sha256 %x (both builds: %x)", name, len(archives[0]), sum0, sum1)
 
 	files, _ := readTar(t, bytes.NewReader(archives[0]))
 	require.JSONEq(t, `{"imageLayoutVersion":"1.0.0"}`, string(files["oci-layout"]))
@@ -175,16 +218,7 @@ func TestOperatorImageArchive(t *testing.T) {
 	}
 	out, err := exec.Command(bin, "--help").CombinedOutput()
 	require.NoError(t, err, "%s --help:\n%s", name, out)
-
-	// Every flag the chart passes is one the binary knows.
-	for _, r := range renderings() {
-		_, c := deployment(t, render(t, r))
-		for _, arg := range c.Args {
-			flag := regexp.MustCompile(`^--?([a-z0-9-]+)`).FindStringSubmatch(arg)
-			require.NotNil(t, flag, "argument %q", arg)
-			require.Regexp(t, `(?m)^\s+--?`+regexp.QuoteMeta(flag[1])+`\b`, string(out), "the chart passes %s, which the operator does not accept", arg)
-		}
-	}
+	return string(out)
 }
 
 // linksVersion reports whether ./cmd/<name> depends on internal/version.

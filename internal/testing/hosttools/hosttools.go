@@ -21,6 +21,10 @@ func Hint(name string) string {
 		return "apt-get install make (macOS: xcode-select --install)"
 	case "ps":
 		return "apt-get install procps"
+	case "shellcheck":
+		return "apt-get install shellcheck (macOS: brew install shellcheck)"
+	case "systemd-analyze":
+		return "apt-get install systemd"
 	case "tmux":
 		return "apt-get install tmux (macOS: brew install tmux)"
 	}
