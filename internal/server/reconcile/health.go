@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"time"
 
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/provider"
+	"github.com/nstance-dev/nstance/internal/server/reconcile/planner"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -80,29 +80,25 @@ func (r *Reconciler) startupGrace() time.Duration {
 	return DefaultStartupGrace
 }
 
-// ready reports whether an instance serves: running at the provider and,
-// with health monitoring on, its agent reported within the allowed misses.
+// member is rec as the planner sees it, with its agent's last report.
+func (r *Reconciler) member(rec *instances.Record) planner.Member {
+	m := planner.Member{Record: rec}
+	if r.o.Health != nil {
+		if last, ok := r.o.Health.LastReport(rec.ID); ok {
+			m.LastReport = last
+		}
+	}
+	return m
+}
+
+// healthTuning is the readiness rule of the running config.
+func (r *Reconciler) healthTuning() planner.Health {
+	return planner.Health{Monitor: r.o.Health != nil, Interval: r.healthInterval(), Misses: r.healthMisses()}
+}
+
+// ready reports whether an instance serves (see planner.Health.Ready).
 func (r *Reconciler) ready(rec *instances.Record, now time.Time) bool {
-	if rec.State != instances.StateRunning {
-		return false
-	}
-	if r.o.Health == nil {
-		return true
-	}
-	last, ok := r.o.Health.LastReport(rec.ID)
-	return ok && now.Sub(last) < time.Duration(r.healthMisses())*r.healthInterval()
-}
-
-// urgent reports whether an instance must be replaced as soon as possible.
-func urgent(rec *instances.Record) bool {
-	return rec.State == instances.StateUnhealthy || rec.State == instances.StateStopped || rec.TerminationNotice != ""
-}
-
-// infraDrift reports whether an instance was created with other infra
-// settings (template, instance type, subnet pool, args) than its group now asks for.
-func infraDrift(rec *instances.Record, eff groups.Effective) bool {
-	return rec.Template != eff.Template || rec.InstanceType != eff.InstanceType || rec.SubnetPool != eff.SubnetPool ||
-		!maps.Equal(rec.Args, eff.Args)
+	return r.healthTuning().Ready(r.member(rec), now)
 }
 
 // AgentReported is called for every health report an agent sends. The

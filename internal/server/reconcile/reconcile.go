@@ -21,6 +21,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/limits"
 	"github.com/nstance-dev/nstance/internal/server/provider"
+	"github.com/nstance-dev/nstance/internal/server/reconcile/planner"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -487,140 +488,40 @@ func (r *Reconciler) reserveCreate(tenant string) (bool, time.Duration) {
 	return false, d
 }
 
+// syncGroup gathers the group's state, asks the planner what it needs and
+// applies the plan: deletions first (announced pending-deletion), then the
+// creates, each subject to the create rate limits. When a deletion fails no
+// instance is created (the plan counted on it) and the key is retried.
 func (r *Reconciler) syncGroup(ctx context.Context, k groups.Key) (time.Duration, error) {
 	cfg := r.cfg()
 	g, exists := r.o.Groups.Get(k)
-	var members []*instances.Record
-	for _, rec := range r.o.Instances.ListGroup(k.Tenant, k.ID) {
+	recs := r.o.Instances.ListGroup(k.Tenant, k.ID)
+	members := make([]planner.Member, 0, len(recs))
+	for _, rec := range recs {
 		if !rec.OnDemand {
-			members = append(members, rec)
+			members = append(members, r.member(rec))
 		}
 	}
-	var active []*instances.Record
-	busy := 0
-	for _, rec := range members {
-		if rec.State.Active() {
-			active = append(active, rec)
-		} else {
-			busy++
+	in := planner.Group{Exists: exists}
+	if exists {
+		in.Size = g.Spec.Size
+		in.Expiry = planner.Expiry{ForcedAge: cfg.Shard.Expiry.ForcedAge.D(), EligibleAge: cfg.Shard.Expiry.EligibleAge.D()}
+		if eff, err := groups.Resolve(cfg, &g.Spec, groups.Overrides{}); err == nil {
+			in.Infra = &eff
 		}
 	}
+	p := planner.PlanGroup(in, members, r.o.Now(), r.healthTuning(), r.surge())
 	var errs []error
-	if !exists {
-		for _, rec := range active {
-			if err := r.beginDeletion(ctx, rec.ID, nstancev1.DeletionReason_DELETION_REASON_GROUP_DELETED, false, "group deleted"); err != nil {
-				errs = append(errs, err)
-			}
+	for _, d := range p.Deletions {
+		if err := r.beginDeletion(ctx, d.ID, d.Reason, false, d.Message); err != nil {
+			errs = append(errs, err)
 		}
+	}
+	if !exists {
 		return 0, errors.Join(errs...)
 	}
-	now := r.o.Now()
-	ex := cfg.Shard.Expiry
-	keep := active[:0:0]
-	for _, rec := range active {
-		if r.expired(rec, ex.ForcedAge.D()) {
-			if err := r.beginDeletion(ctx, rec.ID, nstancev1.DeletionReason_DELETION_REASON_EXPIRY, false, "instance reached expiry.forced_age"); err != nil {
-				errs = append(errs, err)
-			}
-			continue
-		}
-		keep = append(keep, rec)
-	}
-	size := g.Spec.Size
-	if ex.EligibleAge > 0 && busy == 0 && len(keep) == size && size > 0 {
-		allRunning := true
-		var oldest *instances.Record
-		for _, rec := range keep {
-			if rec.State != instances.StateRunning || urgent(rec) {
-				allRunning = false
-			}
-			if oldest == nil || rec.CreatedAt.Before(oldest.CreatedAt) {
-				oldest = rec
-			}
-		}
-		if allRunning && now.Sub(oldest.CreatedAt) >= ex.EligibleAge.D() {
-			if err := r.beginDeletion(ctx, oldest.ID, nstancev1.DeletionReason_DELETION_REASON_EXPIRY, false, "instance reached expiry.eligible_age"); err != nil {
-				errs = append(errs, err)
-			} else {
-				keep = removeID(keep, oldest.ID)
-			}
-		}
-	}
-	// Sort the members: urgent ones (unhealthy, stopped, termination
-	// announced) and drifted ones (created with other infra settings) are
-	// replaced first and drained once enough ready instances remain.
-	eff, effErr := groups.Resolve(cfg, &g.Spec, groups.Overrides{})
-	var urgents, drifted, fresh []*instances.Record
-	for _, rec := range keep {
-		switch {
-		case urgent(rec):
-			urgents = append(urgents, rec)
-		case effErr == nil && infraDrift(rec, eff):
-			drifted = append(drifted, rec)
-		default:
-			fresh = append(fresh, rec)
-		}
-	}
-	// Scale down: members beyond the size (and the surge a rotation in
-	// progress may use) go, drifted ones first.
-	if excess := len(fresh) + len(drifted) - size - min(r.surge(), len(drifted)); excess > 0 {
-		order := markedFirst(append(scaleDownOrder(drifted), scaleDownOrder(fresh)...))
-		for _, rec := range order[:excess] {
-			if err := r.beginDeletion(ctx, rec.ID, nstancev1.DeletionReason_DELETION_REASON_SCALE_DOWN, false, fmt.Sprintf("group scaled to %d", size)); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			drifted, fresh = removeID(drifted, rec.ID), removeID(fresh, rec.ID)
-		}
-	}
-	// Retire what has been replaced: serving capacity (ready fresh and
-	// drifted members) must stay at the size without the retired instance.
-	capacity := 0
-	readyOf := map[string]bool{}
-	for _, rec := range append(append([]*instances.Record{}, fresh...), drifted...) {
-		if r.ready(rec, now) {
-			readyOf[rec.ID] = true
-			capacity++
-		}
-	}
-	sort.SliceStable(urgents, func(i, j int) bool { return urgents[i].CreatedAt.Before(urgents[j].CreatedAt) })
-	for i, rec := range urgents {
-		// Beyond the size, urgent instances go without waiting: their
-		// replacements are themselves failing.
-		if capacity < size && len(urgents)-i <= size {
-			break
-		}
-		reason, msg := nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY, "replaced: "+rec.Message
-		if rec.TerminationNotice != "" {
-			reason = nstancev1.DeletionReason_DELETION_REASON_SPOT_TERMINATION
-		}
-		if err := r.beginDeletion(ctx, rec.ID, reason, false, msg); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		urgents = removeID(urgents, rec.ID)
-	}
-	sort.SliceStable(drifted, func(i, j int) bool { return drifted[i].CreatedAt.Before(drifted[j].CreatedAt) })
-	for _, rec := range append([]*instances.Record{}, drifted...) {
-		after := capacity
-		if readyOf[rec.ID] {
-			after--
-		}
-		if after < size {
-			break
-		}
-		if err := r.beginDeletion(ctx, rec.ID, nstancev1.DeletionReason_DELETION_REASON_ROTATION, false, "rotated: infra settings changed"); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		capacity = after
-		drifted = removeID(drifted, rec.ID)
-	}
-	// Create: fresh members up to the size, within the surge allowance.
-	nActive := len(fresh) + len(drifted) + len(urgents)
-	allow := size + min(len(urgents), size) + min(r.surge(), len(drifted))
 	var after time.Duration
-	for i := 0; i < min(size-len(fresh), allow-nActive); i++ {
+	for i := 0; i < p.Creates && len(errs) == 0; i++ {
 		ok, wait := r.reserveCreate(g.Tenant)
 		if !ok {
 			after = wait
@@ -628,7 +529,6 @@ func (r *Reconciler) syncGroup(ctx context.Context, k groups.Key) (time.Duration
 		}
 		if err := r.createForGroup(ctx, g, cfg); err != nil {
 			errs = append(errs, err)
-			break
 		}
 	}
 	r.publishGroup(g, false)
@@ -636,51 +536,6 @@ func (r *Reconciler) syncGroup(ctx context.Context, k groups.Key) (time.Duration
 		return 0, errors.Join(errs...)
 	}
 	return after, nil
-}
-
-func removeID(recs []*instances.Record, id string) []*instances.Record {
-	out := recs[:0:0]
-	for _, r := range recs {
-		if r.ID != id {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-// scaleDownOrder puts the instances to remove first: those not running
-// (stopped, unhealthy, still starting), then the newest.
-func scaleDownOrder(recs []*instances.Record) []*instances.Record {
-	rank := func(s instances.State) int {
-		switch s {
-		case instances.StateStopped:
-			return 0
-		case instances.StateUnhealthy:
-			return 1
-		case instances.StatePending, instances.StateCreating:
-			return 2
-		}
-		return 3
-	}
-	out := append([]*instances.Record{}, recs...)
-	sort.SliceStable(out, func(i, j int) bool {
-		ri, rj := rank(out[i].State), rank(out[j].State)
-		if ri != rj {
-			return ri < rj
-		}
-		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
-			return out[i].CreatedAt.After(out[j].CreatedAt)
-		}
-		return out[i].ID > out[j].ID
-	})
-	return out
-}
-
-// markedFirst moves the members marked by MarkForScaleDown to the front,
-// keeping the order otherwise.
-func markedFirst(recs []*instances.Record) []*instances.Record {
-	sort.SliceStable(recs, func(i, j int) bool { return recs[i].ScaleDownFirst && !recs[j].ScaleDownFirst })
-	return recs
 }
 
 func (r *Reconciler) newRecord(tenant, groupID string, eff groups.Effective, labels map[string]string) (*instances.Record, error) {
@@ -895,7 +750,7 @@ func (r *Reconciler) syncInstance(ctx context.Context, id string) (time.Duration
 	if rec.OnDemand && r.expired(rec, r.cfg().Shard.Expiry.OndemandAge.D()) {
 		return 0, r.beginDeletion(ctx, id, nstancev1.DeletionReason_DELETION_REASON_EXPIRY, false, "on-demand instance reached expiry.ondemand_age")
 	}
-	if rec.OnDemand && urgent(rec) && rec.State != instances.StateStopped {
+	if rec.OnDemand && planner.Urgent(rec) && rec.State != instances.StateStopped {
 		reason := nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY
 		if rec.TerminationNotice != "" {
 			reason = nstancev1.DeletionReason_DELETION_REASON_SPOT_TERMINATION
