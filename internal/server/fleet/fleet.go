@@ -76,12 +76,6 @@ type AgentOptions struct {
 	Secret func(ctx context.Context, name string) ([]byte, error)
 	// Monitor turns on health monitoring (off for providers without agents).
 	Monitor bool
-	// HealthInterval, HealthMisses, StartupGrace and Surge tune the
-	// reconciler (see reconcile.Options).
-	HealthInterval time.Duration
-	HealthMisses   int
-	StartupGrace   time.Duration
-	Surge          int
 	// RepushInterval is passed to agentapi.
 	RepushInterval time.Duration
 	// RenewIdentity renews agents' cluster-CA identity certificates through
@@ -140,8 +134,7 @@ func New(o Options) (*Fleet, error) {
 		Cluster: cfg.Cluster.ID, Shard: shard, Config: o.Config.Current, Groups: reg, Instances: store,
 		Provider: o.Provider, Nonces: o.Nonces, CACert: o.CACert, RegistrationAddr: o.RegistrationAddr,
 		AgentAddr: o.AgentAddr, Events: hubs, Log: o.Log, Workers: o.Workers, ResyncInterval: o.ResyncInterval,
-		RetryBase: o.RetryBase, HealthInterval: o.Agent.HealthInterval, HealthMisses: o.Agent.HealthMisses,
-		StartupGrace: o.Agent.StartupGrace, Surge: o.Agent.Surge, Now: o.Now,
+		RetryBase: o.RetryBase, Now: o.Now,
 	}
 	if o.Revocations != nil {
 		ro.RevokeAgent = func(ctx context.Context, id, reason string) error {

@@ -56,21 +56,11 @@ type Options struct {
 
 	// Health, when set, turns on agent health monitoring: an instance is
 	// ready only while its agent reports, and is marked unhealthy (then
-	// replaced first and drained) after HealthMisses missed reports, or when
-	// no report came within StartupGrace of its creation (or of the term's
-	// start). Nil (providers without agents, e.g. mock) means provider state alone.
+	// replaced first and drained) after shard.health_misses missed reports,
+	// or when no report came within shard.agent_startup_grace of its creation
+	// (or of the term's start). Nil (providers without agents, e.g. mock)
+	// means provider state alone. The tuning comes from the shard config only.
 	Health HealthSource
-	// HealthInterval is the expected report interval (default
-	// shard.health_check_interval, else 30s).
-	HealthInterval time.Duration
-	// HealthMisses is the number of missed reports that make an instance
-	// unhealthy (default 3).
-	HealthMisses int
-	// StartupGrace is how long a new instance may take to send its first report (default 5m).
-	StartupGrace time.Duration
-	// Surge is how many instances beyond its size a group may run while
-	// rotating instances whose infra settings drifted (default 1).
-	Surge int
 	// Agents is told about config and group changes and removed instances.
 	Agents AgentHooks
 	// RevokeAgent, when set, revokes the agent certificates of an instance
@@ -222,7 +212,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	t := time.NewTicker(r.o.ResyncInterval)
 	defer t.Stop()
 	// The health pass runs twice per report interval so a miss is seen promptly.
-	hi := r.healthInterval()
+	hi := r.tuning().HealthInterval
 	ht := time.NewTicker(hi / 2)
 	defer ht.Stop()
 	for {
@@ -235,7 +225,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			r.Resync(ctx)
 		case <-ht.C:
 			r.healthPass(ctx, termStart)
-			if cur := r.healthInterval(); cur != hi {
+			if cur := r.tuning().HealthInterval; cur != hi {
 				hi = cur
 				ht.Reset(hi / 2)
 			}
@@ -510,7 +500,7 @@ func (r *Reconciler) syncGroup(ctx context.Context, k groups.Key) (time.Duration
 			in.Infra = &eff
 		}
 	}
-	p := planner.PlanGroup(in, members, r.o.Now(), r.healthTuning(), r.surge())
+	p := planner.PlanGroup(in, members, r.o.Now(), r.healthTuning(), r.tuning().Surge)
 	var errs []error
 	for _, d := range p.Deletions {
 		if err := r.beginDeletion(ctx, d.ID, d.Reason, false, d.Message); err != nil {

@@ -279,13 +279,13 @@ func TestHealthProblemsAreReplacedFirst(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			rp := &reporter{silent: map[string]bool{}, notices: map[string]*nstancev1.TerminationNotice{}}
-			cfg, err := config.Parse([]byte(shardtest.Config("c1", "s1", "mock")))
+			cfg, err := config.Parse([]byte(shardEdit(fmt.Sprintf(`"health_check_interval": "100ms", "health_misses": %d, "agent_startup_grace": "2s",`, healthMisses))(shardtest.Config("c1", "s1", "mock"))))
 			require.NoError(t, err)
 			store := memstore.New()
 			p := mock.New()
 			f, err := fleet.New(fleet.Options{Store: store, Keys: layout.New(""), Config: liveconfig.New(store, "config/s1.jsonc", cfg, "e1", time.Now()),
 				Provider: p, ResyncInterval: 100 * time.Millisecond, RetryBase: 20 * time.Millisecond,
-				Agent: fleet.AgentOptions{WorkloadCA: ca, Monitor: true, HealthInterval: 100 * time.Millisecond, HealthMisses: healthMisses, StartupGrace: 2 * time.Second}})
+				Agent: fleet.AgentOptions{WorkloadCA: ca, Monitor: true}})
 			require.NoError(t, err)
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
@@ -366,14 +366,14 @@ func TestLateHealthPassAsksTheProviderFirst(t *testing.T) {
 	var offset atomic.Int64
 	now := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
 	rp := &reporter{silent: map[string]bool{}, notices: map[string]*nstancev1.TerminationNotice{}}
-	cfg, err := config.Parse([]byte(shardtest.Config("c1", "s1", "mock")))
+	const interval = 100 * time.Millisecond
+	cfg, err := config.Parse([]byte(shardEdit(`"health_check_interval": "100ms", "health_misses": 3, "agent_startup_grace": "1h",`)(shardtest.Config("c1", "s1", "mock"))))
 	require.NoError(t, err)
 	store := memstore.New()
 	p := mock.New()
-	const interval = 100 * time.Millisecond
 	f, err := fleet.New(fleet.Options{Store: store, Keys: layout.New(""), Config: liveconfig.New(store, "config/s1.jsonc", cfg, "e1", time.Now()),
 		Provider: p, ResyncInterval: time.Hour, RetryBase: 20 * time.Millisecond, Now: now,
-		Agent: fleet.AgentOptions{WorkloadCA: ca, Monitor: true, HealthInterval: interval, HealthMisses: 3, StartupGrace: time.Hour}})
+		Agent: fleet.AgentOptions{WorkloadCA: ca, Monitor: true}})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
