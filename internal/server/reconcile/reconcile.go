@@ -14,6 +14,7 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
 
 	"github.com/nstance-dev/nstance/internal/server/config"
 	"github.com/nstance-dev/nstance/internal/server/events"
@@ -52,7 +53,11 @@ type Options struct {
 	ResyncInterval time.Duration
 	// RetryBase and RetryMax bound the backoff of failed keys (default 200ms, 1m).
 	RetryBase, RetryMax time.Duration
-	Now                 func() time.Time
+	// Clock drives the periodic passes and the queue's delays (default the
+	// real clock; tests pass k8s.io/utils/clock/testing's fake clock).
+	Clock clock.WithTicker
+	// Now reads the time of records, deadlines and ages (default Clock.Now).
+	Now func() time.Time
 
 	// Health, when set, turns on agent health monitoring: an instance is
 	// ready only while its agent reports, and is marked unhealthy (then
@@ -90,7 +95,25 @@ func (it item) String() string {
 	return "instance " + it.id
 }
 
-// Reconciler drives groups and instances of one shard.
+// Reconciler drives groups and instances of one shard: a queue of group
+// and instance keys, and an executor that gathers a key's state, asks the
+// planner (groups) or compares with the provider (instances) and applies
+// the result. Decisions live in package planner.
+//
+// Locks, each guarding what goroutines other than the term's own loop
+// touch (workers, API handlers, agent streams):
+//   - qMu: the queue of the current term and whether one runs (swapped per
+//     term while API handlers enqueue).
+//   - limMu: the create rate limiters, charged by workers (group creates)
+//     and API handlers (on-demand admission).
+//   - statusMu: the last group status published per group, so workers and
+//     API handlers publish a change once.
+//   - createMu: CreateInstance's client-token lookup and record creation,
+//     so two calls with one token make one instance.
+//   - healthMu: the per-term health memory, written by agent report
+//     handlers, workers and the health pass.
+//
+// orphans needs no lock: only the term's loop (resync) touches it.
 type Reconciler struct {
 	o   Options
 	log logr.Logger
@@ -98,6 +121,8 @@ type Reconciler struct {
 	qMu     sync.Mutex
 	queue   workqueue.TypedRateLimitingInterface[item]
 	running bool
+	// delaying, when set (tests), supplies the queue's delaying layer.
+	delaying func() workqueue.TypedDelayingInterface[item]
 
 	limMu   sync.Mutex
 	limiter *rate.Limiter
@@ -110,10 +135,9 @@ type Reconciler struct {
 	statusMu   sync.Mutex
 	lastStatus map[groups.Key]string
 
-	createMu sync.Mutex // serialises client-token lookups with record creation
+	createMu sync.Mutex
 
-	orphanMu sync.Mutex
-	orphans  map[string]time.Time
+	orphans map[string]time.Time // provider instances without a record: first seen
 
 	healthMu  sync.Mutex
 	reporting map[string]bool   // instances that reported this term
@@ -136,8 +160,11 @@ func New(o Options) *Reconciler {
 	if o.RetryMax <= 0 {
 		o.RetryMax = time.Minute
 	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
 	if o.Now == nil {
-		o.Now = time.Now
+		o.Now = o.Clock.Now
 	}
 	if o.Events == nil {
 		o.Events = events.NewHubs(0)
@@ -149,9 +176,12 @@ func New(o Options) *Reconciler {
 }
 
 func (r *Reconciler) newQueue() workqueue.TypedRateLimitingInterface[item] {
+	cfg := workqueue.TypedRateLimitingQueueConfig[item]{Name: "nstance-reconcile-" + r.o.Shard, Clock: r.o.Clock}
+	if r.delaying != nil {
+		cfg.DelayingQueue = r.delaying()
+	}
 	return workqueue.NewTypedRateLimitingQueueWithConfig(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[item](r.o.RetryBase, r.o.RetryMax),
-		workqueue.TypedRateLimitingQueueConfig[item]{Name: "nstance-reconcile-" + r.o.Shard})
+		workqueue.NewTypedItemExponentialFailureRateLimiter[item](r.o.RetryBase, r.o.RetryMax), cfg)
 }
 
 // q returns the queue of the current run.
@@ -175,30 +205,11 @@ func (r *Reconciler) Events() *events.Hubs { return r.o.Events }
 // ends, then stops its workers. Run it for each leadership term; it must not
 // run twice at once.
 func (r *Reconciler) Run(ctx context.Context) error {
-	r.qMu.Lock()
-	if r.running {
-		r.qMu.Unlock()
-		return errors.New("reconciler is already running")
-	}
-	q := r.newQueue()
-	r.queue, r.running = q, true
-	r.qMu.Unlock()
-	defer func() {
-		q.ShutDown()
-		r.qMu.Lock()
-		r.running = false
-		r.qMu.Unlock()
-	}()
-	if err := r.Load(ctx); err != nil {
+	q, termStart, err := r.begin(ctx)
+	if err != nil {
 		return err
 	}
-	r.statusMu.Lock()
-	r.lastStatus = map[groups.Key]string{}
-	r.statusMu.Unlock()
-	termStart := r.o.Now()
-	r.healthMu.Lock()
-	r.reporting, r.wasReady, r.checked = map[string]bool{}, map[string]bool{}, map[string]int{}
-	r.healthMu.Unlock()
+	defer r.end(q)
 	var wg sync.WaitGroup
 	for i := 0; i < r.o.Workers; i++ {
 		wg.Add(1)
@@ -208,29 +219,64 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	r.Resync(ctx)
-	t := time.NewTicker(r.o.ResyncInterval)
+	r.resync(ctx)
+	t := r.o.Clock.NewTicker(r.o.ResyncInterval)
 	defer t.Stop()
 	// The health pass runs twice per report interval so a miss is seen promptly.
 	hi := r.tuning().HealthInterval
-	ht := time.NewTicker(hi / 2)
-	defer ht.Stop()
+	ht := r.o.Clock.NewTicker(hi / 2)
+	defer func() { ht.Stop() }()
 	for {
 		select {
 		case <-ctx.Done():
 			q.ShutDown()
 			wg.Wait()
 			return nil
-		case <-t.C:
-			r.Resync(ctx)
-		case <-ht.C:
+		case <-t.C():
+			r.resync(ctx)
+		case <-ht.C():
 			r.healthPass(ctx, termStart)
 			if cur := r.tuning().HealthInterval; cur != hi {
+				// clock.Ticker has no Reset.
+				ht.Stop()
 				hi = cur
-				ht.Reset(hi / 2)
+				ht = r.o.Clock.NewTicker(hi / 2)
 			}
 		}
 	}
+}
+
+// begin starts a term: a fresh queue, state loaded from storage, the
+// per-term status and health memory cleared. It returns the term's queue
+// and start time; end must follow, also when begin failed.
+func (r *Reconciler) begin(ctx context.Context) (workqueue.TypedRateLimitingInterface[item], time.Time, error) {
+	r.qMu.Lock()
+	if r.running {
+		r.qMu.Unlock()
+		return nil, time.Time{}, errors.New("reconciler is already running")
+	}
+	q := r.newQueue()
+	r.queue, r.running = q, true
+	r.qMu.Unlock()
+	if err := r.Load(ctx); err != nil {
+		r.end(q)
+		return nil, time.Time{}, err
+	}
+	r.statusMu.Lock()
+	r.lastStatus = map[groups.Key]string{}
+	r.statusMu.Unlock()
+	r.healthMu.Lock()
+	r.reporting, r.wasReady, r.checked = map[string]bool{}, map[string]bool{}, map[string]int{}
+	r.healthMu.Unlock()
+	return q, r.o.Now(), nil
+}
+
+// end finishes the term of q.
+func (r *Reconciler) end(q workqueue.TypedRateLimitingInterface[item]) {
+	q.ShutDown()
+	r.qMu.Lock()
+	r.running = false
+	r.qMu.Unlock()
 }
 
 // Load rebuilds the record index and dynamic groups from object storage and
@@ -294,11 +340,11 @@ func (r *Reconciler) enqueueGroup(k groups.Key) {
 // EnqueueInstance schedules an instance for reconciliation.
 func (r *Reconciler) EnqueueInstance(id string) { r.q().Add(item{kind: kindInst, id: id}) }
 
-// Resync enqueues every group, and every instance whose record disagrees
+// resync enqueues every group, and every instance whose record disagrees
 // with what the provider reports or that has pending work. Provider
 // instances without a record are deleted when garbage collection is enabled
 // and they stay orphaned for the grace period.
-func (r *Reconciler) Resync(ctx context.Context) {
+func (r *Reconciler) resync(ctx context.Context) {
 	for _, g := range r.o.Groups.List("") {
 		r.enqueueGroup(g.Key())
 	}
@@ -349,8 +395,6 @@ func (r *Reconciler) Resync(ctx context.Context) {
 func (r *Reconciler) collectOrphans(ctx context.Context, listed []provider.Instance, known map[string]bool) {
 	gc := r.o.Config().Shard.GarbageCollection
 	now := r.o.Now()
-	r.orphanMu.Lock()
-	defer r.orphanMu.Unlock()
 	current := map[string]time.Time{}
 	for _, inst := range listed {
 		if known[inst.InstanceID] {
