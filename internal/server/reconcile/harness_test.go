@@ -2,6 +2,7 @@ package reconcile_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/provider/mock"
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
+	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -73,6 +75,7 @@ type shard struct {
 	groups *groups.Registry
 	events *events.Hubs
 	agents *agents // nil unless health is monitored
+	store  *faultyStore
 }
 
 type shardOptions struct {
@@ -84,14 +87,38 @@ type shardOptions struct {
 	prepare func(s *shard)
 }
 
+// faultyStore is in-memory object storage whose writes of chosen keys fail.
+type faultyStore struct {
+	objstore.Store
+	mu   sync.Mutex
+	fail func(key string) bool
+}
+
+func (f *faultyStore) Put(ctx context.Context, key string, body []byte, o objstore.PutOptions) (string, error) {
+	f.mu.Lock()
+	fail := f.fail
+	f.mu.Unlock()
+	if fail != nil && fail(key) {
+		return "", errors.New("injected write failure of " + key)
+	}
+	return f.Store.Put(ctx, key, body, o)
+}
+
+// failWrites makes writes of keys that fail reports fail (nil: none).
+func (s *shard) failWrites(fail func(key string) bool) {
+	s.store.mu.Lock()
+	defer s.store.mu.Unlock()
+	s.store.fail = fail
+}
+
 func newShard(t *testing.T, cfg *config.Config, o shardOptions) *shard {
 	t.Helper()
 	if o.resync <= 0 {
 		o.resync = 100 * time.Millisecond
 	}
-	store := memstore.New()
+	store := &faultyStore{Store: memstore.New()}
 	keys := layout.New("")
-	s := &shard{clk: clocktesting.NewFakeClock(epoch), p: mock.New(), events: events.NewHubs(0),
+	s := &shard{clk: clocktesting.NewFakeClock(epoch), p: mock.New(), events: events.NewHubs(0), store: store,
 		insts: instances.NewStore(store, keys, "s1", nil), groups: groups.NewRegistry(store, keys, "s1")}
 	ro := reconcile.Options{Cluster: "c1", Shard: "s1", Config: func() *config.Config { return cfg }, Groups: s.groups,
 		Instances: s.insts, Provider: s.p, Events: s.events, Log: logr.Discard(), ResyncInterval: o.resync,

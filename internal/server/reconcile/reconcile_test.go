@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -287,4 +288,29 @@ func TestLateHealthPassAsksTheProviderFirst(t *testing.T) {
 	require.True(t, ok, "the group replaces it first")
 	require.True(t, rec.WorkloadGone, "a stopped workload is recorded as gone (the operator skips its drain)")
 	require.Equal(t, instances.StateStopped, rec.State)
+}
+
+// TestFailedDeletionHoldsTheCreatesBack: the plan counts on its deletions;
+// when one cannot be recorded, nothing is created (the group would run
+// above its size) and the group is retried with backoff.
+func TestFailedDeletionHoldsTheCreatesBack(t *testing.T) {
+	s := newShard(t, newShardConfig(t).expiry(config.Expiry{ForcedAge: config.Duration(time.Minute)}).build(t), shardOptions{resync: time.Hour})
+	s.upsert(t, "web", 2, 50*time.Millisecond)
+	first := s.ids("web")
+	require.Len(t, first, 2)
+	creates, _ := s.p.Counts()
+	// Only the existing members' records fail: a new record would be written.
+	s.failWrites(func(key string) bool { return strings.Contains(key, first[0]) || strings.Contains(key, first[1]) })
+	s.clk.Step(time.Minute)
+	s.term.Resync(t)
+	after, _ := s.p.Counts()
+	require.Equal(t, creates, after, "no replacement while its member's deletion failed")
+	require.ElementsMatch(t, first, s.ids("web"))
+	require.Positive(t, s.term.Waiting(), "the group waits for its retry")
+	s.failWrites(nil)
+	s.advance(t, time.Second) // the retry, then the drain deadlines
+	for _, id := range s.ids("web") {
+		require.NotContains(t, first, id, "both expired members were replaced")
+	}
+	require.Len(t, s.running("web"), 2)
 }
