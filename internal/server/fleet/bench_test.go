@@ -76,7 +76,7 @@ func BenchmarkConverge1000Groups(b *testing.B) {
 			time.Sleep(time.Millisecond)
 		}
 		for g := 0; g < groupsN; g++ {
-			if _, _, err := f.Reconciler.UpsertGroup(ctx, "bench", &nstancev1.GroupSpec{GroupId: fmt.Sprintf("g%04d", g), Template: "worker", Size: size}, ""); err != nil {
+			if _, _, err := f.Ops.UpsertGroup(ctx, "bench", &nstancev1.GroupSpec{GroupId: fmt.Sprintf("g%04d", g), Template: "worker", Size: size}, ""); err != nil {
 				b.Fatal(err)
 			}
 		}

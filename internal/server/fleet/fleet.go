@@ -27,6 +27,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/internal/server/revocation"
+	"github.com/nstance-dev/nstance/internal/server/tenantops"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -100,6 +101,8 @@ type Fleet struct {
 	// Gate admits agent registrations against the instance records, the
 	// provider's addresses and shard.registration of the live config.
 	Gate *registration.InstanceGate
+	// Ops carries out the tenants' group and instance requests.
+	Ops *tenantops.Ops
 }
 
 // New assembles a fleet. The config holder must already hold a config.
@@ -181,7 +184,8 @@ func New(o Options) (*Fleet, error) {
 		}
 	}
 	o.Config.OnChange(func(old, cur *config.Config) { f.Reconciler.ConfigChanged() })
-	f.Service = operatorsvc.New(operatorsvc.Options{Shard: shard, Reconciler: f.Reconciler, Config: o.Config, Renewer: o.Renewer, Tenant: o.Tenant,
+	f.Ops = tenantops.New(tenantops.Options{Shard: shard, Config: o.Config.Current, Groups: reg, Instances: store, Reconciler: f.Reconciler, Now: o.Now})
+	f.Service = operatorsvc.New(operatorsvc.Options{Shard: shard, Reconciler: f.Reconciler, Ops: f.Ops, Config: o.Config, Renewer: o.Renewer, Tenant: o.Tenant,
 		Revocations: o.Revocations})
 	return f, nil
 }

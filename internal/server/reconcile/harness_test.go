@@ -20,6 +20,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/provider/mock"
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
+	"github.com/nstance-dev/nstance/internal/server/tenantops"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -68,6 +69,7 @@ func (b *shardConfig) build(t testing.TB) *config.Config {
 // by the test through a synchronous term on a fake clock.
 type shard struct {
 	r      *reconcile.Reconciler
+	ops    *tenantops.Ops
 	term   *reconcile.TestTerm
 	clk    *clocktesting.FakeClock
 	p      *mock.Provider
@@ -128,6 +130,7 @@ func newShard(t *testing.T, cfg *config.Config, o shardOptions) *shard {
 		ro.Health, ro.Agents = s.agents, s.agents
 	}
 	s.r = reconcile.New(ro)
+	s.ops = tenantops.New(tenantops.Options{Shard: "s1", Config: ro.Config, Groups: s.groups, Instances: s.insts, Reconciler: s.r, Now: s.clk.Now})
 	if s.agents != nil {
 		s.agents.r = s.r
 	}
@@ -157,7 +160,7 @@ func (s *shard) upsertOnly(t *testing.T, id string, size uint32, drain time.Dura
 	if drain > 0 {
 		spec.DrainTimeout = durationpb.New(drain)
 	}
-	_, _, err := s.r.UpsertGroup(context.Background(), "t", spec, "")
+	_, _, err := s.ops.UpsertGroup(context.Background(), "t", spec, "")
 	require.NoError(t, err)
 }
 

@@ -151,7 +151,7 @@ func (r *Reconciler) healthPass(ctx context.Context, termStart time.Time) {
 		}
 	}
 	for k := range wake {
-		r.enqueueGroup(k)
+		r.EnqueueGroup(k)
 	}
 }
 
@@ -176,7 +176,7 @@ func (r *Reconciler) markUnhealthy(ctx context.Context, rec *instances.Record, m
 	}
 	r.reportError(rec.Tenant, rec.GroupID, rec.ID, nstancev1.ErrorSource_ERROR_SOURCE_RECONCILE, fmt.Errorf("instance unhealthy: %s", msg))
 	if rec.GroupID != "" {
-		r.enqueueGroup(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
+		r.EnqueueGroup(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
 	}
 }
 

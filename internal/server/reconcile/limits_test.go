@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nstance-dev/nstance/internal/server/config"
-	"github.com/nstance-dev/nstance/internal/server/reconcile"
+	"github.com/nstance-dev/nstance/internal/server/tenantops"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -33,7 +33,7 @@ func TestGroupsPerTenantQuota(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, _, errs[i] = s.r.UpsertGroup(ctx, "t", &nstancev1.GroupSpec{GroupId: fmt.Sprint("g", i), Template: "worker"}, "")
+			_, _, errs[i] = s.ops.UpsertGroup(ctx, "t", &nstancev1.GroupSpec{GroupId: fmt.Sprint("g", i), Template: "worker"}, "")
 		}()
 	}
 	wg.Wait()
@@ -43,46 +43,46 @@ func TestGroupsPerTenantQuota(t *testing.T) {
 			ok++
 			continue
 		}
-		require.ErrorIs(t, err, reconcile.ErrQuota)
+		require.ErrorIs(t, err, tenantops.ErrQuota)
 		require.Contains(t, err.Error(), "tenant t already has 3 dynamic groups (shard.limits.max_groups_per_tenant)")
 	}
 	require.Equal(t, 3, ok)
-	require.Len(t, s.r.ListGroups("t"), 3)
+	require.Len(t, s.ops.ListGroups("t"), 3)
 	// Updating an existing group is still allowed; another tenant has its own quota.
-	g := s.r.ListGroups("t")[0].GetSpec()
+	g := s.ops.ListGroups("t")[0].GetSpec()
 	g.Size = 0
-	_, created, err := s.r.UpsertGroup(ctx, "t", g, "")
+	_, created, err := s.ops.UpsertGroup(ctx, "t", g, "")
 	require.NoError(t, err)
 	require.False(t, created)
-	_, _, err = s.r.UpsertGroup(ctx, "other", &nstancev1.GroupSpec{GroupId: "g", Template: "worker"}, "")
+	_, _, err = s.ops.UpsertGroup(ctx, "other", &nstancev1.GroupSpec{GroupId: "g", Template: "worker"}, "")
 	require.NoError(t, err)
 	// Deleting one makes room.
-	_, err = s.r.DeleteGroup(ctx, "t", g.GetGroupId(), "")
+	_, err = s.ops.DeleteGroup(ctx, "t", g.GetGroupId(), "")
 	require.NoError(t, err)
-	_, _, err = s.r.UpsertGroup(ctx, "t", &nstancev1.GroupSpec{GroupId: "late", Template: "worker"}, "")
+	_, _, err = s.ops.UpsertGroup(ctx, "t", &nstancev1.GroupSpec{GroupId: "late", Template: "worker"}, "")
 	require.NoError(t, err)
 }
 
 func TestVarsAndLabelsQuota(t *testing.T) {
 	s := newShard(t, newShardConfig(t).limits(func(l *config.Limits) { l.MaxVars, l.MaxLabels = 4, 2 }).build(t), shardOptions{})
 	ctx := context.Background()
-	_, _, err := s.r.UpsertGroup(ctx, "t", &nstancev1.GroupSpec{GroupId: "g", Template: "worker", Vars: entries(5)}, "")
-	var inv *reconcile.InvalidError
+	_, _, err := s.ops.UpsertGroup(ctx, "t", &nstancev1.GroupSpec{GroupId: "g", Template: "worker", Vars: entries(5)}, "")
+	var inv *tenantops.InvalidError
 	require.ErrorAs(t, err, &inv)
 	require.Contains(t, err.Error(), "vars: 5 entries, more than shard.limits.max_vars (4)")
-	_, _, err = s.r.UpsertGroup(ctx, "t", &nstancev1.GroupSpec{GroupId: "g", Template: "worker", Labels: entries(3)}, "")
+	_, _, err = s.ops.UpsertGroup(ctx, "t", &nstancev1.GroupSpec{GroupId: "g", Template: "worker", Labels: entries(3)}, "")
 	require.ErrorAs(t, err, &inv)
 	require.Contains(t, err.Error(), "labels: 3 entries, more than shard.limits.max_labels (2)")
-	_, _, err = s.r.UpsertGroup(ctx, "t", &nstancev1.GroupSpec{GroupId: "g", Template: "worker", Vars: entries(3), Labels: entries(2)}, "")
+	_, _, err = s.ops.UpsertGroup(ctx, "t", &nstancev1.GroupSpec{GroupId: "g", Template: "worker", Vars: entries(3), Labels: entries(2)}, "")
 	require.NoError(t, err)
 	// An on-demand instance counts its group's entries plus its own.
-	_, err = s.r.CreateInstance(ctx, "t", reconcile.CreateInstanceRequest{GroupID: "g", Vars: map[string]string{"x": "1", "y": "2"}})
+	_, err = s.ops.CreateInstance(ctx, "t", tenantops.CreateInstanceRequest{GroupID: "g", Vars: map[string]string{"x": "1", "y": "2"}})
 	require.ErrorAs(t, err, &inv)
 	require.Contains(t, err.Error(), "vars: 5 entries")
-	_, err = s.r.CreateInstance(ctx, "t", reconcile.CreateInstanceRequest{GroupID: "g", Labels: map[string]string{"z": "1"}})
+	_, err = s.ops.CreateInstance(ctx, "t", tenantops.CreateInstanceRequest{GroupID: "g", Labels: map[string]string{"z": "1"}})
 	require.ErrorAs(t, err, &inv)
 	require.Contains(t, err.Error(), "labels: 3 entries")
-	_, err = s.r.CreateInstance(ctx, "t", reconcile.CreateInstanceRequest{GroupID: "g", Vars: map[string]string{"k0": "override"}})
+	_, err = s.ops.CreateInstance(ctx, "t", tenantops.CreateInstanceRequest{GroupID: "g", Vars: map[string]string{"k0": "override"}})
 	require.NoError(t, err)
 	require.Equal(t, 1, s.insts.Len(), "only the accepted request made a record")
 }
@@ -93,25 +93,25 @@ func TestTenantCreateRateRefusesOnDemandBeyondBurst(t *testing.T) {
 	ctx := context.Background()
 	var refused []error
 	for i := 0; i < 10; i++ {
-		_, err := s.r.CreateInstance(ctx, "t", reconcile.CreateInstanceRequest{Template: "worker", ClientToken: fmt.Sprint("tok", i)})
+		_, err := s.ops.CreateInstance(ctx, "t", tenantops.CreateInstanceRequest{Template: "worker", ClientToken: fmt.Sprint("tok", i)})
 		if err != nil {
 			refused = append(refused, err)
 		}
 	}
 	require.Len(t, refused, 7)
 	for _, err := range refused {
-		require.ErrorIs(t, err, reconcile.ErrQuota)
+		require.ErrorIs(t, err, tenantops.ErrQuota)
 		require.Contains(t, err.Error(), "tenant t creates instances faster than shard.limits.tenant_create_rate (1 a minute, bursts of 3)")
 	}
 	require.Equal(t, 3, s.insts.Len(), "refused requests leave no record")
 	// A repeated client token answers the first result without being charged.
-	rec, err := s.r.CreateInstance(ctx, "t", reconcile.CreateInstanceRequest{Template: "worker", ClientToken: "tok0"})
+	rec, err := s.ops.CreateInstance(ctx, "t", tenantops.CreateInstanceRequest{Template: "worker", ClientToken: "tok0"})
 	require.NoError(t, err)
 	require.NotEmpty(t, rec.ID)
 	// Another tenant has its own bucket.
-	_, err = s.r.CreateInstance(ctx, "u", reconcile.CreateInstanceRequest{Template: "worker"})
+	_, err = s.ops.CreateInstance(ctx, "u", tenantops.CreateInstanceRequest{Template: "worker"})
 	require.NoError(t, err)
-	require.False(t, errors.Is(err, reconcile.ErrQuota))
+	require.False(t, errors.Is(err, tenantops.ErrQuota))
 }
 
 func TestTenantCreateRatePacesGroupScaleUp(t *testing.T) {

@@ -299,7 +299,7 @@ func (r *Reconciler) ConfigChanged() {
 		r.GroupChanged(k)
 	}
 	for _, g := range r.o.Groups.List("") {
-		r.enqueueGroup(g.Key())
+		r.EnqueueGroup(g.Key())
 	}
 	if r.o.Agents != nil {
 		r.o.Agents.Notify()
@@ -330,10 +330,11 @@ func (r *Reconciler) GroupChanged(k groups.Key) {
 			r.o.Agents.Notify(ids...)
 		}
 	}
-	r.enqueueGroup(k)
+	r.EnqueueGroup(k)
 }
 
-func (r *Reconciler) enqueueGroup(k groups.Key) {
+// EnqueueGroup schedules a group for reconciliation.
+func (r *Reconciler) EnqueueGroup(k groups.Key) {
 	r.q().Add(item{kind: kindGroup, tenant: k.Tenant, id: k.ID})
 }
 
@@ -346,7 +347,7 @@ func (r *Reconciler) EnqueueInstance(id string) { r.q().Add(item{kind: kindInst,
 // and they stay orphaned for the grace period.
 func (r *Reconciler) resync(ctx context.Context) {
 	for _, g := range r.o.Groups.List("") {
-		r.enqueueGroup(g.Key())
+		r.EnqueueGroup(g.Key())
 	}
 	// Groups that vanished but still own instances.
 	seenGroups := map[groups.Key]bool{}
@@ -367,7 +368,7 @@ func (r *Reconciler) resync(ctx context.Context) {
 			if !seenGroups[k] {
 				seenGroups[k] = true
 				if _, ok := r.o.Groups.Get(k); !ok {
-					r.enqueueGroup(k)
+					r.EnqueueGroup(k)
 				}
 			}
 		}
@@ -469,8 +470,9 @@ func (r *Reconciler) tenantRatesLocked() (admit, pace *limits.KeyedRate) {
 	return r.tenantAdmit, r.tenantPace
 }
 
-// admitCreate charges one on-demand creation to tenant's rate.
-func (r *Reconciler) admitCreate(tenant string) bool {
+// AdmitCreate charges one on-demand creation to tenant's rate
+// (shard.limits.tenant_create_rate); false: refused.
+func (r *Reconciler) AdmitCreate(tenant string) bool {
 	r.limMu.Lock()
 	defer r.limMu.Unlock()
 	admit, _ := r.tenantRatesLocked()
@@ -547,7 +549,7 @@ func (r *Reconciler) syncGroup(ctx context.Context, k groups.Key) (time.Duration
 	p := planner.PlanGroup(in, members, r.o.Now(), r.healthTuning(), r.tuning().Surge)
 	var errs []error
 	for _, d := range p.Deletions {
-		if err := r.beginDeletion(ctx, d.ID, d.Reason, false, d.Message); err != nil {
+		if err := r.BeginDeletion(ctx, d.ID, d.Reason, false, d.Message); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -572,7 +574,9 @@ func (r *Reconciler) syncGroup(ctx context.Context, k groups.Key) (time.Duration
 	return after, nil
 }
 
-func (r *Reconciler) newRecord(tenant, groupID string, eff groups.Effective, labels map[string]string) (*instances.Record, error) {
+// NewRecord returns the pending record of a new instance of tenant (of
+// groupID when set) with the resolved settings eff.
+func (r *Reconciler) NewRecord(tenant, groupID string, eff groups.Effective, labels map[string]string) (*instances.Record, error) {
 	prefix := groupID
 	if prefix == "" {
 		prefix = eff.Template
@@ -596,7 +600,7 @@ func (r *Reconciler) createForGroup(ctx context.Context, g *groups.Group, cfg *c
 		r.reportError(g.Tenant, g.ID, "", nstancev1.ErrorSource_ERROR_SOURCE_CONFIG, err)
 		return err
 	}
-	rec, err := r.newRecord(g.Tenant, g.ID, eff, g.Spec.Labels)
+	rec, err := r.NewRecord(g.Tenant, g.ID, eff, g.Spec.Labels)
 	if err != nil {
 		return err
 	}
@@ -695,7 +699,7 @@ func (r *Reconciler) syncInstance(ctx context.Context, id string) (time.Duration
 	gk := groups.Key{Tenant: rec.Tenant, ID: rec.GroupID}
 	defer func() {
 		if rec.GroupID != "" {
-			r.enqueueGroup(gk)
+			r.EnqueueGroup(gk)
 		}
 	}()
 	now := r.o.Now()
@@ -747,7 +751,7 @@ func (r *Reconciler) syncInstance(ctx context.Context, id string) (time.Duration
 			r.reportError(rec.Tenant, rec.GroupID, rec.ID, nstancev1.ErrorSource_ERROR_SOURCE_PROVIDER, fmt.Errorf("instance stopped: %s", obs.Message))
 		}
 		if rec.GroupID == "" || rec.OnDemand {
-			return 0, r.beginDeletion(ctx, id, nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY, false, "instance stopped: "+obs.Message)
+			return 0, r.BeginDeletion(ctx, id, nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY, false, "instance stopped: "+obs.Message)
 		}
 		// Group members are replaced first; the group drains this one afterwards.
 		return 0, nil
@@ -782,22 +786,22 @@ func (r *Reconciler) syncInstance(ctx context.Context, id string) (time.Duration
 		return 0, err
 	}
 	if rec.OnDemand && r.expired(rec, r.cfg().Shard.Expiry.OndemandAge.D()) {
-		return 0, r.beginDeletion(ctx, id, nstancev1.DeletionReason_DELETION_REASON_EXPIRY, false, "on-demand instance reached expiry.ondemand_age")
+		return 0, r.BeginDeletion(ctx, id, nstancev1.DeletionReason_DELETION_REASON_EXPIRY, false, "on-demand instance reached expiry.ondemand_age")
 	}
 	if rec.OnDemand && planner.Urgent(rec) && rec.State != instances.StateStopped {
 		reason := nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY
 		if rec.TerminationNotice != "" {
 			reason = nstancev1.DeletionReason_DELETION_REASON_SPOT_TERMINATION
 		}
-		return 0, r.beginDeletion(ctx, id, reason, false, rec.Message)
+		return 0, r.BeginDeletion(ctx, id, reason, false, rec.Message)
 	}
 	return 0, nil
 }
 
-// beginDeletion moves an active instance to pending_deletion (or straight to
+// BeginDeletion moves an active instance to pending_deletion (or straight to
 // deletion when skipDrain) and announces it. Instances already on their way
 // out are left alone.
-func (r *Reconciler) beginDeletion(ctx context.Context, id string, reason nstancev1.DeletionReason, skipDrain bool, msg string) error {
+func (r *Reconciler) BeginDeletion(ctx context.Context, id string, reason nstancev1.DeletionReason, skipDrain bool, msg string) error {
 	changed := false
 	now := r.o.Now().UTC()
 	rec, err := r.o.Instances.Update(ctx, id, func(x *instances.Record) error {
@@ -836,7 +840,7 @@ func (r *Reconciler) beginDeletion(ctx context.Context, id string, reason nstanc
 	}
 	r.EnqueueInstance(id)
 	if rec.GroupID != "" {
-		r.enqueueGroup(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
+		r.EnqueueGroup(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
 	}
 	return nil
 }
@@ -886,7 +890,7 @@ func (r *Reconciler) finish(ctx context.Context, rec *instances.Record, reason n
 	rec.DeletionReason = reason
 	r.publishInstance(rec, nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_DELETED, msg)
 	if rec.GroupID != "" {
-		r.enqueueGroup(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
+		r.EnqueueGroup(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
 	}
 	return nil
 }
@@ -946,7 +950,7 @@ func (r *Reconciler) GroupStatus(g *groups.Group) *nstancev1.GroupStatus {
 	}
 	sort.Strings(ids)
 	return &nstancev1.GroupStatus{
-		Spec: SpecProto(g), ActualSize: uint32(len(ids)), ReadyCount: uint32(ready), ProviderIds: ids,
+		Spec: g.SpecProto(), ActualSize: uint32(len(ids)), ReadyCount: uint32(ready), ProviderIds: ids,
 		Static: g.Static, Etag: g.ETag, UpdatedAt: timestamppb.New(g.UpdatedAt), Shard: r.o.Shard,
 	}
 }

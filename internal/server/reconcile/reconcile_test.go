@@ -146,7 +146,7 @@ func TestRapidChangesAreNeverLost(t *testing.T) {
 				if i == 15 {
 					size = uint32(g%4 + 1)
 				}
-				_, _, err := s.r.UpsertGroup(context.Background(), "t", &nstancev1.GroupSpec{GroupId: id, Template: "worker", Size: size}, "")
+				_, _, err := s.ops.UpsertGroup(context.Background(), "t", &nstancev1.GroupSpec{GroupId: id, Template: "worker", Size: size}, "")
 				errs <- err
 			}
 		}()

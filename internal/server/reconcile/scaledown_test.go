@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nstance-dev/nstance/internal/server/instances"
-	"github.com/nstance-dev/nstance/internal/server/reconcile"
+	"github.com/nstance-dev/nstance/internal/server/tenantops"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -36,12 +36,12 @@ func TestMarkedMemberGoesFirstOnScaleDown(t *testing.T) {
 	slices.SortFunc(members, func(a, b *instances.Record) int { return a.CreatedAt.Compare(b.CreatedAt) })
 	victim := members[0].ID // the oldest: an unmarked scale-down takes the newest
 
-	rec, err := s.r.MarkForScaleDown(ctx, "t", victim, true)
+	rec, err := s.ops.MarkForScaleDown(ctx, "t", victim, true)
 	require.NoError(t, err)
 	require.True(t, rec.ScaleDownFirst)
 	require.Equal(t, instances.StateRunning, rec.State, "the mark deletes nothing")
 	// Marking twice is a no-op.
-	_, err = s.r.MarkForScaleDown(ctx, "t", victim, true)
+	_, err = s.ops.MarkForScaleDown(ctx, "t", victim, true)
 	require.NoError(t, err)
 	s.run(t)
 	creates, _ := s.p.Counts()
@@ -62,10 +62,10 @@ func TestMarkedMemberGoesFirstOnScaleDown(t *testing.T) {
 func TestMarkForScaleDownRefusesOnDemand(t *testing.T) {
 	s := newShard(t, newShardConfig(t).build(t), shardOptions{})
 	s.upsert(t, "web", 0, 0)
-	rec, err := s.r.CreateInstance(context.Background(), "t", reconcile.CreateInstanceRequest{GroupID: "web"})
+	rec, err := s.ops.CreateInstance(context.Background(), "t", tenantops.CreateInstanceRequest{GroupID: "web"})
 	require.NoError(t, err)
-	_, err = s.r.MarkForScaleDown(context.Background(), "t", rec.ID, false)
-	require.True(t, errors.Is(err, reconcile.ErrInvalid), "%v", err)
-	_, err = s.r.MarkForScaleDown(context.Background(), "other", rec.ID, false)
-	require.True(t, errors.Is(err, reconcile.ErrNotFound), "another tenant's instance: %v", err)
+	_, err = s.ops.MarkForScaleDown(context.Background(), "t", rec.ID, false)
+	require.True(t, errors.Is(err, tenantops.ErrInvalid), "%v", err)
+	_, err = s.ops.MarkForScaleDown(context.Background(), "other", rec.ID, false)
+	require.True(t, errors.Is(err, tenantops.ErrNotFound), "another tenant's instance: %v", err)
 }
