@@ -21,7 +21,6 @@ import (
 	"github.com/nstance-dev/nstance/internal/devs3/devs3test"
 	"github.com/nstance-dev/nstance/internal/nonce"
 	"github.com/nstance-dev/nstance/internal/pki"
-	"github.com/nstance-dev/nstance/internal/server/fleet"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/provider/localagent"
@@ -89,8 +88,9 @@ func TestAgentRegistersThroughALostMarkerReply(t *testing.T) {
 			prov := &noting{Provider: proc, nonces: map[string]string{}}
 			cfg := strings.Replace(shardtest.Config("test-cluster", "test-1", "process"), `"groups": {},`,
 				`"groups": { "acme": { "workers": { "template": "worker", "size": 1 } } },`, 1)
-			sh := shardtest.Start(t, shardtest.Options{ConfigJSONC: cfg, Store: store, Provider: prov, Agents: true,
-				Agent: fleet.AgentOptions{HealthInterval: 200 * time.Millisecond, HealthMisses: 15, StartupGrace: time.Minute}})
+			cfg = strings.Replace(cfg, `"default_drain_timeout": "30s",`,
+				`"default_drain_timeout": "30s", "health_check_interval": "200ms", "health_misses": 15, "agent_startup_grace": "1m",`, 1)
+			sh := shardtest.Start(t, shardtest.Options{ConfigJSONC: cfg, Store: store, Provider: prov, Agents: true})
 
 			var rec *instances.Record
 			require.Eventually(t, func() bool {

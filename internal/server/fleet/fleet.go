@@ -27,6 +27,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/internal/server/revocation"
+	"github.com/nstance-dev/nstance/internal/server/tenantops"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -78,12 +79,6 @@ type AgentOptions struct {
 	Secret func(ctx context.Context, name string) ([]byte, error)
 	// Monitor turns on health monitoring (off for providers without agents).
 	Monitor bool
-	// HealthInterval, HealthMisses, StartupGrace and Surge tune the
-	// reconciler (see reconcile.Options).
-	HealthInterval time.Duration
-	HealthMisses   int
-	StartupGrace   time.Duration
-	Surge          int
 	// RepushInterval is passed to agentapi.
 	RepushInterval time.Duration
 	// RenewIdentity renews agents' cluster-CA identity certificates through
@@ -108,6 +103,8 @@ type Fleet struct {
 	// Gate admits agent registrations against the instance records, the
 	// provider's addresses and shard.registration of the live config.
 	Gate *registration.InstanceGate
+	// Ops carries out the tenants' group and instance requests.
+	Ops *tenantops.Ops
 }
 
 // New assembles a fleet. The config holder must already hold a config.
@@ -142,8 +139,7 @@ func New(o Options) (*Fleet, error) {
 		Cluster: cfg.Cluster.ID, Shard: shard, Config: o.Config.Current, Groups: reg, Instances: store,
 		Provider: o.Provider, Nonces: o.Nonces, CACert: o.CACert, RegistrationAddr: o.RegistrationAddr,
 		AgentAddr: o.AgentAddr, Events: hubs, Log: o.Log, Workers: o.Workers, ResyncInterval: o.ResyncInterval,
-		RetryBase: o.RetryBase, HealthInterval: o.Agent.HealthInterval, HealthMisses: o.Agent.HealthMisses,
-		StartupGrace: o.Agent.StartupGrace, Surge: o.Agent.Surge, Now: o.Now,
+		RetryBase: o.RetryBase, Now: o.Now,
 	}
 	if o.Revocations != nil {
 		ro.RevokeAgent = func(ctx context.Context, id, reason string) error {
@@ -190,7 +186,8 @@ func New(o Options) (*Fleet, error) {
 		}
 	}
 	o.Config.OnChange(func(old, cur *config.Config) { f.Reconciler.ConfigChanged() })
-	f.Service = operatorsvc.New(operatorsvc.Options{Shard: shard, Reconciler: f.Reconciler, Config: o.Config, Renewer: o.Renewer, Tenant: o.Tenant, Leadership: o.Leadership,
+	f.Ops = tenantops.New(tenantops.Options{Shard: shard, Config: o.Config.Current, Groups: reg, Instances: store, Reconciler: f.Reconciler, Now: o.Now})
+	f.Service = operatorsvc.New(operatorsvc.Options{Shard: shard, Reconciler: f.Reconciler, Ops: f.Ops, Config: o.Config, Renewer: o.Renewer, Tenant: o.Tenant, Leadership: o.Leadership,
 		Revocations: o.Revocations})
 	return f, nil
 }

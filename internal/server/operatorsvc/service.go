@@ -19,6 +19,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/liveconfig"
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
 	"github.com/nstance-dev/nstance/internal/server/revocation"
+	"github.com/nstance-dev/nstance/internal/server/tenantops"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -44,8 +45,10 @@ func AuthzTenant(ctx context.Context) (string, bool) {
 type Options struct {
 	Shard      string
 	Reconciler *reconcile.Reconciler
-	Config     *liveconfig.Holder
-	Renewer    CertificateRenewer
+	// Ops carries out the tenants' group and instance requests.
+	Ops     *tenantops.Ops
+	Config  *liveconfig.Holder
+	Renewer CertificateRenewer
 	// Tenant defaults to AuthzTenant.
 	Tenant TenantFunc
 	// Revocations serves the admin RPCs ListOperators, ListRevocations and
@@ -100,17 +103,17 @@ func toStatus(err error) error {
 	if _, ok := status.FromError(err); ok && status.Code(err) != codes.Unknown {
 		return err
 	}
-	var inv *reconcile.InvalidError
+	var inv *tenantops.InvalidError
 	switch {
 	case errors.As(err, &inv):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, reconcile.ErrNotFound), errors.Is(err, instances.ErrNotFound):
+	case errors.Is(err, tenantops.ErrNotFound), errors.Is(err, instances.ErrNotFound):
 		return status.Error(codes.NotFound, err.Error())
-	case errors.Is(err, reconcile.ErrConflict):
+	case errors.Is(err, tenantops.ErrConflict):
 		return status.Error(codes.Aborted, err.Error())
-	case errors.Is(err, reconcile.ErrNotPermitted):
+	case errors.Is(err, tenantops.ErrNotPermitted):
 		return status.Error(codes.FailedPrecondition, err.Error())
-	case errors.Is(err, reconcile.ErrQuota):
+	case errors.Is(err, tenantops.ErrQuota):
 		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
@@ -184,7 +187,7 @@ func (s *Service) ListGroups(ctx context.Context, _ *nstancev1.ListGroupsRequest
 	if err != nil {
 		return nil, err
 	}
-	return &nstancev1.ListGroupsResponse{Groups: s.o.Reconciler.ListGroups(t)}, nil
+	return &nstancev1.ListGroupsResponse{Groups: s.o.Ops.ListGroups(t)}, nil
 }
 
 // UpsertGroup implements the RPC.
@@ -193,7 +196,7 @@ func (s *Service) UpsertGroup(ctx context.Context, req *nstancev1.UpsertGroupReq
 	if err != nil {
 		return nil, err
 	}
-	g, created, err := s.o.Reconciler.UpsertGroup(ctx, t, req.GetGroup(), req.GetExpectedEtag())
+	g, created, err := s.o.Ops.UpsertGroup(ctx, t, req.GetGroup(), req.GetExpectedEtag())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -206,7 +209,7 @@ func (s *Service) DeleteGroup(ctx context.Context, req *nstancev1.DeleteGroupReq
 	if err != nil {
 		return nil, err
 	}
-	n, err := s.o.Reconciler.DeleteGroup(ctx, t, req.GetGroupId(), req.GetExpectedEtag())
+	n, err := s.o.Ops.DeleteGroup(ctx, t, req.GetGroupId(), req.GetExpectedEtag())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -219,7 +222,7 @@ func (s *Service) CreateInstance(ctx context.Context, req *nstancev1.CreateInsta
 	if err != nil {
 		return nil, err
 	}
-	cr := reconcile.CreateInstanceRequest{GroupID: req.GetGroupId(), Template: req.GetTemplate(), InstanceType: req.GetInstanceType(),
+	cr := tenantops.CreateInstanceRequest{GroupID: req.GetGroupId(), Template: req.GetTemplate(), InstanceType: req.GetInstanceType(),
 		SubnetPool: req.GetSubnetPool(), ClientToken: req.GetClientToken(), Vars: req.GetVars(), Labels: req.GetLabels()}
 	if d := req.GetDrainTimeout(); d != nil {
 		if err := d.CheckValid(); err != nil {
@@ -227,7 +230,7 @@ func (s *Service) CreateInstance(ctx context.Context, req *nstancev1.CreateInsta
 		}
 		cr.DrainTimeout = d.AsDuration()
 	}
-	rec, err := s.o.Reconciler.CreateInstance(ctx, t, cr)
+	rec, err := s.o.Ops.CreateInstance(ctx, t, cr)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -240,9 +243,9 @@ func (s *Service) DeleteInstance(ctx context.Context, req *nstancev1.DeleteInsta
 	if err != nil {
 		return nil, err
 	}
-	del := s.o.Reconciler.DeleteInstance
+	del := s.o.Ops.DeleteInstance
 	if req.GetOnScaleDown() {
-		del = s.o.Reconciler.MarkForScaleDown
+		del = s.o.Ops.MarkForScaleDown
 	}
 	rec, err := del(ctx, t, req.GetInstanceId(), req.GetSkipDrain())
 	if err != nil {
@@ -260,7 +263,7 @@ func (s *Service) GetInstanceStatus(ctx context.Context, req *nstancev1.GetInsta
 	if req.GetInstanceId() == "" && req.GetClientToken() == "" {
 		return nil, status.Error(codes.InvalidArgument, "lookup: instance_id or client_token is required")
 	}
-	rec, err := s.o.Reconciler.GetInstance(t, req.GetInstanceId(), req.GetClientToken())
+	rec, err := s.o.Ops.GetInstance(t, req.GetInstanceId(), req.GetClientToken())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -278,7 +281,7 @@ func (s *Service) ListInstances(ctx context.Context, req *nstancev1.ListInstance
 			return nil, status.Errorf(codes.InvalidArgument, "states: %v is not an instance state", st)
 		}
 	}
-	return &nstancev1.ListInstancesResponse{Instances: s.o.Reconciler.ListInstances(t, req.GetGroupIds(), req.GetStates())}, nil
+	return &nstancev1.ListInstancesResponse{Instances: s.o.Ops.ListInstances(t, req.GetGroupIds(), req.GetStates())}, nil
 }
 
 // AcknowledgeDrained implements the RPC.
@@ -287,7 +290,7 @@ func (s *Service) AcknowledgeDrained(ctx context.Context, req *nstancev1.Acknowl
 	if err != nil {
 		return nil, err
 	}
-	rec, err := s.o.Reconciler.AcknowledgeDrained(ctx, t, req.GetInstanceId())
+	rec, err := s.o.Ops.AcknowledgeDrained(ctx, t, req.GetInstanceId())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -331,7 +334,7 @@ func (s *Service) WatchGroups(req *nstancev1.WatchGroupsRequest, stream nstancev
 		return err
 	}
 	now := timestamppb.Now()
-	for _, g := range s.o.Reconciler.ListGroups(t) {
+	for _, g := range s.o.Ops.ListGroups(t) {
 		if !wanted(req.GetGroupIds(), g.GetSpec().GetGroupId()) {
 			continue
 		}
@@ -404,7 +407,7 @@ func (s *Service) WatchInstances(req *nstancev1.WatchInstancesRequest, stream ns
 	// operator that was down or reconnecting when the PENDING_DELETION
 	// event was published would otherwise never acknowledge it. Subscribing
 	// first means a deletion may be announced twice, never missed.
-	for _, ev := range s.o.Reconciler.PendingDrains(t) {
+	for _, ev := range s.o.Ops.PendingDrains(t) {
 		if err := send(ev); err != nil {
 			return err
 		}

@@ -22,16 +22,17 @@
 //
 // Health (when Options.Health is set, i.e. the provider runs agents): an
 // instance is ready while its agent's last report is younger than
-// HealthMisses report intervals. A missed report triggers a provider check;
-// HealthMisses missed reports (or no first report within StartupGrace) mark
-// it unhealthy. Unhealthy, stopped and termination-announced (spot) members
+// shard.health_misses report intervals. A missed report triggers a provider
+// check; health_misses missed reports (or no first report within
+// shard.agent_startup_grace) mark it unhealthy. The health and surge tuning
+// comes from the running shard config only (config.Shard.Tuning). Unhealthy, stopped and termination-announced (spot) members
 // are replaced first: the group creates a replacement and announces the old
 // one pending-deletion (reason UNHEALTHY or SPOT_TERMINATION) only once the
 // ready members cover the group size again.
 //
 // Rotation: a member created with other infra settings (template, instance
 // type, subnet pool, args) than its group now resolves to is rotated: at
-// most Surge (default 1) extra members are created, and a drifted member is
+// most shard.rotation_surge (default 1) extra members are created, and a drifted member is
 // announced pending-deletion (reason ROTATION) only while the remaining
 // ready members still cover the size. Var changes are not rotated; the
 // Agent service pushes the re-rendered files instead.

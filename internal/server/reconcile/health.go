@@ -4,24 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"time"
 
+	"github.com/nstance-dev/nstance/internal/server/config"
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/provider"
+	"github.com/nstance-dev/nstance/internal/server/reconcile/planner"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
-// Health monitoring defaults.
-const (
-	DefaultHealthInterval = 30 * time.Second
-	DefaultHealthMisses   = 3
-	DefaultStartupGrace   = 5 * time.Minute
-	DefaultSurge          = 1
-	// healthPersistEvery bounds how often LastHealthAt is written to storage.
-	healthPersistEvery = time.Minute
-)
+// healthPersistEvery bounds how often LastHealthAt is written to storage.
+const healthPersistEvery = time.Minute
 
 // HealthSource tells when an instance's agent last reported (on this
 // server; the tracker is in memory and starts empty each term).
@@ -37,72 +31,30 @@ type AgentHooks interface {
 	Forget(instanceID string)
 }
 
-func (r *Reconciler) healthInterval() time.Duration {
-	if r.o.HealthInterval > 0 {
-		return r.o.HealthInterval
+// tuning is the health and surge tuning of the running config (the shard
+// config is its only source), so a RefreshConfig applies it.
+func (r *Reconciler) tuning() config.Tuning { return r.cfg().Shard.Tuning() }
+
+// member is rec as the planner sees it, with its agent's last report.
+func (r *Reconciler) member(rec *instances.Record) planner.Member {
+	m := planner.Member{Record: rec}
+	if r.o.Health != nil {
+		if last, ok := r.o.Health.LastReport(rec.ID); ok {
+			m.LastReport = last
+		}
 	}
-	if d := r.cfg().Shard.HealthCheckInterval.D(); d > 0 {
-		return d
-	}
-	return DefaultHealthInterval
+	return m
 }
 
-// The tuning below comes from the options when set (tests), else from the
-// live shard config, else the defaults, so a RefreshConfig applies it.
-
-func (r *Reconciler) surge() int {
-	if r.o.Surge > 0 {
-		return r.o.Surge
-	}
-	if n := r.cfg().Shard.RotationSurge; n > 0 {
-		return n
-	}
-	return DefaultSurge
+// healthTuning is the readiness rule of the running config.
+func (r *Reconciler) healthTuning() planner.Health {
+	t := r.tuning()
+	return planner.Health{Monitor: r.o.Health != nil, Interval: t.HealthInterval, Misses: t.HealthMisses}
 }
 
-func (r *Reconciler) healthMisses() int {
-	if r.o.HealthMisses > 0 {
-		return r.o.HealthMisses
-	}
-	if n := r.cfg().Shard.HealthMisses; n > 0 {
-		return n
-	}
-	return DefaultHealthMisses
-}
-
-func (r *Reconciler) startupGrace() time.Duration {
-	if r.o.StartupGrace > 0 {
-		return r.o.StartupGrace
-	}
-	if d := r.cfg().Shard.AgentStartupGrace.D(); d > 0 {
-		return d
-	}
-	return DefaultStartupGrace
-}
-
-// ready reports whether an instance serves: running at the provider and,
-// with health monitoring on, its agent reported within the allowed misses.
+// ready reports whether an instance serves (see planner.Health.Ready).
 func (r *Reconciler) ready(rec *instances.Record, now time.Time) bool {
-	if rec.State != instances.StateRunning {
-		return false
-	}
-	if r.o.Health == nil {
-		return true
-	}
-	last, ok := r.o.Health.LastReport(rec.ID)
-	return ok && now.Sub(last) < time.Duration(r.healthMisses())*r.healthInterval()
-}
-
-// urgent reports whether an instance must be replaced as soon as possible.
-func urgent(rec *instances.Record) bool {
-	return rec.State == instances.StateUnhealthy || rec.State == instances.StateStopped || rec.TerminationNotice != ""
-}
-
-// infraDrift reports whether an instance was created with other infra
-// settings (template, instance type, subnet pool, args) than its group now asks for.
-func infraDrift(rec *instances.Record, eff groups.Effective) bool {
-	return rec.Template != eff.Template || rec.InstanceType != eff.InstanceType || rec.SubnetPool != eff.SubnetPool ||
-		!maps.Equal(rec.Args, eff.Args)
+	return r.healthTuning().Ready(r.member(rec), now)
 }
 
 // AgentReported is called for every health report an agent sends. The
@@ -145,7 +97,8 @@ func (r *Reconciler) healthPass(ctx context.Context, termStart time.Time) {
 		return
 	}
 	now := r.o.Now()
-	interval := r.healthInterval()
+	tun := r.tuning()
+	interval := tun.HealthInterval
 	wake := map[groups.Key]bool{}
 	for _, rec := range r.o.Instances.List(func(x *instances.Record) bool {
 		return x.State == instances.StateRunning || x.State == instances.StateCreating
@@ -165,14 +118,14 @@ func (r *Reconciler) healthPass(ctx context.Context, termStart time.Time) {
 			if termStart.After(from) {
 				from = termStart
 			}
-			if grace := r.startupGrace(); now.Sub(from) >= grace {
+			if grace := tun.StartupGrace; now.Sub(from) >= grace {
 				r.markUnhealthy(ctx, rec, fmt.Sprintf("agent sent no health report within %s", grace))
 			}
 			continue
 		}
 		missed := int(now.Sub(last) / interval)
 		switch {
-		case missed >= r.healthMisses():
+		case missed >= tun.HealthMisses:
 			// A pass that runs late (a slow resync, a loaded machine) can see
 			// every missed report at once, before any provider check ran. A
 			// workload that is gone is recorded as stopped by the instance's
@@ -198,7 +151,7 @@ func (r *Reconciler) healthPass(ctx context.Context, termStart time.Time) {
 		}
 	}
 	for k := range wake {
-		r.enqueueGroup(k)
+		r.EnqueueGroup(k)
 	}
 }
 
@@ -223,7 +176,7 @@ func (r *Reconciler) markUnhealthy(ctx context.Context, rec *instances.Record, m
 	}
 	r.reportError(rec.Tenant, rec.GroupID, rec.ID, nstancev1.ErrorSource_ERROR_SOURCE_RECONCILE, fmt.Errorf("instance unhealthy: %s", msg))
 	if rec.GroupID != "" {
-		r.enqueueGroup(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
+		r.EnqueueGroup(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
 	}
 }
 

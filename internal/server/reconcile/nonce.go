@@ -2,50 +2,18 @@ package reconcile
 
 import (
 	"context"
-	"crypto/ed25519"
-	"fmt"
-	"time"
-
-	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/nstance-dev/nstance/internal/nonce"
 )
 
 // NonceMinter mints the short-lived registration nonce an instance's agent
-// presents on first contact.
+// presents on first contact (nonce.AgentMinter in production).
 type NonceMinter interface {
 	MintAgentNonce(ctx context.Context, req AgentNonceRequest) (string, error)
 }
 
 // AgentNonceRequest names the instance a nonce is for.
-type AgentNonceRequest struct {
-	InstanceID string
-	Tenant     string
-	GroupID    string
-}
+type AgentNonceRequest = nonce.AgentRequest
 
-// KeyMinter mints agent nonces with the cluster's Ed25519 nonce key.
-type KeyMinter struct {
-	Key       ed25519.PrivateKey
-	ClusterID string
-	Shard     string
-	// TTL is the nonce lifetime (certificates.agent_nonce_ttl).
-	TTL time.Duration
-	Now func() time.Time
-}
-
-// MintAgentNonce implements NonceMinter.
-func (m KeyMinter) MintAgentNonce(ctx context.Context, req AgentNonceRequest) (string, error) {
-	now := time.Now
-	if m.Now != nil {
-		now = m.Now
-	}
-	tok, err := nonce.Mint(m.Key, nonce.Claims{
-		Kind: nonce.KindAgent, ClusterID: m.ClusterID, Tenant: req.Tenant, Shard: m.Shard, Group: req.GroupID,
-		RegisteredClaims: jwt.RegisteredClaims{Subject: req.InstanceID},
-	}, m.TTL, now())
-	if err != nil {
-		return "", fmt.Errorf("minting agent nonce for %s: %w", req.InstanceID, err)
-	}
-	return tok, nil
-}
+// KeyMinter is nonce.AgentMinter under the name its callers use.
+type KeyMinter = nonce.AgentMinter

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
 
 	"github.com/nstance-dev/nstance/internal/server/config"
 	"github.com/nstance-dev/nstance/internal/server/events"
@@ -21,6 +22,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/limits"
 	"github.com/nstance-dev/nstance/internal/server/provider"
+	"github.com/nstance-dev/nstance/internal/server/reconcile/planner"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -51,25 +53,19 @@ type Options struct {
 	ResyncInterval time.Duration
 	// RetryBase and RetryMax bound the backoff of failed keys (default 200ms, 1m).
 	RetryBase, RetryMax time.Duration
-	Now                 func() time.Time
+	// Clock drives the periodic passes and the queue's delays (default the
+	// real clock; tests pass k8s.io/utils/clock/testing's fake clock).
+	Clock clock.WithTicker
+	// Now reads the time of records, deadlines and ages (default Clock.Now).
+	Now func() time.Time
 
 	// Health, when set, turns on agent health monitoring: an instance is
 	// ready only while its agent reports, and is marked unhealthy (then
-	// replaced first and drained) after HealthMisses missed reports, or when
-	// no report came within StartupGrace of its creation (or of the term's
-	// start). Nil (providers without agents, e.g. mock) means provider state alone.
+	// replaced first and drained) after shard.health_misses missed reports,
+	// or when no report came within shard.agent_startup_grace of its creation
+	// (or of the term's start). Nil (providers without agents, e.g. mock)
+	// means provider state alone. The tuning comes from the shard config only.
 	Health HealthSource
-	// HealthInterval is the expected report interval (default
-	// shard.health_check_interval, else 30s).
-	HealthInterval time.Duration
-	// HealthMisses is the number of missed reports that make an instance
-	// unhealthy (default 3).
-	HealthMisses int
-	// StartupGrace is how long a new instance may take to send its first report (default 5m).
-	StartupGrace time.Duration
-	// Surge is how many instances beyond its size a group may run while
-	// rotating instances whose infra settings drifted (default 1).
-	Surge int
 	// Agents is told about config and group changes and removed instances.
 	Agents AgentHooks
 	// RevokeAgent, when set, revokes the agent certificates of an instance
@@ -99,7 +95,25 @@ func (it item) String() string {
 	return "instance " + it.id
 }
 
-// Reconciler drives groups and instances of one shard.
+// Reconciler drives groups and instances of one shard: a queue of group
+// and instance keys, and an executor that gathers a key's state, asks the
+// planner (groups) or compares with the provider (instances) and applies
+// the result. Decisions live in package planner.
+//
+// Locks, each guarding what goroutines other than the term's own loop
+// touch (workers, API handlers, agent streams):
+//   - qMu: the queue of the current term and whether one runs (swapped per
+//     term while API handlers enqueue).
+//   - limMu: the create rate limiters, charged by workers (group creates)
+//     and API handlers (on-demand admission).
+//   - statusMu: the last group status published per group, so workers and
+//     API handlers publish a change once.
+//   - createMu: CreateInstance's client-token lookup and record creation,
+//     so two calls with one token make one instance.
+//   - healthMu: the per-term health memory, written by agent report
+//     handlers, workers and the health pass.
+//
+// orphans needs no lock: only the term's loop (resync) touches it.
 type Reconciler struct {
 	o   Options
 	log logr.Logger
@@ -107,6 +121,8 @@ type Reconciler struct {
 	qMu     sync.Mutex
 	queue   workqueue.TypedRateLimitingInterface[item]
 	running bool
+	// delaying, when set (tests), supplies the queue's delaying layer.
+	delaying func() workqueue.TypedDelayingInterface[item]
 
 	limMu   sync.Mutex
 	limiter *rate.Limiter
@@ -119,10 +135,9 @@ type Reconciler struct {
 	statusMu   sync.Mutex
 	lastStatus map[groups.Key]string
 
-	createMu sync.Mutex // serialises client-token lookups with record creation
+	createMu sync.Mutex
 
-	orphanMu sync.Mutex
-	orphans  map[string]time.Time
+	orphans map[string]time.Time // provider instances without a record: first seen
 
 	healthMu  sync.Mutex
 	reporting map[string]bool   // instances that reported this term
@@ -145,8 +160,11 @@ func New(o Options) *Reconciler {
 	if o.RetryMax <= 0 {
 		o.RetryMax = time.Minute
 	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
 	if o.Now == nil {
-		o.Now = time.Now
+		o.Now = o.Clock.Now
 	}
 	if o.Events == nil {
 		o.Events = events.NewHubs(0)
@@ -158,9 +176,12 @@ func New(o Options) *Reconciler {
 }
 
 func (r *Reconciler) newQueue() workqueue.TypedRateLimitingInterface[item] {
+	cfg := workqueue.TypedRateLimitingQueueConfig[item]{Name: "nstance-reconcile-" + r.o.Shard, Clock: r.o.Clock}
+	if r.delaying != nil {
+		cfg.DelayingQueue = r.delaying()
+	}
 	return workqueue.NewTypedRateLimitingQueueWithConfig(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[item](r.o.RetryBase, r.o.RetryMax),
-		workqueue.TypedRateLimitingQueueConfig[item]{Name: "nstance-reconcile-" + r.o.Shard})
+		workqueue.NewTypedItemExponentialFailureRateLimiter[item](r.o.RetryBase, r.o.RetryMax), cfg)
 }
 
 // q returns the queue of the current run.
@@ -184,30 +205,11 @@ func (r *Reconciler) Events() *events.Hubs { return r.o.Events }
 // ends, then stops its workers. Run it for each leadership term; it must not
 // run twice at once.
 func (r *Reconciler) Run(ctx context.Context) error {
-	r.qMu.Lock()
-	if r.running {
-		r.qMu.Unlock()
-		return errors.New("reconciler is already running")
-	}
-	q := r.newQueue()
-	r.queue, r.running = q, true
-	r.qMu.Unlock()
-	defer func() {
-		q.ShutDown()
-		r.qMu.Lock()
-		r.running = false
-		r.qMu.Unlock()
-	}()
-	if err := r.Load(ctx); err != nil {
+	q, termStart, err := r.begin(ctx)
+	if err != nil {
 		return err
 	}
-	r.statusMu.Lock()
-	r.lastStatus = map[groups.Key]string{}
-	r.statusMu.Unlock()
-	termStart := r.o.Now()
-	r.healthMu.Lock()
-	r.reporting, r.wasReady, r.checked = map[string]bool{}, map[string]bool{}, map[string]int{}
-	r.healthMu.Unlock()
+	defer r.end(q)
 	var wg sync.WaitGroup
 	for i := 0; i < r.o.Workers; i++ {
 		wg.Add(1)
@@ -217,29 +219,64 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	r.Resync(ctx)
-	t := time.NewTicker(r.o.ResyncInterval)
+	r.resync(ctx)
+	t := r.o.Clock.NewTicker(r.o.ResyncInterval)
 	defer t.Stop()
 	// The health pass runs twice per report interval so a miss is seen promptly.
-	hi := r.healthInterval()
-	ht := time.NewTicker(hi / 2)
-	defer ht.Stop()
+	hi := r.tuning().HealthInterval
+	ht := r.o.Clock.NewTicker(hi / 2)
+	defer func() { ht.Stop() }()
 	for {
 		select {
 		case <-ctx.Done():
 			q.ShutDown()
 			wg.Wait()
 			return nil
-		case <-t.C:
-			r.Resync(ctx)
-		case <-ht.C:
+		case <-t.C():
+			r.resync(ctx)
+		case <-ht.C():
 			r.healthPass(ctx, termStart)
-			if cur := r.healthInterval(); cur != hi {
+			if cur := r.tuning().HealthInterval; cur != hi {
+				// clock.Ticker has no Reset.
+				ht.Stop()
 				hi = cur
-				ht.Reset(hi / 2)
+				ht = r.o.Clock.NewTicker(hi / 2)
 			}
 		}
 	}
+}
+
+// begin starts a term: a fresh queue, state loaded from storage, the
+// per-term status and health memory cleared. It returns the term's queue
+// and start time; end must follow, also when begin failed.
+func (r *Reconciler) begin(ctx context.Context) (workqueue.TypedRateLimitingInterface[item], time.Time, error) {
+	r.qMu.Lock()
+	if r.running {
+		r.qMu.Unlock()
+		return nil, time.Time{}, errors.New("reconciler is already running")
+	}
+	q := r.newQueue()
+	r.queue, r.running = q, true
+	r.qMu.Unlock()
+	if err := r.Load(ctx); err != nil {
+		r.end(q)
+		return nil, time.Time{}, err
+	}
+	r.statusMu.Lock()
+	r.lastStatus = map[groups.Key]string{}
+	r.statusMu.Unlock()
+	r.healthMu.Lock()
+	r.reporting, r.wasReady, r.checked = map[string]bool{}, map[string]bool{}, map[string]int{}
+	r.healthMu.Unlock()
+	return q, r.o.Now(), nil
+}
+
+// end finishes the term of q.
+func (r *Reconciler) end(q workqueue.TypedRateLimitingInterface[item]) {
+	q.ShutDown()
+	r.qMu.Lock()
+	r.running = false
+	r.qMu.Unlock()
 }
 
 // Load rebuilds the record index and dynamic groups from object storage and
@@ -262,7 +299,7 @@ func (r *Reconciler) ConfigChanged() {
 		r.GroupChanged(k)
 	}
 	for _, g := range r.o.Groups.List("") {
-		r.enqueueGroup(g.Key())
+		r.EnqueueGroup(g.Key())
 	}
 	if r.o.Agents != nil {
 		r.o.Agents.Notify()
@@ -293,23 +330,24 @@ func (r *Reconciler) GroupChanged(k groups.Key) {
 			r.o.Agents.Notify(ids...)
 		}
 	}
-	r.enqueueGroup(k)
+	r.EnqueueGroup(k)
 }
 
-func (r *Reconciler) enqueueGroup(k groups.Key) {
+// EnqueueGroup schedules a group for reconciliation.
+func (r *Reconciler) EnqueueGroup(k groups.Key) {
 	r.q().Add(item{kind: kindGroup, tenant: k.Tenant, id: k.ID})
 }
 
 // EnqueueInstance schedules an instance for reconciliation.
 func (r *Reconciler) EnqueueInstance(id string) { r.q().Add(item{kind: kindInst, id: id}) }
 
-// Resync enqueues every group, and every instance whose record disagrees
+// resync enqueues every group, and every instance whose record disagrees
 // with what the provider reports or that has pending work. Provider
 // instances without a record are deleted when garbage collection is enabled
 // and they stay orphaned for the grace period.
-func (r *Reconciler) Resync(ctx context.Context) {
+func (r *Reconciler) resync(ctx context.Context) {
 	for _, g := range r.o.Groups.List("") {
-		r.enqueueGroup(g.Key())
+		r.EnqueueGroup(g.Key())
 	}
 	// Groups that vanished but still own instances.
 	seenGroups := map[groups.Key]bool{}
@@ -330,7 +368,7 @@ func (r *Reconciler) Resync(ctx context.Context) {
 			if !seenGroups[k] {
 				seenGroups[k] = true
 				if _, ok := r.o.Groups.Get(k); !ok {
-					r.enqueueGroup(k)
+					r.EnqueueGroup(k)
 				}
 			}
 		}
@@ -358,8 +396,6 @@ func (r *Reconciler) Resync(ctx context.Context) {
 func (r *Reconciler) collectOrphans(ctx context.Context, listed []provider.Instance, known map[string]bool) {
 	gc := r.o.Config().Shard.GarbageCollection
 	now := r.o.Now()
-	r.orphanMu.Lock()
-	defer r.orphanMu.Unlock()
 	current := map[string]time.Time{}
 	for _, inst := range listed {
 		if known[inst.InstanceID] {
@@ -434,8 +470,9 @@ func (r *Reconciler) tenantRatesLocked() (admit, pace *limits.KeyedRate) {
 	return r.tenantAdmit, r.tenantPace
 }
 
-// admitCreate charges one on-demand creation to tenant's rate.
-func (r *Reconciler) admitCreate(tenant string) bool {
+// AdmitCreate charges one on-demand creation to tenant's rate
+// (shard.limits.tenant_create_rate); false: refused.
+func (r *Reconciler) AdmitCreate(tenant string) bool {
 	r.limMu.Lock()
 	defer r.limMu.Unlock()
 	admit, _ := r.tenantRatesLocked()
@@ -487,140 +524,40 @@ func (r *Reconciler) reserveCreate(tenant string) (bool, time.Duration) {
 	return false, d
 }
 
+// syncGroup gathers the group's state, asks the planner what it needs and
+// applies the plan: deletions first (announced pending-deletion), then the
+// creates, each subject to the create rate limits. When a deletion fails no
+// instance is created (the plan counted on it) and the key is retried.
 func (r *Reconciler) syncGroup(ctx context.Context, k groups.Key) (time.Duration, error) {
 	cfg := r.cfg()
 	g, exists := r.o.Groups.Get(k)
-	var members []*instances.Record
-	for _, rec := range r.o.Instances.ListGroup(k.Tenant, k.ID) {
+	recs := r.o.Instances.ListGroup(k.Tenant, k.ID)
+	members := make([]planner.Member, 0, len(recs))
+	for _, rec := range recs {
 		if !rec.OnDemand {
-			members = append(members, rec)
+			members = append(members, r.member(rec))
 		}
 	}
-	var active []*instances.Record
-	busy := 0
-	for _, rec := range members {
-		if rec.State.Active() {
-			active = append(active, rec)
-		} else {
-			busy++
+	in := planner.Group{Exists: exists}
+	if exists {
+		in.Size = g.Spec.Size
+		in.Expiry = planner.Expiry{ForcedAge: cfg.Shard.Expiry.ForcedAge.D(), EligibleAge: cfg.Shard.Expiry.EligibleAge.D()}
+		if eff, err := groups.Resolve(cfg, &g.Spec, groups.Overrides{}); err == nil {
+			in.Infra = &eff
 		}
 	}
+	p := planner.PlanGroup(in, members, r.o.Now(), r.healthTuning(), r.tuning().Surge)
 	var errs []error
-	if !exists {
-		for _, rec := range active {
-			if err := r.beginDeletion(ctx, rec.ID, nstancev1.DeletionReason_DELETION_REASON_GROUP_DELETED, false, "group deleted"); err != nil {
-				errs = append(errs, err)
-			}
+	for _, d := range p.Deletions {
+		if err := r.BeginDeletion(ctx, d.ID, d.Reason, false, d.Message); err != nil {
+			errs = append(errs, err)
 		}
+	}
+	if !exists {
 		return 0, errors.Join(errs...)
 	}
-	now := r.o.Now()
-	ex := cfg.Shard.Expiry
-	keep := active[:0:0]
-	for _, rec := range active {
-		if r.expired(rec, ex.ForcedAge.D()) {
-			if err := r.beginDeletion(ctx, rec.ID, nstancev1.DeletionReason_DELETION_REASON_EXPIRY, false, "instance reached expiry.forced_age"); err != nil {
-				errs = append(errs, err)
-			}
-			continue
-		}
-		keep = append(keep, rec)
-	}
-	size := g.Spec.Size
-	if ex.EligibleAge > 0 && busy == 0 && len(keep) == size && size > 0 {
-		allRunning := true
-		var oldest *instances.Record
-		for _, rec := range keep {
-			if rec.State != instances.StateRunning || urgent(rec) {
-				allRunning = false
-			}
-			if oldest == nil || rec.CreatedAt.Before(oldest.CreatedAt) {
-				oldest = rec
-			}
-		}
-		if allRunning && now.Sub(oldest.CreatedAt) >= ex.EligibleAge.D() {
-			if err := r.beginDeletion(ctx, oldest.ID, nstancev1.DeletionReason_DELETION_REASON_EXPIRY, false, "instance reached expiry.eligible_age"); err != nil {
-				errs = append(errs, err)
-			} else {
-				keep = removeID(keep, oldest.ID)
-			}
-		}
-	}
-	// Sort the members: urgent ones (unhealthy, stopped, termination
-	// announced) and drifted ones (created with other infra settings) are
-	// replaced first and drained once enough ready instances remain.
-	eff, effErr := groups.Resolve(cfg, &g.Spec, groups.Overrides{})
-	var urgents, drifted, fresh []*instances.Record
-	for _, rec := range keep {
-		switch {
-		case urgent(rec):
-			urgents = append(urgents, rec)
-		case effErr == nil && infraDrift(rec, eff):
-			drifted = append(drifted, rec)
-		default:
-			fresh = append(fresh, rec)
-		}
-	}
-	// Scale down: members beyond the size (and the surge a rotation in
-	// progress may use) go, drifted ones first.
-	if excess := len(fresh) + len(drifted) - size - min(r.surge(), len(drifted)); excess > 0 {
-		order := markedFirst(append(scaleDownOrder(drifted), scaleDownOrder(fresh)...))
-		for _, rec := range order[:excess] {
-			if err := r.beginDeletion(ctx, rec.ID, nstancev1.DeletionReason_DELETION_REASON_SCALE_DOWN, false, fmt.Sprintf("group scaled to %d", size)); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			drifted, fresh = removeID(drifted, rec.ID), removeID(fresh, rec.ID)
-		}
-	}
-	// Retire what has been replaced: serving capacity (ready fresh and
-	// drifted members) must stay at the size without the retired instance.
-	capacity := 0
-	readyOf := map[string]bool{}
-	for _, rec := range append(append([]*instances.Record{}, fresh...), drifted...) {
-		if r.ready(rec, now) {
-			readyOf[rec.ID] = true
-			capacity++
-		}
-	}
-	sort.SliceStable(urgents, func(i, j int) bool { return urgents[i].CreatedAt.Before(urgents[j].CreatedAt) })
-	for i, rec := range urgents {
-		// Beyond the size, urgent instances go without waiting: their
-		// replacements are themselves failing.
-		if capacity < size && len(urgents)-i <= size {
-			break
-		}
-		reason, msg := nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY, "replaced: "+rec.Message
-		if rec.TerminationNotice != "" {
-			reason = nstancev1.DeletionReason_DELETION_REASON_SPOT_TERMINATION
-		}
-		if err := r.beginDeletion(ctx, rec.ID, reason, false, msg); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		urgents = removeID(urgents, rec.ID)
-	}
-	sort.SliceStable(drifted, func(i, j int) bool { return drifted[i].CreatedAt.Before(drifted[j].CreatedAt) })
-	for _, rec := range append([]*instances.Record{}, drifted...) {
-		after := capacity
-		if readyOf[rec.ID] {
-			after--
-		}
-		if after < size {
-			break
-		}
-		if err := r.beginDeletion(ctx, rec.ID, nstancev1.DeletionReason_DELETION_REASON_ROTATION, false, "rotated: infra settings changed"); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		capacity = after
-		drifted = removeID(drifted, rec.ID)
-	}
-	// Create: fresh members up to the size, within the surge allowance.
-	nActive := len(fresh) + len(drifted) + len(urgents)
-	allow := size + min(len(urgents), size) + min(r.surge(), len(drifted))
 	var after time.Duration
-	for i := 0; i < min(size-len(fresh), allow-nActive); i++ {
+	for i := 0; i < p.Creates && len(errs) == 0; i++ {
 		ok, wait := r.reserveCreate(g.Tenant)
 		if !ok {
 			after = wait
@@ -628,7 +565,6 @@ func (r *Reconciler) syncGroup(ctx context.Context, k groups.Key) (time.Duration
 		}
 		if err := r.createForGroup(ctx, g, cfg); err != nil {
 			errs = append(errs, err)
-			break
 		}
 	}
 	r.publishGroup(g, false)
@@ -638,52 +574,9 @@ func (r *Reconciler) syncGroup(ctx context.Context, k groups.Key) (time.Duration
 	return after, nil
 }
 
-func removeID(recs []*instances.Record, id string) []*instances.Record {
-	out := recs[:0:0]
-	for _, r := range recs {
-		if r.ID != id {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-// scaleDownOrder puts the instances to remove first: those not running
-// (stopped, unhealthy, still starting), then the newest.
-func scaleDownOrder(recs []*instances.Record) []*instances.Record {
-	rank := func(s instances.State) int {
-		switch s {
-		case instances.StateStopped:
-			return 0
-		case instances.StateUnhealthy:
-			return 1
-		case instances.StatePending, instances.StateCreating:
-			return 2
-		}
-		return 3
-	}
-	out := append([]*instances.Record{}, recs...)
-	sort.SliceStable(out, func(i, j int) bool {
-		ri, rj := rank(out[i].State), rank(out[j].State)
-		if ri != rj {
-			return ri < rj
-		}
-		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
-			return out[i].CreatedAt.After(out[j].CreatedAt)
-		}
-		return out[i].ID > out[j].ID
-	})
-	return out
-}
-
-// markedFirst moves the members marked by MarkForScaleDown to the front,
-// keeping the order otherwise.
-func markedFirst(recs []*instances.Record) []*instances.Record {
-	sort.SliceStable(recs, func(i, j int) bool { return recs[i].ScaleDownFirst && !recs[j].ScaleDownFirst })
-	return recs
-}
-
-func (r *Reconciler) newRecord(tenant, groupID string, eff groups.Effective, labels map[string]string) (*instances.Record, error) {
+// NewRecord returns the pending record of a new instance of tenant (of
+// groupID when set) with the resolved settings eff.
+func (r *Reconciler) NewRecord(tenant, groupID string, eff groups.Effective, labels map[string]string) (*instances.Record, error) {
 	prefix := groupID
 	if prefix == "" {
 		prefix = eff.Template
@@ -707,7 +600,7 @@ func (r *Reconciler) createForGroup(ctx context.Context, g *groups.Group, cfg *c
 		r.reportError(g.Tenant, g.ID, "", nstancev1.ErrorSource_ERROR_SOURCE_CONFIG, err)
 		return err
 	}
-	rec, err := r.newRecord(g.Tenant, g.ID, eff, g.Spec.Labels)
+	rec, err := r.NewRecord(g.Tenant, g.ID, eff, g.Spec.Labels)
 	if err != nil {
 		return err
 	}
@@ -806,7 +699,7 @@ func (r *Reconciler) syncInstance(ctx context.Context, id string) (time.Duration
 	gk := groups.Key{Tenant: rec.Tenant, ID: rec.GroupID}
 	defer func() {
 		if rec.GroupID != "" {
-			r.enqueueGroup(gk)
+			r.EnqueueGroup(gk)
 		}
 	}()
 	now := r.o.Now()
@@ -858,7 +751,7 @@ func (r *Reconciler) syncInstance(ctx context.Context, id string) (time.Duration
 			r.reportError(rec.Tenant, rec.GroupID, rec.ID, nstancev1.ErrorSource_ERROR_SOURCE_PROVIDER, fmt.Errorf("instance stopped: %s", obs.Message))
 		}
 		if rec.GroupID == "" || rec.OnDemand {
-			return 0, r.beginDeletion(ctx, id, nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY, false, "instance stopped: "+obs.Message)
+			return 0, r.BeginDeletion(ctx, id, nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY, false, "instance stopped: "+obs.Message)
 		}
 		// Group members are replaced first; the group drains this one afterwards.
 		return 0, nil
@@ -893,22 +786,22 @@ func (r *Reconciler) syncInstance(ctx context.Context, id string) (time.Duration
 		return 0, err
 	}
 	if rec.OnDemand && r.expired(rec, r.cfg().Shard.Expiry.OndemandAge.D()) {
-		return 0, r.beginDeletion(ctx, id, nstancev1.DeletionReason_DELETION_REASON_EXPIRY, false, "on-demand instance reached expiry.ondemand_age")
+		return 0, r.BeginDeletion(ctx, id, nstancev1.DeletionReason_DELETION_REASON_EXPIRY, false, "on-demand instance reached expiry.ondemand_age")
 	}
-	if rec.OnDemand && urgent(rec) && rec.State != instances.StateStopped {
+	if rec.OnDemand && planner.Urgent(rec) && rec.State != instances.StateStopped {
 		reason := nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY
 		if rec.TerminationNotice != "" {
 			reason = nstancev1.DeletionReason_DELETION_REASON_SPOT_TERMINATION
 		}
-		return 0, r.beginDeletion(ctx, id, reason, false, rec.Message)
+		return 0, r.BeginDeletion(ctx, id, reason, false, rec.Message)
 	}
 	return 0, nil
 }
 
-// beginDeletion moves an active instance to pending_deletion (or straight to
+// BeginDeletion moves an active instance to pending_deletion (or straight to
 // deletion when skipDrain) and announces it. Instances already on their way
 // out are left alone.
-func (r *Reconciler) beginDeletion(ctx context.Context, id string, reason nstancev1.DeletionReason, skipDrain bool, msg string) error {
+func (r *Reconciler) BeginDeletion(ctx context.Context, id string, reason nstancev1.DeletionReason, skipDrain bool, msg string) error {
 	changed := false
 	now := r.o.Now().UTC()
 	rec, err := r.o.Instances.Update(ctx, id, func(x *instances.Record) error {
@@ -947,7 +840,7 @@ func (r *Reconciler) beginDeletion(ctx context.Context, id string, reason nstanc
 	}
 	r.EnqueueInstance(id)
 	if rec.GroupID != "" {
-		r.enqueueGroup(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
+		r.EnqueueGroup(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
 	}
 	return nil
 }
@@ -997,7 +890,7 @@ func (r *Reconciler) finish(ctx context.Context, rec *instances.Record, reason n
 	rec.DeletionReason = reason
 	r.publishInstance(rec, nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_DELETED, msg)
 	if rec.GroupID != "" {
-		r.enqueueGroup(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
+		r.EnqueueGroup(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
 	}
 	return nil
 }
@@ -1057,7 +950,7 @@ func (r *Reconciler) GroupStatus(g *groups.Group) *nstancev1.GroupStatus {
 	}
 	sort.Strings(ids)
 	return &nstancev1.GroupStatus{
-		Spec: SpecProto(g), ActualSize: uint32(len(ids)), ReadyCount: uint32(ready), ProviderIds: ids,
+		Spec: g.SpecProto(), ActualSize: uint32(len(ids)), ReadyCount: uint32(ready), ProviderIds: ids,
 		Static: g.Static, Etag: g.ETag, UpdatedAt: timestamppb.New(g.UpdatedAt), Shard: r.o.Shard,
 	}
 }

@@ -7,406 +7,310 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/nstance-dev/nstance/internal/layout"
-	"github.com/nstance-dev/nstance/internal/pki"
-	"github.com/nstance-dev/nstance/internal/server/agentapi"
 	"github.com/nstance-dev/nstance/internal/server/config"
-	"github.com/nstance-dev/nstance/internal/server/fleet"
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
-	"github.com/nstance-dev/nstance/internal/server/liveconfig"
 	"github.com/nstance-dev/nstance/internal/server/provider"
-	"github.com/nstance-dev/nstance/internal/server/provider/mock"
-	"github.com/nstance-dev/nstance/internal/server/shardtest"
-	"github.com/nstance-dev/nstance/pkg/objstore"
-	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
-type env struct {
-	f     *fleet.Fleet
-	p     *mock.Provider
-	store objstore.Store
-}
-
-// start runs a fleet over cfgEdit(test config); prepare runs before Run.
-func start(t *testing.T, cfgEdit func(string) string, prepare func(*fleet.Fleet)) env {
-	t.Helper()
-	text := shardtest.Config("c1", "s1", "mock")
-	if cfgEdit != nil {
-		text = cfgEdit(text)
-	}
-	cfg, err := config.Parse([]byte(text))
-	require.NoError(t, err)
-	store := memstore.New()
-	p := mock.New()
-	f, err := fleet.New(fleet.Options{Store: store, Keys: layout.New(""), Config: liveconfig.New(store, "config/s1.jsonc", cfg, "e1", time.Now()),
-		Provider: p, ResyncInterval: 100 * time.Millisecond, RetryBase: 20 * time.Millisecond})
-	require.NoError(t, err)
-	if prepare != nil {
-		prepare(f)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx) }()
-	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
-	require.Eventually(t, f.Reconciler.Running, 5*time.Second, time.Millisecond)
-	return env{f: f, p: p, store: store}
-}
-
-func shardEdit(extra string) func(string) string {
-	return func(s string) string {
-		return strings.Replace(s, `"default_drain_timeout": "30s",`, `"default_drain_timeout": "30s", `+extra, 1)
-	}
-}
-
-func upsert(t *testing.T, e env, id string, size uint32, drain time.Duration) {
-	t.Helper()
-	spec := &nstancev1.GroupSpec{GroupId: id, Template: "worker", Size: size}
-	if drain > 0 {
-		spec.DrainTimeout = durationpbOf(drain)
-	}
-	_, _, err := e.f.Reconciler.UpsertGroup(context.Background(), "t", spec, "")
-	require.NoError(t, err)
-}
-
-func running(e env, group string) []*instances.Record {
-	var out []*instances.Record
-	for _, r := range e.f.Instances.ListGroup("t", group) {
-		if r.State == instances.StateRunning {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
 func TestCreateRateLimit(t *testing.T) {
-	e := start(t, shardEdit(`"create_rate_limit": { "per_minute": 120, "burst": 2 },`), nil)
-	began := time.Now()
-	upsert(t, e, "web", 5, 0)
-	// However late this goroutine gets to look (a loaded machine), the
-	// creates seen never exceed the burst plus 2 per second since began:
-	// each count is compared with the time measured after it was read.
-	var over []string
-	require.Eventually(t, func() bool {
-		n := e.f.Instances.Len()
-		elapsed := time.Since(began)
-		if allowed := 2 + int(elapsed/(500*time.Millisecond)); n > allowed {
-			over = append(over, fmt.Sprintf("%d creates after %s (at most %d)", n, elapsed, allowed))
-		}
-		return len(running(e, "web")) == 5
-	}, 10*time.Second, 10*time.Millisecond)
-	require.Empty(t, over, "burst of 2, then 2 per second")
-	require.GreaterOrEqual(t, time.Since(began), 1400*time.Millisecond, "three more creates at 2/s take at least 1.5s")
+	s := newShard(t, newShardConfig(t).createRate(120, 2).build(t), shardOptions{})
+	s.upsert(t, "web", 5, 0)
+	require.Equal(t, 2, s.insts.Len(), "the burst")
+	// Then one every 500ms (120 a minute), never sooner.
+	for want := 3; want <= 5; want++ {
+		s.advance(t, 499*time.Millisecond)
+		require.Equal(t, want-1, s.insts.Len(), "1ms before the next token")
+		s.advance(t, time.Millisecond)
+		require.Equal(t, want, s.insts.Len())
+	}
+	require.Len(t, s.running("web"), 5)
 }
 
 func TestForcedExpiryReplacesInstances(t *testing.T) {
-	e := start(t, shardEdit(`"expiry": { "forced_age": "1s" },`), nil)
-	sub := e.f.Events.Instances.Subscribe("t")
+	s := newShard(t, newShardConfig(t).expiry(config.Expiry{ForcedAge: config.Duration(time.Second)}).build(t), shardOptions{})
+	sub := s.events.Instances.Subscribe("t")
 	t.Cleanup(sub.Close)
-	upsert(t, e, "web", 2, 50*time.Millisecond)
-	require.Eventually(t, func() bool { return len(running(e, "web")) == 2 }, 5*time.Second, 10*time.Millisecond)
-	first := running(e, "web")
-	ev := <-sub.Events()
-	require.Equal(t, nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION, ev.GetStatus())
-	require.Equal(t, nstancev1.DeletionReason_DELETION_REASON_EXPIRY, ev.GetReason())
-	require.Contains(t, []string{first[0].ID, first[1].ID}, ev.GetInstanceId())
-	require.Eventually(t, func() bool {
-		now := running(e, "web")
-		return len(now) == 2 && now[0].ID != first[0].ID && now[0].ID != first[1].ID && now[1].ID != first[0].ID && now[1].ID != first[1].ID
-	}, 5*time.Second, 10*time.Millisecond)
+	s.upsert(t, "web", 2, 50*time.Millisecond)
+	first := s.ids("web")
+	require.Len(t, s.running("web"), 2)
+	s.advance(t, 999*time.Millisecond)
+	require.ElementsMatch(t, first, s.ids("web"), "nothing expires before forced_age")
+	s.advance(t, time.Millisecond)
+	var pending []string
+	for _, ev := range drain(sub.Events()) {
+		if ev.GetStatus() == nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION {
+			require.Equal(t, nstancev1.DeletionReason_DELETION_REASON_EXPIRY, ev.GetReason())
+			pending = append(pending, ev.GetInstanceId())
+		}
+	}
+	require.ElementsMatch(t, first, pending, "both reached forced_age and go at once")
+	s.advance(t, 50*time.Millisecond)
+	now := s.running("web")
+	require.Len(t, now, 2)
+	for _, r := range now {
+		require.NotContains(t, first, r.ID)
+	}
 }
 
 func TestEligibleExpiryReplacesOneAtATime(t *testing.T) {
-	e := start(t, shardEdit(`"expiry": { "eligible_age": "500ms" },`), nil)
-	sub := e.f.Events.Instances.Subscribe("t")
+	s := newShard(t, newShardConfig(t).expiry(config.Expiry{EligibleAge: config.Duration(500 * time.Millisecond)}).build(t), shardOptions{})
+	sub := s.events.Instances.Subscribe("t")
 	t.Cleanup(sub.Close)
-	upsert(t, e, "web", 3, 200*time.Millisecond)
-	pendingNow := 0
-	deadline := time.After(3 * time.Second)
-	seen := 0
-	for seen < 3 {
-		select {
-		case ev := <-sub.Events():
+	s.upsert(t, "web", 3, 200*time.Millisecond)
+	first := s.ids("web")
+	pendingNow, seen := 0, map[string]bool{}
+	for step := 0; step < 100 && len(seen) < 3; step++ {
+		s.advance(t, 10*time.Millisecond)
+		for _, ev := range drain(sub.Events()) {
 			switch ev.GetStatus() {
 			case nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION:
 				require.Equal(t, nstancev1.DeletionReason_DELETION_REASON_EXPIRY, ev.GetReason())
 				pendingNow++
 				require.Equal(t, 1, pendingNow, "only one eligible instance is replaced at a time")
-				seen++
+				seen[ev.GetInstanceId()] = true
 			case nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_DELETED:
 				pendingNow--
 			}
-		case <-deadline:
-			t.Fatalf("only %d eligible replacements seen", seen)
 		}
+	}
+	require.Len(t, seen, 3, "every member was replaced within a second")
+	for _, id := range first {
+		require.True(t, seen[id], "the first members go first (oldest)")
 	}
 }
 
 func TestStoppedWorkloadIsReplaced(t *testing.T) {
-	e := start(t, nil, nil)
-	errs := e.f.Events.Errors.Subscribe("t")
+	s := newShard(t, newShardConfig(t).build(t), shardOptions{})
+	errs := s.events.Errors.Subscribe("t")
 	t.Cleanup(errs.Close)
-	upsert(t, e, "web", 1, 50*time.Millisecond)
-	require.Eventually(t, func() bool { return len(running(e, "web")) == 1 }, 5*time.Second, 10*time.Millisecond)
-	victim := running(e, "web")[0].ID
-	e.p.Stop(victim)
-	ev := <-errs.Events()
-	require.Equal(t, victim, ev.GetInstanceId())
-	require.Contains(t, ev.GetMessage(), "stopped")
-	require.Eventually(t, func() bool {
-		r := running(e, "web")
-		_, gone := e.f.Instances.Get(victim)
-		return len(r) == 1 && r[0].ID != victim && !gone
-	}, 5*time.Second, 10*time.Millisecond)
+	s.upsert(t, "web", 1, 50*time.Millisecond)
+	victim := s.running("web")[0].ID
+	s.p.Stop(victim)
+	s.advance(t, 100*time.Millisecond) // the resync notices
+	evs := drain(errs.Events())
+	require.NotEmpty(t, evs)
+	require.Equal(t, victim, evs[0].GetInstanceId())
+	require.Contains(t, evs[0].GetMessage(), "stopped")
+	// The replacement was created at once; the next resync sees it ready and
+	// retires the stopped member, whose drain deadline follows.
+	s.advance(t, 150*time.Millisecond)
+	r := s.running("web")
+	require.Len(t, r, 1)
+	require.NotEqual(t, victim, r[0].ID)
+	_, exists := s.insts.Get(victim)
+	require.False(t, exists)
 }
 
 func TestPendingRecordFromACrashIsLaunchedNotDuplicated(t *testing.T) {
 	var orphanID string
-	e := start(t, nil, func(f *fleet.Fleet) {
+	s := newShard(t, newShardConfig(t).build(t), shardOptions{prepare: func(s *shard) {
 		ctx := context.Background()
-		_, err := f.Groups.Load(ctx)
+		_, err := s.groups.Load(ctx)
 		require.NoError(t, err)
-		_, _, err = f.Groups.Upsert(ctx, groups.Key{Tenant: "t", ID: "web"}, groups.Spec{Template: "worker", Size: 1}, "")
+		_, _, err = s.groups.Upsert(ctx, groups.Key{Tenant: "t", ID: "web"}, groups.Spec{Template: "worker", Size: 1}, "")
 		require.NoError(t, err)
 		orphanID, _ = instances.NewID("web")
-		require.NoError(t, f.Instances.Create(ctx, &instances.Record{ID: orphanID, Tenant: "t", GroupID: "web", Shard: "s1",
+		require.NoError(t, s.insts.Create(ctx, &instances.Record{ID: orphanID, Tenant: "t", GroupID: "web", Shard: "s1",
 			ProviderID: provider.ID("c1", "s1", orphanID), State: instances.StatePending, Template: "worker", InstanceType: "test.small",
-			SubnetPool: "default", CreatedAt: time.Now()}))
-	})
-	require.Eventually(t, func() bool { return len(running(e, "web")) == 1 }, 5*time.Second, 10*time.Millisecond)
-	time.Sleep(300 * time.Millisecond)
-	r := running(e, "web")
+			SubnetPool: "default", CreatedAt: epoch}))
+	}})
+	s.run(t)
+	s.advance(t, 300*time.Millisecond)
+	r := s.running("web")
 	require.Len(t, r, 1)
 	require.Equal(t, orphanID, r[0].ID)
-	creates, _ := e.p.Counts()
+	creates, _ := s.p.Counts()
 	require.Equal(t, 1, creates)
 }
 
+// TestRapidChangesAreNeverLost: resizes from many goroutines while the
+// queue is being processed are coalesced, never dropped.
 func TestRapidChangesAreNeverLost(t *testing.T) {
-	e := start(t, nil, nil)
+	s := newShard(t, newShardConfig(t).build(t), shardOptions{})
 	var wg sync.WaitGroup
+	errs := make(chan error, 20*16)
 	for g := 0; g < 20; g++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			id := fmt.Sprintf("g%02d", g)
-			for i := 0; i < 15; i++ {
-				upsert(t, e, id, uint32((i*7+g)%5), time.Millisecond)
+			for i := 0; i < 16; i++ {
+				size := uint32((i*7 + g) % 5)
+				if i == 15 {
+					size = uint32(g%4 + 1)
+				}
+				_, _, err := s.ops.UpsertGroup(context.Background(), "t", &nstancev1.GroupSpec{GroupId: id, Template: "worker", Size: size}, "")
+				errs <- err
 			}
-			upsert(t, e, id, uint32(g%4+1), time.Millisecond)
 		}()
 	}
-	wg.Wait()
-	require.Eventually(t, func() bool {
-		for g := 0; g < 20; g++ {
-			id := fmt.Sprintf("g%02d", g)
-			if len(e.f.Instances.ListGroup("t", id)) != g%4+1 || len(running(e, id)) != g%4+1 {
-				return false
-			}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
 		}
-		return true
-	}, 15*time.Second, 20*time.Millisecond, "every group ends at its last requested size")
-	list, err := e.p.List(context.Background())
-	require.NoError(t, err)
+		s.term.RunUntilIdle(t)
+	}
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	s.advance(t, time.Minute) // drains of the removed members time out (default 30s)
 	want := 0
 	for g := 0; g < 20; g++ {
+		id := fmt.Sprintf("g%02d", g)
+		require.Len(t, s.ids(id), g%4+1, "group %s ends at its last requested size", id)
+		require.Len(t, s.running(id), g%4+1)
 		want += g%4 + 1
 	}
+	list, err := s.p.List(context.Background())
+	require.NoError(t, err)
 	require.Len(t, list, want, "no provider instance leaked")
 }
 
-// reporter feeds health reports for a fleet's active instances, as agents would.
-type reporter struct {
-	mu      sync.Mutex
-	silent  map[string]bool
-	notices map[string]*nstancev1.TerminationNotice
-}
-
-func (rp *reporter) run(ctx context.Context, f *fleet.Fleet) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(30 * time.Millisecond):
-		}
-		for _, rec := range f.Instances.List(func(r *instances.Record) bool { return r.State.Active() }) {
-			rp.mu.Lock()
-			silent, notice := rp.silent[rec.ID], rp.notices[rec.ID]
-			rp.mu.Unlock()
-			if !silent {
-				_ = f.Health.RecordHealth(ctx, agentapi.Ref{InstanceID: rec.ID, Tenant: rec.Tenant, Group: rec.GroupID},
-					&nstancev1.HealthReport{Termination: notice}, time.Now())
-			}
-		}
-	}
-}
-
-// healthMisses is the unhealthy threshold of the health tests, 1s at the
-// 100ms interval: the reporter reports every 30ms, and with 3 misses (300ms)
-// a loaded machine that ran the health pass before the reporter after a
-// pause got a healthy instance called unhealthy.
-const healthMisses = 10
-
 func TestHealthProblemsAreReplacedFirst(t *testing.T) {
-	ca, err := pki.GenerateWorkloadCA("c1", time.Hour, time.Now())
-	require.NoError(t, err)
 	cases := []struct {
 		name   string
-		act    func(rp *reporter, p *mock.Provider, victim string)
+		act    func(s *shard, victim string)
 		reason nstancev1.DeletionReason
 		errMsg string // regular expression; a group captures the missed reports
 	}{
-		{"missed reports", func(rp *reporter, _ *mock.Provider, victim string) {
-			rp.mu.Lock()
-			rp.silent[victim] = true
-			rp.mu.Unlock()
-		}, nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY, `missed (\d+) health reports`},
-		{"spot termination notice", func(rp *reporter, _ *mock.Provider, victim string) {
-			rp.mu.Lock()
-			rp.notices[victim] = &nstancev1.TerminationNotice{Kind: nstancev1.TerminationKind_TERMINATION_KIND_SPOT}
-			rp.mu.Unlock()
+		{"missed reports", func(s *shard, victim string) { s.agents.silence(victim) },
+			nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY, `missed (\d+) health reports`},
+		{"spot termination notice", func(s *shard, victim string) {
+			s.agents.report(victim, &nstancev1.TerminationNotice{Kind: nstancev1.TerminationKind_TERMINATION_KIND_SPOT})
 		}, nstancev1.DeletionReason_DELETION_REASON_SPOT_TERMINATION, ""},
-		{"provider stopped the instance", func(_ *reporter, p *mock.Provider, victim string) { p.Stop(victim) },
+		{"provider stopped the instance", func(s *shard, victim string) { s.p.Stop(victim) },
 			nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY, "stopped"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			rp := &reporter{silent: map[string]bool{}, notices: map[string]*nstancev1.TerminationNotice{}}
-			cfg, err := config.Parse([]byte(shardtest.Config("c1", "s1", "mock")))
-			require.NoError(t, err)
-			store := memstore.New()
-			p := mock.New()
-			f, err := fleet.New(fleet.Options{Store: store, Keys: layout.New(""), Config: liveconfig.New(store, "config/s1.jsonc", cfg, "e1", time.Now()),
-				Provider: p, ResyncInterval: 100 * time.Millisecond, RetryBase: 20 * time.Millisecond,
-				Agent: fleet.AgentOptions{WorkloadCA: ca, Monitor: true, HealthInterval: 100 * time.Millisecond, HealthMisses: healthMisses, StartupGrace: 2 * time.Second}})
-			require.NoError(t, err)
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- f.Run(ctx) }()
-			go rp.run(ctx, f)
-			t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
-			require.Eventually(t, f.Reconciler.Running, 5*time.Second, time.Millisecond)
-			insts := f.Events.Instances.Subscribe("t")
+			const misses = 3
+			s := newShard(t, newShardConfig(t).health(100*time.Millisecond, misses, 2*time.Second).build(t), shardOptions{monitor: true})
+			insts := s.events.Instances.Subscribe("t")
 			t.Cleanup(insts.Close)
-			errs := f.Events.Errors.Subscribe("t")
+			errs := s.events.Errors.Subscribe("t")
 			t.Cleanup(errs.Close)
-			e := env{f: f, p: p, store: store}
-			upsert(t, e, "web", 2, 50*time.Millisecond)
-			ready := func() int { return int(f.Reconciler.GroupStatus(mustGroup(t, f, "web")).GetReadyCount()) }
-			require.Eventually(t, func() bool { return ready() == 2 }, 5*time.Second, 10*time.Millisecond)
-			initial := map[string]bool{}
-			for _, r := range running(e, "web") {
-				initial[r.ID] = true
-			}
-			victim := running(e, "web")[0].ID
-			tc.act(rp, p, victim)
-			if tc.errMsg != "" {
-				ev := <-errs.Events()
-				require.Equal(t, victim, ev.GetInstanceId())
-				m := regexp.MustCompile(tc.errMsg).FindStringSubmatch(ev.GetMessage())
-				require.NotNil(t, m, "%q does not match %q", ev.GetMessage(), tc.errMsg)
-				if len(m) > 1 {
-					// A health pass that runs late counts more than the limit.
-					n, err := strconv.Atoi(m[1])
-					require.NoError(t, err)
-					require.GreaterOrEqual(t, n, healthMisses)
-				}
-			}
+			s.upsert(t, "web", 2, 50*time.Millisecond)
+			require.Equal(t, 0, s.ready(t, "web"), "no agent reported yet")
+			s.reportAll()
+			s.run(t)
+			require.Equal(t, 2, s.ready(t, "web"))
+			initial := s.ids("web")
+			victim := initial[0]
+			tc.act(s, victim)
+			s.run(t)
+
+			// Agents report every 100ms; step until the victim is announced.
 			var ev *nstancev1.InstanceEvent
-			select {
-			case ev = <-insts.Events():
-			case <-time.After(10 * time.Second):
-				t.Fatal("no instance event")
+			var errEvs []*nstancev1.ErrorEvent
+			for step := 0; step < 50 && ev == nil; step++ {
+				s.advance(t, 100*time.Millisecond)
+				errEvs = append(errEvs, drain(errs.Events())...)
+				if evs := drain(insts.Events()); len(evs) > 0 {
+					ev = evs[0] // the drain deadline may follow in the same step
+				}
+				s.reportAll()
 			}
+			require.NotNil(t, ev, "the victim was announced")
 			require.Equal(t, nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION, ev.GetStatus())
 			require.Equal(t, victim, ev.GetInstanceId())
 			require.Equal(t, tc.reason, ev.GetReason())
-			// The replacement exists and reports by the time the victim is announced.
+			if tc.errMsg != "" {
+				require.NotEmpty(t, errEvs)
+				require.Equal(t, victim, errEvs[0].GetInstanceId())
+				m := regexp.MustCompile(tc.errMsg).FindStringSubmatch(errEvs[0].GetMessage())
+				require.NotNil(t, m, "%q does not match %q", errEvs[0].GetMessage(), tc.errMsg)
+				if len(m) > 1 {
+					n, err := strconv.Atoi(m[1])
+					require.NoError(t, err)
+					require.Equal(t, misses, n, "unhealthy at exactly health_misses missed reports")
+				}
+			}
+			// The replacement exists and reported by the time the victim is announced.
 			var fresh []string
-			for _, r := range f.Instances.ListGroup("t", "web") {
-				if !initial[r.ID] {
-					fresh = append(fresh, r.ID)
+			for _, id := range s.ids("web") {
+				if id != initial[0] && id != initial[1] {
+					fresh = append(fresh, id)
 				}
 			}
 			require.Len(t, fresh, 1)
-			_, reported := f.Health.LastReport(fresh[0])
+			_, reported := s.agents.LastReport(fresh[0])
 			require.True(t, reported, "replacement reported before the victim was drained")
-			require.Eventually(t, func() bool {
-				_, there := f.Instances.Get(victim)
-				return !there && ready() == 2
-			}, 5*time.Second, 10*time.Millisecond)
-			_, known := f.Health.LastReport(victim)
-			require.False(t, known, "health state of a deleted instance is dropped")
+			s.advance(t, 50*time.Millisecond) // the drain deadline
+			_, there := s.insts.Get(victim)
+			require.False(t, there)
+			require.Equal(t, 2, s.ready(t, "web"))
+			require.Contains(t, s.agents.forgot, victim, "health state of a deleted instance is dropped")
 		})
 	}
-}
-
-func mustGroup(t *testing.T, f *fleet.Fleet, id string) *groups.Group {
-	t.Helper()
-	g, ok := f.Groups.Get(groups.Key{Tenant: "t", ID: id})
-	require.True(t, ok)
-	return g
 }
 
 // TestLateHealthPassAsksTheProviderFirst: a health pass that runs late sees
 // every missed report at once. When the workload is gone (a killed agent's VM),
 // the instance must be recorded as stopped, not merely called unhealthy. The
-// clock jumps past HealthMisses intervals in one step and periodic resyncs are
-// off, so only the health pass can notice.
+// clock jumps past health_misses intervals in one step and periodic resyncs
+// are off, so only the health pass can notice.
 func TestLateHealthPassAsksTheProviderFirst(t *testing.T) {
-	ca, err := pki.GenerateWorkloadCA("c1", time.Hour, time.Now())
-	require.NoError(t, err)
-	var offset atomic.Int64
-	now := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
-	rp := &reporter{silent: map[string]bool{}, notices: map[string]*nstancev1.TerminationNotice{}}
-	cfg, err := config.Parse([]byte(shardtest.Config("c1", "s1", "mock")))
-	require.NoError(t, err)
-	store := memstore.New()
-	p := mock.New()
 	const interval = 100 * time.Millisecond
-	f, err := fleet.New(fleet.Options{Store: store, Keys: layout.New(""), Config: liveconfig.New(store, "config/s1.jsonc", cfg, "e1", time.Now()),
-		Provider: p, ResyncInterval: time.Hour, RetryBase: 20 * time.Millisecond, Now: now,
-		Agent: fleet.AgentOptions{WorkloadCA: ca, Monitor: true, HealthInterval: interval, HealthMisses: 3, StartupGrace: time.Hour}})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx) }()
-	go rp.run(ctx, f)
-	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
-	require.Eventually(t, f.Reconciler.Running, 5*time.Second, time.Millisecond)
-	errs := f.Events.Errors.Subscribe("t")
+	s := newShard(t, newShardConfig(t).health(interval, 3, time.Hour).build(t), shardOptions{monitor: true, resync: time.Hour})
+	errs := s.events.Errors.Subscribe("t")
 	t.Cleanup(errs.Close)
-	e := env{f: f, p: p, store: store}
-	upsert(t, e, "web", 1, 50*time.Millisecond)
-	require.Eventually(t, func() bool {
-		return int(f.Reconciler.GroupStatus(mustGroup(t, f, "web")).GetReadyCount()) == 1
-	}, 5*time.Second, 10*time.Millisecond)
-	victim := running(e, "web")[0].ID
+	s.upsert(t, "web", 1, 50*time.Millisecond)
+	s.reportAll()
+	s.run(t)
+	require.Equal(t, 1, s.ready(t, "web"))
+	victim := s.running("web")[0].ID
 
-	rp.mu.Lock()
-	rp.silent[victim] = true
-	rp.mu.Unlock()
-	p.Stop(victim)
-	offset.Store(int64(10 * interval))
+	s.agents.silence(victim)
+	s.p.Stop(victim)
+	s.clk.Step(10 * interval)
+	s.term.HealthPass(t)
 
-	var ev *nstancev1.ErrorEvent
-	select {
-	case ev = <-errs.Events():
-	case <-time.After(10 * time.Second):
-		t.Fatal("no error event for the stopped instance")
+	evs := drain(errs.Events())
+	require.NotEmpty(t, evs, "an error event for the stopped instance")
+	require.Equal(t, victim, evs[0].GetInstanceId())
+	require.Contains(t, evs[0].GetMessage(), "instance stopped", "the provider's answer wins over the missed-report count")
+	for _, ev := range evs {
+		require.NotContains(t, ev.GetMessage(), "missed", "never called unhealthy")
 	}
-	offset.Store(0)
-	require.Equal(t, victim, ev.GetInstanceId())
-	require.Contains(t, ev.GetMessage(), "instance stopped", "the provider's answer wins over the missed-report count")
-	rec, ok := f.Instances.Get(victim)
-	if ok {
-		require.True(t, rec.WorkloadGone, "a stopped workload is recorded as gone (the operator skips its drain)")
+	rec, ok := s.insts.Get(victim)
+	require.True(t, ok, "the group replaces it first")
+	require.True(t, rec.WorkloadGone, "a stopped workload is recorded as gone (the operator skips its drain)")
+	require.Equal(t, instances.StateStopped, rec.State)
+}
+
+// TestFailedDeletionHoldsTheCreatesBack: the plan counts on its deletions;
+// when one cannot be recorded, nothing is created (the group would run
+// above its size) and the group is retried with backoff.
+func TestFailedDeletionHoldsTheCreatesBack(t *testing.T) {
+	s := newShard(t, newShardConfig(t).expiry(config.Expiry{ForcedAge: config.Duration(time.Minute)}).build(t), shardOptions{resync: time.Hour})
+	s.upsert(t, "web", 2, 50*time.Millisecond)
+	first := s.ids("web")
+	require.Len(t, first, 2)
+	creates, _ := s.p.Counts()
+	// Only the existing members' records fail: a new record would be written.
+	s.failWrites(func(key string) bool { return strings.Contains(key, first[0]) || strings.Contains(key, first[1]) })
+	s.clk.Step(time.Minute)
+	s.term.Resync(t)
+	after, _ := s.p.Counts()
+	require.Equal(t, creates, after, "no replacement while its member's deletion failed")
+	require.ElementsMatch(t, first, s.ids("web"))
+	require.Positive(t, s.term.Waiting(), "the group waits for its retry")
+	s.failWrites(nil)
+	s.advance(t, time.Second) // the retry, then the drain deadlines
+	for _, id := range s.ids("web") {
+		require.NotContains(t, first, id, "both expired members were replaced")
 	}
+	require.Len(t, s.running("web"), 2)
 }

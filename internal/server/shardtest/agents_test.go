@@ -106,10 +106,13 @@ func startAgentShardWith(t *testing.T, cfg string) *agentShard {
 			_ = a.p.Delete(context.Background(), inst.InstanceID)
 		}
 	})
+	// Health tuning comes from the shard config only.
+	cfg = strings.Replace(cfg, `"default_drain_timeout": "30s",`, fmt.Sprintf(`"default_drain_timeout": "30s", "health_check_interval": %q, "health_misses": %d, "agent_startup_grace": "30s",`,
+		reportEvery.String(), misses), 1)
 	a.sh = shardtest.Start(t, shardtest.Options{
 		ConfigJSONC: cfg, Provider: a.p, Agents: true,
 		Agent: fleet.AgentOptions{
-			HealthInterval: reportEvery, HealthMisses: misses, StartupGrace: 30 * time.Second, RepushInterval: 500 * time.Millisecond,
+			RepushInterval: 500 * time.Millisecond,
 			OnReport: func(_ context.Context, ref agentapi.Ref, _ *nstancev1.HealthReport, at time.Time) {
 				a.mu.Lock()
 				if _, ok := a.first[ref.InstanceID]; !ok {

@@ -1,4 +1,4 @@
-package reconcile
+package tenantops
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"slices"
 	"time"
 
-	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nstance-dev/nstance/internal/server/config"
@@ -37,18 +36,6 @@ func (e *InvalidError) Unwrap() error { return ErrInvalid }
 
 func invalid(fields ...config.FieldError) error { return &InvalidError{Fields: fields} }
 
-// SpecProto converts a group's spec to its wire form.
-func SpecProto(g *groups.Group) *nstancev1.GroupSpec {
-	s := &nstancev1.GroupSpec{
-		GroupId: g.ID, Template: g.Spec.Template, Size: uint32(g.Spec.Size), InstanceType: g.Spec.InstanceType,
-		SubnetPool: g.Spec.SubnetPool, Vars: maps.Clone(g.Spec.Vars), Labels: maps.Clone(g.Spec.Labels),
-	}
-	if g.Spec.DrainTimeout > 0 {
-		s.DrainTimeout = durationpb.New(g.Spec.DrainTimeout)
-	}
-	return s
-}
-
 // SpecFromProto converts a wire spec, checking the duration.
 func SpecFromProto(p *nstancev1.GroupSpec) (groups.Spec, error) {
 	s := groups.Spec{Template: p.GetTemplate(), Size: int(p.GetSize()), InstanceType: p.GetInstanceType(),
@@ -66,11 +53,11 @@ func SpecFromProto(p *nstancev1.GroupSpec) (groups.Spec, error) {
 }
 
 // ListGroups returns the wire status of every group of tenant, sorted by id.
-func (r *Reconciler) ListGroups(tenant string) []*nstancev1.GroupStatus {
-	gs := r.o.Groups.List(tenant)
+func (o *Ops) ListGroups(tenant string) []*nstancev1.GroupStatus {
+	gs := o.o.Groups.List(tenant)
 	out := make([]*nstancev1.GroupStatus, 0, len(gs))
 	for _, g := range gs {
-		out = append(out, r.GroupStatus(g))
+		out = append(out, o.o.Reconciler.GroupStatus(g))
 	}
 	return out
 }
@@ -90,7 +77,7 @@ func mapGroupErr(err error) error {
 }
 
 // UpsertGroup validates and stores a dynamic group, then reconciles it.
-func (r *Reconciler) UpsertGroup(ctx context.Context, tenant string, p *nstancev1.GroupSpec, expectedETag string) (*nstancev1.GroupStatus, bool, error) {
+func (o *Ops) UpsertGroup(ctx context.Context, tenant string, p *nstancev1.GroupSpec, expectedETag string) (*nstancev1.GroupStatus, bool, error) {
 	if p == nil {
 		return nil, false, invalid(config.FieldError{Key: "group", Reason: "required"})
 	}
@@ -98,34 +85,34 @@ func (r *Reconciler) UpsertGroup(ctx context.Context, tenant string, p *nstancev
 	if err != nil {
 		return nil, false, err
 	}
-	if fes := groups.Validate(r.cfg(), tenant, p.GetGroupId(), spec); len(fes) > 0 {
+	if fes := groups.Validate(o.o.Config(), tenant, p.GetGroupId(), spec); len(fes) > 0 {
 		return nil, false, invalid(fes...)
 	}
 	k := groups.Key{Tenant: tenant, ID: p.GetGroupId()}
-	g, created, err := r.o.Groups.UpsertWithin(ctx, k, spec, expectedETag, r.cfg().Shard.Limits.WithDefaults().MaxGroupsPerTenant)
+	g, created, err := o.o.Groups.UpsertWithin(ctx, k, spec, expectedETag, o.o.Config().Shard.Limits.WithDefaults().MaxGroupsPerTenant)
 	if err != nil {
 		return nil, false, mapGroupErr(err)
 	}
-	r.GroupChanged(k)
-	return r.GroupStatus(g), created, nil
+	o.o.Reconciler.GroupChanged(k)
+	return o.o.Reconciler.GroupStatus(g), created, nil
 }
 
 // DeleteGroup removes a dynamic group; its instances are drained and deleted.
-func (r *Reconciler) DeleteGroup(ctx context.Context, tenant, id, expectedETag string) (int, error) {
+func (o *Ops) DeleteGroup(ctx context.Context, tenant, id, expectedETag string) (int, error) {
 	if id == "" {
 		return 0, invalid(config.FieldError{Key: "group_id", Reason: "required"})
 	}
 	k := groups.Key{Tenant: tenant, ID: id}
-	if _, err := r.o.Groups.Delete(ctx, k, expectedETag); err != nil {
+	if _, err := o.o.Groups.Delete(ctx, k, expectedETag); err != nil {
 		return 0, mapGroupErr(err)
 	}
 	n := 0
-	for _, rec := range r.o.Instances.ListGroup(tenant, id) {
+	for _, rec := range o.o.Instances.ListGroup(tenant, id) {
 		if !rec.OnDemand && rec.State.Active() {
 			n++
 		}
 	}
-	r.GroupChanged(k)
+	o.o.Reconciler.GroupChanged(k)
 	return n, nil
 }
 
@@ -138,20 +125,20 @@ type CreateInstanceRequest struct {
 
 // CreateInstance records an on-demand instance and schedules its creation.
 // A repeated client token returns the instance created the first time.
-func (r *Reconciler) CreateInstance(ctx context.Context, tenant string, req CreateInstanceRequest) (*instances.Record, error) {
-	r.createMu.Lock()
-	defer r.createMu.Unlock()
+func (o *Ops) CreateInstance(ctx context.Context, tenant string, req CreateInstanceRequest) (*instances.Record, error) {
+	o.createMu.Lock()
+	defer o.createMu.Unlock()
 	if req.ClientToken != "" {
 		if len(req.ClientToken) > 128 {
 			return nil, invalid(config.FieldError{Key: "client_token", Reason: "must be at most 128 characters"})
 		}
-		if rec, ok := r.o.Instances.ByClientToken(tenant, req.ClientToken); ok {
+		if rec, ok := o.o.Instances.ByClientToken(tenant, req.ClientToken); ok {
 			return rec, nil
 		}
 	}
 	var spec *groups.Spec
 	if req.GroupID != "" {
-		g, ok := r.o.Groups.Get(groups.Key{Tenant: tenant, ID: req.GroupID})
+		g, ok := o.o.Groups.Get(groups.Key{Tenant: tenant, ID: req.GroupID})
 		if !ok {
 			return nil, fmt.Errorf("%w: group %q", ErrNotFound, req.GroupID)
 		}
@@ -160,12 +147,12 @@ func (r *Reconciler) CreateInstance(ctx context.Context, tenant string, req Crea
 	if req.DrainTimeout < 0 {
 		return nil, invalid(config.FieldError{Key: "drain_timeout", Reason: "must not be negative"})
 	}
-	eff, err := groups.Resolve(r.cfg(), spec, groups.Overrides{Template: req.Template, InstanceType: req.InstanceType,
+	eff, err := groups.Resolve(o.o.Config(), spec, groups.Overrides{Template: req.Template, InstanceType: req.InstanceType,
 		SubnetPool: req.SubnetPool, Vars: req.Vars, DrainTimeout: req.DrainTimeout})
 	if err != nil {
 		return nil, invalid(config.FieldError{Reason: err.Error()})
 	}
-	if fes := groups.CheckCertificateNames(r.cfg(), tenant, req.GroupID, eff); len(fes) > 0 {
+	if fes := groups.CheckCertificateNames(o.o.Config(), tenant, req.GroupID, eff); len(fes) > 0 {
 		return nil, invalid(fes...)
 	}
 	labels, vars := map[string]string{}, map[string]string{}
@@ -176,32 +163,32 @@ func (r *Reconciler) CreateInstance(ctx context.Context, tenant string, req Crea
 	maps.Copy(labels, req.Labels)
 	maps.Copy(vars, req.Vars)
 	// The tenant's vars and labels are counted; the config's own are not.
-	if fes := groups.CheckCounts(r.cfg(), vars, labels); len(fes) > 0 {
+	if fes := groups.CheckCounts(o.o.Config(), vars, labels); len(fes) > 0 {
 		return nil, invalid(fes...)
 	}
 	// The tenant's create rate is charged last, so a refused request costs nothing.
-	if !r.admitCreate(tenant) {
-		rl := r.cfg().Shard.Limits.WithDefaults().TenantCreateRate
+	if !o.o.Reconciler.AdmitCreate(tenant) {
+		rl := o.o.Config().Shard.Limits.WithDefaults().TenantCreateRate
 		return nil, fmt.Errorf("%w: tenant %s creates instances faster than shard.limits.tenant_create_rate (%d a minute, bursts of %d); retry later",
 			ErrQuota, tenant, rl.PerMinute, rl.Burst)
 	}
-	rec, err := r.newRecord(tenant, req.GroupID, eff, labels)
+	rec, err := o.o.Reconciler.NewRecord(tenant, req.GroupID, eff, labels)
 	if err != nil {
 		return nil, err
 	}
 	rec.OnDemand, rec.ClientToken = true, req.ClientToken
-	if err := r.o.Instances.Create(ctx, rec); err != nil {
+	if err := o.o.Instances.Create(ctx, rec); err != nil {
 		return nil, err
 	}
-	r.EnqueueInstance(rec.ID)
+	o.o.Reconciler.EnqueueInstance(rec.ID)
 	return rec, nil
 }
 
-func (r *Reconciler) tenantRecord(tenant, id string) (*instances.Record, error) {
+func (o *Ops) tenantRecord(tenant, id string) (*instances.Record, error) {
 	if id == "" {
 		return nil, invalid(config.FieldError{Key: "instance_id", Reason: "required"})
 	}
-	rec, ok := r.o.Instances.Get(id)
+	rec, ok := o.o.Instances.Get(id)
 	if !ok || rec.Tenant != tenant {
 		// Another tenant's instance is indistinguishable from a missing one.
 		return nil, fmt.Errorf("%w: instance %q", ErrNotFound, id)
@@ -210,22 +197,22 @@ func (r *Reconciler) tenantRecord(tenant, id string) (*instances.Record, error) 
 }
 
 // GetInstance returns a tenant's instance by id or client token.
-func (r *Reconciler) GetInstance(tenant, id, clientToken string) (*instances.Record, error) {
+func (o *Ops) GetInstance(tenant, id, clientToken string) (*instances.Record, error) {
 	if clientToken != "" {
-		rec, ok := r.o.Instances.ByClientToken(tenant, clientToken)
+		rec, ok := o.o.Instances.ByClientToken(tenant, clientToken)
 		if !ok {
 			return nil, fmt.Errorf("%w: no instance with client token %q", ErrNotFound, clientToken)
 		}
 		return rec, nil
 	}
-	return r.tenantRecord(tenant, id)
+	return o.tenantRecord(tenant, id)
 }
 
 // ListInstances returns a tenant's instances, sorted by id. Empty filters
 // match everything; otherwise an instance must belong to one of groupIDs and
 // be in one of states.
-func (r *Reconciler) ListInstances(tenant string, groupIDs []string, states []nstancev1.InstanceState) []*nstancev1.InstanceStatus {
-	recs := r.o.Instances.List(func(x *instances.Record) bool {
+func (o *Ops) ListInstances(tenant string, groupIDs []string, states []nstancev1.InstanceState) []*nstancev1.InstanceStatus {
+	recs := o.o.Instances.List(func(x *instances.Record) bool {
 		return x.Tenant == tenant &&
 			(len(groupIDs) == 0 || slices.Contains(groupIDs, x.GroupID)) &&
 			(len(states) == 0 || slices.Contains(states, x.State.Proto()))
@@ -244,8 +231,8 @@ func (r *Reconciler) ListInstances(tenant string, groupIDs []string, states []ns
 // before the size comes down; lowering the size first would let the
 // scale-down pick any member. The mark is idempotent; an instance already
 // being deleted is returned as it is.
-func (r *Reconciler) MarkForScaleDown(ctx context.Context, tenant, id string, skipDrain bool) (*instances.Record, error) {
-	rec, err := r.tenantRecord(tenant, id)
+func (o *Ops) MarkForScaleDown(ctx context.Context, tenant, id string, skipDrain bool) (*instances.Record, error) {
+	rec, err := o.tenantRecord(tenant, id)
 	if err != nil {
 		return nil, err
 	}
@@ -255,12 +242,12 @@ func (r *Reconciler) MarkForScaleDown(ctx context.Context, tenant, id string, sk
 	if !rec.State.Active() || (rec.ScaleDownFirst && rec.ScaleDownSkipDrain == skipDrain) {
 		return rec, nil
 	}
-	rec, err = r.o.Instances.Update(ctx, id, func(x *instances.Record) error {
+	rec, err = o.o.Instances.Update(ctx, id, func(x *instances.Record) error {
 		if !x.State.Active() {
 			return instances.ErrNoChange
 		}
 		x.ScaleDownFirst, x.ScaleDownSkipDrain = true, skipDrain
-		x.UpdatedAt = r.o.Now().UTC()
+		x.UpdatedAt = o.o.Now().UTC()
 		return nil
 	})
 	if errors.Is(err, instances.ErrNotFound) {
@@ -269,20 +256,20 @@ func (r *Reconciler) MarkForScaleDown(ctx context.Context, tenant, id string, sk
 	if err != nil {
 		return nil, err
 	}
-	r.enqueueGroup(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
+	o.o.Reconciler.EnqueueGroup(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
 	return rec, nil
 }
 
 // DeleteInstance starts the deletion of a tenant's instance.
-func (r *Reconciler) DeleteInstance(ctx context.Context, tenant, id string, skipDrain bool) (*instances.Record, error) {
-	before, err := r.tenantRecord(tenant, id)
+func (o *Ops) DeleteInstance(ctx context.Context, tenant, id string, skipDrain bool) (*instances.Record, error) {
+	before, err := o.tenantRecord(tenant, id)
 	if err != nil {
 		return nil, err
 	}
-	if err := r.beginDeletion(ctx, id, nstancev1.DeletionReason_DELETION_REASON_ON_DEMAND_DELETE, skipDrain, "deletion requested through the API"); err != nil {
+	if err := o.o.Reconciler.BeginDeletion(ctx, id, nstancev1.DeletionReason_DELETION_REASON_ON_DEMAND_DELETE, skipDrain, "deletion requested through the API"); err != nil {
 		return nil, err
 	}
-	if rec, ok := r.o.Instances.Get(id); ok {
+	if rec, ok := o.o.Instances.Get(id); ok {
 		return rec, nil
 	}
 	// Already gone (skip_drain on a fast provider): report it deleted.
@@ -291,8 +278,8 @@ func (r *Reconciler) DeleteInstance(ctx context.Context, tenant, id string, skip
 }
 
 // AcknowledgeDrained lets a pending-deletion instance be deleted now.
-func (r *Reconciler) AcknowledgeDrained(ctx context.Context, tenant, id string) (*instances.Record, error) {
-	rec, err := r.tenantRecord(tenant, id)
+func (o *Ops) AcknowledgeDrained(ctx context.Context, tenant, id string) (*instances.Record, error) {
+	rec, err := o.tenantRecord(tenant, id)
 	if err != nil {
 		return nil, err
 	}
@@ -303,17 +290,17 @@ func (r *Reconciler) AcknowledgeDrained(ctx context.Context, tenant, id string) 
 	default:
 		return nil, fmt.Errorf("%w: instance %q is %s, not pending deletion", ErrConflict, id, rec.State)
 	}
-	rec, err = r.o.Instances.Update(ctx, id, func(x *instances.Record) error {
+	rec, err = o.o.Instances.Update(ctx, id, func(x *instances.Record) error {
 		if x.State != instances.StatePendingDeletion || x.DrainAcked {
 			return instances.ErrNoChange
 		}
-		x.DrainAcked, x.UpdatedAt = true, r.o.Now().UTC()
+		x.DrainAcked, x.UpdatedAt = true, o.o.Now().UTC()
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	r.EnqueueInstance(id)
+	o.o.Reconciler.EnqueueInstance(id)
 	return rec, nil
 }
 
@@ -321,8 +308,8 @@ func (r *Reconciler) AcknowledgeDrained(ctx context.Context, tenant, id string) 
 // tenant that still waits for a drain acknowledgement, sorted by id. A
 // watcher that connects (or reconnects) receives them first, so a drain
 // announced while no operator listened is never lost.
-func (r *Reconciler) PendingDrains(tenant string) []*nstancev1.InstanceEvent {
-	recs := r.o.Instances.List(func(x *instances.Record) bool {
+func (o *Ops) PendingDrains(tenant string) []*nstancev1.InstanceEvent {
+	recs := o.o.Instances.List(func(x *instances.Record) bool {
 		return x.Tenant == tenant && x.State == instances.StatePendingDeletion && !x.DrainAcked
 	})
 	out := make([]*nstancev1.InstanceEvent, 0, len(recs))
@@ -330,7 +317,7 @@ func (r *Reconciler) PendingDrains(tenant string) []*nstancev1.InstanceEvent {
 		ev := &nstancev1.InstanceEvent{
 			Status: nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION, Reason: rec.DeletionReason,
 			InstanceId: rec.ID, ProviderId: rec.ProviderID, GroupId: rec.GroupID,
-			OccurredAt: timestamppb.New(rec.UpdatedAt), Shard: r.o.Shard, Message: rec.Message,
+			OccurredAt: timestamppb.New(rec.UpdatedAt), Shard: o.o.Shard, Message: rec.Message,
 		}
 		if rec.DrainDeadline != nil {
 			ev.DrainDeadline = timestamppb.New(*rec.DrainDeadline)

@@ -1,0 +1,29 @@
+package config
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestShardTuning: the shard config is the only source of the health and
+// surge tuning; unset keys take the defaults.
+func TestShardTuning(t *testing.T) {
+	cases := []struct {
+		name string
+		s    Shard
+		want Tuning
+	}{
+		{name: "defaults", want: Tuning{DefaultHealthCheckInterval, DefaultHealthMisses, DefaultAgentStartupGrace, DefaultRotationSurge}},
+		{name: "config", s: Shard{HealthCheckInterval: Duration(time.Second), HealthMisses: 5, AgentStartupGrace: Duration(time.Minute), RotationSurge: 2},
+			want: Tuning{time.Second, 5, time.Minute, 2}},
+		{name: "partly set", s: Shard{HealthMisses: 7},
+			want: Tuning{DefaultHealthCheckInterval, 7, DefaultAgentStartupGrace, DefaultRotationSurge}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, tc.s.Tuning())
+		})
+	}
+}

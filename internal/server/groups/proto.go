@@ -1,0 +1,21 @@
+package groups
+
+import (
+	"maps"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+// SpecProto returns the group's spec in its wire form.
+func (g *Group) SpecProto() *nstancev1.GroupSpec {
+	s := &nstancev1.GroupSpec{
+		GroupId: g.ID, Template: g.Spec.Template, Size: uint32(g.Spec.Size), InstanceType: g.Spec.InstanceType,
+		SubnetPool: g.Spec.SubnetPool, Vars: maps.Clone(g.Spec.Vars), Labels: maps.Clone(g.Spec.Labels),
+	}
+	if g.Spec.DrainTimeout > 0 {
+		s.DrainTimeout = durationpb.New(g.Spec.DrainTimeout)
+	}
+	return s
+}
