@@ -26,6 +26,10 @@ func ProbeConditionalWrites(ctx context.Context, s objstore.Store, key string) (
 		if got == nil {
 			return fmt.Errorf("%w: %s was accepted (probe %s)", ErrNoConditionalWrites, what, key)
 		}
+		if ctx.Err() != nil {
+			// Stopped mid-probe: the store said nothing about conditions.
+			return fmt.Errorf("probe %s: %s: %w", key, what, ctx.Err())
+		}
 		return fmt.Errorf("%w: %s failed with %v instead of a precondition failure (probe %s)", ErrNoConditionalWrites, what, got, key)
 	}
 	first, err := s.Put(ctx, key, []byte(`{"probe":1}`), objstore.PutOptions{IfNoneMatch: true})

@@ -309,6 +309,9 @@ func (a *App) Run(ctx context.Context) error {
 	// Leases, nonces and create-only records rely on conditional writes; a
 	// store that ignores them would make all of them silently unsafe.
 	if err := storage.ProbeConditionalWrites(ctx, a.o.Store, a.o.Keys.Probe(a.o.Shard, a.o.ServerID, incarnation)); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err() // stopped during the probe: not a verdict on the store
+		}
 		return fmt.Errorf("refusing to run: %w", err)
 	}
 	log.Info("campaigning", "id", a.o.ServerID, "incarnation", incarnation)
