@@ -25,7 +25,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/bootstrap"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
-	"github.com/nstance-dev/nstance/internal/server/operatorapi"
+	"github.com/nstance-dev/nstance/internal/server/operatorsvc"
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 )
@@ -68,7 +68,7 @@ func (c *cluster) startShard(t *testing.T, shard string) string {
 	require.NoError(t, err)
 	srv, err := grpcserve.Start(grpcserve.Config{
 		ClusterID: clusterID, ServerCert: srvCert, ClientCAs: c.ca.Pool(),
-		Registration: reg, Operator: &operatorapi.Core{Shard: shard, Issuer: issuer},
+		Registration: reg, Operator: operatorsvc.New(operatorsvc.Options{Shard: shard, Issuer: issuer}),
 	}, grpcserve.Listeners{Registration: ln})
 	require.NoError(t, err)
 	t.Cleanup(srv.Stop)

@@ -32,7 +32,8 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/election"
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
 	"github.com/nstance-dev/nstance/internal/server/health"
-	"github.com/nstance-dev/nstance/internal/server/operatorapi"
+	"github.com/nstance-dev/nstance/internal/server/liveconfig"
+	"github.com/nstance-dev/nstance/internal/server/operatorsvc"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/internal/server/revocation"
@@ -75,7 +76,7 @@ type Options struct {
 	// Registry receives the server metrics; a fresh one when nil.
 	Registry *prometheus.Registry
 	// Services builds the Operator and Agent services once the cluster
-	// material is loaded; operatorapi.Core and an unimplemented Agent service
+	// material is loaded; operatorsvc.Service without a fleet and an unimplemented Agent service
 	// when nil.
 	Services ServiceFactory
 	// StorageBackoff overrides the retry backoff for storage calls.
@@ -523,8 +524,8 @@ func keySources(ks []config.KeySource) []secrets.Source {
 // RPCs answer Unimplemented.
 func DefaultServices(rt *Runtime) (Services, error) {
 	return Services{
-		Operator: &operatorapi.Core{Shard: rt.Config.Shard.ID, Config: rt.App, Issuer: rt.Issuer,
-			Operators: &operatorapi.OperatorRecords{Store: rt.Store, Keys: rt.Keys}, Log: rt.Log.WithName("operator")},
+		Operator: operatorsvc.New(operatorsvc.Options{Shard: rt.Config.Shard.ID, Config: liveconfig.New(rt.Store, rt.Keys.Config(rt.Config.Shard.ID), rt.Config, rt.ConfigETag, rt.App.cfgMod),
+			Issuer: rt.Issuer, Operators: &operatorsvc.OperatorRecords{Store: rt.Store, Keys: rt.Keys}, Log: rt.Log.WithName("operator")}),
 		Agent: &nstancev1.UnimplementedAgentServiceServer{},
 	}, nil
 }

@@ -43,7 +43,9 @@ type Options struct {
 	// RegistrationAddr and AgentAddr are the endpoints handed to agents.
 	RegistrationAddr string
 	AgentAddr        string
-	Renewer          operatorsvc.CertificateRenewer
+	// Issuer renews operator certificates (RenewCertificate), checked
+	// against the operator records in Store.
+	Issuer *registration.Issuer
 	// Tenant overrides how the caller's tenant is read (default: authz identity).
 	Tenant operatorsvc.TenantFunc
 	// Mirror receives instance record changes (the SQLite cache); optional.
@@ -188,7 +190,8 @@ func New(o Options) (*Fleet, error) {
 		}
 	}
 	o.Config.OnChange(func(old, cur *config.Config) { f.Reconciler.ConfigChanged() })
-	f.Service = operatorsvc.New(operatorsvc.Options{Shard: shard, Reconciler: f.Reconciler, Config: o.Config, Renewer: o.Renewer, Tenant: o.Tenant,
+	f.Service = operatorsvc.New(operatorsvc.Options{Shard: shard, Reconciler: f.Reconciler, Config: o.Config, Tenant: o.Tenant,
+		Issuer: o.Issuer, Operators: &operatorsvc.OperatorRecords{Store: o.Store, Keys: o.Keys}, Log: o.Log.WithName("operator"),
 		Revocations: o.Revocations})
 	return f, nil
 }

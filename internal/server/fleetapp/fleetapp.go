@@ -10,7 +10,6 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/fleet"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/liveconfig"
-	"github.com/nstance-dev/nstance/internal/server/operatorapi"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -61,8 +60,6 @@ func Factory(o Options) app.ServiceFactory {
 			// attaches nothing, even from work that has not noticed yet.
 			prov = provider.Fenced(prov, rt.Fence)
 		}
-		core := &operatorapi.Core{Shard: cfg.Shard.ID, Config: holder, Issuer: rt.Issuer}
-		core.Operators, core.Log = &operatorapi.OperatorRecords{Store: rt.Store, Keys: rt.Keys}, rt.Log.WithName("operator")
 		opts := fleet.Options{
 			Store: rt.Store, Keys: rt.Keys, Config: holder, Provider: prov,
 			Nonces: reconcile.KeyMinter{Key: rt.NonceKey, ClusterID: cfg.Cluster.ID, Shard: cfg.Shard.ID, TTL: cfg.Certificates.AgentNonceTTL.D()},
@@ -77,7 +74,7 @@ func Factory(o Options) app.ServiceFactory {
 				return rt.CA.CertPEM, nil
 			},
 			RegistrationAddr: cfg.Shard.Advertise.RegistrationAddr, AgentAddr: cfg.Shard.Advertise.AgentAddr,
-			Renewer: core, Log: rt.Log, ResyncInterval: o.ResyncInterval, Agent: o.Agent, Revocations: rt.Revocations,
+			Issuer: rt.Issuer, Log: rt.Log, ResyncInterval: o.ResyncInterval, Agent: o.Agent, Revocations: rt.Revocations,
 		}
 		opts.Agent.WorkloadCA = rt.WorkloadCA
 		if rt.Issuer != nil && opts.Agent.RenewIdentity == nil {

@@ -22,7 +22,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/authz"
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
-	"github.com/nstance-dev/nstance/internal/server/operatorapi"
+	"github.com/nstance-dev/nstance/internal/server/operatorsvc"
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -74,7 +74,7 @@ func startServer(t *testing.T) *fixture {
 	}
 	srv, err := grpcserve.Start(grpcserve.Config{
 		ClusterID: "c1", ServerCert: srvCert, ClientCAs: ca.Pool(),
-		Registration: reg, Operator: &operatorapi.Core{Shard: "s1", Issuer: issuer}, Agent: echoAgent{},
+		Registration: reg, Operator: operatorsvc.New(operatorsvc.Options{Shard: "s1", Issuer: issuer}), Agent: echoAgent{},
 	}, ls)
 	require.NoError(t, err)
 	t.Cleanup(srv.Stop)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 
+	"github.com/go-logr/logr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -17,14 +18,10 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/liveconfig"
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
+	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/internal/server/revocation"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
-
-// CertificateRenewer issues a fresh operator certificate (implemented by the server core).
-type CertificateRenewer interface {
-	RenewCertificate(ctx context.Context, req *nstancev1.RenewCertificateRequest) (*nstancev1.RenewCertificateResponse, error)
-}
 
 // TenantFunc extracts the caller's tenant from a request context.
 type TenantFunc func(ctx context.Context) (string, bool)
@@ -41,10 +38,22 @@ func AuthzTenant(ctx context.Context) (string, bool) {
 
 // Options configures the service.
 type Options struct {
-	Shard      string
+	Shard string
+	// Reconciler serves groups, instances and the watches; nil answers them
+	// Unavailable (a server that runs no fleet).
 	Reconciler *reconcile.Reconciler
-	Config     *liveconfig.Holder
-	Renewer    CertificateRenewer
+	// Config is the running config (GetConfigStatus, RefreshConfig); nil
+	// reports no version and refuses RefreshConfig.
+	Config *liveconfig.Holder
+	// Issuer signs renewed operator certificates; nil answers
+	// RenewCertificate Unimplemented.
+	Issuer *registration.Issuer
+	// Operators holds the operator records (cluster/operators/):
+	// RenewCertificate refuses a caller whose record is missing or names
+	// another tenant or role, and records the renewed serial. nstance-server
+	// always sets it; only tests of other layers leave it nil.
+	Operators *OperatorRecords
+	Log       logr.Logger
 	// Tenant defaults to AuthzTenant.
 	Tenant TenantFunc
 	// Revocations serves the admin RPCs ListOperators, ListRevocations and
@@ -82,7 +91,7 @@ func (s *Service) leaderTenant(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if !s.o.Reconciler.Running() {
+	if s.o.Reconciler == nil || !s.o.Reconciler.Running() {
 		return "", status.Errorf(codes.Unavailable, "this server is not the active leader of shard %s", s.o.Shard)
 	}
 	return t, nil
@@ -121,10 +130,13 @@ func (s *Service) GetConfigStatus(ctx context.Context, _ *nstancev1.GetConfigSta
 	if _, err := s.tenant(ctx); err != nil {
 		return nil, err
 	}
-	etag, mod := s.o.Config.ConfigVersion()
-	resp := &nstancev1.GetConfigStatusResponse{Etag: etag, Shard: s.o.Shard}
-	if !mod.IsZero() {
-		resp.LastModified = timestamppb.New(mod)
+	resp := &nstancev1.GetConfigStatusResponse{Shard: s.o.Shard}
+	if s.o.Config != nil {
+		etag, mod := s.o.Config.ConfigVersion()
+		resp.Etag = etag
+		if !mod.IsZero() {
+			resp.LastModified = timestamppb.New(mod)
+		}
 	}
 	return resp, nil
 }
@@ -140,6 +152,9 @@ func (s *Service) RefreshConfig(ctx context.Context, _ *nstancev1.RefreshConfigR
 	}
 	if _, err := authz.RequireRole(ctx, pki.RoleAdmin); err != nil {
 		return nil, err
+	}
+	if s.o.Config == nil || s.o.Reconciler == nil {
+		return nil, status.Errorf(codes.Unavailable, "this server does not run the config of shard %s", s.o.Shard)
 	}
 	res := s.o.Config.Refresh(ctx)
 	resp := &nstancev1.RefreshConfigResponse{Etag: res.ETag, PreviousEtag: res.PreviousETag, Message: res.Message}
@@ -281,14 +296,6 @@ func (s *Service) AcknowledgeDrained(ctx context.Context, req *nstancev1.Acknowl
 		return nil, toStatus(err)
 	}
 	return &nstancev1.AcknowledgeDrainedResponse{Instance: rec.Proto()}, nil
-}
-
-// RenewCertificate delegates to the injected renewer.
-func (s *Service) RenewCertificate(ctx context.Context, req *nstancev1.RenewCertificateRequest) (*nstancev1.RenewCertificateResponse, error) {
-	if s.o.Renewer == nil {
-		return nil, status.Error(codes.Unimplemented, "certificate renewal is not configured on this server")
-	}
-	return s.o.Renewer.RenewCertificate(ctx, req)
 }
 
 func endOf[T any](sub *events.Sub[T]) error {

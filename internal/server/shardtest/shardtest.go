@@ -24,7 +24,6 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/fleet"
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
 	"github.com/nstance-dev/nstance/internal/server/liveconfig"
-	"github.com/nstance-dev/nstance/internal/server/operatorapi"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/provider/mock"
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
@@ -229,14 +228,13 @@ func start(o Options) (*Shard, error) {
 		return nil, fmt.Errorf("loading revocations: %w", err)
 	}
 	issuer := &registration.Issuer{CA: ca, ClusterID: o.ClusterID, AgentValidity: time.Hour, OperatorValidity: time.Hour}
-	core := &operatorapi.Core{Shard: o.ShardID, Config: holder, Issuer: issuer, Operators: &operatorapi.OperatorRecords{Store: o.Store, Keys: keys}, Log: o.Log}
 	f, err := fleet.New(fleet.Options{
 		Store: o.Store, Keys: keys, Config: holder, Provider: o.Provider,
 		Nonces:           reconcile.KeyMinter{Key: nonceKey, ClusterID: o.ClusterID, Shard: o.ShardID, TTL: 15 * time.Minute},
 		CACert:           func(context.Context) ([]byte, error) { return ca.CertPEM, nil },
 		RegistrationAddr: regAddr, AgentAddr: agentAddr,
 		Log: o.Log, ResyncInterval: o.ResyncInterval, RetryBase: o.RetryBase, Agent: o.Agent,
-		Renewer: core, Revocations: gate,
+		Issuer: issuer, Revocations: gate,
 	})
 	if err != nil {
 		closeAll()
