@@ -414,16 +414,13 @@ func (a *App) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("building services: %w", err)
 	}
-	reg := &registration.Service{
-		Issuer: issuer,
-		Verifier: &nonce.Verifier{Key: cl.NonceKey.Public().(ed25519.PublicKey), ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, Leeway: 5 * time.Second,
-			MaxLifetime: cfg.Certificates.NonceMaxLifetime.D()},
-		Ledger:  &nonce.Ledger{Store: leaderStore, Keys: a.o.Keys},
-		Objects: leaderStore, Keys: a.o.Keys, ServerID: a.o.ServerID,
-		OnAgentRegistered: svcs.OnAgentRegistered, Log: log.WithName("registration"),
-	}
 	// Agents are admitted against the instance records (nil: refused).
-	reg.Instances = svcs.AgentGate
+	reg := registration.New(registration.Options{
+		ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID, Issuer: issuer,
+		NonceKey: cl.NonceKey.Public().(ed25519.PublicKey), NonceMaxLifetime: cfg.Certificates.NonceMaxLifetime.D(),
+		Store: leaderStore, Keys: a.o.Keys, Instances: svcs.AgentGate, OnAgentRegistered: svcs.OnAgentRegistered,
+		Log: log.WithName("registration"),
+	})
 	gcfg := grpcserve.Config{
 		ClusterID: cfg.Cluster.ID, ServerCert: serverCert, GetCertificate: serverCerts.GetCertificate, ClientCAsFunc: trust.Pool,
 		Registration: reg, Operator: svcs.Operator, Agent: svcs.Agent, Log: log.WithName("grpc"), Limits: cfg.Shard.Limits,
@@ -696,7 +693,7 @@ func (a *App) loadRevocations(lctx context.Context) error {
 // later, and a replay is refused as expired after another leeway; the skew
 // allowance covers the storage clock that stamped the marker.
 const (
-	nonceLeeway        = 5 * time.Second // the Registration verifier's leeway
+	nonceLeeway        = registration.NonceLeeway
 	nonceSkewAllowance = 5 * time.Minute
 	// nonceSweepLimit bounds the deletions of one pass, so a backlog is
 	// worked off over several passes instead of one long burst.

@@ -58,12 +58,8 @@ func startServer(t *testing.T) *fixture {
 	require.NoError(t, err)
 	store := memstore.New()
 	issuer := &registration.Issuer{CA: ca, ClusterID: "c1", AgentValidity: time.Hour, OperatorValidity: time.Hour}
-	reg := &registration.Service{
-		Issuer:   issuer,
-		Verifier: &nonce.Verifier{Key: pub, ClusterID: "c1", Shard: "s1"},
-		Ledger:   &nonce.Ledger{Store: store, Keys: layout.New("")},
-		Objects:  store, Keys: layout.New(""), ServerID: "srv", Log: logr.Discard(),
-	}
+	reg := registration.New(registration.Options{ClusterID: "c1", Shard: "s1", ServerID: "srv", Issuer: issuer, NonceKey: pub,
+		Store: store, Keys: layout.New(""), Log: logr.Discard()})
 	ls := grpcserve.Listeners{}
 	addrs := map[string]string{}
 	for name, ln := range map[string]*net.Listener{"registration": &ls.Registration, "operator": &ls.Operator, "agent": &ls.Agent} {

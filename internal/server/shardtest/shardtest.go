@@ -18,7 +18,6 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/nstance-dev/nstance/internal/layout"
-	"github.com/nstance-dev/nstance/internal/nonce"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/config"
 	"github.com/nstance-dev/nstance/internal/server/fleet"
@@ -250,12 +249,10 @@ func start(o Options) (*Shard, error) {
 	gls := grpcserve.Listeners{Operator: ln}
 	gcfg.Gate = gate
 	if o.Agents {
-		gcfg.Registration = &registration.Service{
-			Issuer:   issuer,
-			Verifier: &nonce.Verifier{Key: nonceKey.Public().(ed25519.PublicKey), ClusterID: o.ClusterID, Shard: o.ShardID, Leeway: time.Minute},
-			Ledger:   &nonce.Ledger{Store: o.Store, Keys: keys},
-			Objects:  o.Store, Keys: keys, ServerID: "shardtest", Instances: f.Gate, Log: o.Log.WithName("registration"),
-		}
+		gcfg.Registration = registration.New(registration.Options{
+			ClusterID: o.ClusterID, Shard: o.ShardID, ServerID: "shardtest", Issuer: issuer, NonceKey: nonceKey.Public().(ed25519.PublicKey),
+			Store: o.Store, Keys: keys, Instances: f.Gate, Log: o.Log.WithName("registration"),
+		})
 		gcfg.Agent = f.Agent
 		gls.Registration, gls.Agent = regLn, agentLn
 	}
