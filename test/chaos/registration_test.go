@@ -21,7 +21,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/devs3/devs3test"
 	"github.com/nstance-dev/nstance/internal/nonce"
 	"github.com/nstance-dev/nstance/internal/pki"
-	"github.com/nstance-dev/nstance/internal/server/fleet"
+	"github.com/nstance-dev/nstance/internal/server/app"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/provider/localagent"
@@ -90,7 +90,7 @@ func TestAgentRegistersThroughALostMarkerReply(t *testing.T) {
 			cfg := strings.Replace(shardtest.Config("test-cluster", "test-1", "process"), `"groups": {},`,
 				`"groups": { "acme": { "workers": { "template": "worker", "size": 1 } } },`, 1)
 			sh := shardtest.Start(t, shardtest.Options{ConfigJSONC: cfg, Store: store, Provider: prov, Agents: true,
-				Agent: fleet.AgentOptions{HealthInterval: 200 * time.Millisecond, HealthMisses: 15, StartupGrace: time.Minute}})
+				Agent: app.Tuning{HealthInterval: 200 * time.Millisecond, HealthMisses: 15, StartupGrace: time.Minute}})
 
 			var rec *instances.Record
 			require.Eventually(t, func() bool {

@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"crypto/ed25519"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -32,14 +31,11 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/election"
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
 	"github.com/nstance-dev/nstance/internal/server/health"
-	"github.com/nstance-dev/nstance/internal/server/liveconfig"
-	"github.com/nstance-dev/nstance/internal/server/operatorsvc"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/internal/server/revocation"
 	"github.com/nstance-dev/nstance/internal/storage"
 	"github.com/nstance-dev/nstance/pkg/objstore"
-	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
 // DefaultHealthPort is the health port before any offset.
@@ -75,10 +71,12 @@ type Options struct {
 	Log    logr.Logger
 	// Registry receives the server metrics; a fresh one when nil.
 	Registry *prometheus.Registry
-	// Services builds the Operator and Agent services once the cluster
-	// material is loaded; operatorsvc.Service without a fleet and an unimplemented Agent service
-	// when nil.
-	Services ServiceFactory
+	// Provider replaces the provider shard.infra.provider names (tests pass
+	// one they inspect); Local configures the development providers.
+	Provider provider.Provider
+	Local    LocalOptions
+	// Tuning adjusts the reconciler and the Agent service (tests).
+	Tuning Tuning
 	// StorageBackoff overrides the retry backoff for storage calls.
 	StorageBackoff storage.Backoff
 	// NonceSweepInterval is how often the shard leader deletes nonce markers
@@ -92,52 +90,6 @@ type Options struct {
 // DefaultTrustRefresh is how often a server re-reads the cluster CA and
 // the CA bundle; carotation.RefreshGrace must stay well above it.
 const DefaultTrustRefresh = 10 * time.Second
-
-// Runtime is what service factories get to build their services.
-type Runtime struct {
-	Config     *config.Config
-	ConfigETag string
-	Store      objstore.Store
-	Keys       layout.Keys
-	Cache      *cache.Cache
-	// CA is the cluster CA loaded at start; WorkloadCA signs what templates
-	// ask for.
-	CA         *pki.CA
-	WorkloadCA *pki.CA
-	// Trust is the signing cluster CA and the trusted bundle as they are
-	// now (they change during a CA rotation); CA is its signer at start.
-	Trust *pki.Trust
-	// ServerHosts are the names and addresses in this server's certificate;
-	// no template certificate may carry them.
-	ServerHosts []string
-	NonceKey    ed25519.PrivateKey
-	Issuer      *registration.Issuer
-	// Revocations is the deny list the mTLS listeners consult (admin
-	// revocations, deleted instances).
-	Revocations *revocation.Gate
-	App         *App
-	Log         logr.Logger
-	// Fence bounds the leader's work by its shard lease; Store is already
-	// fenced, provider calls must be (provider.Fenced).
-	Fence provider.Fence
-}
-
-// Services are the shard-leader gRPC services beyond Registration.
-type Services struct {
-	Operator nstancev1.OperatorServiceServer
-	Agent    nstancev1.AgentServiceServer
-	// OnAgentRegistered is told about every registered agent.
-	OnAgentRegistered registration.AgentRegistered
-	// AgentGate admits agent registrations against the instance records;
-	// nil refuses every agent.
-	AgentGate *registration.InstanceGate
-	// Lead, when set, runs for each shard-leadership term once the gRPC
-	// services serve (the reconciler); its context ends with the term.
-	Lead func(ctx context.Context) error
-}
-
-// ServiceFactory builds Services.
-type ServiceFactory func(rt *Runtime) (Services, error)
 
 // Addrs are the bound listen addresses (empty until bound).
 type Addrs struct {
@@ -163,6 +115,7 @@ type App struct {
 	clusterEl  *election.Elector
 	shardEl    *election.Elector
 	cacheDB    *cache.Cache
+	built      *Assembly
 	grpcActive bool
 }
 
@@ -216,6 +169,14 @@ func (a *App) ConfigVersion() (string, time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.cfgETag, a.cfgMod
+}
+
+// Assembly returns the services and reconciler Run built (nil before the
+// cluster material was loaded).
+func (a *App) Assembly() *Assembly {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.built
 }
 
 // Cache returns the open cache (nil before Run opened it).
@@ -399,31 +360,24 @@ func (a *App) Run(ctx context.Context) error {
 	// lease no longer lets it act, writes, provider calls and RPCs are
 	// refused even before its work has noticed.
 	fence := leaderFence{a: a}
-	leaderStore := a.leaderStore()
-	rt := &Runtime{
-		Config: withAdvertiseDefaults(cfg, bind), ConfigETag: a.cfgETag, Store: leaderStore, Keys: a.o.Keys, Cache: db,
-		CA: cl.CA, Trust: trust, WorkloadCA: cl.WorkloadCA, ServerHosts: certHosts, NonceKey: cl.NonceKey, Issuer: issuer, App: a, Log: log,
-		Fence: fence,
-	}
-	rt.Revocations = a.revocations
-	factory := a.o.Services
-	if factory == nil {
-		factory = DefaultServices
-	}
-	svcs, err := factory(rt)
-	if err != nil {
-		return fmt.Errorf("building services: %w", err)
-	}
-	// Agents are admitted against the instance records (nil: refused).
-	reg := registration.New(registration.Options{
-		ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID, Issuer: issuer,
-		NonceKey: cl.NonceKey.Public().(ed25519.PublicKey), NonceMaxLifetime: cfg.Certificates.NonceMaxLifetime.D(),
-		Store: leaderStore, Keys: a.o.Keys, Instances: svcs.AgentGate, OnAgentRegistered: svcs.OnAgentRegistered,
-		Log: log.WithName("registration"),
+	_, cfgMod := a.ConfigVersion()
+	// Every service and the shard leader's work, built once (assemble.go).
+	built, err := Assemble(Parts{
+		Config: withAdvertiseDefaults(cfg, bind), ConfigETag: a.cfgETag, ConfigModified: cfgMod,
+		Store: a.leaderStore(), Keys: a.o.Keys, ServerID: a.o.ServerID,
+		Provider: a.o.Provider, Local: a.o.Local, Fence: fence, Cache: db,
+		Trust: trust, Issuer: issuer, NonceKey: cl.NonceKey, WorkloadCA: cl.WorkloadCA, ServerHosts: certHosts,
+		Revocations: a.revocations, Tuning: a.o.Tuning, Log: log,
 	})
+	if err != nil {
+		return fmt.Errorf("assembling the server: %w", err)
+	}
+	a.mu.Lock()
+	a.built = built
+	a.mu.Unlock()
 	gcfg := grpcserve.Config{
 		ClusterID: cfg.Cluster.ID, ServerCert: serverCert, GetCertificate: serverCerts.GetCertificate, ClientCAsFunc: trust.Pool,
-		Registration: reg, Operator: svcs.Operator, Agent: svcs.Agent, Log: log.WithName("grpc"), Limits: cfg.Shard.Limits,
+		Registration: built.Registration, Operator: built.Operator, Agent: built.Agent, Log: log.WithName("grpc"), Limits: cfg.Shard.Limits,
 		ServerOptions: append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(a.metrics.unary), grpc.ChainStreamInterceptor(a.metrics.stream)},
 			fence.grpcOptions()...),
 		PanicHook: a.o.Getenv(grpcserve.PanicHookEnv) == "1",
@@ -436,7 +390,7 @@ func (a *App) Run(ctx context.Context) error {
 	}
 
 	shardEl, err := newElector(a.o.Keys.ShardLeader(a.o.Shard), func(lctx context.Context, term int64) {
-		a.leadShard(lctx, ctx, term, db, gcfg, svcs.Lead, &bind, cfg.Shard.Timeouts.Shutdown.D())
+		a.leadShard(lctx, ctx, term, db, gcfg, built.Lead, &bind, cfg.Shard.Timeouts.Shutdown.D())
 	})
 	if err != nil {
 		return err
@@ -515,16 +469,6 @@ func keySources(ks []config.KeySource) []secrets.Source {
 		out = append(out, keySource(k))
 	}
 	return out
-}
-
-// DefaultServices serves the core Operator RPCs and an Agent service whose
-// RPCs answer Unimplemented.
-func DefaultServices(rt *Runtime) (Services, error) {
-	return Services{
-		Operator: operatorsvc.New(operatorsvc.Options{Shard: rt.Config.Shard.ID, Config: liveconfig.New(rt.Store, rt.Keys.Config(rt.Config.Shard.ID), rt.Config, rt.ConfigETag, rt.App.cfgMod),
-			Issuer: rt.Issuer, Operators: &operatorsvc.OperatorRecords{Store: rt.Store, Keys: rt.Keys}, Log: rt.Log.WithName("operator")}),
-		Agent: &nstancev1.UnimplementedAgentServiceServer{},
-	}, nil
 }
 
 // certHosts are the SANs of the server certificate: what the config knows

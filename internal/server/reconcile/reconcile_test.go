@@ -16,11 +16,10 @@ import (
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/agentapi"
+	"github.com/nstance-dev/nstance/internal/server/app"
 	"github.com/nstance-dev/nstance/internal/server/config"
-	"github.com/nstance-dev/nstance/internal/server/fleet"
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
-	"github.com/nstance-dev/nstance/internal/server/liveconfig"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/provider/mock"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
@@ -30,13 +29,13 @@ import (
 )
 
 type env struct {
-	f     *fleet.Fleet
+	f     *app.Assembly
 	p     *mock.Provider
 	store objstore.Store
 }
 
 // start runs a fleet over cfgEdit(test config); prepare runs before Run.
-func start(t *testing.T, cfgEdit func(string) string, prepare func(*fleet.Fleet)) env {
+func start(t *testing.T, cfgEdit func(string) string, prepare func(*app.Assembly)) env {
 	t.Helper()
 	text := shardtest.Config("c1", "s1", "mock")
 	if cfgEdit != nil {
@@ -46,15 +45,15 @@ func start(t *testing.T, cfgEdit func(string) string, prepare func(*fleet.Fleet)
 	require.NoError(t, err)
 	store := memstore.New()
 	p := mock.New()
-	f, err := fleet.New(fleet.Options{Store: store, Keys: layout.New(""), Config: liveconfig.New(store, "config/s1.jsonc", cfg, "e1", time.Now()),
-		Provider: p, ResyncInterval: 100 * time.Millisecond, RetryBase: 20 * time.Millisecond})
+	f, err := app.Assemble(app.Parts{Store: store, Keys: layout.New(""), Config: cfg, ConfigETag: "e1", ConfigModified: time.Now(),
+		Provider: p, Tuning: app.Tuning{ResyncInterval: 100 * time.Millisecond, RetryBase: 20 * time.Millisecond}})
 	require.NoError(t, err)
 	if prepare != nil {
 		prepare(f)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx) }()
+	go func() { done <- f.Lead(ctx) }()
 	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
 	require.Eventually(t, f.Reconciler.Running, 5*time.Second, time.Millisecond)
 	return env{f: f, p: p, store: store}
@@ -169,7 +168,7 @@ func TestStoppedWorkloadIsReplaced(t *testing.T) {
 
 func TestPendingRecordFromACrashIsLaunchedNotDuplicated(t *testing.T) {
 	var orphanID string
-	e := start(t, nil, func(f *fleet.Fleet) {
+	e := start(t, nil, func(f *app.Assembly) {
 		ctx := context.Background()
 		_, err := f.Groups.Load(ctx)
 		require.NoError(t, err)
@@ -229,7 +228,7 @@ type reporter struct {
 	notices map[string]*nstancev1.TerminationNotice
 }
 
-func (rp *reporter) run(ctx context.Context, f *fleet.Fleet) {
+func (rp *reporter) run(ctx context.Context, f *app.Assembly) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -283,13 +282,13 @@ func TestHealthProblemsAreReplacedFirst(t *testing.T) {
 			require.NoError(t, err)
 			store := memstore.New()
 			p := mock.New()
-			f, err := fleet.New(fleet.Options{Store: store, Keys: layout.New(""), Config: liveconfig.New(store, "config/s1.jsonc", cfg, "e1", time.Now()),
-				Provider: p, ResyncInterval: 100 * time.Millisecond, RetryBase: 20 * time.Millisecond,
-				Agent: fleet.AgentOptions{WorkloadCA: ca, Monitor: true, HealthInterval: 100 * time.Millisecond, HealthMisses: healthMisses, StartupGrace: 2 * time.Second}})
+			f, err := app.Assemble(app.Parts{Store: store, Keys: layout.New(""), Config: cfg, ConfigETag: "e1", ConfigModified: time.Now(),
+				Provider: p, WorkloadCA: ca, Tuning: app.Tuning{ResyncInterval: 100 * time.Millisecond, RetryBase: 20 * time.Millisecond,
+					MonitorMock: true, HealthInterval: 100 * time.Millisecond, HealthMisses: healthMisses, StartupGrace: 2 * time.Second}})
 			require.NoError(t, err)
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
-			go func() { done <- f.Run(ctx) }()
+			go func() { done <- f.Lead(ctx) }()
 			go rp.run(ctx, f)
 			t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
 			require.Eventually(t, f.Reconciler.Running, 5*time.Second, time.Millisecond)
@@ -348,7 +347,7 @@ func TestHealthProblemsAreReplacedFirst(t *testing.T) {
 	}
 }
 
-func mustGroup(t *testing.T, f *fleet.Fleet, id string) *groups.Group {
+func mustGroup(t *testing.T, f *app.Assembly, id string) *groups.Group {
 	t.Helper()
 	g, ok := f.Groups.Get(groups.Key{Tenant: "t", ID: id})
 	require.True(t, ok)
@@ -371,13 +370,13 @@ func TestLateHealthPassAsksTheProviderFirst(t *testing.T) {
 	store := memstore.New()
 	p := mock.New()
 	const interval = 100 * time.Millisecond
-	f, err := fleet.New(fleet.Options{Store: store, Keys: layout.New(""), Config: liveconfig.New(store, "config/s1.jsonc", cfg, "e1", time.Now()),
-		Provider: p, ResyncInterval: time.Hour, RetryBase: 20 * time.Millisecond, Now: now,
-		Agent: fleet.AgentOptions{WorkloadCA: ca, Monitor: true, HealthInterval: interval, HealthMisses: 3, StartupGrace: time.Hour}})
+	f, err := app.Assemble(app.Parts{Store: store, Keys: layout.New(""), Config: cfg, ConfigETag: "e1", ConfigModified: time.Now(),
+		Provider: p, WorkloadCA: ca, Tuning: app.Tuning{ResyncInterval: time.Hour, RetryBase: 20 * time.Millisecond, Now: now,
+			MonitorMock: true, HealthInterval: interval, HealthMisses: 3, StartupGrace: time.Hour}})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx) }()
+	go func() { done <- f.Lead(ctx) }()
 	go rp.run(ctx, f)
 	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
 	require.Eventually(t, f.Reconciler.Running, 5*time.Second, time.Millisecond)

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/nstance-dev/nstance/internal/server/agentapi"
-	"github.com/nstance-dev/nstance/internal/server/fleet"
+	"github.com/nstance-dev/nstance/internal/server/app"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/provider/process"
@@ -108,7 +108,7 @@ func startAgentShardWith(t *testing.T, cfg string) *agentShard {
 	})
 	a.sh = shardtest.Start(t, shardtest.Options{
 		ConfigJSONC: cfg, Provider: a.p, Agents: true,
-		Agent: fleet.AgentOptions{
+		Agent: app.Tuning{
 			HealthInterval: reportEvery, HealthMisses: misses, StartupGrace: 30 * time.Second, RepushInterval: 500 * time.Millisecond,
 			OnReport: func(_ context.Context, ref agentapi.Ref, _ *nstancev1.HealthReport, at time.Time) {
 				a.mu.Lock()

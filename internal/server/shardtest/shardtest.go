@@ -19,13 +19,12 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/server/app"
 	"github.com/nstance-dev/nstance/internal/server/config"
-	"github.com/nstance-dev/nstance/internal/server/fleet"
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
 	"github.com/nstance-dev/nstance/internal/server/liveconfig"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/provider/mock"
-	"github.com/nstance-dev/nstance/internal/server/reconcile"
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/internal/server/revocation"
 	"github.com/nstance-dev/nstance/pkg/objstore"
@@ -55,7 +54,7 @@ type Options struct {
 	// so real agents can join; health monitoring is on.
 	Agents bool
 	// Agent tunes the Agent service and health monitoring (WorkloadCA and Monitor are set by Start).
-	Agent fleet.AgentOptions
+	Agent app.Tuning
 	// RequireOperatorRecords admits operator and admin certificates only
 	// while their record exists, as nstance-server does (off by default:
 	// many tests dial with certificates issued straight from the CA; the
@@ -77,7 +76,7 @@ type Shard struct {
 	Store    objstore.Store
 	Keys     layout.Keys
 	Provider provider.Provider
-	Fleet    *fleet.Fleet
+	Fleet    *app.Assembly
 	Config   *liveconfig.Holder
 	// Revocations is the deny list the mTLS listeners consult.
 	Revocations *revocation.Gate
@@ -181,7 +180,6 @@ func start(o Options) (*Shard, error) {
 	if err != nil {
 		return nil, fmt.Errorf("test config: %w", err)
 	}
-	holder := liveconfig.New(o.Store, cfgKey, cfg, obj.ETag, obj.LastModified)
 	_, nonceKey, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return nil, err
@@ -215,7 +213,6 @@ func start(o Options) (*Shard, error) {
 			return nil, err
 		}
 		regAddr, agentAddr = regLn.Addr().String(), agentLn.Addr().String()
-		o.Agent.WorkloadCA, o.Agent.Monitor = wca, true
 	}
 	gate := revocation.New(revocation.Options{
 		Store: o.Store, Keys: keys, ClusterID: o.ClusterID, Shard: o.ShardID, ServerID: "shardtest",
@@ -227,14 +224,21 @@ func start(o Options) (*Shard, error) {
 		return nil, fmt.Errorf("loading revocations: %w", err)
 	}
 	issuer := &registration.Issuer{CA: ca, ClusterID: o.ClusterID, AgentValidity: time.Hour, OperatorValidity: time.Hour}
-	f, err := fleet.New(fleet.Options{
-		Store: o.Store, Keys: keys, Config: holder, Provider: o.Provider,
-		Nonces:           reconcile.KeyMinter{Key: nonceKey, ClusterID: o.ClusterID, Shard: o.ShardID, TTL: 15 * time.Minute},
-		CACert:           func(context.Context) ([]byte, error) { return ca.CertPEM, nil },
-		RegistrationAddr: regAddr, AgentAddr: agentAddr,
-		Log: o.Log, ResyncInterval: o.ResyncInterval, RetryBase: o.RetryBase, Agent: o.Agent,
-		Issuer: issuer, Revocations: gate,
-	})
+	cfg.Shard.Advertise.RegistrationAddr, cfg.Shard.Advertise.AgentAddr = regAddr, agentAddr
+	trust, err := pki.NewTrust(ca, nil)
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	tuning := o.Agent
+	tuning.ResyncInterval, tuning.RetryBase = o.ResyncInterval, o.RetryBase
+	tuning.MonitorMock = o.Agents
+	parts := app.Parts{Config: cfg, ConfigETag: obj.ETag, ConfigModified: obj.LastModified, Store: o.Store, Keys: keys, ServerID: "shardtest",
+		Provider: o.Provider, Trust: trust, Issuer: issuer, NonceKey: nonceKey, Revocations: gate, Tuning: tuning, Log: o.Log}
+	if o.Agents {
+		parts.WorkloadCA = wca
+	}
+	f, err := app.Assemble(parts)
 	if err != nil {
 		closeAll()
 		return nil, err
@@ -244,15 +248,12 @@ func start(o Options) (*Shard, error) {
 		closeAll()
 		return nil, err
 	}
-	gcfg := grpcserve.Config{ClusterID: o.ClusterID, ServerCert: serverCert, ClientCAs: ca.Pool(), Operator: f.Service, Log: o.Log.WithName("grpc"),
-		Limits: holder.Current().Shard.Limits}
+	gcfg := grpcserve.Config{ClusterID: o.ClusterID, ServerCert: serverCert, ClientCAs: ca.Pool(), Operator: f.Operator, Log: o.Log.WithName("grpc"),
+		Limits: cfg.Shard.Limits}
 	gls := grpcserve.Listeners{Operator: ln}
 	gcfg.Gate = gate
 	if o.Agents {
-		gcfg.Registration = registration.New(registration.Options{
-			ClusterID: o.ClusterID, Shard: o.ShardID, ServerID: "shardtest", Issuer: issuer, NonceKey: nonceKey.Public().(ed25519.PublicKey),
-			Store: o.Store, Keys: keys, Instances: f.Gate, Log: o.Log.WithName("registration"),
-		})
+		gcfg.Registration = f.Registration
 		gcfg.Agent = f.Agent
 		gls.Registration, gls.Agent = regLn, agentLn
 	}
@@ -264,8 +265,8 @@ func start(o Options) (*Shard, error) {
 	runCtx, cancel := context.WithCancel(context.Background())
 	sh := &Shard{ClusterID: o.ClusterID, ShardID: o.ShardID, OperatorAddr: ln.Addr().String(), CA: ca, WorkloadCA: wca, NonceKey: nonceKey, Store: o.Store, Keys: keys,
 		RegistrationAddr: regAddr, AgentAddr: agentAddr,
-		Provider: o.Provider, Fleet: f, Config: holder, Revocations: gate, servers: servers, cancel: cancel, done: make(chan error, 1)}
-	go func() { sh.done <- f.Run(runCtx) }()
+		Provider: o.Provider, Fleet: f, Config: f.Config, Revocations: gate, servers: servers, cancel: cancel, done: make(chan error, 1)}
+	go func() { sh.done <- f.Lead(runCtx) }()
 	go gate.Run(runCtx, 100*time.Millisecond)
 	deadline := time.Now().Add(10 * time.Second)
 	for !f.Reconciler.Running() {

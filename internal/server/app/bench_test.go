@@ -1,4 +1,4 @@
-package fleet_test
+package app_test
 
 import (
 	"context"
@@ -13,13 +13,11 @@ import (
 	"time"
 
 	"github.com/nstance-dev/nstance/internal/layout"
+	"github.com/nstance-dev/nstance/internal/server/app"
 	"github.com/nstance-dev/nstance/internal/server/config"
-	"github.com/nstance-dev/nstance/internal/server/fleet"
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
-	"github.com/nstance-dev/nstance/internal/server/liveconfig"
 	"github.com/nstance-dev/nstance/internal/server/provider/mock"
-	"github.com/nstance-dev/nstance/internal/server/reconcile"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -52,9 +50,8 @@ func BenchmarkConverge1000Groups(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		holder := liveconfig.New(store, "config/bench-1.jsonc", cfg, "e1", time.Now())
-		f, err := fleet.New(fleet.Options{Store: store, Keys: layout.New(""), Config: holder, Provider: mock.New(), ResyncInterval: time.Hour,
-			Nonces: benchMinter(b), CACert: func(context.Context) ([]byte, error) { return []byte("ca"), nil }})
+		f, err := app.Assemble(app.Parts{Config: cfg, ConfigETag: "e1", Store: store, Keys: layout.New(""), Provider: mock.New(),
+			NonceKey: benchNonceKey(b), Tuning: app.Tuning{ResyncInterval: time.Hour}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -63,7 +60,7 @@ func BenchmarkConverge1000Groups(b *testing.B) {
 		runtime.GC()
 		b.StartTimer()
 		start := time.Now()
-		go func() { done <- f.Run(ctx) }()
+		go func() { done <- f.Lead(ctx) }()
 		for !f.Reconciler.Running() {
 			time.Sleep(time.Millisecond)
 		}
@@ -103,9 +100,8 @@ func BenchmarkConvergeStoredGroups(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		holder := liveconfig.New(store, "config/bench-1.jsonc", cfg, "e1", time.Now())
-		f, err := fleet.New(fleet.Options{Store: store, Keys: layout.New(""), Config: holder, Provider: mock.New(), ResyncInterval: time.Hour,
-			Nonces: benchMinter(b), CACert: func(context.Context) ([]byte, error) { return []byte("ca"), nil }})
+		f, err := app.Assemble(app.Parts{Config: cfg, ConfigETag: "e1", Store: store, Keys: layout.New(""), Provider: mock.New(),
+			NonceKey: benchNonceKey(b), Tuning: app.Tuning{ResyncInterval: time.Hour}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -122,7 +118,7 @@ func BenchmarkConvergeStoredGroups(b *testing.B) {
 		done := make(chan error, 1)
 		b.StartTimer()
 		start := time.Now()
-		go func() { done <- f.Run(ctx) }()
+		go func() { done <- f.Lead(ctx) }()
 		for {
 			if f.Instances.Len() == groupsN*size &&
 				len(f.Instances.List(func(r *instances.Record) bool { return r.State != instances.StateRunning })) == 0 {
@@ -141,10 +137,10 @@ func BenchmarkConvergeStoredGroups(b *testing.B) {
 	}
 }
 
-func benchMinter(b *testing.B) reconcile.KeyMinter {
+func benchNonceKey(b *testing.B) ed25519.PrivateKey {
 	_, key, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		b.Fatal(err)
 	}
-	return reconcile.KeyMinter{Key: key, ClusterID: "bench", Shard: "bench-1", TTL: 15 * time.Minute}
+	return key
 }
