@@ -89,12 +89,12 @@ func TestAgentRegistersThroughALostMarkerReply(t *testing.T) {
 			prov := &noting{Provider: proc, nonces: map[string]string{}}
 			cfg := strings.Replace(shardtest.Config("test-cluster", "test-1", "process"), `"groups": {},`,
 				`"groups": { "acme": { "workers": { "template": "worker", "size": 1 } } },`, 1)
-			sh := shardtest.Start(t, shardtest.Options{ConfigJSONC: cfg, Store: store, Provider: prov, Agents: true,
+			sh := shardtest.Start(t, shardtest.Options{ConfigJSONC: cfg, Store: store, Provider: prov,
 				Agent: app.Tuning{HealthInterval: 200 * time.Millisecond, HealthMisses: 15, StartupGrace: time.Minute}})
 
 			var rec *instances.Record
 			require.Eventually(t, func() bool {
-				for _, r := range sh.Fleet.Instances.List(nil) {
+				for _, r := range sh.Assembly.Instances.List(nil) {
 					if r.Agent != nil {
 						rec = r
 						return true

@@ -63,7 +63,8 @@ type Options struct {
 	Keys     layout.Keys
 	// CacheDir holds db/{shard}.sqlite; empty keeps the cache in memory.
 	CacheDir string
-	// AdvertiseHosts are added to the server certificate SANs.
+	// AdvertiseHosts are added to the server certificate SANs; the first
+	// one is advertised when shard.advertise.hosts is empty.
 	AdvertiseHosts []string
 	Bind           BindOverrides
 	// Getenv reads the encryption key variables; os.Getenv when nil.
@@ -77,6 +78,11 @@ type Options struct {
 	Local    LocalOptions
 	// Tuning adjusts the reconciler and the Agent service (tests).
 	Tuning Tuning
+	// OperatorRecordsOptional admits operator and admin certificates
+	// without a record in cluster/operators/ (tests that dial with
+	// certificates issued straight from the CA); nstance-server always
+	// requires the record.
+	OperatorRecordsOptional bool
 	// StorageBackoff overrides the retry backoff for storage calls.
 	StorageBackoff storage.Backoff
 	// NonceSweepInterval is how often the shard leader deletes nonce markers
@@ -363,7 +369,7 @@ func (a *App) Run(ctx context.Context) error {
 	_, cfgMod := a.ConfigVersion()
 	// Every service and the shard leader's work, built once (assemble.go).
 	built, err := Assemble(Parts{
-		Config: withAdvertiseDefaults(cfg, bind), ConfigETag: a.cfgETag, ConfigModified: cfgMod,
+		Config: withAdvertiseDefaults(cfg, bind, a.o.AdvertiseHosts), ConfigETag: a.cfgETag, ConfigModified: cfgMod,
 		Store: a.leaderStore(), Keys: a.o.Keys, ServerID: a.o.ServerID,
 		Provider: a.o.Provider, Local: a.o.Local, Fence: fence, Cache: db,
 		Trust: trust, Issuer: issuer, NonceKey: cl.NonceKey, WorkloadCA: cl.WorkloadCA, ServerHosts: certHosts,
@@ -429,12 +435,17 @@ func warnPrintableKeys(log logr.Logger, ring *secrets.Keyring, provider string) 
 }
 
 // withAdvertiseDefaults fills the advertised gRPC addresses the config
-// leaves empty from the first advertised host and the port actually bound
-// (after --port-offset and --bind-* flags), so agents and operators are told
-// a reachable address without the config repeating every port.
-func withAdvertiseDefaults(cfg *config.Config, bind config.Bind) *config.Config {
+// leaves empty from the first advertised host (shard.advertise.hosts, else
+// the --advertise-host flags) and the port actually bound (after
+// --port-offset and --bind-* flags), so agents and operators are told a
+// reachable address without the config repeating every port.
+func withAdvertiseDefaults(cfg *config.Config, bind config.Bind, flagHosts []string) *config.Config {
 	adv := cfg.Shard.Advertise
-	if len(adv.Hosts) == 0 {
+	hosts := adv.Hosts
+	if len(hosts) == 0 {
+		hosts = flagHosts
+	}
+	if len(hosts) == 0 {
 		return cfg
 	}
 	fill := func(dst *string, bindAddr string) {
@@ -442,7 +453,7 @@ func withAdvertiseDefaults(cfg *config.Config, bind config.Bind) *config.Config 
 			return
 		}
 		if _, port, err := net.SplitHostPort(bindAddr); err == nil && port != "" && port != "0" {
-			*dst = net.JoinHostPort(adv.Hosts[0], port)
+			*dst = net.JoinHostPort(hosts[0], port)
 		}
 	}
 	fill(&adv.RegistrationAddr, bind.RegistrationAddr)
@@ -613,7 +624,7 @@ func (a *App) newRevocations(cfg *config.Config, log logr.Logger) {
 	a.revocations = revocation.New(revocation.Options{
 		Store: a.leaderStore(), Keys: a.o.Keys, ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID,
 		OperatorValidity: cfg.Certificates.OperatorValidity.D(), AgentValidity: cfg.Certificates.AgentValidity.D(),
-		RequireOperatorRecords: true, Log: log.WithName("revocation"),
+		RequireOperatorRecords: !a.o.OperatorRecordsOptional, Log: log.WithName("revocation"),
 	})
 	a.revSync = cfg.Certificates.RevocationSyncInterval.D()
 }

@@ -117,6 +117,8 @@ type Assembly struct {
 	// Gate admits agent registrations against the instance records, the
 	// provider's addresses and shard.registration of the live config.
 	Gate *registration.InstanceGate
+	// Revocations is Parts.Revocations (the deny list of client certificates).
+	Revocations *revocation.Gate
 }
 
 // Lead is the shard leader's work for one term: the reconciler, until ctx
@@ -136,7 +138,7 @@ func Assemble(p Parts) (*Assembly, error) {
 	lim := cfg.Shard.Limits.WithDefaults()
 	log := p.Log
 	holder := liveconfig.New(p.Store, p.Keys.Config(shard), cfg, p.ConfigETag, p.ConfigModified)
-	s := &Assembly{Config: holder}
+	s := &Assembly{Config: holder, Revocations: p.Revocations}
 
 	// The provider: the one place the instance backend is chosen.
 	prov := p.Provider

@@ -107,7 +107,7 @@ func startAgentShardWith(t *testing.T, cfg string) *agentShard {
 		}
 	})
 	a.sh = shardtest.Start(t, shardtest.Options{
-		ConfigJSONC: cfg, Provider: a.p, Agents: true,
+		ConfigJSONC: cfg, Provider: a.p,
 		Agent: app.Tuning{
 			HealthInterval: reportEvery, HealthMisses: misses, StartupGrace: 30 * time.Second, RepushInterval: 500 * time.Millisecond,
 			OnReport: func(_ context.Context, ref agentapi.Ref, _ *nstancev1.HealthReport, at time.Time) {
@@ -154,7 +154,7 @@ func (a *agentShard) file(id, name string) string {
 
 // agentHash is the config hash the instance's agent last reported.
 func (a *agentShard) agentHash(id string) string {
-	rec, ok := a.sh.Fleet.Health.Get(id)
+	rec, ok := a.sh.Assembly.Health.Get(id)
 	if !ok {
 		return ""
 	}
@@ -164,7 +164,7 @@ func (a *agentShard) agentHash(id string) string {
 // serverHash is the hash of the files the server currently wants the instance to hold.
 func (a *agentShard) serverHash(t *testing.T, id string) string {
 	t.Helper()
-	_, h, err := a.sh.Fleet.Agent.Files(context.Background(), agentapi.Ref{InstanceID: id, Tenant: "acme", Shard: "test-1", Group: "workers"})
+	_, h, err := a.sh.Assembly.Agent.Files(context.Background(), agentapi.Ref{InstanceID: id, Tenant: "acme", Shard: "test-1", Group: "workers"})
 	require.NoError(t, err)
 	return h
 }
@@ -342,7 +342,7 @@ func TestInstanceTypeChangeRotatesOneAtATime(t *testing.T) {
 				}
 			}
 			active := 0
-			for _, rec := range a.sh.Fleet.Instances.ListGroup("acme", "workers") {
+			for _, rec := range a.sh.Assembly.Instances.ListGroup("acme", "workers") {
 				if rec.State.Active() {
 					active++
 				}
@@ -386,7 +386,7 @@ func TestInstanceTypeChangeRotatesOneAtATime(t *testing.T) {
 	for _, pid := range g.GetProviderIds() {
 		id := instanceID(pid)
 		require.NotContains(t, initial, id)
-		rec, ok := a.sh.Fleet.Instances.Get(id)
+		rec, ok := a.sh.Assembly.Instances.Get(id)
 		require.True(t, ok)
 		require.Equal(t, "test.large", rec.InstanceType)
 		require.Equal(t, instances.StateRunning, rec.State)
