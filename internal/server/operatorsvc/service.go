@@ -23,9 +23,6 @@ import (
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
-// TenantFunc extracts the caller's tenant from a request context.
-type TenantFunc func(ctx context.Context) (string, bool)
-
 // AuthzTenant reads the tenant of an operator (or admin) identity placed by
 // the authz interceptors.
 func AuthzTenant(ctx context.Context) (string, bool) {
@@ -54,8 +51,6 @@ type Options struct {
 	// always sets it; only tests of other layers leave it nil.
 	Operators *OperatorRecords
 	Log       logr.Logger
-	// Tenant defaults to AuthzTenant.
-	Tenant TenantFunc
 	// Revocations serves the admin RPCs ListOperators, ListRevocations and
 	// Revoke; nil answers them Unimplemented.
 	Revocations *revocation.Gate
@@ -70,15 +65,10 @@ type Service struct {
 var _ nstancev1.OperatorServiceServer = (*Service)(nil)
 
 // New returns the service.
-func New(o Options) *Service {
-	if o.Tenant == nil {
-		o.Tenant = AuthzTenant
-	}
-	return &Service{o: o}
-}
+func New(o Options) *Service { return &Service{o: o} }
 
 func (s *Service) tenant(ctx context.Context) (string, error) {
-	t, ok := s.o.Tenant(ctx)
+	t, ok := AuthzTenant(ctx)
 	if !ok {
 		return "", status.Error(codes.Unauthenticated, "no operator identity on the request")
 	}

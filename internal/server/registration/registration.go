@@ -128,11 +128,6 @@ func ToProto(id pki.Identity) *nstancev1.ClientIdentity {
 	}
 }
 
-// AgentRegistered is called after an agent certificate was issued and its
-// nonce consumed, so the instance record can be updated. An error is logged,
-// not returned to the agent (the nonce is already spent).
-type AgentRegistered func(ctx context.Context, claims *nonce.Claims, issued *Issued)
-
 // NonceLeeway is the clock skew tolerated on a nonce's exp and nbf.
 const NonceLeeway = 5 * time.Second
 
@@ -154,9 +149,7 @@ type Options struct {
 	// Instances admits agents against their instance records; nil refuses
 	// every agent.
 	Instances *InstanceGate
-	// OnAgentRegistered, when set, is told about each registered agent.
-	OnAgentRegistered AgentRegistered
-	Log               logr.Logger
+	Log       logr.Logger
 }
 
 // New builds the Registration service of a shard: nonces verified with the
@@ -170,7 +163,7 @@ func New(o Options) *Service {
 			MaxLifetime: o.NonceMaxLifetime},
 		Ledger:  &nonce.Ledger{Store: o.Store, Keys: o.Keys},
 		Objects: o.Store, Keys: o.Keys, ServerID: o.ServerID,
-		Instances: o.Instances, OnAgentRegistered: o.OnAgentRegistered, Log: o.Log,
+		Instances: o.Instances, Log: o.Log,
 	}
 }
 
@@ -188,9 +181,7 @@ type Service struct {
 	// Instances admits agents against their instance records; without it
 	// every agent registration is refused.
 	Instances *InstanceGate
-	// OnAgentRegistered, when set, is told about each registered agent.
-	OnAgentRegistered AgentRegistered
-	Log               logr.Logger
+	Log       logr.Logger
 }
 
 type fields struct {
@@ -405,9 +396,6 @@ func (s *Service) RegisterAgent(ctx context.Context, req *nstancev1.RegisterAgen
 	issued, claims, err := s.register(ctx, []nonce.Kind{nonce.KindAgent}, req.GetNonce(), req.GetPublicKeyPem(), req.GetIpAddresses(), req.GetHostname())
 	if err != nil {
 		return nil, err
-	}
-	if s.OnAgentRegistered != nil {
-		s.OnAgentRegistered(ctx, claims, issued)
 	}
 	s.Log.Info("agent registered", "instance", claims.Subject, "tenant", claims.Tenant, "group", claims.Group, "serial", issued.Serial)
 	return &nstancev1.RegisterAgentResponse{
