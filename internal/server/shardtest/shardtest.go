@@ -185,7 +185,9 @@ func start(o Options) (*Shard, error) {
 	}
 	// Agents started by the provider are told the Registration and Agent
 	// addresses when their instance is created, before the listeners exist:
-	// pick the ports now and advertise them on 127.0.0.1.
+	// pick the ports now and advertise them on 127.0.0.1. Should another
+	// socket take a port in between, the term fails to bind, steps down and
+	// the next term binds again (Start waits for it).
 	regAddr, err := freePort()
 	if err != nil {
 		return nil, err
