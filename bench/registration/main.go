@@ -28,7 +28,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/go-logr/logr"
 	"github.com/golang-jwt/jwt/v5"
-	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	grpccreds "google.golang.org/grpc/credentials"
 
@@ -39,7 +38,6 @@ import (
 	"github.com/nstance-dev/nstance/internal/secrets"
 	"github.com/nstance-dev/nstance/internal/server/app"
 	"github.com/nstance-dev/nstance/internal/server/instances"
-	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
@@ -48,12 +46,18 @@ import (
 
 const encKey = "thisisatest32bytekey123456789012"
 
+// config has one static group of %d instances on the mock provider; create
+// rates are lifted so the reconciler creates them at once.
 const config = `{
   "cluster": {"id": "bench"},
-  "shard": {"id": "s1", "infra": {"provider": "tmux"},
+  "shard": {"id": "s1", "infra": {"provider": "mock"},
     "bind": {"health_addr": "127.0.0.1:0", "election_addr": "127.0.0.1:0", "registration_addr": "127.0.0.1:0", "operator_addr": "127.0.0.1:0", "agent_addr": "127.0.0.1:0"},
+    "subnet_pools": {"default": {"subnets": ["bench-a"]}},
+    "create_rate_limit": {"per_minute": 1000000, "burst": 1000000},
     // Every client of the benchmark comes from 127.0.0.1: lift the per-source rate.
-    "limits": {"registration_rate": {"per_minute": 1048576, "burst": 1048576}}},
+    "limits": {"registration_rate": {"per_minute": 1048576, "burst": 1048576}, "tenant_create_rate": {"per_minute": 1000000, "burst": 1000000}}},
+  "templates": {"worker": {"kind": "worker", "arch": "amd64", "instance_type": "bench.small", "subnet_pool": "default"}},
+  "groups": {"default": {"g": {"template": "worker", "size": %d}}},
 }`
 
 func main() {
@@ -107,32 +111,12 @@ func run(n, conc, nconns int, storageKind string) error {
 		return err
 	}
 	defer cleanup()
-	if _, err := store.Put(ctx, "config/s1.jsonc", []byte(config), objstore.PutOptions{}); err != nil {
+	if _, err := store.Put(ctx, "config/s1.jsonc", []byte(fmt.Sprintf(config, n)), objstore.PutOptions{}); err != nil {
 		return err
-	}
-	// Every registering agent has an instance record, as the reconciler
-	// writes before the provider starts the instance; registration reads it
-	// and records the agent's key on it.
-	records := instances.NewStore(store, layout.New(""), "s1", nil)
-	var g errgroup.Group
-	g.SetLimit(16)
-	for i := 0; i < n; i++ {
-		g.Go(func() error {
-			return records.Create(ctx, &instances.Record{ID: fmt.Sprintf("i-%06d", i), Tenant: "default", GroupID: "g", Shard: "s1",
-				State: instances.StateRunning, Addresses: []string{"127.0.0.1"}, CreatedAt: time.Now().UTC()})
-		})
-	}
-	if err := g.Wait(); err != nil {
-		return fmt.Errorf("creating instance records: %w", err)
 	}
 	a, err := app.New(app.Options{
 		ServerID: "bench", Shard: "s1", Store: store, Keys: layout.New(""), Bind: app.BindOverrides{Health: "127.0.0.1:0"},
 		Getenv: func(string) string { return encKey }, Log: logr.Discard(),
-		Services: func(rt *app.Runtime) (app.Services, error) {
-			svcs, err := app.DefaultServices(rt)
-			svcs.AgentGate = &registration.InstanceGate{Records: records}
-			return svcs, err
-		},
 	})
 	if err != nil {
 		return err
@@ -148,6 +132,23 @@ func run(n, conc, nconns int, storageKind string) error {
 		}
 	}
 
+	// Every registering agent has an instance record: the reconciler creates
+	// the group's instances (mock provider) before the clock starts;
+	// registration reads the record and records the agent's key on it.
+	var ids []string
+	for len(ids) < n {
+		if built := a.Assembly(); built != nil {
+			ids = ids[:0]
+			for _, r := range built.Instances.List(func(r *instances.Record) bool { return r.State == instances.StateRunning }) {
+				ids = append(ids, r.ID)
+			}
+		}
+		select {
+		case err := <-done:
+			return fmt.Errorf("server stopped: %w", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 	caPEM, nonceKey, err := material(ctx, store)
 	if err != nil {
 		return err
@@ -169,7 +170,7 @@ func run(n, conc, nconns int, storageKind string) error {
 	jobs := make([]job, n)
 	for i := range jobs {
 		tok, err := nonce.Mint(nonceKey, nonce.Claims{Kind: nonce.KindAgent, ClusterID: "bench", Tenant: "default", Shard: "s1", Group: "g",
-			RegisteredClaims: jwt.RegisteredClaims{Subject: fmt.Sprintf("i-%06d", i)}}, 15*time.Minute, time.Now())
+			RegisteredClaims: jwt.RegisteredClaims{Subject: ids[i]}}, 15*time.Minute, time.Now())
 		if err != nil {
 			return err
 		}

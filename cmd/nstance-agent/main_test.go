@@ -18,10 +18,10 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
 
-	"github.com/nstance-dev/nstance/internal/agent/agenttest"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/config"
 	"github.com/nstance-dev/nstance/internal/version"
+	"github.com/nstance-dev/nstance/test/agent/agenttest"
 )
 
 func testCA(t *testing.T) *pki.CA {

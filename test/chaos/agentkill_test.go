@@ -16,9 +16,9 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
 
-	"github.com/nstance-dev/nstance/internal/agent/agenttest"
 	"github.com/nstance-dev/nstance/internal/agent/identity"
 	"github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/test/agent/agenttest"
 )
 
 // agentProc is one nstance-agent process the test supervises, as systemd

@@ -90,11 +90,11 @@ func TestAgentRegistersThroughALostMarkerReply(t *testing.T) {
 				`"groups": { "acme": { "workers": { "template": "worker", "size": 1 } } },`, 1)
 			cfg = strings.Replace(cfg, `"default_drain_timeout": "30s",`,
 				`"default_drain_timeout": "30s", "health_check_interval": "200ms", "health_misses": 15, "agent_startup_grace": "1m",`, 1)
-			sh := shardtest.Start(t, shardtest.Options{ConfigJSONC: cfg, Store: store, Provider: prov, Agents: true})
+			sh := shardtest.Start(t, shardtest.Options{ConfigJSONC: cfg, Store: store, Provider: prov})
 
 			var rec *instances.Record
 			require.Eventually(t, func() bool {
-				for _, r := range sh.Fleet.Instances.List(nil) {
+				for _, r := range sh.Assembly.Instances.List(nil) {
 					if r.Agent != nil {
 						rec = r
 						return true

@@ -8,7 +8,8 @@
 //
 // Only the packages that are compiled into binaries are checked (Imports, not
 // TestImports): tests may run the real stack of another component in-process
-// (shardtest, agenttest, grpcserve, devs3test).
+// (shardtest, grpcserve, devs3test); tests that run an agent against a real
+// shard server live in test/agent.
 package imports
 
 import (
@@ -51,9 +52,6 @@ type exception struct {
 }
 
 var exceptions = []exception{
-	{"internal/agent/agenttest", "internal/server/...",
-		"agenttest runs the real shard server stack (registration, agent API, gRPC listeners, instance store) " +
-			"in-process for agent and chaos tests; moving it onto a server-owned harness is remaining work (issue 18)"},
 	{"internal/admin/clustercmd", "internal/carotation",
 		"carotation is nstance-admin's CA rotation, kept outside admin so test/chaos can drive it"},
 	{"internal/carotation", "internal/server/config",
@@ -208,7 +206,6 @@ func TestCheckCatchesBackImports(t *testing.T) {
 			"internal/server/config":    {"internal/pki"},
 			"internal/server/x":         nil,
 			"internal/admin/clustercmd": {"internal/storage", "internal/carotation"},
-			"internal/agent/agenttest":  {"internal/server/x", "internal/nonce"},
 			"internal/carotation":       {"internal/server/config"},
 			"internal/storage":          {"internal/layout"},
 			"internal/nonce":            {"internal/layout"},

@@ -48,7 +48,6 @@ type Session struct {
 
 	mu         sync.Mutex
 	configHash string
-	connects   int
 	reports    uint64
 	renewals   int
 	lost       int
@@ -101,13 +100,6 @@ func (s *Session) ConfigHash() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.configHash
-}
-
-// Connects counts connections established so far.
-func (s *Session) Connects() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.connects
 }
 
 // Run connects and reconnects until ctx ends; it returns nil then. It returns
@@ -201,9 +193,6 @@ func (s *Session) keyLoop(ctx context.Context, c nstancev1.AgentServiceClient) e
 	if err != nil {
 		return fmt.Errorf("key requests: %w", err)
 	}
-	s.mu.Lock()
-	s.connects++
-	s.mu.Unlock()
 	for {
 		req, err := stream.Recv()
 		if err != nil {

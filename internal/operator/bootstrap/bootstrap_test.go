@@ -25,8 +25,9 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/bootstrap"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
-	"github.com/nstance-dev/nstance/internal/server/operatorapi"
+	"github.com/nstance-dev/nstance/internal/server/operatorsvc"
 	"github.com/nstance-dev/nstance/internal/server/registration"
+	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 )
 
@@ -37,20 +38,18 @@ const clusterID = "c1"
 type cluster struct {
 	ca       *pki.CA
 	nonceKey ed25519.PrivateKey
-	nonceVer *nonce.Verifier
-	ledger   *nonce.Ledger
+	// store holds the nonce ledger and operator records every shard shares.
+	store objstore.Store
 }
 
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
 	ca, err := pki.GenerateCA(clusterID, 24*time.Hour, time.Now())
 	require.NoError(t, err)
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)
 	return &cluster{
-		ca: ca, nonceKey: priv,
-		nonceVer: &nonce.Verifier{Key: pub, ClusterID: clusterID},
-		ledger:   &nonce.Ledger{Store: memstore.New(), Keys: layout.New("")},
+		ca: ca, nonceKey: priv, store: memstore.New(),
 	}
 }
 
@@ -60,15 +59,13 @@ func (c *cluster) startShard(t *testing.T, shard string) string {
 	srvCert, err := c.ca.ServerKeyPair(pki.ServerIdentity{Shard: "s1", ServerID: "nstance-server"}, []string{"127.0.0.1"}, time.Hour, time.Now())
 	require.NoError(t, err)
 	issuer := &registration.Issuer{CA: c.ca, ClusterID: clusterID, AgentValidity: time.Hour, OperatorValidity: time.Hour}
-	reg := &registration.Service{
-		Issuer: issuer, Verifier: c.nonceVer, Ledger: c.ledger,
-		Keys: layout.New(""), ServerID: "srv-" + shard, Log: logr.Discard(),
-	}
+	reg := registration.New(registration.Options{ClusterID: clusterID, ServerID: "srv-" + shard, Issuer: issuer,
+		NonceKey: c.nonceKey.Public().(ed25519.PublicKey), Store: c.store, Keys: layout.New(""), Log: logr.Discard()})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv, err := grpcserve.Start(grpcserve.Config{
 		ClusterID: clusterID, ServerCert: srvCert, ClientCAs: c.ca.Pool(),
-		Registration: reg, Operator: &operatorapi.Core{Shard: shard, Issuer: issuer},
+		Registration: reg, Operator: operatorsvc.New(operatorsvc.Options{Shard: shard, Issuer: issuer}),
 	}, grpcserve.Listeners{Registration: ln})
 	require.NoError(t, err)
 	t.Cleanup(srv.Stop)

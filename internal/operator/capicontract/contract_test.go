@@ -131,7 +131,7 @@ func newFixtureNodesIn(t *testing.T, nodes client.Client) *fixture {
 	require.NoError(t, err)
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)
-	regAddr := startRegistration(t, ca, &nonce.Verifier{Key: pub, ClusterID: clusterID})
+	regAddr := startRegistration(t, ca, pub)
 	prov := &nodeProvider{Provider: mock.New(), c: nodes}
 	sh := shardtest.Start(t, shardtest.Options{ClusterID: clusterID, ShardID: shardID, CA: ca, Provider: prov, Log: logr.Discard()})
 
@@ -163,16 +163,14 @@ func newFixtureNodesIn(t *testing.T, nodes client.Client) *fixture {
 	}}
 }
 
-func startRegistration(t *testing.T, ca *pki.CA, ver *nonce.Verifier) string {
+func startRegistration(t *testing.T, ca *pki.CA, nonceKey ed25519.PublicKey) string {
 	t.Helper()
 	cert, err := ca.ServerKeyPair(pki.ServerIdentity{Shard: "s1", ServerID: "nstance-server"}, []string{"127.0.0.1"}, time.Hour, time.Now())
 	require.NoError(t, err)
 	store := memstore.New()
-	reg := &registration.Service{
-		Issuer:   &registration.Issuer{CA: ca, ClusterID: clusterID, AgentValidity: time.Hour, OperatorValidity: time.Hour},
-		Verifier: ver, Ledger: &nonce.Ledger{Store: store, Keys: layout.New("")},
-		Objects: store, Keys: layout.New(""), ServerID: "reg", Log: logr.Discard(),
-	}
+	reg := registration.New(registration.Options{ClusterID: clusterID, ServerID: "reg", NonceKey: nonceKey,
+		Issuer: &registration.Issuer{CA: ca, ClusterID: clusterID, AgentValidity: time.Hour, OperatorValidity: time.Hour},
+		Store:  store, Keys: layout.New(""), Log: logr.Discard()})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv, err := grpcserve.Start(grpcserve.Config{ClusterID: clusterID, ServerCert: cert, ClientCAs: ca.Pool(), Registration: reg},

@@ -167,7 +167,7 @@ func newFixture(t testing.TB, shardIDs ...string) *fixture {
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)
 	f := &fixture{t: t, ca: ca, nonceKey: priv, shards: map[string]*fakeShard{}}
-	f.regAddr = startRegistration(t, ca, &nonce.Verifier{Key: pub, ClusterID: clusterID})
+	f.regAddr = startRegistration(t, ca, pub)
 	for _, id := range shardIDs {
 		f.shards[id] = startShard(t, ca, id)
 	}
@@ -181,14 +181,14 @@ func newFixture(t testing.TB, shardIDs ...string) *fixture {
 	return f
 }
 
-func startRegistration(t testing.TB, ca *pki.CA, ver *nonce.Verifier) string {
+func startRegistration(t testing.TB, ca *pki.CA, nonceKey ed25519.PublicKey) string {
 	t.Helper()
 	cert, err := ca.ServerKeyPair(pki.ServerIdentity{Shard: "s1", ServerID: "nstance-server"}, []string{"127.0.0.1"}, time.Hour, time.Now())
 	require.NoError(t, err)
 	issuer := &registration.Issuer{CA: ca, ClusterID: clusterID, AgentValidity: time.Hour, OperatorValidity: time.Hour}
 	store := memstore.New()
-	reg := &registration.Service{Issuer: issuer, Verifier: ver, Ledger: &nonce.Ledger{Store: store, Keys: layout.New("")},
-		Objects: store, Keys: layout.New(""), ServerID: "reg", Log: logr.Discard()}
+	reg := registration.New(registration.Options{ClusterID: clusterID, ServerID: "reg", Issuer: issuer, NonceKey: nonceKey,
+		Store: store, Keys: layout.New(""), Log: logr.Discard()})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv, err := grpcserve.Start(grpcserve.Config{ClusterID: clusterID, ServerCert: cert, ClientCAs: ca.Pool(), Registration: reg},

@@ -12,7 +12,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
-	"github.com/nstance-dev/nstance/internal/server/operatorapi"
+	"github.com/nstance-dev/nstance/internal/server/operatorsvc"
 	"github.com/nstance-dev/nstance/internal/server/registration"
 )
 
@@ -34,7 +34,7 @@ func (s *rotatingServer) start() {
 	issuer := &registration.Issuer{Trust: s.trust, ClusterID: clusterID, AgentValidity: time.Hour, OperatorValidity: time.Hour}
 	s.srv, err = grpcserve.Start(grpcserve.Config{
 		ClusterID: clusterID, GetCertificate: s.cert.GetCertificate, ClientCAsFunc: s.trust.Pool,
-		Operator: &operatorapi.Core{Shard: "a", Issuer: issuer},
+		Operator: operatorsvc.New(operatorsvc.Options{Shard: "a", Issuer: issuer}),
 	}, grpcserve.Listeners{Operator: ln})
 	require.NoError(t, err)
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/bootstrap"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
-	"github.com/nstance-dev/nstance/internal/server/operatorapi"
+	"github.com/nstance-dev/nstance/internal/server/operatorsvc"
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -55,7 +55,7 @@ func (s *server) start() {
 	issuer := &registration.Issuer{CA: s.ca, ClusterID: clusterID, AgentValidity: time.Hour, OperatorValidity: time.Hour}
 	s.srv, err = grpcserve.Start(grpcserve.Config{
 		ClusterID: clusterID, ServerCert: cert, ClientCAs: s.ca.Pool(),
-		Operator: &operatorapi.Core{Shard: s.shard, Issuer: issuer},
+		Operator: operatorsvc.New(operatorsvc.Options{Shard: s.shard, Issuer: issuer}),
 	}, grpcserve.Listeners{Operator: ln})
 	require.NoError(t, err)
 }

@@ -13,12 +13,12 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 
-	"github.com/nstance-dev/nstance/internal/agent/agenttest"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/agentapi"
 	"github.com/nstance-dev/nstance/internal/server/authz"
 	"github.com/nstance-dev/nstance/internal/server/config"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+	"github.com/nstance-dev/nstance/test/agent/agenttest"
 )
 
 // presenting is the context of an agent call over mTLS with leaf.

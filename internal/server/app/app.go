@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"crypto/ed25519"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -32,13 +31,11 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/election"
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
 	"github.com/nstance-dev/nstance/internal/server/health"
-	"github.com/nstance-dev/nstance/internal/server/operatorapi"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/internal/server/revocation"
 	"github.com/nstance-dev/nstance/internal/storage"
 	"github.com/nstance-dev/nstance/pkg/objstore"
-	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
 // DefaultHealthPort is the health port before any offset.
@@ -66,7 +63,8 @@ type Options struct {
 	Keys     layout.Keys
 	// CacheDir holds db/{shard}.sqlite; empty keeps the cache in memory.
 	CacheDir string
-	// AdvertiseHosts are added to the server certificate SANs.
+	// AdvertiseHosts are added to the server certificate SANs; the first
+	// one is advertised when shard.advertise.hosts is empty.
 	AdvertiseHosts []string
 	Bind           BindOverrides
 	// Getenv reads the encryption key variables; os.Getenv when nil.
@@ -74,10 +72,17 @@ type Options struct {
 	Log    logr.Logger
 	// Registry receives the server metrics; a fresh one when nil.
 	Registry *prometheus.Registry
-	// Services builds the Operator and Agent services once the cluster
-	// material is loaded; operatorapi.Core and an unimplemented Agent service
-	// when nil.
-	Services ServiceFactory
+	// Provider replaces the provider shard.infra.provider names (tests pass
+	// one they inspect); Local configures the development providers.
+	Provider provider.Provider
+	Local    LocalOptions
+	// Tuning adjusts the reconciler and the Agent service (tests).
+	Tuning Tuning
+	// OperatorRecordsOptional admits operator and admin certificates
+	// without a record in cluster/operators/ (tests that dial with
+	// certificates issued straight from the CA); nstance-server always
+	// requires the record.
+	OperatorRecordsOptional bool
 	// StorageBackoff overrides the retry backoff for storage calls.
 	StorageBackoff storage.Backoff
 	// NonceSweepInterval is how often the shard leader deletes nonce markers
@@ -91,52 +96,6 @@ type Options struct {
 // DefaultTrustRefresh is how often a server re-reads the cluster CA and
 // the CA bundle; carotation.RefreshGrace must stay well above it.
 const DefaultTrustRefresh = 10 * time.Second
-
-// Runtime is what service factories get to build their services.
-type Runtime struct {
-	Config     *config.Config
-	ConfigETag string
-	Store      objstore.Store
-	Keys       layout.Keys
-	Cache      *cache.Cache
-	// CA is the cluster CA loaded at start; WorkloadCA signs what templates
-	// ask for.
-	CA         *pki.CA
-	WorkloadCA *pki.CA
-	// Trust is the signing cluster CA and the trusted bundle as they are
-	// now (they change during a CA rotation); CA is its signer at start.
-	Trust *pki.Trust
-	// ServerHosts are the names and addresses in this server's certificate;
-	// no template certificate may carry them.
-	ServerHosts []string
-	NonceKey    ed25519.PrivateKey
-	Issuer      *registration.Issuer
-	// Revocations is the deny list the mTLS listeners consult (admin
-	// revocations, deleted instances).
-	Revocations *revocation.Gate
-	App         *App
-	Log         logr.Logger
-	// Fence bounds the leader's work by its shard lease; Store is already
-	// fenced, provider calls must be (provider.Fenced).
-	Fence provider.Fence
-}
-
-// Services are the shard-leader gRPC services beyond Registration.
-type Services struct {
-	Operator nstancev1.OperatorServiceServer
-	Agent    nstancev1.AgentServiceServer
-	// OnAgentRegistered is told about every registered agent.
-	OnAgentRegistered registration.AgentRegistered
-	// AgentGate admits agent registrations against the instance records;
-	// nil refuses every agent.
-	AgentGate *registration.InstanceGate
-	// Lead, when set, runs for each shard-leadership term once the gRPC
-	// services serve (the reconciler); its context ends with the term.
-	Lead func(ctx context.Context) error
-}
-
-// ServiceFactory builds Services.
-type ServiceFactory func(rt *Runtime) (Services, error)
 
 // Addrs are the bound listen addresses (empty until bound).
 type Addrs struct {
@@ -162,6 +121,7 @@ type App struct {
 	clusterEl  *election.Elector
 	shardEl    *election.Elector
 	cacheDB    *cache.Cache
+	built      *Assembly
 	grpcActive bool
 	// servingSince is when this server began serving gRPC as shard leader
 	// in the current term (zero while it does not).
@@ -226,6 +186,14 @@ func (a *App) ConfigVersion() (string, time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.cfgETag, a.cfgMod
+}
+
+// Assembly returns the services and reconciler Run built (nil before the
+// cluster material was loaded).
+func (a *App) Assembly() *Assembly {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.built
 }
 
 // Cache returns the open cache (nil before Run opened it).
@@ -412,34 +380,24 @@ func (a *App) Run(ctx context.Context) error {
 	// lease no longer lets it act, writes, provider calls and RPCs are
 	// refused even before its work has noticed.
 	fence := leaderFence{a: a}
-	leaderStore := a.leaderStore()
-	rt := &Runtime{
-		Config: withAdvertiseDefaults(cfg, bind), ConfigETag: a.cfgETag, Store: leaderStore, Keys: a.o.Keys, Cache: db,
-		CA: cl.CA, Trust: trust, WorkloadCA: cl.WorkloadCA, ServerHosts: certHosts, NonceKey: cl.NonceKey, Issuer: issuer, App: a, Log: log,
-		Fence: fence,
-	}
-	rt.Revocations = a.revocations
-	factory := a.o.Services
-	if factory == nil {
-		factory = DefaultServices
-	}
-	svcs, err := factory(rt)
+	_, cfgMod := a.ConfigVersion()
+	// Every service and the shard leader's work, built once (assemble.go).
+	built, err := Assemble(Parts{
+		Config: withAdvertiseDefaults(cfg, bind, a.o.AdvertiseHosts), ConfigETag: a.cfgETag, ConfigModified: cfgMod,
+		Store: a.leaderStore(), Keys: a.o.Keys, ServerID: a.o.ServerID,
+		Provider: a.o.Provider, Local: a.o.Local, Fence: fence, Cache: db,
+		Trust: trust, Issuer: issuer, NonceKey: cl.NonceKey, WorkloadCA: cl.WorkloadCA, ServerHosts: certHosts,
+		Revocations: a.revocations, Leadership: a.Leadership, Tuning: a.o.Tuning, Log: log,
+	})
 	if err != nil {
-		return fmt.Errorf("building services: %w", err)
+		return fmt.Errorf("assembling the server: %w", err)
 	}
-	reg := &registration.Service{
-		Issuer: issuer,
-		Verifier: &nonce.Verifier{Key: cl.NonceKey.Public().(ed25519.PublicKey), ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, Leeway: 5 * time.Second,
-			MaxLifetime: cfg.Certificates.NonceMaxLifetime.D()},
-		Ledger:  &nonce.Ledger{Store: leaderStore, Keys: a.o.Keys},
-		Objects: leaderStore, Keys: a.o.Keys, ServerID: a.o.ServerID,
-		OnAgentRegistered: svcs.OnAgentRegistered, Log: log.WithName("registration"),
-	}
-	// Agents are admitted against the instance records (nil: refused).
-	reg.Instances = svcs.AgentGate
+	a.mu.Lock()
+	a.built = built
+	a.mu.Unlock()
 	gcfg := grpcserve.Config{
 		ClusterID: cfg.Cluster.ID, ServerCert: serverCert, GetCertificate: serverCerts.GetCertificate, ClientCAsFunc: trust.Pool,
-		Registration: reg, Operator: svcs.Operator, Agent: svcs.Agent, Log: log.WithName("grpc"), Limits: cfg.Shard.Limits,
+		Registration: built.Registration, Operator: built.Operator, Agent: built.Agent, Log: log.WithName("grpc"), Limits: cfg.Shard.Limits,
 		ServerOptions: append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(a.metrics.unary), grpc.ChainStreamInterceptor(a.metrics.stream)},
 			fence.grpcOptions()...),
 		PanicHook: a.o.Getenv(grpcserve.PanicHookEnv) == "1",
@@ -452,7 +410,7 @@ func (a *App) Run(ctx context.Context) error {
 	}
 
 	shardEl, err := newElector(a.o.Keys.ShardLeader(a.o.Shard), func(lctx context.Context, term int64) {
-		a.leadShard(lctx, ctx, term, db, gcfg, svcs.Lead, &bind, cfg.Shard.Timeouts.Shutdown.D())
+		a.leadShard(lctx, ctx, term, db, gcfg, built.Lead, &bind, cfg.Shard.Timeouts.Shutdown.D())
 	})
 	if err != nil {
 		return err
@@ -491,12 +449,17 @@ func warnPrintableKeys(log logr.Logger, ring *secrets.Keyring, provider string) 
 }
 
 // withAdvertiseDefaults fills the advertised gRPC addresses the config
-// leaves empty from the first advertised host and the port actually bound
-// (after --port-offset and --bind-* flags), so agents and operators are told
-// a reachable address without the config repeating every port.
-func withAdvertiseDefaults(cfg *config.Config, bind config.Bind) *config.Config {
+// leaves empty from the first advertised host (shard.advertise.hosts, else
+// the --advertise-host flags) and the port actually bound (after
+// --port-offset and --bind-* flags), so agents and operators are told a
+// reachable address without the config repeating every port.
+func withAdvertiseDefaults(cfg *config.Config, bind config.Bind, flagHosts []string) *config.Config {
 	adv := cfg.Shard.Advertise
-	if len(adv.Hosts) == 0 {
+	hosts := adv.Hosts
+	if len(hosts) == 0 {
+		hosts = flagHosts
+	}
+	if len(hosts) == 0 {
 		return cfg
 	}
 	fill := func(dst *string, bindAddr string) {
@@ -504,7 +467,7 @@ func withAdvertiseDefaults(cfg *config.Config, bind config.Bind) *config.Config 
 			return
 		}
 		if _, port, err := net.SplitHostPort(bindAddr); err == nil && port != "" && port != "0" {
-			*dst = net.JoinHostPort(adv.Hosts[0], port)
+			*dst = net.JoinHostPort(hosts[0], port)
 		}
 	}
 	fill(&adv.RegistrationAddr, bind.RegistrationAddr)
@@ -531,16 +494,6 @@ func keySources(ks []config.KeySource) []secrets.Source {
 		out = append(out, keySource(k))
 	}
 	return out
-}
-
-// DefaultServices serves the core Operator RPCs and an Agent service whose
-// RPCs answer Unimplemented.
-func DefaultServices(rt *Runtime) (Services, error) {
-	return Services{
-		Operator: &operatorapi.Core{Shard: rt.Config.Shard.ID, Config: rt.App, Issuer: rt.Issuer,
-			Operators: &operatorapi.OperatorRecords{Store: rt.Store, Keys: rt.Keys}, Log: rt.Log.WithName("operator")},
-		Agent: &nstancev1.UnimplementedAgentServiceServer{},
-	}, nil
 }
 
 // certHosts are the SANs of the server certificate: what the config knows
@@ -685,7 +638,7 @@ func (a *App) newRevocations(cfg *config.Config, log logr.Logger) {
 	a.revocations = revocation.New(revocation.Options{
 		Store: a.leaderStore(), Keys: a.o.Keys, ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID,
 		OperatorValidity: cfg.Certificates.OperatorValidity.D(), AgentValidity: cfg.Certificates.AgentValidity.D(),
-		RequireOperatorRecords: true, Log: log.WithName("revocation"),
+		RequireOperatorRecords: !a.o.OperatorRecordsOptional, Log: log.WithName("revocation"),
 	})
 	a.revSync = cfg.Certificates.RevocationSyncInterval.D()
 }
@@ -709,7 +662,7 @@ func (a *App) loadRevocations(lctx context.Context) error {
 // later, and a replay is refused as expired after another leeway; the skew
 // allowance covers the storage clock that stamped the marker.
 const (
-	nonceLeeway        = 5 * time.Second // the Registration verifier's leeway
+	nonceLeeway        = registration.NonceLeeway
 	nonceSkewAllowance = 5 * time.Minute
 	// nonceSweepLimit bounds the deletions of one pass, so a backlog is
 	// worked off over several passes instead of one long burst.

@@ -21,7 +21,6 @@ import (
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/secrets"
 	"github.com/nstance-dev/nstance/internal/server/app"
-	"github.com/nstance-dev/nstance/internal/server/fleetapp"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
@@ -42,10 +41,10 @@ func TestServerWithFleetConvergesGroups(t *testing.T) {
 
 	a, err := app.New(app.Options{
 		ServerID: "srv-1", Shard: "s1", Store: store, Keys: keys,
-		Bind:     app.BindOverrides{Health: "127.0.0.1:0"},
-		Getenv:   func(k string) string { return map[string]string{"NSTANCE_ENCRYPTION_KEY": encKey}[k] },
-		Log:      testr.New(t),
-		Services: fleetapp.Factory(fleetapp.Options{ResyncInterval: 200 * time.Millisecond}),
+		Bind:   app.BindOverrides{Health: "127.0.0.1:0"},
+		Getenv: func(k string) string { return map[string]string{"NSTANCE_ENCRYPTION_KEY": encKey}[k] },
+		Log:    testr.New(t),
+		Tuning: app.Tuning{ResyncInterval: 200 * time.Millisecond},
 	})
 	require.NoError(t, err)
 	runCtx, stop := context.WithCancel(ctx)

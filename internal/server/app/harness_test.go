@@ -22,7 +22,6 @@ import (
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/secrets"
 	"github.com/nstance-dev/nstance/internal/storage"
-	"github.com/nstance-dev/nstance/internal/testing/hosttools"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -39,7 +38,7 @@ func testConfig(cluster, shard string) []byte {
   },
   "shard": {
     "id": %q,
-    "infra": {"provider": "tmux", "region": "dev", "zone": "deva"},
+    "infra": {"provider": "mock", "region": "dev", "zone": "deva"},
     "bind": {
       "health_addr": "127.0.0.1:0", "election_addr": "127.0.0.1:0", "registration_addr": "127.0.0.1:0",
       "operator_addr": "127.0.0.1:0", "agent_addr": "127.0.0.1:0",
@@ -76,7 +75,6 @@ func (r *running) stop() error {
 
 func startApp(t *testing.T, store objstore.Store, id, shard string) *running {
 	t.Helper()
-	hosttools.Require(t, "tmux") // testConfig's provider
 	a, err := New(Options{
 		ServerID: id, Shard: shard, Store: store, Keys: layout.New(""), CacheDir: t.TempDir(),
 		Bind:           BindOverrides{Health: "127.0.0.1:0"},

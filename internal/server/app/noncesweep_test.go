@@ -14,7 +14,6 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/storage"
-	"github.com/nstance-dev/nstance/internal/testing/hosttools"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/dirstore"
 )
@@ -34,7 +33,6 @@ func (s *listCounting) List(ctx context.Context, prefix string) ([]objstore.Obje
 
 func runWithSweep(t *testing.T, store objstore.Store, every time.Duration) *running {
 	t.Helper()
-	hosttools.Require(t, "tmux") // testConfig's provider
 	a, err := New(Options{
 		ServerID: "srv", Shard: "s1", Store: store, Keys: layout.New(""), CacheDir: t.TempDir(),
 		Bind:               BindOverrides{Health: "127.0.0.1:0"},

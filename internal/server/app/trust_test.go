@@ -13,6 +13,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/server/election"
+	"github.com/nstance-dev/nstance/internal/server/provider/mock"
 	"github.com/nstance-dev/nstance/internal/storage"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 )
@@ -48,10 +49,10 @@ func TestPrintableKeyWarning(t *testing.T) {
 	for _, tc := range []struct {
 		provider string
 		loud     bool
-	}{{"cloud", true}, {"tmux", false}} {
+	}{{"cloud", true}, {"mock", false}} {
 		t.Run(tc.provider, func(t *testing.T) {
 			store := s3Store(t)
-			cfg := strings.Replace(string(testConfig("c1", "s1")), `"provider": "tmux"`, `"provider": "`+tc.provider+`"`, 1)
+			cfg := strings.Replace(string(testConfig("c1", "s1")), `"provider": "mock"`, `"provider": "`+tc.provider+`"`, 1)
 			_, err := store.Put(context.Background(), layout.New("").Config("s1"), []byte(cfg), objstore.PutOptions{})
 			require.NoError(t, err)
 			var mu sync.Mutex
@@ -61,6 +62,8 @@ func TestPrintableKeyWarning(t *testing.T) {
 				ServerID: "srv", Shard: "s1", Store: store, Keys: layout.New(""), Bind: BindOverrides{Health: "127.0.0.1:0"},
 				Getenv: func(k string) string { return map[string]string{"NSTANCE_ENCRYPTION_KEY": testKey}[k] },
 				Log:    log, StorageBackoff: storage.Backoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond},
+				// No "cloud" provider exists: the warning is the point, the instances run nowhere.
+				Provider: mock.New(),
 			})
 			require.NoError(t, err)
 			ctx, cancel := context.WithCancel(context.Background())

@@ -14,8 +14,6 @@ import (
 	"github.com/nstance-dev/nstance/internal/logging"
 	"github.com/nstance-dev/nstance/internal/server/app"
 	"github.com/nstance-dev/nstance/internal/server/config"
-	"github.com/nstance-dev/nstance/internal/server/fleet"
-	"github.com/nstance-dev/nstance/internal/server/fleetapp"
 	"github.com/nstance-dev/nstance/internal/storage"
 	"github.com/nstance-dev/nstance/internal/version"
 )
@@ -100,6 +98,8 @@ func run(c *ucli.Context) error {
 			return fail(err, "--id not given and the host name is unknown", 2)
 		}
 	}
+	// The server: app.Run is the start-up sequence, app.Assemble builds the
+	// services, the provider and the reconciler from the config.
 	a, err := app.New(app.Options{
 		ServerID: id, Shard: c.String("shard"), Store: store, Keys: keys, CacheDir: c.String("cache-dir"),
 		AdvertiseHosts: c.StringSlice("advertise-host"),
@@ -108,10 +108,10 @@ func run(c *ucli.Context) error {
 			Registration: c.String("bind-registration"), Operator: c.String("bind-operator"), Agent: c.String("bind-agent"),
 		},
 		Log: log.WithValues("server", id, "shard", c.String("shard")),
-		Services: fleetapp.Factory(fleetapp.Options{Local: fleet.LocalOptions{
+		Local: app.LocalOptions{
 			Command: c.String("agent-command"), StateDir: c.String("agent-state-dir"), NodeDir: c.String("node-dir"),
 			Session: c.String("tmux-session"), Socket: c.String("tmux-socket"),
-		}}),
+		},
 	})
 	if err != nil {
 		return fail(err, "invalid server options", 2)

@@ -22,7 +22,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/authz"
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
-	"github.com/nstance-dev/nstance/internal/server/operatorapi"
+	"github.com/nstance-dev/nstance/internal/server/operatorsvc"
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -58,12 +58,8 @@ func startServer(t *testing.T) *fixture {
 	require.NoError(t, err)
 	store := memstore.New()
 	issuer := &registration.Issuer{CA: ca, ClusterID: "c1", AgentValidity: time.Hour, OperatorValidity: time.Hour}
-	reg := &registration.Service{
-		Issuer:   issuer,
-		Verifier: &nonce.Verifier{Key: pub, ClusterID: "c1", Shard: "s1"},
-		Ledger:   &nonce.Ledger{Store: store, Keys: layout.New("")},
-		Objects:  store, Keys: layout.New(""), ServerID: "srv", Log: logr.Discard(),
-	}
+	reg := registration.New(registration.Options{ClusterID: "c1", Shard: "s1", ServerID: "srv", Issuer: issuer, NonceKey: pub,
+		Store: store, Keys: layout.New(""), Log: logr.Discard()})
 	ls := grpcserve.Listeners{}
 	addrs := map[string]string{}
 	for name, ln := range map[string]*net.Listener{"registration": &ls.Registration, "operator": &ls.Operator, "agent": &ls.Agent} {
@@ -74,7 +70,7 @@ func startServer(t *testing.T) *fixture {
 	}
 	srv, err := grpcserve.Start(grpcserve.Config{
 		ClusterID: "c1", ServerCert: srvCert, ClientCAs: ca.Pool(),
-		Registration: reg, Operator: &operatorapi.Core{Shard: "s1", Issuer: issuer}, Agent: echoAgent{},
+		Registration: reg, Operator: operatorsvc.New(operatorsvc.Options{Shard: "s1", Issuer: issuer}), Agent: echoAgent{},
 	}, ls)
 	require.NoError(t, err)
 	t.Cleanup(srv.Stop)

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/go-logr/logr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -18,18 +19,11 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/liveconfig"
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
+	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/internal/server/revocation"
 	"github.com/nstance-dev/nstance/internal/server/tenantops"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
-
-// CertificateRenewer issues a fresh operator certificate (implemented by the server core).
-type CertificateRenewer interface {
-	RenewCertificate(ctx context.Context, req *nstancev1.RenewCertificateRequest) (*nstancev1.RenewCertificateResponse, error)
-}
-
-// TenantFunc extracts the caller's tenant from a request context.
-type TenantFunc func(ctx context.Context) (string, bool)
 
 // AuthzTenant reads the tenant of an operator (or admin) identity placed by
 // the authz interceptors.
@@ -43,14 +37,24 @@ func AuthzTenant(ctx context.Context) (string, bool) {
 
 // Options configures the service.
 type Options struct {
-	Shard      string
+	Shard string
+	// Reconciler serves groups, instances and the watches; nil answers them
+	// Unavailable (a server that runs no fleet).
 	Reconciler *reconcile.Reconciler
 	// Ops carries out the tenants' group and instance requests.
-	Ops     *tenantops.Ops
-	Config  *liveconfig.Holder
-	Renewer CertificateRenewer
-	// Tenant defaults to AuthzTenant.
-	Tenant TenantFunc
+	Ops *tenantops.Ops
+	// Config is the running config (GetConfigStatus, RefreshConfig); nil
+	// reports no version and refuses RefreshConfig.
+	Config *liveconfig.Holder
+	// Issuer signs renewed operator certificates; nil answers
+	// RenewCertificate Unimplemented.
+	Issuer *registration.Issuer
+	// Operators holds the operator records (cluster/operators/):
+	// RenewCertificate refuses a caller whose record is missing or names
+	// another tenant or role, and records the renewed serial. nstance-server
+	// always sets it; only tests of other layers leave it nil.
+	Operators *OperatorRecords
+	Log       logr.Logger
 	// Revocations serves the admin RPCs ListOperators, ListRevocations and
 	// Revoke; nil answers them Unimplemented.
 	Revocations *revocation.Gate
@@ -68,15 +72,10 @@ type Service struct {
 var _ nstancev1.OperatorServiceServer = (*Service)(nil)
 
 // New returns the service.
-func New(o Options) *Service {
-	if o.Tenant == nil {
-		o.Tenant = AuthzTenant
-	}
-	return &Service{o: o}
-}
+func New(o Options) *Service { return &Service{o: o} }
 
 func (s *Service) tenant(ctx context.Context) (string, error) {
-	t, ok := s.o.Tenant(ctx)
+	t, ok := AuthzTenant(ctx)
 	if !ok {
 		return "", status.Error(codes.Unauthenticated, "no operator identity on the request")
 	}
@@ -89,7 +88,7 @@ func (s *Service) leaderTenant(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if !s.o.Reconciler.Running() {
+	if s.o.Reconciler == nil || !s.o.Reconciler.Running() {
 		return "", status.Errorf(codes.Unavailable, "this server is not the active leader of shard %s", s.o.Shard)
 	}
 	return t, nil
@@ -128,10 +127,13 @@ func (s *Service) GetConfigStatus(ctx context.Context, _ *nstancev1.GetConfigSta
 	if _, err := s.tenant(ctx); err != nil {
 		return nil, err
 	}
-	etag, mod := s.o.Config.ConfigVersion()
-	resp := &nstancev1.GetConfigStatusResponse{Etag: etag, Shard: s.o.Shard}
-	if !mod.IsZero() {
-		resp.LastModified = timestamppb.New(mod)
+	resp := &nstancev1.GetConfigStatusResponse{Shard: s.o.Shard}
+	if s.o.Config != nil {
+		etag, mod := s.o.Config.ConfigVersion()
+		resp.Etag = etag
+		if !mod.IsZero() {
+			resp.LastModified = timestamppb.New(mod)
+		}
 	}
 	if s.o.Leadership != nil {
 		id, since := s.o.Leadership()
@@ -154,6 +156,9 @@ func (s *Service) RefreshConfig(ctx context.Context, _ *nstancev1.RefreshConfigR
 	}
 	if _, err := authz.RequireRole(ctx, pki.RoleAdmin); err != nil {
 		return nil, err
+	}
+	if s.o.Config == nil || s.o.Reconciler == nil {
+		return nil, status.Errorf(codes.Unavailable, "this server does not run the config of shard %s", s.o.Shard)
 	}
 	res := s.o.Config.Refresh(ctx)
 	resp := &nstancev1.RefreshConfigResponse{Etag: res.ETag, PreviousEtag: res.PreviousETag, Message: res.Message}
@@ -295,14 +300,6 @@ func (s *Service) AcknowledgeDrained(ctx context.Context, req *nstancev1.Acknowl
 		return nil, toStatus(err)
 	}
 	return &nstancev1.AcknowledgeDrainedResponse{Instance: rec.Proto()}, nil
-}
-
-// RenewCertificate delegates to the injected renewer.
-func (s *Service) RenewCertificate(ctx context.Context, req *nstancev1.RenewCertificateRequest) (*nstancev1.RenewCertificateResponse, error) {
-	if s.o.Renewer == nil {
-		return nil, status.Error(codes.Unimplemented, "certificate renewal is not configured on this server")
-	}
-	return s.o.Renewer.RenewCertificate(ctx, req)
 }
 
 func endOf[T any](sub *events.Sub[T]) error {

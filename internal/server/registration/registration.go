@@ -128,10 +128,44 @@ func ToProto(id pki.Identity) *nstancev1.ClientIdentity {
 	}
 }
 
-// AgentRegistered is called after an agent certificate was issued and its
-// nonce consumed, so the instance record can be updated. An error is logged,
-// not returned to the agent (the nonce is already spent).
-type AgentRegistered func(ctx context.Context, claims *nonce.Claims, issued *Issued)
+// NonceLeeway is the clock skew tolerated on a nonce's exp and nbf.
+const NonceLeeway = 5 * time.Second
+
+// Options are what one shard's Registration service is built from.
+type Options struct {
+	ClusterID, Shard string
+	// ServerID names this server in nonce markers and operator records.
+	ServerID string
+	// Issuer signs the certificates.
+	Issuer *Issuer
+	// NonceKey verifies registration nonces (the cluster's nonce key).
+	NonceKey ed25519.PublicKey
+	// NonceMaxLifetime is the longest accepted nonce lifetime
+	// (nonce.DefaultMaxLifetime when zero).
+	NonceMaxLifetime time.Duration
+	// Store holds the nonce markers and operator records.
+	Store objstore.Store
+	Keys  layout.Keys
+	// Instances admits agents against their instance records; nil refuses
+	// every agent.
+	Instances *InstanceGate
+	Log       logr.Logger
+}
+
+// New builds the Registration service of a shard: nonces verified with the
+// cluster's nonce key (NonceLeeway of skew), spent in a create-only ledger
+// in Store, certificates from Issuer. nstance-server and every test harness
+// build it here.
+func New(o Options) *Service {
+	return &Service{
+		Issuer: o.Issuer,
+		Verifier: &nonce.Verifier{Key: o.NonceKey, ClusterID: o.ClusterID, Shard: o.Shard, Leeway: NonceLeeway,
+			MaxLifetime: o.NonceMaxLifetime},
+		Ledger:  &nonce.Ledger{Store: o.Store, Keys: o.Keys},
+		Objects: o.Store, Keys: o.Keys, ServerID: o.ServerID,
+		Instances: o.Instances, Log: o.Log,
+	}
+}
 
 // Service implements nstancev1.RegistrationServiceServer.
 type Service struct {
@@ -147,9 +181,7 @@ type Service struct {
 	// Instances admits agents against their instance records; without it
 	// every agent registration is refused.
 	Instances *InstanceGate
-	// OnAgentRegistered, when set, is told about each registered agent.
-	OnAgentRegistered AgentRegistered
-	Log               logr.Logger
+	Log       logr.Logger
 }
 
 type fields struct {
@@ -364,9 +396,6 @@ func (s *Service) RegisterAgent(ctx context.Context, req *nstancev1.RegisterAgen
 	issued, claims, err := s.register(ctx, []nonce.Kind{nonce.KindAgent}, req.GetNonce(), req.GetPublicKeyPem(), req.GetIpAddresses(), req.GetHostname())
 	if err != nil {
 		return nil, err
-	}
-	if s.OnAgentRegistered != nil {
-		s.OnAgentRegistered(ctx, claims, issued)
 	}
 	s.Log.Info("agent registered", "instance", claims.Subject, "tenant", claims.Tenant, "group", claims.Group, "serial", issued.Serial)
 	return &nstancev1.RegisterAgentResponse{

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/nstance-dev/nstance/internal/server/agentapi"
-	"github.com/nstance-dev/nstance/internal/server/fleet"
+	"github.com/nstance-dev/nstance/internal/server/app"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/provider/process"
@@ -110,8 +110,8 @@ func startAgentShardWith(t *testing.T, cfg string) *agentShard {
 	cfg = strings.Replace(cfg, `"default_drain_timeout": "30s",`, fmt.Sprintf(`"default_drain_timeout": "30s", "health_check_interval": %q, "health_misses": %d, "agent_startup_grace": "30s",`,
 		reportEvery.String(), misses), 1)
 	a.sh = shardtest.Start(t, shardtest.Options{
-		ConfigJSONC: cfg, Provider: a.p, Agents: true,
-		Agent: fleet.AgentOptions{
+		ConfigJSONC: cfg, Provider: a.p,
+		Agent: app.Tuning{
 			RepushInterval: 500 * time.Millisecond,
 			OnReport: func(_ context.Context, ref agentapi.Ref, _ *nstancev1.HealthReport, at time.Time) {
 				a.mu.Lock()
@@ -157,7 +157,7 @@ func (a *agentShard) file(id, name string) string {
 
 // agentHash is the config hash the instance's agent last reported.
 func (a *agentShard) agentHash(id string) string {
-	rec, ok := a.sh.Fleet.Health.Get(id)
+	rec, ok := a.sh.Assembly.Health.Get(id)
 	if !ok {
 		return ""
 	}
@@ -167,7 +167,7 @@ func (a *agentShard) agentHash(id string) string {
 // serverHash is the hash of the files the server currently wants the instance to hold.
 func (a *agentShard) serverHash(t *testing.T, id string) string {
 	t.Helper()
-	_, h, err := a.sh.Fleet.Agent.Files(context.Background(), agentapi.Ref{InstanceID: id, Tenant: "acme", Shard: "test-1", Group: "workers"})
+	_, h, err := a.sh.Assembly.Agent.Files(context.Background(), agentapi.Ref{InstanceID: id, Tenant: "acme", Shard: "test-1", Group: "workers"})
 	require.NoError(t, err)
 	return h
 }
@@ -345,7 +345,7 @@ func TestInstanceTypeChangeRotatesOneAtATime(t *testing.T) {
 				}
 			}
 			active := 0
-			for _, rec := range a.sh.Fleet.Instances.ListGroup("acme", "workers") {
+			for _, rec := range a.sh.Assembly.Instances.ListGroup("acme", "workers") {
 				if rec.State.Active() {
 					active++
 				}
@@ -389,7 +389,7 @@ func TestInstanceTypeChangeRotatesOneAtATime(t *testing.T) {
 	for _, pid := range g.GetProviderIds() {
 		id := instanceID(pid)
 		require.NotContains(t, initial, id)
-		rec, ok := a.sh.Fleet.Instances.Get(id)
+		rec, ok := a.sh.Assembly.Instances.Get(id)
 		require.True(t, ok)
 		require.Equal(t, "test.large", rec.InstanceType)
 		require.Equal(t, instances.StateRunning, rec.State)

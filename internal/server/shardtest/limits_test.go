@@ -145,7 +145,7 @@ func TestSlowWatcherIsDisconnectedNotBuffered(t *testing.T) {
 	require.NoError(t, err)
 	_, err = ws.Header()
 	require.NoError(t, err)
-	hub := sh.Fleet.Events.Groups
+	hub := sh.Assembly.Events.Groups
 	require.Equal(t, 1, hub.Subscribers("acme"))
 	h0 := liveHeap()
 	const n = 100000
@@ -202,10 +202,10 @@ func TestOversizedFilesReportedToTheTenant(t *testing.T) {
 	require.Equal(t, "workers", ev.GetGroupId())
 	require.Contains(t, ev.GetMessage(), "more than shard.limits.max_file_bytes (4096)")
 	// The agent keeps reporting (same instance, still running) and keeps its file.
-	rec, ok := a.sh.Fleet.Health.Get(id)
+	rec, ok := a.sh.Assembly.Health.Get(id)
 	require.True(t, ok)
 	seen := rec.Reports
-	require.Eventually(t, func() bool { r, _ := a.sh.Fleet.Health.Get(id); return r.Reports >= seen+3 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { r, _ := a.sh.Assembly.Health.Get(id); return r.Reports >= seen+3 }, 10*time.Second, 20*time.Millisecond)
 	require.Equal(t, "role=worker group=workers", a.file(id, "role.txt"))
 	errs.none(t, 200*time.Millisecond, func(e *nstancev1.ErrorEvent) bool { return e.GetInstanceId() == id })
 

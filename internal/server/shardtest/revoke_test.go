@@ -207,7 +207,7 @@ func TestDeletedInstanceAgentIsRefused(t *testing.T) {
 	_, err = a.c.DeleteInstance(ctxT(t), &nstancev1.DeleteInstanceRequest{InstanceId: ids[0], SkipDrain: true})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
-		_, ok := a.sh.Fleet.Instances.Get(ids[0])
+		_, ok := a.sh.Assembly.Instances.Get(ids[0])
 		return !ok
 	}, 20*time.Second, 10*time.Millisecond)
 

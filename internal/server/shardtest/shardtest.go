@@ -1,11 +1,13 @@
 package shardtest
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -18,20 +20,18 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/nstance-dev/nstance/internal/layout"
-	"github.com/nstance-dev/nstance/internal/nonce"
 	"github.com/nstance-dev/nstance/internal/pki"
-	"github.com/nstance-dev/nstance/internal/server/config"
-	"github.com/nstance-dev/nstance/internal/server/fleet"
-	"github.com/nstance-dev/nstance/internal/server/grpcserve"
+	"github.com/nstance-dev/nstance/internal/secrets"
+	"github.com/nstance-dev/nstance/internal/server/app"
+	"github.com/nstance-dev/nstance/internal/server/bootstrap"
 	"github.com/nstance-dev/nstance/internal/server/liveconfig"
-	"github.com/nstance-dev/nstance/internal/server/operatorapi"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/provider/mock"
-	"github.com/nstance-dev/nstance/internal/server/reconcile"
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/internal/server/revocation"
+	"github.com/nstance-dev/nstance/internal/storage"
 	"github.com/nstance-dev/nstance/pkg/objstore"
-	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
+	"github.com/nstance-dev/nstance/pkg/objstore/dirstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -40,24 +40,26 @@ type Options struct {
 	// ClusterID defaults to "test-cluster"; ShardID to "test-1".
 	ClusterID, ShardID string
 	// ConfigJSONC is the shard config; default Config(ClusterID, ShardID, "mock").
+	// A config already in Store is kept (a restart).
 	ConfigJSONC string
-	// Store defaults to a fresh in-memory store. Pass the store of a stopped
-	// shard to simulate a server restart.
+	// Store defaults to a file store (dirstore) in a fresh temporary
+	// directory. Pass the store of a stopped shard to simulate a server
+	// restart.
 	Store objstore.Store
 	// Provider defaults to a fresh mock provider.
 	Provider provider.Provider
-	// CA defaults to a fresh test CA (reuse one across a restart so old client certificates still work).
+	// CA is the cluster CA written to Store before the server starts (reuse
+	// one across a restart or shards so old client certificates still work);
+	// default: the one bootstrap creates.
 	CA *pki.CA
-	// WorkloadCA defaults to a fresh workload CA (signs template certificates).
+	// WorkloadCA likewise (signs template certificates); default: bootstrap's.
 	WorkloadCA *pki.CA
 	// ResyncInterval defaults to 200ms; RetryBase to 50ms.
 	ResyncInterval, RetryBase time.Duration
 	Log                       logr.Logger
-	// Agents also serves the Registration and Agent services (TLS, mTLS)
-	// so real agents can join; health monitoring is on.
-	Agents bool
-	// Agent tunes the Agent service and health monitoring (WorkloadCA and Monitor are set by Start).
-	Agent fleet.AgentOptions
+	// Agent tunes the reconciler and the Agent service (ResyncInterval and
+	// RetryBase are taken from the fields above).
+	Agent app.Tuning
 	// RequireOperatorRecords admits operator and admin certificates only
 	// while their record exists, as nstance-server does (off by default:
 	// many tests dial with certificates issued straight from the CA; the
@@ -65,38 +67,49 @@ type Options struct {
 	RequireOperatorRecords bool
 }
 
-// Shard is a running fake shard.
+// Shard is a running shard server (app.App) with test helpers.
 type Shard struct {
 	ClusterID, ShardID string
-	// OperatorAddr is the mTLS Operator endpoint (127.0.0.1:port).
-	OperatorAddr string
-	// RegistrationAddr and AgentAddr are set with Options.Agents.
-	RegistrationAddr, AgentAddr string
-	CA                          *pki.CA
-	WorkloadCA                  *pki.CA
+	// OperatorAddr is the mTLS Operator endpoint (127.0.0.1:port);
+	// RegistrationAddr (TLS) and AgentAddr (mTLS) the other two.
+	OperatorAddr, RegistrationAddr, AgentAddr string
+	// CA is the cluster CA; WorkloadCA signs what templates ask for.
+	CA         *pki.CA
+	WorkloadCA *pki.CA
 	// NonceKey signs registration nonces (tests mint their own with it).
 	NonceKey ed25519.PrivateKey
 	Store    objstore.Store
 	Keys     layout.Keys
+	// Provider is the provider the server drives (unfenced).
 	Provider provider.Provider
-	Fleet    *fleet.Fleet
+	// App is the running server; Assembly what it built (instance records,
+	// reconciler, services); Config its live config.
+	App      *app.App
+	Assembly *app.Assembly
 	Config   *liveconfig.Holder
 	// Revocations is the deny list the mTLS listeners consult.
 	Revocations *revocation.Gate
 
-	servers  *grpcserve.Servers
 	cancel   context.CancelFunc
 	done     chan error
 	stopOnce sync.Once
 }
 
+// EncryptionKey is the cluster encryption key of every test shard
+// (NSTANCE_ENCRYPTION_KEY of the server).
+const EncryptionKey = "shardtest-encryption-key-32bytes"
+
 // Config returns a valid test shard config using the given provider kind.
 // Template "worker" (instance type test.small, subnet pool "default"),
-// default drain timeout 30s, no create rate limit, no expiry.
+// default drain timeout 30s, no create rate limit, no expiry; bootstrap
+// retries every 100ms, revocations are re-read every 100ms and a stopping
+// server waits at most 100ms for open calls and streams (agents' streams
+// never end by themselves).
 func Config(clusterID, shardID, providerKind string) string {
 	return fmt.Sprintf(`{
   // fake shard config
-  "cluster": { "id": %q, "storage": { "kind": "s3", "bucket": "test" } },
+  "cluster": { "id": %q, "storage": { "kind": "s3", "bucket": "test" }, "leader_election": { "retry_interval": "100ms" } },
+  "certificates": { "revocation_sync_interval": "100ms" },
   "shard": {
     "id": %q,
     "infra": { "provider": %q, "region": "test", "zone": "testa" },
@@ -105,6 +118,7 @@ func Config(clusterID, shardID, providerKind string) string {
       "operator_addr": "127.0.0.1:0", "agent_addr": "127.0.0.1:0",
     },
     "default_drain_timeout": "30s",
+    "timeouts": { "shutdown": "100ms" },
     "subnet_pools": { "default": { "subnets": ["test-subnet-a"] } },
   },
   "defaults": { "vars": { "environment": "test" } },
@@ -115,12 +129,19 @@ func Config(clusterID, shardID, providerKind string) string {
 }`, clusterID, shardID, providerKind)
 }
 
-// Start runs a fake shard until the test ends.
+// Start runs a shard server until the test ends.
 func Start(t testing.TB, o Options) *Shard {
 	t.Helper()
+	if o.Store == nil {
+		st, err := dirstore.Open(t.TempDir())
+		if err != nil {
+			t.Fatalf("opening the test store: %v", err)
+		}
+		o.Store = st
+	}
 	sh, err := start(o)
 	if err != nil {
-		t.Fatalf("starting fake shard: %v", err)
+		t.Fatalf("starting test shard: %v", err)
 	}
 	t.Cleanup(sh.Stop)
 	return sh
@@ -136,9 +157,6 @@ func start(o Options) (*Shard, error) {
 	if o.ConfigJSONC == "" {
 		o.ConfigJSONC = Config(o.ClusterID, o.ShardID, "mock")
 	}
-	if o.Store == nil {
-		o.Store = memstore.New()
-	}
 	if o.Provider == nil {
 		o.Provider = mock.New()
 	}
@@ -149,154 +167,147 @@ func start(o Options) (*Shard, error) {
 		o.RetryBase = 50 * time.Millisecond
 	}
 	ctx := context.Background()
-	now := time.Now()
-	ca := o.CA
-	if ca == nil {
-		var err error
-		if ca, err = pki.GenerateCA(o.ClusterID, 24*time.Hour, now); err != nil {
-			return nil, err
-		}
-	}
-	wca := o.WorkloadCA
-	if wca == nil {
-		var err error
-		if wca, err = pki.GenerateWorkloadCA(o.ClusterID, 24*time.Hour, now); err != nil {
-			return nil, err
-		}
-	}
 	keys := layout.New("")
-	cfgKey := keys.Config(o.ShardID)
+	secretStore, err := secretStore(o.Store)
+	if err != nil {
+		return nil, err
+	}
 	// Keep a config already in storage (restart); otherwise upload ours.
-	obj, err := o.Store.Get(ctx, cfgKey)
-	if err != nil {
-		if _, err := o.Store.Put(ctx, cfgKey, []byte(o.ConfigJSONC), objstore.PutOptions{}); err != nil {
-			return nil, fmt.Errorf("uploading config: %w", err)
-		}
-		if obj, err = o.Store.Get(ctx, cfgKey); err != nil {
-			return nil, err
-		}
+	if _, err := o.Store.Put(ctx, keys.Config(o.ShardID), []byte(o.ConfigJSONC), objstore.PutOptions{IfNoneMatch: true}); err != nil &&
+		!errors.Is(err, objstore.ErrPreconditionFailed) {
+		return nil, fmt.Errorf("uploading config: %w", err)
 	}
-	if _, err := o.Store.Put(ctx, keys.CACert(), ca.CertPEM, objstore.PutOptions{}); err != nil {
-		return nil, fmt.Errorf("uploading CA: %w", err)
+	if err := seedCA(ctx, o.Store, secretStore, o.CA, keys.CACert(), keys.CAKey()); err != nil {
+		return nil, fmt.Errorf("cluster CA: %w", err)
 	}
-	cfg, err := config.Parse(obj.Body)
-	if err != nil {
-		return nil, fmt.Errorf("test config: %w", err)
+	if err := seedCA(ctx, o.Store, secretStore, o.WorkloadCA, keys.WorkloadCACert(), keys.WorkloadCAKey()); err != nil {
+		return nil, fmt.Errorf("workload CA: %w", err)
 	}
-	holder := liveconfig.New(o.Store, cfgKey, cfg, obj.ETag, obj.LastModified)
-	_, nonceKey, err := ed25519.GenerateKey(rand.Reader)
+	// Agents started by the provider are told the Registration and Agent
+	// addresses when their instance is created, before the listeners exist:
+	// pick the ports now and advertise them on 127.0.0.1. Should another
+	// socket take a port in between, the term fails to bind, steps down and
+	// the next term binds again (Start waits for it).
+	regAddr, err := freePort()
 	if err != nil {
 		return nil, err
 	}
-	var lns []net.Listener
-	closeAll := func() {
-		for _, l := range lns {
-			l.Close()
-		}
-	}
-	listen := func() (net.Listener, error) {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err == nil {
-			lns = append(lns, l)
-		}
-		return l, err
-	}
-	ln, err := listen()
+	agentAddr, err := freePort()
 	if err != nil {
 		return nil, err
 	}
-	regAddr, agentAddr := "127.0.0.1:0", "127.0.0.1:0"
-	var regLn, agentLn net.Listener
-	if o.Agents {
-		if regLn, err = listen(); err != nil {
-			closeAll()
-			return nil, err
-		}
-		if agentLn, err = listen(); err != nil {
-			closeAll()
-			return nil, err
-		}
-		regAddr, agentAddr = regLn.Addr().String(), agentLn.Addr().String()
-		o.Agent.WorkloadCA, o.Agent.Monitor = wca, true
-	}
-	gate := revocation.New(revocation.Options{
-		Store: o.Store, Keys: keys, ClusterID: o.ClusterID, Shard: o.ShardID, ServerID: "shardtest",
-		OperatorValidity: time.Hour, AgentValidity: time.Hour, RequireOperatorRecords: o.RequireOperatorRecords,
-		Log: o.Log.WithName("revocation"),
-	})
-	if err := gate.Sync(ctx); err != nil {
-		closeAll()
-		return nil, fmt.Errorf("loading revocations: %w", err)
-	}
-	issuer := &registration.Issuer{CA: ca, ClusterID: o.ClusterID, AgentValidity: time.Hour, OperatorValidity: time.Hour}
-	core := &operatorapi.Core{Shard: o.ShardID, Config: holder, Issuer: issuer, Operators: &operatorapi.OperatorRecords{Store: o.Store, Keys: keys}, Log: o.Log}
-	f, err := fleet.New(fleet.Options{
-		Store: o.Store, Keys: keys, Config: holder, Provider: o.Provider,
-		Nonces:           reconcile.KeyMinter{Key: nonceKey, ClusterID: o.ClusterID, Shard: o.ShardID, TTL: 15 * time.Minute},
-		CACert:           func(context.Context) ([]byte, error) { return ca.CertPEM, nil },
-		RegistrationAddr: regAddr, AgentAddr: agentAddr,
-		Log: o.Log, ResyncInterval: o.ResyncInterval, RetryBase: o.RetryBase, Agent: o.Agent,
-		Renewer: core, Revocations: gate,
+	tuning := o.Agent
+	tuning.ResyncInterval, tuning.RetryBase = o.ResyncInterval, o.RetryBase
+	a, err := app.New(app.Options{
+		ServerID: "shardtest", Shard: o.ShardID, Store: o.Store, Keys: keys,
+		AdvertiseHosts: []string{"127.0.0.1"},
+		Bind: app.BindOverrides{Health: "127.0.0.1:0", Election: "127.0.0.1:0", Operator: "127.0.0.1:0",
+			Registration: regAddr, Agent: agentAddr},
+		Getenv:   func(k string) string { return map[string]string{"NSTANCE_ENCRYPTION_KEY": EncryptionKey}[k] },
+		Log:      o.Log,
+		Provider: o.Provider, Tuning: tuning, OperatorRecordsOptional: !o.RequireOperatorRecords,
+		StorageBackoff: storage.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+		TrustRefresh:   time.Second,
 	})
 	if err != nil {
-		closeAll()
-		return nil, err
-	}
-	serverCert, err := ca.ServerKeyPair(pki.ServerIdentity{Shard: o.ShardID, ServerID: "nstance-server-" + o.ShardID}, []string{"127.0.0.1", "localhost"}, 24*time.Hour, now)
-	if err != nil {
-		closeAll()
-		return nil, err
-	}
-	gcfg := grpcserve.Config{ClusterID: o.ClusterID, ServerCert: serverCert, ClientCAs: ca.Pool(), Operator: f.Service, Log: o.Log.WithName("grpc"),
-		Limits: holder.Current().Shard.Limits}
-	gls := grpcserve.Listeners{Operator: ln}
-	gcfg.Gate = gate
-	if o.Agents {
-		gcfg.Registration = &registration.Service{
-			Issuer:   issuer,
-			Verifier: &nonce.Verifier{Key: nonceKey.Public().(ed25519.PublicKey), ClusterID: o.ClusterID, Shard: o.ShardID, Leeway: time.Minute},
-			Ledger:   &nonce.Ledger{Store: o.Store, Keys: keys},
-			Objects:  o.Store, Keys: keys, ServerID: "shardtest", Instances: f.Gate, Log: o.Log.WithName("registration"),
-		}
-		gcfg.Agent = f.Agent
-		gls.Registration, gls.Agent = regLn, agentLn
-	}
-	servers, err := grpcserve.Start(gcfg, gls)
-	if err != nil {
-		closeAll()
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
-	sh := &Shard{ClusterID: o.ClusterID, ShardID: o.ShardID, OperatorAddr: ln.Addr().String(), CA: ca, WorkloadCA: wca, NonceKey: nonceKey, Store: o.Store, Keys: keys,
-		RegistrationAddr: regAddr, AgentAddr: agentAddr,
-		Provider: o.Provider, Fleet: f, Config: holder, Revocations: gate, servers: servers, cancel: cancel, done: make(chan error, 1)}
-	go func() { sh.done <- f.Run(runCtx) }()
-	go gate.Run(runCtx, 100*time.Millisecond)
-	deadline := time.Now().Add(10 * time.Second)
-	for !f.Reconciler.Running() {
+	sh := &Shard{ClusterID: o.ClusterID, ShardID: o.ShardID, Store: o.Store, Keys: keys, Provider: o.Provider, App: a,
+		cancel: cancel, done: make(chan error, 1)}
+	go func() { sh.done <- a.Run(runCtx) }()
+	// Serving: elected, bootstrapped, listeners up and the reconciler running.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if a.ServingGRPC() {
+			if b := a.Assembly(); b != nil && b.Reconciler.Running() {
+				break
+			}
+		}
 		select {
 		case err := <-sh.done:
-			servers.Stop()
-			return nil, fmt.Errorf("reconciler stopped: %v", err)
-		default:
+			cancel()
+			return nil, fmt.Errorf("server stopped: %v", err)
+		case <-time.After(5 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
 			sh.Stop()
-			return nil, fmt.Errorf("reconciler did not start")
+			return nil, fmt.Errorf("the server did not become shard leader within 30s")
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
+	cl, err := bootstrap.Once(ctx, bootstrap.Options{ClusterID: o.ClusterID, Objects: o.Store, Secrets: secretStore, Keys: keys})
+	if err != nil {
+		sh.Stop()
+		return nil, fmt.Errorf("reading the cluster material: %w", err)
+	}
+	ad := a.Addrs()
+	b := a.Assembly()
+	sh.OperatorAddr, sh.RegistrationAddr, sh.AgentAddr = ad.Operator, ad.Registration, ad.Agent
+	sh.CA, sh.WorkloadCA, sh.NonceKey = cl.CA, cl.WorkloadCA, cl.NonceKey
+	sh.Assembly, sh.Config, sh.Revocations = b, b.Config, b.Revocations
 	return sh, nil
 }
 
-// Stop stops the reconciler and the listener. Instances stay at the provider
-// and records in storage, as after a server crash.
+// secretStore seals with EncryptionKey, as the test servers do.
+func secretStore(objects objstore.Store) (*secrets.Store, error) {
+	k, err := secrets.ParseKey([]byte(EncryptionKey))
+	if err != nil {
+		return nil, err
+	}
+	ring, err := secrets.NewKeyring(k)
+	if err != nil {
+		return nil, err
+	}
+	return &secrets.Store{Objects: objects, Ring: ring}, nil
+}
+
+// seedCA writes ca (certificate and sealed key) where bootstrap looks for
+// it, unless it is already there; a different CA already there is an error.
+func seedCA(ctx context.Context, objects objstore.Store, sec *secrets.Store, ca *pki.CA, certKey, keyKey string) error {
+	if ca == nil {
+		return nil
+	}
+	if obj, err := objects.Get(ctx, certKey); err == nil {
+		if !bytes.Equal(obj.Body, ca.CertPEM) {
+			return fmt.Errorf("%s holds another CA than Options asks for", certKey)
+		}
+		return nil
+	}
+	keyPEM, err := pki.MarshalPrivateKeyPEM(ca.Key)
+	if err != nil {
+		return err
+	}
+	if err := sec.Put(ctx, keyKey, keyPEM, objstore.PutOptions{}); err != nil {
+		return fmt.Errorf("writing %s: %w", keyKey, err)
+	}
+	if _, err := objects.Put(ctx, certKey, ca.CertPEM, objstore.PutOptions{}); err != nil {
+		return fmt.Errorf("writing %s: %w", certKey, err)
+	}
+	return nil
+}
+
+// freePort returns a loopback address whose port the kernel just handed
+// out and that is free again.
+func freePort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	addr := l.Addr().String()
+	return addr, l.Close()
+}
+
+// Stop stops the server. Instances stay at the provider and records in
+// storage; the shard lease is released, so a server started on the same
+// store takes over at once. Watch streams end first (Unavailable), so the
+// graceful stop does not wait for them.
 func (s *Shard) Stop() {
 	s.stopOnce.Do(func() {
-		s.servers.Stop()
+		if b := s.App.Assembly(); b != nil {
+			b.Events.Close()
+		}
 		s.cancel()
 		<-s.done
-		s.Fleet.Events.Close()
 	})
 }
 

@@ -197,7 +197,7 @@ func TestTemplateCertificateNamesAreRefused(t *testing.T) {
 // TestAgentServiceChecksTheShard: a valid agent certificate of another
 // shard of the same cluster is refused by the Agent service.
 func TestAgentServiceChecksTheShard(t *testing.T) {
-	sh := shardtest.Start(t, shardtest.Options{Agents: true})
+	sh := shardtest.Start(t, shardtest.Options{})
 	agentOf := func(shard string) *tls.Config {
 		pub, priv, err := ed25519.GenerateKey(rand.Reader)
 		require.NoError(t, err)
@@ -225,7 +225,7 @@ func TestAgentServiceChecksTheShard(t *testing.T) {
 // port get generic refusals for nonces that are too long-lived, of another
 // shard, or forged, and exactly one of many concurrent uses of a nonce wins.
 func TestRegistrationRefusalsOverTLS(t *testing.T) {
-	sh := shardtest.Start(t, shardtest.Options{Agents: true})
+	sh := shardtest.Start(t, shardtest.Options{})
 	conn, err := grpc.NewClient(sh.RegistrationAddr, grpc.WithTransportCredentials(credentials.NewTLS(pki.ClientTLS(sh.CA.Pool(), nil, "127.0.0.1"))))
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
@@ -262,7 +262,7 @@ func TestRegistrationRefusalsOverTLS(t *testing.T) {
 	}
 
 	// The nonce's instance has a record; the caller comes from its address.
-	require.NoError(t, sh.Fleet.Instances.Create(ctxT(t), &instances.Record{ID: "i-1", Tenant: "acme", Shard: sh.ShardID,
+	require.NoError(t, sh.Assembly.Instances.Create(ctxT(t), &instances.Record{ID: "i-1", Tenant: "acme", Shard: sh.ShardID,
 		State: instances.StateRunning, Addresses: []string{"127.0.0.1"}, CreatedAt: time.Now().UTC()}))
 	tok := mint(sh.NonceKey, sh.ShardID, time.Minute)
 	var ok, used atomic.Int32

@@ -1,4 +1,4 @@
-package app
+package agent_test
 
 import (
 	"context"
@@ -18,13 +18,14 @@ import (
 	"github.com/go-logr/logr/testr"
 	"github.com/stretchr/testify/require"
 
-	"github.com/nstance-dev/nstance/internal/agent/agenttest"
+	agentapp "github.com/nstance-dev/nstance/internal/agent/app"
 	"github.com/nstance-dev/nstance/internal/agent/config"
 	"github.com/nstance-dev/nstance/internal/agent/identity"
 	"github.com/nstance-dev/nstance/internal/agent/keys"
 	"github.com/nstance-dev/nstance/internal/server/agentapi"
 	srvconfig "github.com/nstance-dev/nstance/internal/server/config"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+	"github.com/nstance-dev/nstance/test/agent/agenttest"
 )
 
 func template() srvconfig.Template {
@@ -85,7 +86,7 @@ func (e *env) start(t *testing.T, id string, tmpl srvconfig.Template, vars map[s
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Run(ctx, cfg, "test", e.log.WithName(id)) }()
+	go func() { done <- agentapp.Run(ctx, cfg, "test", e.log.WithName(id)) }()
 	stopped := false
 	stop := func() {
 		if stopped {

@@ -149,13 +149,10 @@ func (s *Shard) Start() error {
 		validity = time.Hour
 	}
 	issuer := &registration.Issuer{CA: s.CA, ClusterID: ClusterID, AgentValidity: validity, OperatorValidity: time.Hour}
-	reg := &registration.Service{
-		Issuer:   issuer,
-		Verifier: &nonce.Verifier{Key: s.nonceKey.Public().(ed25519.PublicKey), ClusterID: ClusterID, Shard: ShardID, Leeway: time.Minute},
-		Ledger:   &nonce.Ledger{Store: s.objects, Keys: keys},
-		Objects:  s.objects, Keys: keys, ServerID: "test-server", Log: s.log.WithName("registration"),
-		Instances: &registration.InstanceGate{Records: s.Records},
-	}
+	reg := registration.New(registration.Options{
+		ClusterID: ClusterID, Shard: ShardID, ServerID: "test-server", Issuer: issuer, NonceKey: s.nonceKey.Public().(ed25519.PublicKey),
+		Store: s.objects, Keys: keys, Instances: &registration.InstanceGate{Records: s.Records}, Log: s.log.WithName("registration"),
+	})
 	s.Keys = agentapi.NewMemKeyStore()
 	s.Health = agentapi.NewTracker()
 	src := &agentapi.TemplateSource{Lookup: s.lookup, CABundle: s.WorkloadCA.CertPEM}

@@ -1,4 +1,4 @@
-package fleetapp_test
+package app_test
 
 import (
 	"context"
@@ -17,14 +17,17 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/authz"
 	"github.com/nstance-dev/nstance/internal/server/cache"
 	"github.com/nstance-dev/nstance/internal/server/config"
-	"github.com/nstance-dev/nstance/internal/server/fleetapp"
 	"github.com/nstance-dev/nstance/internal/server/instances"
+	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
-func TestFactoryServesOperatorAPIAndMirrorsCache(t *testing.T) {
+// TestAssembleServesOperatorAPIAndMirrorsCache: what Assemble builds serves
+// the Operator API, runs the reconciler as the leadership work and mirrors
+// instance records into the SQLite cache.
+func TestAssembleServesOperatorAPIAndMirrorsCache(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	cfg, err := config.Parse([]byte(shardtest.Config("c1", "s1", "mock")))
@@ -36,21 +39,24 @@ func TestFactoryServesOperatorAPIAndMirrorsCache(t *testing.T) {
 	require.NoError(t, err)
 	_, nonceKey, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)
-	rt := &app.Runtime{Config: cfg, ConfigETag: "e1", Store: memstore.New(), Keys: layout.New(""), Cache: db, CA: ca, NonceKey: nonceKey, Log: logr.Discard()}
-
-	var built *fleetapp.Built
-	svcs, err := fleetapp.Factory(fleetapp.Options{OnBuilt: func(b *fleetapp.Built) { built = b }, ResyncInterval: 100 * time.Millisecond})(rt)
+	trust, err := pki.NewTrust(ca, nil)
 	require.NoError(t, err)
-	require.NotNil(t, built)
+	built, err := app.Assemble(app.Parts{Config: cfg, ConfigETag: "e1", Store: memstore.New(), Keys: layout.New(""), Cache: db,
+		Trust: trust, Issuer: &registration.Issuer{CA: ca, ClusterID: "c1", AgentValidity: time.Hour, OperatorValidity: time.Hour},
+		NonceKey: nonceKey, Log: logr.Discard(), Tuning: app.Tuning{ResyncInterval: 100 * time.Millisecond}})
+	require.NoError(t, err)
+	require.NotNil(t, built.Registration, "with an issuer and a nonce key the Registration service is built")
+	require.Nil(t, built.Agent, "no workload CA, no Agent service")
 	done := make(chan error, 1)
 	go func() { done <- built.Lead(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	require.Eventually(t, built.Fleet.Reconciler.Running, 5*time.Second, time.Millisecond)
+	require.Eventually(t, built.Reconciler.Running, 5*time.Second, time.Millisecond)
+	svc := built.Operator
 
 	opCtx := authz.WithIdentity(ctx, pki.Identity{ClusterID: "c1", Tenant: "acme", Role: pki.RoleOperator, ClientID: "op"})
-	_, err = svcs.Operator.UpsertGroup(opCtx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: "web", Template: "worker", Size: 2}})
+	_, err = svc.UpsertGroup(opCtx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: "web", Template: "worker", Size: 2}})
 	require.NoError(t, err)
-	_, err = svcs.Operator.ListGroups(ctx, &nstancev1.ListGroupsRequest{})
+	_, err = svc.ListGroups(ctx, &nstancev1.ListGroupsRequest{})
 	require.Error(t, err, "no identity, no answer")
 
 	require.Eventually(t, func() bool {
@@ -67,7 +73,7 @@ func TestFactoryServesOperatorAPIAndMirrorsCache(t *testing.T) {
 		return true
 	}, 5*time.Second, 20*time.Millisecond, "instance records mirrored into the SQLite cache")
 
-	st, err := svcs.Operator.GetConfigStatus(opCtx, &nstancev1.GetConfigStatusRequest{})
+	st, err := svc.GetConfigStatus(opCtx, &nstancev1.GetConfigStatusRequest{})
 	require.NoError(t, err)
 	require.Equal(t, "e1", st.GetEtag())
 }

@@ -1,16 +1,12 @@
-package operatorapi
+package operatorsvc
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
-	"time"
-
-	"github.com/go-logr/logr"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/pki"
@@ -19,27 +15,6 @@ import (
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
-
-// ConfigVersion reports the version of the config the server runs.
-type ConfigVersion interface {
-	ConfigVersion() (etag string, lastModified time.Time)
-}
-
-// Core serves GetConfigStatus and RenewCertificate. Embed it in a fuller
-// Operator service implementation; the remaining RPCs are unimplemented.
-type Core struct {
-	nstancev1.UnimplementedOperatorServiceServer
-
-	Shard  string
-	Config ConfigVersion
-	Issuer *registration.Issuer
-	// Operators, when set, holds the operator records (cluster/operators/):
-	// RenewCertificate refuses a caller whose record is missing, of another
-	// tenant or role, and records the renewed serial. Every server sets it;
-	// only tests of other layers leave it nil.
-	Operators *OperatorRecords
-	Log       logr.Logger
-}
 
 // OperatorRecords reads and updates operator records.
 type OperatorRecords struct {
@@ -82,24 +57,12 @@ func (o *OperatorRecords) renewed(ctx context.Context, rec *registration.Operato
 	return err
 }
 
-// GetConfigStatus reports the etag and modification time of the running config.
-func (c *Core) GetConfigStatus(ctx context.Context, _ *nstancev1.GetConfigStatusRequest) (*nstancev1.GetConfigStatusResponse, error) {
-	if _, ok := authz.IdentityFrom(ctx); !ok {
-		return nil, status.Error(codes.Unauthenticated, "no caller identity")
+// RenewCertificate issues the caller a fresh certificate with the same
+// identity (operator or admin), after checking its operator record.
+func (s *Service) RenewCertificate(ctx context.Context, req *nstancev1.RenewCertificateRequest) (*nstancev1.RenewCertificateResponse, error) {
+	if s.o.Issuer == nil {
+		return nil, status.Error(codes.Unimplemented, "certificate renewal is not configured on this server")
 	}
-	resp := &nstancev1.GetConfigStatusResponse{Shard: c.Shard}
-	if c.Config != nil {
-		etag, mod := c.Config.ConfigVersion()
-		resp.Etag = etag
-		if !mod.IsZero() {
-			resp.LastModified = timestamppb.New(mod)
-		}
-	}
-	return resp, nil
-}
-
-// RenewCertificate issues the caller a fresh operator certificate with the same identity.
-func (c *Core) RenewCertificate(ctx context.Context, req *nstancev1.RenewCertificateRequest) (*nstancev1.RenewCertificateResponse, error) {
 	id, ok := authz.IdentityFrom(ctx)
 	if !ok {
 		return nil, status.Error(codes.Unauthenticated, "no caller identity")
@@ -110,19 +73,19 @@ func (c *Core) RenewCertificate(ctx context.Context, req *nstancev1.RenewCertifi
 	}
 	var rec *registration.OperatorRecord
 	var etag string
-	if c.Operators != nil {
+	if s.o.Operators != nil {
 		var err error
-		if rec, etag, err = c.Operators.check(ctx, id); err != nil {
+		if rec, etag, err = s.o.Operators.check(ctx, id); err != nil {
 			return nil, err
 		}
 	}
-	issued, err := c.Issuer.Renew(id, cert, req.GetPublicKeyPem())
+	issued, err := s.o.Issuer.Renew(id, cert, req.GetPublicKeyPem())
 	if err != nil {
 		return nil, err
 	}
 	if rec != nil {
-		if err := c.Operators.renewed(ctx, rec, etag, issued); err != nil {
-			c.Log.Error(err, "recording the renewed operator certificate", "operator", id.ClientID, "serial", issued.Serial)
+		if err := s.o.Operators.renewed(ctx, rec, etag, issued); err != nil {
+			s.o.Log.Error(err, "recording the renewed operator certificate", "operator", id.ClientID, "serial", issued.Serial)
 		}
 	}
 	return &nstancev1.RenewCertificateResponse{

@@ -1,4 +1,4 @@
-package app
+package agent_test
 
 import (
 	"crypto/tls"
@@ -11,9 +11,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/nstance-dev/nstance/internal/agent/agenttest"
 	"github.com/nstance-dev/nstance/internal/agent/identity"
 	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/test/agent/agenttest"
 )
 
 // TestIdentityRenewedWithoutInterruption runs a real agent against the real

@@ -1,4 +1,4 @@
-package app
+package agent_test
 
 import (
 	"os"
@@ -11,8 +11,8 @@ import (
 	"github.com/go-logr/logr/funcr"
 	"github.com/stretchr/testify/require"
 
-	"github.com/nstance-dev/nstance/internal/agent/agenttest"
 	srvconfig "github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/test/agent/agenttest"
 )
 
 func bigFile(size int, fill string) srvconfig.Template {

@@ -1,4 +1,4 @@
-package fleet_test
+package app_test
 
 import (
 	"context"
@@ -14,13 +14,11 @@ import (
 	"time"
 
 	"github.com/nstance-dev/nstance/internal/layout"
+	"github.com/nstance-dev/nstance/internal/server/app"
 	"github.com/nstance-dev/nstance/internal/server/config"
-	"github.com/nstance-dev/nstance/internal/server/fleet"
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
-	"github.com/nstance-dev/nstance/internal/server/liveconfig"
 	"github.com/nstance-dev/nstance/internal/server/provider/mock"
-	"github.com/nstance-dev/nstance/internal/server/reconcile"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -60,9 +58,8 @@ func BenchmarkConverge1000Groups(b *testing.B) {
 		b.StopTimer()
 		store := memstore.New()
 		cfg := benchConfig(b)
-		holder := liveconfig.New(store, "config/bench-1.jsonc", cfg, "e1", time.Now())
-		f, err := fleet.New(fleet.Options{Store: store, Keys: layout.New(""), Config: holder, Provider: mock.New(), ResyncInterval: time.Hour,
-			Nonces: benchMinter(b), CACert: func(context.Context) ([]byte, error) { return []byte("ca"), nil }})
+		f, err := app.Assemble(app.Parts{Config: cfg, ConfigETag: "e1", Store: store, Keys: layout.New(""), Provider: mock.New(),
+			NonceKey: benchNonceKey(b), Tuning: app.Tuning{ResyncInterval: time.Hour}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -71,7 +68,7 @@ func BenchmarkConverge1000Groups(b *testing.B) {
 		runtime.GC()
 		b.StartTimer()
 		start, cpu0 := time.Now(), cpuSeconds()
-		go func() { done <- f.Run(ctx) }()
+		go func() { done <- f.Lead(ctx) }()
 		for !f.Reconciler.Running() {
 			time.Sleep(time.Millisecond)
 		}
@@ -109,9 +106,8 @@ func BenchmarkConvergeStoredGroups(b *testing.B) {
 		b.StopTimer()
 		store := memstore.New()
 		cfg := benchConfig(b)
-		holder := liveconfig.New(store, "config/bench-1.jsonc", cfg, "e1", time.Now())
-		f, err := fleet.New(fleet.Options{Store: store, Keys: layout.New(""), Config: holder, Provider: mock.New(), ResyncInterval: time.Hour,
-			Nonces: benchMinter(b), CACert: func(context.Context) ([]byte, error) { return []byte("ca"), nil }})
+		f, err := app.Assemble(app.Parts{Config: cfg, ConfigETag: "e1", Store: store, Keys: layout.New(""), Provider: mock.New(),
+			NonceKey: benchNonceKey(b), Tuning: app.Tuning{ResyncInterval: time.Hour}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -128,7 +124,7 @@ func BenchmarkConvergeStoredGroups(b *testing.B) {
 		done := make(chan error, 1)
 		b.StartTimer()
 		start, cpu0 := time.Now(), cpuSeconds()
-		go func() { done <- f.Run(ctx) }()
+		go func() { done <- f.Lead(ctx) }()
 		for {
 			if f.Instances.Len() == groupsN*size &&
 				len(f.Instances.List(func(r *instances.Record) bool { return r.State != instances.StateRunning })) == 0 {
@@ -148,12 +144,12 @@ func BenchmarkConvergeStoredGroups(b *testing.B) {
 	}
 }
 
-func benchMinter(b *testing.B) reconcile.KeyMinter {
+func benchNonceKey(b *testing.B) ed25519.PrivateKey {
 	_, key, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		b.Fatal(err)
 	}
-	return reconcile.KeyMinter{Key: key, ClusterID: "bench", Shard: "bench-1", TTL: 15 * time.Minute}
+	return key
 }
 
 // benchConfig is the test shard config with the tenant limits raised above

@@ -1,0 +1,350 @@
+package app
+
+import (
+	"context"
+	"crypto/ed25519"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/nstance-dev/nstance/internal/layout"
+	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/server/agentapi"
+	"github.com/nstance-dev/nstance/internal/server/cache"
+	"github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/internal/server/events"
+	"github.com/nstance-dev/nstance/internal/server/groups"
+	"github.com/nstance-dev/nstance/internal/server/instances"
+	"github.com/nstance-dev/nstance/internal/server/liveconfig"
+	"github.com/nstance-dev/nstance/internal/server/operatorsvc"
+	"github.com/nstance-dev/nstance/internal/server/provider"
+	"github.com/nstance-dev/nstance/internal/server/provider/mock"
+	"github.com/nstance-dev/nstance/internal/server/provider/process"
+	"github.com/nstance-dev/nstance/internal/server/provider/tmux"
+	"github.com/nstance-dev/nstance/internal/server/reconcile"
+	"github.com/nstance-dev/nstance/internal/server/registration"
+	"github.com/nstance-dev/nstance/internal/server/revocation"
+	"github.com/nstance-dev/nstance/internal/server/tenantops"
+	"github.com/nstance-dev/nstance/pkg/objstore"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+// Parts is what Assemble builds a shard server from: the loaded config and
+// the cluster material bootstrap produced. Run fills it in; tests and
+// benchmarks that want the services without elections fill in what they
+// need (a nil Issuer, WorkloadCA or NonceKey leaves out what needs it).
+type Parts struct {
+	// Config is the shard config as loaded, with its version.
+	Config         *config.Config
+	ConfigETag     string
+	ConfigModified time.Time
+	// Store is the shard leader's (fenced) store.
+	Store objstore.Store
+	Keys  layout.Keys
+	// ServerID names this server in nonce markers and operator records.
+	ServerID string
+	// Provider replaces the provider shard.infra.provider names (tests).
+	Provider provider.Provider
+	// Local configures the development providers beyond the config.
+	Local LocalOptions
+	// Fence, when set, bounds every provider Create and Delete by the
+	// shard lease.
+	Fence provider.Fence
+	// Cache, when set, mirrors the instance records (SQLite).
+	Cache *cache.Cache
+	// Trust is the cluster CA as it is now (handed to new instances);
+	// Issuer signs client certificates; NonceKey signs agent nonces and
+	// verifies registration nonces; WorkloadCA signs what templates ask for.
+	Trust      *pki.Trust
+	Issuer     *registration.Issuer
+	NonceKey   ed25519.PrivateKey
+	WorkloadCA *pki.CA
+	// ServerHosts are this server's names and addresses beyond those the
+	// config knows; no template certificate may carry them.
+	ServerHosts []string
+	// Revocations is the deny list: deleted instances' agent certificates
+	// are revoked, and the admin RPCs list and revoke.
+	Revocations *revocation.Gate
+	// Leadership names the serving server and the start of its term
+	// (GetConfigStatus); nil leaves them out.
+	Leadership func() (serverID string, since time.Time)
+	Tuning     Tuning
+	Log        logr.Logger
+}
+
+// Tuning adjusts the reconciler and the Agent service beyond the config;
+// zero values keep the defaults. nstance-server leaves it empty.
+type Tuning struct {
+	// ResyncInterval is the reconciler's periodic pass (default 30s);
+	// RetryBase its first retry delay.
+	ResyncInterval, RetryBase time.Duration
+	// MonitorMock monitors agents' health even with the mock provider
+	// (whose instances run no agents; tests feed reports themselves).
+	MonitorMock bool
+	// RepushInterval is how often the Agent service re-sends files.
+	RepushInterval time.Duration
+	// OnReport also sees every accepted health report (after the reconciler).
+	OnReport func(ctx context.Context, ref agentapi.Ref, report *nstancev1.HealthReport, received time.Time)
+	// Now is the reconciler's clock (default time.Now).
+	Now func() time.Time
+}
+
+// Assembly is everything one shard server serves and runs, built once by
+// Assemble. The shard leader serves Registration, Operator and Agent and
+// runs Lead for each term.
+type Assembly struct {
+	Config     *liveconfig.Holder
+	Provider   provider.Provider
+	Instances  *instances.Store
+	Groups     *groups.Registry
+	Events     *events.Hubs
+	Reconciler *reconcile.Reconciler
+	// Ops carries out the tenants' group and instance requests.
+	Ops *tenantops.Ops
+	// Registration is nil without Parts.Issuer and Parts.NonceKey.
+	Registration *registration.Service
+	Operator     *operatorsvc.Service
+	// Agent is the Agent service (nil without Parts.WorkloadCA), with its
+	// key store and health tracker.
+	Agent     *agentapi.Server
+	AgentKeys *agentapi.MemKeyStore
+	Health    *agentapi.Tracker
+	// Gate admits agent registrations against the instance records, the
+	// provider's addresses and shard.registration of the live config.
+	Gate *registration.InstanceGate
+	// Revocations is Parts.Revocations (the deny list of client certificates).
+	Revocations *revocation.Gate
+}
+
+// Lead is the shard leader's work for one term: the reconciler, until ctx
+// (the term) ends.
+func (s *Assembly) Lead(ctx context.Context) error { return s.Reconciler.Run(ctx) }
+
+// Assemble builds every service of a shard server and its leadership work
+// from the config, in this order: live config, provider, instance records,
+// groups and events, the registration gate, the Agent service, the
+// reconciler, the Operator service and the Registration service.
+func Assemble(p Parts) (*Assembly, error) {
+	cfg := p.Config
+	if cfg == nil {
+		return nil, fmt.Errorf("assembling the server: no config loaded")
+	}
+	shard := cfg.Shard.ID
+	lim := cfg.Shard.Limits.WithDefaults()
+	log := p.Log
+	holder := liveconfig.New(p.Store, p.Keys.Config(shard), cfg, p.ConfigETag, p.ConfigModified)
+	s := &Assembly{Config: holder, Revocations: p.Revocations}
+
+	// The provider: the one place the instance backend is chosen.
+	prov := p.Provider
+	if prov == nil {
+		local := p.Local
+		if d := cfg.Shard.HealthCheckInterval.D(); d > 0 {
+			// Local agents report at the interval the server expects.
+			local.Env = append(append([]string{}, local.Env...), "NSTANCE_METRICS_INTERVAL="+d.String())
+		}
+		var err error
+		if prov, err = NewProvider(cfg.Shard.Infra, local); err != nil {
+			return nil, err
+		}
+	}
+	if p.Fence != nil {
+		// A server whose shard lease has lapsed creates, deletes and
+		// attaches nothing, even from work that has not noticed yet.
+		prov = provider.Fenced(prov, p.Fence)
+	}
+	s.Provider = prov
+
+	var mirror instances.Mirror
+	if p.Cache != nil {
+		mirror = CacheMirror{Cache: p.Cache, Prefix: p.Keys.InstancePrefix(shard)}
+	}
+	s.Instances = instances.NewStore(p.Store, p.Keys, shard, mirror)
+	s.Groups = groups.NewRegistry(p.Store, p.Keys, shard)
+	s.Events = events.NewHubs(lim.WatchBuffer)
+	s.Gate = &registration.InstanceGate{Records: s.Instances, Now: p.Tuning.Now, Policy: func() registration.SourcePolicy {
+		r := holder.Current().Shard.Registration
+		return registration.SourcePolicy{Off: r.SourceCheckOff(), TrustedProxies: r.Proxies()}
+	}, ProviderAddresses: func(ctx context.Context, id string) ([]string, error) {
+		inst, err := prov.Status(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return inst.Addresses, nil
+	}}
+
+	t := p.Tuning
+	ro := reconcile.Options{
+		Cluster: cfg.Cluster.ID, Shard: shard, Config: holder.Current, Groups: s.Groups, Instances: s.Instances,
+		Provider: prov, RegistrationAddr: cfg.Shard.Advertise.RegistrationAddr, AgentAddr: cfg.Shard.Advertise.AgentAddr,
+		Events: s.Events, Log: log, ResyncInterval: t.ResyncInterval, RetryBase: t.RetryBase, Now: t.Now,
+	}
+	if p.NonceKey != nil {
+		ro.Nonces = reconcile.KeyMinter{Key: p.NonceKey, ClusterID: cfg.Cluster.ID, Shard: shard, TTL: cfg.Certificates.AgentNonceTTL.D()}
+	}
+	if p.Trust != nil {
+		// Every trusted CA: both while the cluster CA rotates.
+		ro.CACert = func(context.Context) ([]byte, error) { return p.Trust.BundlePEM(), nil }
+	}
+	if p.Revocations != nil {
+		ro.RevokeAgent = func(ctx context.Context, id, reason string) error {
+			_, err := p.Revocations.RevokeAgent(ctx, id, reason)
+			return err
+		}
+	}
+	// The mock provider runs no agents, so there is nothing to monitor.
+	monitor := cfg.Shard.Infra.Provider != "mock" || t.MonitorMock
+	if p.WorkloadCA != nil {
+		s.AgentKeys, s.Health = agentapi.NewMemKeyStore(), agentapi.NewTracker()
+		src := &agentapi.TemplateSource{Lookup: s.templateInput, CABundle: p.WorkloadCA.CertPEM}
+		signer := &agentapi.WorkloadSigner{CA: p.WorkloadCA, MaxValidity: cfg.Certificates.AgentValidity.D(),
+			Policy: func() pki.WorkloadPolicy { return holder.Current().WorkloadPolicy(p.ServerHosts...) }}
+		ao := agentapi.Options{
+			Shard: shard, Source: src, Keys: s.AgentKeys, Signer: signer,
+			Health: s.Health, Log: log.WithName("agentapi"), RepushInterval: t.RepushInterval, MaxFileBytes: lim.MaxFileBytes,
+			OnRefused: func(ref agentapi.Ref, err error) {
+				s.Reconciler.ReportInstanceError(ref.Tenant, ref.Group, ref.InstanceID, err)
+			},
+		}
+		if p.Issuer != nil {
+			ao.RenewIdentity = p.Issuer.RenewAgentPEM
+		}
+		srv, err := agentapi.New(ao)
+		if err != nil {
+			return nil, fmt.Errorf("assembling the Agent service: %w", err)
+		}
+		s.Agent = srv
+		ro.Agents = agentHooks{s}
+		if monitor {
+			ro.Health = s.Health
+		}
+	}
+
+	// The reconciler: the shard leader's work (Lead).
+	s.Reconciler = reconcile.New(ro)
+	if s.Health != nil {
+		r, observe := s.Reconciler, t.OnReport
+		s.Health.OnReport = func(ctx context.Context, ref agentapi.Ref, rep *nstancev1.HealthReport, at time.Time) {
+			if monitor {
+				r.AgentReported(ref.InstanceID, rep.GetTermination())
+			}
+			if observe != nil {
+				observe(ctx, ref, rep, at)
+			}
+		}
+	}
+	holder.OnChange(func(old, cur *config.Config) { s.Reconciler.ConfigChanged() })
+
+	s.Ops = tenantops.New(tenantops.Options{Shard: shard, Config: holder.Current, Groups: s.Groups, Instances: s.Instances,
+		Reconciler: s.Reconciler, Now: t.Now})
+	s.Operator = operatorsvc.New(operatorsvc.Options{Shard: shard, Reconciler: s.Reconciler, Ops: s.Ops, Config: holder,
+		Issuer: p.Issuer, Operators: &operatorsvc.OperatorRecords{Store: p.Store, Keys: p.Keys}, Log: log.WithName("operator"),
+		Revocations: p.Revocations, Leadership: p.Leadership})
+
+	if p.Issuer != nil && p.NonceKey != nil {
+		s.Registration = registration.New(registration.Options{
+			ClusterID: cfg.Cluster.ID, Shard: shard, ServerID: p.ServerID, Issuer: p.Issuer,
+			NonceKey: p.NonceKey.Public().(ed25519.PublicKey), NonceMaxLifetime: cfg.Certificates.NonceMaxLifetime.D(),
+			Store: p.Store, Keys: p.Keys, Instances: s.Gate, Log: log.WithName("registration"),
+		})
+	}
+	return s, nil
+}
+
+// agentHooks connects the reconciler to the Agent service.
+type agentHooks struct{ s *Assembly }
+
+func (h agentHooks) Notify(ids ...string) { h.s.Agent.Notify(ids...) }
+
+func (h agentHooks) Forget(id string) {
+	h.s.AgentKeys.Forget(id)
+	h.s.Health.Forget(id)
+}
+
+// templateInput resolves what an agent's files are rendered from: the
+// instance's template from the running config, and for group members the
+// vars their group resolves to now (so a var change is pushed); on-demand
+// instances keep the vars they were created with.
+func (s *Assembly) templateInput(_ context.Context, ref agentapi.Ref) (*agentapi.TemplateInput, error) {
+	rec, ok := s.Instances.Get(ref.InstanceID)
+	if !ok || rec.Tenant != ref.Tenant {
+		return nil, fmt.Errorf("%w: %s", agentapi.ErrUnknownInstance, ref.InstanceID)
+	}
+	cfg := s.Config.Current()
+	t, ok := cfg.Templates[rec.Template]
+	if !ok {
+		return nil, fmt.Errorf("instance %s: template %q is not in the running config", rec.ID, rec.Template)
+	}
+	vars := rec.Vars
+	if rec.GroupID != "" && !rec.OnDemand {
+		if g, ok := s.Groups.Get(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID}); ok {
+			if eff, err := groups.Resolve(cfg, &g.Spec, groups.Overrides{}); err == nil && eff.Template == rec.Template {
+				vars = eff.Vars
+			}
+		}
+	}
+	return &agentapi.TemplateInput{Template: t, Data: agentapi.TemplateData{
+		InstanceID: rec.ID, Tenant: rec.Tenant, Shard: rec.Shard, Group: rec.GroupID, Template: rec.Template,
+		InstanceType: rec.InstanceType, Vars: maps.Clone(vars), Args: maps.Clone(rec.Args),
+	}}, nil
+}
+
+// LocalOptions are the settings of the local providers that do not come
+// from the config file.
+type LocalOptions struct {
+	// StateDir holds per-instance identity directories (default temp/agents).
+	StateDir string
+	// NodeDir receives fake Node JSON files (default temp/dev-k8s/nodes; "-" disables).
+	NodeDir string
+	// WorkDir is where agent commands start (default: current directory).
+	WorkDir string
+	// Command overrides shard.infra.options.command.
+	Command string
+	// Session and Socket override the tmux options.
+	Session, Socket string
+	// Env is added to every agent's environment (KEY=VALUE).
+	Env []string
+}
+
+// NewProvider builds the provider named by shard.infra.provider. Options read
+// from shard.infra.options: command (agent command; tmux default
+// "air -c scripts/air/agent.toml", process default "bin/nstance-agent"),
+// session and socket (tmux), state_dir, node_dir, work_dir.
+func NewProvider(infra config.Infra, lo LocalOptions) (provider.Provider, error) {
+	opt := func(name, override, def string) string {
+		if override != "" {
+			return override
+		}
+		if v, ok := infra.Options[name].(string); ok && v != "" {
+			return v
+		}
+		return def
+	}
+	stateDir := opt("state_dir", lo.StateDir, filepath.Join("temp", "agents"))
+	nodeDir := opt("node_dir", lo.NodeDir, filepath.Join("temp", "dev-k8s", "nodes"))
+	if nodeDir == "-" {
+		nodeDir = ""
+	}
+	workDir := opt("work_dir", lo.WorkDir, "")
+	switch infra.Provider {
+	case "mock":
+		return mock.New(), nil
+	case "tmux":
+		return tmux.New(tmux.Config{
+			Command: opt("command", lo.Command, "air -c scripts/air/agent.toml"), Session: opt("session", lo.Session, tmux.DefaultSession),
+			Socket: opt("socket", lo.Socket, ""), StateDir: stateDir, NodeDir: nodeDir, WorkDir: workDir, Env: lo.Env,
+		})
+	case "process":
+		cmd := strings.Fields(opt("command", lo.Command, "bin/nstance-agent"))
+		if err := os.MkdirAll(stateDir, 0o700); err != nil {
+			return nil, err
+		}
+		return process.New(process.Config{Command: cmd, StateDir: stateDir, NodeDir: nodeDir, WorkDir: workDir, Env: lo.Env})
+	}
+	return nil, fmt.Errorf("shard.infra.provider: unsupported provider %q (want tmux, process or mock)", infra.Provider)
+}
