@@ -32,6 +32,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/election"
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
 	"github.com/nstance-dev/nstance/internal/server/health"
+	"github.com/nstance-dev/nstance/internal/server/leaderaddr"
 	"github.com/nstance-dev/nstance/internal/server/operatorapi"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/registration"
@@ -437,8 +438,15 @@ func (a *App) Run(ctx context.Context) error {
 		log.Info("WARNING: the test-only panic hook is on: a call carrying metadata "+grpcserve.PanicHookHeader+" panics", "variable", grpcserve.PanicHookEnv)
 	}
 
+	// A standby never holds the leader address: one left behind by a run
+	// killed while leading is removed before campaigning.
+	leaderAddr, err := a.newLeaderAddress(cfg.Shard.LeaderAddress)
+	if err != nil {
+		return err
+	}
+	releaseLeaderAddress(leaderAddr, log)
 	shardEl, err := newElector(a.o.Keys.ShardLeader(a.o.Shard), func(lctx context.Context, term int64) {
-		a.leadShard(lctx, ctx, term, db, gcfg, svcs.Lead, &bind, cfg.Shard.Timeouts.Shutdown.D())
+		a.leadShard(lctx, ctx, term, db, gcfg, svcs.Lead, &bind, cfg.Shard.Timeouts.Shutdown.D(), leaderAddr)
 	})
 	if err != nil {
 		return err
@@ -587,7 +595,8 @@ func (a *App) syncCache(ctx context.Context, db *cache.Cache) error {
 }
 
 // leadShard runs while this server holds the shard lease.
-func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cache, gcfg grpcserve.Config, lead func(context.Context) error, bind *config.Bind, shutdown time.Duration) {
+func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cache, gcfg grpcserve.Config, lead func(context.Context) error, bind *config.Bind, shutdown time.Duration,
+	leaderAddr leaderaddr.Holder) {
 	log := a.log().WithValues("term", term)
 	if err := a.syncCache(lctx, db); err != nil {
 		log.Error(err, "rebuilding the cache on leadership; stepping down")
@@ -598,6 +607,17 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cach
 		return
 	}
 	gcfg.Gate = a.revocations
+	// The shard's fixed address is held before serving and given up when
+	// the term ends (the elector ends lctx before the lease could pass to
+	// a standby; a VIP's kernel lifetime also ends with the lease).
+	if err := leaderAddr.Acquire(lctx); err != nil {
+		log.Error(err, "acquiring the leader address; stepping down")
+		releaseLeaderAddress(leaderAddr, log)
+		return
+	}
+	var releaseOnce sync.Once
+	releaseAddr := func() { releaseOnce.Do(func() { releaseLeaderAddress(leaderAddr, log) }) }
+	defer releaseAddr()
 	ls, err := a.listenGRPC(bind)
 	if err != nil {
 		log.Error(err, "binding gRPC listeners; stepping down")
@@ -662,6 +682,7 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cach
 		// Leadership lost: another server may already serve; stop at once.
 		srv.Stop()
 	}
+	releaseAddr()
 	<-leadDone
 	log.Info("stopped serving gRPC")
 }
