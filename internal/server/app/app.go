@@ -26,6 +26,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/nonce"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/secrets"
+	"github.com/nstance-dev/nstance/internal/secrets/awssecrets"
 	"github.com/nstance-dev/nstance/internal/server/bootstrap"
 	"github.com/nstance-dev/nstance/internal/server/cache"
 	"github.com/nstance-dev/nstance/internal/server/config"
@@ -264,7 +265,12 @@ func (a *App) Run(ctx context.Context) error {
 		log.Info("health port is taken from flags, not from shard.bind.health_addr", "bound", healthAddr, "config", cfg.Shard.Bind.HealthAddr)
 	}
 
-	ring, err := secrets.LoadKeyring(keySource(cfg.Cluster.Secrets.EncryptionKey), keySources(cfg.Cluster.Secrets.PreviousKeys), a.o.Getenv)
+	// Keys from AWS Secrets Manager or SSM use the SDK's default
+	// credentials and region; clients are built only when a key names them.
+	keyCtx, cancelKeys := context.WithTimeout(ctx, keyLoadTimeout)
+	ring, err := secrets.Loader{Getenv: a.o.Getenv, Remote: awssecrets.New(awssecrets.DefaultClients())}.Keyring(keyCtx,
+		keySource(cfg.Cluster.Secrets.EncryptionKey), keySources(cfg.Cluster.Secrets.PreviousKeys))
+	cancelKeys()
 	if err != nil {
 		return fmt.Errorf("loading the encryption key: %w", err)
 	}
@@ -515,8 +521,12 @@ func override(dst *string, v string) {
 	}
 }
 
+// keyLoadTimeout bounds reading the encryption keys (AWS calls retry).
+const keyLoadTimeout = time.Minute
+
 func keySource(k config.KeySource) secrets.Source {
-	return secrets.Source{Provider: k.Provider, Env: k.Env, File: k.File}
+	return secrets.Source{Provider: k.Provider, Env: k.Env, File: k.File, SecretID: k.SecretID, VersionStage: k.VersionStage,
+		VersionID: k.VersionID, Parameter: k.Parameter, Region: k.Region}
 }
 
 func keySources(ks []config.KeySource) []secrets.Source {
