@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -211,6 +212,12 @@ func TestVIPMovesToStandbyWhenLeaderKilled(t *testing.T) {
 		return err == nil && rec["termination_notice"] == "spot"
 	}, 60*time.Second, 50*time.Millisecond, "the agent reconnects through the VIP and its report reaches the new leader")
 	reported := time.Since(killedAt)
+	// The new leader replaces the announced instance: a replacement is
+	// created through it.
+	require.Eventually(t, func() bool {
+		ids, err := instanceIDs(s3c)
+		return err == nil && slices.ContainsFunc(ids, func(id string) bool { return id != instID })
+	}, 60*time.Second, 50*time.Millisecond, "the spot-noticed instance is replaced")
 	require.Equal(t, []*netnstest.Host{standby}, holders(), "still only the new leader holds the VIP")
 	t.Logf("leader %s killed: VIP on %s after %s, the agent's report reached it after %s", servers[leader].id, servers[standby].id,
 		moved.Round(time.Millisecond), reported.Round(time.Millisecond))
