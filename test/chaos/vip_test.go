@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -58,66 +59,76 @@ func vipConfig(vip netip.Prefix, agentCmd, agentDir string) string {
 }`, clusterID, shard, options, vip.Addr().String(), vip.String())
 }
 
-// vipServer is one nstance-server running inside its own namespace.
+// vipServer is one nstance-server running inside its own namespace,
+// reaching dev-s3 through its own proxy on the hub.
 type vipServer struct {
-	id   string
-	host *netnstest.Host
-	cmd  *exec.Cmd
-	done chan struct{}
-	log  string
+	id    string
+	host  *netnstest.Host
+	cmd   *exec.Cmd
+	done  chan struct{}
+	log   string
+	proxy *proxy
 }
 
-// Two servers in two network namespaces on one bridge hold the shard's VIP
-// in turn; an agent in a third namespace dials only the VIP. The leader is
-// killed with SIGKILL: the address leaves its namespace (the kernel
-// lifetime ends with its lease), the standby adds it and announces it with
-// gratuitous ARP, and the agent reconnects to the same address and reports
-// to the new leader (its spot termination notice lands in the instance
-// record, which only a leader receiving its reports writes).
-func TestVIPMovesToStandbyWhenLeaderKilled(t *testing.T) {
+// vipStack is two servers in two network namespaces on one bridge, sharing
+// the VIP, and a third namespace for the agent.
+type vipStack struct {
+	t         *testing.T
+	bin, dir  string
+	vip       netip.Prefix
+	hosts     []*netnstest.Host
+	agentHost *netnstest.Host
+	servers   map[*netnstest.Host]*vipServer
+	s3c       *s3.Client
+	agentDir  string
+	termFile  string
+}
+
+// startVIPStack writes the shard config (one agent instance when agent is
+// set, none otherwise) and starts both servers.
+func startVIPStack(t *testing.T, agent bool) *vipStack {
 	netnstest.RequireRoot(t)
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("skipping: the ip command (iproute2) is needed to start processes inside the namespaces")
 	}
-	bin := binaries(t)
-	dir := t.TempDir()
+	st := &vipStack{t: t, bin: binaries(t), dir: t.TempDir(), vip: netip.MustParsePrefix("10.78.0.100/24"), servers: map[*netnstest.Host]*vipServer{}}
 	n := netnstest.New(t, netip.MustParsePrefix("10.78.0.0/24"))
-	hosts := []*netnstest.Host{n.AddHost("s1"), n.AddHost("s2")}
-	agentHost := n.AddHost("ag")
-	vip := netip.MustParsePrefix("10.78.0.100/24")
+	st.hosts = []*netnstest.Host{n.AddHost("s1"), n.AddHost("s2")}
+	st.agentHost = n.AddHost("ag")
 
-	// dev-s3 runs in this process; servers reach it through a proxy
-	// listening on the hub's bridge address.
-	s3srv := devs3test.Start(t, filepath.Join(dir, "dev-s3"))
-	ln, err := n.Hub.Listen(net.JoinHostPort(n.Hub.Addr.String(), "8989"))
+	// dev-s3 runs in this process; each server reaches it through its own
+	// proxy listening on the hub's bridge address.
+	s3srv := devs3test.Start(t, filepath.Join(st.dir, "dev-s3"))
+	st.s3c = devs3test.Client(s3srv.URL)
+	st.agentDir = filepath.Join(st.dir, "agents")
+	require.NoError(t, os.MkdirAll(st.agentDir, 0o700))
+	t.Cleanup(func() { killRecordedAgents(st.agentDir) })
+	st.termFile = filepath.Join(st.dir, "termination.json")
+	agentCmd := "ip netns exec " + st.agentHost.Name + " " + filepath.Join(st.bin, "nstance-agent")
+	cfg := vipConfig(st.vip, agentCmd, st.agentDir)
+	if !agent {
+		cfg = strings.Replace(cfg, `"groups": {"default": {"g": {"template": "svc", "size": 1}}}`, `"groups": {}`, 1)
+	}
+	_, err := st.s3c.PutObject(context.Background(), putInput("config/"+shard+".jsonc", []byte(cfg)))
 	require.NoError(t, err)
-	startProxyOn(t, ln, strings.TrimPrefix(s3srv.URL, "http://"))
-	s3c := devs3test.Client(s3srv.URL)
 
-	agentDir := filepath.Join(dir, "agents")
-	require.NoError(t, os.MkdirAll(agentDir, 0o700))
-	t.Cleanup(func() { killRecordedAgents(agentDir) })
-	termFile := filepath.Join(dir, "termination.json")
-	agentCmd := "ip netns exec " + agentHost.Name + " " + filepath.Join(bin, "nstance-agent")
-	_, err = s3c.PutObject(context.Background(), putInput("config/"+shard+".jsonc", []byte(vipConfig(vip, agentCmd, agentDir))))
-	require.NoError(t, err)
-
-	env := append(os.Environ(),
-		"AWS_ACCESS_KEY_ID=dev", "AWS_SECRET_ACCESS_KEY=dev", "AWS_REGION=us-east-1",
-		"AWS_ENDPOINT_URL=http://"+net.JoinHostPort(n.Hub.Addr.String(), "8989"), "AWS_S3_USE_PATH_STYLE=true",
-		"NSTANCE_ENCRYPTION_KEY="+encryptionKey,
-		// Inherited by the agent the process provider starts.
-		"NSTANCE_METRICS_INTERVAL=200ms", "NSTANCE_RECONNECT_MIN=50ms", "NSTANCE_RECONNECT_MAX=500ms",
-		"NSTANCE_TERMINATION_FILE="+termFile,
-	)
-	servers := map[*netnstest.Host]*vipServer{}
-	for i, h := range hosts {
-		s := &vipServer{id: fmt.Sprintf("srv-%d", i+1), host: h, log: filepath.Join(dir, fmt.Sprintf("srv-%d.log", i+1)), done: make(chan struct{})}
+	for i, h := range st.hosts {
+		ln, err := n.Hub.Listen(net.JoinHostPort(n.Hub.Addr.String(), strconv.Itoa(8980+i)))
+		require.NoError(t, err)
+		s := &vipServer{id: fmt.Sprintf("srv-%d", i+1), host: h, log: filepath.Join(st.dir, fmt.Sprintf("srv-%d.log", i+1)), done: make(chan struct{}),
+			proxy: startProxyOn(t, ln, strings.TrimPrefix(s3srv.URL, "http://"))}
 		f, err := os.Create(s.log)
 		require.NoError(t, err)
-		s.cmd = exec.Command("ip", "netns", "exec", h.Name, filepath.Join(bin, "nstance-server"),
+		s.cmd = exec.Command("ip", "netns", "exec", h.Name, filepath.Join(st.bin, "nstance-server"),
 			"--id", s.id, "--shard", shard, "--bucket", "dev")
-		s.cmd.Env = env
+		s.cmd.Env = append(os.Environ(),
+			"AWS_ACCESS_KEY_ID=dev", "AWS_SECRET_ACCESS_KEY=dev", "AWS_REGION=us-east-1",
+			"AWS_ENDPOINT_URL=http://"+ln.Addr().String(), "AWS_S3_USE_PATH_STYLE=true",
+			"NSTANCE_ENCRYPTION_KEY="+encryptionKey,
+			// Inherited by the agent the process provider starts.
+			"NSTANCE_METRICS_INTERVAL=200ms", "NSTANCE_RECONNECT_MIN=50ms", "NSTANCE_RECONNECT_MAX=500ms",
+			"NSTANCE_TERMINATION_FILE="+st.termFile,
+		)
 		s.cmd.Stdout, s.cmd.Stderr = f, f
 		s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		require.NoError(t, s.cmd.Start())
@@ -131,29 +142,52 @@ func TestVIPMovesToStandbyWhenLeaderKilled(t *testing.T) {
 				}
 			}
 		})
-		servers[h] = s
+		st.servers[h] = s
 	}
-	holders := func() []*netnstest.Host {
-		var out []*netnstest.Host
-		for _, h := range hosts {
-			if ok, err := h.HasAddr("eth0", vip.Addr()); err == nil && ok {
-				out = append(out, h)
-			}
+	return st
+}
+
+// holders lists the server namespaces whose eth0 carries the VIP.
+func (st *vipStack) holders() []*netnstest.Host {
+	var out []*netnstest.Host
+	for _, h := range st.hosts {
+		if ok, err := h.HasAddr("eth0", st.vip.Addr()); err == nil && ok {
+			out = append(out, h)
 		}
-		return out
 	}
-	var leader *netnstest.Host
-	require.Eventually(t, func() bool {
-		hs := holders()
+	return out
+}
+
+// leader waits until exactly one server holds the VIP and returns it and
+// the other one.
+func (st *vipStack) leader() (leader, standby *netnstest.Host) {
+	st.t.Helper()
+	require.Eventually(st.t, func() bool {
+		hs := st.holders()
 		if len(hs) == 1 {
 			leader = hs[0]
 		}
 		return len(hs) == 1
 	}, 60*time.Second, 20*time.Millisecond, "one server holds the VIP")
-	standby := hosts[0]
+	standby = st.hosts[0]
 	if standby == leader {
-		standby = hosts[1]
+		standby = st.hosts[1]
 	}
+	return leader, standby
+}
+
+// Two servers in two network namespaces on one bridge hold the shard's VIP
+// in turn; an agent in a third namespace dials only the VIP. The leader is
+// killed with SIGKILL: the address leaves its namespace (the kernel
+// lifetime ends with its lease), the standby adds it and announces it with
+// gratuitous ARP, and the agent reconnects to the same address and reports
+// to the new leader (its spot termination notice lands in the instance
+// record, which only a leader receiving its reports writes).
+func TestVIPMovesToStandbyWhenLeaderKilled(t *testing.T) {
+	st := startVIPStack(t, true)
+	vip, s3c, agentDir, agentHost, servers, termFile := st.vip, st.s3c, st.agentDir, st.agentHost, st.servers, st.termFile
+	holders := st.holders
+	leader, standby := st.leader()
 	// The exec'd `ip netns exec` became the server itself: killing the
 	// PID kills the server.
 	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", servers[leader].cmd.Process.Pid))
@@ -251,4 +285,64 @@ func instanceRecord(c *s3.Client, id string) (map[string]any, error) {
 	}
 	var m map[string]any
 	return m, json.Unmarshal(b, &m)
+}
+
+// The leader loses its storage (its proxy drops everything) while it keeps
+// running: its lease lapses, and it gives the VIP up before the standby
+// takes it, so the address is never on both namespaces; healed, the old
+// leader stays a standby without it.
+func TestVIPLeavesLeaderPartitionedFromStorage(t *testing.T) {
+	st := startVIPStack(t, false)
+	leader, standby := st.leader()
+	stop := make(chan struct{})
+	both := make(chan string, 1)
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			if hs := st.holders(); len(hs) > 1 {
+				select {
+				case both <- time.Now().Format(time.RFC3339Nano):
+				default:
+				}
+			}
+		}
+	}()
+	cut := time.Now()
+	st.servers[leader].proxy.Cut()
+	require.Eventually(t, func() bool {
+		hs := st.holders()
+		return len(hs) == 1 && hs[0] == standby
+	}, 60*time.Second, 20*time.Millisecond, "the VIP moves to the standby")
+	moved := time.Since(cut)
+	require.False(t, exited(st.servers[leader]), "the partitioned leader is still running")
+	st.servers[leader].proxy.Heal()
+	// The old leader rejoins as a standby and never takes the address.
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		require.Equal(t, []*netnstest.Host{standby}, st.holders())
+		time.Sleep(50 * time.Millisecond)
+	}
+	close(stop)
+	<-sampled
+	select {
+	case at := <-both:
+		t.Fatalf("both servers held the VIP at %s", at)
+	default:
+	}
+	t.Logf("leader %s cut off from storage: VIP only on %s after %s", st.servers[leader].id, st.servers[standby].id, moved.Round(time.Millisecond))
+}
+
+func exited(s *vipServer) bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
 }
