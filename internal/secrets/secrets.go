@@ -174,16 +174,50 @@ func (k *Keyring) Open(name string, data []byte) ([]byte, error) {
 
 // Source says where one key comes from.
 type Source struct {
-	// Provider is "env" or "file".
+	// Provider is "env", "file", "aws-secrets-manager" or "aws-ssm".
 	Provider string
 	// Env is the variable name for provider env.
 	Env string
 	// File is the path for provider file.
 	File string
+	// SecretID, VersionStage and VersionID name a Secrets Manager secret
+	// version (provider aws-secrets-manager).
+	SecretID, VersionStage, VersionID string
+	// Parameter is the SSM parameter name, optionally name:version
+	// (provider aws-ssm).
+	Parameter string
+	// Region overrides the AWS region (AWS providers).
+	Region string
+}
+
+// Remote providers.
+const (
+	ProviderAWSSecretsManager = "aws-secrets-manager"
+	ProviderAWSSSM            = "aws-ssm"
+)
+
+// Remote reads key material from a secrets service (the AWS providers).
+type Remote interface {
+	// Fetch returns the raw material src names.
+	Fetch(ctx context.Context, src Source) ([]byte, error)
+}
+
+// Loader reads keys from the environment, files and a Remote.
+type Loader struct {
+	// Getenv reads variables; os.Getenv when nil.
+	Getenv func(string) string
+	// Remote serves the AWS providers; nil refuses them.
+	Remote Remote
 }
 
 // Load reads and parses the key a Source names. getenv is os.Getenv when nil.
 func Load(src Source, getenv func(string) string) (*Key, error) {
+	return Loader{Getenv: getenv}.Load(context.Background(), src)
+}
+
+// Load reads and parses the key a Source names.
+func (l Loader) Load(ctx context.Context, src Source) (*Key, error) {
+	getenv := l.Getenv
 	if getenv == nil {
 		getenv = os.Getenv
 	}
@@ -201,25 +235,50 @@ func Load(src Source, getenv func(string) string) (*Key, error) {
 			return nil, fmt.Errorf("encryption key: reading %s: %w", src.File, err)
 		}
 		material = b
+	case ProviderAWSSecretsManager, ProviderAWSSSM:
+		if l.Remote == nil {
+			return nil, fmt.Errorf("encryption key: provider %s is not available here", src.Provider)
+		}
+		b, err := l.Remote.Fetch(ctx, src)
+		if err != nil {
+			return nil, fmt.Errorf("encryption key: %w", err)
+		}
+		material = b
 	default:
-		return nil, fmt.Errorf("encryption key: unknown provider %q (want env or file)", src.Provider)
+		return nil, fmt.Errorf("encryption key: unknown provider %q (want env, file, %s or %s)", src.Provider, ProviderAWSSecretsManager, ProviderAWSSSM)
 	}
 	key, err := ParseKey(material)
 	if err != nil {
-		return nil, fmt.Errorf("encryption key from %s: %w", src.Provider, err)
+		return nil, fmt.Errorf("encryption key from %s: %w", describe(src), err)
 	}
 	return key, nil
 }
 
+// describe names a source in errors without its material.
+func describe(src Source) string {
+	switch src.Provider {
+	case ProviderAWSSecretsManager:
+		return fmt.Sprintf("%s secret %q", src.Provider, src.SecretID)
+	case ProviderAWSSSM:
+		return fmt.Sprintf("%s parameter %q", src.Provider, src.Parameter)
+	}
+	return src.Provider
+}
+
 // LoadKeyring loads the current key and every previous one.
 func LoadKeyring(current Source, previous []Source, getenv func(string) string) (*Keyring, error) {
-	cur, err := Load(current, getenv)
+	return Loader{Getenv: getenv}.Keyring(context.Background(), current, previous)
+}
+
+// Keyring loads the current key and every previous one.
+func (l Loader) Keyring(ctx context.Context, current Source, previous []Source) (*Keyring, error) {
+	cur, err := l.Load(ctx, current)
 	if err != nil {
 		return nil, err
 	}
 	var prev []*Key
 	for i, s := range previous {
-		k, err := Load(s, getenv)
+		k, err := l.Load(ctx, s)
 		if err != nil {
 			return nil, fmt.Errorf("previous key %d: %w", i, err)
 		}

@@ -104,6 +104,12 @@ func startProxy(t testing.TB, listen, target string) *proxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", listen)
 	require.NoError(t, err)
+	return startProxyOn(t, ln, target)
+}
+
+// startProxyOn is startProxy on a listener the caller opened.
+func startProxyOn(t testing.TB, ln net.Listener, target string) *proxy {
+	t.Helper()
 	p := &proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
 	p.wg.Add(1)
 	go p.accept()

@@ -41,6 +41,8 @@ var leaves = []string{
 	"internal/storage",     // opening the object store, retries, conditional writes
 	"internal/version",     // the build version
 	"internal/testing/...", // test helpers (bind, host tools, envtest, processes)
+	// encryption keys from AWS Secrets Manager / SSM (imports only secrets)
+	"internal/secrets/awssecrets",
 }
 
 // exception is an import from one component into another's internals that

@@ -15,6 +15,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/agent/keys"
 	"github.com/nstance-dev/nstance/internal/agent/register"
 	"github.com/nstance-dev/nstance/internal/agent/session"
+	"github.com/nstance-dev/nstance/internal/agent/spot"
 )
 
 // Run registers if needed and keeps the agent session alive until ctx ends.
@@ -41,13 +42,27 @@ func Run(ctx context.Context, cfg config.Config, version string, log logr.Logger
 	if err != nil {
 		return err
 	}
-	s, err := session.New(session.Options{
+	opts := session.Options{
 		Addr: cfg.AgentAddr, ServerName: cfg.ServerNameFor(cfg.AgentAddr), Identity: id, Keys: ks, Files: fw,
 		Sampler: health.NewSampler("", cfg.DiskPaths), Interval: cfg.MetricsInterval, TerminationFile: cfg.TerminationFile,
 		Backoff: bo, AgentVersion: version, Log: log.WithName("session"),
-	})
+	}
+	var watcher *spot.Watcher
+	if cfg.SpotNotice == "imds" {
+		watcher = &spot.Watcher{Client: spot.NewClient(cfg.IMDSEndpoint), Interval: cfg.SpotPollInterval, Log: log.WithName("spot")}
+		opts.Termination = watcher.Notice
+	}
+	s, err := session.New(opts)
 	if err != nil {
 		return err
+	}
+	if watcher != nil {
+		// The first report after the notice goes out at once.
+		watcher.Notified = s.ReportSoon
+		wctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); watcher.Run(wctx) }()
+		defer func() { stop(); <-done }()
 	}
 	log.Info("agent running", "instance", cfg.InstanceID, "agent_addr", cfg.AgentAddr, "files", cfg.FilesDir, "keys", cfg.KeysDir)
 	return s.Run(ctx)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
+	"net/url"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -35,8 +36,14 @@ const (
 	EnvReconnectMax     = "NSTANCE_RECONNECT_MAX"
 	EnvDiskPaths        = "NSTANCE_DISK_PATHS"
 	EnvTerminationFile  = "NSTANCE_TERMINATION_FILE"
-	EnvLogLevel         = "NSTANCE_LOG_LEVEL"
-	EnvLogFormat        = "NSTANCE_LOG_FORMAT"
+	// EnvSpotNotice "imds" polls the EC2 instance metadata service for a
+	// spot interruption notice (empty or "off": no polling).
+	EnvSpotNotice       = "NSTANCE_SPOT_NOTICE"
+	EnvSpotPollInterval = "NSTANCE_SPOT_POLL_INTERVAL"
+	// EnvIMDSEndpoint overrides the instance metadata address.
+	EnvIMDSEndpoint = "NSTANCE_IMDS_ENDPOINT"
+	EnvLogLevel     = "NSTANCE_LOG_LEVEL"
+	EnvLogFormat    = "NSTANCE_LOG_FORMAT"
 )
 
 // Config is the agent's configuration.
@@ -63,6 +70,12 @@ type Config struct {
 	DiskPaths       []string
 	// TerminationFile, when set, is polled for a JSON termination notice.
 	TerminationFile string
+	// SpotNotice is "imds" to poll the EC2 instance metadata service for a
+	// spot interruption notice every SpotPollInterval, at IMDSEndpoint
+	// (empty: the SDK's default); "" turns it off.
+	SpotNotice       string
+	SpotPollInterval time.Duration
+	IMDSEndpoint     string
 	// Log is the logging set-up (NSTANCE_LOG_LEVEL, NSTANCE_LOG_FORMAT).
 	Log logging.Options
 }
@@ -79,6 +92,8 @@ const (
 	DefaultMetricsInterval = 10 * time.Second
 	DefaultReconnectMin    = 500 * time.Millisecond
 	DefaultReconnectMax    = 30 * time.Second
+	// DefaultSpotPollInterval is how often the spot notice is polled.
+	DefaultSpotPollInterval = 5 * time.Second
 )
 
 // Error lists every invalid variable.
@@ -195,6 +210,9 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		ReconnectMin:     p.duration(EnvReconnectMin, DefaultReconnectMin),
 		ReconnectMax:     p.duration(EnvReconnectMax, DefaultReconnectMax),
 		TerminationFile:  p.get(EnvTerminationFile),
+		SpotNotice:       p.get(EnvSpotNotice),
+		SpotPollInterval: p.duration(EnvSpotPollInterval, DefaultSpotPollInterval),
+		IMDSEndpoint:     p.get(EnvIMDSEndpoint),
 		Log:              logging.Defaults(),
 		MaxFileSize:      DefaultMaxFileSize,
 	}
@@ -249,6 +267,18 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 			p.fail(EnvLogFormat, "%v", err)
 		}
 		c.Log.Format = v
+	}
+	switch c.SpotNotice {
+	case "", "imds":
+	case "off":
+		c.SpotNotice = ""
+	default:
+		p.fail(EnvSpotNotice, "%q is not imds or off", c.SpotNotice)
+	}
+	if c.IMDSEndpoint != "" {
+		if u, err := url.Parse(c.IMDSEndpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			p.fail(EnvIMDSEndpoint, "%q is not an http(s) URL", c.IMDSEndpoint)
+		}
 	}
 	if c.TerminationFile != "" && !filepath.IsAbs(c.TerminationFile) {
 		p.fail(EnvTerminationFile, "%q is not an absolute path", c.TerminationFile)

@@ -35,6 +35,8 @@ func TestLoadDefaults(t *testing.T) {
 	require.Equal(t, []string{"/"}, c.DiskPaths)
 	require.Equal(t, "127.0.0.1", c.ServerNameFor(c.AgentAddr))
 	require.Equal(t, logging.Defaults(), c.Log)
+	require.Empty(t, c.SpotNotice, "no metadata polling unless asked")
+	require.Equal(t, DefaultSpotPollInterval, c.SpotPollInterval)
 }
 
 func TestLoadOverrides(t *testing.T) {
@@ -49,6 +51,9 @@ func TestLoadOverrides(t *testing.T) {
 	m[EnvServerName] = "nstance.local"
 	m[EnvLogLevel] = "2"
 	m[EnvLogFormat] = "text"
+	m[EnvSpotNotice] = "imds"
+	m[EnvSpotPollInterval] = "2s"
+	m[EnvIMDSEndpoint] = "http://127.0.0.1:1338"
 	c, err := Load(env(m))
 	require.NoError(t, err)
 	require.Equal(t, "/k", c.KeysDir)
@@ -60,6 +65,9 @@ func TestLoadOverrides(t *testing.T) {
 	require.Equal(t, []string{"/", "/var"}, c.DiskPaths)
 	require.Equal(t, "nstance.local", c.ServerNameFor(c.AgentAddr))
 	require.Equal(t, logging.Options{Level: "2", Format: "text"}, c.Log)
+	require.Equal(t, "imds", c.SpotNotice)
+	require.Equal(t, 2*time.Second, c.SpotPollInterval)
+	require.Equal(t, "http://127.0.0.1:1338", c.IMDSEndpoint)
 }
 
 func TestLoadErrorsNameTheVariable(t *testing.T) {
@@ -80,6 +88,9 @@ func TestLoadErrorsNameTheVariable(t *testing.T) {
 		{"same dirs", EnvFilesDir, "/var/lib/nstance/identity", "must differ"},
 		{"log level", EnvLogLevel, "loud", EnvLogLevel + `: log level "loud"`},
 		{"log format", EnvLogFormat, "xml", EnvLogFormat + `: log format "xml"`},
+		{"spot notice source", EnvSpotNotice, "gcp", EnvSpotNotice + `: "gcp" is not imds or off`},
+		{"imds endpoint", EnvIMDSEndpoint, "169.254.169.254", EnvIMDSEndpoint + ": "},
+		{"spot poll interval", EnvSpotPollInterval, "-5s", EnvSpotPollInterval},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := base()

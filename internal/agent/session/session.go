@@ -35,9 +35,13 @@ type Options struct {
 	Interval time.Duration
 	// TerminationFile is read before every report (optional).
 	TerminationFile string
-	Backoff         backoff.Backoff
-	AgentVersion    string
-	Log             logr.Logger
+	// Termination, when set, is asked before every report for a notice
+	// the platform announced (the IMDS spot watcher); a notice in
+	// TerminationFile wins.
+	Termination  func() *nstancev1.TerminationNotice
+	Backoff      backoff.Backoff
+	AgentVersion string
+	Log          logr.Logger
 	// FinalReportTimeout bounds the shutdown report (default 2s).
 	FinalReportTimeout time.Duration
 }
@@ -45,6 +49,9 @@ type Options struct {
 // Session is the agent's link to the Agent service.
 type Session struct {
 	o Options
+
+	// soon asks the health loop for a report now (ReportSoon).
+	soon chan struct{}
 
 	mu         sync.Mutex
 	configHash string
@@ -92,7 +99,16 @@ func New(o Options) (*Session, error) {
 	if o.Backoff.Jitter == 0 {
 		o.Backoff.Jitter = 0.2
 	}
-	return &Session{o: o}, nil
+	return &Session{o: o, soon: make(chan struct{}, 1)}, nil
+}
+
+// ReportSoon makes the session send a health report now instead of at the
+// next interval (a termination notice appeared).
+func (s *Session) ReportSoon() {
+	select {
+	case s.soon <- struct{}{}:
+	default:
+	}
 }
 
 // ConfigHash is the hash of the last file delivery the agent processed.
@@ -291,6 +307,9 @@ func (s *Session) Report(now time.Time) (*nstancev1.HealthReport, error) {
 	} else {
 		r.Termination = n
 	}
+	if r.Termination == nil && s.o.Termination != nil {
+		r.Termination = s.o.Termination()
+	}
 	return r, nil
 }
 
@@ -329,6 +348,7 @@ func (s *Session) healthLoop(parent, ctx context.Context, c nstancev1.AgentServi
 			return ctx.Err()
 		case <-t.C:
 		case <-kick:
+		case <-s.soon:
 		}
 		if err := send(); err != nil {
 			return err

@@ -25,12 +25,14 @@ import (
 	"github.com/nstance-dev/nstance/internal/nonce"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/secrets"
+	"github.com/nstance-dev/nstance/internal/secrets/awssecrets"
 	"github.com/nstance-dev/nstance/internal/server/bootstrap"
 	"github.com/nstance-dev/nstance/internal/server/cache"
 	"github.com/nstance-dev/nstance/internal/server/config"
 	"github.com/nstance-dev/nstance/internal/server/election"
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
 	"github.com/nstance-dev/nstance/internal/server/health"
+	"github.com/nstance-dev/nstance/internal/server/leaderaddr"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/internal/server/revocation"
@@ -242,7 +244,12 @@ func (a *App) Run(ctx context.Context) error {
 		log.Info("health port is taken from flags, not from shard.bind.health_addr", "bound", healthAddr, "config", cfg.Shard.Bind.HealthAddr)
 	}
 
-	ring, err := secrets.LoadKeyring(keySource(cfg.Cluster.Secrets.EncryptionKey), keySources(cfg.Cluster.Secrets.PreviousKeys), a.o.Getenv)
+	// Keys from AWS Secrets Manager or SSM use the SDK's default
+	// credentials and region; clients are built only when a key names them.
+	keyCtx, cancelKeys := context.WithTimeout(ctx, keyLoadTimeout)
+	ring, err := secrets.Loader{Getenv: a.o.Getenv, Remote: awssecrets.New(awssecrets.DefaultClients())}.Keyring(keyCtx,
+		keySource(cfg.Cluster.Secrets.EncryptionKey), keySources(cfg.Cluster.Secrets.PreviousKeys))
+	cancelKeys()
 	if err != nil {
 		return fmt.Errorf("loading the encryption key: %w", err)
 	}
@@ -409,8 +416,15 @@ func (a *App) Run(ctx context.Context) error {
 		log.Info("WARNING: the test-only panic hook is on: a call carrying metadata "+grpcserve.PanicHookHeader+" panics", "variable", grpcserve.PanicHookEnv)
 	}
 
+	// A standby never holds the leader address: one left behind by a run
+	// killed while leading is removed before campaigning.
+	leaderAddr, err := a.newLeaderAddress(cfg.Shard.LeaderAddress)
+	if err != nil {
+		return err
+	}
+	releaseLeaderAddress(leaderAddr, log)
 	shardEl, err := newElector(a.o.Keys.ShardLeader(a.o.Shard), func(lctx context.Context, term int64) {
-		a.leadShard(lctx, ctx, term, db, gcfg, built.Lead, &bind, cfg.Shard.Timeouts.Shutdown.D())
+		a.leadShard(lctx, ctx, term, db, gcfg, built.Lead, &bind, cfg.Shard.Timeouts.Shutdown.D(), leaderAddr)
 	})
 	if err != nil {
 		return err
@@ -484,8 +498,12 @@ func override(dst *string, v string) {
 	}
 }
 
+// keyLoadTimeout bounds reading the encryption keys (AWS calls retry).
+const keyLoadTimeout = time.Minute
+
 func keySource(k config.KeySource) secrets.Source {
-	return secrets.Source{Provider: k.Provider, Env: k.Env, File: k.File}
+	return secrets.Source{Provider: k.Provider, Env: k.Env, File: k.File, SecretID: k.SecretID, VersionStage: k.VersionStage,
+		VersionID: k.VersionID, Parameter: k.Parameter, Region: k.Region}
 }
 
 func keySources(ks []config.KeySource) []secrets.Source {
@@ -554,7 +572,8 @@ func (a *App) syncCache(ctx context.Context, db *cache.Cache) error {
 }
 
 // leadShard runs while this server holds the shard lease.
-func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cache, gcfg grpcserve.Config, lead func(context.Context) error, bind *config.Bind, shutdown time.Duration) {
+func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cache, gcfg grpcserve.Config, lead func(context.Context) error, bind *config.Bind, shutdown time.Duration,
+	leaderAddr leaderaddr.Holder) {
 	log := a.log().WithValues("term", term)
 	if err := a.syncCache(lctx, db); err != nil {
 		log.Error(err, "rebuilding the cache on leadership; stepping down")
@@ -565,6 +584,17 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cach
 		return
 	}
 	gcfg.Gate = a.revocations
+	// The shard's fixed address is held before serving and given up when
+	// the term ends (the elector ends lctx before the lease could pass to
+	// a standby; a VIP's kernel lifetime also ends with the lease).
+	if err := leaderAddr.Acquire(lctx); err != nil {
+		log.Error(err, "acquiring the leader address; stepping down")
+		releaseLeaderAddress(leaderAddr, log)
+		return
+	}
+	var releaseOnce sync.Once
+	releaseAddr := func() { releaseOnce.Do(func() { releaseLeaderAddress(leaderAddr, log) }) }
+	defer releaseAddr()
 	ls, err := a.listenGRPC(bind)
 	if err != nil {
 		log.Error(err, "binding gRPC listeners; stepping down")
@@ -629,6 +659,7 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cach
 		// Leadership lost: another server may already serve; stop at once.
 		srv.Stop()
 	}
+	releaseAddr()
 	<-leadDone
 	log.Info("stopped serving gRPC")
 }

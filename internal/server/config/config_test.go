@@ -49,10 +49,29 @@ func TestParseDefaults(t *testing.T) {
 	require.Equal(t, "env", cfg.Cluster.Secrets.EncryptionKey.Provider)
 	require.Equal(t, DefaultEncryptionKeyEnv, cfg.Cluster.Secrets.EncryptionKey.Env)
 	require.Equal(t, DefaultAgentNonceTTL, cfg.Certificates.AgentNonceTTL.D())
+	require.Equal(t, LeaderAddressNone, cfg.Shard.LeaderAddress.Mode)
 	require.False(t, cfg.Shard.Registration.SourceCheckOff(), "the source-address check is on by default")
 	r := Registration{SourceAddressCheck: "off", TrustedProxies: []string{"10.1.2.3/8", "192.168.0.9", "::ffff:172.16.0.1"}}
 	require.True(t, r.SourceCheckOff())
 	require.Equal(t, "[10.0.0.0/8 192.168.0.9/32 172.16.0.1/32]", fmt.Sprint(r.Proxies()))
+}
+
+func TestParseLeaderAddressAndAWSKeys(t *testing.T) {
+	doc := strings.Replace(minimal, `"zone": "deva"}`, `"zone": "deva"}, "leader_address": {"mode": "aws-eni", "network_interface_id": "eni-0123456789abcdef0"}`, 1)
+	doc = strings.Replace(doc, `"cluster": {"id": "c1"}`, `"cluster": {"id": "c1", "secrets": {
+	  "encryption_key": {"provider": "aws-secrets-manager", "secret_id": "nstance/key", "region": "eu-west-1"},
+	  "previous_keys": [{"provider": "aws-secrets-manager", "secret_id": "nstance/key", "version_stage": "AWSPREVIOUS"}, {"provider": "aws-ssm", "parameter": "/nstance/key:2"}]}}`, 1)
+	cfg, err := Parse([]byte(doc))
+	require.NoError(t, err)
+	require.Equal(t, LeaderAddress{Mode: LeaderAddressAWSENI, NetworkInterfaceID: "eni-0123456789abcdef0", DeviceIndex: 1}, cfg.Shard.LeaderAddress)
+	require.Equal(t, "eu-west-1", cfg.Cluster.Secrets.EncryptionKey.Region)
+	require.Equal(t, "AWSPREVIOUS", cfg.Cluster.Secrets.PreviousKeys[0].VersionStage)
+	require.Equal(t, "/nstance/key:2", cfg.Cluster.Secrets.PreviousKeys[1].Parameter)
+
+	vip := strings.Replace(minimal, `"zone": "deva"}`, `"zone": "deva"}, "leader_address": {"mode": "vip", "interface": "eth0", "address": "10.0.0.10/24"}`, 1)
+	cfg, err = Parse([]byte(vip))
+	require.NoError(t, err)
+	require.Equal(t, LeaderAddress{Mode: LeaderAddressVIP, Interface: "eth0", Address: "10.0.0.10/24"}, cfg.Shard.LeaderAddress)
 }
 
 func TestParseErrors(t *testing.T) {
@@ -76,7 +95,19 @@ func TestParseErrors(t *testing.T) {
 		{"renew deadline not shorter than the lease", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1", "leader_election": {"lease_duration": "3s", "renew_interval": "1s", "renew_deadline": "3s"}}`}, "cluster.leader_election.renew_deadline", "shorter than lease_duration"},
 		{"renew deadline not longer than renewals", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1", "leader_election": {"lease_duration": "3s", "renew_interval": "1s", "renew_deadline": "1s"}}`}, "cluster.leader_election.renew_deadline", "longer than renew_interval"},
 		{"negative clock skew", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1", "leader_election": {"max_clock_skew": "-1s"}}`}, "cluster.leader_election.max_clock_skew", "negative"},
-		{"key provider", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1", "secrets": {"encryption_key": {"provider": "kms"}}}`}, "cluster.secrets.encryption_key.provider", `must be "env" or "file"`},
+		{"key provider", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1", "secrets": {"encryption_key": {"provider": "kms"}}}`}, "cluster.secrets.encryption_key.provider", `must be "env", "file", "aws-secrets-manager" or "aws-ssm"`},
+		{"secrets manager without id", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1", "secrets": {"encryption_key": {"provider": "aws-secrets-manager"}}}`}, "cluster.secrets.encryption_key.secret_id", "required"},
+		{"secrets manager stage and id", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1", "secrets": {"encryption_key": {"provider": "aws-secrets-manager", "secret_id": "k", "version_stage": "AWSPREVIOUS", "version_id": "v1"}}}`}, "cluster.secrets.encryption_key.version_id", "only one"},
+		{"ssm without parameter", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1", "secrets": {"previous_keys": [{"provider": "aws-ssm"}]}}`}, "cluster.secrets.previous_keys[0].parameter", "required"},
+		{"parameter on env", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1", "secrets": {"encryption_key": {"provider": "env", "parameter": "/k"}}}`}, "cluster.secrets.encryption_key.parameter", "aws-ssm only"},
+		{"leader address mode", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "leader_address": {"mode": "floating"}`}, "shard.leader_address.mode", `must be "none", "vip" or "aws-eni"`},
+		{"vip without interface", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "leader_address": {"mode": "vip", "address": "10.0.0.10/24"}`}, "shard.leader_address.interface", "required for mode vip"},
+		{"vip without prefix", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "leader_address": {"mode": "vip", "interface": "eth0", "address": "10.0.0.10"}`}, "shard.leader_address.address", "prefix length"},
+		{"vip ipv6", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "leader_address": {"mode": "vip", "interface": "eth0", "address": "fd00::10/64"}`}, "shard.leader_address.address", "IPv4 addresses only"},
+		{"vip loopback", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "leader_address": {"mode": "vip", "interface": "eth0", "address": "127.0.0.9/8"}`}, "shard.leader_address.address", "not a unicast host address"},
+		{"eni without id", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "leader_address": {"mode": "aws-eni"}`}, "shard.leader_address.network_interface_id", "required for mode aws-eni"},
+		{"eni bad id", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "leader_address": {"mode": "aws-eni", "network_interface_id": "i-123"}`}, "shard.leader_address.network_interface_id", "want an ENI id"},
+		{"address without mode", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "leader_address": {"address": "10.0.0.10/24"}`}, "shard.leader_address.address", "mode is none"},
 		{"duplicate bind", [2]string{`"agent_addr": "127.0.0.1:0"`, `"agent_addr": "127.0.0.1:7000", "operator_addr": "127.0.0.1:7000"`}, "", ""},
 		{"bad file path", [2]string{`"kind": "worker"}`, `"kind": "worker", "files": {"f": {"kind": "string", "path": "../etc/passwd"}}}`}, "templates.t.files.f.path", "clean relative path"},
 		{"cert without key", [2]string{`"kind": "worker"}`, `"kind": "worker", "files": {"f": {"kind": "certificate", "key": "k"}}}`}, "templates.t.files.f.key", `unknown key "k"`},

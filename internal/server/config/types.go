@@ -65,12 +65,25 @@ type Secrets struct {
 
 // KeySource locates one 32-byte encryption key.
 type KeySource struct {
-	// Provider is "env" or "file".
+	// Provider is "env", "file", "aws-secrets-manager" or "aws-ssm".
 	Provider string `json:"provider"`
 	// Env is the environment variable for provider env (default NSTANCE_ENCRYPTION_KEY).
 	Env string `json:"env"`
 	// File is the path for provider file.
 	File string `json:"file"`
+	// SecretID is the Secrets Manager secret name or ARN (provider
+	// aws-secrets-manager); VersionStage (default AWSCURRENT) or VersionID
+	// pick one version of it, so a previous key can name AWSPREVIOUS.
+	SecretID     string `json:"secret_id"`
+	VersionStage string `json:"version_stage"`
+	VersionID    string `json:"version_id"`
+	// Parameter is the SSM Parameter Store name (provider aws-ssm),
+	// optionally with a version selector ("/nstance/key:3"); SecureString
+	// parameters are decrypted.
+	Parameter string `json:"parameter"`
+	// Region overrides the AWS region for the AWS providers (default: the
+	// SDK's region chain, AWS_REGION or the instance metadata).
+	Region string `json:"region"`
 }
 
 // LeaderElection sets the lease timings for cluster and shard elections.
@@ -112,6 +125,33 @@ type Shard struct {
 	GarbageCollection   GarbageCollection     `json:"garbage_collection"`
 	Expiry              Expiry                `json:"expiry"`
 	Limits              Limits                `json:"limits"`
+	// LeaderAddress is the fixed address the shard leader holds while it
+	// leads (none by default).
+	LeaderAddress LeaderAddress `json:"leader_address"`
+}
+
+// Leader address modes.
+const (
+	LeaderAddressNone   = "none"
+	LeaderAddressVIP    = "vip"
+	LeaderAddressAWSENI = "aws-eni"
+)
+
+// LeaderAddress is the shard's fixed address, held by its leader only: a
+// Linux virtual IP (mode vip) or an AWS network interface (mode aws-eni).
+type LeaderAddress struct {
+	// Mode is "none" (default), "vip" or "aws-eni".
+	Mode string `json:"mode"`
+	// Interface is the Linux interface the VIP is added to (mode vip).
+	Interface string `json:"interface"`
+	// Address is the VIP with its prefix length, e.g. "10.0.0.10/24"
+	// (mode vip, IPv4).
+	Address string `json:"address"`
+	// NetworkInterfaceID is the ENI attached to the leader (mode aws-eni).
+	NetworkInterfaceID string `json:"network_interface_id"`
+	// DeviceIndex is the ENI's device index on the leader (mode aws-eni,
+	// default 1).
+	DeviceIndex int `json:"device_index"`
 }
 
 // Infra selects the provider that creates instances.

@@ -3,7 +3,9 @@ package config
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"path"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -76,6 +78,13 @@ func (c *Config) ApplyDefaults() {
 	setDur(&c.Shard.Timeouts.StorageCall, DefaultStorageTimeout)
 	setDur(&c.Shard.Timeouts.Shutdown, DefaultShutdownTimeout)
 	c.Shard.Limits.applyDefaults()
+	la := &c.Shard.LeaderAddress
+	if la.Mode == "" {
+		la.Mode = LeaderAddressNone
+	}
+	if la.Mode == LeaderAddressAWSENI && la.DeviceIndex == 0 {
+		la.DeviceIndex = 1
+	}
 }
 
 func setDur(d *Duration, v time.Duration) {
@@ -248,6 +257,7 @@ func (c *Config) Validate() error {
 	}
 	ch.positive("shard.garbage_collection.interval", s.GarbageCollection.Interval)
 	s.Limits.validate(&ch)
+	checkLeaderAddress(&ch, s.LeaderAddress)
 
 	ce := c.Certificates
 	for _, kv := range []struct {
@@ -321,10 +331,76 @@ func checkKeySource(ch *checker, key string, ks KeySource) {
 		if ks.File == "" {
 			ch.add(key+".file", "required for provider file")
 		}
+	case "aws-secrets-manager":
+		if ks.SecretID == "" {
+			ch.add(key+".secret_id", "required for provider aws-secrets-manager")
+		}
+		if ks.VersionStage != "" && ks.VersionID != "" {
+			ch.add(key+".version_id", "set only one of version_stage and version_id")
+		}
+	case "aws-ssm":
+		if ks.Parameter == "" {
+			ch.add(key+".parameter", "required for provider aws-ssm")
+		}
 	default:
-		ch.add(key+".provider", "must be \"env\" or \"file\", got %q", ks.Provider)
+		ch.add(key+".provider", "must be \"env\", \"file\", \"aws-secrets-manager\" or \"aws-ssm\", got %q", ks.Provider)
+	}
+	if ks.Provider != "aws-secrets-manager" && (ks.SecretID != "" || ks.VersionStage != "" || ks.VersionID != "") {
+		ch.add(key+".secret_id", "secret_id, version_stage and version_id are for provider aws-secrets-manager")
+	}
+	if ks.Provider != "aws-ssm" && ks.Parameter != "" {
+		ch.add(key+".parameter", "for provider aws-ssm only")
+	}
+	if ks.Region != "" && ks.Provider != "aws-secrets-manager" && ks.Provider != "aws-ssm" {
+		ch.add(key+".region", "for the AWS providers only")
 	}
 }
+
+func checkLeaderAddress(ch *checker, la LeaderAddress) {
+	const key = "shard.leader_address"
+	switch la.Mode {
+	case "", LeaderAddressNone:
+		for _, kv := range [][2]string{{"interface", la.Interface}, {"address", la.Address}, {"network_interface_id", la.NetworkInterfaceID}} {
+			if kv[1] != "" {
+				ch.add(key+"."+kv[0], "set, but mode is none (want mode vip or aws-eni)")
+			}
+		}
+	case LeaderAddressVIP:
+		if la.Interface == "" {
+			ch.add(key+".interface", "required for mode vip")
+		} else if len(la.Interface) > 15 || strings.ContainsAny(la.Interface, "/ \t") {
+			ch.add(key+".interface", "invalid interface name %q", la.Interface)
+		}
+		if la.Address == "" {
+			ch.add(key+".address", "required for mode vip (an IPv4 address with its prefix length, e.g. 10.0.0.10/24)")
+		} else if p, err := netip.ParsePrefix(la.Address); err != nil {
+			ch.add(key+".address", "want an IPv4 address with its prefix length, e.g. 10.0.0.10/24: %v", err)
+		} else if !p.Addr().Is4() {
+			ch.add(key+".address", "mode vip supports IPv4 addresses only, got %q", la.Address)
+		} else if a := p.Addr(); a.IsUnspecified() || a.IsLoopback() || a.IsMulticast() || p.Bits() == 0 {
+			ch.add(key+".address", "%q is not a unicast host address with a prefix", la.Address)
+		}
+		if la.NetworkInterfaceID != "" {
+			ch.add(key+".network_interface_id", "set, but mode is vip")
+		}
+	case LeaderAddressAWSENI:
+		if la.NetworkInterfaceID == "" {
+			ch.add(key+".network_interface_id", "required for mode aws-eni")
+		} else if !eniID.MatchString(la.NetworkInterfaceID) {
+			ch.add(key+".network_interface_id", "want an ENI id such as eni-0123456789abcdef0, got %q", la.NetworkInterfaceID)
+		}
+		if la.DeviceIndex < 0 {
+			ch.add(key+".device_index", "must not be negative, got %d", la.DeviceIndex)
+		}
+		if la.Interface != "" || la.Address != "" {
+			ch.add(key, "interface and address are for mode vip, not aws-eni")
+		}
+	default:
+		ch.add(key+".mode", `must be "none", "vip" or "aws-eni", got %q`, la.Mode)
+	}
+}
+
+var eniID = regexp.MustCompile(`^eni-[0-9a-f]{8}([0-9a-f]{9})?$`)
 
 func checkTemplate(ch *checker, key, name string, t Template, pools map[string]SubnetPool) {
 	ch.id(key, "template name", name, true)

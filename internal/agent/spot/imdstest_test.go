@@ -1,0 +1,84 @@
+package spot
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+)
+
+// fakeIMDS serves IMDSv2: a token from PUT /latest/api/token, required on
+// every read; spot/instance-action answers 404 for the first notAfter
+// polls, then the notice (or status/body when set).
+type fakeIMDS struct {
+	*httptest.Server
+	notAfter int
+	body     string
+	// failFirst makes the first reads answer 500.
+	failFirst int
+
+	mu     sync.Mutex
+	tokens int
+	polls  int
+	errs   []string
+}
+
+func newFakeIMDS(t *testing.T, notAfter int, body string) *fakeIMDS {
+	t.Helper()
+	f := &fakeIMDS{notAfter: notAfter, body: body}
+	f.Server = httptest.NewServer(http.HandlerFunc(f.serve))
+	t.Cleanup(func() {
+		f.Close()
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, e := range f.errs {
+			t.Error(e)
+		}
+	})
+	return f
+}
+
+func (f *fakeIMDS) token(n int) string { return fmt.Sprintf("token-%d", n) }
+
+func (f *fakeIMDS) serve(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case r.Method == http.MethodPut && r.URL.Path == "/latest/api/token":
+		if r.Header.Get("X-Aws-Ec2-Metadata-Token-Ttl-Seconds") == "" {
+			f.errs = append(f.errs, "token request without a TTL header")
+			http.Error(w, "missing ttl", http.StatusBadRequest)
+			return
+		}
+		f.tokens++
+		w.Header().Set("X-Aws-Ec2-Metadata-Token-Ttl-Seconds", "21600")
+		_, _ = w.Write([]byte(f.token(f.tokens)))
+	case r.Method == http.MethodGet && r.URL.Path == "/latest/meta-data/spot/instance-action":
+		if f.tokens == 0 || r.Header.Get("X-Aws-Ec2-Metadata-Token") != f.token(f.tokens) {
+			f.errs = append(f.errs, "metadata read without the session token (IMDSv1)")
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		f.polls++
+		if f.polls <= f.failFirst {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		if f.polls <= f.notAfter {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte(f.body))
+	default:
+		f.errs = append(f.errs, "unexpected request "+r.Method+" "+r.URL.Path)
+		http.NotFound(w, r)
+	}
+}
+
+func (f *fakeIMDS) counts() (tokens, polls int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.tokens, f.polls
+}

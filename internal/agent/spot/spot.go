@@ -1,0 +1,161 @@
+package spot
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
+	"github.com/go-logr/logr"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
+)
+
+// InstanceActionPath is the metadata path of the spot interruption notice.
+const InstanceActionPath = "spot/instance-action"
+
+// DefaultInterval is how often the notice is polled (AWS suggests every
+// five seconds; the notice comes two minutes ahead).
+const DefaultInterval = 5 * time.Second
+
+// MetadataAPI is the part of the IMDS client used here.
+type MetadataAPI interface {
+	GetMetadata(ctx context.Context, in *imds.GetMetadataInput, optFns ...func(*imds.Options)) (*imds.GetMetadataOutput, error)
+}
+
+// NewClient returns an IMDS client; endpoint overrides the metadata
+// address (empty: the SDK's default, 169.254.169.254).
+func NewClient(endpoint string) *imds.Client {
+	return imds.New(imds.Options{Endpoint: endpoint})
+}
+
+// Watcher polls the notice until it appears, then keeps it.
+type Watcher struct {
+	Client   MetadataAPI
+	Interval time.Duration
+	Log      logr.Logger
+	// Notified, when set, is called once when the notice appears (the
+	// session sends a report at once).
+	Notified func()
+
+	mu     sync.Mutex
+	notice *nstancev1.TerminationNotice
+	polls  int
+}
+
+// instanceAction is the JSON of spot/instance-action.
+type instanceAction struct {
+	Action string    `json:"action"`
+	Time   time.Time `json:"time"`
+}
+
+// Notice returns the interruption notice, nil while none is known.
+func (w *Watcher) Notice() *nstancev1.TerminationNotice {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.notice
+}
+
+// Polls counts completed polls.
+func (w *Watcher) Polls() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.polls
+}
+
+// Run polls until ctx ends or the notice appears (it does not go away:
+// the instance is being reclaimed).
+func (w *Watcher) Run(ctx context.Context) {
+	iv := w.Interval
+	if iv <= 0 {
+		iv = DefaultInterval
+	}
+	t := time.NewTicker(iv)
+	defer t.Stop()
+	failing := false
+	for {
+		n, err := w.Poll(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		switch {
+		case err != nil:
+			// Logged once per outage, not every poll.
+			if !failing {
+				w.Log.Error(err, "reading the spot interruption notice from instance metadata; retrying")
+			}
+			failing = true
+		case n != nil:
+			w.Log.Info("spot interruption notice", "action", n.GetMessage(), "deadline", n.GetDeadline().AsTime())
+			if w.Notified != nil {
+				w.Notified()
+			}
+			return
+		default:
+			if failing {
+				w.Log.Info("instance metadata readable again")
+			}
+			failing = false
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Poll reads the notice once: nil, nil while there is none.
+func (w *Watcher) Poll(ctx context.Context) (*nstancev1.TerminationNotice, error) {
+	if n := w.Notice(); n != nil {
+		return n, nil
+	}
+	out, err := w.Client.GetMetadata(ctx, &imds.GetMetadataInput{Path: InstanceActionPath})
+	w.mu.Lock()
+	w.polls++
+	w.mu.Unlock()
+	if err != nil {
+		var re *smithyhttp.ResponseError
+		if errors.As(err, &re) && re.HTTPStatusCode() == http.StatusNotFound {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("spot: GET %s: %w", InstanceActionPath, err)
+	}
+	defer func() { _ = out.Content.Close() }()
+	b, err := io.ReadAll(io.LimitReader(out.Content, 64<<10))
+	if err != nil {
+		return nil, fmt.Errorf("spot: reading %s: %w", InstanceActionPath, err)
+	}
+	n, err := parse(b)
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	w.notice = n
+	w.mu.Unlock()
+	return n, nil
+}
+
+func parse(b []byte) (*nstancev1.TerminationNotice, error) {
+	var ia instanceAction
+	if err := json.Unmarshal(b, &ia); err != nil {
+		return nil, fmt.Errorf("spot: %s is not the instance-action JSON: %w", InstanceActionPath, err)
+	}
+	switch ia.Action {
+	case "terminate", "stop", "hibernate":
+	default:
+		return nil, fmt.Errorf("spot: %s: unknown action %q", InstanceActionPath, ia.Action)
+	}
+	n := &nstancev1.TerminationNotice{Kind: nstancev1.TerminationKind_TERMINATION_KIND_SPOT, Message: "spot interruption: " + ia.Action}
+	if !ia.Time.IsZero() {
+		n.Deadline = timestamppb.New(ia.Time)
+	}
+	return n, nil
+}

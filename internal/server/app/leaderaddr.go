@@ -1,0 +1,51 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/internal/server/leaderaddr"
+)
+
+// leaderAddressTimeout bounds one Release of the leader address.
+const leaderAddressTimeout = 10 * time.Second
+
+// newLeaderAddress builds the holder of the shard's fixed address from
+// shard.leader_address. A VIP lives no longer than the shard lease lets
+// this server act (the elector's ValidUntil).
+func (a *App) newLeaderAddress(la config.LeaderAddress) (leaderaddr.Holder, error) {
+	switch la.Mode {
+	case "", config.LeaderAddressNone:
+		return leaderaddr.None{}, nil
+	case config.LeaderAddressVIP:
+		until := func() time.Time {
+			el := (leaderFence{a: a}).elector()
+			if el == nil {
+				return time.Time{}
+			}
+			if st := el.Status(); st.Leading {
+				return st.ValidUntil
+			}
+			return time.Time{}
+		}
+		return leaderaddr.NewVIP(la.Interface, la.Address, until, a.log().WithName("leader-address"))
+	case config.LeaderAddressAWSENI:
+		return nil, fmt.Errorf("shard.leader_address.mode %q: the AWS network interface holder is not built into this server yet", la.Mode)
+	default:
+		return nil, fmt.Errorf("shard.leader_address.mode %q: unknown mode", la.Mode)
+	}
+}
+
+// releaseLeaderAddress gives the address up, bounded by
+// leaderAddressTimeout, logging a failure.
+func releaseLeaderAddress(h leaderaddr.Holder, log logr.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), leaderAddressTimeout)
+	defer cancel()
+	if err := h.Release(ctx); err != nil {
+		log.Error(err, "releasing the leader address")
+	}
+}
