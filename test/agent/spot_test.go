@@ -1,4 +1,4 @@
-package app
+package agent_test
 
 import (
 	"net/http"
