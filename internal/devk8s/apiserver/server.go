@@ -187,7 +187,7 @@ func (s *Server) onChange(ev store.Event) {
 	if ev.Resource == crdStorage {
 		s.crdChanged(ev)
 	}
-	if ev.Type == "DELETED" || hasDeletionTimestamp(ev.Object.Object) {
+	if ev.Type == "DELETED" || hasDeletionTimestamp(ev.Object.Object) || s.daemonSetInput(ev) {
 		s.kickGC()
 	}
 }
