@@ -158,10 +158,10 @@ func daemonPod(ds *appsv1.DaemonSet, node string) (map[string]any, error) {
 	pod := &corev1.Pod{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{
-			GenerateName: ds.Name + "-",
-			Namespace:    ds.Namespace,
-			Labels:       map[string]string{},
-			Annotations:  tmpl.Annotations,
+			GenerateName:    ds.Name + "-",
+			Namespace:       ds.Namespace,
+			Labels:          map[string]string{},
+			Annotations:     tmpl.Annotations,
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(ds, appsv1.SchemeGroupVersion.WithKind("DaemonSet"))},
 		},
 		Spec: tmpl.Spec,
