@@ -865,3 +865,30 @@ func internalSTSRollingUpdate(ru *appsv1.RollingUpdateStatefulSetStrategy) *inte
 func internalSTSStrategy(s appsv1.StatefulSetUpdateStrategy) internalSTSUpdate {
 	return internalSTSUpdate{Type: string(s.Type), RollingUpdate: internalSTSRollingUpdate(s.RollingUpdate)}
 }
+
+// normalizeFile prepares a hand-edited object for the store: an apps
+// object gets the defaults and type pruning an API write gets (before the
+// generic part compares specs for its generation), and a DaemonSet its
+// template generation (1 for a new file, bumped when an edit changes the
+// template); then the generic server-managed fields.
+func (s *Server) normalizeFile(storage string, old, obj map[string]any) {
+	if res, ok := s.reg.ByStorageName(storage); ok && isApps(res) {
+		appsDefaults(res, obj)
+		normalizeApps(res, obj)
+		if res.Resource == "daemonsets" {
+			ann := childMap(metaOf(obj), "annotations")
+			if old == nil {
+				if g, err := strconv.ParseInt(str(ann, appsv1.DeprecatedTemplateGeneration), 10, 64); err != nil || g < 1 {
+					ann[appsv1.DeprecatedTemplateGeneration] = "1"
+				}
+			} else {
+				gen, _ := strconv.ParseInt(str(stringAnyMap(metaOf(old)["annotations"]), appsv1.DeprecatedTemplateGeneration), 10, 64)
+				if !jsonEqual(nestedMap(old, "spec")["template"], nestedMap(obj, "spec")["template"]) {
+					gen++
+				}
+				ann[appsv1.DeprecatedTemplateGeneration] = strconv.FormatInt(gen, 10)
+			}
+		}
+	}
+	s.normalizeFileObject(storage, old, obj)
+}

@@ -28,8 +28,8 @@ import (
 // (controller: true), pinned to its Node by the node affinity the real
 // controller writes and bound (spec.nodeName) as the scheduler would. Pods
 // on Nodes that no longer qualify, or that are gone, are deleted; a
-// RollingUpdate replaces pods of an older template generation, maxUnavailable
-// at a time. Status counts follow the real controller's definitions. Pods of
+// RollingUpdate replaces pods of an older template generation (unavailable
+// ones at once, available ones maxUnavailable at a time). Status counts follow the real controller's definitions. Pods of
 // a deleted DaemonSet go through the ownerReference garbage collector
 // (which honours propagationPolicy Orphan). Not done: ControllerRevisions,
 // adopting matching pods without an owner, surge updates, Events.
@@ -317,7 +317,18 @@ func (s *Server) syncDaemonSet(dsRes, podRes *registry.Resource, ds *appsv1.Daem
 				maxUnavailable = v
 			}
 		}
+		// As the real controller: an outdated pod that is not available
+		// goes at once; available ones while fewer than maxUnavailable
+		// Nodes lack an available pod.
 		for _, p := range outdated {
+			if !podReadyCond(p) {
+				deletePod(p)
+			}
+		}
+		for _, p := range outdated {
+			if !podReadyCond(p) {
+				continue
+			}
 			if unavailable >= maxUnavailable {
 				break
 			}

@@ -107,7 +107,7 @@ func New(ctx context.Context, log logr.Logger, opts Options) (*Server, error) {
 		Dir:         opts.Dir,
 		History:     opts.History,
 		WatchBuffer: opts.WatchBuffer,
-		Normalize:   s.normalizeFileObject,
+		Normalize:   s.normalizeFile,
 		OnChange:    s.onChange,
 		ValidName:   s.validFileName,
 	})

@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -267,4 +269,63 @@ func podIsReady(p corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// TestDaemonSetFile: a DaemonSet written as a JSON file, the way a
+// developer adds one, is served defaulted as one created through the API,
+// gets its pods, and a hand edit of its template bumps generation and
+// template generation.
+func TestDaemonSetFile(t *testing.T) {
+	d := startDev(t, false)
+	cs, err := kubernetes.NewForConfig(d.config)
+	require.NoError(t, err)
+	ctx := context.Background()
+	n, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	n.Spec.Taints = nil
+	_, err = cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+	require.NoError(t, err)
+
+	file := func(image string) string {
+		return `{"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "edited", "namespace": "default"},
+  "spec": {"selector": {"matchLabels": {"app": "edited"}},
+    "template": {"metadata": {"labels": {"app": "edited"}},
+      "spec": {"terminationGracePeriodSeconds": 0, "containers": [{"name": "c", "image": "` + image + `"}]}}}}`
+	}
+	require.NoError(t, os.MkdirAll(filepath.Join(d.dir, "daemonsets", "default"), 0o755))
+	writeFile(t, d.dir, "daemonsets/default/edited.json", file("busybox:1.36"))
+	var ds *appsv1.DaemonSet
+	require.Eventually(t, func() bool {
+		ds, err = cs.AppsV1().DaemonSets("default").Get(ctx, "edited", metav1.GetOptions{})
+		return err == nil
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, int64(1), ds.Generation)
+	require.Equal(t, "1", ds.Annotations[appsv1.DeprecatedTemplateGeneration])
+	require.Equal(t, appsv1.RollingUpdateDaemonSetStrategyType, ds.Spec.UpdateStrategy.Type)
+	require.Equal(t, ptr.To[int32](10), ds.Spec.RevisionHistoryLimit)
+	require.Equal(t, corev1.RestartPolicyAlways, ds.Spec.Template.Spec.RestartPolicy)
+	require.Equal(t, corev1.PullIfNotPresent, ds.Spec.Template.Spec.Containers[0].ImagePullPolicy)
+	require.Eventually(t, func() bool {
+		list, err := cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=edited"})
+		return err == nil && len(list.Items) == 1 && list.Items[0].Spec.NodeName == "n1"
+	}, 10*time.Second, 20*time.Millisecond)
+	// The controller's status writes rewrite the file too: edit it once they
+	// are done, as a developer editing it concurrently could lose the edit.
+	require.Eventually(t, func() bool {
+		ds, err = cs.AppsV1().DaemonSets("default").Get(ctx, "edited", metav1.GetOptions{})
+		return err == nil && ds.Status.ObservedGeneration == 1 && ds.Status.CurrentNumberScheduled == 1
+	}, 10*time.Second, 20*time.Millisecond)
+
+	tmp := writeFile(t, d.dir, "daemonsets/default/.edited.json.tmp", file("busybox:1.37"))
+	require.NoError(t, os.Rename(tmp, filepath.Join(d.dir, "daemonsets/default/edited.json")))
+	require.Eventually(t, func() bool {
+		ds, err = cs.AppsV1().DaemonSets("default").Get(ctx, "edited", metav1.GetOptions{})
+		return err == nil && ds.Spec.Template.Spec.Containers[0].Image == "busybox:1.37"
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, int64(2), ds.Generation)
+	require.Equal(t, "2", ds.Annotations[appsv1.DeprecatedTemplateGeneration])
+	require.Eventually(t, func() bool {
+		list, err := cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=edited"})
+		return err == nil && len(list.Items) == 1 && list.Items[0].Labels["pod-template-generation"] == "2"
+	}, 10*time.Second, 20*time.Millisecond, "the RollingUpdate replaces the unavailable pod at once")
 }
