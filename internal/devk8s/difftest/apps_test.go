@@ -336,6 +336,52 @@ func appsCases() []diffCase {
 		c.must(c.post(rsPath, workload(rsPath, "b", nil)))
 		return summary(c.get(rsPath + "?fieldSelector=" + q("status.replicas=2")))
 	})
+	// Server-side apply (kubectl apply --server-side) and strategic merge
+	// patches (kubectl apply, kubectl set image) on the apps kinds.
+	dsYAML := func(image, selectorExtra string) string {
+		return "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: ap\nspec:\n  selector:\n    matchLabels:\n      app: web\n" + selectorExtra +
+			"  template:\n    metadata:\n      labels:\n        app: web\n        tier: x\n    spec:\n      containers:\n      - name: c\n        image: " + image + "\n"
+	}
+	applyDS := func(c *tc, yaml string) resp {
+		return c.patch(dsPath+"/ap?fieldManager=kubectl", "application/apply-patch+yaml", yaml)
+	}
+	add("apply/ds-create", func(c *tc) any {
+		r := applyDS(c, dsYAML("busybox:1.36", ""))
+		return []any{summary(r), managers(r)}
+	})
+	add("apply/ds-change-image", func(c *tc) any {
+		c.must(applyDS(c, dsYAML("busybox:1.36", "")))
+		return pick(applyDS(c, dsYAML("busybox:1.37", "")), "metadata.generation", "metadata.annotations", "spec.template.spec.containers")
+	})
+	add("apply/ds-same-again", func(c *tc) any {
+		c.must(applyDS(c, dsYAML("busybox:1.36", "")))
+		return pick(applyDS(c, dsYAML("busybox:1.36", "")), "metadata.generation", "metadata.annotations")
+	})
+	add("apply/ds-selector-immutable", func(c *tc) any {
+		c.must(applyDS(c, dsYAML("busybox:1.36", "")))
+		return summary(applyDS(c, dsYAML("busybox:1.36", "      tier: x\n")))
+	})
+	add("apply/ds-invalid", func(c *tc) any {
+		return summary(applyDS(c, dsYAML("\"\"", "")))
+	})
+	for _, p := range all {
+		p := p
+		add("patch/"+short[p]+"/strategic-container", func(c *tc) any {
+			c.must(c.post(p, workload(p, "w", nil)))
+			return pick(c.patch(p+"/w", "application/strategic-merge-patch+json",
+				`{"spec":{"template":{"spec":{"containers":[{"name":"c","image":"busybox:1.38"},{"name":"side","image":"busybox"}]}}}}`),
+				"metadata.generation", "metadata.annotations", "spec.template.spec.containers")
+		})
+		add("patch/"+short[p]+"/json-remove-selector", func(c *tc) any {
+			c.must(c.post(p, workload(p, "w", nil)))
+			return summary(c.patch(p+"/w", "application/json-patch+json", `[{"op":"remove","path":"/spec/selector"}]`))
+		})
+		add("patch/"+short[p]+"/dry-run", func(c *tc) any {
+			c.must(c.post(p, workload(p, "w", nil)))
+			r := c.patch(p+"/w?dryRun=All", "application/merge-patch+json", `{"spec":{"minReadySeconds":5}}`)
+			return []any{pick(r, "metadata.generation", "spec.minReadySeconds"), pick(c.get(p+"/w"), "metadata.generation", "spec.minReadySeconds")}
+		})
+	}
 	add("discovery/apps", func(c *tc) any {
 		return discoveryEntry(c.get("/apis/apps/v1"), "deployments", "deployments/status", "replicasets", "replicasets/status",
 			"statefulsets", "statefulsets/status", "daemonsets", "daemonsets/status")
