@@ -33,7 +33,7 @@ except Exception as e:
 	case $kind in
 	NstanceMachinePool | NstanceMachine | NstanceCluster | NstanceShardGroup | NstanceMachineTemplate)
 		res="$(tr '[:upper:]' '[:lower:]' <<<"$kind")s" ;;
-	MachinePool | Machine | Cluster | Pod | Secret | ConfigMap) res="$(tr '[:upper:]' '[:lower:]' <<<"$kind")s" ;;
+	MachinePool | Machine | Cluster | Pod | Secret | ConfigMap | DaemonSet) res="$(tr '[:upper:]' '[:lower:]' <<<"$kind")s" ;;
 	*) die "$f: kind $kind is not mapped here; use kubectl with $KUBECONFIG" ;;
 	esac
 	dir="$DEV_DIR/dev-k8s/$res/$ns"

@@ -11,16 +11,22 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
@@ -123,20 +129,29 @@ func TestPoolLifecycle(t *testing.T) {
 		return slices.Equal(got, providerIDs) && field(obj, "status", "ready") == true
 	})
 
-	// One plain pod on each Node, plus a mirror pod (which a drain leaves
-	// alone) on each; then scale to 1 by editing the MachinePool file.
+	// One plain pod on each Node, and the example DaemonSet (applied
+	// through the API, as kubectl apply does), whose pods dev-k8s's
+	// DaemonSet controller puts on every Node as a cluster's node agents
+	// are; a drain leaves those alone. Then scale to 1 by editing the
+	// MachinePool file.
 	t.Logf("2 replicas: agents %v registered, Nodes and pool status in place after %s", ids, time.Since(created).Round(100*time.Millisecond))
+	evicted := s.watchEvictions("app=node-agent")
 	for _, id := range ids {
-		s.put("pods", "work-"+id, nodePod("work-"+id, id, false))
-		s.put("pods", "mirror-"+id, nodePod("mirror-"+id, id, true))
+		s.put("pods", "work-"+id, nodePod("work-"+id, id))
 	}
+	s.create(gvrDaemonSets, s.example("daemonset.json"))
+	var agentPods map[string]string
 	for _, id := range ids {
 		s.eventually("pods on "+id+" stored with a uid", 10*time.Second, func() bool {
-			w, ok1 := s.get("pods", namespace, "work-"+id)
-			m, ok2 := s.get("pods", namespace, "mirror-"+id)
-			return ok1 && ok2 && field(w, "metadata", "uid") != nil && field(m, "metadata", "uid") != nil
+			w, ok := s.get("pods", namespace, "work-"+id)
+			agentPods = s.daemonSetPods("node-agent")
+			return ok && field(w, "metadata", "uid") != nil && agentPods[id] != ""
 		})
 	}
+	s.eventually("DaemonSet node-agent status counts both Nodes", 10*time.Second, func() bool {
+		ds, ok := s.get("daemonsets", namespace, "node-agent")
+		return ok && field(ds, "status", "desiredNumberScheduled") == float64(2) && field(ds, "status", "currentNumberScheduled") == float64(2)
+	})
 	scaled := time.Now()
 	mp, ok := s.get(resPools, namespace, pool)
 	require.True(t, ok, "MachinePool file vanished")
@@ -173,8 +188,13 @@ func TestPoolLifecycle(t *testing.T) {
 		return slices.Contains(s.nodeEventReasons(gone), "Drained")
 	})
 	require.NotContains(t, s.nodeEventReasons(gone), "DrainDeadlineExceeded")
-	_, ok = s.get("pods", namespace, "mirror-"+gone)
-	require.True(t, ok, "the drain evicted the mirror pod on %s", gone)
+	require.Empty(t, evicted(), "the drain evicted DaemonSet pods")
+	// The Node is gone, and with it (through the DaemonSet controller, not
+	// the drain) its node-agent pod; the surviving Node keeps its own.
+	s.eventually("node-agent pod only on "+kept, 30*time.Second, func() bool {
+		now := s.daemonSetPods("node-agent")
+		return len(now) == 1 && now[kept] == agentPods[kept]
+	})
 	survivor, ok := s.get("pods", namespace, "work-"+kept)
 	require.True(t, ok, "the pod on the surviving Node %s was removed", kept)
 	require.Nil(t, field(survivor, "metadata", "deletionTimestamp"), "the pod on the surviving Node %s is being deleted", kept)
@@ -211,8 +231,13 @@ func TestPoolLifecycle(t *testing.T) {
 	t.Logf("pool deleted and cleaned up in %s", time.Since(deleted).Round(100*time.Millisecond))
 }
 
-// delete removes an object through the Kubernetes API of dev-k8s.
-func (s *stack) delete(gvr schema.GroupVersionResource, name string) {
+var (
+	gvrDaemonSets = schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "daemonsets"}
+	gvrPods       = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+)
+
+// dynamicClient is a client of dev-k8s's Kubernetes API.
+func (s *stack) dynamicClient() dynamic.Interface {
 	s.t.Helper()
 	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(s.dir, "operator", "kubeconfig"))
 	if err != nil {
@@ -223,19 +248,163 @@ func (s *stack) delete(gvr schema.GroupVersionResource, name string) {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	if err := dyn.Resource(gvr).Namespace(namespace).Delete(ctx(s.t), name, metav1.DeleteOptions{}); err != nil {
+	return dyn
+}
+
+// delete removes an object through the Kubernetes API of dev-k8s.
+func (s *stack) delete(gvr schema.GroupVersionResource, name string) {
+	s.t.Helper()
+	if err := s.dynamicClient().Resource(gvr).Namespace(namespace).Delete(ctx(s.t), name, metav1.DeleteOptions{}); err != nil {
 		s.t.Fatalf("deleting %s %s: %v", gvr.Resource, name, err)
 	}
 }
 
-// nodePod is a pod bound to a Node, with a short grace period so that its
-// eviction takes a moment (dev-k8s finishes it as a kubelet would). A mirror
-// pod carries the kubelet's annotation, which a drain skips.
-func nodePod(name, node string, mirror bool) map[string]any {
-	md := map[string]any{"name": name, "namespace": namespace}
-	if mirror {
-		md["annotations"] = map[string]any{"kubernetes.io/config.mirror": "e2e"}
+// create creates an object through the Kubernetes API of dev-k8s.
+func (s *stack) create(gvr schema.GroupVersionResource, obj map[string]any) {
+	s.t.Helper()
+	if _, err := s.dynamicClient().Resource(gvr).Namespace(namespace).Create(ctx(s.t), &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
+		s.t.Fatalf("creating %s: %v", gvr.Resource, err)
 	}
+}
+
+// daemonSetPods maps Node name to the uid of the live pod a DaemonSet
+// controls there.
+func (s *stack) daemonSetPods(ds string) map[string]string {
+	s.t.Helper()
+	list, err := s.dynamicClient().Resource(gvrPods).Namespace(namespace).List(ctx(s.t), metav1.ListOptions{})
+	if err != nil {
+		s.t.Fatalf("listing pods: %v", err)
+	}
+	out := map[string]string{}
+	for _, p := range list.Items {
+		ref := metav1.GetControllerOf(&p)
+		if ref == nil || ref.Kind != "DaemonSet" || ref.Name != ds || p.GetDeletionTimestamp() != nil {
+			continue
+		}
+		node, _, _ := unstructured.NestedString(p.Object, "spec", "nodeName")
+		out[node] = string(p.GetUID())
+	}
+	return out
+}
+
+// watchEvictions watches the pods matching selector until the test ends and
+// returns a function listing those the Eviction API evicted so far
+// (kube-apiserver, and dev-k8s, mark an evicted pod with a DisruptionTarget
+// condition before deleting it). The function first creates a marker pod
+// matching selector and waits until the watch delivered it, so every
+// earlier event has been seen. After a watch error the pods are listed
+// again and watched from there.
+func (s *stack) watchEvictions(selector string) func() []string {
+	s.t.Helper()
+	dyn := s.dynamicClient()
+	pods := dyn.Resource(gvrPods).Namespace(namespace)
+	wctx, cancel := context.WithCancel(context.Background())
+	var mu sync.Mutex
+	evicted := map[string]bool{}
+	seen := map[string]bool{}
+	scan := func(u *unstructured.Unstructured) {
+		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+		mu.Lock()
+		defer mu.Unlock()
+		seen[u.GetName()] = true
+		for _, c := range conds {
+			if m, _ := c.(map[string]any); m["type"] == "DisruptionTarget" && m["reason"] == "EvictionByEvictionAPI" {
+				evicted[u.GetName()] = true
+			}
+		}
+	}
+	relist := func() (string, error) {
+		list, err := pods.List(wctx, metav1.ListOptions{LabelSelector: selector})
+		if err != nil {
+			return "", err
+		}
+		for i := range list.Items {
+			scan(&list.Items[i])
+		}
+		return list.GetResourceVersion(), nil
+	}
+	rv, err := relist()
+	if err != nil {
+		cancel()
+		s.t.Fatalf("listing pods: %v", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for wctx.Err() == nil {
+			w, err := pods.Watch(wctx, metav1.ListOptions{LabelSelector: selector, ResourceVersion: rv})
+			for err == nil {
+				ev, open := <-w.ResultChan()
+				if !open {
+					break
+				}
+				u, ok := ev.Object.(*unstructured.Unstructured)
+				if !ok { // a watch error (410 Gone, say): list again
+					err = errors.New("watch error")
+					break
+				}
+				rv = u.GetResourceVersion()
+				scan(u)
+			}
+			if w != nil {
+				w.Stop()
+			}
+			if err != nil {
+				select {
+				case <-wctx.Done():
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				if r, lerr := relist(); lerr == nil {
+					rv = r
+				}
+			}
+		}
+	}()
+	s.t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	markers := 0
+	return func() []string {
+		s.t.Helper()
+		markers++
+		name := fmt.Sprintf("watch-marker-%d", markers)
+		lbls, err := labels.ConvertSelectorToLabelsMap(selector)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		marker := nodePod(name, "")
+		md := marker["metadata"].(map[string]any)
+		md["labels"] = map[string]any{}
+		for k, v := range lbls {
+			md["labels"].(map[string]any)[k] = v
+		}
+		delete(marker["spec"].(map[string]any), "nodeName")
+		s.create(gvrPods, marker)
+		s.eventually("the eviction watch saw "+name, 10*time.Second, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return seen[name]
+		})
+		if err := pods.Delete(ctx(s.t), name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+			s.t.Fatalf("deleting %s: %v", name, err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		var out []string
+		for n := range evicted {
+			out = append(out, n)
+		}
+		slices.Sort(out)
+		return out
+	}
+}
+
+// nodePod is a pod bound to a Node, with a short grace period so that its
+// eviction takes a moment (dev-k8s finishes it as a kubelet would).
+func nodePod(name, node string) map[string]any {
+	md := map[string]any{"name": name, "namespace": namespace}
 	return map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": md,
 		"spec": map[string]any{"nodeName": node, "terminationGracePeriodSeconds": 2,
 			"containers": []any{map[string]any{"name": "c", "image": "busybox"}}}}

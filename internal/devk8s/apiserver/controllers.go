@@ -21,7 +21,8 @@ import (
 // collector runs the background work that a real control plane does in
 // kube-controller-manager and the kubelet: CRD cleanup always; with
 // Options.Controllers also ownerReference garbage collection, namespace
-// deletion, finishing graceful pod deletion and PodDisruptionBudget status.
+// deletion, finishing graceful pod deletion, PodDisruptionBudget status and
+// DaemonSet pods (daemonset.go).
 func (s *Server) collector(ctx context.Context) {
 	defer s.wg.Done()
 	t := time.NewTicker(time.Second)
@@ -51,6 +52,7 @@ func (s *Server) collect() {
 	s.finishNamespaces()
 	s.reapPods()
 	s.syncPDBs()
+	s.syncDaemonSets()
 }
 
 func (s *Server) logErr(err error, msg string, kv ...any) {
@@ -163,7 +165,7 @@ func (s *Server) collectGarbage() {
 				if !ok {
 					if ownerRes == nil {
 						// An owner of a kind this server does not serve
-						// (apps/v1 DaemonSet, say) cannot be looked up;
+						// (batch/v1 Job, say) cannot be looked up;
 						// kube-apiserver's collector leaves such dependents
 						// alone rather than deleting them.
 						alive++

@@ -1,7 +1,6 @@
 package apiserver
 
 import (
-	"fmt"
 	"reflect"
 	"strings"
 
@@ -20,6 +19,7 @@ func (s *Server) defaultCreate(res *registry.Resource, obj map[string]any) {
 	if !res.BuiltIn {
 		return
 	}
+	appsPrepareCreate(res, obj)
 	switch res.Resource {
 	case "namespaces":
 		md := metaOf(obj)
@@ -97,6 +97,7 @@ func defaultPod(obj map[string]any) {
 // decodeDefaults are the defaults kube-apiserver applies whenever it decodes
 // a built-in object (create, update and patch alike).
 func decodeDefaults(res *registry.Resource, obj map[string]any) {
+	appsDefaults(res, obj)
 	switch res.Resource {
 	case "pods":
 		defaultPod(obj)
@@ -128,7 +129,7 @@ func (s *Server) roundTrip(res *registry.Resource, obj map[string]any) (map[stri
 	}
 	decodeDefaults(res, obj)
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj, typed); err != nil {
-		return nil, apierrors.NewBadRequest(fmt.Sprintf("decode %s: %v", res.Kind, err))
+		return nil, decodeError(res, obj, err)
 	}
 	out, err := runtime.DefaultUnstructuredConverter.ToUnstructured(typed)
 	if err != nil {
@@ -145,6 +146,9 @@ func (s *Server) validate(res *registry.Resource, old, obj map[string]any) error
 	}
 	name := str(metaOf(obj), "name")
 	gk := res.GVK().GroupKind()
+	if isApps(res) {
+		return s.validateApps(res, old, obj)
+	}
 	switch res.Resource {
 	case "customresourcedefinitions":
 		return validateCRD(obj)

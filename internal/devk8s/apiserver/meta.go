@@ -211,6 +211,7 @@ func prepareUpdate(res *registry.Resource, sub string, cur, obj map[string]any) 
 		}
 		return next
 	}
+	bump := appsPrepareUpdate(res, sub, cur, obj)
 	next = obj
 	if res.Status {
 		if st, ok := cur["status"]; ok {
@@ -235,7 +236,7 @@ func prepareUpdate(res *registry.Resource, sub string, cur, obj map[string]any) 
 	}
 	next["apiVersion"] = res.APIVersion()
 	next["kind"] = res.Kind
-	if res.Generation && (specChanged(cur, next) || (!res.Status && !jsonEqual(cur["status"], next["status"]))) {
+	if res.Generation && (bump || specChanged(cur, next) || (!res.Status && !jsonEqual(cur["status"], next["status"]))) {
 		md["generation"] = generationOf(cmd) + 1
 	}
 	return next

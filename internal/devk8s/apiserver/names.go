@@ -43,6 +43,9 @@ func nameFunc(res *registry.Resource) apimachineryvalidation.ValidateNameFunc {
 	if res.Group == "" && res.Resource == "namespaces" {
 		return apimachineryvalidation.ValidateNamespaceName
 	}
+	if res.Group == "apps" && res.Resource == "statefulsets" {
+		return apimachineryvalidation.NameIsDNSLabel
+	}
 	return apimachineryvalidation.NameIsDNSSubdomain
 }
 

@@ -107,7 +107,7 @@ func New(ctx context.Context, log logr.Logger, opts Options) (*Server, error) {
 		Dir:         opts.Dir,
 		History:     opts.History,
 		WatchBuffer: opts.WatchBuffer,
-		Normalize:   s.normalizeFileObject,
+		Normalize:   s.normalizeFile,
 		OnChange:    s.onChange,
 		ValidName:   s.validFileName,
 	})
@@ -187,7 +187,7 @@ func (s *Server) onChange(ev store.Event) {
 	if ev.Resource == crdStorage {
 		s.crdChanged(ev)
 	}
-	if ev.Type == "DELETED" || hasDeletionTimestamp(ev.Object.Object) {
+	if ev.Type == "DELETED" || hasDeletionTimestamp(ev.Object.Object) || s.daemonSetInput(ev) {
 		s.kickGC()
 	}
 }

@@ -94,6 +94,8 @@ func builtinColumns(res *registry.Resource) []column {
 		}
 	case "leases":
 		return []column{pathCol("Holder", "string", 0, "spec", "holderIdentity")}
+	case "deployments", "replicasets", "statefulsets", "daemonsets":
+		return appsColumns(res.Resource)
 	case "customresourcedefinitions":
 		return []column{{def: metav1.TableColumnDefinition{Name: "Created At", Type: "date"}, cell: func(o map[string]any) any { return nestedString(o, "metadata", "creationTimestamp") }}}
 	}
@@ -203,8 +205,7 @@ func (s *Server) table(res *registry.Resource, entries []*store.Entry, cont stri
 		}
 		cols = append(cols, extra...)
 	} else {
-		cols = append(cols, builtinColumns(res)...)
-		cols = append(cols, ageCol())
+		cols = withAge(res, append(cols, builtinColumns(res)...))
 	}
 	t := &metav1.Table{TypeMeta: metav1.TypeMeta{Kind: "Table", APIVersion: "meta.k8s.io/v1"}}
 	t.Continue = cont

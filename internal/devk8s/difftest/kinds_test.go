@@ -111,7 +111,7 @@ func setLabel(o map[string]any, k, v string) {
 
 func kindCases() []diffCase {
 	var cases []diffCase
-	for _, k := range kinds {
+	for _, k := range append(kinds, appsKinds...) {
 		k := k
 		add := func(op string, run func(c *tc) any) {
 			cases = append(cases, diffCase{name: k.name + "/" + op, run: run})

@@ -100,7 +100,7 @@ func TestControllers(t *testing.T) {
 		// A dependent of a missing ConfigMap goes; one owned by a kind dev-k8s
 		// does not serve stays, as with kube-apiserver's collector.
 		_, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "dep-unserved", OwnerReferences: []metav1.OwnerReference{{
-			APIVersion: "apps/v1", Kind: "DaemonSet", Name: "ds", UID: "00000000-0000-0000-0000-0000000000d5",
+			APIVersion: "batch/v1", Kind: "Job", Name: "job", UID: "00000000-0000-0000-0000-0000000000d5",
 		}}}}, metav1.CreateOptions{})
 		require.NoError(t, err)
 		owned("dep-missing-owner", &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "never-created", UID: "00000000-0000-0000-0000-00000000dead"}})

@@ -12,6 +12,10 @@ func builtins() []Resource {
 		{Version: "v1", Resource: "events", Kind: "Event", Namespaced: true, ShortNames: []string{"ev"}, BuiltIn: true, CreateOnUpdate: true, Storage: true},
 		{Group: "coordination.k8s.io", Version: "v1", Resource: "leases", Kind: "Lease", Namespaced: true, BuiltIn: true, CreateOnUpdate: true, Storage: true},
 		{Group: "policy", Version: "v1", Resource: "poddisruptionbudgets", Kind: "PodDisruptionBudget", Namespaced: true, ShortNames: []string{"pdb"}, Status: true, Generation: true, BuiltIn: true, Storage: true},
+		{Group: "apps", Version: "v1", Resource: "deployments", Kind: "Deployment", Namespaced: true, ShortNames: []string{"deploy"}, Categories: []string{"all"}, Status: true, Generation: true, BuiltIn: true, Storage: true},
+		{Group: "apps", Version: "v1", Resource: "replicasets", Kind: "ReplicaSet", Namespaced: true, ShortNames: []string{"rs"}, Categories: []string{"all"}, Status: true, Generation: true, BuiltIn: true, Storage: true},
+		{Group: "apps", Version: "v1", Resource: "statefulsets", Kind: "StatefulSet", Namespaced: true, ShortNames: []string{"sts"}, Categories: []string{"all"}, Status: true, Generation: true, BuiltIn: true, Storage: true},
+		{Group: "apps", Version: "v1", Resource: "daemonsets", Kind: "DaemonSet", Namespaced: true, ShortNames: []string{"ds"}, Categories: []string{"all"}, Status: true, Generation: true, BuiltIn: true, Storage: true},
 		{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions", Kind: "CustomResourceDefinition", ShortNames: []string{"crd", "crds"}, Categories: []string{"api-extensions"}, Status: true, Generation: true, BuiltIn: true, ReturnDeleted: true, Storage: true},
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -43,6 +44,7 @@ import (
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
+// +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;patch;delete
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachines,verbs=get;list;watch;delete
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachines/status,verbs=get;update;patch
@@ -472,17 +474,49 @@ func vmGone(inst *nstancev1.InstanceStatus) bool {
 	return inst.GetWorkloadGone()
 }
 
-// skipPod reports pods a drain leaves alone: DaemonSet pods (the
-// controller would recreate them), mirror pods (the kubelet owns them) and
-// pods that already finished.
-func skipPod(p *corev1.Pod) bool {
+// podFilter decides which pods a drain leaves alone, as `kubectl drain
+// --ignore-daemonsets --force` does: mirror pods (the kubelet owns them),
+// pods that already finished, and pods controlled by a DaemonSet that
+// exists (its controller would put them back). A pod whose DaemonSet is
+// gone is evicted like any other unmanaged pod; a DaemonSet that cannot be
+// looked up fails the pass (retried), as kubectl refuses to go on. Each
+// DaemonSet is looked up once per filter.
+type podFilter struct {
+	reader client.Reader
+	exists map[types.NamespacedName]bool
+}
+
+func newPodFilter(r client.Reader) *podFilter {
+	return &podFilter{reader: r, exists: map[types.NamespacedName]bool{}}
+}
+
+// skip reports whether the drain leaves p alone.
+func (f *podFilter) skip(ctx context.Context, p *corev1.Pod) (bool, error) {
 	if _, ok := p.Annotations[corev1.MirrorPodAnnotationKey]; ok {
-		return true
+		return true, nil
 	}
-	if ref := metav1.GetControllerOf(p); ref != nil && ref.Kind == "DaemonSet" {
-		return true
+	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		return true, nil
 	}
-	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+	ref := metav1.GetControllerOf(p)
+	if ref == nil || ref.Kind != "DaemonSet" {
+		return false, nil
+	}
+	key := types.NamespacedName{Namespace: p.Namespace, Name: ref.Name}
+	exists, ok := f.exists[key]
+	if !ok {
+		err := f.reader.Get(ctx, key, &appsv1.DaemonSet{})
+		switch {
+		case err == nil:
+			exists = true
+		case apierrors.IsNotFound(err):
+			exists = false
+		default:
+			return false, fmt.Errorf("look up DaemonSet %s of pod %s: %w", key, p.Name, err)
+		}
+		f.exists[key] = exists
+	}
+	return exists, nil
 }
 
 // evict posts one Eviction for p through the workload's policy client.
@@ -512,9 +546,18 @@ func (c *Coordinator) evictPass(ctx context.Context, wl *workload.Cluster, node 
 		wg        sync.WaitGroup
 	)
 	sem := make(chan struct{}, cmp.Or(c.EvictionsPerNode, 8))
+	filter := newPodFilter(wl.Reader)
 	for i := range pods.Items {
 		p := &pods.Items[i]
-		if skipPod(p) {
+		skip, err := filter.skip(ctx, p)
+		if err != nil {
+			mu.Lock()
+			errs = append(errs, err)
+			remaining++
+			mu.Unlock()
+			continue
+		}
+		if skip {
 			continue
 		}
 		mu.Lock()
@@ -550,7 +593,11 @@ func (c *Coordinator) evictPass(ctx context.Context, wl *workload.Cluster, node 
 		}
 		remaining = 0
 		for i := range after.Items {
-			if !skipPod(&after.Items[i]) {
+			skip, err := filter.skip(ctx, &after.Items[i])
+			if err != nil {
+				return remaining + 1, nil, err
+			}
+			if !skip {
 				remaining++
 			}
 		}

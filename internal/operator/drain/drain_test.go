@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"slices"
@@ -16,7 +17,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -24,6 +27,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/nstance-dev/nstance/internal/operator/workload"
@@ -52,7 +56,10 @@ func phase(ph corev1.PodPhase) func(*corev1.Pod) {
 	return func(p *corev1.Pod) { p.Status.Phase = ph }
 }
 
-func TestSkipPod(t *testing.T) {
+// dsX is the DaemonSet ownedBy("DaemonSet") pods belong to.
+var dsX = &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "x", UID: "u"}}
+
+func TestPodFilter(t *testing.T) {
 	tests := []struct {
 		name string
 		pod  *corev1.Pod
@@ -61,6 +68,9 @@ func TestSkipPod(t *testing.T) {
 		{"plain running pod", pod("a"), false},
 		{"ReplicaSet pod", pod("a", ownedBy("ReplicaSet")), false},
 		{"DaemonSet pod", pod("a", ownedBy("DaemonSet")), true},
+		{"pod of a DaemonSet that is gone", pod("a", func(p *corev1.Pod) {
+			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "deleted", UID: "d", Controller: ptr.To(true)}}
+		}), false},
 		{"DaemonSet named by a non-controller reference", pod("a", func(p *corev1.Pod) {
 			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "x", UID: "u"}}
 		}), false},
@@ -71,11 +81,41 @@ func TestSkipPod(t *testing.T) {
 		{"failed pod", pod("a", phase(corev1.PodFailed)), true},
 		{"pending pod", pod("a", phase(corev1.PodPending)), false},
 	}
+	cl := fake.NewClientBuilder().WithObjects(dsX.DeepCopy()).Build()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			require.Equal(t, tt.skip, skipPod(tt.pod))
+			skip, err := newPodFilter(cl).skip(context.Background(), tt.pod)
+			require.NoError(t, err)
+			require.Equal(t, tt.skip, skip)
 		})
 	}
+
+	t.Run("DaemonSet looked up once per filter", func(t *testing.T) {
+		gets := 0
+		counting := fake.NewClientBuilder().WithObjects(dsX.DeepCopy()).WithInterceptorFuncs(interceptor.Funcs{
+			Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+				gets++
+				return c.Get(ctx, key, obj, opts...)
+			},
+		}).Build()
+		f := newPodFilter(counting)
+		for range 3 {
+			skip, err := f.skip(context.Background(), pod("a", ownedBy("DaemonSet")))
+			require.NoError(t, err)
+			require.True(t, skip)
+		}
+		require.Equal(t, 1, gets)
+	})
+
+	t.Run("lookup failure is an error, not a skip or an eviction", func(t *testing.T) {
+		failing := fake.NewClientBuilder().WithInterceptorFuncs(interceptor.Funcs{
+			Get: func(context.Context, client.WithWatch, client.ObjectKey, client.Object, ...client.GetOption) error {
+				return apierrors.NewForbidden(schema.GroupResource{Group: "apps", Resource: "daemonsets"}, "x", errors.New("no"))
+			},
+		}).Build()
+		_, err := newPodFilter(failing).skip(context.Background(), pod("a", ownedBy("DaemonSet")))
+		require.ErrorContains(t, err, "look up DaemonSet default/x of pod a")
+	})
 }
 
 func TestAckSettled(t *testing.T) {
@@ -188,6 +228,7 @@ func newWorkload(t *testing.T, codes map[string]int, deleteOnEvict bool, pods ..
 	b := fake.NewClientBuilder().WithIndex(&corev1.Pod{}, "spec.nodeName", func(o client.Object) []string {
 		return []string{o.(*corev1.Pod).Spec.NodeName}
 	})
+	b = b.WithObjects(dsX.DeepCopy())
 	for _, p := range pods {
 		b = b.WithObjects(p)
 	}
@@ -216,6 +257,9 @@ func TestEvictPassSkipsAndCounts(t *testing.T) {
 	wl, srv := newWorkload(t, nil, true,
 		pod("web"),
 		pod("ds", ownedBy("DaemonSet")),
+		pod("orphan-ds", func(p *corev1.Pod) {
+			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "deleted", UID: "d", Controller: ptr.To(true)}}
+		}),
 		pod("mirror", func(p *corev1.Pod) { p.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: "h"} }),
 		pod("done", phase(corev1.PodSucceeded)),
 		pod("crashed", phase(corev1.PodFailed)),
@@ -225,10 +269,11 @@ func TestEvictPassSkipsAndCounts(t *testing.T) {
 	remaining, blocked, err := c.evictPass(context.Background(), wl, node1)
 	require.NoError(t, err)
 	require.Empty(t, blocked)
-	// web was evicted (and deleted at once); the terminating pod still
-	// holds the node; DaemonSet, mirror and finished pods never count.
+	// web and the pod of a DaemonSet that is gone were evicted (and deleted
+	// at once); the terminating pod still holds the node; pods of an
+	// existing DaemonSet, mirror and finished pods never count.
 	require.Equal(t, 1, remaining)
-	require.Equal(t, []string{"default/web"}, srv.askedFor(), "only evictable pods not yet terminating are evicted")
+	require.Equal(t, []string{"default/orphan-ds", "default/web"}, srv.askedFor(), "only evictable pods not yet terminating are evicted")
 }
 
 func TestEvictPassNotFoundCountsAsGone(t *testing.T) {

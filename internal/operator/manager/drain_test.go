@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -130,7 +131,11 @@ type podKind int
 
 const (
 	plainPod podKind = iota
+	// daemonSetPod is a pod of a DaemonSet that exists, created as its
+	// controller creates them (envtest runs no controllers).
 	daemonSetPod
+	// orphanedDaemonSetPod names a DaemonSet controller that is gone.
+	orphanedDaemonSetPod
 	mirrorPod
 )
 
@@ -143,7 +148,22 @@ func createPod(t testing.TB, c client.Client, ns, name, node string, kind podKin
 	}
 	switch kind {
 	case daemonSetPod:
-		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "ds", UID: types.UID("ds-" + name), Controller: ptr.To(true)}}
+		ds := &appsv1.DaemonSet{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ds-" + name},
+			Spec: appsv1.DaemonSetSpec{
+				Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"ds": name}},
+				Template: corev1.PodTemplateSpec{
+					ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"ds": name}},
+					Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/agent"}}},
+				},
+			},
+		}
+		require.NoError(t, c.Create(context.Background(), ds))
+		p.Labels = map[string]string{"ds": name, "pod-template-generation": "1"}
+		p.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(ds, appsv1.SchemeGroupVersion.WithKind("DaemonSet"))}
+	case orphanedDaemonSetPod:
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "gone", UID: types.UID("gone-" + name),
+			Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}}
 	case mirrorPod:
 		p.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: "hash"}
 	}
@@ -219,7 +239,7 @@ func testDrain(t *testing.T, m clusterMode) {
 	r.waitImported(t)
 	shardA, shardB := f.shards["shard-a"], f.shards["shard-b"]
 
-	t.Run("ten pods with a DaemonSet, a mirror and a PDB-protected pod", func(t *testing.T) {
+	t.Run("eleven pods with a DaemonSet's, an orphaned DaemonSet's, a mirror and a PDB-protected pod", func(t *testing.T) {
 		inst := onDemand(t, shardA, 30*time.Second)
 		node := "node-" + inst.GetInstanceId()
 		createNode(t, m.wl, node, inst.GetProviderId())
@@ -228,6 +248,7 @@ func testDrain(t *testing.T, m clusterMode) {
 			createPod(t, m.wl, f.ns, fmt.Sprintf("app-%d", i), node, plainPod, nil)
 		}
 		createPod(t, m.wl, f.ns, "ds", node, daemonSetPod, nil)
+		createPod(t, m.wl, f.ns, "ds-orphan", node, orphanedDaemonSetPod, nil)
 		createPod(t, m.wl, f.ns, "mirror", node, mirrorPod, nil)
 		createPod(t, m.wl, f.ns, "guarded", node, plainPod, map[string]string{"app": "guarded"})
 		createPDB(t, m.wl, f.ns, "guarded", map[string]string{"app": "guarded"})
@@ -245,6 +266,9 @@ func testDrain(t *testing.T, m clusterMode) {
 					return false
 				}
 			}
+			if podExists(t, m.wl, f.ns, "ds-orphan") {
+				return false // kubectl drain --force evicts it: no controller puts it back
+			}
 			return nodeCordoned(t, m.wl, node) && len(nodeEvents(t, m.wl, node, drain.ReasonEvictionBlocked)) > 0
 		}, waitLong, tick)
 		require.True(t, podExists(t, m.wl, f.ns, "guarded"), "a PDB refusal is retried, not skipped")
@@ -260,7 +284,7 @@ func testDrain(t *testing.T, m clusterMode) {
 		require.False(t, skipped)
 		require.True(t, at.Before(deadline), "acknowledged at %s, deadline %s", at, deadline)
 		require.False(t, podExists(t, m.wl, f.ns, "guarded"))
-		require.True(t, podExists(t, m.wl, f.ns, "ds"), "DaemonSet pods stay")
+		require.True(t, podExists(t, m.wl, f.ns, "ds"), "pods of an existing DaemonSet stay (kubectl drain --ignore-daemonsets)")
 		require.True(t, podExists(t, m.wl, f.ns, "mirror"), "mirror pods stay")
 		require.Eventually(t, func() bool { return len(nodeEvents(t, m.wl, node, drain.ReasonDrained)) > 0 }, waitLong, tick)
 		if m.management() {

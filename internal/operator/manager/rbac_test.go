@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -16,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/drain"
 	"github.com/nstance-dev/nstance/internal/operator/manager"
 )
 
@@ -69,6 +71,7 @@ func TestGeneratedRBACSuffices(t *testing.T) {
 
 	o := f.options(t)
 	o.LeaderElect = true
+	o.DrainRetryInterval = 100 * time.Millisecond
 	cfg := rest.CopyConfig(env.Config)
 	cfg.Impersonate = rest.ImpersonationConfig{
 		UserName: "system:serviceaccount:" + f.ns + ":nstance-operator",
@@ -77,6 +80,21 @@ func TestGeneratedRBACSuffices(t *testing.T) {
 	o.RestConfig = cfg
 	r := startOperator(t, o)
 	r.waitImported(t)
+
+	// A drain under these rules: the DaemonSet lookup is allowed, so the
+	// DaemonSet's pod is left alone and the drain finishes, well before its
+	// deadline, rather than failing until the deadline passes.
+	inst := onDemand(t, f.shards["shard-a"], time.Minute)
+	node := "node-" + inst.GetInstanceId()
+	createNode(t, env.Client, node, inst.GetProviderId())
+	r.waitNodeCached(t, inst.GetProviderId())
+	createPod(t, env.Client, f.ns, "rbac-app", node, plainPod, nil)
+	createPod(t, env.Client, f.ns, "rbac-ds", node, daemonSetPod, nil)
+	deleteInstance(t, f.shards["shard-a"], inst.GetInstanceId())
+	require.Eventually(t, func() bool { return len(nodeEvents(t, env.Client, node, drain.ReasonDrained)) > 0 }, waitLong, tick)
+	require.Empty(t, nodeEvents(t, env.Client, node, drain.ReasonEvictionFailed), "no DaemonSet lookup failed")
+	require.False(t, podExists(t, env.Client, f.ns, "rbac-app"))
+	require.True(t, podExists(t, env.Client, f.ns, "rbac-ds"))
 
 	f.createPool(t, "rbac", 3, "shard-a", "shard-b")
 	require.Eventually(t, func() bool {
