@@ -24,6 +24,7 @@ type pageState struct {
 	Leaders   []string    `json:"leaders"`
 	Groups    []pageGroup `json:"groups"`
 	Running   int         `json:"running"`
+	Versions  []string    `json:"versions"`
 	Overflows bool        `json:"overflows"`
 }
 
@@ -42,6 +43,7 @@ const readPage = `(() => {
     leaders: [...document.querySelectorAll("section[data-shard] b[data-field=leader]")].map(e => e.textContent),
     groups: [...document.querySelectorAll("tr[data-group]")].map(r => ({key: r.dataset.group, desired: txt(r, "desired"), ready: txt(r, "ready")})),
     running: document.querySelectorAll('tr[data-instance][data-state="running"]').length,
+    versions: [...document.querySelectorAll('tr[data-instance] td[data-field="agent"]')].map(e => e.textContent),
     overflows: document.documentElement.scrollWidth > window.innerWidth + 1,
   };
 })()`
@@ -145,6 +147,10 @@ func TestStatusPageInBrowser(t *testing.T) {
 
 	require.Equal(t, "first-load", st.Marker, "the page was reloaded instead of updated in place")
 	require.Equal(t, "live", st.Conn)
+	require.Len(t, st.Versions, 4)
+	for _, v := range st.Versions {
+		require.NotEqual(t, "—", v, "every instance row shows the agent version its reports carry")
+	}
 	require.False(t, st.Overflows, "the page is wider than a phone's screen (see the screenshot)")
 }
 

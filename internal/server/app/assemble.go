@@ -231,7 +231,7 @@ func Assemble(p Parts) (*Assembly, error) {
 		r, observe := s.Reconciler, t.OnReport
 		s.Health.OnReport = func(ctx context.Context, ref agentapi.Ref, rep *nstancev1.HealthReport, at time.Time) {
 			if monitor {
-				r.AgentReported(ref.InstanceID, rep.GetTermination())
+				r.AgentReported(ref.InstanceID, rep.GetTermination(), rep.GetAgentVersion())
 			}
 			if observe != nil {
 				observe(ctx, ref, rep, at)

@@ -90,6 +90,9 @@ type Record struct {
 	// TerminationNotice is the kind of termination the platform announced
 	// through the agent (e.g. "spot"); the instance is replaced first.
 	TerminationNotice string `json:"termination_notice,omitempty"`
+	// AgentVersion is the agent binary version of the last persisted
+	// health report.
+	AgentVersion string `json:"agent_version,omitempty"`
 	// WorkloadGone is set once the provider reported the VM stopped, deleted
 	// or failed; a drain of it has nothing to evict.
 	WorkloadGone bool `json:"workload_gone,omitempty"`
@@ -148,6 +151,7 @@ func (r *Record) Proto() *nstancev1.InstanceStatus {
 		InstanceId: r.ID, GroupId: r.GroupID, Shard: r.Shard, ProviderId: r.ProviderID,
 		State: r.State.Proto(), CreatedAt: timestamppb.New(r.CreatedAt), InstanceType: r.InstanceType,
 		Message: r.Message, Template: r.Template, ClientToken: r.ClientToken, WorkloadGone: r.WorkloadGone,
+		AgentVersion: r.AgentVersion,
 		Addresses: []*nstancev1.InstanceAddress{{Type: nstancev1.AddressType_ADDRESS_TYPE_HOSTNAME, Address: r.ID}},
 	}
 	for _, a := range r.Addresses {

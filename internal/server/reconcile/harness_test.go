@@ -126,7 +126,7 @@ func newShard(t *testing.T, cfg *config.Config, o shardOptions) *shard {
 		Instances: s.insts, Provider: s.p, Events: s.events, Log: logr.Discard(), ResyncInterval: o.resync,
 		RetryBase: 20 * time.Millisecond, Clock: s.clk}
 	if o.monitor {
-		s.agents = &agents{clk: s.clk, last: map[string]time.Time{}, silent: map[string]bool{}}
+		s.agents = &agents{clk: s.clk, last: map[string]time.Time{}, silent: map[string]bool{}, version: map[string]string{}}
 		ro.Health, ro.Agents = s.agents, s.agents
 	}
 	s.r = reconcile.New(ro)
@@ -217,6 +217,8 @@ type agents struct {
 	mu     sync.Mutex
 	last   map[string]time.Time
 	silent map[string]bool
+	// version is the agent version each instance reports (none when unset).
+	version map[string]string
 	forgot []string
 }
 
@@ -246,8 +248,9 @@ func (a *agents) silence(id string) {
 func (a *agents) report(id string, notice *nstancev1.TerminationNotice) {
 	a.mu.Lock()
 	a.last[id] = a.clk.Now()
+	agentVersion := a.version[id]
 	a.mu.Unlock()
-	a.r.AgentReported(id, notice)
+	a.r.AgentReported(id, notice, agentVersion)
 }
 
 // reportAll reports for every active instance that is not silenced.

@@ -60,7 +60,7 @@ func (r *Reconciler) ready(rec *instances.Record, now time.Time) bool {
 // AgentReported is called for every health report an agent sends. The
 // first report of an instance in a term, and a termination notice, wake the
 // instance (and through it its group).
-func (r *Reconciler) AgentReported(instanceID string, notice *nstancev1.TerminationNotice) {
+func (r *Reconciler) AgentReported(instanceID string, notice *nstancev1.TerminationNotice, agentVersion string) {
 	if notice != nil {
 		kind := "unspecified"
 		switch notice.GetKind() {
@@ -82,8 +82,12 @@ func (r *Reconciler) AgentReported(instanceID string, notice *nstancev1.Terminat
 	r.healthMu.Lock()
 	first := !r.reporting[instanceID]
 	r.reporting[instanceID] = true
+	newVersion := agentVersion != "" && r.versions[instanceID] != agentVersion
+	if newVersion {
+		r.versions[instanceID] = agentVersion
+	}
 	r.healthMu.Unlock()
-	if first {
+	if first || newVersion {
 		r.EnqueueInstance(instanceID)
 	}
 }
@@ -188,10 +192,10 @@ func (r *Reconciler) noteHealth(ctx context.Context, rec *instances.Record) erro
 	}
 	last, ok := r.o.Health.LastReport(rec.ID)
 	r.healthMu.Lock()
-	notice := r.notices[rec.ID]
+	notice, version := r.notices[rec.ID], r.versions[rec.ID]
 	r.healthMu.Unlock()
 	persist := ok && (rec.LastHealthAt == nil || last.Sub(*rec.LastHealthAt) >= healthPersistEvery)
-	if !persist && (notice == "" || rec.TerminationNotice == notice) {
+	if !persist && (notice == "" || rec.TerminationNotice == notice) && (version == "" || rec.AgentVersion == version) {
 		return nil
 	}
 	_, err := r.o.Instances.Update(ctx, rec.ID, func(x *instances.Record) error {
@@ -201,6 +205,9 @@ func (r *Reconciler) noteHealth(ctx context.Context, rec *instances.Record) erro
 		if persist {
 			t := last.UTC()
 			x.LastHealthAt = &t
+		}
+		if version != "" {
+			x.AgentVersion = version
 		}
 		if notice != "" && x.TerminationNotice == "" {
 			x.TerminationNotice = notice
@@ -219,6 +226,7 @@ func (r *Reconciler) forget(id string) {
 	delete(r.wasReady, id)
 	delete(r.checked, id)
 	delete(r.notices, id)
+	delete(r.versions, id)
 	r.healthMu.Unlock()
 	if r.o.Agents != nil {
 		r.o.Agents.Forget(id)

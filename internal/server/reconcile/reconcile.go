@@ -144,6 +144,7 @@ type Reconciler struct {
 	wasReady  map[string]bool   // readiness seen by the last health pass
 	checked   map[string]int    // missed reports already checked with the provider
 	notices   map[string]string // termination notices from agents
+	versions  map[string]string // agent versions last reported
 }
 
 // New builds a reconciler. Keys may be enqueued before Run.
@@ -170,7 +171,7 @@ func New(o Options) *Reconciler {
 		o.Events = events.NewHubs(0)
 	}
 	r := &Reconciler{o: o, log: o.Log.WithName("reconcile"), lastStatus: map[groups.Key]string{}, orphans: map[string]time.Time{},
-		reporting: map[string]bool{}, wasReady: map[string]bool{}, checked: map[string]int{}, notices: map[string]string{}}
+		reporting: map[string]bool{}, wasReady: map[string]bool{}, checked: map[string]int{}, notices: map[string]string{}, versions: map[string]string{}}
 	r.queue = r.newQueue()
 	return r
 }

@@ -314,3 +314,29 @@ func TestFailedDeletionHoldsTheCreatesBack(t *testing.T) {
 	}
 	require.Len(t, s.running("web"), 2)
 }
+
+// TestAgentVersionRecorded: the agent version of a report lands on the
+// instance record (the status page and ListInstances show it), and a new
+// version is written at once, not only at the throttled health write.
+func TestAgentVersionRecorded(t *testing.T) {
+	s := newShard(t, newShardConfig(t).health(100*time.Millisecond, 3, time.Hour).build(t), shardOptions{monitor: true, resync: time.Hour})
+	s.upsert(t, "web", 1, 50*time.Millisecond)
+	id := s.running("web")[0].ID
+	s.agents.mu.Lock()
+	s.agents.version[id] = "v1.2.0"
+	s.agents.mu.Unlock()
+	s.reportAll()
+	s.run(t)
+	rec, ok := s.insts.Get(id)
+	require.True(t, ok)
+	require.Equal(t, "v1.2.0", rec.AgentVersion)
+	require.Equal(t, "v1.2.0", rec.Proto().GetAgentVersion())
+
+	s.agents.mu.Lock()
+	s.agents.version[id] = "v1.3.0"
+	s.agents.mu.Unlock()
+	s.reportAll() // within the health write throttle: only the version is new
+	s.run(t)
+	rec, _ = s.insts.Get(id)
+	require.Equal(t, "v1.3.0", rec.AgentVersion)
+}
