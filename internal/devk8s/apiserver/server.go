@@ -108,6 +108,7 @@ func New(ctx context.Context, log logr.Logger, opts Options) (*Server, error) {
 		History:     opts.History,
 		WatchBuffer: opts.WatchBuffer,
 		Normalize:   s.normalizeFileObject,
+		Admit:       s.admitFileObject,
 		OnChange:    s.onChange,
 		ValidName:   s.validFileName,
 	})

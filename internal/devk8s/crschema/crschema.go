@@ -146,6 +146,18 @@ func New(crd *apiextensionsv1.CustomResourceDefinition, static *Static) (*Kind, 
 	return k, nil
 }
 
+// ForObject returns the served version named by an object's apiVersion,
+// or this version when it names none of this kind's versions.
+func (v *Version) ForObject(obj map[string]any) *Version {
+	apiVersion, _ := obj["apiVersion"].(string)
+	if gv, err := schema.ParseGroupVersion(apiVersion); err == nil && gv.Group == v.kind.gk.Group {
+		if other := v.kind.versions[gv.Version]; other != nil {
+			return other
+		}
+	}
+	return v
+}
+
 // Version returns a served version (nil if the CRD does not serve it).
 func (k *Kind) Version(name string) *Version { return k.versions[name] }
 

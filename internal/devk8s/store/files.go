@@ -228,6 +228,12 @@ func (s *Store) syncFileLocked(res string, t *table, path string, seen map[uint6
 	if s.opts.Normalize != nil {
 		s.opts.Normalize(res, old, obj)
 	}
+	if s.opts.Admit != nil {
+		if err := s.opts.Admit(res, path, old, obj); err != nil {
+			s.log.Error(err, "object file fails validation; keeping last good object", "path", path)
+			return Event{}, false
+		}
+	}
 	var rv uint64
 	if seen != nil && cur == nil {
 		if v, err := strconv.ParseUint(stringField(md, "resourceVersion"), 10, 64); err == nil && v > 0 && !seen[v] {

@@ -70,6 +70,10 @@ type Options struct {
 	WatchBuffer int
 	// Normalize is applied to hand-edited objects before they are stored.
 	Normalize Normalizer
+	// Admit validates (and may complete) a hand-edited object after
+	// Normalize; path is the file. A file it refuses is logged and skipped:
+	// the last good object stays served. Called with the store locked.
+	Admit func(resource, path string, old, obj map[string]any) error
 	// OnChange is called after each committed change, outside the lock.
 	OnChange func(Event)
 	// ValidName checks the namespace and name of a hand-made file (taken
