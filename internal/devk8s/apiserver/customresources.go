@@ -6,7 +6,10 @@ import (
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimachineryvalidation "k8s.io/apimachinery/pkg/api/validation"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/nstance-dev/nstance/internal/devk8s/registry"
 	"github.com/nstance-dev/nstance/internal/devk8s/store"
@@ -39,7 +42,7 @@ func strictUnknown(paths []string) error {
 // (prepareCreate already ran).
 func (s *Server) crCreate(rq request, obj map[string]any) (map[string]any, error) {
 	v := rq.res.Schema
-	unknown, err := v.Decode(obj)
+	unknown, err := v.Decode(obj, rq.strict)
 	if err != nil {
 		return nil, crDecodeError(rq.res, err)
 	}
@@ -50,8 +53,9 @@ func (s *Server) crCreate(rq request, obj map[string]any) (map[string]any, error
 		return nil, apierrors.NewInvalid(v.GroupKind(), str(metaOf(obj), "name"), errs)
 	}
 	// The generic metadata rules run after the strategy's, as in
-	// rest.BeforeCreate.
-	if err := validateNewMeta(rq.res, obj); err != nil {
+	// rest.BeforeCreate (the strategy already checked the kind's own name
+	// rules).
+	if err := validateSegmentMeta(rq.res, obj); err != nil {
 		return nil, err
 	}
 	return obj, nil
@@ -61,7 +65,7 @@ func (s *Server) crCreate(rq request, obj map[string]any) (map[string]any, error
 // next through the main resource or the status subresource.
 func (s *Server) crUpdate(rq request, cur, next map[string]any) (map[string]any, error) {
 	v := rq.res.Schema
-	unknown, err := v.Decode(next)
+	unknown, err := v.Decode(next, rq.strict)
 	if err != nil {
 		return nil, crDecodeError(rq.res, err)
 	}
@@ -79,6 +83,9 @@ func (s *Server) crUpdate(rq request, cur, next map[string]any) (map[string]any,
 // are.
 func crRead(res *registry.Resource, stored map[string]any) (map[string]any, error) {
 	if res.Schema == nil || stored == nil {
+		return stored, nil
+	}
+	if rv, err := parseRV(rvOf(stored)); err == nil && res.Schema.ServeAsStored(stored, rv) {
 		return stored, nil
 	}
 	obj, err := res.Schema.Read(stored)
@@ -101,7 +108,7 @@ func crStore(res *registry.Resource, obj map[string]any) error {
 
 // crEntryBytes renders a stored custom resource for a read.
 func crEntryBytes(res *registry.Resource, e *store.Entry) ([]byte, bool) {
-	if res.Schema == nil {
+	if res.Schema == nil || res.Schema.ServeAsStored(e.Object, e.RV) {
 		return nil, false
 	}
 	obj, err := res.Schema.Read(e.Object)
@@ -117,3 +124,13 @@ func crEntryBytes(res *registry.Resource, e *store.Entry) ([]byte, bool) {
 
 // isStrict reports whether a request asks for strict field validation.
 func isStrict(q string) bool { return strings.EqualFold(q, "Strict") }
+
+// validateSegmentMeta is the second half of validateNewMeta for custom
+// resources: the generic path-segment name rules, then the file name.
+func validateSegmentMeta(res *registry.Resource, obj map[string]any) error {
+	u := &unstructured.Unstructured{Object: obj}
+	if errs := apimachineryvalidation.ValidateObjectMetaAccessor(u, res.Namespaced, pathSegmentName, field.NewPath("metadata")); len(errs) > 0 {
+		return apierrors.NewInvalid(res.GVK().GroupKind(), u.GetName(), errs)
+	}
+	return fileNameError(res.GVK().GroupKind(), u.GetName())
+}

@@ -25,7 +25,7 @@ func (s *Server) admitFileObject(storage, path string, old, obj map[string]any) 
 	}
 	v := res.Schema.ForObject(obj)
 	err := func() error {
-		if _, err := v.Decode(obj); err != nil {
+		if _, err := v.Decode(obj, false); err != nil {
 			return crDecodeError(res, err)
 		}
 		var prev map[string]any

@@ -3,6 +3,8 @@ package crschema
 import (
 	"context"
 	"fmt"
+	"math"
+	"sync/atomic"
 
 	"k8s.io/apiextensions-apiserver/pkg/apihelpers"
 	apiextensionsinternal "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
@@ -40,6 +42,9 @@ type Kind struct {
 	structural      map[string]*structuralschema.Structural
 	versions        map[string]*Version
 	types           managedfields.TypeConverter
+	// since is the resourceVersion from which stored objects were written
+	// through this Kind (pruned and defaulted by it); MaxUint64 until set.
+	since atomic.Uint64
 }
 
 // Version is one served version of a CRD.
@@ -95,6 +100,7 @@ func New(crd *apiextensionsv1.CustomResourceDefinition, static *Static) (*Kind, 
 		}
 		k.structural[v.Name] = s
 	}
+	k.since.Store(math.MaxUint64)
 	if k.types, err = typeConverter(static, crd); err != nil {
 		return nil, err
 	}
@@ -171,7 +177,7 @@ func (v *Version) GroupKind() schema.GroupKind { return v.kind.gk }
 // JSON decoding (its unstructuredSchemaCoercer): ObjectMeta is decoded and
 // re-encoded, unknown fields are pruned and non-nullable nulls dropped, and
 // embedded ObjectMeta is coerced. It returns the unknown field paths.
-func (k *Kind) coerce(obj map[string]any, version string, fromStorage bool) ([]string, error) {
+func (k *Kind) coerce(obj map[string]any, version string, fromStorage, track bool) ([]string, error) {
 	u := &unstructured.Unstructured{Object: obj}
 	kind, foundKind, err := unstructured.NestedString(obj, "kind")
 	if err != nil {
@@ -183,19 +189,19 @@ func (k *Kind) coerce(obj map[string]any, version string, fromStorage bool) ([]s
 	}
 	objectMeta, foundMeta, unknown, err := schemaobjectmeta.GetObjectMetaWithOptions(obj, schemaobjectmeta.ObjectMetaOptions{
 		DropMalformedFields:     fromStorage,
-		ReturnUnknownFieldPaths: !fromStorage,
+		ReturnUnknownFieldPaths: track,
 	})
 	if err != nil {
 		return nil, err
 	}
 	s := k.structural[version]
 	if !k.preserveUnknown {
-		unknown = append(unknown, structuralpruning.PruneWithOptions(obj, s, true, structuralschema.UnknownFieldPathOptions{TrackUnknownFieldPaths: !fromStorage})...)
+		unknown = append(unknown, structuralpruning.PruneWithOptions(obj, s, true, structuralschema.UnknownFieldPathOptions{TrackUnknownFieldPaths: track})...)
 		structuraldefaulting.PruneNonNullableNullsWithoutDefaults(obj, s)
 	}
 	ferr, paths := schemaobjectmeta.CoerceWithOptions(nil, obj, s, false, schemaobjectmeta.CoerceOptions{
 		DropInvalidFields:       fromStorage,
-		ReturnUnknownFieldPaths: !fromStorage,
+		ReturnUnknownFieldPaths: track,
 	})
 	if ferr != nil {
 		return nil, ferr
@@ -220,10 +226,10 @@ func (k *Kind) coerce(obj map[string]any, version string, fromStorage bool) ([]s
 
 // Decode does to a request body in this version what kube-apiserver's
 // request decoder does: coercion and pruning with this version's schema,
-// then its defaults. It returns the paths of pruned unknown fields (what
-// fieldValidation=Strict refuses).
-func (v *Version) Decode(obj map[string]any) ([]string, error) {
-	unknown, err := v.kind.coerce(obj, v.name, false)
+// then its defaults. With track, it returns the paths of the unknown fields
+// it pruned (what fieldValidation=Strict refuses; finding them costs time).
+func (v *Version) Decode(obj map[string]any, track bool) ([]string, error) {
+	unknown, err := v.kind.coerce(obj, v.name, false, track)
 	if err != nil {
 		return nil, err
 	}
@@ -243,17 +249,31 @@ func (v *Version) Read(stored map[string]any) (map[string]any, error) {
 		from = gv.Version
 	}
 	obj["apiVersion"] = v.kind.gk.WithVersion(from).GroupVersion().String()
-	if _, err := v.kind.coerce(obj, from, true); err != nil {
+	if _, err := v.kind.coerce(obj, from, true, false); err != nil {
 		return nil, err
 	}
 	structuraldefaulting.Default(obj, v.kind.structural[from])
 	obj["apiVersion"] = v.kind.gk.WithVersion(v.name).GroupVersion().String()
 	if from != v.name {
-		if _, err := v.kind.coerce(obj, v.name, false); err != nil {
+		if _, err := v.kind.coerce(obj, v.name, false, false); err != nil {
 			return nil, err
 		}
 	}
 	return obj, nil
+}
+
+// WrittenSince records that objects stored with a resourceVersion above rv
+// were written through this Kind (the CRD's resourceVersion when it was
+// registered), so reads in the storage version may serve them as stored.
+func (v *Version) WrittenSince(rv uint64) { v.kind.since.Store(rv) }
+
+// ServeAsStored reports whether a stored object with this resourceVersion
+// reads in this version exactly as stored: it is in the storage version and
+// was pruned and defaulted by this Kind when it was written. Read would
+// return an equal object.
+func (v *Version) ServeAsStored(stored map[string]any, rv uint64) bool {
+	return v.name == v.kind.storage && rv > v.kind.since.Load() &&
+		stored["apiVersion"] == v.kind.gk.WithVersion(v.name).GroupVersion().String()
 }
 
 // Store converts an object of this version to the storage version (None
@@ -263,7 +283,7 @@ func (v *Version) Store(obj map[string]any) error {
 	if v.kind.storage == v.name {
 		return nil
 	}
-	_, err := v.kind.coerce(obj, v.kind.storage, false)
+	_, err := v.kind.coerce(obj, v.kind.storage, false, false)
 	return err
 }
 

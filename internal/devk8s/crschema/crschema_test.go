@@ -34,7 +34,7 @@ func TestProjectCRDs(t *testing.T) {
 		"metadata": map[string]any{"name": "m", "namespace": "default", "uid": "u", "resourceVersion": "1", "creationTimestamp": "2026-01-01T00:00:00Z"},
 		"spec":     map[string]any{"group": "workers", "shard": "dev-1", "bogus": true},
 	}
-	unknown, err := v.Decode(obj)
+	unknown, err := v.Decode(obj, true)
 	require.NoError(t, err)
 	require.Equal(t, []string{"spec.bogus"}, unknown)
 	require.Empty(t, v.BeforeCreate(ctx, obj))
@@ -51,7 +51,7 @@ func TestProjectCRDs(t *testing.T) {
 
 	bad := map[string]any{"apiVersion": obj["apiVersion"], "kind": obj["kind"], "metadata": map[string]any{"name": "m", "namespace": "default"},
 		"spec": map[string]any{"group": "Bad_Group"}}
-	_, err = v.Decode(bad)
+	_, err = v.Decode(bad, false)
 	require.NoError(t, err)
 	errs = v.BeforeCreate(ctx, bad)
 	require.NotEmpty(t, errs)

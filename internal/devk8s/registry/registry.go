@@ -95,6 +95,17 @@ type Registry struct {
 	// static holds the built-in OpenAPI definitions CRD schemas refer to
 	// (built on first use).
 	static *crschema.Static
+	// noSchemas serves custom resources without their schemas.
+	noSchemas bool
+}
+
+// IgnoreSchemas makes CRDs registered from now on serve their custom
+// resources as they come, without schema validation, defaulting or pruning
+// (benchmarks compare against it).
+func (r *Registry) IgnoreSchemas() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.noSchemas = true
 }
 
 // New returns a registry holding the built-in resources.
@@ -332,6 +343,9 @@ func (r *Registry) AddCRD(crd *apiextensionsv1.CustomResourceDefinition) error {
 			PrinterColumns: v.AdditionalPrinterColumns,
 			Storage:        v.Storage,
 			Schema:         kind.Version(v.Name),
+		}
+		if r.noSchemas {
+			res.Schema = nil
 		}
 		r.add(res)
 		owned = append(owned, res.GVR())
