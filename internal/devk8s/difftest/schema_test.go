@@ -555,6 +555,7 @@ func TestCustomResourceSchemas(t *testing.T) {
 	cases = append(cases, schemaUpdateCases()...)
 	cases = append(cases, schemaStatusCases()...)
 	cases = append(cases, projectCRDCases()...)
+	cases = append(cases, readDefaultCase())
 	runTable(t, cases)
 }
 
@@ -580,4 +581,48 @@ func crSummary(r resp) any {
 		}
 	}
 	return m
+}
+
+// readDefaultCase changes a CRD's schema under a stored object: the next
+// reads show the new default and prune the field the schema dropped,
+// without a write (kube-apiserver defaults and prunes what it reads from
+// etcd).
+func readDefaultCase() diffCase {
+	return diffCase{name: "cr-read-defaults-and-pruning-after-crd-change", run: func(c *tc) any {
+		plural := "rd" + strings.ReplaceAll(c.ns, "-", "")
+		crdPath := "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + plural + "." + testGroup
+		schema := func(withDefault bool) map[string]any {
+			props := map[string]any{"a": map[string]any{"type": "string"}, "b": map[string]any{"type": "string"}}
+			if withDefault {
+				props["b"] = map[string]any{"type": "string", "default": "dflt"}
+				props["c"] = map[string]any{"type": "integer", "default": 7}
+			} else {
+				props["gone"] = map[string]any{"type": "string"}
+			}
+			return map[string]any{"type": "object", "properties": map[string]any{"spec": map[string]any{"type": "object", "properties": props}}}
+		}
+		crd := map[string]any{
+			"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+			"metadata": map[string]any{"name": plural + "." + testGroup},
+			"spec": map[string]any{"group": testGroup, "scope": "Namespaced",
+				"names":    map[string]any{"plural": plural, "kind": "Rd", "listKind": "RdList", "singular": plural},
+				"versions": []any{map[string]any{"name": "v1", "served": true, "storage": true, "schema": map[string]any{"openAPIV3Schema": schema(false)}}}},
+		}
+		c.must(c.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd))
+		defer c.del(crdPath, nil)
+		objs := "/apis/" + testGroup + "/v1/namespaces/{ns}/" + plural
+		c.eventually(func() bool { return c.get(objs).Code == http.StatusOK })
+		created := c.post(objs, map[string]any{"apiVersion": testGroup + "/v1", "kind": "Rd", "metadata": map[string]any{"name": "r"},
+			"spec": map[string]any{"a": "x", "gone": "soon"}})
+		cur := c.must(c.get(crdPath)).Obj
+		cur["spec"].(map[string]any)["versions"].([]any)[0].(map[string]any)["schema"] = map[string]any{"openAPIV3Schema": schema(true)}
+		c.must(c.put(crdPath, cur))
+		var got resp
+		c.eventually(func() bool {
+			got = c.get(objs + "/r")
+			spec, _ := got.Obj["spec"].(map[string]any)
+			return spec["b"] == "dflt" && spec["gone"] == nil
+		})
+		return []any{crSummary(created), crSummary(got)}
+	}}
 }
