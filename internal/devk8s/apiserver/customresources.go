@@ -9,6 +9,7 @@ import (
 	apimachineryvalidation "k8s.io/apimachinery/pkg/api/validation"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/nstance-dev/nstance/internal/devk8s/registry"
@@ -76,6 +77,23 @@ func (s *Server) crUpdate(rq request, cur, next map[string]any) (map[string]any,
 		return nil, apierrors.NewInvalid(v.GroupKind(), rq.name, errs)
 	}
 	return next, nil
+}
+
+// crStrictPatch refuses a patched custom resource with unknown fields, as
+// kube-apiserver answers a patch sent with fieldValidation=Strict.
+func crStrictPatch(res *registry.Resource, patched map[string]any) error {
+	if res.Schema == nil {
+		return nil
+	}
+	unknown, err := res.Schema.Decode(deepCopy(patched), true)
+	if err != nil || len(unknown) == 0 {
+		return nil // decoding errors surface when the object is decoded for the update
+	}
+	js, err := json.Marshal(patched)
+	if err != nil {
+		return apierrors.NewInternalError(err)
+	}
+	return apierrors.NewInvalid(schema.GroupKind{}, "", field.ErrorList{field.Invalid(field.NewPath("patch"), string(js), strictUnknown(unknown).Error())})
 }
 
 // crRead returns a stored custom resource as clients of res see it:

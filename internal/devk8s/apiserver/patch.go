@@ -159,6 +159,7 @@ func (s *Server) patch(w http.ResponseWriter, r *http.Request, rq request) {
 	force := isTrue(r.URL.Query().Get("force"))
 	urq := rq
 	urq.applied = apply
+	urq.strict = false // patches check unknown fields on the patched object (crStrictPatch)
 	result, err := s.store.Mutate(rq.res.StorageName(), rq.namespace, rq.name, dryRunFunc(isDryRun(r), func(cur map[string]any) (store.Mutation, error) {
 		if cur == nil && !apply {
 			return store.Mutation{}, apierrors.NewNotFound(rq.res.GroupResource(), rq.name)
@@ -172,6 +173,9 @@ func (s *Server) patch(w http.ResponseWriter, r *http.Request, rq request) {
 			obj, err = s.applyConfig(urq, cur, body, force)
 		} else {
 			obj, err = s.applyPatch(rq.res, pt, cur, body)
+			if err == nil && rq.strict {
+				err = crStrictPatch(rq.res, obj)
+			}
 		}
 		if err != nil {
 			return store.Mutation{}, err

@@ -556,6 +556,7 @@ func TestCustomResourceSchemas(t *testing.T) {
 	cases = append(cases, schemaStatusCases()...)
 	cases = append(cases, projectCRDCases()...)
 	cases = append(cases, readDefaultCase())
+	cases = append(cases, strictPatchCases()...)
 	runTable(t, cases)
 }
 
@@ -625,4 +626,39 @@ func readDefaultCase() diffCase {
 		})
 		return []any{crSummary(created), crSummary(got)}
 	}}
+}
+
+// strictPatchCases send patches with unknown fields and
+// fieldValidation=Strict. The error's message quotes the whole patched
+// object (uid, timestamps), so code, reason, cause fields and the strict
+// decoding error are compared.
+func strictPatchCases() []diffCase {
+	var out []diffCase
+	for _, pt := range []struct{ name, ct, body string }{
+		{"merge", "application/merge-patch+json", `{"spec":{"bogus":1,"settings":{"zz":true}}}`},
+		{"json", "application/json-patch+json", `[{"op":"add","path":"/spec/bogus","value":1}]`},
+		{"merge-known", "application/merge-patch+json", `{"spec":{"size":4}}`},
+	} {
+		pt := pt
+		out = append(out, diffCase{name: "cr-strict-patch-" + pt.name, run: func(c *tc) any {
+			c.must(c.post(sprocketsV1, sprocket("v1", "s", baseSpec())))
+			r := c.patch(sprocketsV1+"/s?fieldValidation=Strict", pt.ct, pt.body)
+			view := map[string]any{"code": r.Code, "reason": r.Obj["reason"]}
+			if d, ok := r.Obj["details"].(map[string]any); ok {
+				var causes []any
+				cs, _ := d["causes"].([]any)
+				for _, cause := range cs {
+					m, _ := cause.(map[string]any)
+					msg, _ := m["message"].(string)
+					causes = append(causes, []any{m["field"], m["reason"], msg[strings.LastIndex(msg, "strict decoding error"):]})
+				}
+				view["causes"] = causes
+			}
+			if r.Code == http.StatusOK {
+				view["spec"] = norm(r.Obj["spec"])
+			}
+			return []any{view, crSummary(c.get(sprocketsV1 + "/s"))}
+		}})
+	}
+	return out
 }
