@@ -33,13 +33,13 @@ func TestHandEditedCustomResourceValidated(t *testing.T) {
 		spec  string
 		field string // named by the Event; "" for a valid edit
 	}{
-		{name: "pattern", spec: `{"group":"Bad_Group","shard":"dev-1"}`, field: "spec.group"},
+		{name: "pattern", spec: `{"group":"Bad_Group","shard":"dev-1"}`, field: `spec.group: Invalid value: "Bad_Group"`},
 		{name: "immutable", spec: `{"group":"workers","shard":"dev-2"}`, field: "spec: Invalid value: shard is immutable once set"},
-		{name: "type", spec: `{"group":7,"shard":"dev-1"}`, field: "spec.group"},
-		{name: "missing required", spec: `{"shard":"dev-1"}`, field: "spec.group"},
+		{name: "type", spec: `{"group":7,"shard":"dev-1"}`, field: `spec.group: Invalid value: "integer"`},
+		{name: "missing required", spec: `{"shard":"dev-1"}`, field: "spec.group: Required value"},
 		{name: "valid", spec: `{"group":"others","shard":"dev-1","bogus":1}`},
 	}
-	seen := 0
+	seen := map[string]bool{}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			content := `{"apiVersion":"infrastructure.cluster.x-k8s.io/v1beta1","kind":"NstanceMachine","metadata":{"name":"m","namespace":"default"},"spec":` + tc.spec + `}`
@@ -51,20 +51,24 @@ func TestHandEditedCustomResourceValidated(t *testing.T) {
 				require.Equal(t, map[string]any{"group": "others", "shard": "dev-1"}, got["spec"], "served pruned")
 				return
 			}
-			// The Event shows the file was processed.
-			var events []any
+			// The Event (new, about this edit) shows the file was processed.
+			var ev map[string]any
 			require.Eventually(t, func() bool {
 				_, list := call(t, http.MethodGet, hs.URL+"/api/v1/namespaces/default/events", "")
-				events, _ = list["items"].([]any)
-				return len(events) > seen
+				items, _ := list["items"].([]any)
+				for _, it := range items {
+					m := it.(map[string]any)
+					name := m["metadata"].(map[string]any)["name"].(string)
+					if !seen[name] && strings.Contains(m["message"].(string), tc.field) {
+						seen[name], ev = true, m
+						return true
+					}
+				}
+				return false
 			}, 5*time.Second, 20*time.Millisecond)
-			seen = len(events)
-			ev := events[len(events)-1].(map[string]any)
 			require.Equal(t, "Warning", ev["type"])
 			require.Equal(t, invalidFileReason, ev["reason"])
-			msg := ev["message"].(string)
-			require.Contains(t, msg, path)
-			require.Contains(t, msg, tc.field)
+			require.Contains(t, ev["message"].(string), path)
 			involved := ev["involvedObject"].(map[string]any)
 			require.Equal(t, "NstanceMachine", involved["kind"])
 			require.Equal(t, "m", involved["name"])
@@ -78,6 +82,22 @@ func TestHandEditedCustomResourceValidated(t *testing.T) {
 			require.Equal(t, map[string]any{"group": "workers", "shard": "dev-1"}, got["spec"], "last valid object")
 		})
 	}
+	// A new file that fails is not served at all; its Event has no uid yet.
+	fresh := filepath.Join(dir, "nstancemachines", "default", "fresh.json")
+	require.NoError(t, os.WriteFile(fresh, []byte(`{"apiVersion":"infrastructure.cluster.x-k8s.io/v1beta1","kind":"NstanceMachine","spec":{"group":"Bad"}}`), 0o644))
+	require.Eventually(t, func() bool {
+		_, list := call(t, http.MethodGet, hs.URL+"/api/v1/namespaces/default/events", "")
+		items, _ := list["items"].([]any)
+		for _, it := range items {
+			if strings.Contains(it.(map[string]any)["message"].(string), fresh) {
+				return true
+			}
+		}
+		return false
+	}, 5*time.Second, 20*time.Millisecond)
+	code, _ = call(t, http.MethodGet, base+"/fresh", "")
+	require.Equal(t, http.StatusNotFound, code)
+
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
 	var stored map[string]any

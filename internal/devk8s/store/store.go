@@ -89,6 +89,15 @@ type table struct {
 	// lowWater is the RV when the resource was registered: watches cannot
 	// start earlier, like a fresh kube-apiserver watch cache.
 	lowWater uint64
+	// refused holds, per object, the content Admit last refused and the
+	// object it was refused against, so the same edit (which often brings
+	// several file events) is refused, logged and reported once.
+	refused map[string]refusal
+}
+
+type refusal struct {
+	hash [32]byte
+	cur  *Entry
 }
 
 // Store is the object index plus its file mirror.
@@ -279,7 +288,7 @@ func (s *Store) Register(res string, namespaced bool) error {
 		s.mu.Unlock()
 		return nil
 	}
-	t := &table{namespaced: namespaced, objs: map[string]*Entry{}}
+	t := &table{namespaced: namespaced, objs: map[string]*Entry{}, refused: map[string]refusal{}}
 	s.tables[res] = t
 	root := filepath.Join(s.opts.Dir, res)
 	err := s.watchDirLocked(root)
