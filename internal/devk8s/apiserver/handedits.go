@@ -36,6 +36,13 @@ func (s *Server) admitFileObject(storage, path string, old, obj map[string]any) 
 			}
 			// The store gives the file its new resourceVersion afterwards.
 			metaOf(obj)["resourceVersion"] = str(metaOf(prev), "resourceVersion")
+			// Generation as the strategy counts it: any change but metadata
+			// (and status, when it has its own subresource).
+			gen := generationOf(metaOf(prev))
+			if fileChanged(prev, obj, v.HasStatus()) {
+				gen++
+			}
+			metaOf(obj)["generation"] = gen
 		}
 		if errs := v.ValidateFile(s.ctx, obj, prev); len(errs) > 0 {
 			return apierrors.NewInvalid(v.GroupKind(), str(metaOf(obj), "name"), errs)
@@ -93,4 +100,20 @@ func (s *Server) recordFileEvent(namespaced bool, obj, old map[string]any, cause
 			s.log.Error(err, "record event for an invalid file", "object", involved["name"])
 		}
 	}()
+}
+
+// fileChanged reports whether a hand edit changed more than metadata (and
+// status, when withStatus: it has its own subresource).
+func fileChanged(prev, obj map[string]any, withStatus bool) bool {
+	for _, m := range []map[string]any{prev, obj} {
+		for k := range m {
+			if k == "metadata" || k == "apiVersion" || (withStatus && k == "status") {
+				continue
+			}
+			if !jsonEqual(prev[k], obj[k]) {
+				return true
+			}
+		}
+	}
+	return false
 }

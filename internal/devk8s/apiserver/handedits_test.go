@@ -49,6 +49,7 @@ func TestHandEditedCustomResourceValidated(t *testing.T) {
 				require.Equal(t, "MODIFIED", ev["type"])
 				_, got := call(t, http.MethodGet, base+"/m", "")
 				require.Equal(t, map[string]any{"group": "others", "shard": "dev-1"}, got["spec"], "served pruned")
+				require.EqualValues(t, 2, got["metadata"].(map[string]any)["generation"], "a spec change")
 				return
 			}
 			// The Event (new, about this edit) shows the file was processed.
