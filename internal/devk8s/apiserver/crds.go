@@ -48,6 +48,12 @@ func (s *Server) crdChanged(ev store.Event) {
 		s.log.Error(err, "register CRD", "crd", name)
 		return
 	}
+	for _, v := range crd.Spec.Versions {
+		if res, ok := s.reg.Lookup(schema.GroupVersionResource{Group: crd.Spec.Group, Version: v.Name, Resource: crd.Spec.Names.Plural}); ok && res.Schema != nil {
+			res.Schema.WrittenSince(ev.RV) // shared by every version
+			break
+		}
+	}
 	storage := s.reg.StorageDir(crd.Spec.Group, crd.Spec.Names.Plural)
 	if err := s.store.Register(storage, crd.Spec.Scope == apiextensionsv1.NamespaceScoped); err != nil {
 		s.log.Error(err, "load custom resources", "crd", name)

@@ -34,6 +34,9 @@ type request struct {
 	manager string
 	// applied is set when managedFields were already computed by apply.
 	applied bool
+	// strict is set for fieldValidation=Strict (custom resources refuse
+	// unknown fields instead of pruning them).
+	strict bool
 }
 
 func (s *Server) serveResource(w http.ResponseWriter, r *http.Request, group, ver string, rest []string) {
@@ -57,12 +60,18 @@ func (s *Server) serveResource(w http.ResponseWriter, r *http.Request, group, ve
 	}
 	rq.res = res
 	rq.manager = managerName(r)
+	rq.strict = isStrict(r.URL.Query().Get("fieldValidation"))
 	if len(rest) >= 2 {
 		rq.name = rest[1]
 	}
 	if len(rest) == 3 {
 		rq.sub = rest[2]
 		if !s.hasSub(res, rq.sub) {
+			if res.Schema != nil {
+				// apiextensions-apiserver names the object.
+				writeError(w, apierrors.NewNotFound(res.GroupResource(), rq.name))
+				return
+			}
 			writeError(w, notFound())
 			return
 		}
@@ -244,6 +253,9 @@ func checkTypeMeta(obj map[string]any, res *registry.Resource) error {
 
 // entryBytes renders a stored object in the requested version.
 func entryBytes(res *registry.Resource, e *store.Entry) []byte {
+	if data, ok := crEntryBytes(res, e); ok {
+		return data
+	}
 	if str(e.Object, "apiVersion") == res.APIVersion() {
 		return e.JSON
 	}
@@ -370,17 +382,26 @@ func (s *Server) createObject(rq request, obj map[string]any, dryRun bool) (int,
 		return 0, nil, err
 	}
 	s.prepareCreate(rq.res, obj, time.Now())
-	if err := validateNewMeta(rq.res, obj); err != nil {
-		return 0, nil, err
-	}
-	obj, err := s.roundTrip(rq.res, obj)
-	if err != nil {
-		return 0, nil, err
-	}
-	if err := s.validate(rq.res, nil, obj); err != nil {
-		return 0, nil, err
+	var err error
+	if rq.res.Schema != nil {
+		if obj, err = s.crCreate(rq, obj); err != nil {
+			return 0, nil, err
+		}
+	} else {
+		if err := validateNewMeta(rq.res, obj); err != nil {
+			return 0, nil, err
+		}
+		if obj, err = s.roundTrip(rq.res, obj); err != nil {
+			return 0, nil, err
+		}
+		if err := s.validate(rq.res, nil, obj); err != nil {
+			return 0, nil, err
+		}
 	}
 	obj = s.trackUpdate(rq.res, "", nil, obj, rq.manager)
+	if err := crStore(rq.res, obj); err != nil {
+		return 0, nil, err
+	}
 	if dryRun {
 		if _, exists := s.store.Get(rq.res.StorageName(), rq.namespace, name); exists {
 			return 0, nil, apierrors.NewAlreadyExists(rq.res.GroupResource(), name)
@@ -459,6 +480,10 @@ func (s *Server) update(w http.ResponseWriter, r *http.Request, rq request) {
 			}
 			return store.Mutation{Object: s.trackUpdate(rq.res, "", nil, obj, rq.manager)}, nil
 		}
+		cur, err := crRead(rq.res, cur)
+		if err != nil {
+			return store.Mutation{}, err
+		}
 		rv := str(md, "resourceVersion")
 		if rv == "" && !rq.res.BuiltIn {
 			gk := schemaGK(rq.res.Group, rq.res.Resource) // kube names custom resources by plural here
@@ -484,15 +509,24 @@ func (s *Server) update(w http.ResponseWriter, r *http.Request, rq request) {
 // finalizers left" into the final deletion.
 func (s *Server) finishUpdate(rq request, cur, next map[string]any) (store.Mutation, error) {
 	tidyMeta(next)
-	next, err := s.roundTrip(rq.res, next)
-	if err != nil {
-		return store.Mutation{}, err
-	}
-	if err := s.validate(rq.res, cur, next); err != nil {
-		return store.Mutation{}, err
+	var err error
+	if rq.res.Schema != nil {
+		if next, err = s.crUpdate(rq, cur, next); err != nil {
+			return store.Mutation{}, err
+		}
+	} else {
+		if next, err = s.roundTrip(rq.res, next); err != nil {
+			return store.Mutation{}, err
+		}
+		if err := s.validate(rq.res, cur, next); err != nil {
+			return store.Mutation{}, err
+		}
 	}
 	if !rq.applied {
 		next = s.trackUpdate(rq.res, rq.sub, cur, next, rq.manager)
+	}
+	if err := crStore(rq.res, next); err != nil {
+		return store.Mutation{}, err
 	}
 	if hasDeletionTimestamp(cur) {
 		old := map[string]bool{}

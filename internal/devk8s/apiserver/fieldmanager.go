@@ -1,10 +1,13 @@
 package apiserver
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -16,9 +19,8 @@ import (
 
 // Server-side apply and managedFields come from apimachinery's field
 // manager, the one kube-apiserver uses. Built-in kinds use client-go's
-// structured schema (list merge keys included); custom resources use types
-// deduced from the objects (maps merge key by key, lists are atomic), since
-// dev-k8s does not interpret CRD schemas.
+// structured schema (list merge keys included); custom resources are typed
+// from their CRD's schemas, as kube-apiserver does (crschema).
 
 // unstructuredConvertor changes only the apiVersion: every served version of
 // a kind has the same shape in dev-k8s.
@@ -62,12 +64,19 @@ func (unstructuredCreater) New(gvk schema.GroupVersionKind) (runtime.Object, err
 // subresource.
 func (s *Server) fieldManager(res *registry.Resource, sub string) (*managedfields.FieldManager, error) {
 	key := res.GVK().String() + "/" + sub
+	if res.Schema != nil {
+		// A changed CRD brings new schemas (and a new Schema).
+		key = fmt.Sprintf("%s/%p", key, res.Schema)
+	}
 	s.fmMu.Lock()
 	defer s.fmMu.Unlock()
 	if fm, ok := s.fieldManagers[key]; ok {
 		return fm, nil
 	}
 	tc := managedfields.NewDeducedTypeConverter()
+	if res.Schema != nil {
+		tc = res.Schema.TypeConverter()
+	}
 	if res.BuiltIn && res.Group != "apiextensions.k8s.io" {
 		if s.builtinTypes == nil {
 			s.builtinTypes = applyconfigurations.NewTypeConverter(s.scheme)
@@ -122,7 +131,9 @@ func (s *Server) trackUpdate(res *registry.Resource, sub string, live, obj map[s
 
 // serverSideApply merges an applied configuration into live (nil when
 // absent) with field ownership; conflicts come back as 409 errors.
-func (s *Server) serverSideApply(res *registry.Resource, sub string, live, applied map[string]any, manager string, force bool) (map[string]any, error) {
+// namespace is the request's: applied carries one only if the client sent
+// it, as in kube-apiserver (it shows in error messages).
+func (s *Server) serverSideApply(res *registry.Resource, sub, namespace string, live, applied map[string]any, manager string, force bool) (map[string]any, error) {
 	fm, err := s.fieldManager(res, sub)
 	if err != nil {
 		return nil, err
@@ -132,11 +143,16 @@ func (s *Server) serverSideApply(res *registry.Resource, sub string, live, appli
 		liveObj = &unstructured.Unstructured{Object: map[string]any{}}
 		liveObj.SetGroupVersionKind(res.GVK())
 		liveObj.SetName(nestedString(applied, "metadata", "name"))
-		liveObj.SetNamespace(nestedString(applied, "metadata", "namespace"))
+		liveObj.SetNamespace(namespace)
 	}
 	out, err := fm.Apply(liveObj, &unstructured.Unstructured{Object: applied}, manager, force)
 	if err != nil {
-		return nil, err
+		var st apierrors.APIStatus
+		if errors.As(err, &st) {
+			return nil, err
+		}
+		// Answered as kube-apiserver answers an error without a status.
+		return nil, &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: http.StatusInternalServerError, Message: err.Error()}}
 	}
 	u, ok := out.(*unstructured.Unstructured)
 	if !ok {

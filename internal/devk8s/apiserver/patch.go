@@ -68,10 +68,14 @@ func (s *Server) applyConfig(rq request, cur map[string]any, body []byte, force 
 	if str(applied, "apiVersion") == "" || str(applied, "kind") == "" {
 		return nil, apierrors.NewBadRequest("apiVersion and kind must be set in an applied configuration")
 	}
+	_, hadNS := metaOf(applied)["namespace"]
 	if err := admitObject(rq, applied); err != nil {
 		return nil, err
 	}
-	return s.serverSideApply(rq.res, rq.sub, cur, applied, rq.manager, force)
+	if !hadNS {
+		delete(metaOf(applied), "namespace")
+	}
+	return s.serverSideApply(rq.res, rq.sub, rq.namespace, cur, applied, rq.manager, force)
 }
 
 // applyPatch computes the patched form of cur (nil cur only for apply).
@@ -155,16 +159,23 @@ func (s *Server) patch(w http.ResponseWriter, r *http.Request, rq request) {
 	force := isTrue(r.URL.Query().Get("force"))
 	urq := rq
 	urq.applied = apply
+	urq.strict = false // patches check unknown fields on the patched object (crStrictPatch)
 	result, err := s.store.Mutate(rq.res.StorageName(), rq.namespace, rq.name, dryRunFunc(isDryRun(r), func(cur map[string]any) (store.Mutation, error) {
 		if cur == nil && !apply {
 			return store.Mutation{}, apierrors.NewNotFound(rq.res.GroupResource(), rq.name)
 		}
+		cur, err := crRead(rq.res, cur)
+		if err != nil {
+			return store.Mutation{}, err
+		}
 		var obj map[string]any
-		var err error
 		if apply {
 			obj, err = s.applyConfig(urq, cur, body, force)
 		} else {
 			obj, err = s.applyPatch(rq.res, pt, cur, body)
+			if err == nil && rq.strict {
+				err = crStrictPatch(rq.res, obj)
+			}
 		}
 		if err != nil {
 			return store.Mutation{}, err
@@ -185,6 +196,12 @@ func (s *Server) patch(w http.ResponseWriter, r *http.Request, rq request) {
 			}
 			s.prepareCreate(rq.res, obj, timeNow())
 			created = true
+			if rq.res.Schema != nil {
+				if obj, err = s.crCreate(urq, obj); err != nil {
+					return store.Mutation{}, err
+				}
+				return store.Mutation{Object: obj}, crStore(rq.res, obj)
+			}
 			obj, err = s.roundTrip(rq.res, obj)
 			if err != nil {
 				return store.Mutation{}, err

@@ -58,6 +58,10 @@ type Options struct {
 	// graceful pod deletion and PodDisruptionBudget status. Off, dev-k8s
 	// behaves like a bare kube-apiserver (as envtest does).
 	Controllers bool
+	// IgnoreCRDSchemas stores custom resources as they come, without their
+	// CRD's validation, defaulting and pruning (only for benchmarks that
+	// measure what the schemas cost).
+	IgnoreCRDSchemas bool
 }
 
 // Server serves the Kubernetes API from a store.
@@ -94,6 +98,9 @@ func New(ctx context.Context, log logr.Logger, opts Options) (*Server, error) {
 	}
 	s := &Server{log: log, reg: registry.New(), opts: opts, ctx: ctx, gcKick: make(chan struct{}, 1), scheme: scheme, codecs: serializer.NewCodecFactory(scheme),
 		fieldManagers: map[string]*managedfields.FieldManager{}}
+	if opts.IgnoreCRDSchemas {
+		s.reg.IgnoreSchemas()
+	}
 	authn, err := auth.New(auth.Options{
 		StateDir:        filepath.Join(opts.Dir, store.StateDirName, "auth"),
 		TokenFile:       opts.TokenFile,
@@ -108,6 +115,7 @@ func New(ctx context.Context, log logr.Logger, opts Options) (*Server, error) {
 		History:     opts.History,
 		WatchBuffer: opts.WatchBuffer,
 		Normalize:   s.normalizeFile,
+		Admit:       s.admitFileObject,
 		OnChange:    s.onChange,
 		ValidName:   s.validFileName,
 	})

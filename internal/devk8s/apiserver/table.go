@@ -198,7 +198,9 @@ func crdColumns(cols []apiextensionsv1.CustomResourceColumnDefinition) ([]column
 // table renders entries as a meta.k8s.io/v1 Table.
 func (s *Server) table(res *registry.Resource, entries []*store.Entry, cont string, r *http.Request) (*metav1.Table, error) {
 	cols := []column{nameCol()}
-	if len(res.PrinterColumns) > 0 {
+	if ev := eventColumns(res); ev != nil {
+		cols = ev
+	} else if len(res.PrinterColumns) > 0 {
 		extra, err := crdColumns(res.PrinterColumns)
 		if err != nil {
 			return nil, err

@@ -50,10 +50,10 @@ func testCRD(plural, kind string, namespaced, status bool) map[string]any {
 func installTestCRDs(tg *target) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	for _, crd := range []map[string]any{
+	for _, crd := range append([]map[string]any{
 		testCRD("widgets", "Widget", true, true),
 		testCRD("gadgets", "Gadget", false, false),
-	} {
+	}, schemaCRDs()...) {
 		r, err := tg.do(ctx, http.MethodPost, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", "", crd, "")
 		if err != nil {
 			return err
@@ -64,7 +64,8 @@ func installTestCRDs(tg *target) error {
 	}
 	for {
 		ok := true
-		for _, p := range []string{"/apis/" + testGroup + "/v1/widgets", "/apis/" + testGroup + "/v1/gadgets"} {
+		for _, p := range []string{"/apis/" + testGroup + "/v1/widgets", "/apis/" + testGroup + "/v1/gadgets",
+			"/apis/" + testGroup + "/v1/sprockets", "/apis/" + testGroup + "/v1beta1/sprockets", "/apis/" + testGroup + "/v1/gizmos"} {
 			r, err := tg.do(ctx, http.MethodGet, p, "", nil, "")
 			if err != nil || r.Code != http.StatusOK {
 				ok = false

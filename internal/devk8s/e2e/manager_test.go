@@ -109,7 +109,9 @@ func TestControllerRuntimeManager(t *testing.T) {
 	require.Eventually(t, func() bool { return rec.data("one")["k"] == "edited" }, 10*time.Second, 50*time.Millisecond)
 
 	// The CAPI kind lists through the cache (informer started on demand).
-	require.NoError(t, direct.Create(ctx, &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "c1", Namespace: "default"}}))
+	// (With a spec: dev-k8s validates it against the CRD, as a cluster does.)
+	require.NoError(t, direct.Create(ctx, &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "c1", Namespace: "default"},
+		Spec: clusterv1.ClusterSpec{Paused: ptr.To(true)}}))
 	require.Eventually(t, func() bool {
 		return mgr.GetClient().List(ctx, clusters, client.InNamespace("default")) == nil && len(clusters.Items) == 1
 	}, 10*time.Second, 50*time.Millisecond)

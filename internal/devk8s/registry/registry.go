@@ -8,6 +8,8 @@ import (
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/nstance-dev/nstance/internal/devk8s/crschema"
 )
 
 // Resource describes one served resource in one group version.
@@ -39,6 +41,9 @@ type Resource struct {
 	// Storage is true for the version whose objects are stored (CRDs serve
 	// every version from the same files).
 	Storage bool
+	// Schema applies the CRD version's schema (validation, CEL rules,
+	// defaulting, pruning) to custom resources; nil for built-ins.
+	Schema *crschema.Version
 
 	dir string
 }
@@ -87,6 +92,20 @@ type Registry struct {
 	crdOwned map[string][]schema.GroupVersionResource
 	// core holds the plurals of the built-in core group resources.
 	core map[string]bool
+	// static holds the built-in OpenAPI definitions CRD schemas refer to
+	// (built on first use).
+	static *crschema.Static
+	// noSchemas serves custom resources without their schemas.
+	noSchemas bool
+}
+
+// IgnoreSchemas makes CRDs registered from now on serve their custom
+// resources as they come, without schema validation, defaulting or pruning
+// (benchmarks compare against it).
+func (r *Registry) IgnoreSchemas() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.noSchemas = true
 }
 
 // New returns a registry holding the built-in resources.
@@ -285,6 +304,17 @@ func (r *Registry) AddCRD(crd *apiextensionsv1.CustomResourceDefinition) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.static == nil {
+		static, err := crschema.NewStatic()
+		if err != nil {
+			return err
+		}
+		r.static = static
+	}
+	kind, err := crschema.New(crd, r.static)
+	if err != nil {
+		return fmt.Errorf("crd %q: %w", crd.Name, err)
+	}
 	dir := r.StorageDir(crd.Spec.Group, crd.Spec.Names.Plural)
 	for _, other := range r.resources {
 		if other.Group != crd.Spec.Group && other.StorageName() == dir {
@@ -312,6 +342,10 @@ func (r *Registry) AddCRD(crd *apiextensionsv1.CustomResourceDefinition) error {
 			Generation:     true,
 			PrinterColumns: v.AdditionalPrinterColumns,
 			Storage:        v.Storage,
+			Schema:         kind.Version(v.Name),
+		}
+		if r.noSchemas {
+			res.Schema = nil
 		}
 		r.add(res)
 		owned = append(owned, res.GVR())

@@ -198,6 +198,9 @@ func (s *Store) syncFileLocked(res string, t *table, path string, seen map[uint6
 	if cur != nil && cur.hash == hash {
 		return Event{}, false // our own write, or no change
 	}
+	if r, ok := t.refused[k]; ok && r.hash == hash && r.cur == cur {
+		return Event{}, false // already refused
+	}
 	if len(bytes.TrimSpace(data)) == 0 {
 		s.log.Info("empty object file skipped; keeping last good object", "path", path)
 		return Event{}, false
@@ -227,6 +230,14 @@ func (s *Store) syncFileLocked(res string, t *table, path string, seen map[uint6
 	}
 	if s.opts.Normalize != nil {
 		s.opts.Normalize(res, old, obj)
+	}
+	if s.opts.Admit != nil {
+		if err := s.opts.Admit(res, path, old, obj); err != nil {
+			s.log.Error(err, "object file fails validation; keeping last good object", "path", path)
+			t.refused[k] = refusal{hash: hash, cur: cur}
+			return Event{}, false
+		}
+		delete(t.refused, k)
 	}
 	var rv uint64
 	if seen != nil && cur == nil {

@@ -70,6 +70,10 @@ type Options struct {
 	WatchBuffer int
 	// Normalize is applied to hand-edited objects before they are stored.
 	Normalize Normalizer
+	// Admit validates (and may complete) a hand-edited object after
+	// Normalize; path is the file. A file it refuses is logged and skipped:
+	// the last good object stays served. Called with the store locked.
+	Admit func(resource, path string, old, obj map[string]any) error
 	// OnChange is called after each committed change, outside the lock.
 	OnChange func(Event)
 	// ValidName checks the namespace and name of a hand-made file (taken
@@ -85,6 +89,15 @@ type table struct {
 	// lowWater is the RV when the resource was registered: watches cannot
 	// start earlier, like a fresh kube-apiserver watch cache.
 	lowWater uint64
+	// refused holds, per object, the content Admit last refused and the
+	// object it was refused against, so the same edit (which often brings
+	// several file events) is refused, logged and reported once.
+	refused map[string]refusal
+}
+
+type refusal struct {
+	hash [32]byte
+	cur  *Entry
 }
 
 // Store is the object index plus its file mirror.
@@ -275,7 +288,7 @@ func (s *Store) Register(res string, namespaced bool) error {
 		s.mu.Unlock()
 		return nil
 	}
-	t := &table{namespaced: namespaced, objs: map[string]*Entry{}}
+	t := &table{namespaced: namespaced, objs: map[string]*Entry{}, refused: map[string]refusal{}}
 	s.tables[res] = t
 	root := filepath.Join(s.opts.Dir, res)
 	err := s.watchDirLocked(root)
