@@ -22,6 +22,8 @@ import (
 	"github.com/nstance-dev/nstance/internal/secrets"
 	"github.com/nstance-dev/nstance/internal/server/app"
 	"github.com/nstance-dev/nstance/internal/server/fleetapp"
+	"github.com/nstance-dev/nstance/internal/server/provider"
+	"github.com/nstance-dev/nstance/internal/server/provider/mock"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
@@ -45,7 +47,7 @@ func TestServerWithFleetConvergesGroups(t *testing.T) {
 		Bind:     app.BindOverrides{Health: "127.0.0.1:0"},
 		Getenv:   func(k string) string { return map[string]string{"NSTANCE_ENCRYPTION_KEY": encKey}[k] },
 		Log:      testr.New(t),
-		Services: fleetapp.Factory(fleetapp.Options{ResyncInterval: 200 * time.Millisecond}),
+		Services: fleetapp.Factory(fleetapp.Options{Providers: provider.NewRegistry(mock.Kind()), ResyncInterval: 200 * time.Millisecond}),
 	})
 	require.NoError(t, err)
 	runCtx, stop := context.WithCancel(ctx)

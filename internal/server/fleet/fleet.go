@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -21,9 +18,6 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/liveconfig"
 	"github.com/nstance-dev/nstance/internal/server/operatorsvc"
 	"github.com/nstance-dev/nstance/internal/server/provider"
-	"github.com/nstance-dev/nstance/internal/server/provider/mock"
-	"github.com/nstance-dev/nstance/internal/server/provider/process"
-	"github.com/nstance-dev/nstance/internal/server/provider/tmux"
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/internal/server/revocation"
@@ -36,7 +30,7 @@ type Options struct {
 	Store  objstore.Store
 	Keys   layout.Keys
 	Config *liveconfig.Holder
-	// Provider is the infrastructure backend (see NewProvider).
+	// Provider is the infrastructure backend (built by the provider registry).
 	Provider provider.Provider
 	Nonces   reconcile.NonceMinter
 	CACert   func(ctx context.Context) ([]byte, error)
@@ -235,58 +229,3 @@ func (f *Fleet) templateInput(holder *liveconfig.Holder) func(context.Context, a
 
 // Run reconciles until ctx ends (one leadership term).
 func (f *Fleet) Run(ctx context.Context) error { return f.Reconciler.Run(ctx) }
-
-// LocalOptions are the settings of the local providers that do not come
-// from the config file.
-type LocalOptions struct {
-	// StateDir holds per-instance identity directories (default temp/agents).
-	StateDir string
-	// NodeDir receives fake Node JSON files (default temp/dev-k8s/nodes; "-" disables).
-	NodeDir string
-	// WorkDir is where agent commands start (default: current directory).
-	WorkDir string
-	// Command overrides shard.infra.options.command.
-	Command string
-	// Session and Socket override the tmux options.
-	Session, Socket string
-	// Env is added to every agent's environment (KEY=VALUE).
-	Env []string
-}
-
-// NewProvider builds the provider named by shard.infra.provider. Options read
-// from shard.infra.options: command (agent command; tmux default
-// "air -c scripts/air/agent.toml", process default "bin/nstance-agent"),
-// session and socket (tmux), state_dir, node_dir, work_dir.
-func NewProvider(infra config.Infra, lo LocalOptions) (provider.Provider, error) {
-	opt := func(name, override, def string) string {
-		if override != "" {
-			return override
-		}
-		if v, ok := infra.Options[name].(string); ok && v != "" {
-			return v
-		}
-		return def
-	}
-	stateDir := opt("state_dir", lo.StateDir, filepath.Join("temp", "agents"))
-	nodeDir := opt("node_dir", lo.NodeDir, filepath.Join("temp", "dev-k8s", "nodes"))
-	if nodeDir == "-" {
-		nodeDir = ""
-	}
-	workDir := opt("work_dir", lo.WorkDir, "")
-	switch infra.Provider {
-	case "mock":
-		return mock.New(), nil
-	case "tmux":
-		return tmux.New(tmux.Config{
-			Command: opt("command", lo.Command, "air -c scripts/air/agent.toml"), Session: opt("session", lo.Session, tmux.DefaultSession),
-			Socket: opt("socket", lo.Socket, ""), StateDir: stateDir, NodeDir: nodeDir, WorkDir: workDir, Env: lo.Env,
-		})
-	case "process":
-		cmd := strings.Fields(opt("command", lo.Command, "bin/nstance-agent"))
-		if err := os.MkdirAll(stateDir, 0o700); err != nil {
-			return nil, err
-		}
-		return process.New(process.Config{Command: cmd, StateDir: stateDir, NodeDir: nodeDir, WorkDir: workDir, Env: lo.Env})
-	}
-	return nil, fmt.Errorf("shard.infra.provider: unsupported provider %q (want tmux, process or mock)", infra.Provider)
-}

@@ -27,7 +27,11 @@ func (b *Built) Lead(ctx context.Context) error { return b.Fleet.Run(ctx) }
 
 // Options tune the factory.
 type Options struct {
-	Local fleet.LocalOptions
+	// Providers are the provider kinds the binary ships; shard.infra.provider
+	// picks one.
+	Providers *provider.Registry
+	// Local are the command line's overrides of the local providers' options.
+	Local provider.Local
 	// OnBuilt receives the assembled fleet (the app calls Lead per term).
 	OnBuilt func(*Built)
 	// ResyncInterval of the reconciler (default 30s).
@@ -52,7 +56,7 @@ func Factory(o Options) app.ServiceFactory {
 			// Local agents report at the interval the server expects.
 			local.Env = append(append([]string{}, local.Env...), "NSTANCE_METRICS_INTERVAL="+d.String())
 		}
-		prov, err := fleet.NewProvider(cfg.Shard.Infra, local)
+		prov, err := o.Providers.New(context.Background(), provider.Env{Config: holder.Current, Local: local, Log: rt.Log.WithName("provider")})
 		if err != nil {
 			return app.Services{}, err
 		}

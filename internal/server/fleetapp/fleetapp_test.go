@@ -18,6 +18,8 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/cache"
 	"github.com/nstance-dev/nstance/internal/server/config"
 	"github.com/nstance-dev/nstance/internal/server/fleetapp"
+	"github.com/nstance-dev/nstance/internal/server/provider"
+	"github.com/nstance-dev/nstance/internal/server/provider/mock"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
@@ -39,7 +41,7 @@ func TestFactoryServesOperatorAPIAndMirrorsCache(t *testing.T) {
 	rt := &app.Runtime{Config: cfg, ConfigETag: "e1", Store: memstore.New(), Keys: layout.New(""), Cache: db, CA: ca, NonceKey: nonceKey, Log: logr.Discard()}
 
 	var built *fleetapp.Built
-	svcs, err := fleetapp.Factory(fleetapp.Options{OnBuilt: func(b *fleetapp.Built) { built = b }, ResyncInterval: 100 * time.Millisecond})(rt)
+	svcs, err := fleetapp.Factory(fleetapp.Options{Providers: provider.NewRegistry(mock.Kind()), OnBuilt: func(b *fleetapp.Built) { built = b }, ResyncInterval: 100 * time.Millisecond})(rt)
 	require.NoError(t, err)
 	require.NotNil(t, built)
 	done := make(chan error, 1)

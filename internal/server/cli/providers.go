@@ -1,0 +1,14 @@
+package cli
+
+import (
+	"github.com/nstance-dev/nstance/internal/server/provider"
+	"github.com/nstance-dev/nstance/internal/server/provider/mock"
+	"github.com/nstance-dev/nstance/internal/server/provider/process"
+	"github.com/nstance-dev/nstance/internal/server/provider/tmux"
+)
+
+// Providers is every provider kind nstance-server ships, for
+// shard.infra.provider to choose from.
+func Providers() *provider.Registry {
+	return provider.NewRegistry(tmux.Kind(), process.Kind(), mock.Kind())
+}
