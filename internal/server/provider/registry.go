@@ -25,10 +25,10 @@ type Kind struct {
 
 // KindConfig is the decoded shard.infra.options of one kind.
 type KindConfig interface {
-	// Validate checks the decoded block together with the rest of
-	// shard.infra (region, zone). Keys are relative to shard.infra, e.g.
-	// "options.command" or "region".
-	Validate(infra config.Infra) config.Errors
+	// Validate checks the decoded block against the rest of the document
+	// (shard.infra's region and zone, subnet pools, template args). Keys are
+	// full paths, e.g. "shard.infra.options.command".
+	Validate(cfg *config.Config) config.Errors
 	// New builds the provider. The config has been validated.
 	New(ctx context.Context, env Env) (Provider, error)
 }
@@ -39,7 +39,7 @@ type Env struct {
 	// server runs): cluster and shard ids, shard.infra, subnet pools.
 	Config func() *config.Config
 	// Local are overrides from the server's command line for the local
-	// providers; kinds without local processes ignore them.
+	// providers; kinds without local processes use only its Env.
 	Local Local
 	Log   logr.Logger
 }
@@ -54,7 +54,8 @@ type Local struct {
 	StateDir, NodeDir, WorkDir string
 	// Session and Socket replace the tmux options.
 	Session, Socket string
-	// Env is added to every agent's environment (KEY=VALUE).
+	// Env is added to every agent's environment (KEY=VALUE), whatever the
+	// kind (e.g. NSTANCE_METRICS_INTERVAL).
 	Env []string
 }
 
@@ -91,10 +92,11 @@ func (r *Registry) Names() []string {
 	return names
 }
 
-// Decode resolves shard.infra to its kind's configuration: the options
-// block decoded strictly onto the kind's defaults, then validated. Problems
-// are config.Errors with full keys (shard.infra.options.…).
-func (r *Registry) Decode(infra config.Infra) (KindConfig, error) {
+// Decode resolves cfg's shard.infra to its kind's configuration: the
+// options block decoded strictly onto the kind's defaults, then validated.
+// Problems are config.Errors with full keys (shard.infra.options.…).
+func (r *Registry) Decode(cfg *config.Config) (KindConfig, error) {
+	infra := cfg.Shard.Infra
 	k, ok := r.kinds[infra.Provider]
 	if !ok {
 		return nil, config.Errors{{Key: "shard.infra.provider",
@@ -104,12 +106,8 @@ func (r *Registry) Decode(infra config.Infra) (KindConfig, error) {
 	if errs := config.DecodeBlock("shard.infra.options", infra.Options, kc); len(errs) > 0 {
 		return nil, errs
 	}
-	if errs := kc.Validate(infra); len(errs) > 0 {
-		out := make(config.Errors, len(errs))
-		for i, e := range errs {
-			out[i] = config.FieldError{Key: "shard.infra." + e.Key, Reason: e.Reason}
-		}
-		return nil, out
+	if errs := kc.Validate(cfg); len(errs) > 0 {
+		return nil, errs
 	}
 	return kc, nil
 }
@@ -120,7 +118,7 @@ func (r *Registry) Check(cfg *config.Config) config.Errors {
 	if cfg.Shard.Infra.Provider == "" {
 		return nil // config.Validate already says it is required
 	}
-	if _, err := r.Decode(cfg.Shard.Infra); err != nil {
+	if _, err := r.Decode(cfg); err != nil {
 		if es, ok := config.AsErrors(err); ok {
 			return es
 		}
@@ -133,14 +131,14 @@ func (r *Registry) Check(cfg *config.Config) config.Errors {
 // change of shard.infra while the server runs takes effect at its next
 // start.
 func (r *Registry) New(ctx context.Context, env Env) (Provider, error) {
-	infra := env.Config().Shard.Infra
-	kc, err := r.Decode(infra)
+	cfg := env.Config()
+	kc, err := r.Decode(cfg)
 	if err != nil {
 		return nil, err
 	}
 	p, err := kc.New(ctx, env)
 	if err != nil {
-		return nil, fmt.Errorf("provider %s: %w", infra.Provider, err)
+		return nil, fmt.Errorf("provider %s: %w", cfg.Shard.Infra.Provider, err)
 	}
 	return p, nil
 }

@@ -29,9 +29,9 @@ type nestedOptions struct {
 	built *provider.Env
 }
 
-func (o *nestedOptions) Validate(infra config.Infra) config.Errors {
-	if infra.Region == "" {
-		return config.Errors{{Key: "region", Reason: "required by the nested kind"}}
+func (o *nestedOptions) Validate(cfg *config.Config) config.Errors {
+	if cfg.Shard.Infra.Region == "" {
+		return config.Errors{{Key: "shard.infra.region", Reason: "required by the nested kind"}}
 	}
 	return nil
 }
@@ -64,7 +64,7 @@ func TestRegistryNames(t *testing.T) {
 }
 
 func TestRegistryUnknownKind(t *testing.T) {
-	_, err := registry(new(provider.Env)).Decode(config.Infra{Provider: "gce"})
+	_, err := registry(new(provider.Env)).Decode(infraConfig(config.Infra{Provider: "gce"}))
 	require.Equal(t, []string{`shard.infra.provider: unknown provider "gce" (want one of mock, nested, process, tmux)`}, keys(t, err))
 }
 
@@ -92,7 +92,7 @@ func TestRegistryRejectsBadBlocks(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := r.Decode(tc.infra)
+			_, err := r.Decode(infraConfig(tc.infra))
 			require.Equal(t, tc.want, keys(t, err))
 		})
 	}
@@ -100,18 +100,18 @@ func TestRegistryRejectsBadBlocks(t *testing.T) {
 
 func TestRegistryDefaults(t *testing.T) {
 	r := registry(new(provider.Env))
-	kc, err := r.Decode(config.Infra{Provider: "tmux"})
+	kc, err := r.Decode(infraConfig(config.Infra{Provider: "tmux"}))
 	require.NoError(t, err)
 	require.Equal(t, &tmux.Options{Command: "air -c scripts/air/agent.toml", Session: "nstance-dev-agents",
 		StateDir: filepath.Join("temp", "agents"), NodeDir: filepath.Join("temp", "dev-k8s", "nodes")}, kc)
 
 	// A partial block keeps the other defaults.
-	kc, err = r.Decode(config.Infra{Provider: "process", Options: map[string]any{"node_dir": "-"}})
+	kc, err = r.Decode(infraConfig(config.Infra{Provider: "process", Options: map[string]any{"node_dir": "-"}}))
 	require.NoError(t, err)
 	require.Equal(t, &process.Options{Command: "bin/nstance-agent", StateDir: filepath.Join("temp", "agents"), NodeDir: "-"}, kc)
 
 	// Every decode starts from fresh defaults: an earlier block leaves no trace.
-	kc, err = r.Decode(config.Infra{Provider: "process"})
+	kc, err = r.Decode(infraConfig(config.Infra{Provider: "process"}))
 	require.NoError(t, err)
 	require.Equal(t, "temp/dev-k8s/nodes", kc.(*process.Options).NodeDir)
 }
@@ -165,4 +165,10 @@ func TestConfigParseRunsRegistryCheck(t *testing.T) {
 	require.NoError(t, err)
 	_, err = config.Parse([]byte(strings.Replace(doc, `"bad"`, `"127.0.0.1:5"`, 1)), registry(new(provider.Env)).Check)
 	require.Equal(t, []string{"shard.infra.options.sockt: unknown key"}, keys(t, err))
+}
+
+func infraConfig(infra config.Infra) *config.Config {
+	cfg := &config.Config{}
+	cfg.Shard.Infra = infra
+	return cfg
 }

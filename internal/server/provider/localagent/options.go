@@ -53,7 +53,7 @@ func (d Dirs) NodeDirOrEmpty() string {
 // Validate reports a missing state directory (keys relative to shard.infra).
 func (d Dirs) Validate() config.Errors {
 	if d.StateDir == "" {
-		return config.Errors{{Key: "options.state_dir", Reason: "must not be empty (default " + DefaultStateDir + ")"}}
+		return config.Errors{{Key: "shard.infra.options.state_dir", Reason: "must not be empty (default " + DefaultStateDir + ")"}}
 	}
 	return nil
 }

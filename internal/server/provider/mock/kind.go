@@ -19,7 +19,7 @@ func Kind() provider.Kind {
 }
 
 // Validate implements provider.KindConfig.
-func (*Options) Validate(config.Infra) config.Errors { return nil }
+func (*Options) Validate(*config.Config) config.Errors { return nil }
 
 // New implements provider.KindConfig.
 func (*Options) New(context.Context, provider.Env) (provider.Provider, error) { return New(), nil }

@@ -37,10 +37,10 @@ func Kind() provider.Kind {
 }
 
 // Validate implements provider.KindConfig.
-func (o *Options) Validate(config.Infra) config.Errors {
+func (o *Options) Validate(*config.Config) config.Errors {
 	errs := localagent.Dirs{StateDir: o.StateDir}.Validate()
 	if len(strings.Fields(o.Command)) == 0 {
-		errs = append(errs, config.FieldError{Key: "options.command", Reason: "must not be empty (default " + DefaultCommand + ")"})
+		errs = append(errs, config.FieldError{Key: "shard.infra.options.command", Reason: "must not be empty (default " + DefaultCommand + ")"})
 	}
 	return errs
 }

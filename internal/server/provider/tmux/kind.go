@@ -47,13 +47,13 @@ func (o *Options) dirs() localagent.Dirs {
 }
 
 // Validate implements provider.KindConfig.
-func (o *Options) Validate(config.Infra) config.Errors {
+func (o *Options) Validate(*config.Config) config.Errors {
 	errs := o.dirs().Validate()
 	if strings.TrimSpace(o.Command) == "" {
-		errs = append(errs, config.FieldError{Key: "options.command", Reason: "must not be empty (default " + DefaultCommand + ")"})
+		errs = append(errs, config.FieldError{Key: "shard.infra.options.command", Reason: "must not be empty (default " + DefaultCommand + ")"})
 	}
 	if o.Session == "" || strings.ContainsAny(o.Session, ":.=") {
-		errs = append(errs, config.FieldError{Key: "options.session", Reason: "must be a non-empty name without ':', '.' or '=', got " + strconv.Quote(o.Session)})
+		errs = append(errs, config.FieldError{Key: "shard.infra.options.session", Reason: "must be a non-empty name without ':', '.' or '=', got " + strconv.Quote(o.Session)})
 	}
 	return errs
 }
