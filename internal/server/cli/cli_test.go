@@ -43,7 +43,7 @@ func TestValidateFlag(t *testing.T) {
 		{"provider option value", []string{"--shard", "dev-1", "--validate", "--config-file", badCommand},
 			badCommand + ": shard.infra.options.command: must not be empty (default air -c scripts/air/agent.toml)\n", "1 problem"},
 		{"provider kind", []string{"--shard", "dev-1", "--validate", "--config-file", badKind},
-			`shard.infra.provider: unknown provider "gce" (want one of mock, process, tmux)`, "1 problem"},
+			`shard.infra.provider: unknown provider "gce" (want one of aws, mock, process, tmux)`, "1 problem"},
 		{"missing file", []string{"--shard", "dev-1", "--validate", "--config-file", filepath.Join(dir, "nope")}, "", "reading"},
 		{"config-file without validate", []string{"--shard", "dev-1", "--config-file", bad}, "", "only used with --validate"},
 	}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"github.com/nstance-dev/nstance/internal/server/provider"
+	"github.com/nstance-dev/nstance/internal/server/provider/aws"
 	"github.com/nstance-dev/nstance/internal/server/provider/mock"
 	"github.com/nstance-dev/nstance/internal/server/provider/process"
 	"github.com/nstance-dev/nstance/internal/server/provider/tmux"
@@ -10,5 +11,5 @@ import (
 // Providers is every provider kind nstance-server ships, for
 // shard.infra.provider to choose from.
 func Providers() *provider.Registry {
-	return provider.NewRegistry(tmux.Kind(), process.Kind(), mock.Kind())
+	return provider.NewRegistry(tmux.Kind(), process.Kind(), mock.Kind(), aws.Kind())
 }
