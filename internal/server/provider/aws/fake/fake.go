@@ -59,6 +59,7 @@ type EC2 struct {
 	throttle  map[string]int
 	lose      map[string]int
 	calls     map[string]int
+	runs      []*ec2.RunInstancesInput
 }
 
 type instance struct {
@@ -106,6 +107,13 @@ func (f *EC2) LoseResponses(op string, n int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.lose[op] += n
+}
+
+// RunInputs returns every RunInstances request that was not throttled.
+func (f *EC2) RunInputs() []*ec2.RunInstancesInput {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]*ec2.RunInstancesInput(nil), f.runs...)
 }
 
 // Calls returns how often op was called (throttled calls included).
@@ -157,6 +165,7 @@ func (f *EC2) RunInstances(_ context.Context, in *ec2.RunInstancesInput, _ ...fu
 	if err := f.enter(OpRunInstances); err != nil {
 		return nil, err
 	}
+	f.runs = append(f.runs, in)
 	if awssdk.ToInt32(in.MinCount) != 1 || awssdk.ToInt32(in.MaxCount) != 1 {
 		return nil, apiError("InvalidParameterValue", "fake launches exactly one instance")
 	}
@@ -378,6 +387,15 @@ func (f *EC2) Interrupt(ec2ID string) error {
 	i.State = &types.InstanceState{Code: awssdk.Int32(48), Name: types.InstanceStateNameTerminated}
 	i.StateReason = &types.StateReason{Code: awssdk.String("Server.SpotInstanceTermination"), Message: awssdk.String("Server.SpotInstanceTermination: Spot instance termination")}
 	return nil
+}
+
+// ShowAll makes every instance visible to DescribeInstances now.
+func (f *EC2) ShowAll() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, i := range f.instances {
+		i.hidden = 0
+	}
 }
 
 // SetState forces an instance's state (e.g. stopped).
