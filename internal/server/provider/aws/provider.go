@@ -199,7 +199,7 @@ func (p *Provider) runInput(req provider.CreateRequest) (*ec2.RunInstancesInput,
 			{ResourceType: types.ResourceTypeVolume, Tags: tags},
 		},
 		// IMDSv2 only: the agent reads the spot notice with a session token.
-		MetadataOptions: &types.InstanceMetadataOptionsRequest{HttpTokens: types.HttpTokensStateRequired, HttpEndpoint: types.InstanceMetadataEndpointStateEnabled},
+		MetadataOptions:  &types.InstanceMetadataOptionsRequest{HttpTokens: types.HttpTokensStateRequired, HttpEndpoint: types.InstanceMetadataEndpointStateEnabled},
 		SecurityGroupIds: spec.securityGroups,
 	}
 	if spec.imageID != "" {
