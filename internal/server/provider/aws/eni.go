@@ -35,14 +35,17 @@ type ENI struct {
 	Log     logr.Logger
 }
 
-func (e *ENI) backoff() wait.Backoff {
+// poll runs cond with e's backoff until it is done, fails or ctx ends;
+// once the backoff reaches its cap it keeps polling at the cap.
+func (e *ENI) poll(ctx context.Context, cond wait.ConditionWithContextFunc) error {
 	b := e.Backoff
 	if b.Duration <= 0 {
 		b = wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Jitter: 0.1, Cap: 5 * time.Second}
 	}
-	// Until the context ends: Cap stops the growth, not the steps.
-	b.Steps = math.MaxInt32
-	return b
+	if b.Steps <= 0 {
+		b.Steps = math.MaxInt32 // grow until Cap
+	}
+	return b.DelayFunc().Until(ctx, true, false, cond)
 }
 
 func (e *ENI) describe(ctx context.Context) (types.NetworkInterface, error) {
@@ -77,7 +80,7 @@ func (e *ENI) Acquire(ctx context.Context) error {
 		idx = DefaultDeviceIndex
 	}
 	var last error
-	err := wait.ExponentialBackoffWithContext(ctx, e.backoff(), func(ctx context.Context) (bool, error) {
+	err := e.poll(ctx, func(ctx context.Context) (bool, error) {
 		ni, err := e.describe(ctx)
 		if err != nil {
 			if fatal(err) {
@@ -132,7 +135,7 @@ func (e *ENI) Acquire(ctx context.Context) error {
 func (e *ENI) Release(ctx context.Context) error {
 	var last error
 	detached := false
-	err := wait.ExponentialBackoffWithContext(ctx, e.backoff(), func(ctx context.Context) (bool, error) {
+	err := e.poll(ctx, func(ctx context.Context) (bool, error) {
 		ni, err := e.describe(ctx)
 		if err != nil {
 			if fatal(err) {

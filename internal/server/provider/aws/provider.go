@@ -42,8 +42,9 @@ type Provider struct {
 	o   Options
 	env provider.Env
 	log logr.Logger
-	// Visible is the backoff a create waits with for its instance to show
-	// in DescribeInstances; its Cap bounds the whole wait.
+	// Visible paces the looks of a create waiting for its instance to show
+	// in DescribeInstances (after its steps, at the last delay);
+	// Options.VisibilityTimeout bounds the whole wait.
 	Visible wait.Backoff
 
 	mu sync.Mutex
@@ -56,10 +57,9 @@ var _ provider.Provider = (*Provider)(nil)
 
 // New returns a provider calling api. o must have been validated.
 func New(api EC2API, o Options, env provider.Env) *Provider {
-	steps := 12
 	return &Provider{
 		api: api, o: o, env: env, log: env.Log,
-		Visible: wait.Backoff{Duration: 250 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: steps, Cap: o.VisibilityTimeout.D()},
+		Visible: wait.Backoff{Duration: 250 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 6, Cap: 10 * time.Second},
 		ids:     map[string]string{},
 	}
 }
@@ -295,7 +295,7 @@ func (p *Provider) waitVisible(ctx context.Context, ec2ID string) (types.Instanc
 	var last error
 	ctx, cancel := context.WithTimeout(ctx, p.o.VisibilityTimeout.D())
 	defer cancel()
-	err := wait.ExponentialBackoffWithContext(ctx, p.Visible, func(ctx context.Context) (bool, error) {
+	err := p.Visible.DelayFunc().Until(ctx, true, false, func(ctx context.Context) (bool, error) {
 		out, err := p.api.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{ec2ID}})
 		switch {
 		case errorCode(err) == codeInstanceNotFound || throttled(err):

@@ -45,13 +45,14 @@ func newHarness(t *testing.T, mutate func(*aws.Options)) *harness {
 	o.ImageID = "ami-0123456789abcdef0"
 	o.SecurityGroupIDs = []string{"sg-1"}
 	o.Tags = map[string]string{"team": "infra"}
+	o.VisibilityTimeout = config.Duration(2 * time.Second)
 	if mutate != nil {
 		mutate(o)
 	}
 	require.Empty(t, o.Validate(h.cfg))
 	h.p = aws.New(h.ec2, *o, provider.Env{Config: func() *config.Config { return h.cfg },
 		Local: provider.Local{Env: []string{"NSTANCE_METRICS_INTERVAL=5s"}}})
-	h.p.Visible = wait.Backoff{Duration: time.Millisecond, Factor: 1.5, Steps: 40, Cap: 20 * time.Millisecond}
+	h.p.Visible = wait.Backoff{Duration: time.Millisecond, Factor: 1.5, Steps: 10, Cap: 20 * time.Millisecond}
 	return h
 }
 
