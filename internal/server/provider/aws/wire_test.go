@@ -19,6 +19,7 @@ import (
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -35,7 +36,8 @@ import (
 
 const wireRegion = "us-fake-1"
 
-// exchange is one expected request and its answer.
+// exchange is one expected request and its answer. Checks run on the
+// server's goroutine, so they use assert (never FailNow).
 type exchange struct {
 	action string
 	check  func(t *testing.T, form url.Values)
@@ -250,32 +252,32 @@ func TestWire(t *testing.T) {
 		req := request("web-1", "web")
 		req.Args = map[string]string{aws.ArgMarket: aws.MarketSpot, aws.ArgSpotMaxPrice: "0.05"}
 		checkRun := func(t *testing.T, f url.Values) {
-			require.Equal(t, "web-1", f.Get("ClientToken"))
-			require.Equal(t, "ami-0123456789abcdef0", f.Get("ImageId"))
-			require.Equal(t, "m7g.large", f.Get("InstanceType"))
-			require.Equal(t, "1", f.Get("MinCount"))
-			require.Equal(t, "1", f.Get("MaxCount"))
-			require.Equal(t, "subnet-a", f.Get("SubnetId"))
-			require.Equal(t, []string{"sg-1", "sg-2"}, params(f, "SecurityGroupId"))
-			require.Equal(t, "nstance-agent", f.Get("IamInstanceProfile.Name"))
-			require.Equal(t, "required", f.Get("MetadataOptions.HttpTokens"))
-			require.Equal(t, "spot", f.Get("InstanceMarketOptions.MarketType"))
-			require.Equal(t, "0.05", f.Get("InstanceMarketOptions.SpotOptions.MaxPrice"))
-			require.Equal(t, "one-time", f.Get("InstanceMarketOptions.SpotOptions.SpotInstanceType"))
-			require.Equal(t, "terminate", f.Get("InstanceMarketOptions.SpotOptions.InstanceInterruptionBehavior"))
+			assert.Equal(t, "web-1", f.Get("ClientToken"))
+			assert.Equal(t, "ami-0123456789abcdef0", f.Get("ImageId"))
+			assert.Equal(t, "m7g.large", f.Get("InstanceType"))
+			assert.Equal(t, "1", f.Get("MinCount"))
+			assert.Equal(t, "1", f.Get("MaxCount"))
+			assert.Equal(t, "subnet-a", f.Get("SubnetId"))
+			assert.Equal(t, []string{"sg-1", "sg-2"}, params(f, "SecurityGroupId"))
+			assert.Equal(t, "nstance-agent", f.Get("IamInstanceProfile.Name"))
+			assert.Equal(t, "required", f.Get("MetadataOptions.HttpTokens"))
+			assert.Equal(t, "spot", f.Get("InstanceMarketOptions.MarketType"))
+			assert.Equal(t, "0.05", f.Get("InstanceMarketOptions.SpotOptions.MaxPrice"))
+			assert.Equal(t, "one-time", f.Get("InstanceMarketOptions.SpotOptions.SpotInstanceType"))
+			assert.Equal(t, "terminate", f.Get("InstanceMarketOptions.SpotOptions.InstanceInterruptionBehavior"))
 			tags := tagSpec(f, "instance")
-			require.Equal(t, "web-1", tags[aws.TagInstanceID])
-			require.Equal(t, "c1", tags[aws.TagCluster])
-			require.Equal(t, "nstance://c1/s1/web-1", tags[aws.TagProviderID])
-			require.Equal(t, tags, tagSpec(f, "volume"))
+			assert.Equal(t, "web-1", tags[aws.TagInstanceID])
+			assert.Equal(t, "c1", tags[aws.TagCluster])
+			assert.Equal(t, "nstance://c1/s1/web-1", tags[aws.TagProviderID])
+			assert.Equal(t, tags, tagSpec(f, "volume"))
 			ud, err := base64.StdEncoding.DecodeString(f.Get("UserData"))
-			require.NoError(t, err)
-			require.Contains(t, string(ud), "#!/bin/sh")
-			require.Contains(t, string(ud), base64.StdEncoding.EncodeToString([]byte("nonce-web-1")))
+			assert.NoError(t, err)
+			assert.Contains(t, string(ud), "#!/bin/sh")
+			assert.Contains(t, string(ud), base64.StdEncoding.EncodeToString([]byte("nonce-web-1")))
 		}
 		byID := func(id string) func(t *testing.T, f url.Values) {
 			return func(t *testing.T, f url.Values) {
-				require.Equal(t, []string{id}, params(f, "InstanceId"))
+				assert.Equal(t, []string{id}, params(f, "InstanceId"))
 			}
 		}
 		byTags := func(instanceID, token string) func(t *testing.T, f url.Values) {
@@ -285,8 +287,8 @@ func TestWire(t *testing.T) {
 				if instanceID != "" {
 					want["tag:"+aws.TagInstanceID] = []string{instanceID}
 				}
-				require.Equal(t, want, filters(f))
-				require.Equal(t, token, f.Get("NextToken"))
+				assert.Equal(t, want, filters(f))
+				assert.Equal(t, token, f.Get("NextToken"))
 			}
 		}
 
@@ -370,22 +372,24 @@ func TestWire(t *testing.T) {
 			return `<attachment><attachmentId>` + id + `</attachmentId><instanceId>` + instance + `</instanceId><instanceOwnerId>123456789012</instanceOwnerId>` +
 				`<deviceIndex>1</deviceIndex><status>` + status + `</status><attachTime>2026-11-24T08:00:00.000Z</attachTime><deleteOnTermination>false</deleteOnTermination></attachment>`
 		}
-		byENI := func(t *testing.T, f url.Values) { require.Equal(t, []string{"eni-0shard"}, params(f, "NetworkInterfaceId")) }
+		byENI := func(t *testing.T, f url.Values) {
+			assert.Equal(t, []string{"eni-0shard"}, params(f, "NetworkInterfaceId"))
+		}
 
 		// Failover: the ENI is still attached to the dead leader.
 		w.expect(
 			ok("DescribeNetworkInterfaces", eniXML(attached("eni-attach-old", "i-0old", "attached"))).checking(byENI),
 			ok("DetachNetworkInterface", `<return>true</return>`).checking(func(t *testing.T, f url.Values) {
-				require.Equal(t, "eni-attach-old", f.Get("AttachmentId"))
-				require.Equal(t, "true", f.Get("Force"))
+				assert.Equal(t, "eni-attach-old", f.Get("AttachmentId"))
+				assert.Equal(t, "true", f.Get("Force"))
 			}),
 			ok("DescribeNetworkInterfaces", eniXML(attached("eni-attach-old", "i-0old", "detaching"))).checking(byENI),
 			fail("DetachNetworkInterface", http.StatusBadRequest, "InvalidAttachmentID.NotFound", "The attachment ID 'eni-attach-old' does not exist"),
 			ok("DescribeNetworkInterfaces", eniXML("")).checking(byENI),
 			ok("AttachNetworkInterface", `<attachmentId>eni-attach-new</attachmentId><networkCardIndex>0</networkCardIndex>`).checking(func(t *testing.T, f url.Values) {
-				require.Equal(t, "eni-0shard", f.Get("NetworkInterfaceId"))
-				require.Equal(t, "i-0self", f.Get("InstanceId"))
-				require.Equal(t, "1", f.Get("DeviceIndex"))
+				assert.Equal(t, "eni-0shard", f.Get("NetworkInterfaceId"))
+				assert.Equal(t, "i-0self", f.Get("InstanceId"))
+				assert.Equal(t, "1", f.Get("DeviceIndex"))
 			}),
 			ok("DescribeNetworkInterfaces", eniXML(attached("eni-attach-new", "i-0self", "attaching"))).checking(byENI),
 			ok("DescribeNetworkInterfaces", eniXML(attached("eni-attach-new", "i-0self", "attached"))).checking(byENI),
@@ -397,8 +401,8 @@ func TestWire(t *testing.T) {
 		w.expect(
 			ok("DescribeNetworkInterfaces", eniXML(attached("eni-attach-new", "i-0self", "attached"))).checking(byENI),
 			ok("DetachNetworkInterface", `<return>true</return>`).checking(func(t *testing.T, f url.Values) {
-				require.Equal(t, "eni-attach-new", f.Get("AttachmentId"))
-				require.Empty(t, f.Get("Force"))
+				assert.Equal(t, "eni-attach-new", f.Get("AttachmentId"))
+				assert.Empty(t, f.Get("Force"))
 			}),
 			ok("DescribeNetworkInterfaces", eniXML(attached("eni-attach-new", "i-0self", "detaching"))).checking(byENI),
 			ok("DescribeNetworkInterfaces", eniXML("")).checking(byENI),
