@@ -7,6 +7,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/server/app"
 	"github.com/nstance-dev/nstance/internal/server/cache"
+	"github.com/nstance-dev/nstance/internal/server/config"
 	"github.com/nstance-dev/nstance/internal/server/fleet"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/liveconfig"
@@ -51,6 +52,7 @@ func Factory(o Options) app.ServiceFactory {
 			_, mod = rt.App.ConfigVersion()
 		}
 		holder := liveconfig.New(rt.Store, rt.Keys.Config(cfg.Shard.ID), cfg, rt.ConfigETag, mod)
+		holder.Checks = []config.Check{o.Providers.Check}
 		local := o.Local
 		if d := cfg.Shard.HealthCheckInterval.D(); d > 0 {
 			// Local agents report at the interval the server expects.
