@@ -78,6 +78,10 @@ type Options struct {
 	// material is loaded; operatorapi.Core and an unimplemented Agent service
 	// when nil.
 	Services ServiceFactory
+	// ConfigChecks run on the loaded config besides its own validation
+	// (the provider registry's check); a document they reject is retried
+	// like any invalid one.
+	ConfigChecks []config.Check
 	// StorageBackoff overrides the retry backoff for storage calls.
 	StorageBackoff storage.Backoff
 	// NonceSweepInterval is how often the shard leader deletes nonce markers
@@ -552,7 +556,7 @@ func (a *App) loadConfig(ctx context.Context) (*config.Config, error) {
 		if err != nil {
 			return fmt.Errorf("reading %s: %w", key, err)
 		}
-		c, err := config.Parse(obj.Body)
+		c, err := config.Parse(obj.Body, a.o.ConfigChecks...)
 		if err != nil {
 			return fmt.Errorf("%s is invalid: %w", key, err)
 		}

@@ -100,6 +100,7 @@ func run(c *ucli.Context) error {
 			return fail(err, "--id not given and the host name is unknown", 2)
 		}
 	}
+	providers := Providers()
 	a, err := app.New(app.Options{
 		ServerID: id, Shard: c.String("shard"), Store: store, Keys: keys, CacheDir: c.String("cache-dir"),
 		AdvertiseHosts: c.StringSlice("advertise-host"),
@@ -107,8 +108,9 @@ func run(c *ucli.Context) error {
 			PortOffset: c.Int("port-offset"), Health: c.String("bind-health"), Election: c.String("bind-election"),
 			Registration: c.String("bind-registration"), Operator: c.String("bind-operator"), Agent: c.String("bind-agent"),
 		},
-		Log: log.WithValues("server", id, "shard", c.String("shard")),
-		Services: fleetapp.Factory(fleetapp.Options{Providers: Providers(), Local: provider.Local{
+		Log:          log.WithValues("server", id, "shard", c.String("shard")),
+		ConfigChecks: []config.Check{providers.Check},
+		Services: fleetapp.Factory(fleetapp.Options{Providers: providers, Local: provider.Local{
 			Command: c.String("agent-command"), StateDir: c.String("agent-state-dir"), NodeDir: c.String("node-dir"),
 			Session: c.String("tmux-session"), Socket: c.String("tmux-socket"),
 		}}),
