@@ -273,6 +273,7 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	}
 	ec2ID := *out.Instances[0].InstanceId
 	p.remember(req.InstanceID, ec2ID)
+	p.log.V(1).Info("launched", "instance", req.InstanceID, "ec2", ec2ID, "subnet", awssdk.ToString(in.SubnetId), "market", p.market(in))
 	got, err := p.waitVisible(ctx, ec2ID)
 	if err != nil {
 		return provider.Instance{}, fmt.Errorf("instance %s (%s) launched but not visible: %w", req.InstanceID, ec2ID, err)
@@ -322,6 +323,13 @@ func (p *Provider) waitVisible(ctx context.Context, ec2ID string) (types.Instanc
 		return found, err
 	}
 	return found, nil
+}
+
+func (p *Provider) market(in *ec2.RunInstancesInput) string {
+	if in.InstanceMarketOptions != nil {
+		return string(in.InstanceMarketOptions.MarketType)
+	}
+	return MarketOnDemand
 }
 
 func (p *Provider) remember(id, ec2ID string) {

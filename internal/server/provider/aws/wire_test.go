@@ -51,6 +51,7 @@ type wire struct {
 	script []exchange
 	served int
 	seen   map[string]bool
+	url    string
 }
 
 var (
@@ -219,6 +220,7 @@ func wireClient(t *testing.T, w *wire) *ec2.Client {
 	t.Helper()
 	srv := httptest.NewServer(w)
 	t.Cleanup(srv.Close)
+	w.url = srv.URL
 	// Nothing from the machine's AWS set-up may leak in.
 	dir := t.TempDir()
 	for k, v := range map[string]string{"AWS_CONFIG_FILE": filepath.Join(dir, "config"), "AWS_SHARED_CREDENTIALS_FILE": filepath.Join(dir, "credentials"),
@@ -351,6 +353,23 @@ func TestWire(t *testing.T) {
 		require.ErrorIs(t, err, provider.ErrNotFound)
 		w.expect(ok("DescribeInstances", `<reservationSet/>`).checking(byTags("web-1", "")))
 		require.NoError(t, p.Delete(ctx, "web-1"))
+		w.done(t)
+	})
+
+	t.Run("registry", func(t *testing.T) {
+		// The assembly's path: the options block through the registry to
+		// a provider with its own client (credentials from the environment).
+		t.Setenv("AWS_ACCESS_KEY_ID", "AKIDWIRE")
+		t.Setenv("AWS_SECRET_ACCESS_KEY", "wire-secret")
+		cfg := testConfig()
+		cfg.Shard.Infra.Region = wireRegion
+		cfg.Shard.Infra.Options = map[string]any{"endpoint": w.url, "image_id": "ami-1", "max_backoff": "5ms"}
+		p, err := provider.NewRegistry(aws.Kind()).New(ctx, provider.Env{Config: func() *config.Config { return cfg }})
+		require.NoError(t, err)
+		w.expect(ok("DescribeInstances", reservations(instanceXML("i-0wire1", "web-1", "running", 16, false))))
+		list, err := p.List(ctx)
+		require.NoError(t, err)
+		require.Len(t, list, 1)
 		w.done(t)
 	})
 
