@@ -60,10 +60,11 @@ func (e *ENI) describe(ctx context.Context) (types.NetworkInterface, error) {
 }
 
 // fatal reports errors no wait can cure: the ENI or this instance does
-// not exist (a configuration error).
+// not exist, or they cannot be paired (configuration errors).
 func fatal(err error) bool {
 	switch errorCode(err) {
-	case codeENINotFound, codeInstanceNotFound:
+	case codeENINotFound, codeInstanceNotFound,
+		"InvalidParameterCombination": // e.g. the ENI is in another zone than the instance
 		return true
 	}
 	return false

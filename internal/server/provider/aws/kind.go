@@ -208,8 +208,14 @@ func (o *Options) Validate(cfg *config.Config) config.Errors {
 		for k, v := range cfg.Templates[n].Args {
 			args[k] = v
 		}
-		if _, err := o.launchSpec(args); err != nil {
+		spec, err := o.launchSpec(args)
+		if err != nil {
 			add("templates."+n+".args", "%v", err)
+			continue
+		}
+		// Without a launch template EC2 would pick its own default type.
+		if spec.launchTemplate.ID == "" && spec.launchTemplate.Name == "" && cfg.Templates[n].InstanceType == "" && o.InstanceType == "" {
+			add("templates."+n+".instance_type", "required by the aws provider when no launch template is used (or set shard.infra.options.instance_type)")
 		}
 	}
 	return errs

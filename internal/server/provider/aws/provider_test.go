@@ -423,13 +423,14 @@ func TestValidate(t *testing.T) {
 
 	// No image anywhere: the template that would launch nothing is named.
 	cfg = testConfig()
-	cfg.Templates = map[string]config.Template{"worker": {}, "gpu": {Args: map[string]string{aws.ArgImageID: "ami-1"}}}
+	cfg.Templates = map[string]config.Template{"worker": {InstanceType: "m7g.large"}, "gpu": {Args: map[string]string{aws.ArgImageID: "ami-1"}}}
 	got = nil
 	for _, e := range reg.Check(cfg) {
 		got = append(got, e.Error())
 	}
-	require.Len(t, got, 1)
-	require.Contains(t, got[0], "templates.worker.args: no image")
+	require.Len(t, got, 2)
+	require.Equal(t, "templates.gpu.instance_type: required by the aws provider when no launch template is used (or set shard.infra.options.instance_type)", got[0])
+	require.Contains(t, got[1], "templates.worker.args: no image")
 
 	cfg.Defaults.Args = map[string]string{aws.ArgLaunchTemplate: "workers"}
 	require.Empty(t, reg.Check(cfg))
