@@ -36,6 +36,7 @@ func TestValidateFlag(t *testing.T) {
 		wantErr string
 	}{
 		{"example is valid", []string{"--shard", "dev-1", "--validate", "--config-file", "../../../examples/config-tmux.jsonc"}, "valid", ""},
+		{"aws example is valid", []string{"--shard", "use1-az1", "--validate", "--config-file", "../../../examples/config-aws.jsonc"}, "valid", ""},
 		{"shard mismatch", []string{"--shard", "dev-2", "--validate", "--config-file", "../../../examples/config-tmux.jsonc"}, `shard.id: is "dev-1", but --shard is "dev-2"`, "1 problem"},
 		{"unknown key", []string{"--shard", "dev-1", "--validate", "--config-file", bad}, "cluster.colour: unknown key", "1 problem"},
 		{"provider options", []string{"--shard", "dev-1", "--validate", "--config-file", badOptions},
