@@ -259,9 +259,10 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	}
 	out, err := p.api.RunInstances(ctx, in)
 	if errorCode(err) == "IdempotentParameterMismatch" {
-		// The token launched an instance with other parameters (e.g. the
-		// pool changed between attempts): that instance is this id's.
-		if inst, ferr := p.Status(ctx, req.InstanceID); ferr == nil {
+		// The token launched an instance with other parameters (the pool
+		// or an arg changed between attempts, another server's create
+		// raced this one): that instance is this id's, once EC2 shows it.
+		if inst, ferr := p.waitFound(ctx, req.InstanceID); ferr == nil {
 			return inst, nil
 		}
 	}
@@ -323,6 +324,26 @@ func (p *Provider) waitVisible(ctx context.Context, ec2ID string) (types.Instanc
 		return found, err
 	}
 	return found, nil
+}
+
+// waitFound looks the instance up by its tags until EC2 shows it (within
+// the visibility timeout).
+func (p *Provider) waitFound(ctx context.Context, id string) (provider.Instance, error) {
+	var inst provider.Instance
+	ctx, cancel := context.WithTimeout(ctx, p.o.VisibilityTimeout.D())
+	defer cancel()
+	err := p.Visible.DelayFunc().Until(ctx, true, false, func(ctx context.Context) (bool, error) {
+		got, err := p.Status(ctx, id)
+		switch {
+		case err == nil:
+			inst = got
+			return true, nil
+		case errors.Is(err, provider.ErrNotFound) || throttled(err):
+			return false, nil
+		}
+		return false, err
+	})
+	return inst, err
 }
 
 func (p *Provider) market(in *ec2.RunInstancesInput) string {

@@ -3,7 +3,9 @@ package aws_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,9 +35,10 @@ func testConfig() *config.Config {
 }
 
 type harness struct {
-	ec2 *fake.EC2
-	p   *aws.Provider
-	cfg *config.Config
+	ec2  *fake.EC2
+	p    *aws.Provider
+	cfg  *config.Config
+	opts *aws.Options
 }
 
 func newHarness(t *testing.T, mutate func(*aws.Options)) *harness {
@@ -50,6 +53,7 @@ func newHarness(t *testing.T, mutate func(*aws.Options)) *harness {
 		mutate(o)
 	}
 	require.Empty(t, o.Validate(h.cfg))
+	h.opts = o
 	h.p = aws.New(h.ec2, *o, provider.Env{Config: func() *config.Config { return h.cfg },
 		Local: provider.Local{Env: []string{"NSTANCE_METRICS_INTERVAL=5s"}}})
 	h.p.Visible = wait.Backoff{Duration: time.Millisecond, Factor: 1.5, Steps: 10, Cap: 20 * time.Millisecond}
@@ -437,4 +441,42 @@ func TestValidate(t *testing.T) {
 	kc, err := reg.Decode(cfg)
 	require.NoError(t, err)
 	require.Equal(t, aws.DefaultOptions(), kc)
+}
+
+// TestConcurrentCreates: the reconciler's workers create in parallel, and
+// two leaders (or a retry racing the original) may create one id at once,
+// here with different parameters (the second server passes no extra agent
+// environment, so its user data differs and EC2 refuses its token until
+// the first instance shows): every id ends with exactly one instance.
+func TestConcurrentCreates(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, nil)
+	h.ec2.VisibleAfter = 2
+	other := aws.New(h.ec2, *h.opts, provider.Env{Config: func() *config.Config { return h.cfg }})
+	other.Visible = h.p.Visible
+	var wg sync.WaitGroup
+	errs := make(chan error, 40)
+	for i := range 20 {
+		id := fmt.Sprintf("web-%02d", i)
+		for _, p := range []*aws.Provider{h.p, other} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				inst, err := p.Create(ctx, request(id, "web"))
+				if err == nil && inst.InstanceID != id {
+					err = fmt.Errorf("created %s, got %s", id, inst.InstanceID)
+				}
+				errs <- err
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Len(t, h.ec2.Instances(), 20)
+	list, err := other.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, list, 20)
 }
