@@ -356,6 +356,24 @@ func TestWire(t *testing.T) {
 		w.done(t)
 	})
 
+	t.Run("standard retry mode", func(t *testing.T) {
+		// max_attempts bounds the SDK's tries: two throttled answers with
+		// max_attempts 2 fail the call; the third request never comes.
+		o := aws.DefaultOptions()
+		o.Endpoint, o.RetryMode, o.MaxAttempts, o.MaxBackoff = w.url, aws.RetryStandard, 2, config.Duration(time.Millisecond)
+		c, err := aws.NewClient(ctx, *o, wireRegion, awsconfig.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("AKIDWIRE", "wire-secret", "")))
+		require.NoError(t, err)
+		p := aws.New(c, *o, provider.Env{Config: testConfig})
+		w.expect(
+			fail("DescribeInstances", http.StatusServiceUnavailable, "RequestLimitExceeded", "Request limit exceeded."),
+			fail("DescribeInstances", http.StatusServiceUnavailable, "RequestLimitExceeded", "Request limit exceeded."),
+		)
+		_, err = p.List(ctx)
+		require.ErrorContains(t, err, "RequestLimitExceeded")
+		require.ErrorContains(t, err, "exceeded maximum number of attempts, 2")
+		w.done(t)
+	})
+
 	t.Run("registry", func(t *testing.T) {
 		// The assembly's path: the options block through the registry to
 		// a provider with its own client (credentials from the environment).
