@@ -101,21 +101,29 @@ func TestENIErrors(t *testing.T) {
 	// A missing ENI or instance is a configuration error, not a wait.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	start := time.Now()
 	err := holder(f, "eni-missing", server).Acquire(ctx)
 	require.ErrorContains(t, err, "InvalidNetworkInterfaceID.NotFound")
+	require.Equal(t, 1, f.Calls(fake.OpDescribeNetworkInterfaces), "no second look")
 	err = holder(f, eni, "i-missing").Acquire(ctx)
 	require.ErrorContains(t, err, "InvalidInstanceID.NotFound")
-	require.Less(t, time.Since(start), 5*time.Second)
+	require.Equal(t, 1, f.Calls(fake.OpAttachNetworkInterface), "no second attach")
 
 	// Release is bounded by its context: a detach that never settles
 	// returns when the step-down budget is spent.
 	require.NoError(t, holder(f, eni, server).Acquire(ctx))
 	f.SettleAfter = 1 << 30
-	short, cancelShort := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	short, cancelShort := context.WithCancel(ctx)
 	defer cancelShort()
+	detaches := f.Calls(fake.OpDetachNetworkInterface)
+	go func() {
+		// The step-down budget ends once the detach was asked for.
+		for f.Calls(fake.OpDetachNetworkInterface) == detaches && short.Err() == nil {
+			time.Sleep(time.Millisecond)
+		}
+		cancelShort()
+	}()
 	err = holder(f, eni, server).Release(short)
-	require.Error(t, err)
+	require.ErrorIs(t, err, context.Canceled)
 	require.ErrorContains(t, err, "releasing")
 	_, status := f.AttachedTo(eni)
 	require.Equal(t, types.AttachmentStatusDetaching, status, "the detach was asked for")
