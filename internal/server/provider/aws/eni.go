@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/go-logr/logr"
@@ -168,4 +171,61 @@ func (e *ENI) Release(ctx context.Context) error {
 		return fmt.Errorf("releasing %s from %s: %w", e.NetworkInterfaceID, e.InstanceID, err)
 	}
 	return nil
+}
+
+// ENIConfig describes the ENI holder of this server (shard.leader_address
+// in mode aws-eni).
+type ENIConfig struct {
+	// NetworkInterfaceID is the shard's ENI; DeviceIndex where it attaches
+	// (0: DefaultDeviceIndex).
+	NetworkInterfaceID string
+	DeviceIndex        int32
+	// Region of the EC2 client; empty: this instance's, from the instance
+	// metadata service.
+	Region string
+	// InstanceID of this server; empty: from the instance metadata service.
+	InstanceID string
+	// Options tune the EC2 client (endpoint, retries); nil: DefaultOptions.
+	Options *Options
+	// IMDS is the metadata client; nil: the SDK's default (IMDSv2).
+	IMDS *imds.Client
+	Log  logr.Logger
+}
+
+// NewENI returns the ENI holder for this server: the instance id and region
+// come from the instance metadata service unless given, the EC2 client from
+// the default credential chain (the instance profile); extra load options
+// are applied last (tests: static credentials).
+func NewENI(ctx context.Context, c ENIConfig, extra ...func(*awsconfig.LoadOptions) error) (*ENI, error) {
+	if c.NetworkInterfaceID == "" {
+		return nil, fmt.Errorf("aws ENI: no network interface id")
+	}
+	md := c.IMDS
+	if md == nil && (c.Region == "" || c.InstanceID == "") {
+		md = imds.New(imds.Options{})
+	}
+	if c.InstanceID == "" || c.Region == "" {
+		doc, err := md.GetInstanceIdentityDocument(ctx, &imds.GetInstanceIdentityDocumentInput{})
+		if err != nil {
+			return nil, fmt.Errorf("aws ENI: this instance's identity document from the metadata service: %w", err)
+		}
+		if c.InstanceID == "" {
+			c.InstanceID = doc.InstanceID
+		}
+		if c.Region == "" {
+			c.Region = doc.Region
+		}
+	}
+	if !strings.HasPrefix(c.InstanceID, "i-") {
+		return nil, fmt.Errorf("aws ENI: instance id %q is not i-…", c.InstanceID)
+	}
+	o := c.Options
+	if o == nil {
+		o = DefaultOptions()
+	}
+	client, err := NewClient(ctx, *o, c.Region, extra...)
+	if err != nil {
+		return nil, err
+	}
+	return &ENI{API: client, NetworkInterfaceID: c.NetworkInterfaceID, InstanceID: c.InstanceID, DeviceIndex: c.DeviceIndex, Log: c.Log}, nil
 }

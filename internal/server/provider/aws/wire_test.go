@@ -18,6 +18,7 @@ import (
 
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -389,6 +390,47 @@ func TestWire(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, list, 1)
 		w.done(t)
+	})
+
+	t.Run("eni from the metadata service", func(t *testing.T) {
+		// IMDSv2: a session token first, then the instance identity
+		// document (instance id, region) with it.
+		md := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			switch {
+			case r.Method == http.MethodPut && r.URL.Path == "/latest/api/token":
+				if r.Header.Get("X-Aws-Ec2-Metadata-Token-Ttl-Seconds") == "" {
+					t.Errorf("token request without a TTL")
+				}
+				rw.Header().Set("X-Aws-Ec2-Metadata-Token-Ttl-Seconds", r.Header.Get("X-Aws-Ec2-Metadata-Token-Ttl-Seconds"))
+				_, _ = io.WriteString(rw, "md-token")
+				return
+			case r.Header.Get("X-Aws-Ec2-Metadata-Token") != "md-token":
+				t.Errorf("%s %s without the session token", r.Method, r.URL.Path)
+				http.Error(rw, "unauthorized", http.StatusUnauthorized)
+			case r.URL.Path == "/latest/dynamic/instance-identity/document":
+				_, _ = io.WriteString(rw, `{"accountId": "123456789012", "architecture": "arm64", "availabilityZone": "us-fake-1a",
+  "imageId": "ami-server", "instanceId": "i-0self", "instanceType": "m7g.medium", "pendingTime": "2026-11-24T08:00:00Z",
+  "privateIp": "10.0.1.20", "region": "`+wireRegion+`", "version": "2017-09-30"}`)
+			default:
+				http.NotFound(rw, r)
+			}
+		}))
+		t.Cleanup(md.Close)
+		o := aws.DefaultOptions()
+		o.Endpoint = w.url
+		e, err := aws.NewENI(ctx, aws.ENIConfig{NetworkInterfaceID: "eni-0shard", Options: o, IMDS: imds.New(imds.Options{Endpoint: md.URL})},
+			awsconfig.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("AKIDWIRE", "wire-secret", "")))
+		require.NoError(t, err)
+		require.Equal(t, "i-0self", e.InstanceID)
+		// The client signs for the metadata service's region (the
+		// handler's Authorization check) and the holder releases nothing
+		// it does not hold.
+		w.expect(ok("DescribeNetworkInterfaces", `<networkInterfaceSet><item><networkInterfaceId>eni-0shard</networkInterfaceId><status>available</status></item></networkInterfaceSet>`))
+		require.NoError(t, e.Release(ctx))
+		w.done(t)
+
+		_, err = aws.NewENI(ctx, aws.ENIConfig{NetworkInterfaceID: "eni-0shard", Region: wireRegion, InstanceID: "web-1"})
+		require.ErrorContains(t, err, `instance id "web-1" is not i-`)
 	})
 
 	t.Run("eni", func(t *testing.T) {
