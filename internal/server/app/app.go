@@ -75,9 +75,16 @@ type Options struct {
 	// Registry receives the server metrics; a fresh one when nil.
 	Registry *prometheus.Registry
 	// Provider replaces the provider shard.infra.provider names (tests pass
-	// one they inspect); Local configures the development providers.
-	Provider provider.Provider
-	Local    LocalOptions
+	// one they inspect); otherwise Providers (default DefaultProviders)
+	// builds it, with Local's overrides for the development kinds, and
+	// checks every loaded config's shard.infra.
+	Provider  provider.Provider
+	Providers *provider.Registry
+	Local     provider.Local
+	// ConfigChecks run on the loaded config besides its own validation and
+	// the registry's check; a document they reject is retried like any
+	// invalid one.
+	ConfigChecks []config.Check
 	// Tuning adjusts the reconciler and the Agent service (tests).
 	Tuning Tuning
 	// OperatorRecordsOptional admits operator and admin certificates
@@ -143,6 +150,9 @@ func New(o Options) (*App, error) {
 	}
 	if o.Store == nil {
 		return nil, errors.New("object store is required")
+	}
+	if o.Providers == nil {
+		o.Providers = DefaultProviders()
 	}
 	if o.Getenv == nil {
 		o.Getenv = os.Getenv
@@ -392,7 +402,7 @@ func (a *App) Run(ctx context.Context) error {
 	built, err := Assemble(Parts{
 		Config: withAdvertiseDefaults(cfg, bind, a.o.AdvertiseHosts), ConfigETag: a.cfgETag, ConfigModified: cfgMod,
 		Store: a.leaderStore(), Keys: a.o.Keys, ServerID: a.o.ServerID,
-		Provider: a.o.Provider, Local: a.o.Local, Fence: fence, Cache: db,
+		Provider: a.o.Provider, Providers: a.o.Providers, Local: a.o.Local, Fence: fence, Cache: db,
 		Trust: trust, Issuer: issuer, NonceKey: cl.NonceKey, WorkloadCA: cl.WorkloadCA, ServerHosts: certHosts,
 		Revocations: a.revocations, Leadership: a.Leadership, Tuning: a.o.Tuning, Log: log,
 	})
@@ -418,7 +428,7 @@ func (a *App) Run(ctx context.Context) error {
 
 	// A standby never holds the leader address: one left behind by a run
 	// killed while leading is removed before campaigning.
-	leaderAddr, err := a.newLeaderAddress(cfg.Shard.LeaderAddress)
+	leaderAddr, err := a.newLeaderAddress(cfg.Shard.LeaderAddress, cfg.Shard.Infra)
 	if err != nil {
 		return err
 	}
@@ -537,7 +547,12 @@ func (a *App) loadConfig(ctx context.Context) (*config.Config, error) {
 		if err != nil {
 			return fmt.Errorf("reading %s: %w", key, err)
 		}
-		c, err := config.Parse(obj.Body)
+		checks := a.o.ConfigChecks
+		if a.o.Provider == nil {
+			// The registry builds the provider, so it judges shard.infra.
+			checks = append([]config.Check{a.o.Providers.Check}, checks...)
+		}
+		c, err := config.Parse(obj.Body, checks...)
 		if err != nil {
 			return fmt.Errorf("%s is invalid: %w", key, err)
 		}

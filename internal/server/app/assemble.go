@@ -5,9 +5,6 @@ import (
 	"crypto/ed25519"
 	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -23,9 +20,6 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/liveconfig"
 	"github.com/nstance-dev/nstance/internal/server/operatorsvc"
 	"github.com/nstance-dev/nstance/internal/server/provider"
-	"github.com/nstance-dev/nstance/internal/server/provider/mock"
-	"github.com/nstance-dev/nstance/internal/server/provider/process"
-	"github.com/nstance-dev/nstance/internal/server/provider/tmux"
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/internal/server/revocation"
@@ -50,8 +44,12 @@ type Parts struct {
 	ServerID string
 	// Provider replaces the provider shard.infra.provider names (tests).
 	Provider provider.Provider
-	// Local configures the development providers beyond the config.
-	Local LocalOptions
+	// Providers are the provider kinds this binary ships; shard.infra.provider
+	// picks one (required unless Provider is set). Its check also runs on
+	// every refreshed config.
+	Providers *provider.Registry
+	// Local are the command line's overrides of the development providers.
+	Local provider.Local
 	// Fence, when set, bounds every provider Create and Delete by the
 	// shard lease.
 	Fence provider.Fence
@@ -138,6 +136,11 @@ func Assemble(p Parts) (*Assembly, error) {
 	lim := cfg.Shard.Limits.WithDefaults()
 	log := p.Log
 	holder := liveconfig.New(p.Store, p.Keys.Config(shard), cfg, p.ConfigETag, p.ConfigModified)
+	if p.Provider == nil && p.Providers != nil {
+		// The registry builds the provider, so it judges every refreshed
+		// shard.infra too.
+		holder.Checks = []config.Check{p.Providers.Check}
+	}
 	s := &Assembly{Config: holder, Revocations: p.Revocations}
 
 	// The provider: the one place the instance backend is chosen.
@@ -148,8 +151,11 @@ func Assemble(p Parts) (*Assembly, error) {
 			// Local agents report at the interval the server expects.
 			local.Env = append(append([]string{}, local.Env...), "NSTANCE_METRICS_INTERVAL="+d.String())
 		}
+		if p.Providers == nil {
+			return nil, fmt.Errorf("assembling the server: no provider and no provider registry")
+		}
 		var err error
-		if prov, err = NewProvider(cfg.Shard.Infra, local); err != nil {
+		if prov, err = p.Providers.New(context.Background(), provider.Env{Config: holder.Current, Local: local, Log: log.WithName("provider")}); err != nil {
 			return nil, err
 		}
 	}
@@ -292,59 +298,4 @@ func (s *Assembly) templateInput(_ context.Context, ref agentapi.Ref) (*agentapi
 		InstanceID: rec.ID, Tenant: rec.Tenant, Shard: rec.Shard, Group: rec.GroupID, Template: rec.Template,
 		InstanceType: rec.InstanceType, Vars: maps.Clone(vars), Args: maps.Clone(rec.Args),
 	}}, nil
-}
-
-// LocalOptions are the settings of the local providers that do not come
-// from the config file.
-type LocalOptions struct {
-	// StateDir holds per-instance identity directories (default temp/agents).
-	StateDir string
-	// NodeDir receives fake Node JSON files (default temp/dev-k8s/nodes; "-" disables).
-	NodeDir string
-	// WorkDir is where agent commands start (default: current directory).
-	WorkDir string
-	// Command overrides shard.infra.options.command.
-	Command string
-	// Session and Socket override the tmux options.
-	Session, Socket string
-	// Env is added to every agent's environment (KEY=VALUE).
-	Env []string
-}
-
-// NewProvider builds the provider named by shard.infra.provider. Options read
-// from shard.infra.options: command (agent command; tmux default
-// "air -c scripts/air/agent.toml", process default "bin/nstance-agent"),
-// session and socket (tmux), state_dir, node_dir, work_dir.
-func NewProvider(infra config.Infra, lo LocalOptions) (provider.Provider, error) {
-	opt := func(name, override, def string) string {
-		if override != "" {
-			return override
-		}
-		if v, ok := infra.Options[name].(string); ok && v != "" {
-			return v
-		}
-		return def
-	}
-	stateDir := opt("state_dir", lo.StateDir, filepath.Join("temp", "agents"))
-	nodeDir := opt("node_dir", lo.NodeDir, filepath.Join("temp", "dev-k8s", "nodes"))
-	if nodeDir == "-" {
-		nodeDir = ""
-	}
-	workDir := opt("work_dir", lo.WorkDir, "")
-	switch infra.Provider {
-	case "mock":
-		return mock.New(), nil
-	case "tmux":
-		return tmux.New(tmux.Config{
-			Command: opt("command", lo.Command, "air -c scripts/air/agent.toml"), Session: opt("session", lo.Session, tmux.DefaultSession),
-			Socket: opt("socket", lo.Socket, ""), StateDir: stateDir, NodeDir: nodeDir, WorkDir: workDir, Env: lo.Env,
-		})
-	case "process":
-		cmd := strings.Fields(opt("command", lo.Command, "bin/nstance-agent"))
-		if err := os.MkdirAll(stateDir, 0o700); err != nil {
-			return nil, err
-		}
-		return process.New(process.Config{Command: cmd, StateDir: stateDir, NodeDir: nodeDir, WorkDir: workDir, Env: lo.Env})
-	}
-	return nil, fmt.Errorf("shard.infra.provider: unsupported provider %q (want tmux, process or mock)", infra.Provider)
 }

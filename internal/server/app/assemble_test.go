@@ -18,6 +18,8 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/cache"
 	"github.com/nstance-dev/nstance/internal/server/config"
 	"github.com/nstance-dev/nstance/internal/server/instances"
+	"github.com/nstance-dev/nstance/internal/server/provider"
+	"github.com/nstance-dev/nstance/internal/server/provider/mock"
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
@@ -43,7 +45,7 @@ func TestAssembleServesOperatorAPIAndMirrorsCache(t *testing.T) {
 	require.NoError(t, err)
 	built, err := app.Assemble(app.Parts{Config: cfg, ConfigETag: "e1", Store: memstore.New(), Keys: layout.New(""), Cache: db,
 		Trust: trust, Issuer: &registration.Issuer{CA: ca, ClusterID: "c1", AgentValidity: time.Hour, OperatorValidity: time.Hour},
-		NonceKey: nonceKey, Log: logr.Discard(), Tuning: app.Tuning{ResyncInterval: 100 * time.Millisecond}})
+		NonceKey: nonceKey, Providers: provider.NewRegistry(mock.Kind()), Log: logr.Discard(), Tuning: app.Tuning{ResyncInterval: 100 * time.Millisecond}})
 	require.NoError(t, err)
 	require.NotNil(t, built.Registration, "with an issuer and a nonce key the Registration service is built")
 	require.Nil(t, built.Agent, "no workload CA, no Agent service")

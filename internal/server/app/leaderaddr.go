@@ -9,6 +9,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/server/config"
 	"github.com/nstance-dev/nstance/internal/server/leaderaddr"
+	"github.com/nstance-dev/nstance/internal/server/provider/aws"
 )
 
 // leaderAddressTimeout bounds one Release of the leader address.
@@ -17,7 +18,7 @@ const leaderAddressTimeout = 10 * time.Second
 // newLeaderAddress builds the holder of the shard's fixed address from
 // shard.leader_address. A VIP lives no longer than the shard lease lets
 // this server act (the elector's ValidUntil).
-func (a *App) newLeaderAddress(la config.LeaderAddress) (leaderaddr.Holder, error) {
+func (a *App) newLeaderAddress(la config.LeaderAddress, infra config.Infra) (leaderaddr.Holder, error) {
 	switch la.Mode {
 	case "", config.LeaderAddressNone:
 		return leaderaddr.None{}, nil
@@ -34,7 +35,16 @@ func (a *App) newLeaderAddress(la config.LeaderAddress) (leaderaddr.Holder, erro
 		}
 		return leaderaddr.NewVIP(la.Interface, la.Address, until, a.log().WithName("leader-address"))
 	case config.LeaderAddressAWSENI:
-		return nil, fmt.Errorf("shard.leader_address.mode %q: the AWS network interface holder is not built into this server yet", la.Mode)
+		// This instance's id (and the region, unless shard.infra names
+		// one) come from the instance metadata service.
+		ctx, cancel := context.WithTimeout(context.Background(), leaderAddressTimeout)
+		defer cancel()
+		region := ""
+		if infra.Provider == aws.KindName {
+			region = infra.Region
+		}
+		return aws.NewENI(ctx, aws.ENIConfig{NetworkInterfaceID: la.NetworkInterfaceID, DeviceIndex: int32(la.DeviceIndex),
+			Region: region, Log: a.log().WithName("leader-address")})
 	default:
 		return nil, fmt.Errorf("shard.leader_address.mode %q: unknown mode", la.Mode)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/logging"
 	"github.com/nstance-dev/nstance/internal/server/app"
 	"github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/storage"
 	"github.com/nstance-dev/nstance/internal/version"
 )
@@ -108,7 +109,7 @@ func run(c *ucli.Context) error {
 			Registration: c.String("bind-registration"), Operator: c.String("bind-operator"), Agent: c.String("bind-agent"),
 		},
 		Log: log.WithValues("server", id, "shard", c.String("shard")),
-		Local: app.LocalOptions{
+		Local: provider.Local{
 			Command: c.String("agent-command"), StateDir: c.String("agent-state-dir"), NodeDir: c.String("node-dir"),
 			Session: c.String("tmux-session"), Socket: c.String("tmux-socket"),
 		},
@@ -149,7 +150,7 @@ func validate(ctx context.Context, c *ucli.Context, out io.Writer) error {
 		}
 		data, source = obj.Body, key
 	}
-	cfg, err := config.Parse(data)
+	cfg, err := config.Parse(data, app.DefaultProviders().Check)
 	if err != nil {
 		if es, ok := config.AsErrors(err); ok {
 			for _, e := range es {

@@ -19,6 +19,16 @@ func TestValidateFlag(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.jsonc")
 	require.NoError(t, os.WriteFile(bad, []byte(`{"cluster": {"id": "c1", "colour": "blue"}}`), 0o600))
+	example, err := os.ReadFile("../../../examples/config-tmux.jsonc")
+	require.NoError(t, err)
+	badOptions := filepath.Join(dir, "bad-options.jsonc")
+	require.NoError(t, os.WriteFile(badOptions, []byte(strings.Replace(string(example),
+		`"options": { "session": "nstance-dev-agents" }`, `"options": { "sesion": "x", "command": "" }`, 1)), 0o600))
+	badCommand := filepath.Join(dir, "bad-command.jsonc")
+	require.NoError(t, os.WriteFile(badCommand, []byte(strings.Replace(string(example),
+		`"options": { "session": "nstance-dev-agents" }`, `"options": { "command": "" }`, 1)), 0o600))
+	badKind := filepath.Join(dir, "bad-kind.jsonc")
+	require.NoError(t, os.WriteFile(badKind, []byte(strings.Replace(string(example), `"provider": "tmux"`, `"provider": "gce"`, 1)), 0o600))
 	tests := []struct {
 		name    string
 		args    []string
@@ -26,8 +36,15 @@ func TestValidateFlag(t *testing.T) {
 		wantErr string
 	}{
 		{"example is valid", []string{"--shard", "dev-1", "--validate", "--config-file", "../../../examples/config-tmux.jsonc"}, "valid", ""},
+		{"aws example is valid", []string{"--shard", "use1-az1", "--validate", "--config-file", "../../../examples/config-aws.jsonc"}, "valid", ""},
 		{"shard mismatch", []string{"--shard", "dev-2", "--validate", "--config-file", "../../../examples/config-tmux.jsonc"}, `shard.id: is "dev-1", but --shard is "dev-2"`, "1 problem"},
 		{"unknown key", []string{"--shard", "dev-1", "--validate", "--config-file", bad}, "cluster.colour: unknown key", "1 problem"},
+		{"provider options", []string{"--shard", "dev-1", "--validate", "--config-file", badOptions},
+			badOptions + ": shard.infra.options.sesion: unknown key\n", "1 problem"},
+		{"provider option value", []string{"--shard", "dev-1", "--validate", "--config-file", badCommand},
+			badCommand + ": shard.infra.options.command: must not be empty (default air -c scripts/air/agent.toml)\n", "1 problem"},
+		{"provider kind", []string{"--shard", "dev-1", "--validate", "--config-file", badKind},
+			`shard.infra.provider: unknown provider "gce" (want one of aws, mock, process, tmux)`, "1 problem"},
 		{"missing file", []string{"--shard", "dev-1", "--validate", "--config-file", filepath.Join(dir, "nope")}, "", "reading"},
 		{"config-file without validate", []string{"--shard", "dev-1", "--config-file", bad}, "", "only used with --validate"},
 	}

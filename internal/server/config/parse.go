@@ -39,10 +39,16 @@ func (es Errors) Error() string {
 	return strings.Join(parts, "; ")
 }
 
+// Check is an extra validation of a parsed, defaulted config whose problems
+// are reported with the document's own (e.g. the provider registry's check
+// of shard.infra.options, which this package cannot know).
+type Check func(*Config) Errors
+
 // Parse reads a JSONC document, rejects unknown keys and values of the wrong
-// type, applies defaults and validates the result. On failure the error is an
-// Errors value (or a syntax error naming line and column).
-func Parse(data []byte) (*Config, error) {
+// type, applies defaults and validates the result, then runs checks. On
+// failure the error is an Errors value (or a syntax error naming line and
+// column).
+func Parse(data []byte, checks ...Check) (*Config, error) {
 	std, err := hujson.Standardize(data)
 	if err != nil {
 		return nil, fmt.Errorf("config is not valid JSONC: %w", err)
@@ -69,9 +75,55 @@ func Parse(data []byte) (*Config, error) {
 	}
 	cfg.ApplyDefaults()
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		es, ok := AsErrors(err)
+		if !ok {
+			return nil, err
+		}
+		errs = append(errs, es...)
+	}
+	for _, c := range checks {
+		errs = append(errs, c(&cfg)...)
+	}
+	if len(errs) > 0 {
+		sortErrors(errs)
+		return nil, errs
 	}
 	return &cfg, nil
+}
+
+// DecodeBlock decodes a free-form block of the document (such as
+// shard.infra.options) into out, a pointer to a struct whose fields carry
+// json tags, as strictly as Parse: every unknown key and wrongly typed value
+// is reported with its dotted path under path. Fields absent from the block
+// keep the values out already holds (its defaults).
+func DecodeBlock(path string, block map[string]any, out any) Errors {
+	if len(block) == 0 {
+		return nil
+	}
+	t := reflect.TypeOf(out)
+	if t == nil || t.Kind() != reflect.Pointer {
+		return Errors{{Key: path, Reason: fmt.Sprintf("cannot decode into %T", out)}}
+	}
+	data, err := json.Marshal(block)
+	if err != nil {
+		return Errors{{Key: path, Reason: err.Error()}}
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var raw any
+	if err := dec.Decode(&raw); err != nil {
+		return Errors{{Key: path, Reason: err.Error()}}
+	}
+	var errs Errors
+	checkShape(&errs, path, raw, t.Elem())
+	if len(errs) > 0 {
+		sortErrors(errs)
+		return errs
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return Errors{{Key: path, Reason: err.Error()}}
+	}
+	return nil
 }
 
 func sortErrors(errs Errors) {

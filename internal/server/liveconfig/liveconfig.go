@@ -47,6 +47,11 @@ type Result struct {
 
 // Holder keeps the running config.
 type Holder struct {
+	// Checks run on every refreshed document besides config's own
+	// validation (e.g. the provider registry's check of
+	// shard.infra.options); set them before the first Refresh.
+	Checks []config.Check
+
 	obj objstore.Store
 	key string
 
@@ -118,7 +123,7 @@ func (h *Holder) Refresh(ctx context.Context) Result {
 		res.Outcome, res.Message = NotModified, "config unchanged (etag "+o.ETag+")"
 		return res
 	}
-	cfg, err := config.Parse(o.Body)
+	cfg, err := config.Parse(o.Body, h.Checks...)
 	if err != nil {
 		res.Outcome = Invalid
 		if fes, ok := config.AsErrors(err); ok {
