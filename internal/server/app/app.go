@@ -46,8 +46,8 @@ const DefaultHealthPort = 8990
 
 // Cache kinds mirrored from storage.
 const (
-	KindInstance = "instance"
-	KindGroups   = "groups"
+	KindInstance = cache.KindInstance
+	KindGroups   = cache.KindGroups
 )
 
 // BindOverrides replace or shift the bind addresses from the config.
@@ -86,6 +86,9 @@ type Options struct {
 	// TrustRefresh is how often the cluster CA and CA bundle are re-read
 	// to follow a CA rotation (default DefaultTrustRefresh).
 	TrustRefresh time.Duration
+	// CacheRefresh is how often a standby brings its cache up to date with
+	// storage (default 30s), so a takeover reads few records.
+	CacheRefresh time.Duration
 }
 
 // DefaultTrustRefresh is how often a server re-reads the cluster CA and
@@ -163,6 +166,11 @@ type App struct {
 	shardEl    *election.Elector
 	cacheDB    *cache.Cache
 	grpcActive bool
+
+	// cacheMu orders the standby's cache refreshes with leadership: while
+	// cacheLeading, the term's record store writes the cache, nobody else.
+	cacheMu      sync.Mutex
+	cacheLeading bool
 }
 
 // New checks options and returns an App.
@@ -278,6 +286,8 @@ func (a *App) Run(ctx context.Context) error {
 		return err
 	}
 	defer db.Close()
+	var cacheWG sync.WaitGroup
+	defer cacheWG.Wait() // before db.Close
 	a.mu.Lock()
 	a.cacheDB = db
 	a.mu.Unlock()
@@ -331,6 +341,11 @@ func (a *App) Run(ctx context.Context) error {
 		}()
 	}
 	campaign(clusterEl)
+	cacheWG.Add(1)
+	go func() {
+		defer cacheWG.Done()
+		a.refreshCache(runCtx, db)
+	}()
 
 	bootOpts := bootstrap.Options{
 		ClusterID: cfg.Cluster.ID, Objects: a.o.Store, Secrets: &secrets.Store{Objects: a.o.Store, Ring: ring}, Keys: a.o.Keys,
@@ -438,7 +453,7 @@ func (a *App) Run(ctx context.Context) error {
 	}
 
 	shardEl, err := newElector(a.o.Keys.ShardLeader(a.o.Shard), func(lctx context.Context, term int64) {
-		a.leadShard(lctx, ctx, term, db, gcfg, svcs.Lead, &bind, cfg.Shard.Timeouts.Shutdown.D())
+		a.leadShard(lctx, ctx, term, gcfg, svcs.Lead, &bind, cfg.Shard.Timeouts.Shutdown.D())
 	})
 	if err != nil {
 		return err
@@ -582,17 +597,58 @@ func (a *App) cacheSources() []cache.Source {
 
 func (a *App) syncCache(ctx context.Context, db *cache.Cache) error {
 	return storage.Retry(ctx, a.log(), "syncing the cache", a.o.StorageBackoff, func(ctx context.Context) error {
-		return db.Rebuild(ctx, a.o.Store, a.cacheSources(), time.Now())
+		st, err := db.Rebuild(ctx, a.o.Store, a.cacheSources(), time.Now())
+		if err == nil {
+			a.log().V(1).Info("cache synced", "listed", st.Listed, "read", st.Fetched, "removed", st.Removed)
+		}
+		return err
 	})
 }
 
-// leadShard runs while this server holds the shard lease.
-func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cache, gcfg grpcserve.Config, lead func(context.Context) error, bind *config.Bind, shutdown time.Duration) {
-	log := a.log().WithValues("term", term)
-	if err := a.syncCache(lctx, db); err != nil {
-		log.Error(err, "rebuilding the cache on leadership; stepping down")
-		return
+// refreshCache brings a standby's cache up to date with storage every
+// Options.CacheRefresh (incremental: one listing, reads of changed objects
+// only). A shard leader's cache is written by its record store instead.
+func (a *App) refreshCache(ctx context.Context, db *cache.Cache) {
+	every := a.o.CacheRefresh
+	if every <= 0 {
+		every = 30 * time.Second
 	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		a.cacheMu.Lock()
+		if !a.cacheLeading {
+			if st, err := db.Rebuild(ctx, a.o.Store, a.cacheSources(), time.Now()); err != nil {
+				if ctx.Err() == nil {
+					a.log().Error(err, "refreshing the cache")
+				}
+			} else if st.Fetched > 0 || st.Removed > 0 {
+				a.log().V(1).Info("cache refreshed", "listed", st.Listed, "read", st.Fetched, "removed", st.Removed)
+			}
+		}
+		a.cacheMu.Unlock()
+	}
+}
+
+// leadShard runs while this server holds the shard lease.
+func (a *App) leadShard(lctx, appCtx context.Context, term int64, gcfg grpcserve.Config, lead func(context.Context) error, bind *config.Bind, shutdown time.Duration) {
+	log := a.log().WithValues("term", term)
+	// The term starts from the cache as it is (the reconciler checks it
+	// against storage in the background); from now on only the term's
+	// record store writes it.
+	a.cacheMu.Lock()
+	a.cacheLeading = true
+	a.cacheMu.Unlock()
+	defer func() {
+		a.cacheMu.Lock()
+		a.cacheLeading = false
+		a.cacheMu.Unlock()
+	}()
 	if err := a.loadRevocations(lctx); err != nil {
 		log.Error(err, "loading revocations on leadership; stepping down")
 		return

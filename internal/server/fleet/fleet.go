@@ -46,8 +46,10 @@ type Options struct {
 	Renewer          operatorsvc.CertificateRenewer
 	// Tenant overrides how the caller's tenant is read (default: authz identity).
 	Tenant operatorsvc.TenantFunc
-	// Mirror receives instance record changes (the SQLite cache); optional.
+	// Mirror and GroupsMirror are the local copies (the SQLite cache) a
+	// term starts from; they receive every change. Optional.
 	Mirror         instances.Mirror
+	GroupsMirror   groups.Mirror
 	Log            logr.Logger
 	Workers        int
 	ResyncInterval time.Duration
@@ -122,6 +124,9 @@ func New(o Options) (*Fleet, error) {
 	hubs := events.NewHubs(o.EventBuffer)
 	store := instances.NewStore(o.Store, o.Keys, shard, o.Mirror)
 	reg := groups.NewRegistry(o.Store, o.Keys, shard)
+	if o.GroupsMirror != nil {
+		reg.SetMirror(o.GroupsMirror)
+	}
 	f := &Fleet{Instances: store, Groups: reg, Events: hubs}
 	f.Gate = &registration.InstanceGate{Records: store, Now: o.Now, Policy: func() registration.SourcePolicy {
 		r := o.Config.Current().Shard.Registration

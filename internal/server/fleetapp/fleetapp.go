@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/nstance-dev/nstance/internal/server/app"
-	"github.com/nstance-dev/nstance/internal/server/cache"
 	"github.com/nstance-dev/nstance/internal/server/fleet"
+	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/liveconfig"
 	"github.com/nstance-dev/nstance/internal/server/operatorapi"
@@ -90,7 +90,9 @@ func Factory(o Options) app.ServiceFactory {
 		// The mock provider runs no agents, so there is nothing to monitor.
 		opts.Agent.Monitor = cfg.Shard.Infra.Provider != "mock"
 		if rt.Cache != nil {
-			opts.Mirror = CacheMirror{Cache: rt.Cache, Prefix: rt.Keys.InstancePrefix(cfg.Shard.ID)}
+			// Each term starts from the cache, then checks it against storage.
+			opts.Mirror = instances.CacheMirror{Cache: rt.Cache}
+			opts.GroupsMirror = groups.CacheMirror{Cache: rt.Cache, Key: rt.Keys.Groups(cfg.Shard.ID)}
 		}
 		f, err := fleet.New(opts)
 		if err != nil {
@@ -105,45 +107,4 @@ func Factory(o Options) app.ServiceFactory {
 		}
 		return svcs, nil
 	}
-}
-
-// CacheMirror keeps the app cache's "instance" kind in step with the store.
-type CacheMirror struct {
-	Cache  *cache.Cache
-	Prefix string
-}
-
-var _ instances.Mirror = CacheMirror{}
-
-// Reset implements instances.Mirror.
-func (m CacheMirror) Reset(ctx context.Context, objs []instances.MirrorObject) error {
-	have, err := m.Cache.List(ctx, app.KindInstance)
-	if err != nil {
-		return err
-	}
-	keep := map[string]bool{}
-	for _, o := range objs {
-		keep[o.Key] = true
-		if err := m.Put(ctx, o); err != nil {
-			return err
-		}
-	}
-	for _, e := range have {
-		if !keep[e.Key] {
-			if err := m.Cache.Delete(ctx, app.KindInstance, e.Key); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// Put implements instances.Mirror.
-func (m CacheMirror) Put(ctx context.Context, o instances.MirrorObject) error {
-	return m.Cache.Put(ctx, cache.Entry{Kind: app.KindInstance, Key: o.Key, ETag: o.ETag, LastModified: time.Now(), Body: o.Body})
-}
-
-// Delete implements instances.Mirror.
-func (m CacheMirror) Delete(ctx context.Context, key string) error {
-	return m.Cache.Delete(ctx, app.KindInstance, key)
 }

@@ -91,6 +91,10 @@ func mapGroupErr(err error) error {
 
 // UpsertGroup validates and stores a dynamic group, then reconciles it.
 func (r *Reconciler) UpsertGroup(ctx context.Context, tenant string, p *nstancev1.GroupSpec, expectedETag string) (*nstancev1.GroupStatus, bool, error) {
+	// Nothing is decided on state not yet checked against storage.
+	if err := r.awaitVerified(ctx); err != nil {
+		return nil, false, err
+	}
 	if p == nil {
 		return nil, false, invalid(config.FieldError{Key: "group", Reason: "required"})
 	}
@@ -112,6 +116,10 @@ func (r *Reconciler) UpsertGroup(ctx context.Context, tenant string, p *nstancev
 
 // DeleteGroup removes a dynamic group; its instances are drained and deleted.
 func (r *Reconciler) DeleteGroup(ctx context.Context, tenant, id, expectedETag string) (int, error) {
+	// Nothing is decided on state not yet checked against storage.
+	if err := r.awaitVerified(ctx); err != nil {
+		return 0, err
+	}
 	if id == "" {
 		return 0, invalid(config.FieldError{Key: "group_id", Reason: "required"})
 	}
@@ -139,6 +147,10 @@ type CreateInstanceRequest struct {
 // CreateInstance records an on-demand instance and schedules its creation.
 // A repeated client token returns the instance created the first time.
 func (r *Reconciler) CreateInstance(ctx context.Context, tenant string, req CreateInstanceRequest) (*instances.Record, error) {
+	// Nothing is decided on state not yet checked against storage.
+	if err := r.awaitVerified(ctx); err != nil {
+		return nil, err
+	}
 	r.createMu.Lock()
 	defer r.createMu.Unlock()
 	if req.ClientToken != "" {
@@ -245,6 +257,10 @@ func (r *Reconciler) ListInstances(tenant string, groupIDs []string, states []ns
 // scale-down pick any member. The mark is idempotent; an instance already
 // being deleted is returned as it is.
 func (r *Reconciler) MarkForScaleDown(ctx context.Context, tenant, id string, skipDrain bool) (*instances.Record, error) {
+	// Nothing is decided on state not yet checked against storage.
+	if err := r.awaitVerified(ctx); err != nil {
+		return nil, err
+	}
 	rec, err := r.tenantRecord(tenant, id)
 	if err != nil {
 		return nil, err
@@ -275,6 +291,10 @@ func (r *Reconciler) MarkForScaleDown(ctx context.Context, tenant, id string, sk
 
 // DeleteInstance starts the deletion of a tenant's instance.
 func (r *Reconciler) DeleteInstance(ctx context.Context, tenant, id string, skipDrain bool) (*instances.Record, error) {
+	// Nothing is decided on state not yet checked against storage.
+	if err := r.awaitVerified(ctx); err != nil {
+		return nil, err
+	}
 	before, err := r.tenantRecord(tenant, id)
 	if err != nil {
 		return nil, err
@@ -292,6 +312,10 @@ func (r *Reconciler) DeleteInstance(ctx context.Context, tenant, id string, skip
 
 // AcknowledgeDrained lets a pending-deletion instance be deleted now.
 func (r *Reconciler) AcknowledgeDrained(ctx context.Context, tenant, id string) (*instances.Record, error) {
+	// Nothing is decided on state not yet checked against storage.
+	if err := r.awaitVerified(ctx); err != nil {
+		return nil, err
+	}
 	rec, err := r.tenantRecord(tenant, id)
 	if err != nil {
 		return nil, err

@@ -107,6 +107,7 @@ type Reconciler struct {
 	qMu     sync.Mutex
 	queue   workqueue.TypedRateLimitingInterface[item]
 	running bool
+	term    *term // the current (or last) Run's start-up state
 
 	limMu   sync.Mutex
 	limiter *rate.Limiter
@@ -180,9 +181,10 @@ func (r *Reconciler) Running() bool {
 // Events returns the hubs the reconciler publishes to.
 func (r *Reconciler) Events() *events.Hubs { return r.o.Events }
 
-// Run loads state from storage (rebuilding the cache), converges until ctx
-// ends, then stops its workers. Run it for each leadership term; it must not
-// run twice at once.
+// Run starts a leadership term: it serves reads from the cached state,
+// makes that state equal to storage, then converges until ctx ends and
+// stops its workers (see load.go). Run it for each leadership term; it must
+// not run twice at once.
 func (r *Reconciler) Run(ctx context.Context) error {
 	r.qMu.Lock()
 	if r.running {
@@ -190,17 +192,16 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		return errors.New("reconciler is already running")
 	}
 	q := r.newQueue()
-	r.queue, r.running = q, true
+	tm := newTerm()
+	r.queue, r.running, r.term = q, true, tm
 	r.qMu.Unlock()
 	defer func() {
 		q.ShutDown()
 		r.qMu.Lock()
 		r.running = false
+		close(tm.done)
 		r.qMu.Unlock()
 	}()
-	if err := r.Load(ctx); err != nil {
-		return err
-	}
 	r.statusMu.Lock()
 	r.lastStatus = map[groups.Key]string{}
 	r.statusMu.Unlock()
@@ -208,6 +209,20 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	r.healthMu.Lock()
 	r.reporting, r.wasReady, r.checked = map[string]bool{}, map[string]bool{}, map[string]int{}
 	r.healthMu.Unlock()
+	warm := r.loadCached(ctx)
+	if warm {
+		close(tm.loaded)
+	}
+	if err := r.verify(ctx, warm); err != nil {
+		if ctx.Err() != nil {
+			return nil // the term ended while loading
+		}
+		return err
+	}
+	if !warm {
+		close(tm.loaded)
+	}
+	close(tm.verified)
 	var wg sync.WaitGroup
 	for i := 0; i < r.o.Workers; i++ {
 		wg.Add(1)
@@ -242,18 +257,9 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	}
 }
 
-// Load rebuilds the record index and dynamic groups from object storage and
-// applies the static groups of the running config.
-func (r *Reconciler) Load(ctx context.Context) error {
-	if err := r.o.Instances.Load(ctx); err != nil {
-		return fmt.Errorf("loading instances: %w", err)
-	}
-	if _, err := r.o.Groups.Load(ctx); err != nil {
-		return fmt.Errorf("loading groups: %w", err)
-	}
-	r.o.Groups.SetStatic(r.o.Config())
-	return nil
-}
+// Load makes the record index and dynamic groups equal to object storage
+// and applies the static groups of the running config.
+func (r *Reconciler) Load(ctx context.Context) error { return r.verify(ctx, false) }
 
 // ConfigChanged applies a new config: static groups are replaced, every
 // group is reconciled again and the create rate limit is updated.
