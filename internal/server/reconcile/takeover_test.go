@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -221,4 +222,99 @@ func TestTakeoverFromStaleCache(t *testing.T) {
 	c3, d3 := p.Counts()
 	require.Equal(t, [2]int{creates, deletes}, [2]int{c3, d3})
 	require.Len(t, second.Instances.List(nil), 3)
+}
+
+// countingStore counts record reads and what is listed.
+type countingStore struct {
+	objstore.Store
+	mu     sync.Mutex
+	gets   int
+	listed []string
+}
+
+func (s *countingStore) Get(ctx context.Context, key string) (*objstore.Object, error) {
+	s.mu.Lock()
+	s.gets++
+	s.mu.Unlock()
+	return s.Store.Get(ctx, key)
+}
+
+func (s *countingStore) List(ctx context.Context, prefix string) ([]objstore.ObjectInfo, error) {
+	s.mu.Lock()
+	s.listed = append(s.listed, prefix)
+	s.mu.Unlock()
+	return s.Store.List(ctx, prefix)
+}
+
+func (s *countingStore) reset() (gets int, listed []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	gets, listed = s.gets, s.listed
+	s.gets, s.listed = 0, nil
+	return gets, listed
+}
+
+// TestWarmTakeoverReadsOnlyChanges is the small version of the takeover
+// benchmark (bench/takeover): a term that starts from a fresh cache reads
+// from storage one listing of the records plus the groups document,
+// whatever the history in the bucket (used nonce markers), and a record
+// changed since costs one read.
+func TestWarmTakeoverReadsOnlyChanges(t *testing.T) {
+	ctx := context.Background()
+	keys := layout.New("")
+	mem := memstore.New()
+	store := &countingStore{Store: mem}
+	db, err := cache.Open(ctx, filepath.Join(t.TempDir(), "db", "s1.sqlite"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	_, err = db.Rebuild(ctx, store, []cache.Source{{Kind: cache.KindInstance, Prefix: keys.InstancePrefix("s1")}, {Kind: cache.KindGroups, Key: keys.Groups("s1")}}, time.Now())
+	require.NoError(t, err)
+	p := mock.New()
+	first := newCachedFleet(t, store, p, db)
+	stop := runFleet(t, first)
+	require.Eventually(t, first.Reconciler.Verified, 5*time.Second, time.Millisecond)
+	for _, g := range []string{"a", "b", "c"} {
+		_, _, err = first.Reconciler.UpsertGroup(ctx, "t", &nstancev1.GroupSpec{GroupId: g, Template: "worker", Size: 10}, "")
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool {
+		return len(first.Instances.List(func(r *instances.Record) bool { return r.State == instances.StateRunning })) == 30
+	}, 10*time.Second, 5*time.Millisecond)
+	stop()
+	// History: 500 used nonce markers of the shard and 50 of the cluster.
+	for i := range 550 {
+		k := keys.ShardNonce("s1", "jti-"+strconv.Itoa(i))
+		if i >= 500 {
+			k = keys.ClusterNonce("jti-" + strconv.Itoa(i))
+		}
+		_, err := mem.Put(ctx, k, []byte(`{}`), objstore.PutOptions{IfNoneMatch: true})
+		require.NoError(t, err)
+	}
+
+	for round, change := range []bool{false, true} {
+		if change {
+			// Another writer changes one record: the next term reads it once.
+			rec := first.Instances.List(nil)[7]
+			o, err := mem.Get(ctx, keys.Instance("s1", rec.ID))
+			require.NoError(t, err)
+			rec.Labels = map[string]string{"round": "2"}
+			body, err := json.Marshal(rec)
+			require.NoError(t, err)
+			_, err = mem.Put(ctx, o.Key, body, objstore.PutOptions{IfMatch: o.ETag})
+			require.NoError(t, err)
+		}
+		store.reset()
+		next := newCachedFleet(t, store, p, db)
+		stopNext := runFleet(t, next)
+		require.Eventually(t, next.Reconciler.Verified, 5*time.Second, time.Millisecond)
+		gets, listed := store.reset()
+		stopNext()
+		require.Equal(t, []string{keys.InstancePrefix("s1")}, listed, "round %d: one listing, of the records only", round)
+		want := 1 // the groups document
+		if change {
+			want++
+		}
+		require.Equal(t, want, gets, "round %d: storage reads at takeover", round)
+		require.Len(t, next.Instances.List(nil), 30)
+	}
 }
