@@ -20,7 +20,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
-	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -32,6 +31,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -62,7 +62,7 @@ const (
 
 func main() {
 	n := flag.Int("instances", 10000, "instance records (a multiple of 1,000: 1,000 groups)")
-	markerList := flag.String("markers", "0,100000", "used nonce marker counts to measure, ascending")
+	markerList := flag.String("markers", "0,100000", "used nonce marker counts to measure (one bucket each)")
 	runs := flag.Int("runs", 3, "takeovers per case (the median is reported)")
 	storeList := flag.String("stores", "dir,s3", "dir (directory store) and/or s3 (in-process dev-s3 over the AWS SDK)")
 	flag.Parse()
@@ -206,7 +206,7 @@ func (e *env) populate(ctx context.Context, n int) error {
 	return <-done
 }
 
-// addMarkers writes used agent-nonce markers up to total as plain files
+// addMarkers writes used agent-nonce markers have..total-1 as plain files
 // (dev-s3 and the directory store serve plain files), as registrations would
 // have left them.
 func (e *env) addMarkers(have, total int) error {
@@ -276,50 +276,79 @@ func (e *env) term(ctx context.Context, n int, cached bool) (sample, error) {
 	return s, nil
 }
 
+// bench measures one store kind: one bucket per marker count, each
+// populated the same way (its own provider and cache), and the takeovers of
+// all buckets and both start modes interleaved run by run, so a load change
+// on the machine hits every case alike.
 func bench(kind string, n int, markers []int, runs int) error {
 	ctx := context.Background()
-	e, err := open(ctx, kind)
-	if err != nil {
-		return err
-	}
-	defer e.close()
-	t0 := time.Now()
-	if err := e.populate(ctx, n); err != nil {
-		return err
-	}
-	fmt.Printf("# store=%s: %d instances in 1,000 groups populated in %s\n", kind, n, time.Since(t0).Round(time.Millisecond))
-	creates, deletes := e.prov.Counts()
-	// The cache as a standby has it: filled at its start.
-	if _, err := e.cacheDB.Rebuild(ctx, e.store, []cache.Source{
-		{Kind: cache.KindInstance, Prefix: layout.New("").InstancePrefix(shard)}, {Kind: cache.KindGroups, Key: layout.New("").Groups(shard)},
-	}, time.Now()); err != nil {
-		return err
-	}
-	fmt.Printf("| store | nonce markers | start from | served (runs) | served median | verified median |\n|---|---|---|---|---|---|\n")
-	have := 0
-	for _, m := range markers {
-		if m < have {
-			return errors.New("-markers must be ascending")
-		}
-		if err := e.addMarkers(have, m); err != nil {
+	envs := make([]*env, len(markers))
+	for i, m := range markers {
+		e, err := open(ctx, kind)
+		if err != nil {
 			return err
 		}
-		have = m
-		res := map[bool][]sample{}
-		for r := range runs {
+		defer e.close()
+		envs[i] = e
+		t0 := time.Now()
+		if err := e.populate(ctx, n); err != nil {
+			return err
+		}
+		if err := e.addMarkers(0, m); err != nil {
+			return err
+		}
+		fmt.Printf("# store=%s: bucket %d: %d instances in 1,000 groups and %d nonce markers written in %s\n", kind, i, n, m, time.Since(t0).Round(time.Millisecond))
+		// The cache as a standby has it: filled at its start.
+		if _, err := e.cacheDB.Rebuild(ctx, e.store, []cache.Source{
+			{Kind: cache.KindInstance, Prefix: layout.New("").InstancePrefix(shard)}, {Kind: cache.KindGroups, Key: layout.New("").Groups(shard)},
+		}, time.Now()); err != nil {
+			return err
+		}
+		// The cache's etags must be the listing's, or a warm start reads everything.
+		st := instances.NewStore(e.store, layout.New(""), shard, instances.CacheMirror{Cache: e.cacheDB})
+		if _, _, err := st.LoadCached(ctx); err != nil {
+			return err
+		}
+		sr, err := st.Sync(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("# store=%s: bucket %d: a warm check against storage listed %d records and read %d\n", kind, i, sr.Listed, sr.Fetched)
+	}
+	// Flush what populating wrote, and take one unmeasured term per bucket
+	// and mode, so the first measured term does not pay for write-back.
+	syscall.Sync()
+	for _, e := range envs {
+		for _, cached := range []bool{false, true} {
+			if _, err := e.term(ctx, n, cached); err != nil {
+				return fmt.Errorf("warm-up term: %w", err)
+			}
+		}
+	}
+	type counts struct{ c, d int }
+	before := make([]counts, len(envs))
+	for i, e := range envs {
+		before[i].c, before[i].d = e.prov.Counts()
+	}
+	res := map[[2]int][]sample{} // (bucket, cached) -> samples
+	for r := range runs {
+		for i, e := range envs {
 			// Alternate the order so neither mode always runs on a warmer page cache.
 			order := []bool{false, true}
-			if r%2 == 1 {
+			if (r+i)%2 == 1 {
 				order = []bool{true, false}
 			}
 			for _, cached := range order {
 				s, err := e.term(ctx, n, cached)
 				if err != nil {
-					return fmt.Errorf("store %s, markers %d, cached %v: %w", kind, m, cached, err)
+					return fmt.Errorf("store %s, markers %d, cached %v: %w", kind, markers[i], cached, err)
 				}
-				res[cached] = append(res[cached], s)
+				res[[2]int{i, b2i(cached)}] = append(res[[2]int{i, b2i(cached)}], s)
 			}
 		}
+	}
+	fmt.Printf("| store | nonce markers | start from | served (runs) | served median | verified median |\n|---|---|---|---|---|---|\n")
+	for i, m := range markers {
 		for _, cached := range []bool{false, true} {
 			from := "storage (list + GETs)"
 			if cached {
@@ -327,17 +356,26 @@ func bench(kind string, n int, markers []int, runs int) error {
 			}
 			var served, verified []time.Duration
 			var each []string
-			for _, s := range res[cached] {
+			for _, s := range res[[2]int{i, b2i(cached)}] {
 				served, verified = append(served, s.served), append(verified, s.verified)
 				each = append(each, ms(s.served))
 			}
 			fmt.Printf("| %s | %d | %s | %s | **%s** | %s |\n", kind, m, from, strings.Join(each, ", "), ms(median(served)), ms(median(verified)))
 		}
 	}
-	if c, d := e.prov.Counts(); c != creates || d != deletes {
-		return fmt.Errorf("the measured terms created %d and deleted %d instances; they should have found nothing to do", c-creates, d-deletes)
+	for i, e := range envs {
+		if c, d := e.prov.Counts(); c != before[i].c || d != before[i].d {
+			return fmt.Errorf("the measured terms created %d and deleted %d instances; they should have found nothing to do", c-before[i].c, d-before[i].d)
+		}
 	}
 	return nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func median(ds []time.Duration) time.Duration {

@@ -404,6 +404,8 @@ func (a *App) Run(ctx context.Context) error {
 	stopElect := serveHTTP(&bg, log, "election", electLn, health.ElectionHandler(a.electionState), electTLS)
 	defer stopElect()
 	a.newRevocations(cfg, log)
+	bg.Add(1)
+	go func() { defer bg.Done(); a.syncRevocations(runCtx) }()
 
 	issuer := &registration.Issuer{
 		CA: cl.CA, Trust: trust, ClusterID: cfg.Cluster.ID,
@@ -728,22 +730,40 @@ func (a *App) newRevocations(cfg *config.Config, log logr.Logger) {
 		Store: a.leaderStore(), Keys: a.o.Keys, ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID,
 		OperatorValidity: cfg.Certificates.OperatorValidity.D(), AgentValidity: cfg.Certificates.AgentValidity.D(),
 		RequireOperatorRecords: true, Log: log.WithName("revocation"),
+		// A standby keeps the list loaded without writing (see syncRevocations).
+		Standby: func() bool {
+			a.mu.Lock()
+			se := a.shardEl
+			a.mu.Unlock()
+			return se == nil || !se.Leading()
+		},
 	})
 	a.revSync = cfg.Certificates.RevocationSyncInterval.D()
 }
 
-// loadRevocations reads the deny list before the term serves anything and
-// keeps re-reading it for the length of the term (lctx).
+// syncRevocations keeps the deny list loaded for the life of the process,
+// re-read every revSync, on a standby too: the list grows with history
+// (every deleted instance leaves an entry for an agent certificate
+// lifetime), and a takeover must not wait for reading all of it.
+func (a *App) syncRevocations(ctx context.Context) {
+	if err := a.revocations.Sync(ctx); err != nil && ctx.Err() == nil {
+		a.log().Error(err, "loading revocations")
+	}
+	a.revocations.Run(ctx, a.revSync)
+}
+
+// loadRevocations makes sure the deny list is current before the term
+// serves anything: a list whose last sync started within two sync intervals
+// (a standby's) is as current as a leader's own (re-read every interval,
+// each read taking its time), otherwise it is read now.
 func (a *App) loadRevocations(lctx context.Context) error {
 	if a.revocations == nil {
 		return nil
 	}
-	err := storage.Retry(lctx, a.log(), "loading revocations", a.o.StorageBackoff, a.revocations.Sync)
-	if err != nil {
-		return err
+	if at := a.revocations.SyncedAt(); !at.IsZero() && time.Since(at) <= 2*a.revSync {
+		return nil
 	}
-	go a.revocations.Run(lctx, a.revSync)
-	return nil
+	return storage.Retry(lctx, a.log(), "loading revocations", a.o.StorageBackoff, a.revocations.Sync)
 }
 
 // Nonce marker housekeeping. A marker is needed while its nonce could still
