@@ -65,7 +65,20 @@ func main() {
 	markerList := flag.String("markers", "0,100000", "used nonce marker counts to measure (one bucket each)")
 	runs := flag.Int("runs", 3, "takeovers per case (the median is reported)")
 	storeList := flag.String("stores", "dir,s3", "dir (directory store) and/or s3 (in-process dev-s3 over the AWS SDK)")
+	modeList := flag.String("modes", "storage,cache", "how a term starts: storage (list + GETs) and/or cache")
 	flag.Parse()
+	var modes []bool
+	for _, m := range strings.Split(*modeList, ",") {
+		switch strings.TrimSpace(m) {
+		case "storage":
+			modes = append(modes, false)
+		case "cache":
+			modes = append(modes, true)
+		default:
+			fmt.Fprintf(os.Stderr, "takeover bench: -modes: %q is neither storage nor cache\n", m)
+			os.Exit(2)
+		}
+	}
 	var markers []int
 	for _, f := range strings.Split(*markerList, ",") {
 		m, err := strconv.Atoi(strings.TrimSpace(f))
@@ -80,7 +93,7 @@ func main() {
 		os.Exit(2)
 	}
 	for _, kind := range strings.Split(*storeList, ",") {
-		if err := bench(kind, *n, markers, *runs); err != nil {
+		if err := bench(kind, *n, markers, *runs, modes); err != nil {
 			fmt.Fprintln(os.Stderr, "takeover bench:", err)
 			os.Exit(1)
 		}
@@ -280,7 +293,7 @@ func (e *env) term(ctx context.Context, n int, cached bool) (sample, error) {
 // populated the same way (its own provider and cache), and the takeovers of
 // all buckets and both start modes interleaved run by run, so a load change
 // on the machine hits every case alike.
-func bench(kind string, n int, markers []int, runs int) error {
+func bench(kind string, n int, markers []int, runs int, modes []bool) error {
 	ctx := context.Background()
 	envs := make([]*env, len(markers))
 	for i, m := range markers {
@@ -319,7 +332,7 @@ func bench(kind string, n int, markers []int, runs int) error {
 	// and mode, so the first measured term does not pay for write-back.
 	syscall.Sync()
 	for _, e := range envs {
-		for _, cached := range []bool{false, true} {
+		for _, cached := range modes {
 			if _, err := e.term(ctx, n, cached); err != nil {
 				return fmt.Errorf("warm-up term: %w", err)
 			}
@@ -332,11 +345,20 @@ func bench(kind string, n int, markers []int, runs int) error {
 	}
 	res := map[[2]int][]sample{} // (bucket, cached) -> samples
 	for r := range runs {
-		for i, e := range envs {
+		// Alternate the bucket order too: no case always follows another.
+		idx := make([]int, len(envs))
+		for i := range idx {
+			idx[i] = i
+		}
+		if r%2 == 1 {
+			slices.Reverse(idx)
+		}
+		for _, i := range idx {
+			e := envs[i]
 			// Alternate the order so neither mode always runs on a warmer page cache.
-			order := []bool{false, true}
+			order := slices.Clone(modes)
 			if (r+i)%2 == 1 {
-				order = []bool{true, false}
+				slices.Reverse(order)
 			}
 			for _, cached := range order {
 				s, err := e.term(ctx, n, cached)
@@ -349,7 +371,7 @@ func bench(kind string, n int, markers []int, runs int) error {
 	}
 	fmt.Printf("| store | nonce markers | start from | served (runs) | served median | verified median |\n|---|---|---|---|---|---|\n")
 	for i, m := range markers {
-		for _, cached := range []bool{false, true} {
+		for _, cached := range modes {
 			from := "storage (list + GETs)"
 			if cached {
 				from = "SQLite cache"
