@@ -755,12 +755,19 @@ func (a *App) syncRevocations(ctx context.Context) {
 // loadRevocations makes sure the deny list is current before the term
 // serves anything: a list whose last sync started within two sync intervals
 // (a standby's) is as current as a leader's own (re-read every interval,
-// each read taking its time), otherwise it is read now.
+// each read taking its time) and is re-read at once in the background, for
+// what the previous leader revoked in its last seconds; otherwise it is read
+// now.
 func (a *App) loadRevocations(lctx context.Context) error {
 	if a.revocations == nil {
 		return nil
 	}
 	if at := a.revocations.SyncedAt(); !at.IsZero() && time.Since(at) <= 2*a.revSync {
+		go func() {
+			if err := a.revocations.Sync(lctx); err != nil && lctx.Err() == nil {
+				a.log().Error(err, "re-reading revocations on leadership")
+			}
+		}()
 		return nil
 	}
 	return storage.Retry(lctx, a.log(), "loading revocations", a.o.StorageBackoff, a.revocations.Sync)
