@@ -132,6 +132,7 @@ bench: ## Run every benchmark and print the figures (see bench/RESULTS.md).
 	$(GO) run ./bench/registration -n 5000 -c 16 -storage s3
 	assets=$$(scripts/envtest-assets.sh); KUBEBUILDER_ASSETS=$$assets $(GO) run ./bench/devk8s
 	$(GO) run ./bench/agents -agents 1000,5000,10000
+	$(GO) run ./bench/takeover -instances 10000 -markers 0,100000 -runs 3
 
 ##@ Tools
 $(BIN)/controller-gen:

@@ -45,8 +45,8 @@ const DefaultHealthPort = 8990
 
 // Cache kinds mirrored from storage.
 const (
-	KindInstance = "instance"
-	KindGroups   = "groups"
+	KindInstance = cache.KindInstance
+	KindGroups   = cache.KindGroups
 )
 
 // BindOverrides replace or shift the bind addresses from the config.
@@ -100,6 +100,9 @@ type Options struct {
 	// TrustRefresh is how often the cluster CA and CA bundle are re-read
 	// to follow a CA rotation (default DefaultTrustRefresh).
 	TrustRefresh time.Duration
+	// CacheRefresh is how often a standby brings its cache up to date with
+	// storage (default 30s), so a takeover reads few records.
+	CacheRefresh time.Duration
 }
 
 // DefaultTrustRefresh is how often a server re-reads the cluster CA and
@@ -135,6 +138,11 @@ type App struct {
 	// servingSince is when this server began serving gRPC as shard leader
 	// in the current term (zero while it does not).
 	servingSince time.Time
+
+	// cacheMu orders the standby's cache refreshes with leadership: while
+	// cacheLeading, the term's record store writes the cache, nobody else.
+	cacheMu      sync.Mutex
+	cacheLeading bool
 }
 
 // New checks options and returns an App.
@@ -274,6 +282,8 @@ func (a *App) Run(ctx context.Context) error {
 		return err
 	}
 	defer db.Close()
+	var cacheWG sync.WaitGroup
+	defer cacheWG.Wait() // before db.Close
 	a.mu.Lock()
 	a.cacheDB = db
 	a.mu.Unlock()
@@ -330,6 +340,11 @@ func (a *App) Run(ctx context.Context) error {
 		}()
 	}
 	campaign(clusterEl)
+	cacheWG.Add(1)
+	go func() {
+		defer cacheWG.Done()
+		a.refreshCache(runCtx, db)
+	}()
 
 	bootOpts := bootstrap.Options{
 		ClusterID: cfg.Cluster.ID, Objects: a.o.Store, Secrets: &secrets.Store{Objects: a.o.Store, Ring: ring}, Keys: a.o.Keys,
@@ -388,6 +403,8 @@ func (a *App) Run(ctx context.Context) error {
 	stopElect := serveHTTP(&bg, log, "election", electLn, health.ElectionHandler(a.electionState), electTLS)
 	defer stopElect()
 	a.newRevocations(cfg, log)
+	bg.Add(1)
+	go func() { defer bg.Done(); a.syncRevocations(runCtx) }()
 
 	issuer := &registration.Issuer{
 		CA: cl.CA, Trust: trust, ClusterID: cfg.Cluster.ID,
@@ -434,7 +451,7 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	releaseLeaderAddress(leaderAddr, log)
 	shardEl, err := newElector(a.o.Keys.ShardLeader(a.o.Shard), func(lctx context.Context, term int64) {
-		a.leadShard(lctx, ctx, term, db, gcfg, built.Lead, &bind, cfg.Shard.Timeouts.Shutdown.D(), leaderAddr)
+		a.leadShard(lctx, ctx, term, gcfg, built.Lead, &bind, cfg.Shard.Timeouts.Shutdown.D(), leaderAddr)
 	})
 	if err != nil {
 		return err
@@ -582,18 +599,59 @@ func (a *App) cacheSources() []cache.Source {
 
 func (a *App) syncCache(ctx context.Context, db *cache.Cache) error {
 	return storage.Retry(ctx, a.log(), "syncing the cache", a.o.StorageBackoff, func(ctx context.Context) error {
-		return db.Rebuild(ctx, a.o.Store, a.cacheSources(), time.Now())
+		st, err := db.Rebuild(ctx, a.o.Store, a.cacheSources(), time.Now())
+		if err == nil {
+			a.log().V(1).Info("cache synced", "listed", st.Listed, "read", st.Fetched, "removed", st.Removed)
+		}
+		return err
 	})
 }
 
+// refreshCache brings a standby's cache up to date with storage every
+// Options.CacheRefresh (incremental: one listing, reads of changed objects
+// only). A shard leader's cache is written by its record store instead.
+func (a *App) refreshCache(ctx context.Context, db *cache.Cache) {
+	every := a.o.CacheRefresh
+	if every <= 0 {
+		every = 30 * time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		a.cacheMu.Lock()
+		if !a.cacheLeading {
+			if st, err := db.Rebuild(ctx, a.o.Store, a.cacheSources(), time.Now()); err != nil {
+				if ctx.Err() == nil {
+					a.log().Error(err, "refreshing the cache")
+				}
+			} else if st.Fetched > 0 || st.Removed > 0 {
+				a.log().V(1).Info("cache refreshed", "listed", st.Listed, "read", st.Fetched, "removed", st.Removed)
+			}
+		}
+		a.cacheMu.Unlock()
+	}
+}
+
 // leadShard runs while this server holds the shard lease.
-func (a *App) leadShard(lctx, appCtx context.Context, term int64, db *cache.Cache, gcfg grpcserve.Config, lead func(context.Context) error, bind *config.Bind, shutdown time.Duration,
+func (a *App) leadShard(lctx, appCtx context.Context, term int64, gcfg grpcserve.Config, lead func(context.Context) error, bind *config.Bind, shutdown time.Duration,
 	leaderAddr leaderaddr.Holder) {
 	log := a.log().WithValues("term", term)
-	if err := a.syncCache(lctx, db); err != nil {
-		log.Error(err, "rebuilding the cache on leadership; stepping down")
-		return
-	}
+	// The term starts from the cache as it is (the reconciler checks it
+	// against storage in the background); from now on only the term's
+	// record store writes it.
+	a.cacheMu.Lock()
+	a.cacheLeading = true
+	a.cacheMu.Unlock()
+	defer func() {
+		a.cacheMu.Lock()
+		a.cacheLeading = false
+		a.cacheMu.Unlock()
+	}()
 	if err := a.loadRevocations(lctx); err != nil {
 		log.Error(err, "loading revocations on leadership; stepping down")
 		return
@@ -685,22 +743,47 @@ func (a *App) newRevocations(cfg *config.Config, log logr.Logger) {
 		Store: a.leaderStore(), Keys: a.o.Keys, ClusterID: cfg.Cluster.ID, Shard: a.o.Shard, ServerID: a.o.ServerID,
 		OperatorValidity: cfg.Certificates.OperatorValidity.D(), AgentValidity: cfg.Certificates.AgentValidity.D(),
 		RequireOperatorRecords: !a.o.OperatorRecordsOptional, Log: log.WithName("revocation"),
+		// A standby keeps the list loaded without writing (see syncRevocations).
+		Standby: func() bool {
+			a.mu.Lock()
+			se := a.shardEl
+			a.mu.Unlock()
+			return se == nil || !se.Leading()
+		},
 	})
 	a.revSync = cfg.Certificates.RevocationSyncInterval.D()
 }
 
-// loadRevocations reads the deny list before the term serves anything and
-// keeps re-reading it for the length of the term (lctx).
+// syncRevocations keeps the deny list loaded for the life of the process,
+// re-read every revSync, on a standby too: the list grows with history
+// (every deleted instance leaves an entry for an agent certificate
+// lifetime), and a takeover must not wait for reading all of it.
+func (a *App) syncRevocations(ctx context.Context) {
+	if err := a.revocations.Sync(ctx); err != nil && ctx.Err() == nil {
+		a.log().Error(err, "loading revocations")
+	}
+	a.revocations.Run(ctx, a.revSync)
+}
+
+// loadRevocations makes sure the deny list is current before the term
+// serves anything: a list whose last sync started within two sync intervals
+// (a standby's) is as current as a leader's own (re-read every interval,
+// each read taking its time) and is re-read at once in the background, for
+// what the previous leader revoked in its last seconds; otherwise it is read
+// now.
 func (a *App) loadRevocations(lctx context.Context) error {
 	if a.revocations == nil {
 		return nil
 	}
-	err := storage.Retry(lctx, a.log(), "loading revocations", a.o.StorageBackoff, a.revocations.Sync)
-	if err != nil {
-		return err
+	if at := a.revocations.SyncedAt(); !at.IsZero() && time.Since(at) <= 2*a.revSync {
+		go func() {
+			if err := a.revocations.Sync(lctx); err != nil && lctx.Err() == nil {
+				a.log().Error(err, "re-reading revocations on leadership")
+			}
+		}()
+		return nil
 	}
-	go a.revocations.Run(lctx, a.revSync)
-	return nil
+	return storage.Retry(lctx, a.log(), "loading revocations", a.o.StorageBackoff, a.revocations.Sync)
 }
 
 // Nonce marker housekeeping. A marker is needed while its nonce could still

@@ -53,7 +53,8 @@ type Parts struct {
 	// Fence, when set, bounds every provider Create and Delete by the
 	// shard lease.
 	Fence provider.Fence
-	// Cache, when set, mirrors the instance records (SQLite).
+	// Cache, when set, mirrors the instance records and the groups
+	// document (SQLite); each term starts from it.
 	Cache *cache.Cache
 	// Trust is the cluster CA as it is now (handed to new instances);
 	// Issuer signs client certificates; NonceKey signs agent nonces and
@@ -166,12 +167,17 @@ func Assemble(p Parts) (*Assembly, error) {
 	}
 	s.Provider = prov
 
+	// The SQLite cache: each term starts from it, then checks it against
+	// storage; it receives every change.
 	var mirror instances.Mirror
 	if p.Cache != nil {
-		mirror = CacheMirror{Cache: p.Cache, Prefix: p.Keys.InstancePrefix(shard)}
+		mirror = instances.CacheMirror{Cache: p.Cache}
 	}
 	s.Instances = instances.NewStore(p.Store, p.Keys, shard, mirror)
 	s.Groups = groups.NewRegistry(p.Store, p.Keys, shard)
+	if p.Cache != nil {
+		s.Groups.SetMirror(groups.CacheMirror{Cache: p.Cache, Key: p.Keys.Groups(shard)})
+	}
 	s.Events = events.NewHubs(lim.WatchBuffer)
 	s.Gate = &registration.InstanceGate{Records: s.Instances, Now: p.Tuning.Now, Policy: func() registration.SourcePolicy {
 		r := holder.Current().Shard.Registration

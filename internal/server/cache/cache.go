@@ -167,78 +167,175 @@ func (c *Cache) Wipe(ctx context.Context) error {
 	return err
 }
 
-// Rebuild replaces the cached objects of each source's kind with what object
-// storage holds now, in one transaction (readers never see a half-built cache).
-func (c *Cache) Rebuild(ctx context.Context, store objstore.Store, sources []Source, now time.Time) error {
-	type item struct {
-		kind string
-		info objstore.ObjectInfo
-		body []byte
+// Kinds of objects the server mirrors.
+const (
+	// KindInstance holds the shard's instance records (shard/{shard}/instances/{id}.json).
+	KindInstance = "instance"
+	// KindGroups holds the shard's dynamic groups document (groups/{shard}.jsonc).
+	KindGroups = "groups"
+)
+
+// ETags returns key -> etag of every entry of a kind.
+func (c *Cache) ETags(ctx context.Context, kind string) (map[string]string, error) {
+	rows, err := c.db.QueryContext(ctx, `SELECT key, etag FROM objects WHERE kind = ?`, kind)
+	if err != nil {
+		return nil, fmt.Errorf("cache etags %s: %w", kind, err)
 	}
-	var items []item
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var k, e string
+		if err := rows.Scan(&k, &e); err != nil {
+			return nil, fmt.Errorf("cache etags %s: %w", kind, err)
+		}
+		out[k] = e
+	}
+	return out, rows.Err()
+}
+
+// Apply writes puts and removes the deletes keys of a kind in one
+// transaction (one commit for a whole batch instead of one per entry).
+func (c *Cache) Apply(ctx context.Context, kind string, puts []Entry, deletes []string) error {
+	if len(puts) == 0 && len(deletes) == 0 {
+		return nil
+	}
+	tx, err := c.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("cache apply %s: %w", kind, err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if err := applyTx(ctx, tx, kind, puts, deletes); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("cache apply %s: commit: %w", kind, err)
+	}
+	return nil
+}
+
+func applyTx(ctx context.Context, tx *sql.Tx, kind string, puts []Entry, deletes []string) error {
+	if len(deletes) > 0 {
+		del, err := tx.PrepareContext(ctx, `DELETE FROM objects WHERE kind = ? AND key = ?`)
+		if err != nil {
+			return fmt.Errorf("cache apply %s: %w", kind, err)
+		}
+		defer del.Close()
+		for _, k := range deletes {
+			if _, err := del.ExecContext(ctx, kind, k); err != nil {
+				return fmt.Errorf("cache delete %s/%s: %w", kind, k, err)
+			}
+		}
+	}
+	if len(puts) > 0 {
+		put, err := tx.PrepareContext(ctx, `INSERT OR REPLACE INTO objects(kind, key, etag, last_modified, body) VALUES (?, ?, ?, ?, ?)`)
+		if err != nil {
+			return fmt.Errorf("cache apply %s: %w", kind, err)
+		}
+		defer put.Close()
+		for _, e := range puts {
+			if _, err := put.ExecContext(ctx, kind, e.Key, e.ETag, e.LastModified.UnixNano(), nonNil(e.Body)); err != nil {
+				return fmt.Errorf("cache put %s/%s: %w", kind, e.Key, err)
+			}
+		}
+	}
+	return nil
+}
+
+// RebuildStats counts what a Rebuild did.
+type RebuildStats struct {
+	// Listed objects, Fetched bodies (new or changed etag), Removed entries.
+	Listed, Fetched, Removed int
+}
+
+// Rebuild makes the cached objects of each source's kind equal to what
+// object storage holds now. It is incremental: a listing returns every
+// object's etag, and only objects that are new or whose etag differs from
+// the cached one are read; entries storage no longer has are removed. The
+// changes are written in one transaction (readers never see a half-built
+// cache).
+func (c *Cache) Rebuild(ctx context.Context, store objstore.Store, sources []Source, now time.Time) (RebuildStats, error) {
+	var st RebuildStats
+	type change struct {
+		puts    []Entry
+		deletes []string
+	}
+	changes := map[string]*change{}
 	for _, s := range sources {
-		switch {
-		case s.Key != "":
+		ch := changes[s.Kind]
+		if ch == nil {
+			ch = &change{}
+			changes[s.Kind] = ch
+		}
+		have, err := c.ETags(ctx, s.Kind)
+		if err != nil {
+			return st, fmt.Errorf("rebuilding cache: %w", err)
+		}
+		if s.Key != "" {
 			obj, err := store.Get(ctx, s.Key)
 			if errors.Is(err, objstore.ErrNotFound) {
+				if _, ok := have[s.Key]; ok {
+					ch.deletes = append(ch.deletes, s.Key)
+				}
 				continue
 			}
 			if err != nil {
-				return fmt.Errorf("rebuilding cache: reading %s: %w", s.Key, err)
+				return st, fmt.Errorf("rebuilding cache: reading %s: %w", s.Key, err)
 			}
-			items = append(items, item{s.Kind, obj.ObjectInfo, obj.Body})
-		default:
-			infos, err := store.List(ctx, s.Prefix)
-			if err != nil {
-				return fmt.Errorf("rebuilding cache: listing %s: %w", s.Prefix, err)
+			st.Listed++
+			st.Fetched++
+			ch.puts = append(ch.puts, Entry{Kind: s.Kind, Key: s.Key, ETag: obj.ETag, LastModified: obj.LastModified, Body: obj.Body})
+			continue
+		}
+		infos, err := store.List(ctx, s.Prefix)
+		if err != nil {
+			return st, fmt.Errorf("rebuilding cache: listing %s: %w", s.Prefix, err)
+		}
+		st.Listed += len(infos)
+		listed := make(map[string]bool, len(infos))
+		for _, info := range infos {
+			listed[info.Key] = true
+			if etag, ok := have[info.Key]; ok && etag == info.ETag && info.ETag != "" {
+				continue
 			}
-			for _, info := range infos {
-				var body []byte
-				if !s.SkipBodies {
-					obj, err := store.Get(ctx, info.Key)
-					if errors.Is(err, objstore.ErrNotFound) {
-						continue // deleted since the listing
-					}
-					if err != nil {
-						return fmt.Errorf("rebuilding cache: reading %s: %w", info.Key, err)
-					}
-					info, body = obj.ObjectInfo, obj.Body
+			var body []byte
+			if !s.SkipBodies {
+				obj, err := store.Get(ctx, info.Key)
+				if errors.Is(err, objstore.ErrNotFound) {
+					listed[info.Key] = false // deleted since the listing
+					continue
 				}
-				items = append(items, item{s.Kind, info, body})
+				if err != nil {
+					return st, fmt.Errorf("rebuilding cache: reading %s: %w", info.Key, err)
+				}
+				st.Fetched++
+				info, body = obj.ObjectInfo, obj.Body
+			}
+			ch.puts = append(ch.puts, Entry{Kind: s.Kind, Key: info.Key, ETag: info.ETag, LastModified: info.LastModified, Body: body})
+		}
+		for k := range have {
+			if !listed[k] {
+				ch.deletes = append(ch.deletes, k)
 			}
 		}
 	}
 	tx, err := c.db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("rebuilding cache: %w", err)
+		return st, fmt.Errorf("rebuilding cache: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	kinds := map[string]bool{}
-	for _, s := range sources {
-		kinds[s.Kind] = true
-	}
-	for k := range kinds {
-		if _, err := tx.ExecContext(ctx, `DELETE FROM objects WHERE kind = ?`, k); err != nil {
-			return fmt.Errorf("rebuilding cache: clearing %s: %w", k, err)
-		}
-	}
-	stmt, err := tx.PrepareContext(ctx, `INSERT OR REPLACE INTO objects(kind, key, etag, last_modified, body) VALUES (?, ?, ?, ?, ?)`)
-	if err != nil {
-		return fmt.Errorf("rebuilding cache: %w", err)
-	}
-	defer stmt.Close()
-	for _, it := range items {
-		if _, err := stmt.ExecContext(ctx, it.kind, it.info.Key, it.info.ETag, it.info.LastModified.UnixNano(), nonNil(it.body)); err != nil {
-			return fmt.Errorf("rebuilding cache: storing %s: %w", it.info.Key, err)
+	for kind, ch := range changes {
+		st.Removed += len(ch.deletes)
+		if err := applyTx(ctx, tx, kind, ch.puts, ch.deletes); err != nil {
+			return st, fmt.Errorf("rebuilding cache: %w", err)
 		}
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO meta(key, value) VALUES ('synced_at', ?)`, now.UTC().Format(time.RFC3339Nano)); err != nil {
-		return fmt.Errorf("rebuilding cache: %w", err)
+		return st, fmt.Errorf("rebuilding cache: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("rebuilding cache: commit: %w", err)
+		return st, fmt.Errorf("rebuilding cache: commit: %w", err)
 	}
-	return nil
+	return st, nil
 }
 
 // Path is the database file ("" when in memory).

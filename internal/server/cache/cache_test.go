@@ -34,7 +34,9 @@ func TestRebuildMirrorsStorage(t *testing.T) {
 		}
 		// Stale entry that storage no longer has must disappear.
 		require.NoError(t, c.Put(ctx, Entry{Kind: "instance", Key: "shard/s1/instances/gone.json", ETag: "x"}))
-		require.NoError(t, c.Rebuild(ctx, store, sources, time.Now()))
+		st, err := c.Rebuild(ctx, store, sources, time.Now())
+		require.NoError(t, err)
+		require.Equal(t, RebuildStats{Listed: 4, Fetched: 3, Removed: 1}, st)
 
 		list, err := c.List(ctx, "instance")
 		require.NoError(t, err)
@@ -53,6 +55,23 @@ func TestRebuildMirrorsStorage(t *testing.T) {
 		require.NoError(t, err)
 		require.False(t, at.IsZero())
 
+		// Incremental: unchanged objects are not read again; a changed and a
+		// new one are; a deleted one is removed.
+		put("shard/s1/instances/i-2.json", `{"id":"i-2","v":2}`)
+		put("shard/s1/instances/i-3.json", `{"id":"i-3"}`)
+		require.NoError(t, store.Delete(ctx, "shard/s1/instances/i-1.json"))
+		st, err = c.Rebuild(ctx, store, sources, time.Now())
+		require.NoError(t, err)
+		require.Equal(t, RebuildStats{Listed: 4, Fetched: 3, Removed: 1}, st, "i-2, i-3 and the groups document read; i-1 removed")
+		list, err = c.List(ctx, "instance")
+		require.NoError(t, err)
+		require.Len(t, list, 2)
+		require.JSONEq(t, `{"id":"i-2","v":2}`, string(list[0].Body))
+		require.Equal(t, "i-3", KeyBase(list[1].Key))
+		st, err = c.Rebuild(ctx, store, sources, time.Now())
+		require.NoError(t, err)
+		require.Equal(t, RebuildStats{Listed: 4, Fetched: 1, Removed: 0}, st, "only the single-key groups document is read again")
+
 		require.NoError(t, c.Wipe(ctx))
 		n, err = c.Count(ctx, "instance")
 		require.NoError(t, err)
@@ -68,4 +87,19 @@ func TestOpenBadPath(t *testing.T) {
 	require.NoError(t, c.Close())
 	_, err = Open(context.Background(), filepath.Join(file, "sub", "x.sqlite"))
 	require.Error(t, err)
+}
+
+func TestApplyBatch(t *testing.T) {
+	ctx := context.Background()
+	c, err := Open(ctx, filepath.Join(t.TempDir(), "c.sqlite"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	require.NoError(t, c.Apply(ctx, KindInstance, []Entry{{Key: "a", ETag: "1", Body: []byte("A")}, {Key: "b", ETag: "1"}}, nil))
+	require.NoError(t, c.Apply(ctx, KindInstance, []Entry{{Key: "c", ETag: "2"}}, []string{"a"}))
+	tags, err := c.ETags(ctx, KindInstance)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"b": "1", "c": "2"}, tags)
+	n, err := c.Count(ctx, KindGroups)
+	require.NoError(t, err)
+	require.Zero(t, n, "kinds are separate")
 }

@@ -85,9 +85,30 @@ type Registry struct {
 	dynamic map[Key]*Group
 	docETag string
 	// loaded is true once dynamic reflects the stored document at docETag,
-	// so writes can start from memory instead of re-reading storage.
+	// so writes can start from memory instead of re-reading storage (a
+	// document from the cache may be stale: the conditional write then
+	// fails and the write re-reads storage).
 	loaded bool
+	// mirror, when set, keeps a local copy of the document (SQLite cache).
+	mirror Mirror
 }
+
+// Mirror is a local copy of the dynamic groups document that a new leader
+// starts from.
+type Mirror interface {
+	// LoadDoc returns the mirrored document and its etag (nil body: storage
+	// had none); ErrNoMirror when the mirror was never filled from storage.
+	LoadDoc(ctx context.Context) (body []byte, etag string, err error)
+	// PutDoc records the document as storage holds it (nil body: none).
+	PutDoc(ctx context.Context, body []byte, etag string) error
+}
+
+// ErrNoMirror reports a mirror that holds nothing usable.
+var ErrNoMirror = errors.New("no usable mirror")
+
+// SetMirror sets the local copy the registry reads with LoadCached and
+// writes after every load and change. Call before use.
+func (r *Registry) SetMirror(m Mirror) { r.mirror = m }
 
 // NewRegistry returns an empty registry.
 func NewRegistry(obj objstore.Store, keys layout.Keys, shard string) *Registry {
@@ -149,25 +170,42 @@ func sortKeys(ks []Key) {
 }
 
 func (r *Registry) readDoc(ctx context.Context) (*document, string, error) {
+	d, etag, _, err := r.readDocBody(ctx)
+	return d, etag, err
+}
+
+func (r *Registry) readDocBody(ctx context.Context) (*document, string, []byte, error) {
 	o, err := r.obj.Get(ctx, r.keys.Groups(r.shard))
 	if errors.Is(err, objstore.ErrNotFound) {
-		return &document{Version: 1, Tenants: map[string]map[string]Group{}}, "", nil
+		return emptyDoc(), "", nil, nil
 	}
 	if err != nil {
-		return nil, "", fmt.Errorf("reading dynamic groups: %w", err)
+		return nil, "", nil, fmt.Errorf("reading dynamic groups: %w", err)
 	}
-	std, err := hujson.Standardize(o.Body)
+	d, err := r.parseDoc(o.Body)
 	if err != nil {
-		return nil, "", fmt.Errorf("dynamic groups %s are not valid JSONC: %w", r.keys.Groups(r.shard), err)
+		return nil, "", nil, err
+	}
+	return d, o.ETag, o.Body, nil
+}
+
+func emptyDoc() *document {
+	return &document{Version: 1, Tenants: map[string]map[string]Group{}}
+}
+
+func (r *Registry) parseDoc(body []byte) (*document, error) {
+	std, err := hujson.Standardize(body)
+	if err != nil {
+		return nil, fmt.Errorf("dynamic groups %s are not valid JSONC: %w", r.keys.Groups(r.shard), err)
 	}
 	var d document
 	if err := json.Unmarshal(std, &d); err != nil {
-		return nil, "", fmt.Errorf("decoding dynamic groups: %w", err)
+		return nil, fmt.Errorf("decoding dynamic groups: %w", err)
 	}
 	if d.Tenants == nil {
 		d.Tenants = map[string]map[string]Group{}
 	}
-	return &d, o.ETag, nil
+	return &d, nil
 }
 
 func (r *Registry) install(d *document, etag string) []Key {
@@ -222,11 +260,42 @@ func (r *Registry) cachedDoc() (*document, string, bool) {
 func (r *Registry) Load(ctx context.Context) ([]Key, error) {
 	r.writeMu.Lock()
 	defer r.writeMu.Unlock()
-	d, etag, err := r.readDoc(ctx)
+	d, etag, body, err := r.readDocBody(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return r.install(d, etag), nil
+	changed := r.install(d, etag)
+	if r.mirror != nil {
+		if err := r.mirror.PutDoc(ctx, body, etag); err != nil {
+			return changed, fmt.Errorf("caching dynamic groups: %w", err)
+		}
+	}
+	return changed, nil
+}
+
+// LoadCached installs the dynamic groups from the mirror, without reading
+// storage, and returns the changed keys; ok is false (nothing installed)
+// without a usable mirror. The groups may be stale until Load.
+func (r *Registry) LoadCached(ctx context.Context) (changed []Key, ok bool, err error) {
+	if r.mirror == nil {
+		return nil, false, nil
+	}
+	r.writeMu.Lock()
+	defer r.writeMu.Unlock()
+	body, etag, err := r.mirror.LoadDoc(ctx)
+	if errors.Is(err, ErrNoMirror) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("reading cached groups: %w", err)
+	}
+	d := emptyDoc()
+	if body != nil {
+		if d, err = r.parseDoc(body); err != nil {
+			return nil, false, nil // a bad cached copy is ignored; Load reads storage
+		}
+	}
+	return r.install(d, etag), true, nil
 }
 
 // Get returns a copy of one group. A static group hides a dynamic one of the same name.
@@ -310,6 +379,11 @@ func (r *Registry) modify(ctx context.Context, fn func(d *document) error) error
 			return fmt.Errorf("writing dynamic groups: %w", err)
 		}
 		r.install(d, newTag)
+		if r.mirror != nil {
+			if err := r.mirror.PutDoc(ctx, buf.Bytes(), newTag); err != nil {
+				return fmt.Errorf("caching dynamic groups: %w", err)
+			}
+		}
 		return nil
 	}
 }

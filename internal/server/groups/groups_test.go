@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nstance-dev/nstance/internal/layout"
+	"github.com/nstance-dev/nstance/internal/server/cache"
 	"github.com/nstance-dev/nstance/internal/server/config"
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/pkg/objstore"
@@ -149,4 +150,58 @@ func TestValidateRefusesControlPlaneNamesInVars(t *testing.T) {
 		require.Equal(t, "vars", fes[0].Key, name)
 		require.Contains(t, fes[0].Reason, "templates.worker.keys.tls.certificate.", name)
 	}
+}
+
+// TestLoadCachedThenWriteOverStaleDocument: groups installed from a stale
+// cached document are served at once; a write starting from them fails
+// its condition, re-reads storage and keeps the other writer's group; Load
+// and every write keep the cache equal to storage.
+func TestLoadCachedThenWriteOverStaleDocument(t *testing.T) {
+	ctx := context.Background()
+	obj := memstore.New()
+	keys := layout.New("")
+	db, err := cache.Open(ctx, "")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	m := groups.CacheMirror{Cache: db, Key: keys.Groups("s1")}
+
+	r := groups.NewRegistry(obj, keys, "s1")
+	_, ok, err := r.LoadCached(ctx)
+	require.NoError(t, err)
+	require.False(t, ok, "no mirror, nothing loaded")
+	r.SetMirror(m)
+	_, ok, err = r.LoadCached(ctx)
+	require.NoError(t, err)
+	require.False(t, ok, "a cache never synced is not used")
+	_, err = db.Rebuild(ctx, obj, []cache.Source{{Kind: cache.KindGroups, Key: keys.Groups("s1")}}, time.Now())
+	require.NoError(t, err)
+	_, err = r.Load(ctx)
+	require.NoError(t, err)
+	_, _, err = r.Upsert(ctx, groups.Key{Tenant: "acme", ID: "a"}, groups.Spec{Template: "worker", Size: 1}, "")
+	require.NoError(t, err)
+
+	// Another leader adds b; this server's cache still has only a.
+	other := groups.NewRegistry(obj, keys, "s1")
+	_, _, err = other.Upsert(ctx, groups.Key{Tenant: "acme", ID: "b"}, groups.Spec{Template: "worker", Size: 2}, "")
+	require.NoError(t, err)
+
+	next := groups.NewRegistry(obj, keys, "s1")
+	next.SetMirror(m)
+	changed, ok, err := next.LoadCached(ctx)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, []groups.Key{{Tenant: "acme", ID: "a"}}, changed, "the cached view")
+	_, _, err = next.Upsert(ctx, groups.Key{Tenant: "acme", ID: "c"}, groups.Spec{Template: "worker", Size: 3}, "")
+	require.NoError(t, err)
+	var ids []string
+	for _, g := range next.List("acme") {
+		ids = append(ids, g.ID)
+	}
+	require.Equal(t, []string{"a", "b", "c"}, ids, "b kept: the stale write re-read storage")
+	stored, err := obj.Get(ctx, keys.Groups("s1"))
+	require.NoError(t, err)
+	cached, err := db.Get(ctx, cache.KindGroups, keys.Groups("s1"))
+	require.NoError(t, err)
+	require.Equal(t, stored.ETag, cached.ETag)
+	require.Equal(t, stored.Body, cached.Body)
 }

@@ -33,20 +33,25 @@ type MirrorObject struct {
 	Body []byte
 }
 
-// Mirror receives every change so a local cache (SQLite) can follow the
-// store. Calls happen after the object-storage write succeeded; keys are
-// full object keys.
+// Mirror is a local copy of the records (the server's SQLite cache) that a
+// new leader starts from. It receives every change after the object-storage
+// write succeeded; keys are full object keys.
 type Mirror interface {
-	// Reset replaces the whole mirrored set (after Load).
-	Reset(ctx context.Context, objs []MirrorObject) error
+	// Load returns every mirrored object; ErrNoMirror when the mirror was
+	// never filled from storage (its content would mean nothing).
+	Load(ctx context.Context) ([]MirrorObject, error)
+	// Apply writes puts and removes deletes in one step.
+	Apply(ctx context.Context, puts []MirrorObject, deletes []string) error
 	Put(ctx context.Context, obj MirrorObject) error
 	Delete(ctx context.Context, key string) error
 }
 
+// ErrNoMirror reports a mirror that holds nothing usable.
+var ErrNoMirror = errors.New("no usable mirror")
+
 type entry struct {
 	rec  *Record
 	etag string
-	body []byte // only set while loading
 }
 
 // Store is the record store of one shard. Safe for concurrent use; updates to
@@ -56,6 +61,9 @@ type Store struct {
 	keys   layout.Keys
 	shard  string
 	mirror Mirror
+	// mirrorMu orders mirror writes with the index, so a batch written by
+	// Sync never replaces a newer record an Update mirrored meanwhile.
+	mirrorMu sync.Mutex
 
 	mu      sync.RWMutex
 	entries map[string]*entry
@@ -78,53 +86,216 @@ func (s *Store) lock(id string) *sync.Mutex {
 
 func tokenKey(tenant, token string) string { return tenant + "\x00" + token }
 
-// Load replaces the index with every record in object storage.
+// Load makes the index equal to object storage (see Sync).
 func (s *Store) Load(ctx context.Context) error {
-	list, err := s.obj.List(ctx, s.keys.InstancePrefix(s.shard))
-	if err != nil {
-		return fmt.Errorf("listing instance records: %w", err)
+	_, err := s.Sync(ctx)
+	return err
+}
+
+// LoadCached replaces the index with the mirror's content (the records as
+// this server last saw them), without reading object storage. It reports
+// false, leaving the index alone, when there is no usable mirror. The index
+// may then be stale in every direction until Sync has run: callers serve
+// reads from it but decide nothing (no create, no delete) before Sync.
+func (s *Store) LoadCached(ctx context.Context) (int, bool, error) {
+	if s.mirror == nil {
+		return 0, false, nil
 	}
-	loaded := make([]*entry, len(list))
+	objs, err := s.mirror.Load(ctx)
+	if errors.Is(err, ErrNoMirror) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("reading cached records: %w", err)
+	}
+	prefix := s.keys.InstancePrefix(s.shard)
+	var bad []string
+	s.mu.Lock()
+	s.entries, s.tokens, s.byGroup = map[string]*entry{}, map[string]string{}, map[string]map[string]struct{}{}
+	for _, o := range objs {
+		r, ok := decode(prefix, o.Key, o.Body)
+		if !ok {
+			bad = append(bad, o.Key)
+			continue
+		}
+		s.setLocked(r, o.ETag)
+	}
+	n := len(s.entries)
+	s.mu.Unlock()
+	if len(bad) > 0 {
+		if err := s.mirror.Apply(ctx, nil, bad); err != nil {
+			return n, true, fmt.Errorf("dropping unreadable cached records: %w", err)
+		}
+	}
+	return n, true, nil
+}
+
+// decode parses a record object; a torn or foreign object (not valid JSON,
+// no id, or an id that is not its key's) is refused.
+func decode(prefix, key string, body []byte) (*Record, bool) {
+	var r Record
+	if err := json.Unmarshal(body, &r); err != nil || r.ID == "" || key != prefix+r.ID+".json" {
+		return nil, false
+	}
+	return &r, true
+}
+
+// SyncResult says what Sync changed in the index.
+type SyncResult struct {
+	// Listed is the number of record objects in storage; Fetched how many
+	// of them were read (new or changed etag).
+	Listed, Fetched int
+	// Changed are the ids whose record was added or replaced.
+	Changed []string
+	// Removed are the records storage no longer has (as the index held them).
+	Removed []*Record
+}
+
+// Sync makes the index equal to object storage, the source of truth: one
+// listing (which carries every object's etag), then a read of each record
+// whose etag differs from the index's, and removal of the records storage
+// no longer holds. With an index filled by LoadCached this reads only what
+// changed since the cache was written; with an empty index it reads every
+// record. Safe beside concurrent Create/Update/Delete: each record is
+// re-read under its lock, and a record written after the listing is never
+// dropped. The mirror is brought in line in one batch.
+func (s *Store) Sync(ctx context.Context) (SyncResult, error) {
+	var res SyncResult
+	s.mu.RLock()
+	snap := make(map[string]string, len(s.entries))
+	for id, e := range s.entries {
+		snap[id] = e.etag
+	}
+	s.mu.RUnlock()
+	prefix := s.keys.InstancePrefix(s.shard)
+	list, err := s.obj.List(ctx, prefix)
+	if err != nil {
+		return res, fmt.Errorf("listing instance records: %w", err)
+	}
+	res.Listed = len(list)
+	listed := make(map[string]bool, len(list))
+	var fetch []string
+	for _, info := range list {
+		id := strings.TrimSuffix(strings.TrimPrefix(info.Key, prefix), ".json")
+		if id == "" || strings.Contains(id, "/") || info.Key != prefix+id+".json" {
+			continue // not a record object
+		}
+		listed[id] = true
+		if etag, ok := snap[id]; ok && etag == info.ETag && etag != "" {
+			continue
+		}
+		fetch = append(fetch, id)
+	}
+	res.Fetched = len(fetch)
+	var (
+		outMu   sync.Mutex
+		puts    []MirrorObject
+		deletes []string
+	)
+	removed := func(rec *Record, key string) {
+		outMu.Lock()
+		defer outMu.Unlock()
+		deletes = append(deletes, key)
+		if rec != nil {
+			res.Removed = append(res.Removed, rec)
+		}
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(16)
-	for i, info := range list {
+	for _, id := range fetch {
 		g.Go(func() error {
-			o, err := s.obj.Get(gctx, info.Key)
+			key := s.keys.Instance(s.shard, id)
+			l := s.lock(id)
+			l.Lock()
+			defer l.Unlock()
+			o, err := s.obj.Get(gctx, key)
 			if errors.Is(err, objstore.ErrNotFound) {
+				removed(s.dropGet(id), key) // deleted since the listing
 				return nil
 			}
 			if err != nil {
-				return fmt.Errorf("reading %s: %w", info.Key, err)
+				return fmt.Errorf("reading %s: %w", key, err)
 			}
-			var r Record
-			if err := json.Unmarshal(o.Body, &r); err != nil || r.ID == "" || !strings.HasSuffix(info.Key, "/"+r.ID+".json") {
-				// A torn or foreign object is skipped, never fatal.
+			r, ok := decode(prefix, key, o.Body)
+			if !ok {
+				// A torn or foreign object is not a record: skipped, never fatal.
+				removed(s.dropGet(id), key)
 				return nil
 			}
-			loaded[i] = &entry{rec: &r, etag: o.ETag, body: o.Body}
+			s.set(r, o.ETag)
+			outMu.Lock()
+			puts = append(puts, MirrorObject{Key: key, ETag: o.ETag, Body: o.Body})
+			res.Changed = append(res.Changed, id)
+			outMu.Unlock()
 			return nil
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return err
+		return res, err
 	}
-	var objs []MirrorObject
-	s.mu.Lock()
-	s.entries, s.tokens, s.byGroup = map[string]*entry{}, map[string]string{}, map[string]map[string]struct{}{}
-	for _, e := range loaded {
-		if e == nil {
+	// Records the index held before the listing that storage does not
+	// list are gone, unless this store wrote them since (new etag).
+	for id, etag := range snap {
+		if listed[id] {
 			continue
 		}
-		s.setLocked(e.rec, e.etag)
-		objs = append(objs, MirrorObject{Key: s.keys.Instance(s.shard, e.rec.ID), ETag: e.etag, Body: e.body})
+		l := s.lock(id)
+		l.Lock()
+		if _, cur, ok := s.current(id); ok && cur == etag {
+			removed(s.dropGet(id), s.keys.Instance(s.shard, id))
+		}
+		l.Unlock()
 	}
-	s.mu.Unlock()
+	sort.Strings(res.Changed)
+	sort.Slice(res.Removed, func(i, j int) bool { return res.Removed[i].ID < res.Removed[j].ID })
 	if s.mirror != nil {
-		if err := s.mirror.Reset(ctx, objs); err != nil {
-			return fmt.Errorf("resetting cache: %w", err)
+		if err := s.applyMirror(ctx, puts, deletes); err != nil {
+			return res, fmt.Errorf("updating the cache: %w", err)
 		}
 	}
-	return nil
+	return res, nil
+}
+
+// applyMirror writes a Sync batch, leaving out what the index no longer
+// matches (a newer write mirrored itself).
+func (s *Store) applyMirror(ctx context.Context, puts []MirrorObject, deletes []string) error {
+	s.mirrorMu.Lock()
+	defer s.mirrorMu.Unlock()
+	prefix := s.keys.InstancePrefix(s.shard)
+	s.mu.RLock()
+	keepPuts := puts[:0]
+	for _, p := range puts {
+		if e, ok := s.entries[strings.TrimSuffix(strings.TrimPrefix(p.Key, prefix), ".json")]; ok && e.etag == p.ETag {
+			keepPuts = append(keepPuts, p)
+		}
+	}
+	keepDel := deletes[:0]
+	for _, k := range deletes {
+		if _, ok := s.entries[strings.TrimSuffix(strings.TrimPrefix(k, prefix), ".json")]; !ok {
+			keepDel = append(keepDel, k)
+		}
+	}
+	s.mu.RUnlock()
+	return s.mirror.Apply(ctx, keepPuts, keepDel)
+}
+
+// mirrorPut and mirrorDelete mirror one write (after storage took it).
+func (s *Store) mirrorPut(ctx context.Context, o MirrorObject) error {
+	if s.mirror == nil {
+		return nil
+	}
+	s.mirrorMu.Lock()
+	defer s.mirrorMu.Unlock()
+	return s.mirror.Put(ctx, o)
+}
+
+func (s *Store) mirrorDelete(ctx context.Context, key string) error {
+	if s.mirror == nil {
+		return nil
+	}
+	s.mirrorMu.Lock()
+	defer s.mirrorMu.Unlock()
+	return s.mirror.Delete(ctx, key)
 }
 
 // Get returns a copy of one record.
@@ -195,10 +366,8 @@ func (s *Store) Create(ctx context.Context, rec *Record) error {
 		return fmt.Errorf("creating record %s: %w", rec.ID, err)
 	}
 	s.set(rec.Clone(), etag)
-	if s.mirror != nil {
-		if err := s.mirror.Put(ctx, MirrorObject{Key: s.keys.Instance(s.shard, rec.ID), ETag: etag, Body: body}); err != nil {
-			return fmt.Errorf("caching record %s: %w", rec.ID, err)
-		}
+	if err := s.mirrorPut(ctx, MirrorObject{Key: s.keys.Instance(s.shard, rec.ID), ETag: etag, Body: body}); err != nil {
+		return fmt.Errorf("caching record %s: %w", rec.ID, err)
 	}
 	return nil
 }
@@ -210,6 +379,8 @@ func (s *Store) set(rec *Record, etag string) {
 }
 
 func (s *Store) setLocked(rec *Record, etag string) {
+	// A replaced record's token and group may differ (a stale cached copy).
+	s.dropLocked(rec.ID)
 	s.entries[rec.ID] = &entry{rec: rec, etag: etag}
 	if rec.ClientToken != "" {
 		s.tokens[tokenKey(rec.Tenant, rec.ClientToken)] = rec.ID
@@ -284,10 +455,8 @@ func (s *Store) Update(ctx context.Context, id string, fn func(*Record) error) (
 			return nil, fmt.Errorf("writing record %s: %w", id, err)
 		}
 		s.set(rec.Clone(), newTag)
-		if s.mirror != nil {
-			if err := s.mirror.Put(ctx, MirrorObject{Key: s.keys.Instance(s.shard, id), ETag: newTag, Body: body}); err != nil {
-				return nil, fmt.Errorf("caching record %s: %w", id, err)
-			}
+		if err := s.mirrorPut(ctx, MirrorObject{Key: s.keys.Instance(s.shard, id), ETag: newTag, Body: body}); err != nil {
+			return nil, fmt.Errorf("caching record %s: %w", id, err)
 		}
 		return rec, nil
 	}
@@ -316,9 +485,13 @@ func (s *Store) Refresh(ctx context.Context, id string) (*Record, error) {
 }
 
 func (s *Store) reload(ctx context.Context, id string) error {
-	o, err := s.obj.Get(ctx, s.keys.Instance(s.shard, id))
+	key := s.keys.Instance(s.shard, id)
+	o, err := s.obj.Get(ctx, key)
 	if errors.Is(err, objstore.ErrNotFound) {
 		s.drop(id)
+		if merr := s.mirrorDelete(ctx, key); merr != nil {
+			return fmt.Errorf("uncaching record %s: %w", id, merr)
+		}
 		return fmt.Errorf("reloading %s: %w", id, ErrNotFound)
 	}
 	if err != nil {
@@ -329,25 +502,38 @@ func (s *Store) reload(ctx context.Context, id string) error {
 		return fmt.Errorf("reloading %s: %w", id, err)
 	}
 	s.set(&r, o.ETag)
+	if err := s.mirrorPut(ctx, MirrorObject{Key: key, ETag: o.ETag, Body: o.Body}); err != nil {
+		return fmt.Errorf("caching record %s: %w", id, err)
+	}
 	return nil
 }
 
-func (s *Store) drop(id string) {
+func (s *Store) drop(id string) { s.dropGet(id) }
+
+// dropGet removes id from the index and returns the record it held (nil if none).
+func (s *Store) dropGet(id string) *Record {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if e, ok := s.entries[id]; ok {
-		if e.rec.ClientToken != "" {
-			delete(s.tokens, tokenKey(e.rec.Tenant, e.rec.ClientToken))
-		}
-		if e.rec.GroupID != "" {
-			gk := tokenKey(e.rec.Tenant, e.rec.GroupID)
-			delete(s.byGroup[gk], id)
-			if len(s.byGroup[gk]) == 0 {
-				delete(s.byGroup, gk)
-			}
-		}
-		delete(s.entries, id)
+	return s.dropLocked(id)
+}
+
+func (s *Store) dropLocked(id string) *Record {
+	e, ok := s.entries[id]
+	if !ok {
+		return nil
 	}
+	if e.rec.ClientToken != "" {
+		delete(s.tokens, tokenKey(e.rec.Tenant, e.rec.ClientToken))
+	}
+	if e.rec.GroupID != "" {
+		gk := tokenKey(e.rec.Tenant, e.rec.GroupID)
+		delete(s.byGroup[gk], id)
+		if len(s.byGroup[gk]) == 0 {
+			delete(s.byGroup, gk)
+		}
+	}
+	delete(s.entries, id)
+	return e.rec
 }
 
 // Delete removes the record from storage and the index.
@@ -359,10 +545,8 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 		return fmt.Errorf("deleting record %s: %w", id, err)
 	}
 	s.drop(id)
-	if s.mirror != nil {
-		if err := s.mirror.Delete(ctx, s.keys.Instance(s.shard, id)); err != nil {
-			return fmt.Errorf("uncaching record %s: %w", id, err)
-		}
+	if err := s.mirrorDelete(ctx, s.keys.Instance(s.shard, id)); err != nil {
+		return fmt.Errorf("uncaching record %s: %w", id, err)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nstance-dev/nstance/internal/layout"
+	"github.com/nstance-dev/nstance/internal/server/cache"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
@@ -124,4 +125,86 @@ func TestProtoCarriesProviderAddresses(t *testing.T) {
 		got = append(got, a.GetType().String()+"="+a.GetAddress())
 	}
 	require.Equal(t, []string{"ADDRESS_TYPE_HOSTNAME=web-1", "ADDRESS_TYPE_INTERNAL_IP=10.0.0.7", "ADDRESS_TYPE_INTERNAL_DNS=web-1.internal"}, got)
+}
+
+// TestSyncCorrectsAStaleCache: an index filled from a stale cache (a record
+// storage no longer has, one it misses, one changed since, a torn entry) is
+// equal to storage after Sync, which reads only what differs; the token and
+// group indexes follow, and the cache is corrected too.
+func TestSyncCorrectsAStaleCache(t *testing.T) {
+	ctx := context.Background()
+	obj := memstore.New()
+	keys := layout.New("")
+	db, err := cache.Open(ctx, "")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	mirror := instances.CacheMirror{Cache: db}
+	writer := instances.NewStore(obj, keys, "s1", mirror)
+	mk := func(id, token string) *instances.Record {
+		return &instances.Record{ID: id, Tenant: "acme", GroupID: "web", Shard: "s1", State: instances.StateRunning, ClientToken: token}
+	}
+	for _, r := range []*instances.Record{mk("web-a", "ta"), mk("web-b", "tb"), mk("web-c", "tc")} {
+		require.NoError(t, writer.Create(ctx, r))
+	}
+	_, err = db.Rebuild(ctx, obj, nil, time.Now()) // marks the cache synced
+	require.NoError(t, err)
+
+	// Storage moves on without the cache: a deleted, b changed (its token
+	// too), d created; the cache also gets a torn entry.
+	require.NoError(t, obj.Delete(ctx, keys.Instance("s1", "web-a")))
+	b := mk("web-b", "tb2")
+	b.Message = "changed"
+	body, err := json.Marshal(b)
+	require.NoError(t, err)
+	_, err = obj.Put(ctx, keys.Instance("s1", "web-b"), body, objstore.PutOptions{})
+	require.NoError(t, err)
+	body, err = json.Marshal(mk("web-d", "td"))
+	require.NoError(t, err)
+	_, err = obj.Put(ctx, keys.Instance("s1", "web-d"), body, objstore.PutOptions{})
+	require.NoError(t, err)
+	require.NoError(t, db.Put(ctx, cache.Entry{Kind: cache.KindInstance, Key: keys.Instance("s1", "web-x"), ETag: "x", Body: []byte("{")}))
+
+	s := instances.NewStore(obj, keys, "s1", mirror)
+	n, ok, err := s.LoadCached(ctx)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, 3, n, "a, b and c from the cache; the torn entry dropped")
+	_, ok = s.ByClientToken("acme", "ta")
+	require.True(t, ok, "the stale view")
+
+	res, err := s.Sync(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Listed)
+	require.Equal(t, 2, res.Fetched, "b and d read; c unchanged")
+	require.Equal(t, []string{"web-b", "web-d"}, res.Changed)
+	require.Len(t, res.Removed, 1)
+	require.Equal(t, "web-a", res.Removed[0].ID)
+	var got []string
+	for _, r := range s.List(nil) {
+		got = append(got, r.ID)
+	}
+	require.Equal(t, []string{"web-b", "web-c", "web-d"}, got)
+	rb, _ := s.Get("web-b")
+	require.Equal(t, "changed", rb.Message)
+	for tok, want := range map[string]bool{"ta": false, "tb": false, "tb2": true, "tc": true, "td": true} {
+		_, ok := s.ByClientToken("acme", tok)
+		require.Equal(t, want, ok, "token %s", tok)
+	}
+	require.Len(t, s.ListGroup("acme", "web"), 3)
+	tags, err := db.ETags(ctx, cache.KindInstance)
+	require.NoError(t, err)
+	infos, err := obj.List(ctx, keys.InstancePrefix("s1"))
+	require.NoError(t, err)
+	want := map[string]string{}
+	for _, i := range infos {
+		want[i.Key] = i.ETag
+	}
+	require.Equal(t, want, tags, "the cache equals storage")
+
+	// A write after the check goes through with the current etag.
+	_, err = s.Update(ctx, "web-b", func(r *instances.Record) error { r.Message = "again"; return nil })
+	require.NoError(t, err)
+	res, err = s.Sync(ctx)
+	require.NoError(t, err)
+	require.Zero(t, res.Fetched, "the index's etags are storage's")
 }

@@ -91,6 +91,10 @@ func (s *Service) leaderTenant(ctx context.Context) (string, error) {
 	if s.o.Reconciler == nil || !s.o.Reconciler.Running() {
 		return "", status.Errorf(codes.Unavailable, "this server is not the active leader of shard %s", s.o.Shard)
 	}
+	// A new term serves reads once its state is loaded (from the cache).
+	if err := s.o.Reconciler.AwaitLoaded(ctx); err != nil {
+		return "", toStatus(err)
+	}
 	return t, nil
 }
 

@@ -123,6 +123,7 @@ type Reconciler struct {
 	running bool
 	// delaying, when set (tests), supplies the queue's delaying layer.
 	delaying func() workqueue.TypedDelayingInterface[item]
+	term     *term // the current (or last) Run's start-up state
 
 	limMu   sync.Mutex
 	limiter *rate.Limiter
@@ -202,12 +203,16 @@ func (r *Reconciler) Running() bool {
 // Events returns the hubs the reconciler publishes to.
 func (r *Reconciler) Events() *events.Hubs { return r.o.Events }
 
-// Run loads state from storage (rebuilding the cache), converges until ctx
-// ends, then stops its workers. Run it for each leadership term; it must not
-// run twice at once.
+// Run starts a leadership term: it serves reads from the cached state,
+// makes that state equal to storage, then converges until ctx ends and
+// stops its workers (see load.go). Run it for each leadership term; it must
+// not run twice at once.
 func (r *Reconciler) Run(ctx context.Context) error {
 	q, termStart, err := r.begin(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // the term ended while loading
+		}
 		return err
 	}
 	defer r.end(q)
@@ -247,9 +252,10 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	}
 }
 
-// begin starts a term: a fresh queue, state loaded from storage, the
-// per-term status and health memory cleared. It returns the term's queue
-// and start time; end must follow, also when begin failed.
+// begin starts a term: a fresh queue, the per-term status and health
+// memory cleared, reads served from the cache and the state then checked
+// against storage (load.go). It returns the term's queue and start time;
+// when it fails it has ended the term itself, otherwise end must follow.
 func (r *Reconciler) begin(ctx context.Context) (workqueue.TypedRateLimitingInterface[item], time.Time, error) {
 	r.qMu.Lock()
 	if r.running {
@@ -257,41 +263,49 @@ func (r *Reconciler) begin(ctx context.Context) (workqueue.TypedRateLimitingInte
 		return nil, time.Time{}, errors.New("reconciler is already running")
 	}
 	q := r.newQueue()
-	r.queue, r.running = q, true
+	tm := newTerm()
+	r.queue, r.running, r.term = q, true, tm
 	r.qMu.Unlock()
-	if err := r.Load(ctx); err != nil {
-		r.end(q)
-		return nil, time.Time{}, err
-	}
 	r.statusMu.Lock()
 	r.lastStatus = map[groups.Key]string{}
 	r.statusMu.Unlock()
+	termStart := r.o.Now()
 	r.healthMu.Lock()
 	r.reporting, r.wasReady, r.checked = map[string]bool{}, map[string]bool{}, map[string]int{}
 	r.healthMu.Unlock()
-	return q, r.o.Now(), nil
+	warm := r.loadCached(ctx)
+	if warm {
+		close(tm.loaded)
+	}
+	if err := r.verify(ctx, warm); err != nil {
+		r.end(q)
+		return nil, time.Time{}, err
+	}
+	if !warm {
+		close(tm.loaded)
+	}
+	close(tm.verified)
+	return q, termStart, nil
 }
 
-// end finishes the term of q.
+// end finishes the term of q: its queue stops and waiters are released.
 func (r *Reconciler) end(q workqueue.TypedRateLimitingInterface[item]) {
 	q.ShutDown()
 	r.qMu.Lock()
 	r.running = false
+	if r.term != nil {
+		select {
+		case <-r.term.done:
+		default:
+			close(r.term.done)
+		}
+	}
 	r.qMu.Unlock()
 }
 
-// Load rebuilds the record index and dynamic groups from object storage and
-// applies the static groups of the running config.
-func (r *Reconciler) Load(ctx context.Context) error {
-	if err := r.o.Instances.Load(ctx); err != nil {
-		return fmt.Errorf("loading instances: %w", err)
-	}
-	if _, err := r.o.Groups.Load(ctx); err != nil {
-		return fmt.Errorf("loading groups: %w", err)
-	}
-	r.o.Groups.SetStatic(r.o.Config())
-	return nil
-}
+// Load makes the record index and dynamic groups equal to object storage
+// and applies the static groups of the running config.
+func (r *Reconciler) Load(ctx context.Context) error { return r.verify(ctx, false) }
 
 // ConfigChanged applies a new config: static groups are replaced, every
 // group is reconciled again and the create rate limit is updated.

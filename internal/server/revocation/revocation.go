@@ -127,6 +127,11 @@ type Options struct {
 	// next Sync). A record deleted by hand is then refused within one Sync
 	// even if no Sync ever saw it.
 	RequireOperatorRecords bool
+	// Standby, when set and true, makes Sync read only: expired entries are
+	// left out of memory but not deleted, and operators whose record
+	// vanished are revoked by a later Sync that may write. A standby server
+	// keeps its list loaded this way, so taking over reads only what is new.
+	Standby func() bool
 	// Now defaults to time.Now.
 	Now func() time.Time
 	Log logr.Logger
@@ -149,6 +154,8 @@ type Gate struct {
 	operators map[string]string
 	absent    map[string]bool
 	streams   map[*tracked]struct{}
+	// syncedAt is when the last successful Sync started (zero before).
+	syncedAt time.Time
 }
 
 type tracked struct {
@@ -424,6 +431,7 @@ func (g *Gate) Sync(ctx context.Context) error {
 	g.writeMu.Lock()
 	defer g.writeMu.Unlock()
 	now := g.o.Now()
+	readOnly := g.o.Standby != nil && g.o.Standby()
 	loaded := map[string]Entry{}
 	g.mu.RLock()
 	for k, e := range g.entries {
@@ -453,6 +461,9 @@ func (g *Gate) Sync(ctx context.Context) error {
 				}
 			}
 			if now.After(e.ExpiresAt) {
+				if readOnly {
+					continue
+				}
 				if err := g.o.Store.Delete(ctx, info.Key); err != nil {
 					g.o.Log.Error(err, "removing an expired revocation entry", "key", info.Key)
 				}
@@ -465,12 +476,25 @@ func (g *Gate) Sync(ctx context.Context) error {
 	g.entries = next
 	g.rebuildLocked()
 	g.mu.Unlock()
-	return g.syncOperators(ctx)
+	if err := g.syncOperators(ctx, readOnly); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	g.syncedAt = now
+	g.mu.Unlock()
+	return nil
+}
+
+// SyncedAt returns when the last successful Sync started (zero before any).
+func (g *Gate) SyncedAt() time.Time {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return g.syncedAt
 }
 
 // syncOperators revokes every operator whose record existed at the previous
 // Sync and is gone now.
-func (g *Gate) syncOperators(ctx context.Context) error {
+func (g *Gate) syncOperators(ctx context.Context, readOnly bool) error {
 	prefix := g.o.Keys.OperatorPrefix()
 	infos, err := g.o.Store.List(ctx, prefix)
 	if err != nil {
@@ -510,6 +534,13 @@ func (g *Gate) syncOperators(ctx context.Context) error {
 	var errs []error
 	for id, etag := range prev {
 		if _, ok := now[id]; ok {
+			continue
+		}
+		if readOnly {
+			// Revoked by a Sync that may write.
+			g.mu.Lock()
+			g.operators[id] = etag
+			g.mu.Unlock()
 			continue
 		}
 		e := Entry{Kind: KindOperator, Subject: id, Reason: "operator record deleted"}

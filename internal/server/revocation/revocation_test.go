@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -265,4 +266,42 @@ func TestRequireOperatorRecords(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the stream of an operator whose record is gone was not ended")
 	}
+}
+
+// TestStandbySyncOnlyReads: a standby keeps the list loaded without
+// writing (no pruning, no revocation of a vanished operator); once it
+// leads, the next Sync does both.
+func TestStandbySyncOnlyReads(t *testing.T) {
+	f := newFixture(t)
+	var standby atomic.Bool
+	standby.Store(true)
+	g := revocation.New(revocation.Options{Store: f.store, Keys: f.keys, ClusterID: "c1", Shard: "s1", ServerID: "srv",
+		OperatorValidity: 2 * time.Hour, AgentValidity: time.Hour, Now: f.clock.Now, Standby: standby.Load})
+	require.True(t, g.SyncedAt().IsZero())
+	e, err := f.gate("s1").RevokeAgent(ctx(t), "i-1", "")
+	require.NoError(t, err)
+	_, err = f.store.Put(ctx(t), f.keys.Operator("op-a"), []byte(`{"id":"op-a"}`), objstore.PutOptions{})
+	require.NoError(t, err)
+	c := f.cert(t, pki.Identity{Tenant: "acme", Role: pki.RoleAgent, ClientID: "i-1", Shard: "s1"}, f.clock.Now())
+	require.NoError(t, g.Sync(ctx(t)))
+	require.ErrorIs(t, g.Admit(c, ident(c)), revocation.ErrRevoked, "a standby loads the list")
+	require.Equal(t, f.clock.Now(), g.SyncedAt())
+
+	require.NoError(t, f.store.Delete(ctx(t), f.keys.Operator("op-a")))
+	f.clock.add(time.Hour + 2*time.Minute)
+	require.NoError(t, g.Sync(ctx(t)))
+	require.NoError(t, g.Admit(c, ident(c)), "the expired entry is out of memory")
+	_, err = f.store.Head(ctx(t), f.keys.ShardRevocation("s1", e.ID))
+	require.NoError(t, err, "but a standby deletes nothing")
+	infos, err := f.store.List(ctx(t), f.keys.ClusterRevocationPrefix())
+	require.NoError(t, err)
+	require.Empty(t, infos, "nor revokes the vanished operator")
+
+	standby.Store(false)
+	require.NoError(t, g.Sync(ctx(t)))
+	_, err = f.store.Head(ctx(t), f.keys.ShardRevocation("s1", e.ID))
+	require.ErrorIs(t, err, objstore.ErrNotFound, "the leader prunes")
+	infos, err = f.store.List(ctx(t), f.keys.ClusterRevocationPrefix())
+	require.NoError(t, err)
+	require.Len(t, infos, 1, "and revokes the operator whose record vanished")
 }

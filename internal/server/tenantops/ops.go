@@ -78,6 +78,10 @@ func mapGroupErr(err error) error {
 
 // UpsertGroup validates and stores a dynamic group, then reconciles it.
 func (o *Ops) UpsertGroup(ctx context.Context, tenant string, p *nstancev1.GroupSpec, expectedETag string) (*nstancev1.GroupStatus, bool, error) {
+	// Nothing is decided on state not yet checked against storage.
+	if err := o.o.Reconciler.AwaitVerified(ctx); err != nil {
+		return nil, false, err
+	}
 	if p == nil {
 		return nil, false, invalid(config.FieldError{Key: "group", Reason: "required"})
 	}
@@ -99,6 +103,10 @@ func (o *Ops) UpsertGroup(ctx context.Context, tenant string, p *nstancev1.Group
 
 // DeleteGroup removes a dynamic group; its instances are drained and deleted.
 func (o *Ops) DeleteGroup(ctx context.Context, tenant, id, expectedETag string) (int, error) {
+	// Nothing is decided on state not yet checked against storage.
+	if err := o.o.Reconciler.AwaitVerified(ctx); err != nil {
+		return 0, err
+	}
 	if id == "" {
 		return 0, invalid(config.FieldError{Key: "group_id", Reason: "required"})
 	}
@@ -126,6 +134,10 @@ type CreateInstanceRequest struct {
 // CreateInstance records an on-demand instance and schedules its creation.
 // A repeated client token returns the instance created the first time.
 func (o *Ops) CreateInstance(ctx context.Context, tenant string, req CreateInstanceRequest) (*instances.Record, error) {
+	// Nothing is decided on state not yet checked against storage.
+	if err := o.o.Reconciler.AwaitVerified(ctx); err != nil {
+		return nil, err
+	}
 	o.createMu.Lock()
 	defer o.createMu.Unlock()
 	if req.ClientToken != "" {
@@ -232,6 +244,10 @@ func (o *Ops) ListInstances(tenant string, groupIDs []string, states []nstancev1
 // scale-down pick any member. The mark is idempotent; an instance already
 // being deleted is returned as it is.
 func (o *Ops) MarkForScaleDown(ctx context.Context, tenant, id string, skipDrain bool) (*instances.Record, error) {
+	// Nothing is decided on state not yet checked against storage.
+	if err := o.o.Reconciler.AwaitVerified(ctx); err != nil {
+		return nil, err
+	}
 	rec, err := o.tenantRecord(tenant, id)
 	if err != nil {
 		return nil, err
@@ -262,6 +278,10 @@ func (o *Ops) MarkForScaleDown(ctx context.Context, tenant, id string, skipDrain
 
 // DeleteInstance starts the deletion of a tenant's instance.
 func (o *Ops) DeleteInstance(ctx context.Context, tenant, id string, skipDrain bool) (*instances.Record, error) {
+	// Nothing is decided on state not yet checked against storage.
+	if err := o.o.Reconciler.AwaitVerified(ctx); err != nil {
+		return nil, err
+	}
 	before, err := o.tenantRecord(tenant, id)
 	if err != nil {
 		return nil, err
@@ -279,6 +299,10 @@ func (o *Ops) DeleteInstance(ctx context.Context, tenant, id string, skipDrain b
 
 // AcknowledgeDrained lets a pending-deletion instance be deleted now.
 func (o *Ops) AcknowledgeDrained(ctx context.Context, tenant, id string) (*instances.Record, error) {
+	// Nothing is decided on state not yet checked against storage.
+	if err := o.o.Reconciler.AwaitVerified(ctx); err != nil {
+		return nil, err
+	}
 	rec, err := o.tenantRecord(tenant, id)
 	if err != nil {
 		return nil, err
