@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -187,6 +190,15 @@ func TestCreateAdoptsUnrecordedProcess(t *testing.T) {
 	pid, ok := p.PID(req.InstanceID)
 	require.True(t, ok)
 	t.Cleanup(func() { _ = syscall.Kill(-pid, syscall.SIGKILL) })
+	// cmd.Start returns once execve is past its point of no return, a
+	// moment before the kernel sets up the new environment that adoption
+	// matches on (/proc/PID/environ); a leader taking over later never
+	// meets that window, so wait it out.
+	want := localagent.EnvIdentityDir + "=" + localagent.IdentityDir(dir, req.InstanceID)
+	require.Eventually(t, func() bool {
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		return err == nil && slices.Contains(strings.Split(string(env), "\x00"), want)
+	}, 10*time.Second, time.Millisecond, "the started process shows its environment")
 	// Simulate the crash window: the PID was never recorded.
 	require.NoError(t, os.Remove(filepath.Join(dir, req.InstanceID, "process.json")))
 
