@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/client-go/util/workqueue"
 
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/pki"
@@ -62,6 +63,8 @@ type Options struct {
 	// Revocations, when set, is the deny list: deleted instances' agent
 	// certificates are revoked, and the admin RPCs list and revoke.
 	Revocations *revocation.Gate
+	// QueueMetrics, when set, receives the reconcile queue's metrics.
+	QueueMetrics workqueue.MetricsProvider
 }
 
 // AgentOptions configure the Agent service of a fleet.
@@ -143,7 +146,7 @@ func New(o Options) (*Fleet, error) {
 		Provider: o.Provider, Nonces: o.Nonces, CACert: o.CACert, RegistrationAddr: o.RegistrationAddr,
 		AgentAddr: o.AgentAddr, Events: hubs, Log: o.Log, Workers: o.Workers, ResyncInterval: o.ResyncInterval,
 		RetryBase: o.RetryBase, HealthInterval: o.Agent.HealthInterval, HealthMisses: o.Agent.HealthMisses,
-		StartupGrace: o.Agent.StartupGrace, Surge: o.Agent.Surge, Now: o.Now,
+		StartupGrace: o.Agent.StartupGrace, Surge: o.Agent.Surge, Now: o.Now, QueueMetrics: o.QueueMetrics,
 	}
 	if o.Revocations != nil {
 		ro.RevokeAgent = func(ctx context.Context, id, reason string) error {

@@ -56,6 +56,9 @@ func Factory(o Options) app.ServiceFactory {
 		if err != nil {
 			return app.Services{}, err
 		}
+		if rt.Metrics != nil {
+			prov = provider.Instrumented(prov, rt.Metrics.Provider())
+		}
 		if rt.Fence != nil {
 			// A server whose shard lease has lapsed creates, deletes and
 			// attaches nothing, even from work that has not noticed yet.
@@ -95,9 +98,15 @@ func Factory(o Options) app.ServiceFactory {
 		if rt.Cache != nil {
 			opts.Mirror = CacheMirror{Cache: rt.Cache, Prefix: rt.Keys.InstancePrefix(cfg.Shard.ID)}
 		}
+		if rt.Metrics != nil {
+			opts.QueueMetrics = rt.Metrics.QueueMetrics()
+		}
 		f, err := fleet.New(opts)
 		if err != nil {
 			return app.Services{}, err
+		}
+		if rt.Metrics != nil {
+			rt.Metrics.SetFleet(FleetMetrics(f))
 		}
 		if o.OnBuilt != nil {
 			o.OnBuilt(&Built{Fleet: f, Config: holder})

@@ -76,6 +76,9 @@ type Options struct {
 	// before its record is deleted (a failure keeps the record and retries),
 	// so a deleted instance's agent is refused at its next handshake and RPC.
 	RevokeAgent func(ctx context.Context, instanceID, reason string) error
+	// QueueMetrics, when set, receives the work queue's metrics (depth,
+	// wait and reconcile durations, retries).
+	QueueMetrics workqueue.MetricsProvider
 }
 
 type kind byte
@@ -160,7 +163,7 @@ func New(o Options) *Reconciler {
 func (r *Reconciler) newQueue() workqueue.TypedRateLimitingInterface[item] {
 	return workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedItemExponentialFailureRateLimiter[item](r.o.RetryBase, r.o.RetryMax),
-		workqueue.TypedRateLimitingQueueConfig[item]{Name: "nstance-reconcile-" + r.o.Shard})
+		workqueue.TypedRateLimitingQueueConfig[item]{Name: "nstance-reconcile-" + r.o.Shard, MetricsProvider: r.o.QueueMetrics})
 }
 
 // q returns the queue of the current run.
