@@ -21,7 +21,9 @@ func TestHandshakeFailuresClassified(t *testing.T) {
 	m := metrics.New(reg, metrics.Process{})
 	var logged []string
 	log := funcr.New(func(_, args string) { logged = append(logged, args) }, funcr.Options{})
-	fail := func(listener string, err error) { logHandshakeFailure(log, listener, m.HandshakeFailed(listener, err), err) }
+	fail := func(listener string, err error) {
+		logHandshakeFailure(log, listener, m.HandshakeFailed(listener, err), err)
+	}
 	expired := &tls.CertificateVerificationError{Err: x509.CertificateInvalidError{Reason: x509.Expired}}
 	fail("agent", fmt.Errorf("tls: %w", expired))
 	fail("agent", &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}})
