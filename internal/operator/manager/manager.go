@@ -74,6 +74,9 @@ type Options struct {
 
 	MetricsAddr string
 	ProbeAddr   string
+	// PprofAddr serves net/http/pprof (controller-runtime's pprof server);
+	// empty disables it.
+	PprofAddr   string
 	LeaderElect bool
 
 	// Registrar defaults to the gRPC registration client.
@@ -189,6 +192,7 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 		Logger:                        o.Log,
 		Metrics:                       metricsserver.Options{BindAddress: cmp.Or(o.MetricsAddr, "0")},
 		HealthProbeBindAddress:        cmp.Or(o.ProbeAddr, "0"),
+		PprofBindAddress:              o.PprofAddr,
 		LeaderElection:                o.LeaderElect,
 		LeaderElectionID:              LeaderElectionID,
 		LeaderElectionNamespace:       ns,
