@@ -287,7 +287,10 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 		Workload: op.Workload, Cluster: op.Cluster,
 		Conns: op.Conns, Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Recorder: recorder, Namespace: ns,
 		Log: o.Log.WithName("drain"), RetryInterval: o.DrainRetryInterval, MaxBackoff: o.MaxBackoff,
-		OnAcknowledged: o.OnDrainAcknowledged,
+		OnAcknowledged: o.OnDrainAcknowledged, Metrics: m,
+	}
+	if err := m.WatchDrains(op.Drain.Pending); err != nil {
+		return nil, err
 	}
 	op.Drain.ClusterName = o.Config.ClusterID
 	if err := op.Drain.SetupWithManager(mgr); err != nil {
