@@ -11,8 +11,17 @@ import (
 // time.
 func (a *App) metricsProcess() metrics.Process {
 	return metrics.Process{
+		ServerID: a.o.ServerID, Shard: a.o.Shard,
+		Cluster: func() string {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			if a.cfg == nil {
+				return ""
+			}
+			return a.cfg.Cluster.ID
+		},
 		Ready: a.Ready,
-		Shard: func() (bool, int64) {
+		ShardElection: func() (bool, int64) {
 			a.mu.Lock()
 			el := a.shardEl
 			a.mu.Unlock()
@@ -22,7 +31,7 @@ func (a *App) metricsProcess() metrics.Process {
 			st := el.Status()
 			return st.Leading, st.Term
 		},
-		Cluster: func() (bool, int64) {
+		ClusterElection: func() (bool, int64) {
 			a.mu.Lock()
 			el := a.clusterEl
 			a.mu.Unlock()

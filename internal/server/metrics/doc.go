@@ -17,6 +17,7 @@
 //
 // Server process and leadership:
 //
+//	nstance_server_info{cluster,shard,server,version}  gauge  always 1 (join on instance for the shard)
 //	nstance_server_ready                          gauge    1 when config loaded and cache synced
 //	nstance_server_shard_leader                   gauge    1 while leading the shard
 //	nstance_server_cluster_leader                 gauge    1 while leading the cluster

@@ -22,6 +22,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/server/authz"
 	"github.com/nstance-dev/nstance/internal/server/provider"
+	"github.com/nstance-dev/nstance/internal/version"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -36,9 +37,13 @@ const (
 // Process is what the server reports about itself at scrape time; every
 // function may be nil.
 type Process struct {
-	Ready func() bool
-	// Elections returns the shard and cluster election snapshots.
-	Shard, Cluster func() (leading bool, term int64)
+	// ServerID and Shard name this server in nstance_server_info; Cluster
+	// returns the cluster id once the config is loaded ("" before).
+	ServerID, Shard string
+	Cluster         func() string
+	Ready           func() bool
+	// ShardElection and ClusterElection return the election snapshots.
+	ShardElection, ClusterElection func() (leading bool, term int64)
 	// ServerCertNotAfter and CANotAfter return zero before the material
 	// is loaded.
 	ServerCertNotAfter func() time.Time
@@ -47,7 +52,7 @@ type Process struct {
 
 // Server holds the collectors of one nstance-server.
 type Server struct {
-	reg         *prometheus.Registry
+	reg         prometheus.Registerer
 	grpc        *grpcprom.ServerMetrics
 	handshakes  *prometheus.CounterVec
 	registered  *prometheus.CounterVec
@@ -62,7 +67,7 @@ type Server struct {
 
 // New creates the server collectors and registers them (with the Go and
 // process collectors) on reg.
-func New(reg *prometheus.Registry, p Process) *Server {
+func New(reg prometheus.Registerer, p Process) *Server {
 	s := &Server{reg: reg}
 	s.grpc = grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
 		grpcprom.WithHistogramBuckets([]float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}),
@@ -103,10 +108,10 @@ func New(reg *prometheus.Registry, p Process) *Server {
 	}
 	s.queue.init()
 	s.fleet = &fleetCollector{certs: &s.agentCerts, leading: func() bool {
-		if p.Shard == nil {
+		if p.ShardElection == nil {
 			return true
 		}
-		leading, _ := p.Shard()
+		leading, _ := p.ShardElection()
 		return leading
 	}}
 	reg.MustRegister(s.grpc, s.handshakes, s.registered, s.transitions, s.provCalls, s.provErrors, s.provTime,
@@ -115,9 +120,6 @@ func New(reg *prometheus.Registry, p Process) *Server {
 	s.queue.register(reg)
 	return s
 }
-
-// Registry returns the registry the collectors are on.
-func (s *Server) Registry() *prometheus.Registry { return s.reg }
 
 // ServerOptions are the interceptors to add to every gRPC server: the
 // grpc-ecosystem server metrics, registration outcomes and the agent
@@ -269,6 +271,8 @@ type processCollector struct {
 }
 
 var (
+	descInfo = prometheus.NewDesc(ns+"_info", "Always 1: names this server, its shard and cluster, and its version (join on instance to add the shard to other series).",
+		[]string{"cluster", "shard", "server", "version"}, nil)
 	descReady         = prometheus.NewDesc(ns+"_ready", "1 when the config is loaded and the cache synced.", nil, nil)
 	descShardLeader   = prometheus.NewDesc(ns+"_shard_leader", "1 while this server leads its shard.", nil, nil)
 	descClusterLeader = prometheus.NewDesc(ns+"_cluster_leader", "1 while this server leads the cluster.", nil, nil)
@@ -278,7 +282,7 @@ var (
 )
 
 func (c *processCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descReady, descShardLeader, descClusterLeader, descTerm, descCertExpiry} {
+	for _, d := range []*prometheus.Desc{descInfo, descReady, descShardLeader, descClusterLeader, descTerm, descCertExpiry} {
 		ch <- d
 	}
 }
@@ -287,6 +291,11 @@ func (c *processCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
+	cluster := ""
+	if c.p.Cluster != nil {
+		cluster = c.p.Cluster()
+	}
+	gauge(descInfo, 1, cluster, c.p.Shard, c.p.ServerID, version.Version)
 	if c.p.Ready != nil {
 		gauge(descReady, b2f(c.p.Ready()))
 	}
@@ -294,7 +303,7 @@ func (c *processCollector) Collect(ch chan<- prometheus.Metric) {
 		name string
 		desc *prometheus.Desc
 		f    func() (bool, int64)
-	}{{ElectionShard, descShardLeader, c.p.Shard}, {ElectionCluster, descClusterLeader, c.p.Cluster}} {
+	}{{ElectionShard, descShardLeader, c.p.ShardElection}, {ElectionCluster, descClusterLeader, c.p.ClusterElection}} {
 		leading, term := false, int64(0)
 		if e.f != nil {
 			leading, term = e.f()
