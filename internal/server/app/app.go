@@ -444,8 +444,8 @@ func (a *App) Run(ctx context.Context) error {
 	gcfg := grpcserve.Config{
 		ClusterID: cfg.Cluster.ID, ServerCert: serverCert, GetCertificate: serverCerts.GetCertificate, ClientCAsFunc: trust.Pool,
 		Registration: reg, Operator: svcs.Operator, Agent: svcs.Agent, Log: log.WithName("grpc"), Limits: cfg.Shard.Limits,
-		ServerOptions: append(a.metrics.ServerOptions(), fence.grpcOptions()...),
-		PanicHook:     a.o.Getenv(grpcserve.PanicHookEnv) == "1",
+		ServerOptions: append(a.metrics.ServerOptions(), fence.grpcOptions()...), OnServer: a.metrics.InitializeGRPC,
+		PanicHook: a.o.Getenv(grpcserve.PanicHookEnv) == "1",
 		OnHandshakeError: func(listener string, err error) {
 			logHandshakeFailure(log.WithName("tls"), listener, a.metrics.HandshakeFailed(listener, err), err)
 		},

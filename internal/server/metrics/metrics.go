@@ -131,6 +131,10 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 	}
 }
 
+// InitializeGRPC creates the gRPC series of every method srv serves at
+// zero, so rates and alerts see them before the first call.
+func (s *Server) InitializeGRPC(srv *grpc.Server) { s.grpc.InitializeMetrics(srv) }
+
 func (s *Server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	s.seeAgent(ctx, info.FullMethod)
 	resp, err := h(ctx, req)

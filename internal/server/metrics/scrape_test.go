@@ -206,6 +206,10 @@ func TestScrapeDuringScaleUpAndDrain(t *testing.T) {
 	require.Greater(t, before[`nstance_server_certificate_expiry_timestamp_seconds{certificate="ca"}`],
 		before[`nstance_server_certificate_expiry_timestamp_seconds{certificate="server"}`]-1)
 	require.NotContains(t, before, "nstance_server_group_desired_instances"+gl)
+	// Every served method's gRPC series exist at zero before its first call.
+	listGroups := `grpc_server_handled_total{grpc_code="OK",grpc_method="ListGroups",grpc_service="nstance.v1.OperatorService",grpc_type="unary"}`
+	require.Contains(t, before, listGroups)
+	require.Equal(t, 0.0, before[listGroups])
 
 	// Scale up 0 -> 3 through the reconciler the Operator service calls.
 	_, _, err = f.Reconciler.UpsertGroup(ctx, tenant, &nstancev1.GroupSpec{GroupId: group, Template: "worker", Size: 3,
