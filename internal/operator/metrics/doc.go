@@ -8,5 +8,5 @@
 //	nstance_operator_imported_groups_total                         counter    server groups imported into Kubernetes
 //	nstance_operator_drain_duration_seconds{shard,outcome}         histogram  announcement to acknowledgement (drained, skipped)
 //	nstance_operator_evictions_total{outcome}                      counter    evicted, gone, blocked (PodDisruptionBudget), error
-//	nstance_operator_drains_pending                                gauge      drains announced and not yet acknowledged
+//	nstance_operator_drains_pending                                gauge      drains tracked: announced, instance not yet deleted
 package metrics

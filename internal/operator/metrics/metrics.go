@@ -138,7 +138,7 @@ func (m *Metrics) WatchDrains(pending func() int) error {
 	}
 	g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "nstance", Subsystem: "operator", Name: "drains_pending",
-		Help: "Drains the operator is working on (announced, not yet acknowledged).",
+		Help: "Drains the operator tracks: announced and not yet finished (the instance not yet deleted).",
 	}, func() float64 { return float64(pending()) })
 	if err := m.reg.Register(g); err != nil {
 		return fmt.Errorf("register operator drain metrics: %w", err)

@@ -60,13 +60,13 @@ func TestDrainAndEvictionMetrics(t *testing.T) {
 	require.Equal(t, 0.0, testutil.ToFloat64(m.evictions.WithLabelValues(EvictionError)))
 	require.Equal(t, 2, testutil.CollectAndCount(m.drainDuration))
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP nstance_operator_drains_pending Drains the operator is working on (announced, not yet acknowledged).
+# HELP nstance_operator_drains_pending Drains the operator tracks: announced and not yet finished (the instance not yet deleted).
 # TYPE nstance_operator_drains_pending gauge
 nstance_operator_drains_pending 2
 `), "nstance_operator_drains_pending"))
 	pending = 0
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP nstance_operator_drains_pending Drains the operator is working on (announced, not yet acknowledged).
+# HELP nstance_operator_drains_pending Drains the operator tracks: announced and not yet finished (the instance not yet deleted).
 # TYPE nstance_operator_drains_pending gauge
 nstance_operator_drains_pending 0
 `), "nstance_operator_drains_pending"))
