@@ -2,7 +2,6 @@ package packaging_test
 
 import (
 	"encoding/json"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql/parser"
 	"github.com/stretchr/testify/require"
@@ -22,9 +20,6 @@ import (
 )
 
 const monitoringRel = "deploy/monitoring"
-
-// promql is Prometheus's PromQL parser with its default options.
-var promql = parser.NewParser(parser.Options{})
 
 // describer is a Registerer that records the name of every series the
 // collectors registered on it describe.
@@ -85,7 +80,7 @@ func known(exported map[string]bool, name string) bool {
 // selector must name its metric.
 func metricNames(t *testing.T, where, expr string) []string {
 	t.Helper()
-	e, err := promql.ParseExpr(expr)
+	e, err := parser.ParseExpr(expr)
 	require.NoError(t, err, "%s: %s", where, expr)
 	var names []string
 	parser.Inspect(e, func(n parser.Node, _ []parser.Node) error {
@@ -125,7 +120,7 @@ func TestMonitoringRules(t *testing.T) {
 	// parser checks them (names, durations, templates, PromQL).
 	groupsYAML, err := yaml.JSONToYAML([]byte(`{"groups":` + string(pr.Spec.Groups) + `}`))
 	require.NoError(t, err)
-	rgs, errs := rulefmt.Parse(groupsYAML, false, model.UTF8Validation, promql, slog.New(slog.DiscardHandler))
+	rgs, errs := rulefmt.Parse(groupsYAML, false)
 	require.Empty(t, errs)
 	alerts := map[string]bool{}
 	for _, g := range rgs.Groups {
