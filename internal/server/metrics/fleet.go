@@ -65,19 +65,18 @@ func (c *fleetCollector) current() *Fleet {
 	return c.f
 }
 
-// instanceExists reports whether the fleet knows the instance; true while
-// no fleet is set, so nothing is dropped before the stores are loaded.
-func (c *fleetCollector) instanceExists(id string) bool {
+// instanceIDs returns the set of instances the fleet knows, nil while no
+// fleet is read (then nothing is dropped before the stores are loaded).
+func (c *fleetCollector) instanceIDs() map[string]bool {
 	f := c.current()
 	if f == nil {
-		return true
+		return nil
 	}
+	ids := map[string]bool{}
 	for _, r := range f.Instances() {
-		if r.ID == id {
-			return true
-		}
+		ids[r.ID] = true
 	}
-	return false
+	return ids
 }
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {

@@ -248,14 +248,14 @@ func (a *agentCerts) see(id string, notAfter time.Time) {
 	}
 }
 
-// soonest drops agents live reports false for and returns the earliest
-// expiry of the rest (zero when none).
-func (a *agentCerts) soonest(live func(id string) bool) time.Time {
+// soonest drops agents not in live (unless live is nil) and returns the
+// earliest expiry of the rest (zero when none).
+func (a *agentCerts) soonest(live map[string]bool) time.Time {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var min time.Time
 	for id, t := range a.m {
-		if live != nil && !live(id) {
+		if live != nil && !live[id] {
 			delete(a.m, id)
 			continue
 		}
@@ -325,7 +325,7 @@ func (c *processCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	cert("server", c.p.ServerCertNotAfter)
 	cert("ca", c.p.CANotAfter)
-	cert("agent_soonest", func() time.Time { return c.certs.soonest(c.fleet.instanceExists) })
+	cert("agent_soonest", func() time.Time { return c.certs.soonest(c.fleet.instanceIDs()) })
 }
 
 func b2f(b bool) float64 {
