@@ -222,8 +222,10 @@ func TestScrapeDuringScaleUpAndDrain(t *testing.T) {
 		if mid[state(instances.StateCreating)]+mid[state(instances.StatePending)] > 0 || mid["nstance_server_group_actual_instances"+gl] > mid["nstance_server_group_ready_instances"+gl] {
 			sawCreating = true
 		}
+		// An agent whose reply was lost registers again (same key, same
+		// certificate): at least one successful registration per agent.
 		return mid["nstance_server_group_ready_instances"+gl] == 3 && mid["nstance_server_agents_connected"] == 3 &&
-			mid[`nstance_server_registrations_total{kind="agent",outcome="ok"}`]-before[`nstance_server_registrations_total{kind="agent",outcome="ok"}`] == 3
+			mid[`nstance_server_registrations_total{kind="agent",outcome="ok"}`]-before[`nstance_server_registrations_total{kind="agent",outcome="ok"}`] >= 3
 	}, 90*time.Second, 50*time.Millisecond, "ready, agents connected and agent registrations reach 3: %v", fleetSeries(mid))
 	require.True(t, sawCreating, "the scrape saw the group before it was ready")
 	require.Equal(t, 3.0, mid["nstance_server_group_desired_instances"+gl])
@@ -243,8 +245,10 @@ func TestScrapeDuringScaleUpAndDrain(t *testing.T) {
 	// The agents' streams went through the grpc-ecosystem interceptors.
 	require.Positive(t, mid[`grpc_server_started_total{grpc_method="ReportHealth",grpc_service="nstance.v1.AgentService",grpc_type="bidi_stream"}`]+
 		mid[`grpc_server_started_total{grpc_method="ReportHealth",grpc_service="nstance.v1.AgentService",grpc_type="client_stream"}`], "%v", grpcSeries(mid))
-	require.Equal(t, 3.0, mid[`grpc_server_handled_total{grpc_code="OK",grpc_method="RegisterAgent",grpc_service="nstance.v1.RegistrationService",grpc_type="unary"}`])
-	require.Equal(t, 3.0, mid[`grpc_server_handling_seconds_count{grpc_method="RegisterAgent",grpc_service="nstance.v1.RegistrationService",grpc_type="unary"}`])
+	registered := mid[`nstance_server_registrations_total{kind="agent",outcome="ok"}`]
+	require.Equal(t, registered, mid[`grpc_server_handled_total{grpc_code="OK",grpc_method="RegisterAgent",grpc_service="nstance.v1.RegistrationService",grpc_type="unary"}`],
+		"the registration counter and the gRPC middleware agree")
+	require.GreaterOrEqual(t, mid[`grpc_server_handling_seconds_count{grpc_method="RegisterAgent",grpc_service="nstance.v1.RegistrationService",grpc_type="unary"}`], registered)
 
 	// Scale down to 2: one member drains, in pending deletion until its
 	// drain is acknowledged.
