@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -153,4 +155,40 @@ func TestOutcomeLeadingAndAgentCerts(t *testing.T) {
 	require.Equal(t, t0.Add(time.Hour), s.agentCerts.soonest(nil))
 	require.Equal(t, t0.Add(2*time.Hour), s.agentCerts.soonest(map[string]bool{"b": true}), "gone agents are dropped")
 	require.Equal(t, t0.Add(2*time.Hour), s.agentCerts.soonest(nil))
+}
+
+// describer records the names the registered collectors describe.
+type describer struct{ names []string }
+
+func (d *describer) Register(c prometheus.Collector) error {
+	ch := make(chan *prometheus.Desc)
+	go func() { c.Describe(ch); close(ch) }()
+	for desc := range ch {
+		if m := regexp.MustCompile(`fqName: "([^"]+)"`).FindStringSubmatch(desc.String()); m != nil {
+			d.names = append(d.names, m[1])
+		}
+	}
+	return nil
+}
+func (d *describer) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		_ = d.Register(c)
+	}
+}
+func (d *describer) Unregister(prometheus.Collector) bool { return false }
+
+// doc.go lists every series this package defines.
+func TestDocListsEverySeries(t *testing.T) {
+	doc, err := os.ReadFile("doc.go")
+	require.NoError(t, err)
+	d := &describer{}
+	New(d, Process{})
+	n := 0
+	for _, name := range d.names {
+		if strings.HasPrefix(name, "nstance_") || strings.HasPrefix(name, "grpc_") {
+			n++
+			require.Contains(t, string(doc), "//\t"+name, "doc.go lists %s", name)
+		}
+	}
+	require.Greater(t, n, 30)
 }
