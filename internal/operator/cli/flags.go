@@ -30,6 +30,7 @@ const (
 	EnvConfig          = "NSTANCE_CONFIG"
 	EnvProbeAddr       = "NSTANCE_HEALTH_PROBE_BIND_ADDRESS"
 	EnvMetricsAddr     = "NSTANCE_METRICS_BIND_ADDRESS"
+	EnvPprofAddr       = "NSTANCE_PPROF_ADDR"
 	EnvLeaderElect     = "NSTANCE_LEADER_ELECT"
 	EnvDisableWebhooks = "NSTANCE_DISABLE_WEBHOOKS"
 	EnvWebhookHost     = "NSTANCE_WEBHOOK_HOST"
@@ -65,6 +66,7 @@ type Flags struct {
 	Namespace       string
 	ProbeAddr       string
 	MetricsAddr     string
+	PprofAddr       string
 	LeaderElect     bool
 	DisableWebhooks bool
 	WebhookHost     string
@@ -149,6 +151,8 @@ func newFlagSet(f *Flags, p *envDefaults) *flag.FlagSet {
 		"address of /healthz and /readyz (0 disables them)")
 	fs.StringVar(&f.MetricsAddr, "metrics-bind-address", p.str(EnvMetricsAddr, DefaultMetricsAddr),
 		"address of /metrics (0 disables it)")
+	fs.StringVar(&f.PprofAddr, "pprof-addr", p.str(EnvPprofAddr, ""),
+		"address of net/http/pprof under /debug/pprof/, e.g. 127.0.0.1:6061 (empty disables it; keep it on loopback)")
 	fs.BoolVar(&f.LeaderElect, "leader-elect", p.boolean(EnvLeaderElect, false),
 		"run under leader election, so only one replica reconciles")
 	fs.BoolVar(&f.DisableWebhooks, "disable-webhooks", p.boolean(EnvDisableWebhooks, false),
@@ -170,7 +174,7 @@ func newFlagSet(f *Flags, p *envDefaults) *flag.FlagSet {
 func flagEnv() map[string]string {
 	return map[string]string{
 		"config": EnvConfig, "kubeconfig": EnvKubeconfig, "namespace": config.EnvNamespace,
-		"health-probe-bind-address": EnvProbeAddr, "metrics-bind-address": EnvMetricsAddr,
+		"health-probe-bind-address": EnvProbeAddr, "metrics-bind-address": EnvMetricsAddr, "pprof-addr": EnvPprofAddr,
 		"leader-elect": EnvLeaderElect, "disable-webhooks": EnvDisableWebhooks,
 		"webhook-host": EnvWebhookHost, "webhook-port": EnvWebhookPort, "webhook-cert-dir": EnvWebhookCertDir,
 		"workload-cluster": EnvWorkloadCluster,
@@ -214,9 +218,9 @@ func (f Flags) validate() []error {
 		}
 	}
 	for _, a := range []struct{ name, addr string }{
-		{"--health-probe-bind-address", f.ProbeAddr}, {"--metrics-bind-address", f.MetricsAddr},
+		{"--health-probe-bind-address", f.ProbeAddr}, {"--metrics-bind-address", f.MetricsAddr}, {"--pprof-addr", f.PprofAddr},
 	} {
-		if a.addr == "0" {
+		if a.addr == "0" || a.addr == "" && a.name == "--pprof-addr" {
 			continue
 		}
 		if _, port, err := net.SplitHostPort(a.addr); err != nil {

@@ -103,7 +103,7 @@ func (f Flags) Env(getenv func(string) string, podNamespace func() (string, erro
 func (f Flags) ManagerOptions(cfg *config.Config, env config.Env, restCfg *rest.Config, log logr.Logger) manager.Options {
 	return manager.Options{
 		Config: cfg, Env: env, RestConfig: restCfg, Log: log,
-		MetricsAddr: f.MetricsAddr, ProbeAddr: f.ProbeAddr, LeaderElect: f.LeaderElect,
+		MetricsAddr: f.MetricsAddr, ProbeAddr: f.ProbeAddr, PprofAddr: f.PprofAddr, LeaderElect: f.LeaderElect,
 		DisableWebhooks: f.DisableWebhooks,
 		WebhookHost:     f.WebhookHost, WebhookPort: f.WebhookPort, WebhookCertDir: f.WebhookCertDir,
 		WorkloadMode: workload.Mode(f.WorkloadCluster),

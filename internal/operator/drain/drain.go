@@ -35,6 +35,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/metrics"
 	"github.com/nstance-dev/nstance/internal/operator/paused"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 	"github.com/nstance-dev/nstance/internal/operator/workload"
@@ -130,6 +131,8 @@ type Coordinator struct {
 	// ClusterName is the Cluster (in Namespace) whose pause stops drains
 	// of instances that have no NstanceMachine (those of pools).
 	ClusterName string
+	// Metrics records drain durations and eviction outcomes (nil: none).
+	Metrics *metrics.Metrics
 
 	mu     sync.Mutex
 	drains map[Key]*drainState
@@ -575,11 +578,15 @@ func (c *Coordinator) evictPass(ctx context.Context, wl *workload.Cluster, node 
 			defer mu.Unlock()
 			switch {
 			case err == nil:
+				c.Metrics.Evicted(metrics.EvictionEvicted)
 			case apierrors.IsNotFound(err):
+				c.Metrics.Evicted(metrics.EvictionGone)
 				remaining--
 			case apierrors.IsTooManyRequests(err):
+				c.Metrics.Evicted(metrics.EvictionBlocked)
 				blocked = append(blocked, p.Namespace+"/"+p.Name)
 			default:
+				c.Metrics.Evicted(metrics.EvictionError)
 				errs = append(errs, fmt.Errorf("evict pod %s/%s: %w", p.Namespace, p.Name, err))
 			}
 		})
@@ -616,6 +623,7 @@ func (c *Coordinator) acknowledge(ctx context.Context, key Key, st drainState, w
 		return reconcile.Result{}, fmt.Errorf("acknowledge drain of instance %s on shard %s: %w", key.Name, key.Namespace, err)
 	}
 	c.update(key, func(s *drainState) { s.acked = true })
+	c.Metrics.DrainDone(key.Namespace, skipped, time.Since(st.announced))
 	if skipped {
 		c.emit(wl, node, machine, corev1.EventTypeNormal, ReasonDrainSkipped, "%s", why)
 		c.setCondition(ctx, machine, metav1.ConditionTrue, ReasonDrainSkipped, why)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -233,11 +234,44 @@ func testDrain(t *testing.T, m clusterMode) {
 	o := f.options(t)
 	o.DrainRetryInterval = 100 * time.Millisecond
 	o.OnDrainAcknowledged = a.record
+	reg := prometheus.NewRegistry()
+	o.MetricsRegistry = reg
 	f.prepare(t, m, &o, true)
 	r := startOperator(t, o)
 	f.started(t, m)
 	r.waitImported(t)
 	shardA, shardB := f.shards["shard-a"], f.shards["shard-b"]
+	// metric reads one sample of the operator's registry (0 when absent).
+	metric := func(name string, labels ...string) float64 {
+		fams, err := reg.Gather()
+		require.NoError(t, err)
+		for _, fam := range fams {
+			if fam.GetName() != name {
+				continue
+			}
+		next:
+			for _, mt := range fam.GetMetric() {
+				for i := 0; i+1 < len(labels); i += 2 {
+					found := false
+					for _, l := range mt.GetLabel() {
+						found = found || l.GetName() == labels[i] && l.GetValue() == labels[i+1]
+					}
+					if !found {
+						continue next
+					}
+				}
+				switch {
+				case mt.GetCounter() != nil:
+					return mt.GetCounter().GetValue()
+				case mt.GetGauge() != nil:
+					return mt.GetGauge().GetValue()
+				case mt.GetHistogram() != nil:
+					return float64(mt.GetHistogram().GetSampleCount())
+				}
+			}
+		}
+		return 0
+	}
 
 	t.Run("eleven pods with a DaemonSet's, an orphaned DaemonSet's, a mirror and a PDB-protected pod", func(t *testing.T) {
 		inst := onDemand(t, shardA, 30*time.Second)
@@ -274,6 +308,10 @@ func testDrain(t *testing.T, m clusterMode) {
 		require.True(t, podExists(t, m.wl, f.ns, "guarded"), "a PDB refusal is retried, not skipped")
 		_, _, acked := a.get(inst.GetInstanceId())
 		require.False(t, acked, "no acknowledgement while a pod remains")
+		require.Equal(t, 1.0, metric("nstance_operator_drains_pending"), "the blocked drain is pending")
+		require.GreaterOrEqual(t, metric("nstance_operator_evictions_total", "outcome", "evicted"), 7.0)
+		require.GreaterOrEqual(t, metric("nstance_operator_evictions_total", "outcome", "blocked"), 1.0, "the PDB refusal is counted")
+		require.Equal(t, 0.0, metric("nstance_operator_drain_duration_seconds", "shard", "shard-a", "outcome", "drained"))
 		require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION, instanceState(t, shardA, inst.GetInstanceId()))
 
 		allowPDB(t, m.wl, f.ns, "guarded")
@@ -283,6 +321,8 @@ func testDrain(t *testing.T, m clusterMode) {
 		at, skipped := a.wait(t, inst.GetInstanceId())
 		require.False(t, skipped)
 		require.True(t, at.Before(deadline), "acknowledged at %s, deadline %s", at, deadline)
+		require.Equal(t, 1.0, metric("nstance_operator_drain_duration_seconds", "shard", "shard-a", "outcome", "drained"), "one drain took its time")
+		require.GreaterOrEqual(t, metric("nstance_operator_evictions_total", "outcome", "evicted"), 8.0, "the guarded pod too, once allowed")
 		require.False(t, podExists(t, m.wl, f.ns, "guarded"))
 		require.True(t, podExists(t, m.wl, f.ns, "ds"), "pods of an existing DaemonSet stay (kubectl drain --ignore-daemonsets)")
 		require.True(t, podExists(t, m.wl, f.ns, "mirror"), "mirror pods stay")
@@ -307,6 +347,7 @@ func testDrain(t *testing.T, m clusterMode) {
 		}, waitLong, tick)
 		_, skipped, _ := a.get(inst.GetInstanceId())
 		require.True(t, skipped)
+		require.Equal(t, 1.0, metric("nstance_operator_drain_duration_seconds", "shard", "shard-b", "outcome", "skipped"))
 		require.True(t, podExists(t, m.wl, f.ns, "stays"), "no eviction")
 		require.False(t, nodeCordoned(t, m.wl, node), "no cordon")
 		require.Eventually(t, func() bool { return len(nodeEvents(t, m.wl, node, drain.ReasonDrainSkipped)) > 0 }, waitLong, tick)

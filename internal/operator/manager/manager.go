@@ -74,6 +74,9 @@ type Options struct {
 
 	MetricsAddr string
 	ProbeAddr   string
+	// PprofAddr serves net/http/pprof (controller-runtime's pprof server);
+	// empty disables it.
+	PprofAddr   string
 	LeaderElect bool
 
 	// Registrar defaults to the gRPC registration client.
@@ -189,6 +192,7 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 		Logger:                        o.Log,
 		Metrics:                       metricsserver.Options{BindAddress: cmp.Or(o.MetricsAddr, "0")},
 		HealthProbeBindAddress:        cmp.Or(o.ProbeAddr, "0"),
+		PprofBindAddress:              o.PprofAddr,
 		LeaderElection:                o.LeaderElect,
 		LeaderElectionID:              LeaderElectionID,
 		LeaderElectionNamespace:       ns,
@@ -283,7 +287,10 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 		Workload: op.Workload, Cluster: op.Cluster,
 		Conns: op.Conns, Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Recorder: recorder, Namespace: ns,
 		Log: o.Log.WithName("drain"), RetryInterval: o.DrainRetryInterval, MaxBackoff: o.MaxBackoff,
-		OnAcknowledged: o.OnDrainAcknowledged,
+		OnAcknowledged: o.OnDrainAcknowledged, Metrics: m,
+	}
+	if err := m.WatchDrains(op.Drain.Pending); err != nil {
+		return nil, err
 	}
 	op.Drain.ClusterName = o.Config.ClusterID
 	if err := op.Drain.SetupWithManager(mgr); err != nil {

@@ -17,9 +17,6 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/status"
 
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/nonce"
@@ -33,6 +30,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
 	"github.com/nstance-dev/nstance/internal/server/health"
 	"github.com/nstance-dev/nstance/internal/server/leaderaddr"
+	"github.com/nstance-dev/nstance/internal/server/metrics"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/internal/server/revocation"
@@ -119,7 +117,7 @@ type App struct {
 	o       Options
 	reg     *prometheus.Registry
 	ready   health.Readiness
-	metrics *metrics
+	metrics *metrics.Server
 	// revocations is the deny list of client certificates (set in Run
 	// before the shard election starts) and revSync its re-read interval.
 	revocations *revocation.Gate
@@ -143,6 +141,9 @@ type App struct {
 	// cacheLeading, the term's record store writes the cache, nobody else.
 	cacheMu      sync.Mutex
 	cacheLeading bool
+	// serverCerts and trust are read by the certificate expiry metrics.
+	serverCerts *pki.RenewingCert
+	trust       *pki.Trust
 }
 
 // New checks options and returns an App.
@@ -172,7 +173,7 @@ func New(o Options) (*App, error) {
 		o.StorageBackoff = storage.DefaultBackoff
 	}
 	a := &App{o: o, reg: o.Registry}
-	a.metrics = newMetrics(a)
+	a.metrics = metrics.New(a.reg, a.metricsProcess())
 	return a, nil
 }
 
@@ -316,7 +317,7 @@ func (a *App) Run(ctx context.Context) error {
 			RenewDeadline: le.RenewDeadline.D(), MaxClockSkew: le.MaxClockSkew.D(), RenewInterval: le.RenewInterval.D(), RetryInterval: le.RetryInterval.D(), Log: log.WithName("election"), OnLeading: onLeading,
 		})
 	}
-	clusterEl, err := newElector(a.o.Keys.ClusterLeader(), nil)
+	clusterEl, err := newElector(a.o.Keys.ClusterLeader(), a.metrics.Leading(metrics.ElectionCluster, nil))
 	if err != nil {
 		return err
 	}
@@ -383,6 +384,9 @@ func (a *App) Run(ctx context.Context) error {
 		bootstrap.WatchTrust(runCtx, bootOpts, trust, trustRefresh, serverCerts.RenewNow)
 	}()
 	serverCert := *serverCerts.Current()
+	a.mu.Lock()
+	a.serverCerts, a.trust = serverCerts, trust
+	a.mu.Unlock()
 
 	bind := cfg.Shard.Bind
 	if err := bind.ApplyPortOffset(a.o.Bind.PortOffset); err != nil {
@@ -421,7 +425,7 @@ func (a *App) Run(ctx context.Context) error {
 		Store: a.leaderStore(), Keys: a.o.Keys, ServerID: a.o.ServerID,
 		Provider: a.o.Provider, Providers: a.o.Providers, Local: a.o.Local, Fence: fence, Cache: db,
 		Trust: trust, Issuer: issuer, NonceKey: cl.NonceKey, WorkloadCA: cl.WorkloadCA, ServerHosts: certHosts,
-		Revocations: a.revocations, Leadership: a.Leadership, Tuning: a.o.Tuning, Log: log,
+		Revocations: a.revocations, Leadership: a.Leadership, Metrics: a.metrics, Tuning: a.o.Tuning, Log: log,
 	})
 	if err != nil {
 		return fmt.Errorf("assembling the server: %w", err)
@@ -432,11 +436,10 @@ func (a *App) Run(ctx context.Context) error {
 	gcfg := grpcserve.Config{
 		ClusterID: cfg.Cluster.ID, ServerCert: serverCert, GetCertificate: serverCerts.GetCertificate, ClientCAsFunc: trust.Pool,
 		Registration: built.Registration, Operator: built.Operator, Agent: built.Agent, Log: log.WithName("grpc"), Limits: cfg.Shard.Limits,
-		ServerOptions: append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(a.metrics.unary), grpc.ChainStreamInterceptor(a.metrics.stream)},
-			fence.grpcOptions()...),
+		ServerOptions: append(a.metrics.ServerOptions(), fence.grpcOptions()...), OnServer: a.metrics.InitializeGRPC,
 		PanicHook: a.o.Getenv(grpcserve.PanicHookEnv) == "1",
 		OnHandshakeError: func(listener string, err error) {
-			a.metrics.handshakeFailed(log.WithName("tls"), listener, err)
+			logHandshakeFailure(log.WithName("tls"), listener, a.metrics.HandshakeFailed(listener, err), err)
 		},
 	}
 	if gcfg.PanicHook {
@@ -450,9 +453,9 @@ func (a *App) Run(ctx context.Context) error {
 		return err
 	}
 	releaseLeaderAddress(leaderAddr, log)
-	shardEl, err := newElector(a.o.Keys.ShardLeader(a.o.Shard), func(lctx context.Context, term int64) {
+	shardEl, err := newElector(a.o.Keys.ShardLeader(a.o.Shard), a.metrics.Leading(metrics.ElectionShard, func(lctx context.Context, term int64) {
 		a.leadShard(lctx, ctx, term, gcfg, built.Lead, &bind, cfg.Shard.Timeouts.Shutdown.D(), leaderAddr)
-	})
+	}))
 	if err != nil {
 		return err
 	}
@@ -942,48 +945,4 @@ func serveHTTP(wg *sync.WaitGroup, log logr.Logger, name string, ln net.Listener
 			_ = srv.Shutdown(ctx)
 		})
 	}
-}
-
-type metrics struct {
-	rpcs       *prometheus.CounterVec
-	handshakes *prometheus.CounterVec
-}
-
-func newMetrics(a *App) *metrics {
-	m := &metrics{rpcs: prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "nstance_server_grpc_requests_total", Help: "gRPC requests handled, by full method and status code.",
-	}, []string{"method", "code"}), handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "nstance_server_tls_handshake_failures_total",
-		Help: "Failed TLS handshakes on the gRPC listeners, by listener and reason (expired: the client certificate had expired).",
-	}, []string{"listener", "reason"})}
-	a.reg.MustRegister(m.rpcs, m.handshakes,
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nstance_server_ready", Help: "1 when the config is loaded and the cache synced."},
-			func() float64 { return b2f(a.Ready()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nstance_server_shard_leader", Help: "1 while this server leads its shard."},
-			func() float64 { return b2f(a.electionState().ShardLeader) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nstance_server_cluster_leader", Help: "1 while this server leads the cluster."},
-			func() float64 { return b2f(a.electionState().ClusterLeader) }),
-	)
-	return m
-}
-
-func b2f(b bool) float64 {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-func (m *metrics) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	resp, err := h(ctx, req)
-	m.rpcs.WithLabelValues(info.FullMethod, status.Code(err).String()).Inc()
-	return resp, err
-}
-
-func (m *metrics) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	err := h(srv, ss)
-	m.rpcs.WithLabelValues(info.FullMethod, status.Code(err).String()).Inc()
-	return err
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/liveconfig"
+	"github.com/nstance-dev/nstance/internal/server/metrics"
 	"github.com/nstance-dev/nstance/internal/server/operatorsvc"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
@@ -72,6 +73,9 @@ type Parts struct {
 	// Leadership names the serving server and the start of its term
 	// (GetConfigStatus); nil leaves them out.
 	Leadership func() (serverID string, since time.Time)
+	// Metrics, when set, observes the provider's calls and the reconcile
+	// queue, and reads the fleet's stores at scrape time.
+	Metrics *metrics.Server
 	Tuning     Tuning
 	Log        logr.Logger
 }
@@ -160,6 +164,9 @@ func Assemble(p Parts) (*Assembly, error) {
 			return nil, err
 		}
 	}
+	if p.Metrics != nil {
+		prov = provider.Instrumented(prov, p.Metrics.Provider())
+	}
 	if p.Fence != nil {
 		// A server whose shard lease has lapsed creates, deletes and
 		// attaches nothing, even from work that has not noticed yet.
@@ -238,6 +245,9 @@ func Assemble(p Parts) (*Assembly, error) {
 	}
 
 	// The reconciler: the shard leader's work (Lead).
+	if p.Metrics != nil {
+		ro.QueueMetrics = p.Metrics.QueueMetrics()
+	}
 	s.Reconciler = reconcile.New(ro)
 	if s.Health != nil {
 		r, observe := s.Reconciler, t.OnReport
@@ -257,6 +267,10 @@ func Assemble(p Parts) (*Assembly, error) {
 	s.Operator = operatorsvc.New(operatorsvc.Options{Shard: shard, Reconciler: s.Reconciler, Ops: s.Ops, Config: holder,
 		Issuer: p.Issuer, Operators: &operatorsvc.OperatorRecords{Store: p.Store, Keys: p.Keys}, Log: log.WithName("operator"),
 		Revocations: p.Revocations, Leadership: p.Leadership})
+
+	if p.Metrics != nil {
+		p.Metrics.SetFleet(fleetMetrics(s))
+	}
 
 	if p.Issuer != nil && p.NonceKey != nil {
 		s.Registration = registration.New(registration.Options{

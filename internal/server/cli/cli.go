@@ -14,6 +14,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/logging"
 	"github.com/nstance-dev/nstance/internal/server/app"
 	"github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/internal/server/pprofserve"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/storage"
 	"github.com/nstance-dev/nstance/internal/version"
@@ -54,6 +55,7 @@ func App() *ucli.App {
 			&ucli.StringFlag{Name: "bind-registration", Usage: "override shard.bind.registration_addr", EnvVars: []string{"NSTANCE_BIND_REGISTRATION"}},
 			&ucli.StringFlag{Name: "bind-operator", Usage: "override shard.bind.operator_addr", EnvVars: []string{"NSTANCE_BIND_OPERATOR"}},
 			&ucli.StringFlag{Name: "bind-agent", Usage: "override shard.bind.agent_addr", EnvVars: []string{"NSTANCE_BIND_AGENT"}},
+			&ucli.StringFlag{Name: "pprof-addr", Usage: "serve net/http/pprof on this address, e.g. 127.0.0.1:6060 (default off; keep it on loopback)", EnvVars: []string{"NSTANCE_PPROF_ADDR"}},
 			&ucli.BoolFlag{Name: "validate", Usage: "validate the shard config (from storage, or --config-file) and exit"},
 			&ucli.StringFlag{Name: "config-file", Usage: "with --validate: check this local file instead of storage"},
 			&ucli.BoolFlag{Name: "debug", Usage: "deprecated: use --log-level debug", EnvVars: []string{"NSTANCE_DEBUG"}, Hidden: true},
@@ -88,6 +90,13 @@ func run(c *ucli.Context) error {
 	fail := func(err error, msg string, code int) error {
 		log.Error(err, msg)
 		return ucli.Exit("", code)
+	}
+	if addr := c.String("pprof-addr"); addr != "" {
+		_, stopPprof, err := pprofserve.Start(addr, log.WithName("pprof"))
+		if err != nil {
+			return fail(err, "starting pprof", 2)
+		}
+		defer stopPprof()
 	}
 	store, keys, err := storage.Open(ctx, storageOptions(c))
 	if err != nil {

@@ -48,6 +48,9 @@ type Config struct {
 
 	// Extra options added to every grpc.Server (e.g. metrics interceptors).
 	ServerOptions []grpc.ServerOption
+	// OnServer, when set, sees every grpc.Server once its service is
+	// registered (the metrics pre-initialise their series per method).
+	OnServer func(*grpc.Server)
 	// Log receives handler panics (the server answers Internal and keeps serving).
 	Log logr.Logger
 	// Limits are shard.limits; unset values take their defaults.
@@ -136,6 +139,7 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 		g := newServer(pki.ServerTLS(cfg.ServerCert, nil, false),
 			grpc.ChainUnaryInterceptor(limits.RatePerSource(rl, "shard.limits.registration_rate")))
 		nstancev1.RegisterRegistrationServiceServer(g, cfg.Registration)
+		cfg.registered(g)
 		s.serve("registration", g, s.limitSources(cfg.Log, "registration", ls.Registration, lim.MaxConnectionsPerSource))
 	}
 	if ls.Operator != nil {
@@ -149,6 +153,7 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 			grpc.ChainStreamInterceptor(limits.StreamsPerKey(watches, identityKey, "shard.limits.max_watches_per_operator")))
 		g := newServer(mtlsConfig(cfg), opOpts...)
 		nstancev1.RegisterOperatorServiceServer(g, cfg.Operator)
+		cfg.registered(g)
 		s.serve("operator", g, s.limitSources(cfg.Log, "operator", ls.Operator, lim.MaxConnectionsPerSource))
 	}
 	if ls.Agent != nil {
@@ -165,9 +170,16 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 			grpc.SharedWriteBuffer(true), grpc.ReadBufferSize(4<<10), grpc.WriteBufferSize(4<<10))
 		g := newServer(mtlsConfig(cfg), agentOpts...)
 		nstancev1.RegisterAgentServiceServer(g, cfg.Agent)
+		cfg.registered(g)
 		s.serve("agent", g, s.limitSources(cfg.Log, "agent", ls.Agent, lim.MaxConnectionsPerSource))
 	}
 	return s, nil
+}
+
+func (cfg Config) registered(g *grpc.Server) {
+	if cfg.OnServer != nil {
+		cfg.OnServer(g)
+	}
 }
 
 // mtlsConfig is the TLS configuration of the mutual-TLS listeners: client

@@ -72,6 +72,9 @@ type Options struct {
 	// before its record is deleted (a failure keeps the record and retries),
 	// so a deleted instance's agent is refused at its next handshake and RPC.
 	RevokeAgent func(ctx context.Context, instanceID, reason string) error
+	// QueueMetrics, when set, receives the work queue's metrics (depth,
+	// wait and reconcile durations, retries).
+	QueueMetrics workqueue.MetricsProvider
 }
 
 type kind byte
@@ -178,7 +181,7 @@ func New(o Options) *Reconciler {
 }
 
 func (r *Reconciler) newQueue() workqueue.TypedRateLimitingInterface[item] {
-	cfg := workqueue.TypedRateLimitingQueueConfig[item]{Name: "nstance-reconcile-" + r.o.Shard, Clock: r.o.Clock}
+	cfg := workqueue.TypedRateLimitingQueueConfig[item]{Name: "nstance-reconcile-" + r.o.Shard, Clock: r.o.Clock, MetricsProvider: r.o.QueueMetrics}
 	if r.delaying != nil {
 		cfg.DelayingQueue = r.delaying()
 	}
