@@ -152,7 +152,7 @@ func (r *Record) Proto() *nstancev1.InstanceStatus {
 		State: r.State.Proto(), CreatedAt: timestamppb.New(r.CreatedAt), InstanceType: r.InstanceType,
 		Message: r.Message, Template: r.Template, ClientToken: r.ClientToken, WorkloadGone: r.WorkloadGone,
 		AgentVersion: r.AgentVersion,
-		Addresses: []*nstancev1.InstanceAddress{{Type: nstancev1.AddressType_ADDRESS_TYPE_HOSTNAME, Address: r.ID}},
+		Addresses:    []*nstancev1.InstanceAddress{{Type: nstancev1.AddressType_ADDRESS_TYPE_HOSTNAME, Address: r.ID}},
 	}
 	for _, a := range r.Addresses {
 		// The provider-reported addresses, which agent certificates carry.

@@ -219,7 +219,7 @@ type agents struct {
 	silent map[string]bool
 	// version is the agent version each instance reports (none when unset).
 	version map[string]string
-	forgot []string
+	forgot  []string
 }
 
 func (a *agents) LastReport(id string) (time.Time, bool) {
