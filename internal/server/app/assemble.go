@@ -76,8 +76,8 @@ type Parts struct {
 	// Metrics, when set, observes the provider's calls and the reconcile
 	// queue, and reads the fleet's stores at scrape time.
 	Metrics *metrics.Server
-	Tuning     Tuning
-	Log        logr.Logger
+	Tuning  Tuning
+	Log     logr.Logger
 }
 
 // Tuning adjusts the reconciler and the Agent service beyond the config;
