@@ -118,16 +118,25 @@ func TestBinary(t *testing.T) {
 			cmd, lines := start(t, bin, io.Discard, append([]string{"serve", "--listen", "127.0.0.1:0", "--log-format", "json"}, conn...)...)
 			m := await(t, lines, regexp.MustCompile(`"msg":"starting".*"version":"([^"]*)"`))
 			require.NotEmpty(t, m[1])
-			url := await(t, lines, regexp.MustCompile(`"msg":"serving the HTTP API".*"url":"http://([0-9.:]+)"`))[1]
+			url := await(t, lines, regexp.MustCompile(`"msg":"serving the status page and the HTTP API".*"url":"http://([0-9.:]+)"`))[1]
 			resp, err := http.Get("http://" + url + "/v1/shards")
 			require.NoError(t, err)
 			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+			// A status page left open (an event stream that never ends by
+			// itself) must not hold the shutdown up.
+			events, err := http.Get("http://" + url + "/v1/status/events")
+			require.NoError(t, err)
+			defer events.Body.Close()
+			require.Equal(t, "text/event-stream", events.Header.Get("Content-Type"))
 
 			require.NoError(t, syscall.Kill(cmd.Process.Pid, sig))
 			rest := exitsZero(t, cmd, lines)
 			require.Contains(t, rest[len(rest)-1], `"msg":"stopped"`)
+			for _, l := range rest {
+				require.NotContains(t, l, "did not finish in time", "the open event stream ended with the shutdown")
+			}
 			_, err = net.DialTimeout("tcp", url, time.Second)
 			require.Error(t, err, "the port is closed")
 		})
