@@ -28,7 +28,7 @@ for ((n = 1; n <= DEV_SERVERS; n++)); do
 	wait_for "server $n (shard $(shard_of "$n")) on http://127.0.0.1:$(port_of "$n" 8990)/health" 900 \
 		http_ok "http://127.0.0.1:$(port_of "$n" 8990)/health"
 done
-status_url="http://127.0.0.1:$(port_of 1 8980)/"
+status_url="http://127.0.0.1:${NSTANCE_DEV_STATUS_PORT:-$(port_of 1 8980)}/"
 wait_for "the status page $status_url" 300 http_ok "${status_url}v1/status"
 if [[ $with_k8s == true ]]; then
 	if [[ $k8s_mode == apiserver ]]; then

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Procfile `status`: the live status page (`nstance-admin serve`) for the dev
-# stack's shards on http://127.0.0.1:8980 (moved with NSTANCE_DEV_PORT_BASE).
+# stack's shards on http://127.0.0.1:8980 (moved with NSTANCE_DEV_PORT_BASE, or
+# set by NSTANCE_DEV_STATUS_PORT).
 # Registers an admin identity "nstance-status" once (files in
 # temp/status/), then serves until Overmind stops it.
 source "$(dirname "$0")/dev-common.sh"
 dir="$DEV_DIR/status"
 mkdir -p "$dir"
-addr="127.0.0.1:$(port_of 1 8980)"
+addr="127.0.0.1:${NSTANCE_DEV_STATUS_PORT:-$(port_of 1 8980)}"
 
 for ((n = 1; n <= DEV_SERVERS; n++)); do
 	wait_for "server $n health on 127.0.0.1:$(port_of "$n" 8990)" 900 http_ok "http://127.0.0.1:$(port_of "$n" 8990)/health"

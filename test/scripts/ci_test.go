@@ -56,7 +56,7 @@ echo "DEBIAN_FRONTEND=${DEBIAN_FRONTEND:-}" >> "$CALLS_LOG"
 sleep "$FAKE_PAUSE"
 [[ $1 == install ]] || exit 0
 for p in "$@"; do
-	case $p in -*|install) continue ;; awscli) tool=aws ;; procps) tool=ps ;; util-linux) tool=flock ;; *) tool=$p ;; esac
+	case $p in -*|install) continue ;; awscli) tool=aws ;; procps) tool=ps ;; util-linux) tool=flock ;; systemd) tool=systemd-analyze ;; *) tool=$p ;; esac
 	printf '#!/bin/sh\necho fake %s\n' "$tool" > "$(dirname "$0")/$tool"
 	chmod +x "$(dirname "$0")/$tool"
 done
@@ -101,7 +101,8 @@ func (s *ciSandbox) calls(t *testing.T) []string {
 	return strings.Split(strings.TrimSpace(string(b)), "\n")
 }
 
-// On a machine without tmux, the aws CLI, curl, ps and python3, .ci/run
+// On a machine without tmux, the aws CLI, curl, ps, python3, chromium,
+// systemd-analyze and shellcheck, .ci/run
 // installs exactly those with apt-get, says so, builds the envtest assets and
 // runs make tools and make test, with progress at least every interval.
 func TestCIRunInstallsMissingTools(t *testing.T) {
@@ -117,7 +118,7 @@ func TestCIRunInstallsMissingTools(t *testing.T) {
 	want := []string{
 		"apt-get update -qq",
 		"DEBIAN_FRONTEND=",
-		"apt-get install -y -qq --no-install-recommends tmux awscli curl procps python3",
+		"apt-get install -y -qq --no-install-recommends tmux awscli curl procps python3 chromium systemd shellcheck",
 		"DEBIAN_FRONTEND=noninteractive",
 	}
 	var apt []string
@@ -139,11 +140,11 @@ func TestCIRunInstallsMissingTools(t *testing.T) {
 		t.Errorf("make calls %q, want tools then test", makes)
 	}
 	for _, line := range []string{
-		"ci: installing tmux aws curl ps python3 (Debian packages: tmux awscli curl procps python3)",
+		"ci: installing tmux aws curl ps python3 chromium systemd-analyze shellcheck (Debian packages: tmux awscli curl procps python3 chromium systemd shellcheck)",
 		"ci: tmux: installed (" + s.bin + "/tmux)",
 		"ci: aws: installed (" + s.bin + "/aws)",
 		"ci: git: present (",
-		"ci: apt-get install tmux awscli curl procps python3: still running (",
+		"ci: apt-get install tmux awscli curl procps python3 chromium systemd shellcheck: still running (",
 		"ci: make tools (pinned generators into ./bin)",
 		"ci: make tools: still running (",
 		"envtest-assets: building kube-apiserver and kubectl v" + k8sVersion,
@@ -161,7 +162,7 @@ func TestCIRunSkipsPresentTools(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)
 	s := newCISandbox(t, true)
-	s.add(t, "tmux", "aws", "curl", "ps", "python3", "flock")
+	s.add(t, "tmux", "aws", "curl", "ps", "python3", "flock", "chromium", "systemd-analyze", "shellcheck")
 	fakeBinaries(t, filepath.Join(s.cache, assetsDir), etcdVersion)
 	r, end := run(t, s.cmd(root, "0.2"), time.Minute)
 	if r.code != 0 {
@@ -173,7 +174,7 @@ func TestCIRunSkipsPresentTools(t *testing.T) {
 			t.Errorf("unexpected call %q with every tool present and the envtest cache built", c)
 		}
 	}
-	for _, tool := range []string{"git", "make", "bash", "tmux", "aws", "curl", "ps", "flock", "python3"} {
+	for _, tool := range []string{"git", "make", "bash", "tmux", "aws", "curl", "ps", "flock", "python3", "chromium", "systemd-analyze", "shellcheck"} {
 		if !r.has("ci: " + tool + ": present (") {
 			t.Errorf("no 'present' line for %s; output:\n%s", tool, r.text())
 		}
@@ -189,7 +190,7 @@ func TestCIRunExplainsWhatIsMissing(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)
 	s := newCISandbox(t, false)
-	s.add(t, "aws", "curl", "ps", "python3", "flock")
+	s.add(t, "aws", "curl", "ps", "python3", "flock", "chromium", "systemd-analyze", "shellcheck")
 	r, _ := run(t, s.cmd(root, "0"), time.Minute)
 	if r.code != 1 || !r.has("ci: error: missing: tmux; there is no apt-get here: install them (packages tmux on Debian) and rerun") {
 		t.Errorf("exit %d; want 1 and the missing tmux named; output:\n%s", r.code, r.text())

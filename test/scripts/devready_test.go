@@ -74,12 +74,13 @@ func TestDevReadySummary(t *testing.T) {
 		}
 		return l
 	}
-	s3, k8s, probe := listen(), listen(), listen()
+	s3, k8s, probe, status := listen(), listen(), listen(), listen()
 	one, two, base := serverPorts(t)
 	serveOn(t, s3, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") }), false)
 	serveOn(t, one, health, false)
 	serveOn(t, two, health, false)
 	serveOn(t, probe, health, false)
+	serveOn(t, status, health, false)
 	serveOn(t, k8s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "Unauthorized", http.StatusUnauthorized)
 	}), true)
@@ -102,6 +103,7 @@ func TestDevReadySummary(t *testing.T) {
 		"NSTANCE_DEV_S3_ADDR="+s3.Addr().String(),
 		"NSTANCE_DEV_K8S_ADDR="+k8s.Addr().String(),
 		"NSTANCE_DEV_OPERATOR_PROBE_PORT="+strconv.Itoa(probe.Addr().(*net.TCPAddr).Port),
+		"NSTANCE_DEV_STATUS_PORT="+strconv.Itoa(status.Addr().(*net.TCPAddr).Port),
 		"NSTANCE_DEV_AGENT_SESSION=agents-test",
 		fmt.Sprintf("NSTANCE_PROGRESS_INTERVAL=%g", interval.Seconds()),
 	)
@@ -128,6 +130,7 @@ func TestDevReadySummary(t *testing.T) {
 		"dev-k8s     https://" + k8s.Addr().String(),
 		"kubeconfig  export KUBECONFIG=" + filepath.Join(dir, "operator", "kubeconfig"),
 		"operator    http://" + probe.Addr().String() + "/readyz",
+		"status      http://" + status.Addr().String() + "/",
 		"agents      tmux attach -t agents-test",
 		"processes   bin/overmind connect -s " + filepath.Join(dir, "overmind.sock"),
 		"stop        Ctrl+C here stops the stack; make clean-dev",

@@ -308,8 +308,8 @@ func TestLongStepsReportProgress(t *testing.T) {
 			t.Errorf("make dev-tmux-k8s has prerequisite %s, which this test does not check for progress", dep)
 		}
 	}
-	if !strings.Contains(recipe["dev-tmux-k8s"], "$(call dev-start,s3$(comma)server$(comma)k8s$(comma)operator,") {
-		t.Errorf("make dev-tmux-k8s no longer starts s3, server, k8s and operator through dev-start:\n%s", recipe["dev-tmux-k8s"])
+	if !strings.Contains(recipe["dev-tmux-k8s"], "$(call dev-start,s3$(comma)server$(comma)k8s$(comma)operator$(comma)status,") {
+		t.Errorf("make dev-tmux-k8s no longer starts s3, server, k8s, operator and status through dev-start:\n%s", recipe["dev-tmux-k8s"])
 	}
 	if !strings.Contains(mk, "-l $(1)$(comma)ready -c ready") {
 		t.Error("dev-start does not add the `ready` process (start-up summary) with --can-die")
@@ -321,7 +321,7 @@ func TestLongStepsReportProgress(t *testing.T) {
 			procfile[name] = strings.TrimSpace(cmd)
 		}
 	}
-	for _, p := range []string{"s3", "server", "k8s", "operator", "ready"} {
+	for _, p := range []string{"s3", "server", "k8s", "operator", "status", "ready"} {
 		script := procfile[p]
 		if !strings.HasPrefix(script, "scripts/dev-") {
 			t.Errorf("Procfile entry %q is %q, want a scripts/dev-*.sh script", p, script)
