@@ -135,7 +135,10 @@ func TestLeaderKilledDuringScaleUp(t *testing.T) {
 	rounds := envInt(t, "CHAOS_SCALE_ROUNDS", 3)
 	step := envInt(t, "CHAOS_SCALE_STEP", 20)
 	dir := t.TempDir()
-	marker := "NSTANCE_CHAOS_RUN=" + filepath.Base(dir)
+	// The whole temp path: its last element ("001") is the same in every
+	// test, and another run's processes (a parallel package, another
+	// checkout) must never count as this run's.
+	marker := "NSTANCE_CHAOS_RUN=" + dir
 	st := newStackWith(t, 2, processConfig(filepath.Join(dir, "instances")), []string{marker})
 	ctx := context.Background()
 	t.Cleanup(func() {
