@@ -203,3 +203,37 @@ func TestStatusInstanceMovesIntoSpec(t *testing.T) {
 	require.NotNil(t, c)
 	require.Equal(t, ReasonAdopted, c.Reason)
 }
+
+func TestNoCreateInThePassThatStoresShardAndNonce(t *testing.T) {
+	// The pass that stores shard and nonce ends there: the create call
+	// comes in the next pass, once both are saved, so a create retried
+	// after a crash or a move always carries the stored token. The shard is
+	// configured but not connected, so a pass that went on to the create
+	// would record ShardUnreachable instead of Creating.
+	ctx := context.Background()
+	nm := &infrav1.NstanceMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "store-nm"},
+		Spec:       infrav1.NstanceMachineSpec{Group: "workers"},
+	}
+	cl := fake.NewClientBuilder().WithScheme(newScheme(t)).WithObjects(nm).WithStatusSubresource(&infrav1.NstanceMachine{}).Build()
+	r := &Reconciler{
+		Client: cl, Namespace: "ns", DefaultShard: "s1", PollInterval: time.Minute,
+		Conns: shardconn.New(shardconn.Options{Shards: map[string]string{"s1": "127.0.0.1:1"}}),
+	}
+	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(nm)}
+	var got infrav1.NstanceMachine
+	for pass := 1; ; pass++ {
+		require.LessOrEqual(t, pass, 3, "no pass stored the create nonce")
+		_, err := r.Reconcile(ctx, req)
+		require.NoError(t, err)
+		require.NoError(t, cl.Get(ctx, req.NamespacedName, &got))
+		if got.Annotations[CreateNonceAnnotation] != "" {
+			break
+		}
+		require.Empty(t, got.Spec.Shard, "shard and nonce are stored together")
+	}
+	require.Equal(t, "s1", got.Spec.Shard)
+	c := conditions.Get(&got, ConditionInstanceCreated)
+	require.NotNil(t, c)
+	require.Equal(t, ReasonCreating, c.Reason, "the pass that stores shard and nonce does not go on to the shard: %s", c.Message)
+}
