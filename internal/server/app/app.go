@@ -66,7 +66,11 @@ type Options struct {
 	// AdvertiseHosts are added to the server certificate SANs; the first
 	// one is advertised when shard.advertise.hosts is empty.
 	AdvertiseHosts []string
-	Bind           BindOverrides
+	// LeaderInterfaceID, when set, makes the shard leader hold this ENI
+	// (shard.leader_address mode aws-eni), whatever the config says: the
+	// shard's Auto Scaling group hands it to its servers in user data.
+	LeaderInterfaceID string
+	Bind              BindOverrides
 	// Getenv reads the encryption key variables; os.Getenv when nil.
 	Getenv func(string) string
 	Log    logr.Logger

@@ -19,6 +19,17 @@ const leaderAddressTimeout = 10 * time.Second
 // shard.leader_address. A VIP lives no longer than the shard lease lets
 // this server act (the elector's ValidUntil).
 func (a *App) newLeaderAddress(la config.LeaderAddress, infra config.Infra) (leaderaddr.Holder, error) {
+	if id := a.o.LeaderInterfaceID; id != "" {
+		// --leader-interface (NSTANCE_LEADER_ENI, written by the AWS user
+		// data of the shard's Auto Scaling group) wins over the config.
+		if !config.ValidENIID(id) {
+			return nil, fmt.Errorf("--leader-interface %q: want an ENI id (eni-...)", id)
+		}
+		la.Mode, la.NetworkInterfaceID = config.LeaderAddressAWSENI, id
+		if la.DeviceIndex == 0 {
+			la.DeviceIndex = 1
+		}
+	}
 	switch la.Mode {
 	case "", config.LeaderAddressNone:
 		return leaderaddr.None{}, nil

@@ -1,14 +1,19 @@
 package app
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/testr"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nstance-dev/nstance/internal/devs3/devs3test"
+	"github.com/nstance-dev/nstance/internal/layout"
+	"github.com/nstance-dev/nstance/internal/server/provider/mock"
+	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
 )
 
@@ -48,4 +53,27 @@ func TestProbesWhenStorageGoesAway(t *testing.T) {
 		require.Equal(t, http.StatusOK, probe(addr, "/healthz"))
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TestLeaderInterfaceFlagChecked: --leader-interface (NSTANCE_LEADER_ENI
+// from the AWS user data) overrides shard.leader_address; a value that is no
+// ENI id stops the server at start with the flag named, before it campaigns.
+func TestLeaderInterfaceFlagChecked(t *testing.T) {
+	store := s3Store(t)
+	putConfig(t, store, "c1", "dev-1")
+	a, err := New(Options{
+		ServerID: "eni-a", Shard: "dev-1", Store: store, Keys: layout.New(""), CacheDir: t.TempDir(),
+		Bind:              BindOverrides{Health: "127.0.0.1:0"},
+		Getenv:            func(k string) string { return map[string]string{"NSTANCE_ENCRYPTION_KEY": testKey}[k] },
+		Log:               testr.New(t),
+		Provider:          mock.New(),
+		LeaderInterfaceID: "i-0123456789abcdef0",
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = a.Run(ctx)
+	require.ErrorContains(t, err, `--leader-interface "i-0123456789abcdef0": want an ENI id`)
+	_, getErr := store.Get(context.Background(), layout.New("").ShardLeader("dev-1"))
+	require.ErrorIs(t, getErr, objstore.ErrNotFound, "it never campaigned")
 }

@@ -48,6 +48,7 @@ func App() *ucli.App {
 			&ucli.StringFlag{Name: "prefix", Usage: "key prefix inside the bucket", EnvVars: []string{"NSTANCE_STORAGE_PREFIX"}},
 			&ucli.StringFlag{Name: "storage-dir", Usage: "directory for --storage file", EnvVars: []string{"NSTANCE_STORAGE_DIR"}},
 			&ucli.StringFlag{Name: "cache-dir", Usage: "directory of the SQLite cache (empty: in memory)", EnvVars: []string{"NSTANCE_CACHE_DIR"}},
+			&ucli.StringFlag{Name: "leader-interface", Usage: "EC2 network interface (eni-...) the shard leader attaches; overrides shard.leader_address", EnvVars: []string{"NSTANCE_LEADER_ENI"}},
 			&ucli.StringSliceFlag{Name: "advertise-host", Usage: "host name or IP clients use; added to the server certificate", EnvVars: []string{"NSTANCE_ADVERTISE_HOST"}},
 			&ucli.IntFlag{Name: "port-offset", Usage: "added to every configured port (dev stack: 10*(N-1))", EnvVars: []string{"NSTANCE_PORT_OFFSET"}},
 			&ucli.StringFlag{Name: "bind-health", Usage: "health address (default 0.0.0.0:8990 plus offset)", EnvVars: []string{"NSTANCE_BIND_HEALTH"}},
@@ -112,7 +113,7 @@ func run(c *ucli.Context) error {
 	// services, the provider and the reconciler from the config.
 	a, err := app.New(app.Options{
 		ServerID: id, Shard: c.String("shard"), Store: store, Keys: keys, CacheDir: c.String("cache-dir"),
-		AdvertiseHosts: c.StringSlice("advertise-host"),
+		AdvertiseHosts: c.StringSlice("advertise-host"), LeaderInterfaceID: c.String("leader-interface"),
 		Bind: app.BindOverrides{
 			PortOffset: c.Int("port-offset"), Health: c.String("bind-health"), Election: c.String("bind-election"),
 			Registration: c.String("bind-registration"), Operator: c.String("bind-operator"), Agent: c.String("bind-agent"),

@@ -402,6 +402,9 @@ func checkLeaderAddress(ch *checker, la LeaderAddress) {
 
 var eniID = regexp.MustCompile(`^eni-[0-9a-f]{8}([0-9a-f]{9})?$`)
 
+// ValidENIID reports whether id has the form of an EC2 network interface id.
+func ValidENIID(id string) bool { return eniID.MatchString(id) }
+
 func checkTemplate(ch *checker, key, name string, t Template, pools map[string]SubnetPool) {
 	ch.id(key, "template name", name, true)
 	if t.Size < 0 {
