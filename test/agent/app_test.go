@@ -22,8 +22,8 @@ import (
 	"github.com/nstance-dev/nstance/internal/agent/config"
 	"github.com/nstance-dev/nstance/internal/agent/identity"
 	"github.com/nstance-dev/nstance/internal/agent/keys"
+	srvconfig "github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/server/agentapi"
-	srvconfig "github.com/nstance-dev/nstance/internal/server/config"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 	"github.com/nstance-dev/nstance/test/agent/agenttest"
 )

@@ -11,7 +11,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 	"github.com/stretchr/testify/require"
 
-	srvconfig "github.com/nstance-dev/nstance/internal/server/config"
+	srvconfig "github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/test/agent/agenttest"
 )
 

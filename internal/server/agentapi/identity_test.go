@@ -13,10 +13,10 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 
+	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/agentapi"
 	"github.com/nstance-dev/nstance/internal/server/authz"
-	"github.com/nstance-dev/nstance/internal/server/config"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 	"github.com/nstance-dev/nstance/test/agent/agenttest"
 )

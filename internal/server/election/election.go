@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 )
 
@@ -106,7 +107,7 @@ func New(cfg Config) (*Elector, error) {
 		return nil, fmt.Errorf("election: max clock skew %s must not be negative", cfg.MaxClockSkew)
 	}
 	if cfg.RenewDeadline == 0 {
-		cfg.RenewDeadline = DefaultRenewDeadline(cfg.LeaseDuration, cfg.RenewInterval)
+		cfg.RenewDeadline = config.DefaultRenewDeadline(cfg.LeaseDuration, cfg.RenewInterval)
 	}
 	if cfg.RenewDeadline <= cfg.RenewInterval || cfg.RenewDeadline >= cfg.LeaseDuration {
 		return nil, fmt.Errorf("election: renew deadline %s must be longer than the renew interval %s and shorter than the lease %s",
@@ -126,16 +127,6 @@ func New(cfg Config) (*Elector, error) {
 		cfg.OnLeading = func(ctx context.Context, _ int64) { <-ctx.Done() }
 	}
 	return &Elector{cfg: cfg}, nil
-}
-
-// DefaultRenewDeadline is two thirds of the lease, or halfway between the
-// renew interval and the lease when the interval is longer than that.
-func DefaultRenewDeadline(lease, renew time.Duration) time.Duration {
-	d := lease * 2 / 3
-	if d <= renew {
-		d = renew + (lease-renew)/2
-	}
-	return d
 }
 
 // NewIncarnation returns a random process incarnation id.

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 )
@@ -385,7 +386,7 @@ func TestRenewDeadlineBounds(t *testing.T) {
 	c.MaxClockSkew = -time.Second
 	_, err := New(c)
 	require.Error(t, err)
-	require.Equal(t, 250*time.Millisecond, DefaultRenewDeadline(300*time.Millisecond, 200*time.Millisecond))
+	require.Equal(t, 250*time.Millisecond, config.DefaultRenewDeadline(300*time.Millisecond, 200*time.Millisecond))
 }
 
 // gatedStore can hold one lease read until released, like a read stuck in

@@ -5,8 +5,8 @@ import (
 	"maps"
 	"time"
 
+	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/layout"
-	"github.com/nstance-dev/nstance/internal/server/config"
 )
 
 // Overrides are per-instance settings given to CreateInstance.

@@ -16,8 +16,8 @@ import (
 
 	"github.com/tailscale/hujson"
 
+	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/layout"
-	"github.com/nstance-dev/nstance/internal/server/config"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 )
 

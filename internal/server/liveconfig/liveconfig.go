@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 )
 

@@ -3,7 +3,7 @@ package localagent
 import (
 	"path/filepath"
 
-	"github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 )
 

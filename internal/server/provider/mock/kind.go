@@ -3,7 +3,7 @@ package mock
 import (
 	"context"
 
-	"github.com/nstance-dev/nstance/internal/server/config"
+	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 )
 

@@ -12,7 +12,6 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/pki"
-	"github.com/nstance-dev/nstance/internal/server/election"
 )
 
 // Default values applied by ApplyDefaults.
@@ -49,7 +48,7 @@ func (c *Config) ApplyDefaults() {
 		le.RetryInterval = Duration(min(DefaultRetryInterval, le.RenewInterval.D()))
 	}
 	if le.RenewDeadline == 0 {
-		le.RenewDeadline = Duration(election.DefaultRenewDeadline(le.LeaseDuration.D(), le.RenewInterval.D()))
+		le.RenewDeadline = Duration(DefaultRenewDeadline(le.LeaseDuration.D(), le.RenewInterval.D()))
 	}
 	if le.MaxClockSkew == 0 {
 		le.MaxClockSkew = Duration(DefaultMaxClockSkew)
@@ -511,4 +510,14 @@ func (b *Bind) ApplyPortOffset(offset int) error {
 		*p = net.JoinHostPort(host, strconv.Itoa(n+offset))
 	}
 	return nil
+}
+
+// DefaultRenewDeadline is two thirds of the lease, or halfway between the
+// renew interval and the lease when the interval is longer than that.
+func DefaultRenewDeadline(lease, renew time.Duration) time.Duration {
+	d := lease * 2 / 3
+	if d <= renew {
+		d = renew + (lease-renew)/2
+	}
+	return d
 }
