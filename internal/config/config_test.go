@@ -26,7 +26,7 @@ const minimal = `{
 }`
 
 func TestParseExample(t *testing.T) {
-	data, err := os.ReadFile("../../../examples/config-tmux.jsonc")
+	data, err := os.ReadFile("../../examples/config-tmux.jsonc")
 	require.NoError(t, err)
 	cfg, err := Parse(data)
 	require.NoError(t, err)
