@@ -77,6 +77,9 @@ func main() {
 	flag.Parse()
 	raiseNoFile()
 	if *serve {
+		if os.Getenv("NSTANCE_BENCH_HEAPPROFILE") != "" {
+			runtime.MemProfileRate = 4 << 10
+		}
 		if *memLimit > 0 {
 			debug.SetMemoryLimit(*memLimit << 20)
 		}
