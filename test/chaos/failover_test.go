@@ -39,9 +39,10 @@ import (
 )
 
 // failoverConfig is leaseConfig with health monitoring on a 1s report
-// interval (3 misses), a 30s startup grace and a 60s reconnect grace (the
-// grace logic itself is proven in internal/server/reconcile with a fake
-// clock). Registrations all
+// interval (3 misses), the default 5m startup grace (registering and
+// connecting 1,000 agents on a loaded machine can take longer than a short
+// one) and a 60s reconnect grace (the grace logic itself is proven in
+// internal/server/reconcile with a fake clock). Registrations all
 // come from the test process. The instances are `sleep` processes of the
 // process provider (state in stateDir), which the new leader re-adopts; the
 // agents run in the test.
@@ -59,7 +60,7 @@ func failoverConfig(stateDir string) string {
       "health_addr": "0.0.0.0:8990", "election_addr": "0.0.0.0:8991", "registration_addr": "0.0.0.0:8992",
       "operator_addr": "0.0.0.0:8993", "agent_addr": "0.0.0.0:8994"
     },
-    "health_check_interval": "1s", "health_misses": 3, "agent_startup_grace": "30s", "agent_reconnect_grace": "60s",
+    "health_check_interval": "1s", "health_misses": 3, "agent_startup_grace": "5m", "agent_reconnect_grace": "60s",
     "registration": {"source_address_check": "off"},
     "create_rate_limit": {"per_minute": 1000000, "burst": 1000000},
     "limits": {"registration_rate": {"per_minute": 1000000, "burst": 1000000}, "tenant_create_rate": {"per_minute": 1000000, "burst": 1000000},
