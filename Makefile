@@ -130,8 +130,9 @@ bench: ## Run every benchmark and print the figures (see bench/RESULTS.md).
 	assets=$$(scripts/envtest-assets.sh); KUBEBUILDER_ASSETS=$$assets $(GO) test -run '^$$' -bench . -benchmem -count 1 -timeout 45m ./...
 	$(GO) run ./bench/devs3 -duration 5s -runs 5
 	$(GO) run ./bench/registration -n 5000 -c 16 -storage s3
+	$(GO) run ./bench/registration -n 10000 -storm 1m -storage s3
 	assets=$$(scripts/envtest-assets.sh); KUBEBUILDER_ASSETS=$$assets $(GO) run ./bench/devk8s
-	$(GO) run ./bench/agents -agents 1000,5000,10000
+	$(GO) run ./bench/agents -agents 1000,5000,10000 -duration 10s -runs 3
 	$(GO) run ./bench/takeover -instances 10000 -markers 0,100000 -runs 3
 
 ##@ Tools

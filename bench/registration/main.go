@@ -5,6 +5,17 @@
 // the instance record in object storage (dev-s3 over HTTP by default).
 //
 //	go run ./bench/registration -n 3000 -c 16 -storage s3
+//
+// -storm D is the registration storm instead: n agents arrive evenly spread
+// over D, each with a fresh TLS connection from a loopback source address
+// of its own (127.1.x.y) and a distinct nonce, under the shard's default
+// per-source limits (the source-address check is off: the mock provider
+// reports 127.0.0.1 for every instance). Like an agent, a client retries
+// an Unavailable answer with jittered backoff (counted and printed); any
+// other error fails the run. Latency is from the first dial to the
+// certificate, retries included.
+//
+//	go run ./bench/registration -n 10000 -storm 1m -storage s3
 package main
 
 import (
@@ -29,7 +40,10 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/golang-jwt/jwt/v5"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	grpccreds "google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/nstance-dev/nstance/internal/devs3"
 	"github.com/nstance-dev/nstance/internal/layout"
@@ -54,8 +68,7 @@ const config = `{
     "bind": {"health_addr": "127.0.0.1:0", "election_addr": "127.0.0.1:0", "registration_addr": "127.0.0.1:0", "operator_addr": "127.0.0.1:0", "agent_addr": "127.0.0.1:0"},
     "subnet_pools": {"default": {"subnets": ["bench-a"]}},
     "create_rate_limit": {"per_minute": 1000000, "burst": 1000000},
-    // Every client of the benchmark comes from 127.0.0.1: lift the per-source rate.
-    "limits": {"registration_rate": {"per_minute": 1048576, "burst": 1048576}, "tenant_create_rate": {"per_minute": 1000000, "burst": 1000000}}},
+    %s"limits": {%s"tenant_create_rate": {"per_minute": 1000000, "burst": 1000000}}},
   "templates": {"worker": {"kind": "worker", "arch": "amd64", "instance_type": "bench.small", "subnet_pool": "default"}},
   "groups": {"default": {"g": {"template": "worker", "size": %d}}},
 }`
@@ -65,8 +78,9 @@ func main() {
 	conc := flag.Int("c", 16, "concurrent clients")
 	storageKind := flag.String("storage", "s3", "s3 (in-process dev-s3 over HTTP) or mem")
 	conns := flag.Int("conns", 4, "TLS connections shared by the clients")
+	storm := flag.Duration("storm", 0, "registration storm: spread n agents, each with its own connection and source address, over this window")
 	flag.Parse()
-	if err := run(*n, *conc, *conns, *storageKind); err != nil {
+	if err := run(*n, *conc, *conns, *storageKind, *storm); err != nil {
 		fmt.Fprintln(os.Stderr, "registration bench:", err)
 		os.Exit(1)
 	}
@@ -103,7 +117,7 @@ func openStore(ctx context.Context, kind string) (objstore.Store, func(), error)
 	return nil, nil, fmt.Errorf("unknown storage %q", kind)
 }
 
-func run(n, conc, nconns int, storageKind string) error {
+func run(n, conc, nconns int, storageKind string, storm time.Duration) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	store, cleanup, err := openStore(ctx, storageKind)
@@ -111,7 +125,17 @@ func run(n, conc, nconns int, storageKind string) error {
 		return err
 	}
 	defer cleanup()
-	if _, err := store.Put(ctx, "config/s1.jsonc", []byte(fmt.Sprintf(config, n)), objstore.PutOptions{}); err != nil {
+	// Every client of the throughput benchmark comes from 127.0.0.1: lift the
+	// per-source rate. The storm keeps the defaults (one source per agent).
+	extra, lim := "", `"registration_rate": {"per_minute": 1048576, "burst": 1048576}, `
+	if storm > 0 {
+		// The mock provider reports 127.0.0.1 for every instance, and each
+		// storm agent dials from an address of its own: the source check
+		// cannot match, so it is off; the per-source limits stay at their
+		// defaults.
+		extra, lim = `"registration": {"source_address_check": "off"}, `, ""
+	}
+	if _, err := store.Put(ctx, "config/s1.jsonc", []byte(fmt.Sprintf(config, extra, lim, n)), objstore.PutOptions{}); err != nil {
 		return err
 	}
 	a, err := app.New(app.Options{
@@ -155,6 +179,9 @@ func run(n, conc, nconns int, storageKind string) error {
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
+	if storm > 0 {
+		return runStorm(ctx, a.Addrs().Registration, pool, nonceKey, ids[:n], storm, storageKind)
+	}
 	clients := make([]nstancev1.RegistrationServiceClient, nconns)
 	for i := range clients {
 		conn, err := grpc.NewClient(a.Addrs().Registration, grpc.WithTransportCredentials(grpccreds.NewTLS(pki.ClientTLS(pool, nil, "127.0.0.1"))))
@@ -226,6 +253,94 @@ func run(n, conc, nconns int, storageKind string) error {
 	fmt.Printf("storage=%s n=%d concurrency=%d conns=%d elapsed=%s rate=%.0f/s p50=%s p90=%s p99=%s max=%s\n",
 		storageKind, n, conc, nconns, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds(),
 		pct(0.50).Round(10*time.Microsecond), pct(0.90).Round(10*time.Microsecond), pct(0.99).Round(10*time.Microsecond), lat[len(lat)-1].Round(10*time.Microsecond))
+	return nil
+}
+
+// runStorm registers one agent per id, arriving evenly over window, each on
+// its own TLS connection from its own loopback source address.
+func runStorm(ctx context.Context, addr string, pool *x509.CertPool, nonceKey ed25519.PrivateKey, ids []string, window time.Duration, storageKind string) error {
+	n := len(ids)
+	type job struct{ nonce, pub string }
+	jobs := make([]job, n)
+	for i := range jobs {
+		tok, err := nonce.Mint(nonceKey, nonce.Claims{Kind: nonce.KindAgent, ClusterID: "bench", Tenant: "default", Shard: "s1", Group: "g",
+			RegisteredClaims: jwt.RegisteredClaims{Subject: ids[i]}}, 15*time.Minute, time.Now())
+		if err != nil {
+			return err
+		}
+		pub, _, err := ed25519.GenerateKey(rand.Reader)
+		if err != nil {
+			return err
+		}
+		p, err := pki.MarshalPublicKeyPEM(pub)
+		if err != nil {
+			return err
+		}
+		jobs[i] = job{tok, string(p)}
+	}
+	lat := make([]time.Duration, n)
+	byCode := map[codes.Code]int{}
+	var mu sync.Mutex
+	var firstErr error
+	var wg sync.WaitGroup
+	var retries atomic.Int64
+	began := time.Now()
+	for i := range n {
+		if d := time.Until(began.Add(window * time.Duration(i) / time.Duration(n))); d > 0 {
+			time.Sleep(d)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			src := net.IPv4(127, 1, byte(i/250), byte(i%250+1))
+			dialer := net.Dialer{LocalAddr: &net.TCPAddr{IP: src}}
+			t0 := time.Now()
+			conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(grpccreds.NewTLS(pki.ClientTLS(pool, nil, "127.0.0.1"))),
+				grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return dialer.DialContext(ctx, "tcp", a) }))
+			if err == nil {
+				// Like an agent (internal/agent/register): Unavailable means
+				// "retry later" and is retried with the same nonce and key,
+				// with jittered backoff; any other error is final.
+				b := wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Jitter: 1, Cap: 30 * time.Second, Steps: 1 << 30}
+				for {
+					var resp *nstancev1.RegisterAgentResponse
+					resp, err = nstancev1.NewRegistrationServiceClient(conn).RegisterAgent(ctx, &nstancev1.RegisterAgentRequest{Nonce: jobs[i].nonce, PublicKeyPem: jobs[i].pub})
+					if err == nil && resp.GetCertificatePem() == "" {
+						err = errors.New("no certificate in the answer")
+					}
+					if status.Code(err) != codes.Unavailable {
+						break
+					}
+					retries.Add(1)
+					time.Sleep(b.Step())
+				}
+				conn.Close()
+			}
+			lat[i] = time.Since(t0)
+			if err != nil {
+				mu.Lock()
+				byCode[status.Code(err)]++
+				if firstErr == nil {
+					firstErr = fmt.Errorf("agent %d (%s): %w", i, ids[i], err)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(began)
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	pct := func(p float64) time.Duration { return lat[min(len(lat)-1, int(float64(len(lat))*p))] }
+	failed := 0
+	for _, c := range byCode {
+		failed += c
+	}
+	fmt.Printf("storm storage=%s n=%d window=%s elapsed=%s registered=%d refused_or_failed=%d %v retried_unavailable=%d rate=%.0f/s p50=%s p90=%s p99=%s max=%s\n",
+		storageKind, n, window, elapsed.Round(time.Millisecond), n-failed, failed, byCode, retries.Load(), float64(n)/elapsed.Seconds(),
+		pct(0.50).Round(10*time.Microsecond), pct(0.90).Round(10*time.Microsecond), pct(0.99).Round(10*time.Microsecond), lat[len(lat)-1].Round(10*time.Microsecond))
+	if failed > 0 {
+		return fmt.Errorf("%d of %d registrations failed, first: %w", failed, n, firstErr)
+	}
 	return nil
 }
 

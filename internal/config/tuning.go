@@ -22,6 +22,11 @@ type Tuning struct {
 	// StartupGrace is how long a new instance may take to send its first
 	// report (shard.agent_startup_grace).
 	StartupGrace time.Duration
+	// ReconnectGrace is how long after a leadership term starts the
+	// instances that were already running have to reconnect to the new
+	// leader and report before any health verdict on them
+	// (shard.agent_reconnect_grace; default: StartupGrace).
+	ReconnectGrace time.Duration
 	// Surge is how many members beyond its size a group may run while
 	// rotating drifted members (shard.rotation_surge).
 	Surge int
@@ -29,7 +34,8 @@ type Tuning struct {
 
 // Tuning returns the shard's health and rotation tuning, defaults applied.
 func (s Shard) Tuning() Tuning {
-	t := Tuning{HealthInterval: s.HealthCheckInterval.D(), HealthMisses: s.HealthMisses, StartupGrace: s.AgentStartupGrace.D(), Surge: s.RotationSurge}
+	t := Tuning{HealthInterval: s.HealthCheckInterval.D(), HealthMisses: s.HealthMisses, StartupGrace: s.AgentStartupGrace.D(),
+		ReconnectGrace: s.AgentReconnectGrace.D(), Surge: s.RotationSurge}
 	if t.HealthInterval <= 0 {
 		t.HealthInterval = DefaultHealthCheckInterval
 	}
@@ -38,6 +44,9 @@ func (s Shard) Tuning() Tuning {
 	}
 	if t.StartupGrace <= 0 {
 		t.StartupGrace = DefaultAgentStartupGrace
+	}
+	if t.ReconnectGrace <= 0 {
+		t.ReconnectGrace = t.StartupGrace
 	}
 	if t.Surge <= 0 {
 		t.Surge = DefaultRotationSurge

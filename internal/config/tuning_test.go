@@ -15,11 +15,14 @@ func TestShardTuning(t *testing.T) {
 		s    Shard
 		want Tuning
 	}{
-		{name: "defaults", want: Tuning{DefaultHealthCheckInterval, DefaultHealthMisses, DefaultAgentStartupGrace, DefaultRotationSurge}},
-		{name: "config", s: Shard{HealthCheckInterval: Duration(time.Second), HealthMisses: 5, AgentStartupGrace: Duration(time.Minute), RotationSurge: 2},
-			want: Tuning{time.Second, 5, time.Minute, 2}},
+		{name: "defaults", want: Tuning{DefaultHealthCheckInterval, DefaultHealthMisses, DefaultAgentStartupGrace, DefaultAgentStartupGrace, DefaultRotationSurge}},
+		{name: "config", s: Shard{HealthCheckInterval: Duration(time.Second), HealthMisses: 5, AgentStartupGrace: Duration(time.Minute),
+			AgentReconnectGrace: Duration(2 * time.Minute), RotationSurge: 2},
+			want: Tuning{time.Second, 5, time.Minute, 2 * time.Minute, 2}},
 		{name: "partly set", s: Shard{HealthMisses: 7},
-			want: Tuning{DefaultHealthCheckInterval, 7, DefaultAgentStartupGrace, DefaultRotationSurge}},
+			want: Tuning{DefaultHealthCheckInterval, 7, DefaultAgentStartupGrace, DefaultAgentStartupGrace, DefaultRotationSurge}},
+		{name: "reconnect grace follows the startup grace", s: Shard{AgentStartupGrace: Duration(time.Minute)},
+			want: Tuning{DefaultHealthCheckInterval, DefaultHealthMisses, time.Minute, time.Minute, DefaultRotationSurge}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -116,6 +116,11 @@ type Shard struct {
 	// AgentStartupGrace is how long a new instance may take to send its first
 	// health report (0: the default, 5m).
 	AgentStartupGrace Duration `json:"agent_startup_grace"`
+	// AgentReconnectGrace is how long after a server becomes leader the
+	// agents of instances already running have to reconnect and report
+	// before it judges their health: they were connected to the old leader
+	// and come back with jittered backoff (0: agent_startup_grace).
+	AgentReconnectGrace Duration `json:"agent_reconnect_grace"`
 	// RotationSurge is how many instances beyond its size a group may run
 	// while rotating drifted members (0: the default, 1).
 	RotationSurge       int                   `json:"rotation_surge"`

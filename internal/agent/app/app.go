@@ -3,11 +3,11 @@ package app
 import (
 	"context"
 	"fmt"
+	"math"
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/nstance-dev/nstance/internal/agent/backoff"
 	"github.com/nstance-dev/nstance/internal/agent/config"
 	"github.com/nstance-dev/nstance/internal/agent/files"
 	"github.com/nstance-dev/nstance/internal/agent/health"
@@ -24,7 +24,10 @@ func Run(ctx context.Context, cfg config.Config, version string, log logr.Logger
 	if err != nil {
 		return err
 	}
-	bo := backoff.Backoff{Min: cfg.ReconnectMin, Max: cfg.ReconnectMax, Jitter: 0.2}
+	// Reconnects double from ReconnectMin to ReconnectMax, each wait
+	// stretched by up to 100 % at random so a shard's agents spread out
+	// after a failover.
+	bo := wait.Backoff{Duration: cfg.ReconnectMin, Factor: 2, Jitter: 1, Cap: cfg.ReconnectMax, Steps: math.MaxInt32}
 	if err := register.Ensure(ctx, register.Options{
 		Addr: cfg.RegistrationAddr, ServerName: cfg.ServerNameFor(cfg.RegistrationAddr), Identity: id,
 		Backoff: wait.Backoff{Duration: cfg.ReconnectMin, Factor: 2, Jitter: 0.2, Cap: cfg.ReconnectMax}, Log: log.WithName("register"),

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"sync"
 	"testing"
@@ -14,8 +15,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
+	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/nstance-dev/nstance/internal/agent/backoff"
 	"github.com/nstance-dev/nstance/internal/pki"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -104,7 +105,7 @@ func TestRunReconnectsAtOnceWithRenewedIdentity(t *testing.T) {
 
 	o := f.s.o
 	o.Addr = l.Addr().String()
-	o.Backoff = backoff.Backoff{Min: time.Hour, Max: time.Hour}
+	o.Backoff = wait.Backoff{Duration: time.Hour, Factor: 2, Jitter: 1, Steps: math.MaxInt32, Cap: time.Hour}
 	s, err := New(o)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"sync"
 	"time"
 
@@ -12,8 +13,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/nstance-dev/nstance/internal/agent/backoff"
 	"github.com/nstance-dev/nstance/internal/agent/files"
 	"github.com/nstance-dev/nstance/internal/agent/health"
 	"github.com/nstance-dev/nstance/internal/agent/identity"
@@ -38,8 +39,12 @@ type Options struct {
 	// Termination, when set, is asked before every report for a notice
 	// the platform announced (the IMDS spot watcher); a notice in
 	// TerminationFile wins.
-	Termination  func() *nstancev1.TerminationNotice
-	Backoff      backoff.Backoff
+	Termination func() *nstancev1.TerminationNotice
+	// Backoff paces reconnection: exponential with jitter, so that the
+	// agents of a shard whose leader went away do not all dial the new one
+	// at the same instant. Zero fields take the defaults (500ms doubling
+	// to 30s, jitter 1: each wait is between d and 2d).
+	Backoff      wait.Backoff
 	AgentVersion string
 	Log          logr.Logger
 	// FinalReportTimeout bounds the shutdown report (default 2s).
@@ -90,14 +95,21 @@ func New(o Options) (*Session, error) {
 	if o.FinalReportTimeout <= 0 {
 		o.FinalReportTimeout = 2 * time.Second
 	}
-	if o.Backoff.Min <= 0 {
-		o.Backoff.Min = 500 * time.Millisecond
+	if o.Backoff.Duration <= 0 {
+		o.Backoff.Duration = 500 * time.Millisecond
 	}
-	if o.Backoff.Max < o.Backoff.Min {
-		o.Backoff.Max = 30 * time.Second
+	if o.Backoff.Cap < o.Backoff.Duration {
+		o.Backoff.Cap = 30 * time.Second
 	}
-	if o.Backoff.Jitter == 0 {
-		o.Backoff.Jitter = 0.2
+	if o.Backoff.Factor < 1 {
+		o.Backoff.Factor = 2
+	}
+	if o.Backoff.Jitter <= 0 {
+		o.Backoff.Jitter = 1
+	}
+	if o.Backoff.Steps <= 0 {
+		// Grow until the cap (Step stops growing there), never stop.
+		o.Backoff.Steps = math.MaxInt32
 	}
 	return &Session{o: o, soon: make(chan struct{}, 1)}, nil
 }
@@ -136,18 +148,23 @@ func (s *Session) Run(ctx context.Context) error {
 		}
 		if errors.Is(err, errRenewed) {
 			s.o.Log.Info("reconnecting with the renewed identity", "addr", s.o.Addr)
-			b.Reset()
+			b = s.o.Backoff
 			continue
 		}
-		if time.Since(start) > 4*s.o.Interval+b.Max {
-			b.Reset()
+		if time.Since(start) > 4*s.o.Interval+s.o.Backoff.Cap {
+			b = s.o.Backoff // the connection had been up: start again from the shortest wait
 		}
 		s.mu.Lock()
 		s.lost++
 		s.mu.Unlock()
-		s.o.Log.Error(err, "agent connection lost; reconnecting", "addr", s.o.Addr)
-		if b.Wait(ctx) != nil {
+		d := b.Step()
+		s.o.Log.Error(err, "agent connection lost; reconnecting", "addr", s.o.Addr, "after", d)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
 			return nil
+		case <-t.C:
 		}
 	}
 }

@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"errors"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -12,8 +13,8 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/nstance-dev/nstance/internal/agent/backoff"
 	"github.com/nstance-dev/nstance/internal/agent/files"
 	"github.com/nstance-dev/nstance/internal/agent/health"
 	"github.com/nstance-dev/nstance/internal/agent/identity"
@@ -123,13 +124,17 @@ func TestNewValidatesAndDefaults(t *testing.T) {
 
 	s, err := New(Options{Addr: "a:1", Identity: o.Identity, Keys: o.Keys, Files: o.Files, Sampler: o.Sampler, Interval: time.Second})
 	require.NoError(t, err)
-	require.Equal(t, backoff.Backoff{Min: 500 * time.Millisecond, Max: 30 * time.Second, Jitter: 0.2}, s.o.Backoff)
+	require.Equal(t, wait.Backoff{Duration: 500 * time.Millisecond, Cap: 30 * time.Second, Factor: 2, Jitter: 1, Steps: math.MaxInt32}, s.o.Backoff)
 	require.Equal(t, 2*time.Second, s.o.FinalReportTimeout)
-	// A maximum below the minimum is replaced; given values are kept.
+	// A cap below the first wait is replaced; given values are kept.
 	s, err = New(Options{Addr: "a:1", Identity: o.Identity, Keys: o.Keys, Files: o.Files, Sampler: o.Sampler, Interval: time.Second,
-		Backoff: backoff.Backoff{Min: time.Second, Max: 5 * time.Second, Jitter: 0.5}})
+		Backoff: wait.Backoff{Duration: time.Second, Cap: 5 * time.Second, Factor: 3, Jitter: 0.5, Steps: 10}})
 	require.NoError(t, err)
-	require.Equal(t, backoff.Backoff{Min: time.Second, Max: 5 * time.Second, Jitter: 0.5}, s.o.Backoff)
+	require.Equal(t, wait.Backoff{Duration: time.Second, Cap: 5 * time.Second, Factor: 3, Jitter: 0.5, Steps: 10}, s.o.Backoff)
+	s, err = New(Options{Addr: "a:1", Identity: o.Identity, Keys: o.Keys, Files: o.Files, Sampler: o.Sampler, Interval: time.Second,
+		Backoff: wait.Backoff{Duration: time.Minute, Cap: time.Second}})
+	require.NoError(t, err)
+	require.Equal(t, 30*time.Second, s.o.Backoff.Cap)
 }
 
 func TestSplitIdentityKey(t *testing.T) {
@@ -295,7 +300,7 @@ func TestRunStopsWithoutUsableIdentity(t *testing.T) {
 	f := newFixture(t)
 	o := f.s.o
 	o.Identity = id
-	o.Backoff = backoff.Backoff{Min: time.Hour, Max: time.Hour}
+	o.Backoff = wait.Backoff{Duration: time.Hour, Cap: time.Hour}
 	s, err := New(o)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -317,7 +322,7 @@ func TestRunCountsLostConnectionsAndStopsWithContext(t *testing.T) {
 	o := f.s.o
 	o.Addr = addr
 	// The wait after the first loss outlasts the test: exactly one attempt.
-	o.Backoff = backoff.Backoff{Min: time.Hour, Max: time.Hour}
+	o.Backoff = wait.Backoff{Duration: time.Hour, Cap: time.Hour}
 	s, err := New(o)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -2,6 +2,7 @@ package agentapi
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"sync"
 	"time"
@@ -23,15 +24,28 @@ type HealthRecord struct {
 // Tracker is an in-memory HealthSink that keeps the latest report of each
 // instance, for health monitoring and status queries. An optional OnReport
 // hook sees every report (e.g. to update the instance record).
+//
+// The latest report is kept in its wire form (a few hundred bytes) and
+// decoded by Get: a decoded report is a tree of messages several times that
+// size, and a shard keeps one per connected agent.
 type Tracker struct {
 	OnReport func(ctx context.Context, ref Ref, r *nstancev1.HealthReport, received time.Time)
 
 	mu   sync.Mutex
-	last map[string]*HealthRecord
+	last map[string]*trackedRecord
+}
+
+// trackedRecord is a HealthRecord with the report encoded.
+type trackedRecord struct {
+	ref        Ref
+	received   time.Time
+	reports    uint64
+	fileErrors int
+	raw        []byte
 }
 
 // NewTracker returns an empty Tracker.
-func NewTracker() *Tracker { return &Tracker{last: map[string]*HealthRecord{}} }
+func NewTracker() *Tracker { return &Tracker{last: map[string]*trackedRecord{}} }
 
 // RecordHealth implements HealthSink.
 func (t *Tracker) RecordHealth(ctx context.Context, ref Ref, r *nstancev1.HealthReport, received time.Time) error {
@@ -41,14 +55,19 @@ func (t *Tracker) RecordHealth(ctx context.Context, ref Ref, r *nstancev1.Health
 			errs++
 		}
 	}
+	raw, err := proto.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("encoding the health report: %w", err)
+	}
 	t.mu.Lock()
 	rec := t.last[ref.InstanceID]
 	if rec == nil {
-		rec = &HealthRecord{}
+		rec = &trackedRecord{}
 		t.last[ref.InstanceID] = rec
 	}
-	rec.Ref, rec.Received, rec.Last, rec.FileErrors = ref, received, r, errs
-	rec.Reports++
+	// Reuse the buffer of the previous report when it fits.
+	rec.ref, rec.received, rec.fileErrors, rec.raw = ref, received, errs, append(rec.raw[:0], raw...)
+	rec.reports++
 	t.mu.Unlock()
 	if t.OnReport != nil {
 		t.OnReport(ctx, ref, r, received)
@@ -64,8 +83,11 @@ func (t *Tracker) Get(instanceID string) (HealthRecord, bool) {
 	if !ok {
 		return HealthRecord{}, false
 	}
-	c := *rec
-	c.Last = proto.Clone(rec.Last).(*nstancev1.HealthReport)
+	c := HealthRecord{Ref: rec.ref, Received: rec.received, Reports: rec.reports, FileErrors: rec.fileErrors, Last: &nstancev1.HealthReport{}}
+	if err := proto.Unmarshal(rec.raw, c.Last); err != nil {
+		// Encoded by RecordHealth itself; cannot fail short of memory corruption.
+		panic(fmt.Sprintf("agentapi: decoding a stored health report: %v", err))
+	}
 	return c, true
 }
 
@@ -78,8 +100,8 @@ func (t *Tracker) Overdue(ids []string, since, now time.Time, interval time.Dura
 	out := map[string]int{}
 	for _, id := range ids {
 		from := since
-		if rec, ok := t.last[id]; ok && rec.Received.After(from) {
-			from = rec.Received
+		if rec, ok := t.last[id]; ok && rec.received.After(from) {
+			from = rec.received
 		}
 		if missed := int(now.Sub(from) / interval); missed > 0 {
 			out[id] = missed
@@ -96,7 +118,7 @@ func (t *Tracker) LastReport(instanceID string) (time.Time, bool) {
 	if !ok {
 		return time.Time{}, false
 	}
-	return rec.Received, true
+	return rec.received, true
 }
 
 // Forget drops an instance.

@@ -174,17 +174,30 @@ func (s *Server) KeyGenRequests(req *nstancev1.KeyGenRequestsRequest, stream nst
 	last := ""
 	var asked time.Time
 	for {
-		p, err := s.plan(ctx, ref)
+		var (
+			keys []*nstancev1.KeySpec
+			id   identityStatus
+			h    string
+		)
+		now := s.o.Now()
+		// Planning renders templates and hashes; it runs on a goroutine of
+		// its own so this long-lived handler's stack stays small.
+		err := offStack(func() error {
+			p, err := s.plan(ctx, ref)
+			if err != nil {
+				return err
+			}
+			keys, id = p.Keys, s.identityStatus(ctx, ref)
+			if id.due(now) {
+				keys = append(append([]*nstancev1.KeySpec{}, keys...), identityKeySpec())
+			}
+			h = hashKeys(keys)
+			return nil
+		})
 		if err != nil {
 			return err
 		}
-		keys, now := p.Keys, s.o.Now()
-		id := s.identityStatus(ctx, ref)
 		due := id.due(now)
-		if due {
-			keys = append(append([]*nstancev1.KeySpec{}, keys...), identityKeySpec())
-		}
-		h := hashKeys(keys)
 		if h != last || (due && now.Sub(asked) >= s.identityRetry(id)) {
 			msg := &nstancev1.KeyGenRequest{Keys: keys, ConfigHash: h, SentAt: timestamppb.New(now)}
 			if err := stream.Send(msg); err != nil {
@@ -401,8 +414,9 @@ func (s *Server) ReceiveFiles(req *nstancev1.ReceiveFilesRequest, stream nstance
 	defer s.hub.remove(ref.InstanceID, w)
 	last, refused := req.GetConfigHash(), ""
 	for {
-		d, err := s.Delivery(ctx, ref)
-		if err != nil {
+		var d *nstancev1.FileDelivery
+		// Off this long-lived handler's stack, like KeyGenRequests' plan.
+		if err := offStack(func() (err error) { d, err = s.Delivery(ctx, ref); return err }); err != nil {
 			return err
 		}
 		h := d.GetConfigHash()
@@ -477,7 +491,8 @@ func (s *Server) ReportHealth(stream nstancev1.AgentService_ReportHealthServer) 
 		n++
 		if s.hub.checkDue(ref.InstanceID, last, s.o.RepushInterval) {
 			// Re-plan now and then, so a change nobody announced is still noticed.
-			if _, h, err := s.Files(ctx, ref); err == nil {
+			var h string
+			if offStack(func() (err error) { _, h, err = s.Files(ctx, ref); return err }) == nil {
 				s.hub.setDesired(ref.InstanceID, h)
 			}
 		}
@@ -485,6 +500,30 @@ func (s *Server) ReportHealth(stream nstancev1.AgentService_ReportHealthServer) 
 			s.o.Log.Info("runtime config drift, pushing files again", "instance", ref.InstanceID, "agent_hash", r.GetConfigHash())
 		}
 	}
+}
+
+// offStack runs f on a short-lived goroutine and waits for it. The stream
+// handlers live as long as the agent's connection and a goroutine's stack
+// keeps the size its deepest call needed (a GC halves it only while less
+// than a quarter is in use), so the deep work (template rendering, signing,
+// hashing) runs where its stack is freed right after. A panic in f is
+// re-raised in the caller, where the recovery interceptor sees it.
+func offStack(f func() error) error {
+	var (
+		err      error
+		panicked any
+		done     = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		defer func() { panicked = recover() }()
+		err = f()
+	}()
+	<-done
+	if panicked != nil {
+		panic(panicked)
+	}
+	return err
 }
 
 // HashFiles is the config hash of a complete file set: SHA-256 over the

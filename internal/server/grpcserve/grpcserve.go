@@ -103,15 +103,7 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 		return nil, errors.New("grpcserve: client CA pool is required")
 	}
 	lim := cfg.Limits.WithDefaults()
-	ka := []grpc.ServerOption{
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
-		// A client opening more streams than this on one connection gets
-		// them refused (RST_STREAM REFUSED_STREAM); gRPC clients queue instead.
-		grpc.MaxConcurrentStreams(uint32(lim.MaxConcurrentStreams)),
-		grpc.MaxRecvMsgSize(lim.MaxMessageBytes),
-		grpc.MaxSendMsgSize(lim.MaxMessageBytes),
-	}
+	ka := transportOptions(lim)
 	s := &Servers{}
 	cfg.listenerNames = listenerNames(ls)
 	newServer := func(tlsCfg *tls.Config, extra ...grpc.ServerOption) *grpc.Server {
@@ -166,8 +158,8 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 		// a quarter (bench/agents) at no cost for their small messages.
 		agentStreams := limits.NewCounter(lim.MaxStreamsPerAgent)
 		agentOpts := append(authz.Policy{Roles: []pki.Role{pki.RoleAgent}, ClusterID: cfg.ClusterID}.ServerOptions(),
-			grpc.ChainStreamInterceptor(limits.StreamsPerKey(agentStreams, identityKey, "shard.limits.max_streams_per_agent")),
-			grpc.SharedWriteBuffer(true), grpc.ReadBufferSize(4<<10), grpc.WriteBufferSize(4<<10))
+			grpc.ChainStreamInterceptor(limits.StreamsPerKey(agentStreams, identityKey, "shard.limits.max_streams_per_agent")))
+		agentOpts = append(agentOpts, agentBuffers()...)
 		g := newServer(mtlsConfig(cfg), agentOpts...)
 		nstancev1.RegisterAgentServiceServer(g, cfg.Agent)
 		cfg.registered(g)
@@ -180,6 +172,31 @@ func (cfg Config) registered(g *grpc.Server) {
 	if cfg.OnServer != nil {
 		cfg.OnServer(g)
 	}
+}
+
+// transportOptions are the keepalive and size options of every listener.
+func transportOptions(lim config.Limits) []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		// A client opening more streams than this on one connection gets
+		// them refused (RST_STREAM REFUSED_STREAM); gRPC clients queue instead.
+		grpc.MaxConcurrentStreams(uint32(lim.MaxConcurrentStreams)),
+		grpc.MaxRecvMsgSize(lim.MaxMessageBytes),
+		grpc.MaxSendMsgSize(lim.MaxMessageBytes),
+	}
+}
+
+// agentBuffers are the agent listener's per-connection buffer options.
+func agentBuffers() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.SharedWriteBuffer(true), grpc.ReadBufferSize(4 << 10), grpc.WriteBufferSize(4 << 10)}
+}
+
+// AgentTransportOptions are the gRPC transport options of the agent
+// listener (keepalive, stream and message limits, buffers) without its
+// interceptors: bench/agents serves its gRPC floor with exactly these.
+func AgentTransportOptions(lim config.Limits) []grpc.ServerOption {
+	return append(transportOptions(lim.WithDefaults()), agentBuffers()...)
 }
 
 // mtlsConfig is the TLS configuration of the mutual-TLS listeners: client

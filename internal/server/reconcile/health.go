@@ -117,18 +117,37 @@ func (r *Reconciler) healthPass(ctx context.Context, termStart time.Time) {
 		if rec.GroupID != "" && known && prevReady != rdy {
 			wake[groups.Key{Tenant: rec.Tenant, ID: rec.GroupID}] = true
 		}
+		// An instance that ran before this term had its agent connected to
+		// the old leader: it gets the reconnect grace from the term start
+		// before any verdict (every agent reconnects at once after a
+		// failover, with backoff).
+		takeover := rec.CreatedAt.Before(termStart)
+		inGrace := takeover && now.Sub(termStart) < tun.ReconnectGrace
 		if !ok {
-			from := rec.CreatedAt
-			if termStart.After(from) {
-				from = termStart
+			// No report in this term: a verdict once both the startup grace
+			// (from creation) and, for an instance of an earlier term, the
+			// reconnect grace (from the term start) are over.
+			deadline, grace := rec.CreatedAt.Add(tun.StartupGrace), tun.StartupGrace
+			if takeover {
+				if d := termStart.Add(tun.ReconnectGrace); d.After(deadline) {
+					deadline, grace = d, tun.ReconnectGrace
+				}
 			}
-			if grace := tun.StartupGrace; now.Sub(from) >= grace {
+			if !now.Before(deadline) {
 				r.markUnhealthy(ctx, rec, fmt.Sprintf("agent sent no health report within %s", grace))
 			}
 			continue
 		}
 		missed := int(now.Sub(last) / interval)
 		switch {
+		case missed >= tun.HealthMisses && inGrace:
+			// No verdict yet; ask the provider whether it still runs.
+			if missed > checked {
+				r.healthMu.Lock()
+				r.checked[rec.ID] = missed
+				r.healthMu.Unlock()
+				r.EnqueueInstance(rec.ID)
+			}
 		case missed >= tun.HealthMisses:
 			// A pass that runs late (a slow resync, a loaded machine) can see
 			// every missed report at once, before any provider check ran. A
