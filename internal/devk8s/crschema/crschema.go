@@ -46,8 +46,8 @@ type Kind struct {
 	// nothing and are skipped.
 	defaults map[string]bool
 	embedded map[string]bool
-	versions        map[string]*Version
-	types           managedfields.TypeConverter
+	versions map[string]*Version
+	types    managedfields.TypeConverter
 	// since is the resourceVersion from which stored objects were written
 	// through this Kind (pruned and defaulted by it); MaxUint64 until set.
 	since atomic.Uint64
