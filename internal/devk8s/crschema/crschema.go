@@ -18,6 +18,7 @@ import (
 	"k8s.io/apiextensions-apiserver/pkg/registry/customresource"
 	metavalidation "k8s.io/apimachinery/pkg/api/validation"
 	apipath "k8s.io/apimachinery/pkg/api/validation/path"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -200,19 +201,31 @@ func (k *Kind) coerce(obj map[string]any, version string, fromStorage, track boo
 	if err != nil {
 		return nil, err
 	}
-	objectMeta, foundMeta, unknown, err := schemaobjectmeta.GetObjectMetaWithOptions(obj, schemaobjectmeta.ObjectMetaOptions{
-		DropMalformedFields:     fromStorage,
-		ReturnUnknownFieldPaths: track,
-	})
-	if err != nil {
-		return nil, err
+	// Request bodies usually carry plain metadata whose JSON round trip
+	// through ObjectMeta is known without doing it (plainMeta).
+	var objectMeta *metav1.ObjectMeta
+	var unknown []string
+	plain, foundMeta := map[string]any(nil), false
+	if !fromStorage {
+		plain, foundMeta = plainMeta(obj)
+	}
+	if !foundMeta {
+		objectMeta, foundMeta, unknown, err = schemaobjectmeta.GetObjectMetaWithOptions(obj, schemaobjectmeta.ObjectMetaOptions{
+			DropMalformedFields:     fromStorage,
+			ReturnUnknownFieldPaths: track,
+		})
+		if err != nil {
+			return nil, err
+		}
 	}
 	s := k.structural[version]
 	if !k.preserveUnknown {
 		unknown = append(unknown, structuralpruning.PruneWithOptions(obj, s, true, structuralschema.UnknownFieldPathOptions{TrackUnknownFieldPaths: track})...)
 		// It only deletes null values: an object without any has none to
 		// delete (finding out is much cheaper than the schema walk).
-		if hasNull(obj) {
+		// Metadata found above is written back below whatever happens
+		// to it here.
+		if hasNullOutside(obj, foundMeta) {
 			structuraldefaulting.PruneNonNullableNullsWithoutDefaults(obj, s)
 		}
 	}
@@ -227,7 +240,7 @@ func (k *Kind) coerce(obj map[string]any, version string, fromStorage, track boo
 		}
 		unknown = append(unknown, paths...)
 	}
-	if fromStorage && objectMeta.Generation == 0 {
+	if fromStorage && foundMeta && objectMeta.Generation == 0 {
 		objectMeta.Generation = 1
 	}
 	if foundKind {
@@ -236,7 +249,10 @@ func (k *Kind) coerce(obj map[string]any, version string, fromStorage, track boo
 	if foundAPIVersion {
 		u.SetAPIVersion(apiVersion)
 	}
-	if foundMeta {
+	switch {
+	case plain != nil:
+		obj["metadata"] = plain
+	case foundMeta:
 		if err := schemaobjectmeta.SetObjectMeta(obj, objectMeta); err != nil {
 			return nil, err
 		}
@@ -268,6 +284,17 @@ func anyNode(s *structuralschema.Structural, f func(*structuralschema.Structural
 	for name := range s.Properties {
 		p := s.Properties[name]
 		if anyNode(&p, f) {
+			return true
+		}
+	}
+	return false
+}
+
+// hasNullOutside reports whether an object holds a null anywhere, its
+// metadata left out with skipMeta.
+func hasNullOutside(obj map[string]any, skipMeta bool) bool {
+	for k, v := range obj {
+		if (!skipMeta || k != "metadata") && hasNull(v) {
 			return true
 		}
 	}
