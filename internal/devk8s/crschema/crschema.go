@@ -18,6 +18,7 @@ import (
 	"k8s.io/apiextensions-apiserver/pkg/registry/customresource"
 	metavalidation "k8s.io/apimachinery/pkg/api/validation"
 	apipath "k8s.io/apimachinery/pkg/api/validation/path"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -40,8 +41,14 @@ type Kind struct {
 	storage         string
 	preserveUnknown bool
 	structural      map[string]*structuralschema.Structural
-	versions        map[string]*Version
-	types           managedfields.TypeConverter
+	// defaults and embedded hold the versions whose structural schema
+	// has defaults or embedded resources (x-kubernetes-embedded-resource):
+	// without them, defaulting and embedded ObjectMeta coercion change
+	// nothing and are skipped.
+	defaults map[string]bool
+	embedded map[string]bool
+	versions map[string]*Version
+	types    managedfields.TypeConverter
 	// since is the resourceVersion from which stored objects were written
 	// through this Kind (pruned and defaulted by it); MaxUint64 until set.
 	since atomic.Uint64
@@ -69,6 +76,8 @@ func New(crd *apiextensionsv1.CustomResourceDefinition, static *Static) (*Kind, 
 		storage:         storage,
 		preserveUnknown: crd.Spec.PreserveUnknownFields,
 		structural:      map[string]*structuralschema.Structural{},
+		defaults:        map[string]bool{},
+		embedded:        map[string]bool{},
 		versions:        map[string]*Version{},
 	}
 	internal := map[string]*apiextensionsinternal.CustomResourceValidation{}
@@ -99,6 +108,8 @@ func New(crd *apiextensionsv1.CustomResourceDefinition, static *Static) (*Kind, 
 			}
 		}
 		k.structural[v.Name] = s
+		k.defaults[v.Name] = anyNode(s, func(n *structuralschema.Structural) bool { return n.Default.Object != nil })
+		k.embedded[v.Name] = anyNode(s, func(n *structuralschema.Structural) bool { return n.XEmbeddedResource })
 	}
 	k.since.Store(math.MaxUint64)
 	if k.types, err = typeConverter(static, crd); err != nil {
@@ -113,10 +124,11 @@ func New(crd *apiextensionsv1.CustomResourceDefinition, static *Static) (*Kind, 
 		if iv := internal[v.Name]; iv != nil {
 			props = iv.OpenAPIV3Schema
 		}
-		validator, _, err := apiservervalidation.NewSchemaValidator(props)
+		validator, openAPI, err := apiservervalidation.NewSchemaValidator(props)
 		if err != nil {
 			return nil, fmt.Errorf("schema validator of %s version %s: %w", crd.Name, v.Name, err)
 		}
+		validator = newSchemaValidator(validator, openAPI)
 		subs, err := apihelpers.GetSubresourcesForVersion(crd, v.Name)
 		if err != nil {
 			return nil, err
@@ -127,9 +139,11 @@ func New(crd *apiextensionsv1.CustomResourceDefinition, static *Static) (*Kind, 
 			statusSpec = &apiextensionsinternal.CustomResourceSubresourceStatus{}
 			if props != nil && props.Properties != nil {
 				if st, ok := props.Properties["status"]; ok {
-					if statusValidator, _, err = apiservervalidation.NewSchemaValidator(&st); err != nil {
+					lib, openAPI, err := apiservervalidation.NewSchemaValidator(&st)
+					if err != nil {
 						return nil, fmt.Errorf("status schema validator of %s version %s: %w", crd.Name, v.Name, err)
 					}
+					statusValidator = newSchemaValidator(lib, openAPI)
 				}
 			}
 		}
@@ -187,27 +201,46 @@ func (k *Kind) coerce(obj map[string]any, version string, fromStorage, track boo
 	if err != nil {
 		return nil, err
 	}
-	objectMeta, foundMeta, unknown, err := schemaobjectmeta.GetObjectMetaWithOptions(obj, schemaobjectmeta.ObjectMetaOptions{
-		DropMalformedFields:     fromStorage,
-		ReturnUnknownFieldPaths: track,
-	})
-	if err != nil {
-		return nil, err
+	// Request bodies usually carry plain metadata whose JSON round trip
+	// through ObjectMeta is known without doing it (plainMeta).
+	var objectMeta *metav1.ObjectMeta
+	var unknown []string
+	plain, foundMeta := map[string]any(nil), false
+	if !fromStorage {
+		plain, foundMeta = plainMeta(obj)
+	}
+	if !foundMeta {
+		objectMeta, foundMeta, unknown, err = schemaobjectmeta.GetObjectMetaWithOptions(obj, schemaobjectmeta.ObjectMetaOptions{
+			DropMalformedFields:     fromStorage,
+			ReturnUnknownFieldPaths: track,
+		})
+		if err != nil {
+			return nil, err
+		}
 	}
 	s := k.structural[version]
 	if !k.preserveUnknown {
 		unknown = append(unknown, structuralpruning.PruneWithOptions(obj, s, true, structuralschema.UnknownFieldPathOptions{TrackUnknownFieldPaths: track})...)
-		structuraldefaulting.PruneNonNullableNullsWithoutDefaults(obj, s)
+		// It only deletes null values: an object without any has none to
+		// delete (finding out is much cheaper than the schema walk).
+		// Metadata found above is written back below whatever happens
+		// to it here.
+		if hasNullOutside(obj, foundMeta) {
+			structuraldefaulting.PruneNonNullableNullsWithoutDefaults(obj, s)
+		}
 	}
-	ferr, paths := schemaobjectmeta.CoerceWithOptions(nil, obj, s, false, schemaobjectmeta.CoerceOptions{
-		DropInvalidFields:       fromStorage,
-		ReturnUnknownFieldPaths: track,
-	})
-	if ferr != nil {
-		return nil, ferr
+	// Not at the resource root, it only coerces embedded resources.
+	if k.embedded[version] {
+		ferr, paths := schemaobjectmeta.CoerceWithOptions(nil, obj, s, false, schemaobjectmeta.CoerceOptions{
+			DropInvalidFields:       fromStorage,
+			ReturnUnknownFieldPaths: track,
+		})
+		if ferr != nil {
+			return nil, ferr
+		}
+		unknown = append(unknown, paths...)
 	}
-	unknown = append(unknown, paths...)
-	if fromStorage && objectMeta.Generation == 0 {
+	if fromStorage && foundMeta && objectMeta.Generation == 0 {
 		objectMeta.Generation = 1
 	}
 	if foundKind {
@@ -216,12 +249,77 @@ func (k *Kind) coerce(obj map[string]any, version string, fromStorage, track boo
 	if foundAPIVersion {
 		u.SetAPIVersion(apiVersion)
 	}
-	if foundMeta {
+	switch {
+	case plain != nil:
+		obj["metadata"] = plain
+	case foundMeta:
 		if err := schemaobjectmeta.SetObjectMeta(obj, objectMeta); err != nil {
 			return nil, err
 		}
 	}
 	return unknown, nil
+}
+
+// applyDefaults applies a version's defaults (none without a structural
+// schema) to obj.
+func (k *Kind) applyDefaults(obj map[string]any, version string) {
+	if k.defaults[version] {
+		structuraldefaulting.Default(obj, k.structural[version])
+	}
+}
+
+// anyNode reports whether f holds for a node of s reachable through
+// properties, additionalProperties or items (the nodes pruning,
+// defaulting and coercion visit).
+func anyNode(s *structuralschema.Structural, f func(*structuralschema.Structural) bool) bool {
+	if s == nil {
+		return false
+	}
+	if f(s) || anyNode(s.Items, f) {
+		return true
+	}
+	if s.AdditionalProperties != nil && anyNode(s.AdditionalProperties.Structural, f) {
+		return true
+	}
+	for name := range s.Properties {
+		p := s.Properties[name]
+		if anyNode(&p, f) {
+			return true
+		}
+	}
+	return false
+}
+
+// hasNullOutside reports whether an object holds a null anywhere, its
+// metadata left out with skipMeta.
+func hasNullOutside(obj map[string]any, skipMeta bool) bool {
+	for k, v := range obj {
+		if (!skipMeta || k != "metadata") && hasNull(v) {
+			return true
+		}
+	}
+	return false
+}
+
+// hasNull reports whether a JSON value holds a null anywhere.
+func hasNull(x any) bool {
+	switch x := x.(type) {
+	case nil:
+		return true
+	case map[string]any:
+		for _, v := range x {
+			if hasNull(v) {
+				return true
+			}
+		}
+	case []any:
+		for _, v := range x {
+			if hasNull(v) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Decode does to a request body in this version what kube-apiserver's
@@ -233,7 +331,7 @@ func (v *Version) Decode(obj map[string]any, track bool) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	structuraldefaulting.Default(obj, v.kind.structural[v.name])
+	v.kind.applyDefaults(obj, v.name)
 	return unknown, nil
 }
 
@@ -252,7 +350,7 @@ func (v *Version) Read(stored map[string]any) (map[string]any, error) {
 	if _, err := v.kind.coerce(obj, from, true, false); err != nil {
 		return nil, err
 	}
-	structuraldefaulting.Default(obj, v.kind.structural[from])
+	v.kind.applyDefaults(obj, from)
 	obj["apiVersion"] = v.kind.gk.WithVersion(v.name).GroupVersion().String()
 	if from != v.name {
 		if _, err := v.kind.coerce(obj, v.name, false, false); err != nil {
