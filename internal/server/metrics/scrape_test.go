@@ -203,19 +203,16 @@ func TestScrapeDuringScaleUpAndDrain(t *testing.T) {
 	_, _, err = f.Ops.UpsertGroup(ctx, tenant, &nstancev1.GroupSpec{GroupId: group, Template: "worker", Size: 3,
 		DrainTimeout: durationpb.New(5 * time.Minute)}, "")
 	require.NoError(t, err)
+	// (Whether a scrape lands while the group is still short is a race the
+	// test cannot decide: the series are checked before and after.)
 	var mid samples
-	sawCreating := false
 	require.Eventually(t, func() bool {
 		mid = scrape(t, health)
-		if mid[state(instances.StateCreating)]+mid[state(instances.StatePending)] > 0 || mid["nstance_server_group_actual_instances"+gl] > mid["nstance_server_group_ready_instances"+gl] {
-			sawCreating = true
-		}
 		// An agent whose reply was lost registers again (same key, same
 		// certificate): at least one successful registration per agent.
 		return mid["nstance_server_group_ready_instances"+gl] == 3 && mid["nstance_server_agents_connected"] == 3 &&
 			mid[`nstance_server_registrations_total{kind="agent",outcome="ok"}`]-before[`nstance_server_registrations_total{kind="agent",outcome="ok"}`] >= 3
 	}, 90*time.Second, 50*time.Millisecond, "ready, agents connected and agent registrations reach 3: %v", fleetSeries(mid))
-	require.True(t, sawCreating, "the scrape saw the group before it was ready")
 	require.Equal(t, 3.0, mid["nstance_server_group_desired_instances"+gl])
 	require.Equal(t, 3.0, mid["nstance_server_group_actual_instances"+gl])
 	require.Equal(t, 3.0, mid[state(instances.StateRunning)])
