@@ -31,7 +31,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/revocation"
 	"github.com/nstance-dev/nstance/internal/storage"
 	"github.com/nstance-dev/nstance/pkg/objstore"
-	"github.com/nstance-dev/nstance/pkg/objstore/dirstore"
+	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -42,9 +42,8 @@ type Options struct {
 	// ConfigJSONC is the shard config; default Config(ClusterID, ShardID, "mock").
 	// A config already in Store is kept (a restart).
 	ConfigJSONC string
-	// Store defaults to a file store (dirstore) in a fresh temporary
-	// directory. Pass the store of a stopped shard to simulate a server
-	// restart.
+	// Store defaults to a fresh in-memory store. Pass the store of a
+	// stopped shard to simulate a server restart.
 	Store objstore.Store
 	// Provider defaults to a fresh mock provider.
 	Provider provider.Provider
@@ -133,11 +132,10 @@ func Config(clusterID, shardID, providerKind string) string {
 func Start(t testing.TB, o Options) *Shard {
 	t.Helper()
 	if o.Store == nil {
-		st, err := dirstore.Open(t.TempDir())
-		if err != nil {
-			t.Fatalf("opening the test store: %v", err)
-		}
-		o.Store = st
+		// In memory: a file store fsyncs every write (bootstrap, leases,
+		// records), which took a loaded CI machine past the 30s start
+		// bound; durability is not what these tests are about.
+		o.Store = memstore.New()
 	}
 	sh, err := start(o)
 	if err != nil {
