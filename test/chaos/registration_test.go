@@ -26,6 +26,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/provider/localagent"
 	"github.com/nstance-dev/nstance/internal/server/provider/process"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
+	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -35,20 +36,23 @@ import (
 type noting struct {
 	provider.Provider
 	mu     sync.Mutex
-	nonces map[string]string
+	nonces map[string][]string
 }
 
 func (n *noting) Create(ctx context.Context, req provider.CreateRequest) (provider.Instance, error) {
 	n.mu.Lock()
-	n.nonces[req.InstanceID] = req.AgentNonce
+	n.nonces[req.InstanceID] = append(n.nonces[req.InstanceID], req.AgentNonce)
 	n.mu.Unlock()
 	return n.Provider.Create(ctx, req)
 }
 
-func (n *noting) nonce(id string) string {
+// noncesOf are the nonces every Create of id carried, in order: a create
+// retried under load mints a new nonce while the agent keeps the one its
+// process was started with.
+func (n *noting) noncesOf(id string) []string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.nonces[id]
+	return append([]string(nil), n.nonces[id]...)
 }
 
 // TestAgentRegistersThroughALostMarkerReply: a proxy between the shard
@@ -85,7 +89,7 @@ func TestAgentRegistersThroughALostMarkerReply(t *testing.T) {
 					_ = proc.Delete(context.Background(), inst.InstanceID)
 				}
 			})
-			prov := &noting{Provider: proc, nonces: map[string]string{}}
+			prov := &noting{Provider: proc, nonces: map[string][]string{}}
 			cfg := strings.Replace(shardtest.Config("test-cluster", "test-1", "process"), `"groups": {},`,
 				`"groups": { "acme": { "workers": { "template": "worker", "size": 1 } } },`, 1)
 			cfg = strings.Replace(cfg, `"default_drain_timeout": "30s",`,
@@ -112,11 +116,17 @@ func TestAgentRegistersThroughALostMarkerReply(t *testing.T) {
 				return err == nil
 			}, 30*time.Second, 50*time.Millisecond)
 			// The agent holds exactly the certificate stored with its nonce.
-			tok := prov.nonce(rec.ID)
-			claims, err := (&nonce.Verifier{Key: sh.NonceKey.Public().(ed25519.PublicKey), ClusterID: sh.ClusterID, Shard: sh.ShardID}).Verify(tok, nonce.KindAgent)
-			require.NoError(t, err)
-			obj, err := direct.Get(context.Background(), sh.Keys.ShardNonce(sh.ShardID, claims.ID))
-			require.NoError(t, err)
+			// The nonce the agent used is the one with a marker.
+			var tok string
+			var obj *objstore.Object
+			for _, cand := range prov.noncesOf(rec.ID) {
+				claims, err := (&nonce.Verifier{Key: sh.NonceKey.Public().(ed25519.PublicKey), ClusterID: sh.ClusterID, Shard: sh.ShardID}).Verify(cand, nonce.KindAgent)
+				require.NoError(t, err)
+				if o, err := direct.Get(context.Background(), sh.Keys.ShardNonce(sh.ShardID, claims.ID)); err == nil {
+					tok, obj = cand, o
+				}
+			}
+			require.NotNil(t, obj, "a marker for one of the instance's nonces")
 			var marker nonce.Marker
 			require.NoError(t, json.Unmarshal(obj.Body, &marker))
 			require.Equal(t, marker.CertificatePEM, string(agentCert))
