@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/testing/portpick"
 	"github.com/nstance-dev/nstance/internal/version"
 	"github.com/nstance-dev/nstance/test/agent/agenttest"
 )
@@ -215,10 +215,7 @@ func TestAgentArgumentsAndLogs(t *testing.T) {
 
 	// JSON logs: the version first; a server that is not there is one error
 	// line per attempt, with no stack trace.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
+	addr := portpick.Addr(t) // nothing listens there
 	idDir := filepath.Join(t.TempDir(), "identity")
 	require.NoError(t, os.MkdirAll(idDir, 0o700))
 	// The agent reads only the nonce's shard claim; the server would check the rest.

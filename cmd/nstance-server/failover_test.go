@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/devs3/devs3test"
 	"github.com/nstance-dev/nstance/internal/testing/hosttools"
+	"github.com/nstance-dev/nstance/internal/testing/portpick"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -29,16 +29,9 @@ const leaseDuration = 2 * time.Second
 
 func freePorts(t *testing.T, n int) []int {
 	t.Helper()
-	var ports []int
-	var ls []net.Listener
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	for _, l := range ls {
-		require.NoError(t, l.Close())
+	ports := make([]int, n)
+	for i := range ports {
+		ports[i] = portpick.Port(t)
 	}
 	return ports
 }

@@ -39,6 +39,7 @@ import (
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	opmanager "github.com/nstance-dev/nstance/internal/operator/manager"
 	opwebhook "github.com/nstance-dev/nstance/internal/operator/webhook"
+	"github.com/nstance-dev/nstance/internal/testing/portpick"
 	"github.com/nstance-dev/nstance/internal/version"
 )
 
@@ -69,10 +70,7 @@ func webhookPort(t *testing.T) int {
 		require.NoError(t, l.Close())
 		return want
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := l.Addr().(*net.TCPAddr).Port
-	require.NoError(t, l.Close())
+	port := portpick.Port(t)
 	t.Logf("port %d is in use on this machine; rendering with webhook.port=%d instead", want, port)
 	return port
 }

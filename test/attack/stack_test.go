@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nstance-dev/nstance/internal/layout"
+	"github.com/nstance-dev/nstance/internal/testing/portpick"
 	"github.com/nstance-dev/nstance/internal/testing/proctest"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
@@ -75,15 +76,11 @@ func buildBinaries(t *testing.T, root string) string {
 	return dir
 }
 
-// freeAddr returns a 127.0.0.1 address that was free a moment ago.
+// freeAddr returns a 127.0.0.1 address no other test gets while this one
+// runs (the stack's processes are told their addresses before binding).
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return portpick.Addr(t)
 }
 
 func newStack(t *testing.T) *stack {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/server/provider/tmux"
 	"github.com/nstance-dev/nstance/internal/testing/hosttools"
+	"github.com/nstance-dev/nstance/internal/testing/portpick"
 	"github.com/nstance-dev/nstance/internal/testing/proctest"
 )
 
@@ -92,15 +93,11 @@ func buildBinaries(t *testing.T, root string) string {
 	return buildDir
 }
 
-// freeAddr returns a 127.0.0.1 address that was free a moment ago.
+// freeAddr returns a 127.0.0.1 address no other test gets while this one
+// runs (the stack's processes are told their addresses before binding).
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return portpick.Addr(t)
 }
 
 func newStack(t *testing.T) *stack {

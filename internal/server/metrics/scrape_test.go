@@ -3,7 +3,6 @@ package metrics_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -28,6 +27,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/provider/process"
 	"github.com/nstance-dev/nstance/internal/storage"
+	"github.com/nstance-dev/nstance/internal/testing/portpick"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -55,17 +55,6 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(filepath.Dir(bin))
 	}
 	os.Exit(code)
-}
-
-// freePort reserves a loopback port for an address that agents must know
-// before the server binds it.
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
 }
 
 func shardConfig(reg, agent string) string {
@@ -141,7 +130,8 @@ func TestScrapeDuringScaleUpAndDrain(t *testing.T) {
 	store, err := s3store.NewWithClient(devs3test.Client(s3.URL), devs3test.Bucket, "")
 	require.NoError(t, err)
 	keys := layout.New("")
-	regAddr, agentAddr := freePort(t), freePort(t)
+	// Agents must know these before the server binds them.
+	regAddr, agentAddr := portpick.Addr(t), portpick.Addr(t)
 	_, err = store.Put(context.Background(), keys.Config("s1"), []byte(shardConfig(regAddr, agentAddr)), objstore.PutOptions{})
 	require.NoError(t, err)
 

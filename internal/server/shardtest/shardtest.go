@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/nstance-dev/nstance/internal/layout"
+	"github.com/nstance-dev/nstance/internal/logging"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/secrets"
 	"github.com/nstance-dev/nstance/internal/server/app"
@@ -30,6 +30,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/internal/server/revocation"
 	"github.com/nstance-dev/nstance/internal/storage"
+	"github.com/nstance-dev/nstance/internal/testing/portpick"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -137,7 +138,11 @@ func Start(t testing.TB, o Options) *Shard {
 		// bound; durability is not what these tests are about.
 		o.Store = memstore.New()
 	}
-	sh, err := start(o)
+	// Agents started by the provider are told the Registration and Agent
+	// addresses when their instance is created, before the listeners exist:
+	// pick the ports now (outside the kernel's ephemeral range, held for
+	// the test, so no other socket takes them in between).
+	sh, err := start(o, portpick.Addr(t), portpick.Addr(t))
 	if err != nil {
 		t.Fatalf("starting test shard: %v", err)
 	}
@@ -145,7 +150,7 @@ func Start(t testing.TB, o Options) *Shard {
 	return sh
 }
 
-func start(o Options) (*Shard, error) {
+func start(o Options, regAddr, agentAddr string) (*Shard, error) {
 	if o.ClusterID == "" {
 		o.ClusterID = "test-cluster"
 	}
@@ -181,18 +186,22 @@ func start(o Options) (*Shard, error) {
 	if err := seedCA(ctx, o.Store, secretStore, o.WorkloadCA, keys.WorkloadCACert(), keys.WorkloadCAKey()); err != nil {
 		return nil, fmt.Errorf("workload CA: %w", err)
 	}
-	// Agents started by the provider are told the Registration and Agent
-	// addresses when their instance is created, before the listeners exist:
-	// pick the ports now and advertise them on 127.0.0.1. Should another
-	// socket take a port in between, the term fails to bind, steps down and
-	// the next term binds again (Start waits for it).
-	regAddr, err := freePort()
-	if err != nil {
-		return nil, err
+	// Without a logger of the caller's, keep the server's recent log lines
+	// to explain a start that fails.
+	var tail *tailWriter
+	if o.Log.GetSink() == nil {
+		tail = &tailWriter{max: 16 << 10}
+		l, _, err := logging.New(logging.Options{Level: "info", Format: logging.FormatText}, tail)
+		if err != nil {
+			return nil, err
+		}
+		o.Log = l
 	}
-	agentAddr, err := freePort()
-	if err != nil {
-		return nil, err
+	startErr := func(err error) error {
+		if tail == nil {
+			return err
+		}
+		return fmt.Errorf("%w; the server's last log lines:\n%s", err, tail.String())
 	}
 	tuning := o.Agent
 	tuning.ResyncInterval, tuning.RetryBase = o.ResyncInterval, o.RetryBase
@@ -225,12 +234,12 @@ func start(o Options) (*Shard, error) {
 		select {
 		case err := <-sh.done:
 			cancel()
-			return nil, fmt.Errorf("server stopped: %v", err)
+			return nil, startErr(fmt.Errorf("server stopped: %v", err))
 		case <-time.After(5 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
 			sh.Stop()
-			return nil, fmt.Errorf("the server did not become shard leader within 30s")
+			return nil, startErr(errors.New("the server did not become shard leader within 30s"))
 		}
 	}
 	cl, err := bootstrap.Once(ctx, bootstrap.Options{ClusterID: o.ClusterID, Objects: o.Store, Secrets: secretStore, Keys: keys})
@@ -282,17 +291,6 @@ func seedCA(ctx context.Context, objects objstore.Store, sec *secrets.Store, ca 
 		return fmt.Errorf("writing %s: %w", certKey, err)
 	}
 	return nil
-}
-
-// freePort returns a loopback address whose port the kernel just handed
-// out and that is free again.
-func freePort() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	addr := l.Addr().String()
-	return addr, l.Close()
 }
 
 // Stop stops the server. Instances stay at the provider and records in
@@ -379,4 +377,27 @@ func (s *Shard) ClientAs(t testing.TB, tenant string, role pki.Role) nstancev1.O
 	}
 	t.Cleanup(func() { conn.Close() })
 	return nstancev1.NewOperatorServiceClient(conn)
+}
+
+// tailWriter keeps the last max bytes written to it.
+type tailWriter struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (w *tailWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.b = append(w.b, p...)
+	if over := len(w.b) - w.max; over > 0 {
+		w.b = append(w.b[:0], w.b[over:]...)
+	}
+	return len(p), nil
+}
+
+func (w *tailWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return string(w.b)
 }
