@@ -1,11 +1,13 @@
 package app
 
 import (
+	"net"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/nstance-dev/nstance/internal/config"
+	"github.com/nstance-dev/nstance/internal/server/grpcserve"
 )
 
 func TestWithAdvertiseDefaults(t *testing.T) {
@@ -39,4 +41,41 @@ func TestWithAdvertiseDefaults(t *testing.T) {
 			require.Equal(t, tc.adv, cfg.Shard.Advertise, "the loaded config is not changed")
 		})
 	}
+}
+
+// A kernel-chosen port is bound again in the next term; when another socket
+// has taken it in between, the next term takes a new one instead of failing
+// every term. A configured port stays an error.
+func TestListenGRPCRebindsKernelPorts(t *testing.T) {
+	a := &App{}
+	bind := &config.Bind{RegistrationAddr: "127.0.0.1:0", OperatorAddr: "127.0.0.1:0", AgentAddr: "127.0.0.1:0"}
+	closeAll := func(ls grpcserve.Listeners) {
+		for _, l := range []net.Listener{ls.Registration, ls.Operator, ls.Agent} {
+			require.NoError(t, l.Close())
+		}
+	}
+	ls, err := a.listenGRPC(bind)
+	require.NoError(t, err)
+	first := a.Addrs()
+	closeAll(ls)
+
+	ls, err = a.listenGRPC(bind)
+	require.NoError(t, err)
+	require.Equal(t, first, a.Addrs(), "the next term binds the same ports")
+	closeAll(ls)
+
+	squatter, err := net.Listen("tcp", first.Operator)
+	require.NoError(t, err)
+	defer squatter.Close()
+	ls, err = a.listenGRPC(bind)
+	require.NoError(t, err)
+	now := a.Addrs()
+	require.NotEqual(t, first.Operator, now.Operator, "a new operator port")
+	require.Equal(t, first.Registration, now.Registration)
+	require.Equal(t, now.Operator, ls.Operator.Addr().String())
+	closeAll(ls)
+
+	fixed := &config.Bind{RegistrationAddr: squatter.Addr().String(), OperatorAddr: "127.0.0.1:0", AgentAddr: "127.0.0.1:0"}
+	_, err = (&App{}).listenGRPC(fixed)
+	require.ErrorContains(t, err, "binding registration port "+squatter.Addr().String())
 }

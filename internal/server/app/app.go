@@ -848,7 +848,8 @@ func (a *App) sweepNonces(ctx context.Context, log logr.Logger) {
 }
 
 // listenGRPC binds the three gRPC listeners. A port chosen by the kernel
-// (":0") is remembered so later terms bind the same address again.
+// (":0") is remembered so later terms bind the same address again, or a
+// new one when another socket has taken it since.
 func (a *App) listenGRPC(bind *config.Bind) (grpcserve.Listeners, error) {
 	prev := a.Addrs()
 	var ls grpcserve.Listeners
@@ -875,6 +876,11 @@ func (a *App) listenGRPC(bind *config.Bind) (grpcserve.Listeners, error) {
 			addr = it.prev
 		}
 		l, err := net.Listen("tcp", addr)
+		if err != nil && addr != it.addr && isPortZero(it.addr) {
+			// The kernel's port of an earlier term is someone else's now;
+			// the config asked for any port, so take a new one.
+			l, err = net.Listen("tcp", it.addr)
+		}
 		if err != nil {
 			return fail(fmt.Errorf("binding %s port %s: %w", it.name, addr, err))
 		}
@@ -883,6 +889,12 @@ func (a *App) listenGRPC(bind *config.Bind) (grpcserve.Listeners, error) {
 		a.setAddr(func(ad *Addrs) { it.set(ad, l.Addr().String()) })
 	}
 	return ls, nil
+}
+
+// isPortZero reports whether addr asks the kernel to choose the port.
+func isPortZero(addr string) bool {
+	_, port, err := net.SplitHostPort(addr)
+	return err == nil && (port == "0" || port == "")
 }
 
 // storageAnswers is the readiness check of storage: the shard election has
