@@ -39,14 +39,15 @@ import (
 )
 
 // failoverConfig is leaseConfig with health monitoring on a 1s report
-// interval (3 misses), the default 5m startup grace (registering and
-// connecting 1,000 agents on a loaded machine can take longer than a short
-// one) and a 60s reconnect grace (the grace logic itself is proven in
+// interval (3 misses), the given startup grace (creating the instances and
+// registering and connecting thousands of agents on a loaded machine takes
+// longer than a short one; the grace is not what the failover exercises) and a 60s reconnect
+// grace (the grace logic itself is proven in
 // internal/server/reconcile with a fake clock). Registrations all
 // come from the test process. The instances are `sleep` processes of the
 // process provider (state in stateDir), which the new leader re-adopts; the
 // agents run in the test.
-func failoverConfig(stateDir string) string {
+func failoverConfig(stateDir string, startupGrace time.Duration) string {
 	opts, _ := json.Marshal(map[string]string{"command": "sleep 3600", "state_dir": stateDir, "node_dir": "-", "work_dir": stateDir})
 	return fmt.Sprintf(`{
   "cluster": {
@@ -60,7 +61,7 @@ func failoverConfig(stateDir string) string {
       "health_addr": "0.0.0.0:8990", "election_addr": "0.0.0.0:8991", "registration_addr": "0.0.0.0:8992",
       "operator_addr": "0.0.0.0:8993", "agent_addr": "0.0.0.0:8994"
     },
-    "health_check_interval": "1s", "health_misses": 3, "agent_startup_grace": "5m", "agent_reconnect_grace": "60s",
+    "health_check_interval": "1s", "health_misses": 3, "agent_startup_grace": %q, "agent_reconnect_grace": "60s",
     "registration": {"source_address_check": "off"},
     "create_rate_limit": {"per_minute": 1000000, "burst": 1000000},
     "limits": {"registration_rate": {"per_minute": 1000000, "burst": 1000000}, "tenant_create_rate": {"per_minute": 1000000, "burst": 1000000},
@@ -70,7 +71,35 @@ func failoverConfig(stateDir string) string {
   "templates": {
     "w": {"kind": "worker", "arch": "amd64", "instance_type": "dev.small", "subnet_pool": "default"}
   }
-}`, clusterID, shard, opts)
+}`, clusterID, shard, opts, startupGrace.String())
+}
+
+// failoverSetup bounds each setup step of a failover run with n agents
+// (instances created, agents registered and reporting): 5 minutes, plus
+// 30ms per agent beyond 1,000 (10 minutes at 10,000 on two shared cores).
+func failoverSetup(n int) time.Duration {
+	return 5*time.Minute + time.Duration(max(0, n-1000))*30*time.Millisecond
+}
+
+// raiseFileLimit lifts this process's open-file limit (and so its child
+// servers') to want: at n agents the test process holds n agent
+// connections, the leader address's 2n and, while it splices them, a pipe
+// (two descriptors) per direction: 7n; each server n.
+func raiseFileLimit(t testing.TB, want uint64) {
+	var lim syscall.Rlimit
+	require.NoError(t, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim))
+	if lim.Cur >= want {
+		return
+	}
+	old := lim
+	lim.Cur = want
+	if lim.Max < want {
+		lim.Max = want // needs CAP_SYS_RESOURCE
+	}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatalf("the agents need %d open files; the limit is %d (hard %d) and raising it failed: %v", want, old.Cur, old.Max, err)
+	}
+	t.Cleanup(func() { _ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old) })
 }
 
 // leaderAddress stands in for the shard's leader address (a VIP or an ENI
@@ -139,7 +168,9 @@ func runFailover(t testing.TB, n int) failoverResult {
 	defer cancel()
 	dir := t.TempDir()
 	marker := "NSTANCE_CHAOS_RUN=" + filepath.Base(dir)
-	st := newStackWith(t, 2, failoverConfig(filepath.Join(dir, "instances")), []string{marker})
+	setup := failoverSetup(n)
+	raiseFileLimit(t, uint64(8*n+4096))
+	st := newStackWith(t, 2, failoverConfig(filepath.Join(dir, "instances"), 3*setup), []string{marker})
 	t.Cleanup(func() {
 		// Stop the instance processes of this run's servers (found by the
 		// run's marker), by PID and process group.
@@ -170,7 +201,7 @@ func runFailover(t testing.TB, n int) failoverResult {
 			}
 		}
 		return len(ids) == n
-	}, 5*time.Minute, 100*time.Millisecond, "the group's %d instances exist", n)
+	}, setup, 100*time.Millisecond, "the group's %d instances exist", n)
 	sort.Strings(ids)
 
 	caPEM, key := chaosNonceMaterial(t, st)
@@ -211,7 +242,7 @@ func runFailover(t testing.TB, n int) failoverResult {
 		}
 		return resp.GetGroups()[0].GetReadyCount()
 	}
-	require.Eventually(t, func() bool { return ready(leader) == uint32(n) }, 5*time.Minute, 200*time.Millisecond, "every agent reports to the leader")
+	require.Eventually(t, func() bool { return ready(leader) == uint32(n) }, setup, 200*time.Millisecond, "every agent reports to the leader")
 
 	killedAt := time.Now()
 	st.kill9(leader)
