@@ -61,6 +61,9 @@ type Version struct {
 	name       string
 	main       strategy
 	status     strategy // nil without a status subresource
+	// create is main's Validate without the no-op embedded-resource walk
+	// (nil: main's Validate).
+	create *createValidation
 }
 
 // New builds the schemas of a CRD as kube-apiserver's CRD handler does when
@@ -157,7 +160,8 @@ func New(crd *apiextensionsv1.CustomResourceDefinition, static *Static) (*Kind, 
 		gvk := k.gk.WithVersion(v.Name)
 		main := customresource.NewStrategy(typer, crd.Spec.Scope == apiextensionsv1.NamespaceScoped, gvk,
 			validator, statusValidator, k.structural[v.Name], statusSpec, scaleSpec, v.SelectableFields)
-		ver := &Version{kind: k, namespaced: crd.Spec.Scope == apiextensionsv1.NamespaceScoped, name: v.Name, main: main}
+		ver := &Version{kind: k, namespaced: crd.Spec.Scope == apiextensionsv1.NamespaceScoped, name: v.Name, main: main,
+			create: newCreateValidation(gvk, crd.Spec.Scope == apiextensionsv1.NamespaceScoped, validator, k.structural[v.Name], scaleSpec, k.embedded[v.Name])}
 		if statusSpec != nil {
 			ver.status = customresource.NewStatusStrategy(main)
 		}
@@ -396,6 +400,14 @@ func (v *Version) HasStatus() bool { return v.status != nil }
 func (v *Version) BeforeCreate(ctx context.Context, obj map[string]any) field.ErrorList {
 	u := &unstructured.Unstructured{Object: obj}
 	v.main.PrepareForCreate(ctx, u)
+	return v.validateNew(ctx, u)
+}
+
+// validateNew is the strategy's Validate of a new object.
+func (v *Version) validateNew(ctx context.Context, u *unstructured.Unstructured) field.ErrorList {
+	if v.create != nil {
+		return v.create.validate(ctx, u)
+	}
 	return v.main.Validate(ctx, u)
 }
 
@@ -428,7 +440,7 @@ func (v *Version) BeforeUpdate(ctx context.Context, sub string, obj, old map[str
 func (v *Version) ValidateFile(ctx context.Context, obj, old map[string]any) field.ErrorList {
 	u := &unstructured.Unstructured{Object: obj}
 	if old == nil {
-		return v.main.Validate(ctx, u)
+		return v.validateNew(ctx, u)
 	}
 	return v.main.ValidateUpdate(ctx, u, &unstructured.Unstructured{Object: old})
 }
