@@ -35,7 +35,11 @@ type createValidation struct {
 	// structural schema and do nothing without one).
 	meta       strategy
 	structural *structuralschema.Structural
-	cel        *cel.Validator
+	// hasCEL is whether the strategy has a CEL validator (it then adds
+	// an error when other errors keep the rules from running); cel runs
+	// the rules a create runs (nil: none).
+	hasCEL bool
+	cel    *cel.Validator
 }
 
 // newCreateValidation returns the create validation of a version, nil
@@ -46,18 +50,21 @@ func newCreateValidation(gvk schema.GroupVersionKind, namespaced bool, validator
 		return nil
 	}
 	meta := customresource.NewStrategy(crdserverscheme.NewUnstructuredObjectTyper(), namespaced, gvk, validator, nil, nil, nil, scale, nil)
-	// Compiled as NewStrategy compiles the strategy's own.
-	return &createValidation{meta: meta, structural: s, cel: cel.NewValidator(s, true, celconfig.PerCallLimit)}
+	// Compiled as NewStrategy compiles the strategy's own; the rules a
+	// create runs are compiled again without the others.
+	return &createValidation{meta: meta, structural: s,
+		hasCEL: cel.NewValidator(s, true, celconfig.PerCallLimit) != nil,
+		cel:    cel.NewValidator(withoutTransitionRules(s), true, celconfig.PerCallLimit)}
 }
 
 // validate is customResourceStrategy.Validate without the embedded walk.
 func (c *createValidation) validate(ctx context.Context, u *unstructured.Unstructured) field.ErrorList {
 	errs := c.meta.Validate(ctx, u)
 	errs = append(errs, structurallisttype.ValidateListSetsAndMaps(nil, c.structural, u.Object)...)
-	if c.cel != nil {
+	if c.hasCEL {
 		if blocking := blockingError(errs); blocking != nil {
 			errs = append(errs, blocking)
-		} else {
+		} else if c.cel != nil {
 			celErrs, _ := c.cel.Validate(ctx, nil, c.structural, u.Object, nil, celconfig.RuntimeCELCostBudget)
 			errs = append(errs, celErrs...)
 		}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apiextensions-apiserver/pkg/apihelpers"
 	apiextensionsinternal "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	structurallisttype "k8s.io/apiextensions-apiserver/pkg/apiserver/schema/listtype"
 	apiservervalidation "k8s.io/apiextensions-apiserver/pkg/apiserver/validation"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -75,7 +76,7 @@ func TestCreateValidationMatchesStrategy(t *testing.T) {
 	require.NoError(t, err)
 	ctx := context.Background()
 	r := rand.New(rand.NewSource(1))
-	versions, total, invalid, blocked := 0, 0, 0, 0
+	versions, total, invalid, blocked, celErrors, dropped := 0, 0, 0, 0, 0, 0
 	for _, file := range files {
 		crd := projectCRD(t, filepath.Base(file))
 		k, err := New(crd, static)
@@ -87,6 +88,9 @@ func TestCreateValidationMatchesStrategy(t *testing.T) {
 			}
 			require.NotNil(t, v.create, "%s %s has no embedded resources", crd.Name, cv.Name)
 			versions++
+			if v.create.hasCEL && v.create.structural != withoutTransitionRules(v.create.structural) {
+				dropped++
+			}
 			val, err := apihelpers.GetSchemaForVersion(crd, cv.Name)
 			require.NoError(t, err)
 			iv := &apiextensionsinternal.CustomResourceValidation{}
@@ -115,6 +119,9 @@ func TestCreateValidationMatchesStrategy(t *testing.T) {
 				}
 				if blockingError(want) != nil {
 					blocked++
+				} else if len(want) > len(v.create.meta.Validate(ctx, &unstructured.Unstructured{Object: obj}))+
+					len(structurallisttype.ValidateListSetsAndMaps(nil, v.create.structural, obj)) {
+					celErrors++
 				}
 				if !assertSameErrors(t, want, got, crd.Name, obj) {
 					return
@@ -122,7 +129,9 @@ func TestCreateValidationMatchesStrategy(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d versions, %d objects, %d invalid, %d with CEL rules not run", versions, total, invalid, blocked)
+	t.Logf("%d versions (%d with transition rules left out), %d objects, %d invalid, %d with CEL rules not run, %d with CEL errors", versions, dropped, total, invalid, blocked, celErrors)
+	require.Positive(t, dropped)
+	require.Positive(t, celErrors)
 	require.Greater(t, invalid, total/10)
 	require.Less(t, invalid, total-total/10)
 	require.Greater(t, total-blocked, total/4)
