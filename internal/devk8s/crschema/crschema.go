@@ -47,6 +47,8 @@ type Kind struct {
 	// nothing and are skipped.
 	defaults map[string]bool
 	embedded map[string]bool
+	// prune tells whether pruning would delete anything (per version).
+	prune    map[string]*pruneNode
 	versions map[string]*Version
 	types    managedfields.TypeConverter
 	// since is the resourceVersion from which stored objects were written
@@ -81,6 +83,7 @@ func New(crd *apiextensionsv1.CustomResourceDefinition, static *Static) (*Kind, 
 		structural:      map[string]*structuralschema.Structural{},
 		defaults:        map[string]bool{},
 		embedded:        map[string]bool{},
+		prune:           map[string]*pruneNode{},
 		versions:        map[string]*Version{},
 	}
 	internal := map[string]*apiextensionsinternal.CustomResourceValidation{}
@@ -111,6 +114,7 @@ func New(crd *apiextensionsv1.CustomResourceDefinition, static *Static) (*Kind, 
 			}
 		}
 		k.structural[v.Name] = s
+		k.prune[v.Name] = newPruneRoot(s)
 		k.defaults[v.Name] = anyNode(s, func(n *structuralschema.Structural) bool { return n.Default.Object != nil })
 		k.embedded[v.Name] = anyNode(s, func(n *structuralschema.Structural) bool { return n.XEmbeddedResource })
 	}
@@ -224,7 +228,11 @@ func (k *Kind) coerce(obj map[string]any, version string, fromStorage, track boo
 	}
 	s := k.structural[version]
 	if !k.preserveUnknown {
-		unknown = append(unknown, structuralpruning.PruneWithOptions(obj, s, true, structuralschema.UnknownFieldPathOptions{TrackUnknownFieldPaths: track})...)
+		// Pruning that would delete nothing is left out (prunes walks
+		// the same way without copying every schema node it visits).
+		if k.prune[version].prunes(obj) {
+			unknown = append(unknown, structuralpruning.PruneWithOptions(obj, s, true, structuralschema.UnknownFieldPathOptions{TrackUnknownFieldPaths: track})...)
+		}
 		// It only deletes null values: an object without any has none to
 		// delete (finding out is much cheaper than the schema walk).
 		// Metadata found above is written back below whatever happens
