@@ -6,13 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -38,20 +36,41 @@ import (
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
-// failoverConfig is leaseConfig with health monitoring on a 1s report
-// interval (3 misses), the default 5m startup grace (registering and
-// connecting 1,000 agents on a loaded machine can take longer than a short
-// one) and a 60s reconnect grace (the grace logic itself is proven in
-// internal/server/reconcile with a fake clock). Registrations all
-// come from the test process. The instances are `sleep` processes of the
-// process provider (state in stateDir), which the new leader re-adopts; the
-// agents run in the test.
-func failoverConfig(stateDir string) string {
+// failoverTuning is what a failover run's size changes: the agents' report
+// interval (also the servers' health check interval, judged after 3
+// misses) and the shard's leases. Up to 1,000 agents: 1 s reports and 3 s
+// leases, to keep the test short; beyond, reports every n/1,000 seconds
+// (about 1,000 reports a second in all; the production default interval is
+// 30 s) and the production default leases (15 s), because 10,000 reports a
+// second and 3 s leases on two shared cores measured CPU starvation (the
+// leader's lease renewals timed out), not the failover.
+type failoverTuning struct {
+	report time.Duration
+	lease  string // the cluster.leader_election object
+}
+
+func tuningFor(n int) failoverTuning {
+	if n <= 1000 {
+		return failoverTuning{report: time.Second,
+			lease: `{"lease_duration": "3s", "renew_interval": "1s", "renew_deadline": "2s", "max_clock_skew": "500ms", "retry_interval": "200ms"}`}
+	}
+	return failoverTuning{report: time.Duration(n/1000) * time.Second, lease: `{}`}
+}
+
+// failoverConfig is leaseConfig with health monitoring on the report
+// interval of tu (3 misses), the given startup grace (creating the
+// instances and registering and connecting thousands of agents on a loaded
+// machine takes longer than a short one; the grace is not what the
+// failover exercises) and a 60s reconnect grace (the grace logic itself is
+// proven in internal/server/reconcile with a fake clock). The instances
+// are `sleep` processes of the process provider (state in stateDir), which
+// the new leader re-adopts; the agents run in an agent fleet process.
+func failoverConfig(stateDir string, startupGrace time.Duration, tu failoverTuning) string {
 	opts, _ := json.Marshal(map[string]string{"command": "sleep 3600", "state_dir": stateDir, "node_dir": "-", "work_dir": stateDir})
 	return fmt.Sprintf(`{
   "cluster": {
     "id": %q,
-    "leader_election": {"lease_duration": "3s", "renew_interval": "1s", "renew_deadline": "2s", "max_clock_skew": "500ms", "retry_interval": "200ms"}
+    "leader_election": %s
   },
   "shard": {
     "id": %q,
@@ -60,7 +79,7 @@ func failoverConfig(stateDir string) string {
       "health_addr": "0.0.0.0:8990", "election_addr": "0.0.0.0:8991", "registration_addr": "0.0.0.0:8992",
       "operator_addr": "0.0.0.0:8993", "agent_addr": "0.0.0.0:8994"
     },
-    "health_check_interval": "1s", "health_misses": 3, "agent_startup_grace": "5m", "agent_reconnect_grace": "60s",
+    "health_check_interval": %q, "health_misses": 3, "agent_startup_grace": %q, "agent_reconnect_grace": "60s",
     "registration": {"source_address_check": "off"},
     "create_rate_limit": {"per_minute": 1000000, "burst": 1000000},
     "limits": {"registration_rate": {"per_minute": 1000000, "burst": 1000000}, "tenant_create_rate": {"per_minute": 1000000, "burst": 1000000},
@@ -70,51 +89,55 @@ func failoverConfig(stateDir string) string {
   "templates": {
     "w": {"kind": "worker", "arch": "amd64", "instance_type": "dev.small", "subnet_pool": "default"}
   }
-}`, clusterID, shard, opts)
+}`, clusterID, tu.lease, shard, opts, tu.report.String(), startupGrace.String())
+}
+
+// failoverSetup bounds each setup step of a failover run with n agents
+// (instances created, agents registered and reporting): 5 minutes, plus
+// 30ms per agent beyond 1,000 (10 minutes at 10,000 on two shared cores).
+func failoverSetup(n int) time.Duration {
+	return 5*time.Minute + time.Duration(max(0, n-1000))*30*time.Millisecond
+}
+
+// raiseFileLimit lifts this process's open-file limit (and so its child
+// servers') to want: at n agents the fleet process and the leader each
+// hold n connections.
+func raiseFileLimit(t testing.TB, want uint64) {
+	var lim syscall.Rlimit
+	require.NoError(t, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim))
+	if lim.Cur >= want {
+		return
+	}
+	old := lim
+	lim.Cur = want
+	if lim.Max < want {
+		lim.Max = want // needs CAP_SYS_RESOURCE
+	}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatalf("the agents need %d open files; the limit is %d (hard %d) and raising it failed: %v", want, old.Cur, old.Max, err)
+	}
+	t.Cleanup(func() { _ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old) })
 }
 
 // leaderAddress stands in for the shard's leader address (a VIP or an ENI
-// that moves with leadership): a TCP forwarder to the current leader's
-// agent port, switched by the test once the standby serves.
+// that moves with leadership): every agent connection dials the current
+// leader's agent port, switched by the test once the standby serves. A
+// connection to the killed leader dies with it, as through a VIP. (A TCP
+// proxy would hold two more sockets per agent; the test process's 20,000
+// descriptors did not allow that at 10,000 agents.)
 type leaderAddress struct {
-	ln     net.Listener
 	target atomic.Pointer[string]
-}
-
-func startLeaderAddress(t testing.TB, host string) *leaderAddress {
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	require.NoError(t, err)
-	la := &leaderAddress{ln: ln}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go la.forward(c)
-		}
-	}()
-	return la
 }
 
 func (la *leaderAddress) set(target string) { la.target.Store(&target) }
 
-func (la *leaderAddress) forward(c net.Conn) {
-	defer c.Close()
+func (la *leaderAddress) dial(ctx context.Context, _ string) (net.Conn, error) {
 	target := la.target.Load()
 	if target == nil {
-		return
+		return nil, errors.New("no leader address yet")
 	}
-	up, err := net.DialTimeout("tcp", *target, 2*time.Second)
-	if err != nil {
-		return
-	}
-	defer up.Close()
-	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
-	<-done
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", *target)
 }
 
 // failoverResult is what one failover run measured.
@@ -127,7 +150,7 @@ type failoverResult struct {
 }
 
 // runFailover starts two servers of one shard, a group of n instances and
-// one real agent session (internal/agent/session, in this process) per
+// one real agent session (internal/agent/session, in an agent fleet process) per
 // instance, registered with a nonce minted from the shard's key and
 // connected through the leader address; then kills the leader with SIGKILL,
 // moves the leader address to the standby once it serves, and measures
@@ -139,7 +162,10 @@ func runFailover(t testing.TB, n int) failoverResult {
 	defer cancel()
 	dir := t.TempDir()
 	marker := "NSTANCE_CHAOS_RUN=" + filepath.Base(dir)
-	st := newStackWith(t, 2, failoverConfig(filepath.Join(dir, "instances")), []string{marker})
+	setup := failoverSetup(n)
+	raiseFileLimit(t, uint64(n+4096))
+	tu := tuningFor(n)
+	st := newStackWith(t, 2, failoverConfig(filepath.Join(dir, "instances"), 3*setup, tu), []string{marker})
 	t.Cleanup(func() {
 		// Stop the instance processes of this run's servers (found by the
 		// run's marker), by PID and process group.
@@ -170,40 +196,12 @@ func runFailover(t testing.TB, n int) failoverResult {
 			}
 		}
 		return len(ids) == n
-	}, 5*time.Minute, 100*time.Millisecond, "the group's %d instances exist", n)
+	}, setup, 100*time.Millisecond, "the group's %d instances exist", n)
 	sort.Strings(ids)
 
 	caPEM, key := chaosNonceMaterial(t, st)
-	la := startLeaderAddress(t, st.net+"9")
-	la.set(leader.addr(8994))
-	began := time.Now()
-	sessions := make([]*session.Session, n)
-	var regWG sync.WaitGroup
-	regErrs := make(chan error, n)
-	sem := make(chan struct{}, 32)
-	for i, id := range ids {
-		regWG.Add(1)
-		go func() {
-			defer regWG.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			s, err := newChaosAgent(ctx, filepath.Join(dir, "agents", id), id, caPEM, key, leader.Registration(), la.ln.Addr().String())
-			sessions[i] = s
-			regErrs <- err
-		}()
-	}
-	regWG.Wait()
-	close(regErrs)
-	for err := range regErrs {
-		require.NoError(t, err)
-	}
-	registered := time.Since(began)
-	var runWG sync.WaitGroup
-	for _, s := range sessions {
-		runWG.Add(1)
-		go func() { defer runWG.Done(); _ = s.Run(ctx) }()
-	}
-	defer func() { cancel(); runWG.Wait() }()
+	agents := startFleet(t, fleetSpec{Dir: filepath.Join(dir, "agents"), IDs: ids, CAPEM: caPEM, Key: key,
+		Registration: leader.Registration(), Agent: leader.addr(8994), Interval: tu.report}, setup)
 	ready := func(srv *server) uint32 {
 		resp, err := clients[srv].ListGroups(ctx, &nstancev1.ListGroupsRequest{})
 		if err != nil || len(resp.GetGroups()) != 1 {
@@ -211,23 +209,23 @@ func runFailover(t testing.TB, n int) failoverResult {
 		}
 		return resp.GetGroups()[0].GetReadyCount()
 	}
-	require.Eventually(t, func() bool { return ready(leader) == uint32(n) }, 5*time.Minute, 200*time.Millisecond, "every agent reports to the leader")
+	require.Eventually(t, func() bool { return ready(leader) == uint32(n) }, setup, 200*time.Millisecond, "every agent reports to the leader")
 
 	killedAt := time.Now()
 	st.kill9(leader)
 	require.Eventually(t, func() bool { return p.servedSince(standby, killedAt) }, 60*time.Second, 10*time.Millisecond, "the standby takes over")
 	takeover := time.Since(killedAt)
-	la.set(standby.addr(8994))
+	agents.setLeader(t, standby.addr(8994))
 	require.Eventually(t, func() bool { return ready(standby) == uint32(n) }, 5*time.Minute, 50*time.Millisecond,
 		"every agent reconnects to the new leader and reports")
 	allBack := time.Since(killedAt)
 
 	// Past health_misses report intervals: an agent that reported and then
 	// missed reports would be seen by now.
-	time.Sleep(5 * time.Second)
+	time.Sleep(5 * tu.report)
 	resp, err := clients[standby].ListInstances(ctx, &nstancev1.ListInstancesRequest{})
 	require.NoError(t, err)
-	res := failoverResult{takeover: takeover, allBack: allBack, registered: registered}
+	res := failoverResult{takeover: takeover, allBack: allBack, registered: agents.registered}
 	var after []string
 	for _, in := range resp.GetInstances() {
 		after = append(after, in.GetInstanceId())
@@ -279,8 +277,9 @@ func chaosNonceMaterial(t testing.TB, st *stack) ([]byte, ed25519.PrivateKey) {
 }
 
 // newChaosAgent prepares an agent's directories as a provider would (nonce
-// and CA), registers it and returns its session, which dials agentAddr.
-func newChaosAgent(ctx context.Context, dir, id string, caPEM []byte, key ed25519.PrivateKey, regAddr, agentAddr string) (*session.Session, error) {
+// and CA), registers it and returns its session, whose connections dial.
+func newChaosAgent(ctx context.Context, dir, id string, caPEM []byte, key ed25519.PrivateKey, regAddr string,
+	dial func(context.Context, string) (net.Conn, error), interval time.Duration) (*session.Session, error) {
 	idDir := filepath.Join(dir, "identity")
 	if err := os.MkdirAll(idDir, 0o700); err != nil {
 		return nil, err
@@ -315,8 +314,8 @@ func newChaosAgent(ctx context.Context, dir, id string, caPEM []byte, key ed2551
 	if err != nil {
 		return nil, err
 	}
-	s, err := session.New(session.Options{Addr: agentAddr, ServerName: "127.0.0.1", Identity: ident, Keys: ks, Files: fw,
-		Sampler: health.NewSampler("", nil), Interval: time.Second,
+	s, err := session.New(session.Options{Addr: "passthrough:///leader-address:8994", Dial: dial, ServerName: "127.0.0.1", Identity: ident, Keys: ks, Files: fw,
+		Sampler: health.NewSampler("", nil), Interval: interval,
 		// The agents' defaults scaled down to the test's 1s report interval.
 		Backoff: wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 1, Cap: 2 * time.Second, Steps: 1 << 30},
 		Log:     logr.Discard()})

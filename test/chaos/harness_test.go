@@ -71,6 +71,9 @@ func binaries(t testing.TB) string {
 }
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(fleetEnv); spec != "" {
+		os.Exit(runFleet(spec))
+	}
 	code := m.Run()
 	if buildDir != "" {
 		_ = os.RemoveAll(buildDir)

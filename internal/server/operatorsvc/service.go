@@ -276,7 +276,7 @@ func (s *Service) GetInstanceStatus(ctx context.Context, req *nstancev1.GetInsta
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &nstancev1.GetInstanceStatusResponse{Instance: rec.Proto()}, nil
+	return &nstancev1.GetInstanceStatusResponse{Instance: s.o.Ops.Status(rec)}, nil
 }
 
 // ListInstances implements the RPC.

@@ -203,6 +203,15 @@ func (r *Reconciler) markUnhealthy(ctx context.Context, rec *instances.Record, m
 	}
 }
 
+// ReportedVersion is the agent version of instance id's latest report in
+// this term ("" before one): readiness comes from the same reports, while
+// the record's AgentVersion is written a queue pass later.
+func (r *Reconciler) ReportedVersion(id string) string {
+	r.healthMu.Lock()
+	defer r.healthMu.Unlock()
+	return r.versions[id]
+}
+
 // noteHealth persists the last report time (throttled) and a termination
 // notice on the record of an active instance.
 func (r *Reconciler) noteHealth(ctx context.Context, rec *instances.Record) error {

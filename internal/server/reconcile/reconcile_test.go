@@ -326,6 +326,14 @@ func TestAgentVersionRecorded(t *testing.T) {
 	s.agents.version[id] = "v1.2.0"
 	s.agents.mu.Unlock()
 	s.reportAll()
+	// Known from the report (as readiness is), before the record is written.
+	before, ok := s.insts.Get(id)
+	require.True(t, ok)
+	require.Empty(t, before.AgentVersion)
+	listed := s.ops.ListInstances(before.Tenant, nil, nil)
+	require.Len(t, listed, 1)
+	require.Equal(t, "v1.2.0", listed[0].GetAgentVersion())
+	require.Equal(t, "v1.2.0", s.ops.Status(before).GetAgentVersion())
 	s.run(t)
 	rec, ok := s.insts.Get(id)
 	require.True(t, ok)

@@ -231,9 +231,20 @@ func (o *Ops) ListInstances(tenant string, groupIDs []string, states []nstancev1
 	})
 	out := make([]*nstancev1.InstanceStatus, 0, len(recs))
 	for _, rec := range recs {
-		out = append(out, rec.Proto())
+		out = append(out, o.Status(rec))
 	}
 	return out
+}
+
+// Status is rec's wire form with the agent version of the latest report,
+// so an instance counted ready never shows no version while the record's
+// write is still queued.
+func (o *Ops) Status(rec *instances.Record) *nstancev1.InstanceStatus {
+	st := rec.Proto()
+	if v := o.o.Reconciler.ReportedVersion(rec.ID); v != "" {
+		st.AgentVersion = v
+	}
+	return st
 }
 
 // MarkForScaleDown keeps a group member running and makes it the first one

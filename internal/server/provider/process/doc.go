@@ -9,4 +9,8 @@
 // (a restarted server) re-adopts every recorded process that is still alive
 // with the same start time, so a restart creates no duplicates; a recorded
 // process that is gone is reported as stopped until it is deleted.
+//
+// The provider keeps no descriptor or thread per child: a child is reaped
+// with a non-blocking wait4 when its liveness is checked (every status,
+// list and delete), so an exited child stays a zombie only until then.
 package process

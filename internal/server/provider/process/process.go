@@ -40,10 +40,13 @@ type child struct {
 	pid        int
 	startTicks uint64
 	providerID string
-	// done is closed when the child exits; nil for adopted processes, which
-	// are not our children and are polled through /proc instead.
-	done    chan struct{}
-	exitErr error
+	// own: started by this provider, so ours to reap (wait4 without
+	// blocking, when its liveness is checked); adopted processes are not
+	// our children and are polled through /proc instead.
+	own bool
+	// exited is set once the child has been reaped, with how it ended.
+	exited bool
+	status syscall.WaitStatus
 }
 
 type record struct {
@@ -159,16 +162,17 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 		_ = localagent.Cleanup(p.cfg.StateDir, req.InstanceID)
 		return provider.Instance{}, fmt.Errorf("process create %s: starting %q: %w", req.InstanceID, p.cfg.Command[0], err)
 	}
-	c := &child{pid: cmd.Process.Pid, providerID: req.ProviderID, done: make(chan struct{})}
+	// The child holds its own copy of the log file; and it is reaped by
+	// alive with a non-blocking wait4, not by cmd.Wait, which would keep a
+	// pidfd and a thread blocked in waitid per instance (a shard of 10,000
+	// instances then exhausts the server's descriptors and threads).
+	logf.Close()
+	c := &child{pid: cmd.Process.Pid, providerID: req.ProviderID, own: true}
 	c.startTicks, _, _ = procStat(c.pid)
-	go func() {
-		err := cmd.Wait()
-		logf.Close()
-		p.mu.Lock()
-		c.exitErr = err
-		p.mu.Unlock()
-		close(c.done)
-	}()
+	if err := cmd.Process.Release(); err != nil {
+		killGroup(c.pid, syscall.SIGKILL)
+		return provider.Instance{}, fmt.Errorf("process create %s: releasing the process handle: %w", req.InstanceID, err)
+	}
 	if err := p.record(dir, c); err != nil {
 		killGroup(c.pid, syscall.SIGKILL)
 		return provider.Instance{}, fmt.Errorf("process create %s: recording pid: %w", req.InstanceID, err)
@@ -231,18 +235,40 @@ func syscallGetpgid(pid int) int {
 	return g
 }
 
+// exitMessage says how a reaped child ended.
+func exitMessage(ws syscall.WaitStatus) string {
+	switch {
+	case ws.Exited() && ws.ExitStatus() == 0:
+		return "process exited with status 0"
+	case ws.Exited():
+		return "process exited: exit status " + strconv.Itoa(ws.ExitStatus())
+	case ws.Signaled():
+		return "process exited: signal: " + ws.Signal().String()
+	default:
+		return "process exited"
+	}
+}
+
 // alive reports whether the child still runs; callers hold p.mu.
 func (p *Provider) alive(c *child) (bool, string) {
-	if c.done != nil {
-		select {
-		case <-c.done:
-			if c.exitErr != nil {
-				return false, "process exited: " + c.exitErr.Error()
-			}
-			return false, "process exited with status 0"
-		default:
-			return true, ""
+	if c.own && !c.exited {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(c.pid, &ws, syscall.WNOHANG, nil)
+		for errors.Is(err, syscall.EINTR) {
+			pid, err = syscall.Wait4(c.pid, &ws, syscall.WNOHANG, nil)
 		}
+		switch {
+		case err == nil && pid == 0:
+			return true, ""
+		case err == nil:
+			c.exited, c.status = true, ws
+		default:
+			// Not (or no longer) our child to wait for: judge by /proc.
+			c.own = false
+		}
+	}
+	if c.exited {
+		return false, exitMessage(c.status)
 	}
 	ticks, state, err := procStat(c.pid)
 	if err != nil || state == 'Z' || state == 'X' || (c.startTicks != 0 && ticks != c.startTicks) {

@@ -214,3 +214,76 @@ func TestCreateAdoptsUnrecordedProcess(t *testing.T) {
 	_, err = os.Stat(filepath.Join(dir, req.InstanceID, "process.json"))
 	require.NoError(t, err, "the adopted PID is recorded")
 }
+
+// A child that exits is reported stopped with how it ended (it is reaped
+// when its status is read, so it does not stay a zombie).
+func TestExitedChildIsReapedAndReported(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name, script, want string
+	}{
+		{"status 3", "exit 3", "process exited: exit status 3"},
+		{"status 0", "exit 0", "process exited with status 0"},
+		{"killed", "kill -9 $$", "process exited: signal: killed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := process.New(process.Config{Command: []string{"sh", "-c", tc.script}, StateDir: t.TempDir(), NodeDir: "-", StopTimeout: time.Second})
+			require.NoError(t, err)
+			cleanupAll(t, p)
+			inst, err := p.Create(ctx, provider.CreateRequest{InstanceID: "x1", ProviderID: "process://x1"})
+			require.NoError(t, err)
+			pid, ok := p.PID("x1")
+			require.True(t, ok)
+			require.Eventually(t, func() bool {
+				inst, err = p.Status(ctx, "x1")
+				require.NoError(t, err)
+				return inst.State == provider.StateStopped
+			}, 10*time.Second, 10*time.Millisecond)
+			require.Equal(t, tc.want, inst.Message)
+			_, err = os.Stat(filepath.Join("/proc", itoa(pid)))
+			require.True(t, errors.Is(err, os.ErrNotExist), "the exited child was reaped, not left a zombie")
+			again, err := p.Status(ctx, "x1")
+			require.NoError(t, err)
+			require.Equal(t, tc.want, again.Message, "the exit stays reported")
+		})
+	}
+}
+
+// The provider holds no descriptor and no thread per running child.
+func TestNoDescriptorOrThreadPerChild(t *testing.T) {
+	ctx := context.Background()
+	p := newProvider(t, t.TempDir(), "-")
+	cleanupAll(t, p)
+	fds := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		require.NoError(t, err)
+		return len(ents)
+	}
+	threads := func() int {
+		b, err := os.ReadFile("/proc/self/status")
+		require.NoError(t, err)
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "Threads:"); ok {
+				n, err := strconv.Atoi(strings.TrimSpace(v))
+				require.NoError(t, err)
+				return n
+			}
+		}
+		t.Fatal("no Threads line in /proc/self/status")
+		return 0
+	}
+	const n = 60
+	fd0, th0 := fds(), threads()
+	for i := range n {
+		_, err := p.Create(ctx, provider.CreateRequest{InstanceID: fmt.Sprintf("n%d", i), ProviderID: fmt.Sprintf("process://n%d", i)})
+		require.NoError(t, err)
+	}
+	list, err := p.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, list, n)
+	for _, inst := range list {
+		require.Equal(t, provider.StateRunning, inst.State, inst.Message)
+	}
+	require.Less(t, fds()-fd0, 5, "descriptors grow with children")
+	require.Less(t, threads()-th0, 10, "threads grow with children")
+}
