@@ -47,6 +47,8 @@ type Kind struct {
 	// nothing and are skipped.
 	defaults map[string]bool
 	embedded map[string]bool
+	// prune tells whether pruning would delete anything (per version).
+	prune    map[string]*pruneNode
 	versions map[string]*Version
 	types    managedfields.TypeConverter
 	// since is the resourceVersion from which stored objects were written
@@ -61,6 +63,9 @@ type Version struct {
 	name       string
 	main       strategy
 	status     strategy // nil without a status subresource
+	// create is main's Validate without the no-op embedded-resource walk
+	// (nil: main's Validate).
+	create *createValidation
 }
 
 // New builds the schemas of a CRD as kube-apiserver's CRD handler does when
@@ -78,6 +83,7 @@ func New(crd *apiextensionsv1.CustomResourceDefinition, static *Static) (*Kind, 
 		structural:      map[string]*structuralschema.Structural{},
 		defaults:        map[string]bool{},
 		embedded:        map[string]bool{},
+		prune:           map[string]*pruneNode{},
 		versions:        map[string]*Version{},
 	}
 	internal := map[string]*apiextensionsinternal.CustomResourceValidation{}
@@ -108,6 +114,7 @@ func New(crd *apiextensionsv1.CustomResourceDefinition, static *Static) (*Kind, 
 			}
 		}
 		k.structural[v.Name] = s
+		k.prune[v.Name] = newPruneRoot(s)
 		k.defaults[v.Name] = anyNode(s, func(n *structuralschema.Structural) bool { return n.Default.Object != nil })
 		k.embedded[v.Name] = anyNode(s, func(n *structuralschema.Structural) bool { return n.XEmbeddedResource })
 	}
@@ -157,7 +164,8 @@ func New(crd *apiextensionsv1.CustomResourceDefinition, static *Static) (*Kind, 
 		gvk := k.gk.WithVersion(v.Name)
 		main := customresource.NewStrategy(typer, crd.Spec.Scope == apiextensionsv1.NamespaceScoped, gvk,
 			validator, statusValidator, k.structural[v.Name], statusSpec, scaleSpec, v.SelectableFields)
-		ver := &Version{kind: k, namespaced: crd.Spec.Scope == apiextensionsv1.NamespaceScoped, name: v.Name, main: main}
+		ver := &Version{kind: k, namespaced: crd.Spec.Scope == apiextensionsv1.NamespaceScoped, name: v.Name, main: main,
+			create: newCreateValidation(gvk, crd.Spec.Scope == apiextensionsv1.NamespaceScoped, validator, k.structural[v.Name], scaleSpec, k.embedded[v.Name])}
 		if statusSpec != nil {
 			ver.status = customresource.NewStatusStrategy(main)
 		}
@@ -220,7 +228,11 @@ func (k *Kind) coerce(obj map[string]any, version string, fromStorage, track boo
 	}
 	s := k.structural[version]
 	if !k.preserveUnknown {
-		unknown = append(unknown, structuralpruning.PruneWithOptions(obj, s, true, structuralschema.UnknownFieldPathOptions{TrackUnknownFieldPaths: track})...)
+		// Pruning that would delete nothing is left out (prunes walks
+		// the same way without copying every schema node it visits).
+		if k.prune[version].prunes(obj) {
+			unknown = append(unknown, structuralpruning.PruneWithOptions(obj, s, true, structuralschema.UnknownFieldPathOptions{TrackUnknownFieldPaths: track})...)
+		}
 		// It only deletes null values: an object without any has none to
 		// delete (finding out is much cheaper than the schema walk).
 		// Metadata found above is written back below whatever happens
@@ -396,6 +408,14 @@ func (v *Version) HasStatus() bool { return v.status != nil }
 func (v *Version) BeforeCreate(ctx context.Context, obj map[string]any) field.ErrorList {
 	u := &unstructured.Unstructured{Object: obj}
 	v.main.PrepareForCreate(ctx, u)
+	return v.validateNew(ctx, u)
+}
+
+// validateNew is the strategy's Validate of a new object.
+func (v *Version) validateNew(ctx context.Context, u *unstructured.Unstructured) field.ErrorList {
+	if v.create != nil {
+		return v.create.validate(ctx, u)
+	}
 	return v.main.Validate(ctx, u)
 }
 
@@ -428,7 +448,7 @@ func (v *Version) BeforeUpdate(ctx context.Context, sub string, obj, old map[str
 func (v *Version) ValidateFile(ctx context.Context, obj, old map[string]any) field.ErrorList {
 	u := &unstructured.Unstructured{Object: obj}
 	if old == nil {
-		return v.main.Validate(ctx, u)
+		return v.validateNew(ctx, u)
 	}
 	return v.main.ValidateUpdate(ctx, u, &unstructured.Unstructured{Object: old})
 }

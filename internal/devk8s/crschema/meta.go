@@ -11,63 +11,77 @@ import "time"
 // writes. Empty strings, maps and a null creationTimestamp are dropped,
 // as ObjectMeta's omitempty fields are. ok is false
 // for anything else; the caller then takes the JSON round trip.
+//
+// When nothing is dropped the round trip gives equal metadata, and the
+// metadata itself is returned.
 func plainMeta(obj map[string]any) (map[string]any, bool) {
 	md, ok := obj["metadata"].(map[string]any)
 	if !ok {
 		return nil, false
 	}
-	out := make(map[string]any, len(md)+1)
+	same := true
 	for k, v := range md {
-		switch k {
-		case "name", "generateName", "namespace", "selfLink", "uid", "resourceVersion":
-			s, ok := v.(string)
-			if !ok {
-				return nil, false
-			}
-			if s != "" {
-				out[k] = s
-			}
-		case "generation":
-			n, ok := v.(int64)
-			if !ok {
-				return nil, false
-			}
-			if n != 0 {
-				out[k] = n
-			}
-		case "labels", "annotations":
-			m, ok := v.(map[string]any)
-			if !ok {
-				return nil, false
-			}
-			if len(m) == 0 {
-				continue
-			}
-			c := make(map[string]any, len(m))
-			for mk, mv := range m {
-				s, ok := mv.(string)
-				if !ok {
-					return nil, false
-				}
-				c[mk] = s
-			}
-			out[k] = c
-		case "creationTimestamp":
-			if v == nil {
-				continue
-			}
-			s, ok := v.(string)
-			if !ok {
-				return nil, false
-			}
-			t, err := time.Parse(time.RFC3339, s)
-			if err != nil || t.IsZero() || t.UTC().Format(time.RFC3339) != s {
-				return nil, false
-			}
-			out[k] = s
-		default:
+		keep, ok := plainField(k, v)
+		if !ok {
 			return nil, false
 		}
+		same = same && keep
+	}
+	if same {
+		return md, true
+	}
+	out := make(map[string]any, len(md))
+	for k, v := range md {
+		if keep, _ := plainField(k, v); !keep {
+			continue
+		}
+		if m, ok := v.(map[string]any); ok {
+			c := make(map[string]any, len(m))
+			for mk, mv := range m {
+				c[mk] = mv
+			}
+			v = c
+		}
+		out[k] = v
 	}
 	return out, true
+}
+
+// plainField reports whether a metadata field is one plainMeta handles
+// (ok) and whether the round trip keeps it (keep).
+func plainField(k string, v any) (keep, ok bool) {
+	switch k {
+	case "name", "generateName", "namespace", "selfLink", "uid", "resourceVersion":
+		s, ok := v.(string)
+		return s != "", ok
+	case "generation":
+		n, ok := v.(int64)
+		return n != 0, ok
+	case "labels", "annotations":
+		m, ok := v.(map[string]any)
+		if !ok {
+			return false, false
+		}
+		for _, mv := range m {
+			if _, ok := mv.(string); !ok {
+				return false, false
+			}
+		}
+		return len(m) > 0, true
+	case "creationTimestamp":
+		if v == nil {
+			return false, true
+		}
+		s, ok := v.(string)
+		if !ok {
+			return false, false
+		}
+		t, err := time.Parse(time.RFC3339, s)
+		var buf [40]byte
+		if err != nil || t.IsZero() || string(t.UTC().AppendFormat(buf[:0], time.RFC3339)) != s {
+			return false, false
+		}
+		return true, true
+	}
+	return false, false
 }

@@ -28,6 +28,7 @@ import (
 type schemaValidator struct {
 	lib  apiservervalidation.SchemaValidator
 	root *validatorNode
+	fast *fastNode
 }
 
 // newSchemaValidator wraps lib, built by apiextensions from openAPI (its
@@ -37,13 +38,22 @@ func newSchemaValidator(lib apiservervalidation.SchemaValidator, openAPI *spec.S
 	if lib == nil || openAPI == nil {
 		return lib
 	}
-	return &schemaValidator{lib: lib, root: &validatorNode{schema: openAPI, root: openAPI, path: ""}}
+	return &schemaValidator{lib: lib, root: &validatorNode{schema: openAPI, root: openAPI, path: ""}, fast: newFastNode(openAPI)}
+}
+
+// validate is kube-openapi's validation of value: the fast path's answer
+// for a valid value it handles, kube-openapi's Result otherwise.
+func (v *schemaValidator) validate(value any) *validate.Result {
+	if count, ok := v.fast.check(value); ok {
+		return &validate.Result{MatchCount: count}
+	}
+	return v.root.validator().Validate(value)
 }
 
 // Validate validates a new object (options are ignored, as apiextensions'
 // validators ignore them for Validate).
 func (v *schemaValidator) Validate(value any, _ ...apiservervalidation.ValidationOption) *validate.Result {
-	return v.root.validator().Validate(value)
+	return v.validate(value)
 }
 
 // ValidateUpdate validates an update. Ratcheting only turns errors of
@@ -51,7 +61,7 @@ func (v *schemaValidator) Validate(value any, _ ...apiservervalidation.Validatio
 // validates without errors validates without errors with ratcheting too,
 // so only an invalid one goes through apiextensions' ratcheting validator.
 func (v *schemaValidator) ValidateUpdate(value, old any, options ...apiservervalidation.ValidationOption) *validate.Result {
-	res := v.root.validator().Validate(value)
+	res := v.validate(value)
 	if res.IsValid() || !apiservervalidation.NewValidationOptions(options...).Ratcheting {
 		return res
 	}

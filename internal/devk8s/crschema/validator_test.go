@@ -82,6 +82,9 @@ func randomValue(r *rand.Rand, s *spec.Schema, depth int, bad bool) any {
 		return arr
 	case "string":
 		if !bad {
+			if s.Format == "date-time" {
+				return "2026-01-01T00:00:00Z"
+			}
 			return []string{"a", "workers", "dev-1"}[r.Intn(3)]
 		}
 		strs := []string{"", "a", "workers", "dev-1", "Bad_Name", strings.Repeat("x", 300), "t3.small", "10.0.0.0/16", "2026-01-01T00:00:00Z", "1Gi"}
@@ -120,7 +123,7 @@ func TestSchemaValidatorMatchesLibrary(t *testing.T) {
 	files, err := filepath.Glob(filepath.Join("..", "..", "..", "config", "crd", "bases", "*.yaml"))
 	require.NoError(t, err)
 	require.NotEmpty(t, files)
-	invalid, total := 0, 0
+	invalid, total, fast := 0, 0, 0
 	seed := int64(0)
 	for _, file := range files {
 		crd := projectCRD(t, filepath.Base(file))
@@ -154,10 +157,20 @@ func TestSchemaValidatorMatchesLibrary(t *testing.T) {
 							wantUp := lib.ValidateUpdate(obj, old, apiservervalidation.WithRatcheting(nil))
 							gotUp := cached.ValidateUpdate(obj, old, apiservervalidation.WithRatcheting(nil))
 							wantPlain, gotPlain := lib.ValidateUpdate(obj, old), cached.ValidateUpdate(obj, old)
+							// The fast path answers for valid objects only,
+							// with the library's MatchCount.
+							count, ok := cached.(*schemaValidator).fast.check(obj)
+							if ok && (!want.IsValid() || count != want.MatchCount) {
+								t.Errorf("%s fast path accepted %v with count %d; library: %v (%d)", crd.Name, obj, count, resultStrings(want), want.MatchCount)
+								return
+							}
 							mu.Lock()
 							total++
 							if !want.IsValid() {
 								invalid++
+							}
+							if ok {
+								fast++
 							}
 							mu.Unlock()
 							if !assertSame(t, want, got, "Validate", crd.Name, obj) ||
@@ -177,7 +190,9 @@ func TestSchemaValidatorMatchesLibrary(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d of %d objects invalid", invalid, total)
+	t.Logf("%d of %d objects invalid, %d valid ones answered by the fast path", invalid, total, fast)
+	// Most valid objects must take the fast path, or it is not tested.
+	require.Greater(t, fast, (total-invalid)*3/4)
 	// The objects must exercise both outcomes.
 	require.Greater(t, invalid, total/10)
 	require.Less(t, invalid, total-total/10)
