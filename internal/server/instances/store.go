@@ -334,6 +334,19 @@ func (s *Store) List(match func(*Record) bool) []*Record {
 	return out
 }
 
+// Each calls fn with every record, in no order, under the store's read
+// lock and without copying it: fn must neither modify nor keep the record
+// and must not call the store. It is for counting over a large shard, where
+// List's copies cost more than the count (10,000 records are about 10,000
+// allocations per List).
+func (s *Store) Each(fn func(*Record)) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, e := range s.entries {
+		fn(e.rec)
+	}
+}
+
 // Len returns the number of records.
 func (s *Store) Len() int {
 	s.mu.RLock()

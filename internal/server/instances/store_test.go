@@ -3,6 +3,7 @@ package instances_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -207,4 +208,21 @@ func TestSyncCorrectsAStaleCache(t *testing.T) {
 	res, err = s.Sync(ctx)
 	require.NoError(t, err)
 	require.Zero(t, res.Fetched, "the index's etags are storage's")
+}
+
+func TestEachVisitsEveryRecordOnce(t *testing.T) {
+	ctx := context.Background()
+	s := instances.NewStore(memstore.New(), layout.New(""), "s1", nil)
+	for i, state := range []instances.State{instances.StatePending, instances.StateRunning, instances.StateRunning} {
+		require.NoError(t, s.Create(ctx, &instances.Record{ID: fmt.Sprintf("web-%08d", i), Tenant: "acme", GroupID: "web", Shard: "s1", State: state}))
+	}
+	seen := map[string]int{}
+	byState := map[instances.State]int{}
+	s.Each(func(r *instances.Record) { seen[r.ID]++; byState[r.State]++ })
+	require.Equal(t, map[string]int{"web-00000000": 1, "web-00000001": 1, "web-00000002": 1}, seen)
+	require.Equal(t, map[instances.State]int{instances.StatePending: 1, instances.StateRunning: 2}, byState)
+	require.NoError(t, s.Delete(ctx, "web-00000001"))
+	n := 0
+	s.Each(func(*instances.Record) { n++ })
+	require.Equal(t, 2, n)
 }
