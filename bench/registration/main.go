@@ -80,7 +80,10 @@ func main() {
 	conns := flag.Int("conns", 4, "TLS connections shared by the clients")
 	storm := flag.Duration("storm", 0, "registration storm: spread n agents, each with its own connection and source address, over this window")
 	flag.Parse()
-	if err := run(*n, *conc, *conns, *storageKind, *storm); err != nil {
+	why := newReasons()
+	err := run(*n, *conc, *conns, *storageKind, *storm, why)
+	why.print()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "registration bench:", err)
 		os.Exit(1)
 	}
@@ -117,10 +120,14 @@ func openStore(ctx context.Context, kind string) (objstore.Store, func(), error)
 	return nil, nil, fmt.Errorf("unknown storage %q", kind)
 }
 
-func run(n, conc, nconns int, storageKind string, storm time.Duration) error {
+// run starts the server and measures; why collects the server's refusal
+// reasons and errors.
+func run(n, conc, nconns int, storageKind string, storm time.Duration, why *reasons) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	store, cleanup, err := openStore(ctx, storageKind)
+	// The store outlives the server: the server releases its leases on the
+	// way out, so dev-s3 must not stop with the server's context.
+	store, cleanup, err := openStore(context.WithoutCancel(ctx), storageKind)
 	if err != nil {
 		return err
 	}
@@ -140,7 +147,7 @@ func run(n, conc, nconns int, storageKind string, storm time.Duration) error {
 	}
 	a, err := app.New(app.Options{
 		ServerID: "bench", Shard: "s1", Store: store, Keys: layout.New(""), Bind: app.BindOverrides{Health: "127.0.0.1:0"},
-		Getenv: func(string) string { return encKey }, Log: logr.Discard(),
+		Getenv: func(string) string { return encKey }, Log: why.logger(),
 	})
 	if err != nil {
 		return err
