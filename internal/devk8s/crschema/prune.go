@@ -64,22 +64,7 @@ func (n *pruneNode) prunes(x any) bool {
 		if n == nil {
 			return len(x) > 0
 		}
-		for k, v := range x {
-			if n.embedded && isMetaField(k) {
-				continue
-			}
-			if p, ok := n.props[k]; ok {
-				if p.prunes(v) {
-					return true
-				}
-			} else if n.hasAdditional {
-				if n.additional.prunes(v) {
-					return true
-				}
-			} else {
-				return true
-			}
-		}
+		return n.fieldsPrune(x, false)
 	case []any:
 		var items *pruneNode
 		if n != nil {
@@ -103,25 +88,35 @@ func (n *pruneNode) skipPrunes(x any) bool {
 	}
 	switch x := x.(type) {
 	case map[string]any:
-		for k, v := range x {
-			if n.embedded && isMetaField(k) {
-				continue
-			}
-			if p, ok := n.props[k]; ok {
-				if p.prunes(v) {
-					return true
-				}
-			} else if n.hasAdditional {
-				if n.additional.prunes(v) {
-					return true
-				}
-			}
-		}
+		return n.fieldsPrune(x, true)
 	case []any:
 		for _, v := range x {
 			if n.items.skipPrunes(v) {
 				return true
 			}
+		}
+	}
+	return false
+}
+
+// fieldsPrune reports whether pruning an object's fields deletes anything:
+// a known field's value by its schema, an unknown one itself unless
+// preserveUnknown.
+func (n *pruneNode) fieldsPrune(x map[string]any, preserveUnknown bool) bool {
+	for k, v := range x {
+		if n.embedded && isMetaField(k) {
+			continue
+		}
+		if p, ok := n.props[k]; ok {
+			if p.prunes(v) {
+				return true
+			}
+		} else if n.hasAdditional {
+			if n.additional.prunes(v) {
+				return true
+			}
+		} else if !preserveUnknown {
+			return true
 		}
 	}
 	return false
