@@ -4,15 +4,11 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
-	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"k8s.io/apiextensions-apiserver/pkg/apihelpers"
-	apiextensionsinternal "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	structurallisttype "k8s.io/apiextensions-apiserver/pkg/apiserver/schema/listtype"
 	apiservervalidation "k8s.io/apiextensions-apiserver/pkg/apiserver/validation"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -69,16 +65,14 @@ func errorStrings(errs field.ErrorList) []string {
 // without the embedded-resource walk with the customresource strategy's
 // Validate on random objects of every version of every project CRD.
 func TestCreateValidationMatchesStrategy(t *testing.T) {
-	files, err := filepath.Glob(filepath.Join("..", "..", "..", "config", "crd", "bases", "*.yaml"))
-	require.NoError(t, err)
-	require.NotEmpty(t, files)
+	files := projectCRDFiles(t)
 	static, err := NewStatic()
 	require.NoError(t, err)
 	ctx := context.Background()
 	r := rand.New(rand.NewSource(1))
 	versions, total, invalid, blocked, celErrors, dropped := 0, 0, 0, 0, 0, 0
 	for _, file := range files {
-		crd := projectCRD(t, filepath.Base(file))
+		crd := projectCRD(t, file)
 		k, err := New(crd, static)
 		require.NoError(t, err)
 		for _, cv := range crd.Spec.Versions {
@@ -91,11 +85,8 @@ func TestCreateValidationMatchesStrategy(t *testing.T) {
 			if v.create.hasCEL && v.create.structural != withoutTransitionRules(v.create.structural) {
 				dropped++
 			}
-			val, err := apihelpers.GetSchemaForVersion(crd, cv.Name)
-			require.NoError(t, err)
-			iv := &apiextensionsinternal.CustomResourceValidation{}
-			require.NoError(t, apiextensionsv1.Convert_v1_CustomResourceValidation_To_apiextensions_CustomResourceValidation(val, iv, nil))
-			_, openAPI, err := apiservervalidation.NewSchemaValidator(iv.OpenAPIV3Schema)
+			schema := internalSchema(t, crd, cv.Name)
+			_, openAPI, err := apiservervalidation.NewSchemaValidator(schema)
 			require.NoError(t, err)
 			for i := 0; i < 600; i++ {
 				obj, _ := randomValue(r, openAPI, 0, r.Intn(3) == 0).(map[string]any)

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"k8s.io/apiextensions-apiserver/pkg/apihelpers"
+	apiextensionsinternal "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -18,6 +20,29 @@ func projectCRD(t *testing.T, file string) *apiextensionsv1.CustomResourceDefini
 	var crd apiextensionsv1.CustomResourceDefinition
 	require.NoError(t, yaml.Unmarshal(data, &crd))
 	return &crd
+}
+
+// projectCRDFiles lists the project's CRD manifests (base names).
+func projectCRDFiles(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join("..", "..", "..", "config", "crd", "bases", "*.yaml"))
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	for i := range files {
+		files[i] = filepath.Base(files[i])
+	}
+	return files
+}
+
+// internalSchema is a version's validation schema as apiextensions'
+// internal type, as the libraries take it.
+func internalSchema(t *testing.T, crd *apiextensionsv1.CustomResourceDefinition, version string) *apiextensionsinternal.JSONSchemaProps {
+	t.Helper()
+	val, err := apihelpers.GetSchemaForVersion(crd, version)
+	require.NoError(t, err)
+	iv := &apiextensionsinternal.CustomResourceValidation{}
+	require.NoError(t, apiextensionsv1.Convert_v1_CustomResourceValidation_To_apiextensions_CustomResourceValidation(val, iv, nil))
+	return iv.OpenAPIV3Schema
 }
 
 func TestProjectCRDs(t *testing.T) {

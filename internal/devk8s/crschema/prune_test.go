@@ -2,14 +2,10 @@ package crschema
 
 import (
 	"math/rand"
-	"path/filepath"
 	"reflect"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"k8s.io/apiextensions-apiserver/pkg/apihelpers"
-	apiextensionsinternal "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	structuralschema "k8s.io/apiextensions-apiserver/pkg/apiserver/schema"
 	structuralpruning "k8s.io/apiextensions-apiserver/pkg/apiserver/schema/pruning"
 	apiservervalidation "k8s.io/apiextensions-apiserver/pkg/apiserver/validation"
@@ -21,20 +17,16 @@ import (
 // version, and to the same objects under schemas with
 // x-kubernetes-preserve-unknown-fields and embedded resources added.
 func TestPruneCheckMatchesLibrary(t *testing.T) {
-	files, err := filepath.Glob(filepath.Join("..", "..", "..", "config", "crd", "bases", "*.yaml"))
-	require.NoError(t, err)
+	files := projectCRDFiles(t)
 	r := rand.New(rand.NewSource(1))
 	total, pruned := 0, 0
 	for _, file := range files {
-		crd := projectCRD(t, filepath.Base(file))
+		crd := projectCRD(t, file)
 		for _, cv := range crd.Spec.Versions {
-			val, err := apihelpers.GetSchemaForVersion(crd, cv.Name)
+			schema := internalSchema(t, crd, cv.Name)
+			_, openAPI, err := apiservervalidation.NewSchemaValidator(schema)
 			require.NoError(t, err)
-			iv := &apiextensionsinternal.CustomResourceValidation{}
-			require.NoError(t, apiextensionsv1.Convert_v1_CustomResourceValidation_To_apiextensions_CustomResourceValidation(val, iv, nil))
-			_, openAPI, err := apiservervalidation.NewSchemaValidator(iv.OpenAPIV3Schema)
-			require.NoError(t, err)
-			s, err := structuralschema.NewStructural(iv.OpenAPIV3Schema)
+			s, err := structuralschema.NewStructural(schema)
 			require.NoError(t, err)
 			schemas := []*structuralschema.Structural{s, nil, mutateSchema(r, s), mutateSchema(r, s), mutateSchema(r, s)}
 			for _, sch := range schemas {

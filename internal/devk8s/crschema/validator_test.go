@@ -3,16 +3,13 @@ package crschema
 import (
 	"fmt"
 	"math/rand"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"k8s.io/apiextensions-apiserver/pkg/apihelpers"
 	apiextensionsinternal "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiservervalidation "k8s.io/apiextensions-apiserver/pkg/apiserver/validation"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/kube-openapi/pkg/validation/spec"
@@ -120,19 +117,14 @@ func resultStrings(res *validate.Result) []string {
 // apiextensions' own on random objects for every version of every
 // project CRD, from several goroutines at once (run with -race).
 func TestSchemaValidatorMatchesLibrary(t *testing.T) {
-	files, err := filepath.Glob(filepath.Join("..", "..", "..", "config", "crd", "bases", "*.yaml"))
-	require.NoError(t, err)
-	require.NotEmpty(t, files)
+	files := projectCRDFiles(t)
 	invalid, total, fast := 0, 0, 0
 	seed := int64(0)
 	for _, file := range files {
-		crd := projectCRD(t, filepath.Base(file))
+		crd := projectCRD(t, file)
 		for _, v := range crd.Spec.Versions {
-			val, err := apihelpers.GetSchemaForVersion(crd, v.Name)
-			require.NoError(t, err)
-			iv := &apiextensionsinternal.CustomResourceValidation{}
-			require.NoError(t, apiextensionsv1.Convert_v1_CustomResourceValidation_To_apiextensions_CustomResourceValidation(val, iv, nil))
-			for _, props := range []*apiextensionsinternal.JSONSchemaProps{iv.OpenAPIV3Schema, statusProps(iv.OpenAPIV3Schema)} {
+			schema := internalSchema(t, crd, v.Name)
+			for _, props := range []*apiextensionsinternal.JSONSchemaProps{schema, statusProps(schema)} {
 				if props == nil {
 					continue
 				}
