@@ -3,6 +3,8 @@ package crschema
 import (
 	"fmt"
 	"math/rand"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -10,10 +12,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 	apiextensionsinternal "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiservervalidation "k8s.io/apiextensions-apiserver/pkg/apiserver/validation"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/kube-openapi/pkg/validation/spec"
 	"k8s.io/kube-openapi/pkg/validation/validate"
+	"sigs.k8s.io/yaml"
+
+	"github.com/nstance-dev/nstance/internal/testing/kubetest"
 )
 
 // randomValue makes a JSON value for schema s that is often valid and
@@ -117,11 +123,55 @@ func resultStrings(res *validate.Result) []string {
 // apiextensions' own on random objects for every version of every
 // project CRD, from several goroutines at once (run with -race).
 func TestSchemaValidatorMatchesLibrary(t *testing.T) {
-	files := projectCRDFiles(t)
-	invalid, total, fast := 0, 0, 0
-	seed := int64(0)
+	var crds []*apiextensionsv1.CustomResourceDefinition
+	for _, file := range projectCRDFiles(t) {
+		crds = append(crds, projectCRD(t, file))
+	}
+	total, invalid, fast := compareWithLibrary(t, crds, 150)
+	t.Logf("%d of %d objects invalid, %d valid ones answered by the fast path", invalid, total, fast)
+	// Most valid objects must take the fast path, or it is not tested.
+	require.Greater(t, fast, (total-invalid)*3/4)
+	// The objects must exercise both outcomes.
+	require.Greater(t, invalid, total/10)
+	require.Less(t, invalid, total-total/10)
+}
+
+// TestSchemaValidatorMatchesLibraryOnCAPICRDs runs the same comparison on
+// cluster-api's core CRDs (from the sigs.k8s.io/cluster-api module), whose
+// schemas use more of OpenAPI than the project's (int-or-string, formats,
+// deep nesting): dev-k8s serves them in the dev stack.
+func TestSchemaValidatorMatchesLibraryOnCAPICRDs(t *testing.T) {
+	root, err := kubetest.RepoRoot()
+	require.NoError(t, err)
+	dir, err := kubetest.CAPICRDDir(root)
+	require.NoError(t, err)
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	var crds []*apiextensionsv1.CustomResourceDefinition
 	for _, file := range files {
-		crd := projectCRD(t, file)
+		data, err := os.ReadFile(file)
+		require.NoError(t, err)
+		var crd apiextensionsv1.CustomResourceDefinition
+		require.NoError(t, yaml.Unmarshal(data, &crd), file)
+		crds = append(crds, &crd)
+	}
+	total, invalid, fast := compareWithLibrary(t, crds, 40)
+	t.Logf("%d CRDs: %d of %d objects invalid, %d valid ones answered by the fast path", len(crds), invalid, total, fast)
+	require.Greater(t, fast, 0)
+	require.Greater(t, invalid, total/10)
+	require.Less(t, invalid, total-total/10)
+}
+
+// compareWithLibrary compares the cached validator (fast path included)
+// with apiextensions' own on random objects for every version of every CRD
+// given (main and status schemas), perGoroutine objects from each of 4
+// goroutines per schema. It returns how many objects were compared, how
+// many of them were invalid and how many the fast path answered.
+func compareWithLibrary(t *testing.T, crds []*apiextensionsv1.CustomResourceDefinition, perGoroutine int) (total, invalid, fast int) {
+	t.Helper()
+	seed := int64(0)
+	for _, crd := range crds {
 		for _, v := range crd.Spec.Versions {
 			schema := internalSchema(t, crd, v.Name)
 			for _, props := range []*apiextensionsinternal.JSONSchemaProps{schema, statusProps(schema)} {
@@ -139,7 +189,7 @@ func TestSchemaValidatorMatchesLibrary(t *testing.T) {
 					go func(seed int64) {
 						defer wg.Done()
 						r := rand.New(rand.NewSource(seed))
-						for i := 0; i < 150; i++ {
+						for i := 0; i < perGoroutine; i++ {
 							obj := randomValue(r, openAPI, 0, r.Intn(2) == 0)
 							old := randomValue(r, openAPI, 0, r.Intn(2) == 0)
 							if r.Intn(3) == 0 {
@@ -182,12 +232,7 @@ func TestSchemaValidatorMatchesLibrary(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d of %d objects invalid, %d valid ones answered by the fast path", invalid, total, fast)
-	// Most valid objects must take the fast path, or it is not tested.
-	require.Greater(t, fast, (total-invalid)*3/4)
-	// The objects must exercise both outcomes.
-	require.Greater(t, invalid, total/10)
-	require.Less(t, invalid, total-total/10)
+	return total, invalid, fast
 }
 
 func resultErrors(res *validate.Result) []string {
