@@ -16,6 +16,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 func startServer(t *testing.T, opts Options) (*Server, *httptest.Server) {
@@ -216,6 +218,34 @@ func TestHandWrittenCRDIsServed(t *testing.T) {
 	require.Equal(t, http.StatusCreated, code, "%v", obj)
 	_, err := os.Stat(filepath.Join(dir, "notes", "default", "n.json"))
 	require.NoError(t, err)
+}
+
+// TestCRDNotServedBeforeItsStorageIsLoaded holds the window between a CRD
+// entering the registry and the store loading its files: the resource
+// answers 404 (not served yet) rather than an empty list and a 500 on create
+// (TestHandWrittenCRDIsServed met that window once in make test).
+func TestCRDNotServedBeforeItsStorageIsLoaded(t *testing.T) {
+	s, hs := startServer(t, Options{})
+	crd := &apiextensionsv1.CustomResourceDefinition{
+		ObjectMeta: metav1.ObjectMeta{Name: "slows.hand.example.com"},
+		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+			Group: "hand.example.com", Scope: apiextensionsv1.NamespaceScoped,
+			Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: "slows", Kind: "Slow"},
+			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{Name: "v1", Served: true, Storage: true,
+				Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{Type: "object"}}}},
+		},
+	}
+	// What crdChanged does first; the store has not registered it yet.
+	require.NoError(t, s.reg.AddCRD(crd))
+	url := hs.URL + "/apis/hand.example.com/v1/namespaces/default/slows"
+	code, _ := call(t, http.MethodGet, url, "")
+	require.Equal(t, http.StatusNotFound, code)
+	code, _ = call(t, http.MethodPost, url, `{"apiVersion":"hand.example.com/v1","kind":"Slow","metadata":{"name":"n"}}`)
+	require.Equal(t, http.StatusNotFound, code)
+	// Then the store loads it, and it is served.
+	require.NoError(t, s.store.Register(s.reg.StorageDir("hand.example.com", "slows"), true))
+	code, obj := call(t, http.MethodPost, url, `{"apiVersion":"hand.example.com/v1","kind":"Slow","metadata":{"name":"n"}}`)
+	require.Equal(t, http.StatusCreated, code, "%v", obj)
 }
 
 func TestTableFallbackAndProtobufRefusal(t *testing.T) {

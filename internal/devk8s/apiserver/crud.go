@@ -49,7 +49,10 @@ func (s *Server) serveResource(w http.ResponseWriter, r *http.Request, group, ve
 		return
 	}
 	res, ok := s.reg.Lookup(schema.GroupVersionResource{Group: group, Version: ver, Resource: rest[0]})
-	if !ok || (!res.Namespaced && rq.namespace != "") {
+	// A new CRD's resource is in the registry (its schema admits the files
+	// being loaded) a moment before the store has loaded them: until then
+	// it is not served, as kube-apiserver serves a CRD once established.
+	if !ok || (!res.Namespaced && rq.namespace != "") || !s.store.Registered(res.StorageName()) {
 		if !s.reg.BuiltInGroup(group) {
 			// Custom resource groups answer like apiextensions-apiserver.
 			http.NotFound(w, r)

@@ -302,6 +302,15 @@ func (s *Store) Register(res string, namespaced bool) error {
 	return err
 }
 
+// Registered reports whether Register has loaded a resource: until then
+// the resource has no objects to serve and takes no writes.
+func (s *Store) Registered(res string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.tables[res]
+	return ok
+}
+
 // scanLocked loads every file of a resource directory.
 func (s *Store) scanLocked(res string, t *table, root string, initial bool) ([]Event, error) {
 	var events []Event
