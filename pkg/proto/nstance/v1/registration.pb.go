@@ -29,9 +29,11 @@ type RegisterAgentRequest struct {
 	Nonce string `protobuf:"bytes,1,opt,name=nonce,proto3" json:"nonce,omitempty"`
 	// The agent's Ed25519 public key in PEM (PKIX) form. The private key never leaves the instance.
 	PublicKeyPem string `protobuf:"bytes,2,opt,name=public_key_pem,json=publicKeyPem,proto3" json:"public_key_pem,omitempty"`
-	// IP addresses of the instance, added to the certificate as IP SANs when the server trusts them.
+	// IP addresses the agent sees on the instance. The certificate's IP SANs come from the instance record
+	// (or the provider), never from this field; an address here that is not one of the instance's is refused.
 	IpAddresses []string `protobuf:"bytes,3,rep,name=ip_addresses,json=ipAddresses,proto3" json:"ip_addresses,omitempty"`
-	// Hostname of the instance, added to the certificate as a DNS SAN when set.
+	// Hostname the agent sees. The certificate's DNS SANs are the instance id and the names of the instance
+	// record; a hostname here that is not one of them is refused.
 	Hostname      string `protobuf:"bytes,4,opt,name=hostname,proto3" json:"hostname,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
