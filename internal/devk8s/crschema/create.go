@@ -50,10 +50,11 @@ func newCreateValidation(gvk schema.GroupVersionKind, namespaced bool, validator
 		return nil
 	}
 	meta := customresource.NewStrategy(crdserverscheme.NewUnstructuredObjectTyper(), namespaced, gvk, validator, nil, nil, nil, scale, nil)
-	// Compiled as NewStrategy compiles the strategy's own; the rules a
-	// create runs are compiled again without the others.
+	// The strategy has a CEL validator exactly when a node has rules
+	// (cel.NewValidator returns nil otherwise); the rules a create runs are
+	// compiled again without the others.
 	return &createValidation{meta: meta, structural: s,
-		hasCEL: cel.NewValidator(s, true, celconfig.PerCallLimit) != nil,
+		hasCEL: anyNode(s, func(n *structuralschema.Structural) bool { return len(n.XValidations) > 0 }),
 		cel:    cel.NewValidator(withoutTransitionRules(s), true, celconfig.PerCallLimit)}
 }
 

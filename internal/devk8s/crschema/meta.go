@@ -1,6 +1,9 @@
 package crschema
 
-import "time"
+import (
+	"maps"
+	"time"
+)
 
 // plainMeta returns what decoding obj's metadata into an ObjectMeta and
 // back (apiextensions' GetObjectMetaWithOptions then SetObjectMeta) gives
@@ -36,11 +39,7 @@ func plainMeta(obj map[string]any) (map[string]any, bool) {
 			continue
 		}
 		if m, ok := v.(map[string]any); ok {
-			c := make(map[string]any, len(m))
-			for mk, mv := range m {
-				c[mk] = mv
-			}
-			v = c
+			v = maps.Clone(m)
 		}
 		out[k] = v
 	}
