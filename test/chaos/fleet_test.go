@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/nstance-dev/nstance/internal/agent/session"
 )
@@ -141,23 +142,16 @@ func runFleet(specFile string) int {
 	la.set(spec.Agent)
 	began := time.Now()
 	sessions := make([]*session.Session, len(spec.IDs))
-	errs := make([]error, len(spec.IDs))
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 32)
+	var reg errgroup.Group
+	reg.SetLimit(32)
 	for i, id := range spec.IDs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			sessions[i], errs[i] = newChaosAgent(ctx, filepath.Join(spec.Dir, id), id, spec.CAPEM, ed25519.PrivateKey(spec.Key), spec.Registration, la.dial, spec.Interval)
-		}()
+		reg.Go(func() (err error) {
+			sessions[i], err = newChaosAgent(ctx, filepath.Join(spec.Dir, id), id, spec.CAPEM, ed25519.PrivateKey(spec.Key), spec.Registration, la.dial, spec.Interval)
+			return err
+		})
 	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return fail(err)
-		}
+	if err := reg.Wait(); err != nil {
+		return fail(err)
 	}
 	fmt.Printf("registered %s\n", time.Since(began))
 	var run sync.WaitGroup
