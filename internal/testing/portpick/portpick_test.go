@@ -68,9 +68,11 @@ func TestPortsAreHeldUntilTheTestEnds(t *testing.T) {
 func TestBusyPortIsSkipped(t *testing.T) {
 	p, release, err := pick()
 	require.NoError(t, err)
-	release()
+	// Listen before letting the lock go, so no other test takes the port
+	// in between.
 	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
 	require.NoError(t, err)
+	release()
 	_, _, err = pickIn(p, p)
 	require.ErrorContains(t, err, "no free port")
 	require.NoError(t, l.Close())

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/procfs"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nstance-dev/nstance/internal/server/provider"
@@ -254,23 +255,17 @@ func TestNoDescriptorOrThreadPerChild(t *testing.T) {
 	ctx := context.Background()
 	p := newProvider(t, t.TempDir(), "-")
 	cleanupAll(t, p)
+	self, err := procfs.Self()
+	require.NoError(t, err)
 	fds := func() int {
-		ents, err := os.ReadDir("/proc/self/fd")
+		n, err := self.FileDescriptorsLen()
 		require.NoError(t, err)
-		return len(ents)
+		return n
 	}
 	threads := func() int {
-		b, err := os.ReadFile("/proc/self/status")
+		st, err := self.Stat()
 		require.NoError(t, err)
-		for _, l := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(l, "Threads:"); ok {
-				n, err := strconv.Atoi(strings.TrimSpace(v))
-				require.NoError(t, err)
-				return n
-			}
-		}
-		t.Fatal("no Threads line in /proc/self/status")
-		return 0
+		return st.NumThreads
 	}
 	const n = 60
 	fd0, th0 := fds(), threads()
