@@ -99,9 +99,11 @@ func failoverSetup(n int) time.Duration {
 	return 5*time.Minute + time.Duration(max(0, n-1000))*30*time.Millisecond
 }
 
-// raiseFileLimit lifts this process's open-file limit (and so its child
-// servers') to want: at n agents the fleet process and the leader each
-// hold n connections.
+// raiseFileLimit makes sure this process's open-file limit (and so its
+// child servers' and the fleet's) is at least want: at n agents the fleet
+// process and the leader each hold n connections. Go already raises the
+// soft limit to the hard one at start, so this mostly turns a hard limit
+// that is too low (raising it needs CAP_SYS_RESOURCE) into a clear error.
 func raiseFileLimit(t testing.TB, want uint64) {
 	var lim syscall.Rlimit
 	require.NoError(t, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim))
