@@ -412,7 +412,7 @@ func (s *Server) ReceiveFiles(req *nstancev1.ReceiveFilesRequest, stream nstance
 	}
 	w := s.hub.add(ref.InstanceID)
 	defer s.hub.remove(ref.InstanceID, w)
-	last, refused := req.GetConfigHash(), ""
+	last, refusing := req.GetConfigHash(), false
 	for {
 		var d *nstancev1.FileDelivery
 		// Off this long-lived handler's stack, like KeyGenRequests' plan.
@@ -424,10 +424,12 @@ func (s *Server) ReceiveFiles(req *nstancev1.ReceiveFilesRequest, stream nstance
 		if size := deliverySize(d); size > s.o.MaxFileBytes {
 			// Sending it would exceed the message limit and the agent would
 			// fail and reconnect for ever; keep the stream instead. Said once
-			// per file set, however often drift re-plans it.
+			// each time deliveries start being refused, however often drift
+			// re-plans it or the set changes (an issued certificate arriving)
+			// while it stays too large.
 			w.force.Store(false)
-			if h != refused {
-				refused = h
+			if !refusing {
+				refusing = true
 				err := fmt.Errorf("files of instance %s total %d bytes, more than shard.limits.max_file_bytes (%d); not delivered, the agent keeps its current files",
 					ref.InstanceID, size, s.o.MaxFileBytes)
 				s.o.Log.Error(err, "file delivery refused", "instance", ref.InstanceID, "tenant", ref.Tenant, "hash", h)
@@ -435,14 +437,17 @@ func (s *Server) ReceiveFiles(req *nstancev1.ReceiveFilesRequest, stream nstance
 					s.o.OnRefused(ref, err)
 				}
 			}
-		} else if h != last || w.force.Swap(false) {
-			d.SentAt = timestamppb.New(s.o.Now())
-			if err := stream.Send(d); err != nil {
-				return err
+		} else {
+			refusing = false
+			if h != last || w.force.Swap(false) {
+				d.SentAt = timestamppb.New(s.o.Now())
+				if err := stream.Send(d); err != nil {
+					return err
+				}
+				s.hub.sent(ref.InstanceID, s.o.Now())
+				s.o.Log.V(1).Info("files pushed", "instance", ref.InstanceID, "files", len(d.GetFiles()), "pending", len(d.GetPendingPaths()), "hash", h)
+				last = h
 			}
-			s.hub.sent(ref.InstanceID, s.o.Now())
-			s.o.Log.V(1).Info("files pushed", "instance", ref.InstanceID, "files", len(d.GetFiles()), "pending", len(d.GetPendingPaths()), "hash", h)
-			last = h
 		}
 		select {
 		case <-ctx.Done():
