@@ -37,6 +37,11 @@ type Limits struct {
 	// MaxFileBytes is the largest total content of the files delivered to
 	// one instance (default 8 MiB; at most max_message_bytes - 1 MiB).
 	MaxFileBytes int `json:"max_file_bytes"`
+	// MaxUserDataBytes is the largest bootstrap data (a template's rendered
+	// userdata, or what UpsertGroup and CreateInstance send) of one
+	// instance (default 16 KiB, EC2's limit; at most 1 MiB). A provider may
+	// allow less once it adds its own part (the agent's bootstrap on AWS).
+	MaxUserDataBytes int `json:"max_user_data_bytes"`
 	// RegistrationRate limits registration attempts per source IP address
 	// (IPv6: per /64), default 300 a minute with bursts of 100 (a NAT
 	// address may carry many agents starting at once).
@@ -65,6 +70,7 @@ const (
 	DefaultWatchBuffer             = 1024
 	DefaultMaxMessageBytes         = 16 << 20
 	DefaultMaxFileBytes            = 8 << 20
+	DefaultMaxUserDataBytes        = 16 << 10
 	DefaultRegistrationPerMinute   = 300
 	DefaultRegistrationBurst       = 100
 	DefaultRegistrationSources     = 10000
@@ -98,6 +104,7 @@ func (l *Limits) applyDefaults() {
 	setInt(&l.WatchBuffer, DefaultWatchBuffer)
 	setInt(&l.MaxMessageBytes, DefaultMaxMessageBytes)
 	setInt(&l.MaxFileBytes, max(1, min(DefaultMaxFileBytes, l.MaxMessageBytes-MessageOverheadBytes)))
+	setInt(&l.MaxUserDataBytes, DefaultMaxUserDataBytes)
 	setInt(&l.RegistrationRate.PerMinute, DefaultRegistrationPerMinute)
 	setInt(&l.RegistrationRate.Burst, DefaultRegistrationBurst)
 	setInt(&l.RegistrationSources, DefaultRegistrationSources)
@@ -121,6 +128,7 @@ func (l Limits) validate(ch *checker) {
 		{"watch_buffer", l.WatchBuffer, 16, 1 << 16},
 		{"max_message_bytes", l.MaxMessageBytes, MinMessageBytes, MaxMessageBytesCap},
 		{"max_file_bytes", l.MaxFileBytes, 1, max(1, l.MaxMessageBytes-MessageOverheadBytes)},
+		{"max_user_data_bytes", l.MaxUserDataBytes, 1, 1 << 20},
 		{"registration_rate.per_minute", l.RegistrationRate.PerMinute, 1, 1 << 20},
 		{"registration_rate.burst", l.RegistrationRate.Burst, 1, 1 << 20},
 		{"registration_sources", l.RegistrationSources, 16, 1 << 22},

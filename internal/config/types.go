@@ -133,6 +133,9 @@ type Shard struct {
 	// LeaderAddress is the fixed address the shard leader holds while it
 	// leads (none by default).
 	LeaderAddress LeaderAddress `json:"leader_address"`
+	// InstanceDomain, when set, is the DNS domain instances' FQDNs are under
+	// (template data .Instance.FQDN = {instance id}.{instance_domain}).
+	InstanceDomain string `json:"instance_domain"`
 }
 
 // Leader address modes.
@@ -272,6 +275,10 @@ type Certificates struct {
 	// what another server revoked, or an operator record deleted by hand,
 	// is refused within it.
 	RevocationSyncInterval Duration `json:"revocation_sync_interval"`
+	// DeniedGroups are subject organizations (Kubernetes groups) no
+	// template certificate may carry, whatever CA signs it; system:masters
+	// is always denied, this list adds to it.
+	DeniedGroups []string `json:"denied_groups"`
 }
 
 // Defaults apply to every template.
@@ -287,7 +294,15 @@ type Template struct {
 	Files        map[string]TemplateFile `json:"files"`
 	Keys         map[string]TemplateKey  `json:"keys"`
 	Args         map[string]string       `json:"args"`
-	Userdata     string                  `json:"userdata"`
+	// Userdata is the instance's own bootstrap data (e.g. a script that
+	// joins it to a Kubernetes cluster), a Go template over the instance's
+	// TemplateData rendered per instance. It runs after the agent's own
+	// bootstrap and cannot replace it. Bootstrap data a caller sends
+	// (UpsertGroup, CreateInstance) takes its place.
+	Userdata string `json:"userdata"`
+	// UserdataObject names an object in the cluster's bucket holding the
+	// userdata template instead (mutually exclusive with userdata).
+	UserdataObject string `json:"userdata_object"`
 	Size         int                     `json:"size"`
 	InstanceType string                  `json:"instance_type"`
 	SubnetPool   string                  `json:"subnet_pool"`
@@ -319,6 +334,21 @@ type TemplateKey struct {
 
 // TemplateCertificate is the certificate the server issues for a generated key.
 type TemplateCertificate struct {
+	// CA names the CA that signs it: "" or "workload" for the workload CA,
+	// or the name of a CA the admin imported (`nstance-admin cluster ca
+	// import`), such as the workload Kubernetes cluster's CA for kubelet
+	// certificates. Never the cluster CA.
+	CA string `json:"ca"`
+	// Organization and OrganizationalUnits set the subject's O and OU
+	// (Kubernetes reads O as the user's groups). Only certificates of an
+	// imported CA may set them; a workload certificate's O is its tenant.
+	Organization        []string `json:"organization"`
+	OrganizationalUnits []string `json:"organizational_units"`
+	// TenantVars names the vars a tenant (UpsertGroup, CreateInstance) may
+	// set that this certificate's subject and names may depend on. The
+	// names of a certificate of an imported CA are rendered with the
+	// config's vars only (defaults, template, static group) plus these.
+	TenantVars  []string `json:"tenant_vars"`
 	CommonName  string   `json:"common_name"`
 	Usages      []string `json:"usages"`
 	DNSNames    []string `json:"dns_names"`

@@ -277,8 +277,14 @@ func (c *Config) Validate() error {
 		ch.add("certificates.agent_nonce_ttl", "must not be longer than certificates.nonce_max_lifetime (%s), got %s", ce.NonceMaxLifetime.D(), ce.AgentNonceTTL.D())
 	}
 
+	if d := s.InstanceDomain; d != "" {
+		if err := checkDomain(d); err != nil {
+			ch.add("shard.instance_domain", "%v", err)
+		}
+	}
 	for name, t := range c.Templates {
 		checkTemplate(&ch, "templates."+name, name, t, s.SubnetPools)
+		checkUserdata(&ch, "templates."+name, t, s.Limits.MaxUserDataBytes)
 		checkFileBytes(&ch, "templates."+name, t, s.Limits.MaxFileBytes)
 	}
 	for tenant, groups := range c.Groups {
@@ -303,6 +309,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	c.checkWorkloadNames(&ch)
+	c.checkImportedCertificates(&ch)
 	if len(ch.errs) > 0 {
 		sortErrors(ch.errs)
 		return ch.errs

@@ -14,17 +14,61 @@ import (
 	"github.com/nstance-dev/nstance/internal/pki"
 )
 
-// TemplateData is what templated file contents and certificate fields may
-// refer to, e.g. {{ .InstanceID }} or {{ .Vars.role }}.
+// TemplateData is what templated file contents, userdata and certificate
+// fields may refer to, e.g. {{ .Instance.Hostname }} or {{ .Vars.role }}.
+// Vars are merged with defaults < template < group (< request, for
+// on-demand instances).
 type TemplateData struct {
 	InstanceID   string
 	Tenant       string
+	Cluster      string
 	Shard        string
 	Group        string
 	Template     string
 	InstanceType string
 	Vars         map[string]string
 	Args         map[string]string
+	// Instance describes the instance itself.
+	Instance InstanceData
+}
+
+// InstanceData is the .Instance of TemplateData.
+type InstanceData struct {
+	// ID is the instance id.
+	ID string
+	// Hostname is the instance's host name and Kubernetes node name: its id.
+	Hostname string
+	// FQDN is Hostname under shard.instance_domain when that is set, else
+	// Hostname.
+	FQDN string
+	// IP4 and IP6 are the instance's first provider-reported IPv4 and IPv6
+	// addresses; empty until the provider reported one (they are never
+	// known to userdata, which is rendered before the instance exists).
+	IP4, IP6 string
+	// Type is the provider instance type.
+	Type string
+}
+
+// NewInstanceData fills InstanceData from an instance's id, type and
+// provider-reported addresses; domain is shard.instance_domain.
+func NewInstanceData(id, instanceType, domain string, addresses []string) InstanceData {
+	d := InstanceData{ID: id, Hostname: id, FQDN: id, Type: instanceType}
+	if domain != "" {
+		d.FQDN = id + "." + strings.TrimSuffix(domain, ".")
+	}
+	for _, a := range addresses {
+		ip := net.ParseIP(a)
+		switch {
+		case ip == nil:
+		case ip.To4() != nil:
+			if d.IP4 == "" {
+				d.IP4 = ip.String()
+			}
+		case d.IP6 == "":
+			d.IP6 = ip.String()
+		}
+	}
+	return d
 }
 
 // Render executes text as a Go template over data (a missing key is an
@@ -190,7 +234,7 @@ func EffectiveData(shard, tenant, group, tmplName, instanceType string, vars, ar
 	}
 	return TemplateData{
 		InstanceID: id, Tenant: tenant, Shard: shard, Group: group, Template: tmplName, InstanceType: instanceType,
-		Vars: maps.Clone(vars), Args: maps.Clone(args),
+		Vars: maps.Clone(vars), Args: maps.Clone(args), Instance: NewInstanceData(id, instanceType, "", nil),
 	}
 }
 

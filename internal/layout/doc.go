@@ -11,6 +11,8 @@
 //	cluster/ca-previous.crt             outgoing CA during a rotation (switch -> retire), plain PEM
 //	cluster/workload-ca.crt             workload CA certificate (template certificates), plain PEM
 //	cluster/secret/workload-ca.key      workload CA private key, encrypted envelope
+//	cluster/cas/{name}.crt              CA imported by the admin (e.g. a workload cluster's), plain PEM
+//	cluster/secret/cas/{name}.key       its private key, encrypted envelope
 //	cluster/leader.json                 cluster leader lease
 //	cluster/operators/{id}.json         operator registrations
 //	cluster/revocations/{id}.json       revoked operator/admin identities and serials (every shard)

@@ -56,6 +56,17 @@ func (k Keys) WorkloadCACert() string { return k.join("cluster", "workload-ca.cr
 // WorkloadCAKey is the encrypted workload CA private key.
 func (k Keys) WorkloadCAKey() string { return k.join("cluster", "secret", "workload-ca.key") }
 
+// ImportedCACert is the certificate (plain PEM) of a CA the admin imported
+// under name (`nstance-admin cluster ca import`), e.g. a workload
+// Kubernetes cluster's CA that signs kubelet certificates.
+func (k Keys) ImportedCACert(name string) string { return k.join("cluster", "cas", name+".crt") }
+
+// ImportedCAKey is the encrypted private key of an imported CA.
+func (k Keys) ImportedCAKey(name string) string { return k.join("cluster", "secret", "cas", name+".key") }
+
+// ImportedCAPrefix lists the imported CAs' certificates.
+func (k Keys) ImportedCAPrefix() string { return k.join("cluster", "cas") + "/" }
+
 // NonceSigningKey is the encrypted Ed25519 key that signs registration nonces.
 func (k Keys) NonceSigningKey() string { return k.join("cluster", "secret", "nonce-signing.key") }
 
