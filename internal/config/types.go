@@ -289,11 +289,11 @@ type Defaults struct {
 
 // Template describes how instances of a kind are built.
 type Template struct {
-	Kind         string                  `json:"kind"`
-	Arch         string                  `json:"arch"`
-	Files        map[string]TemplateFile `json:"files"`
-	Keys         map[string]TemplateKey  `json:"keys"`
-	Args         map[string]string       `json:"args"`
+	Kind  string                  `json:"kind"`
+	Arch  string                  `json:"arch"`
+	Files map[string]TemplateFile `json:"files"`
+	Keys  map[string]TemplateKey  `json:"keys"`
+	Args  map[string]string       `json:"args"`
 	// Userdata is the instance's own bootstrap data (e.g. a script that
 	// joins it to a Kubernetes cluster), a Go template over the instance's
 	// TemplateData rendered per instance. It runs after the agent's own
@@ -302,11 +302,11 @@ type Template struct {
 	Userdata string `json:"userdata"`
 	// UserdataObject names an object in the cluster's bucket holding the
 	// userdata template instead (mutually exclusive with userdata).
-	UserdataObject string `json:"userdata_object"`
-	Size         int                     `json:"size"`
-	InstanceType string                  `json:"instance_type"`
-	SubnetPool   string                  `json:"subnet_pool"`
-	Vars         map[string]string       `json:"vars"`
+	UserdataObject string            `json:"userdata_object"`
+	Size           int               `json:"size"`
+	InstanceType   string            `json:"instance_type"`
+	SubnetPool     string            `json:"subnet_pool"`
+	Vars           map[string]string `json:"vars"`
 }
 
 // TemplateFile is one file delivered to the agent.

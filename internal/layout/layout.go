@@ -62,7 +62,9 @@ func (k Keys) WorkloadCAKey() string { return k.join("cluster", "secret", "workl
 func (k Keys) ImportedCACert(name string) string { return k.join("cluster", "cas", name+".crt") }
 
 // ImportedCAKey is the encrypted private key of an imported CA.
-func (k Keys) ImportedCAKey(name string) string { return k.join("cluster", "secret", "cas", name+".key") }
+func (k Keys) ImportedCAKey(name string) string {
+	return k.join("cluster", "secret", "cas", name+".key")
+}
 
 // ImportedCAPrefix lists the imported CAs' certificates.
 func (k Keys) ImportedCAPrefix() string { return k.join("cluster", "cas") + "/" }
