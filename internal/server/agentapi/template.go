@@ -22,6 +22,11 @@ type TemplateData = config.TemplateData
 type TemplateInput struct {
 	Template config.Template
 	Data     TemplateData
+	// TrustedVars are the vars the config itself sets for the instance
+	// (defaults < template < static group): the only ones, with the
+	// tenant_vars a certificate lists, that certificates of an imported CA
+	// are rendered with.
+	TrustedVars map[string]string
 }
 
 // TemplateSource is the Source that renders config templates.
@@ -74,11 +79,21 @@ func (s *TemplateSource) Plan(ctx context.Context, ref Ref) (*Plan, error) {
 		}
 		spec := &nstancev1.KeySpec{Name: name, Type: kt}
 		if c := k.Certificate; c != nil {
-			rc, err := config.RenderCertificate("keys."+name+".certificate", c, data)
+			key := "keys." + name + ".certificate"
+			cdata := config.CertificateData(c, data, in.TrustedVars)
+			rc, err := config.RenderCertificate(key, c, cdata)
 			if err != nil {
 				return nil, err
 			}
-			cs := &nstancev1.CertificateSpec{CommonName: rc.CommonName, DnsNames: rc.DNSNames, IpAddresses: rc.IPAddresses, Uris: rc.URIs}
+			cs := &nstancev1.CertificateSpec{CommonName: rc.CommonName, DnsNames: dropEmpty(rc.DNSNames),
+				IpAddresses: dropEmpty(rc.IPAddresses), Uris: dropEmpty(rc.URIs)}
+			if c.Imported() {
+				rs, err := config.RenderSubject(key, c, cdata)
+				if err != nil {
+					return nil, err
+				}
+				cs.Ca, cs.Organization, cs.OrganizationalUnits = c.CA, rs.Organization, rs.OrganizationalUnits
+			}
 			if len(c.Usages) == 0 {
 				return nil, fmt.Errorf("keys.%s.certificate.usages: required (server_auth and/or client_auth)", name)
 			}
@@ -143,6 +158,18 @@ func (s *TemplateSource) Plan(ctx context.Context, ref Ref) (*Plan, error) {
 		p.Files = append(p.Files, fs)
 	}
 	return p, nil
+}
+
+// dropEmpty removes names that rendered empty (e.g. {{ .Instance.IP6 }} on
+// an instance without an IPv6 address).
+func dropEmpty(in []string) []string {
+	var out []string
+	for _, v := range in {
+		if strings.TrimSpace(v) != "" {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 func sortedKeys[V any](m map[string]V) []string {

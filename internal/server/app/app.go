@@ -428,7 +428,7 @@ func (a *App) Run(ctx context.Context) error {
 		Config: withAdvertiseDefaults(cfg, bind, a.o.AdvertiseHosts), ConfigETag: a.cfgETag, ConfigModified: cfgMod,
 		Store: a.leaderStore(), Keys: a.o.Keys, ServerID: a.o.ServerID,
 		Provider: a.o.Provider, Providers: a.o.Providers, Local: a.o.Local, Fence: fence, Cache: db,
-		Trust: trust, Issuer: issuer, NonceKey: cl.NonceKey, WorkloadCA: cl.WorkloadCA, ServerHosts: certHosts,
+		Trust: trust, Issuer: issuer, NonceKey: cl.NonceKey, WorkloadCA: cl.WorkloadCA, Secrets: bootOpts.Secrets, ServerHosts: certHosts,
 		Revocations: a.revocations, Leadership: a.Leadership, Metrics: a.metrics, Tuning: a.o.Tuning, Log: log,
 	})
 	if err != nil {

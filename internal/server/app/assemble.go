@@ -10,8 +10,10 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/nstance-dev/nstance/internal/config"
+	"github.com/nstance-dev/nstance/internal/importedca"
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/secrets"
 	"github.com/nstance-dev/nstance/internal/server/agentapi"
 	"github.com/nstance-dev/nstance/internal/server/cache"
 	"github.com/nstance-dev/nstance/internal/server/events"
@@ -64,6 +66,9 @@ type Parts struct {
 	Issuer     *registration.Issuer
 	NonceKey   ed25519.PrivateKey
 	WorkloadCA *pki.CA
+	// Secrets reads the cluster's encrypted secrets (the keys of imported
+	// CAs); nil leaves imported CAs out.
+	Secrets *secrets.Store
 	// ServerHosts are this server's names and addresses beyond those the
 	// config knows; no template certificate may carry them.
 	ServerHosts []string
@@ -221,8 +226,14 @@ func Assemble(p Parts) (*Assembly, error) {
 	if p.WorkloadCA != nil {
 		s.AgentKeys, s.Health = agentapi.NewMemKeyStore(), agentapi.NewTracker()
 		src := &agentapi.TemplateSource{Lookup: s.templateInput, CABundle: p.WorkloadCA.CertPEM}
-		signer := &agentapi.WorkloadSigner{CA: p.WorkloadCA, MaxValidity: cfg.Certificates.AgentValidity.D(),
-			Policy: func() pki.WorkloadPolicy { return holder.Current().WorkloadPolicy(p.ServerHosts...) }}
+		policy := func() pki.WorkloadPolicy { return holder.Current().WorkloadPolicy(p.ServerHosts...) }
+		signer := agentapi.CASigners{Workload: &agentapi.WorkloadSigner{CA: p.WorkloadCA, MaxValidity: cfg.Certificates.AgentValidity.D(), Policy: policy}}
+		if p.Secrets != nil {
+			cas := &importedca.Cache{Store: &importedca.Store{Objects: p.Store, Keys: p.Keys, Secrets: p.Secrets}}
+			signer.Imported = &agentapi.ImportedSigner{CA: cas.Get, MaxValidity: cfg.Certificates.AgentValidity.D(), Policy: policy,
+				DeniedGroups: func() []string { return holder.Current().Certificates.DeniedGroupsAll() },
+				Alive: s.instanceAlive}
+		}
 		ao := agentapi.Options{
 			Shard: shard, Source: src, Keys: s.AgentKeys, Signer: signer,
 			Health: s.Health, Log: log.WithName("agentapi"), RepushInterval: t.RepushInterval, MaxFileBytes: lim.MaxFileBytes,
@@ -315,7 +326,36 @@ func (s *Assembly) templateInput(_ context.Context, ref agentapi.Ref) (*agentapi
 		}
 	}
 	return &agentapi.TemplateInput{Template: t, Data: agentapi.TemplateData{
-		InstanceID: rec.ID, Tenant: rec.Tenant, Shard: rec.Shard, Group: rec.GroupID, Template: rec.Template,
+		InstanceID: rec.ID, Tenant: rec.Tenant, Cluster: cfg.Cluster.ID, Shard: rec.Shard, Group: rec.GroupID, Template: rec.Template,
 		InstanceType: rec.InstanceType, Vars: maps.Clone(vars), Args: maps.Clone(rec.Args),
-	}}, nil
+		Instance: config.NewInstanceData(rec.ID, rec.InstanceType, cfg.Shard.InstanceDomain, rec.Addresses),
+	}, TrustedVars: trustedVars(cfg, rec)}, nil
+}
+
+// trustedVars are the vars the config itself gives an instance: defaults <
+// template < its static group's (dynamic groups and on-demand requests
+// come from a tenant).
+func trustedVars(cfg *config.Config, rec *instances.Record) map[string]string {
+	out := map[string]string{}
+	maps.Copy(out, cfg.Defaults.Vars)
+	if t, ok := cfg.Templates[rec.Template]; ok {
+		maps.Copy(out, t.Vars)
+	}
+	if g, ok := cfg.Groups[rec.Tenant][rec.GroupID]; ok && rec.GroupID != "" && g.Template == rec.Template {
+		maps.Copy(out, g.Vars)
+	}
+	return out
+}
+
+// instanceAlive refuses certificates of imported CAs to instances whose
+// record is gone, belongs to another tenant, or is being deleted.
+func (s *Assembly) instanceAlive(_ context.Context, ref agentapi.Ref) error {
+	rec, ok := s.Instances.Get(ref.InstanceID)
+	switch {
+	case !ok || rec.Tenant != ref.Tenant:
+		return fmt.Errorf("%w: %s", agentapi.ErrUnknownInstance, ref.InstanceID)
+	case rec.State == instances.StateDeleting || rec.State == instances.StateDeleted:
+		return fmt.Errorf("instance %s is %s: no new certificates", rec.ID, rec.State)
+	}
+	return nil
 }

@@ -515,9 +515,17 @@ type CertificateSpec struct {
 	// URI subject alternative names.
 	Uris []string `protobuf:"bytes,5,rep,name=uris,proto3" json:"uris,omitempty"`
 	// Requested lifetime; the server may shorten it.
-	Validity      *durationpb.Duration `protobuf:"bytes,6,opt,name=validity,proto3" json:"validity,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Validity *durationpb.Duration `protobuf:"bytes,6,opt,name=validity,proto3" json:"validity,omitempty"`
+	// CA that signs the certificate: empty for the workload CA, else the name
+	// of a CA the admin imported (e.g. a Kubernetes cluster's CA for kubelet
+	// certificates).
+	Ca string `protobuf:"bytes,7,opt,name=ca,proto3" json:"ca,omitempty"`
+	// Subject organizations (Kubernetes groups); only for an imported CA.
+	Organization []string `protobuf:"bytes,8,rep,name=organization,proto3" json:"organization,omitempty"`
+	// Subject organizational units; only for an imported CA.
+	OrganizationalUnits []string `protobuf:"bytes,9,rep,name=organizational_units,json=organizationalUnits,proto3" json:"organizational_units,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *CertificateSpec) Reset() {
@@ -588,6 +596,27 @@ func (x *CertificateSpec) GetUris() []string {
 func (x *CertificateSpec) GetValidity() *durationpb.Duration {
 	if x != nil {
 		return x.Validity
+	}
+	return nil
+}
+
+func (x *CertificateSpec) GetCa() string {
+	if x != nil {
+		return x.Ca
+	}
+	return ""
+}
+
+func (x *CertificateSpec) GetOrganization() []string {
+	if x != nil {
+		return x.Organization
+	}
+	return nil
+}
+
+func (x *CertificateSpec) GetOrganizationalUnits() []string {
+	if x != nil {
+		return x.OrganizationalUnits
 	}
 	return nil
 }
@@ -1625,7 +1654,7 @@ const file_nstance_v1_agent_proto_rawDesc = "" +
 	"\aKeySpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12'\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x13.nstance.v1.KeyTypeR\x04type\x12=\n" +
-	"\vcertificate\x18\x03 \x01(\v2\x1b.nstance.v1.CertificateSpecR\vcertificate\"\xf3\x01\n" +
+	"\vcertificate\x18\x03 \x01(\v2\x1b.nstance.v1.CertificateSpecR\vcertificate\"\xda\x02\n" +
 	"\x0fCertificateSpec\x12\x1f\n" +
 	"\vcommon_name\x18\x01 \x01(\tR\n" +
 	"commonName\x124\n" +
@@ -1633,7 +1662,10 @@ const file_nstance_v1_agent_proto_rawDesc = "" +
 	"\tdns_names\x18\x03 \x03(\tR\bdnsNames\x12!\n" +
 	"\fip_addresses\x18\x04 \x03(\tR\vipAddresses\x12\x12\n" +
 	"\x04uris\x18\x05 \x03(\tR\x04uris\x125\n" +
-	"\bvalidity\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\bvalidity\"D\n" +
+	"\bvalidity\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\bvalidity\x12\x0e\n" +
+	"\x02ca\x18\a \x01(\tR\x02ca\x12\"\n" +
+	"\forganization\x18\b \x03(\tR\forganization\x121\n" +
+	"\x14organizational_units\x18\t \x03(\tR\x13organizationalUnits\"D\n" +
 	"\x17SubmitPublicKeysRequest\x12)\n" +
 	"\x04keys\x18\x01 \x03(\v2\x15.nstance.v1.PublicKeyR\x04keys\"n\n" +
 	"\tPublicKey\x12\x12\n" +

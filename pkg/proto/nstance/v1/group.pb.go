@@ -43,9 +43,19 @@ type GroupSpec struct {
 	// Unset means the shard's default drain timeout.
 	DrainTimeout *durationpb.Duration `protobuf:"bytes,7,opt,name=drain_timeout,json=drainTimeout,proto3" json:"drain_timeout,omitempty"`
 	// Free-form labels copied onto the group's instances.
-	Labels        map[string]string `protobuf:"bytes,8,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Labels map[string]string `protobuf:"bytes,8,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Bootstrap data the group's instances boot with, for example the value of
+	// a Cluster API bootstrap data secret. It runs after the agent's own
+	// bootstrap and never replaces it. Write-only: the server keeps it
+	// encrypted and GroupStatus returns only user_data_sha256. Empty means the
+	// template's userdata. A change rolls the group's instances onto the new
+	// data. At most shard.limits.max_user_data_bytes.
+	UserData []byte `protobuf:"bytes,9,opt,name=user_data,json=userData,proto3" json:"user_data,omitempty"`
+	// Format of user_data as a Cluster API bootstrap secret names it:
+	// "cloud-config" (the default) or "ignition".
+	UserDataFormat string `protobuf:"bytes,10,opt,name=user_data_format,json=userDataFormat,proto3" json:"user_data_format,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *GroupSpec) Reset() {
@@ -134,6 +144,20 @@ func (x *GroupSpec) GetLabels() map[string]string {
 	return nil
 }
 
+func (x *GroupSpec) GetUserData() []byte {
+	if x != nil {
+		return x.UserData
+	}
+	return nil
+}
+
+func (x *GroupSpec) GetUserDataFormat() string {
+	if x != nil {
+		return x.UserDataFormat
+	}
+	return ""
+}
+
 // GroupStatus is a group's spec together with what the server currently observes.
 type GroupStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -152,9 +176,11 @@ type GroupStatus struct {
 	// When the spec or status last changed.
 	UpdatedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
 	// Shard that manages the group.
-	Shard         string `protobuf:"bytes,8,opt,name=shard,proto3" json:"shard,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Shard string `protobuf:"bytes,8,opt,name=shard,proto3" json:"shard,omitempty"`
+	// Hex SHA-256 of the spec's user_data; empty when the group has none.
+	UserDataSha256 string `protobuf:"bytes,9,opt,name=user_data_sha256,json=userDataSha256,proto3" json:"user_data_sha256,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *GroupStatus) Reset() {
@@ -243,12 +269,19 @@ func (x *GroupStatus) GetShard() string {
 	return ""
 }
 
+func (x *GroupStatus) GetUserDataSha256() string {
+	if x != nil {
+		return x.UserDataSha256
+	}
+	return ""
+}
+
 var File_nstance_v1_group_proto protoreflect.FileDescriptor
 
 const file_nstance_v1_group_proto_rawDesc = "" +
 	"\n" +
 	"\x16nstance/v1/group.proto\x12\n" +
-	"nstance.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc0\x03\n" +
+	"nstance.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x87\x04\n" +
 	"\tGroupSpec\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\tR\agroupId\x12\x1a\n" +
 	"\btemplate\x18\x02 \x01(\tR\btemplate\x12\x12\n" +
@@ -258,13 +291,16 @@ const file_nstance_v1_group_proto_rawDesc = "" +
 	"subnetPool\x123\n" +
 	"\x04vars\x18\x06 \x03(\v2\x1f.nstance.v1.GroupSpec.VarsEntryR\x04vars\x12>\n" +
 	"\rdrain_timeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\fdrainTimeout\x129\n" +
-	"\x06labels\x18\b \x03(\v2!.nstance.v1.GroupSpec.LabelsEntryR\x06labels\x1a7\n" +
+	"\x06labels\x18\b \x03(\v2!.nstance.v1.GroupSpec.LabelsEntryR\x06labels\x12\x1b\n" +
+	"\tuser_data\x18\t \x01(\fR\buserData\x12(\n" +
+	"\x10user_data_format\x18\n" +
+	" \x01(\tR\x0euserDataFormat\x1a7\n" +
 	"\tVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9a\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc4\x02\n" +
 	"\vGroupStatus\x12)\n" +
 	"\x04spec\x18\x01 \x01(\v2\x15.nstance.v1.GroupSpecR\x04spec\x12\x1f\n" +
 	"\vactual_size\x18\x02 \x01(\rR\n" +
@@ -276,7 +312,8 @@ const file_nstance_v1_group_proto_rawDesc = "" +
 	"\x04etag\x18\x06 \x01(\tR\x04etag\x129\n" +
 	"\n" +
 	"updated_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x14\n" +
-	"\x05shard\x18\b \x01(\tR\x05shardB?Z=github.com/nstance-dev/nstance/pkg/proto/nstance/v1;nstancev1b\x06proto3"
+	"\x05shard\x18\b \x01(\tR\x05shard\x12(\n" +
+	"\x10user_data_sha256\x18\t \x01(\tR\x0euserDataSha256B?Z=github.com/nstance-dev/nstance/pkg/proto/nstance/v1;nstancev1b\x06proto3"
 
 var (
 	file_nstance_v1_group_proto_rawDescOnce sync.Once

@@ -257,9 +257,13 @@ type InstanceStatus struct {
 	WorkloadGone bool `protobuf:"varint,14,opt,name=workload_gone,json=workloadGone,proto3" json:"workload_gone,omitempty"`
 	// Version of the agent binary from the instance's last health report;
 	// empty until the agent has reported.
-	AgentVersion  string `protobuf:"bytes,15,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	AgentVersion string `protobuf:"bytes,15,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
+	// Hex SHA-256 of the user data the instance was created with (bootstrap
+	// data from the caller or the rendered template userdata); empty when it
+	// had none.
+	UserDataSha256 string `protobuf:"bytes,16,opt,name=user_data_sha256,json=userDataSha256,proto3" json:"user_data_sha256,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *InstanceStatus) Reset() {
@@ -397,6 +401,13 @@ func (x *InstanceStatus) GetAgentVersion() string {
 	return ""
 }
 
+func (x *InstanceStatus) GetUserDataSha256() string {
+	if x != nil {
+		return x.UserDataSha256
+	}
+	return ""
+}
+
 var File_nstance_v1_instance_proto protoreflect.FileDescriptor
 
 const file_nstance_v1_instance_proto_rawDesc = "" +
@@ -405,7 +416,7 @@ const file_nstance_v1_instance_proto_rawDesc = "" +
 	"nstance.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"X\n" +
 	"\x0fInstanceAddress\x12+\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x17.nstance.v1.AddressTypeR\x04type\x12\x18\n" +
-	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xf7\x04\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xa1\x05\n" +
 	"\x0eInstanceStatus\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x19\n" +
@@ -425,7 +436,8 @@ const file_nstance_v1_instance_proto_rawDesc = "" +
 	"\x0edrain_deadline\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\rdrainDeadline\x12!\n" +
 	"\fclient_token\x18\r \x01(\tR\vclientToken\x12#\n" +
 	"\rworkload_gone\x18\x0e \x01(\bR\fworkloadGone\x12#\n" +
-	"\ragent_version\x18\x0f \x01(\tR\fagentVersion*\xb7\x02\n" +
+	"\ragent_version\x18\x0f \x01(\tR\fagentVersion\x12(\n" +
+	"\x10user_data_sha256\x18\x10 \x01(\tR\x0euserDataSha256*\xb7\x02\n" +
 	"\rInstanceState\x12\x1e\n" +
 	"\x1aINSTANCE_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16INSTANCE_STATE_PENDING\x10\x01\x12\x1b\n" +

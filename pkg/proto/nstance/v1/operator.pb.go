@@ -940,9 +940,15 @@ type CreateInstanceRequest struct {
 	// Caller-chosen idempotency token: a repeated call with the same token returns the same instance.
 	ClientToken string `protobuf:"bytes,7,opt,name=client_token,json=clientToken,proto3" json:"client_token,omitempty"`
 	// Drain timeout for this instance; unset means the group's or shard's default.
-	DrainTimeout  *durationpb.Duration `protobuf:"bytes,8,opt,name=drain_timeout,json=drainTimeout,proto3" json:"drain_timeout,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DrainTimeout *durationpb.Duration `protobuf:"bytes,8,opt,name=drain_timeout,json=drainTimeout,proto3" json:"drain_timeout,omitempty"`
+	// Bootstrap data for this instance (e.g. its Machine's bootstrap data
+	// secret); empty means the group's, else the template's userdata. Same
+	// rules as GroupSpec.user_data.
+	UserData []byte `protobuf:"bytes,9,opt,name=user_data,json=userData,proto3" json:"user_data,omitempty"`
+	// Format of user_data: "cloud-config" (the default) or "ignition".
+	UserDataFormat string `protobuf:"bytes,10,opt,name=user_data_format,json=userDataFormat,proto3" json:"user_data_format,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *CreateInstanceRequest) Reset() {
@@ -1029,6 +1035,20 @@ func (x *CreateInstanceRequest) GetDrainTimeout() *durationpb.Duration {
 		return x.DrainTimeout
 	}
 	return nil
+}
+
+func (x *CreateInstanceRequest) GetUserData() []byte {
+	if x != nil {
+		return x.UserData
+	}
+	return nil
+}
+
+func (x *CreateInstanceRequest) GetUserDataFormat() string {
+	if x != nil {
+		return x.UserDataFormat
+	}
+	return ""
 }
 
 // CreateInstanceResponse returns the new instance.
@@ -2687,7 +2707,7 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"\rexpected_etag\x18\x02 \x01(\tR\fexpectedEtag\"`\n" +
 	"\x13DeleteGroupResponse\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\tR\agroupId\x12.\n" +
-	"\x13instances_to_delete\x18\x02 \x01(\rR\x11instancesToDelete\"\xf3\x03\n" +
+	"\x13instances_to_delete\x18\x02 \x01(\rR\x11instancesToDelete\"\xba\x04\n" +
 	"\x15CreateInstanceRequest\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\tR\agroupId\x12\x1a\n" +
 	"\btemplate\x18\x02 \x01(\tR\btemplate\x12#\n" +
@@ -2697,7 +2717,10 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"\x04vars\x18\x05 \x03(\v2+.nstance.v1.CreateInstanceRequest.VarsEntryR\x04vars\x12E\n" +
 	"\x06labels\x18\x06 \x03(\v2-.nstance.v1.CreateInstanceRequest.LabelsEntryR\x06labels\x12!\n" +
 	"\fclient_token\x18\a \x01(\tR\vclientToken\x12>\n" +
-	"\rdrain_timeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\fdrainTimeout\x1a7\n" +
+	"\rdrain_timeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\fdrainTimeout\x12\x1b\n" +
+	"\tuser_data\x18\t \x01(\fR\buserData\x12(\n" +
+	"\x10user_data_format\x18\n" +
+	" \x01(\tR\x0euserDataFormat\x1a7\n" +
 	"\tVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
