@@ -13,6 +13,7 @@
 //	cluster/secret/workload-ca.key      workload CA private key, encrypted envelope
 //	cluster/cas/{name}.crt              CA imported by the admin (e.g. a workload cluster's), plain PEM
 //	cluster/secret/cas/{name}.key       its private key, encrypted envelope
+//	cluster/secret/userdata/{shard}/{tenant}/{sha256}  bootstrap data tenants sent, encrypted envelope
 //	cluster/leader.json                 cluster leader lease
 //	cluster/operators/{id}.json         operator registrations
 //	cluster/revocations/{id}.json       revoked operator/admin identities and serials (every shard)

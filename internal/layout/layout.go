@@ -69,8 +69,20 @@ func (k Keys) ImportedCAKey(name string) string {
 // ImportedCAPrefix lists the imported CAs' certificates.
 func (k Keys) ImportedCAPrefix() string { return k.join("cluster", "cas") + "/" }
 
+// UserData is bootstrap data a tenant sent for instances of a shard
+// (UpsertGroup, CreateInstance), an encrypted envelope named by the hex
+// SHA-256 of its plaintext. It lives under the secret prefix so that an
+// encryption key rotation re-seals it.
+func (k Keys) UserData(shard, tenant, sha256Hex string) string {
+	return k.join("cluster", "secret", "userdata", shard, tenant, sha256Hex)
+}
+
 // NonceSigningKey is the encrypted Ed25519 key that signs registration nonces.
 func (k Keys) NonceSigningKey() string { return k.join("cluster", "secret", "nonce-signing.key") }
+
+// Object is an object a template names by its key in the bucket (e.g.
+// userdata_object), under the common prefix like every other key.
+func (k Keys) Object(key string) string { return k.join(key) }
 
 // SecretPrefix is where every encrypted secret lives.
 func (k Keys) SecretPrefix() string { return k.join("cluster", "secret") + "/" }

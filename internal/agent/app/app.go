@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -16,6 +17,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/agent/register"
 	"github.com/nstance-dev/nstance/internal/agent/session"
 	"github.com/nstance-dev/nstance/internal/agent/spot"
+	"github.com/nstance-dev/nstance/internal/agent/userdata"
 )
 
 // Run registers if needed and keeps the agent session alive until ctx ends.
@@ -54,6 +56,14 @@ func Run(ctx context.Context, cfg config.Config, version string, log logr.Logger
 	if cfg.SpotNotice == "imds" {
 		watcher = &spot.Watcher{Client: spot.NewClient(cfg.IMDSEndpoint), Interval: cfg.SpotPollInterval, Log: log.WithName("spot")}
 		opts.Termination = watcher.Notice
+	}
+	if cfg.UserData != "" {
+		// The instance's own bootstrap runs after the agent's first files,
+		// as a child that cannot touch the agent; it ends with the agent.
+		env := append(os.Environ(), config.EnvFilesDir+"="+cfg.FilesDir, config.EnvKeysDir+"="+cfg.KeysDir)
+		ud := &userdata.Runner{Path: cfg.UserData, Env: env, Stdout: os.Stdout, Stderr: os.Stderr, Log: log.WithName("userdata")}
+		opts.OnApplied = func() { ud.Start(ctx) }
+		defer func() { _ = ud.Wait() }()
 	}
 	s, err := session.New(opts)
 	if err != nil {

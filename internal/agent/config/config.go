@@ -36,6 +36,9 @@ const (
 	EnvReconnectMax     = "NSTANCE_RECONNECT_MAX"
 	EnvDiskPaths        = "NSTANCE_DISK_PATHS"
 	EnvTerminationFile  = "NSTANCE_TERMINATION_FILE"
+	// EnvUserData names the instance's own bootstrap script, run once the
+	// first files are applied (local providers; cloud-init runs it on VMs).
+	EnvUserData = "NSTANCE_USER_DATA"
 	// EnvSpotNotice "imds" polls the EC2 instance metadata service for a
 	// spot interruption notice (empty or "off": no polling).
 	EnvSpotNotice       = "NSTANCE_SPOT_NOTICE"
@@ -70,6 +73,9 @@ type Config struct {
 	DiskPaths       []string
 	// TerminationFile, when set, is polled for a JSON termination notice.
 	TerminationFile string
+	// UserData, when set, is the instance's bootstrap script (absolute
+	// path), run after the first delivery of files is applied.
+	UserData string
 	// SpotNotice is "imds" to poll the EC2 instance metadata service for a
 	// spot interruption notice every SpotPollInterval, at IMDSEndpoint
 	// (empty: the SDK's default); "" turns it off.
@@ -210,6 +216,7 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		ReconnectMin:     p.duration(EnvReconnectMin, DefaultReconnectMin),
 		ReconnectMax:     p.duration(EnvReconnectMax, DefaultReconnectMax),
 		TerminationFile:  p.get(EnvTerminationFile),
+		UserData:         p.get(EnvUserData),
 		SpotNotice:       p.get(EnvSpotNotice),
 		SpotPollInterval: p.duration(EnvSpotPollInterval, DefaultSpotPollInterval),
 		IMDSEndpoint:     p.get(EnvIMDSEndpoint),
@@ -282,6 +289,9 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 	}
 	if c.TerminationFile != "" && !filepath.IsAbs(c.TerminationFile) {
 		p.fail(EnvTerminationFile, "%q is not an absolute path", c.TerminationFile)
+	}
+	if c.UserData != "" && !filepath.IsAbs(c.UserData) {
+		p.fail(EnvUserData, "%q is not an absolute path", c.UserData)
 	}
 	if len(p.errs) > 0 {
 		return Config{}, &Error{Problems: p.errs}

@@ -50,6 +50,9 @@ type Options struct {
 	Log          logr.Logger
 	// FinalReportTimeout bounds the shutdown report (default 2s).
 	FinalReportTimeout time.Duration
+	// OnApplied, when set, is called after each delivery of files has been
+	// applied (the user-data runner starts on the first).
+	OnApplied func()
 	// Dial, when set, opens each connection to Addr instead of plain TCP
 	// (tests with thousands of agents stand in for a leader address that
 	// moves without a proxy holding two more sockets per agent).
@@ -306,6 +309,9 @@ func (s *Session) fileLoop(ctx context.Context, c nstancev1.AgentServiceClient, 
 		}
 		s.mu.Unlock()
 		s.o.Log.Info("files applied", "files", len(d.GetFiles()), "rejected", bad, "hash", d.GetConfigHash())
+		if s.o.OnApplied != nil {
+			s.o.OnApplied()
+		}
 		if renewed {
 			if c, err := s.o.Identity.Certificate(time.Now()); err == nil {
 				s.o.Log.Info("identity certificate renewed", "serial", c.Leaf.SerialNumber.String(), "not_after", c.Leaf.NotAfter)

@@ -10,6 +10,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 )
@@ -84,6 +86,12 @@ func (r *Runner) run(ctx context.Context) error {
 	cmd.Dir = filepath.Dir(r.Path)
 	cmd.Env = r.Env
 	cmd.Stdout, cmd.Stderr = r.Stdout, r.Stderr
+	// When the agent stops, the script gets SIGTERM and 5 s before SIGKILL.
+	// It stays in the agent's process group, so whatever stops the whole
+	// instance (tmux closing its window, the process provider) stops it and
+	// its children too; a script that starts a daemon should exec it.
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 5 * time.Second
 	r.Log.Info("running user data script", "path", r.Path)
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("user data script %s: %w", r.Path, err)

@@ -27,6 +27,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/internal/server/revocation"
 	"github.com/nstance-dev/nstance/internal/server/tenantops"
+	"github.com/nstance-dev/nstance/internal/server/userdata"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -127,6 +128,9 @@ type Assembly struct {
 	Gate *registration.InstanceGate
 	// Revocations is Parts.Revocations (the deny list of client certificates).
 	Revocations *revocation.Gate
+	// store and keys read the objects templates name (userdata_object).
+	store objstore.Store
+	keys  layout.Keys
 }
 
 // Lead is the shard leader's work for one term: the reconciler, until ctx
@@ -151,7 +155,7 @@ func Assemble(p Parts) (*Assembly, error) {
 		// shard.infra too.
 		holder.Checks = []config.Check{p.Providers.Check}
 	}
-	s := &Assembly{Config: holder, Revocations: p.Revocations}
+	s := &Assembly{Config: holder, Revocations: p.Revocations, store: p.Store, keys: p.Keys}
 
 	// The provider: the one place the instance backend is chosen.
 	prov := p.Provider
@@ -215,6 +219,15 @@ func Assemble(p Parts) (*Assembly, error) {
 		// Every trusted CA: both while the cluster CA rotates.
 		ro.CACert = func(context.Context) ([]byte, error) { return p.Trust.BundlePEM(), nil }
 	}
+	var ud *userdata.Store
+	if p.Secrets != nil {
+		// Tenants' bootstrap data is sealed with the cluster key and written
+		// through the fenced store.
+		ud = &userdata.Store{Secrets: &secrets.Store{Objects: p.Store, Ring: p.Secrets.Ring}, Keys: p.Keys, Shard: shard}
+	}
+	ro.UserData = func(ctx context.Context, rec *instances.Record) ([]byte, string, error) {
+		return s.bootUserData(ctx, ud, rec)
+	}
 	if p.Revocations != nil {
 		ro.RevokeAgent = func(ctx context.Context, id, reason string) error {
 			_, err := p.Revocations.RevokeAgent(ctx, id, reason)
@@ -274,7 +287,7 @@ func Assemble(p Parts) (*Assembly, error) {
 	holder.OnChange(func(old, cur *config.Config) { s.Reconciler.ConfigChanged() })
 
 	s.Ops = tenantops.New(tenantops.Options{Shard: shard, Config: holder.Current, Groups: s.Groups, Instances: s.Instances,
-		Reconciler: s.Reconciler, Now: t.Now})
+		Reconciler: s.Reconciler, UserData: ud, Now: t.Now})
 	s.Operator = operatorsvc.New(operatorsvc.Options{Shard: shard, Reconciler: s.Reconciler, Ops: s.Ops, Config: holder,
 		Issuer: p.Issuer, Operators: &operatorsvc.OperatorRecords{Store: p.Store, Keys: p.Keys}, Log: log.WithName("operator"),
 		Revocations: p.Revocations, Leadership: p.Leadership})
@@ -330,6 +343,45 @@ func (s *Assembly) templateInput(_ context.Context, ref agentapi.Ref) (*agentapi
 		InstanceType: rec.InstanceType, Vars: maps.Clone(vars), Args: maps.Clone(rec.Args),
 		Instance: config.NewInstanceData(rec.ID, rec.InstanceType, cfg.Shard.InstanceDomain, rec.Addresses),
 	}, TrustedVars: trustedVars(cfg, rec)}, nil
+}
+
+// bootUserData is the bootstrap data an instance is created with: what its
+// tenant sent (stored encrypted), else its template's userdata rendered for
+// it. Either way it is checked against shard.limits.max_user_data_bytes.
+func (s *Assembly) bootUserData(ctx context.Context, ud *userdata.Store, rec *instances.Record) ([]byte, string, error) {
+	cfg := s.Config.Current()
+	what := "group " + rec.GroupID
+	if rec.GroupID == "" || rec.OnDemand {
+		what = "on-demand instance " + rec.ID
+	}
+	limit := cfg.Shard.Limits.WithDefaults().MaxUserDataBytes
+	if rec.UserDataSHA256 != "" {
+		data, err := ud.Get(ctx, rec.Tenant, rec.UserDataSHA256)
+		if err != nil {
+			return nil, "", fmt.Errorf("%s: %w", what, err)
+		}
+		return data, rec.UserDataFormat, userdata.CheckSize(what, data, limit)
+	}
+	t, ok := cfg.Templates[rec.Template]
+	if !ok {
+		return nil, "", fmt.Errorf("template %q is not in the running config", rec.Template)
+	}
+	data := agentapi.TemplateData{
+		InstanceID: rec.ID, Tenant: rec.Tenant, Cluster: cfg.Cluster.ID, Shard: rec.Shard, Group: rec.GroupID, Template: rec.Template,
+		InstanceType: rec.InstanceType, Vars: maps.Clone(rec.Vars), Args: maps.Clone(rec.Args),
+		Instance: config.NewInstanceData(rec.ID, rec.InstanceType, cfg.Shard.InstanceDomain, nil),
+	}
+	out, err := userdata.Render(ctx, "templates."+rec.Template, t, data, func(ctx context.Context, key string) ([]byte, error) {
+		obj, err := s.store.Get(ctx, s.keys.Object(key))
+		if err != nil {
+			return nil, err
+		}
+		return obj.Body, nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return out, userdata.FormatCloudConfig, userdata.CheckSize(what, out, limit)
 }
 
 // trustedVars are the vars the config itself gives an instance: defaults <

@@ -16,6 +16,9 @@ type Overrides struct {
 	SubnetPool   string
 	Vars         map[string]string
 	DrainTimeout time.Duration
+	// UserDataSHA256 and UserDataFormat name bootstrap data sent with the
+	// request; they replace the group's.
+	UserDataSHA256, UserDataFormat string
 }
 
 // Effective is the merged configuration an instance is created with.
@@ -26,6 +29,9 @@ type Effective struct {
 	Vars         map[string]string
 	Args         map[string]string
 	DrainTimeout time.Duration
+	// UserDataSHA256 names the tenant's bootstrap data ("": the template's
+	// userdata); a change rotates a group's members.
+	UserDataSHA256, UserDataFormat string
 }
 
 // Resolve merges, lowest precedence first: config defaults, the template, the
@@ -59,6 +65,10 @@ func Resolve(cfg *config.Config, spec *Spec, o Overrides) (Effective, error) {
 		if spec.DrainTimeout > 0 {
 			e.DrainTimeout = spec.DrainTimeout
 		}
+		e.UserDataSHA256, e.UserDataFormat = spec.UserDataSHA256, spec.UserDataFormat
+	}
+	if o.UserDataSHA256 != "" {
+		e.UserDataSHA256, e.UserDataFormat = o.UserDataSHA256, o.UserDataFormat
 	}
 	pick(&e.InstanceType, o.InstanceType)
 	pick(&e.SubnetPool, o.SubnetPool)
@@ -120,7 +130,24 @@ func Validate(cfg *config.Config, tenant, id string, s Spec) []FieldError {
 	if len(errs) == 0 {
 		if eff, err := Resolve(cfg, &s, Overrides{}); err == nil {
 			errs = append(errs, CheckCertificateNames(cfg, tenant, id, eff)...)
+			errs = append(errs, CheckTenantVars(cfg, tenant, id, eff, s.Vars)...)
 		}
+	}
+	return errs
+}
+
+// CheckTenantVars refuses tenant vars that would set the subject or names
+// of a certificate signed by an imported CA (a kubelet's identity) without
+// the template listing them in its tenant_vars.
+func CheckTenantVars(cfg *config.Config, tenant, group string, eff Effective, tenantVars map[string]string) []FieldError {
+	t := cfg.Templates[eff.Template]
+	trusted := map[string]string{}
+	maps.Copy(trusted, cfg.Defaults.Vars)
+	maps.Copy(trusted, t.Vars)
+	data := config.EffectiveData(cfg.Shard.ID, tenant, group, eff.Template, eff.InstanceType, eff.Vars, eff.Args)
+	var errs []FieldError
+	for _, reason := range cfg.CheckTenantVars(eff.Template, trusted, tenantVars, data) {
+		errs = append(errs, FieldError{Key: "vars", Reason: reason})
 	}
 	return errs
 }

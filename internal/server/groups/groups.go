@@ -42,6 +42,10 @@ type Spec struct {
 	Vars         map[string]string `json:"vars,omitempty"`
 	Labels       map[string]string `json:"labels,omitempty"`
 	DrainTimeout time.Duration     `json:"drain_timeout,omitempty"`
+	// UserDataSHA256 names the bootstrap data the tenant sent (stored
+	// encrypted by package userdata); empty means the template's userdata.
+	UserDataSHA256 string `json:"user_data_sha256,omitempty"`
+	UserDataFormat string `json:"user_data_format,omitempty"`
 }
 
 func (s Spec) clone() Spec {

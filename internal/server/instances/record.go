@@ -113,6 +113,13 @@ type Record struct {
 	// for whatever reason, announces no drain.
 	ScaleDownFirst     bool `json:"scale_down_first,omitempty"`
 	ScaleDownSkipDrain bool `json:"scale_down_skip_drain,omitempty"`
+	// UserDataSHA256 and UserDataFormat name the bootstrap data the tenant
+	// sent for it (its group's or its own; "" means the template's
+	// userdata). BootUserDataSHA256 is the hash of what the provider was
+	// given, whatever its source.
+	UserDataSHA256     string `json:"user_data_sha256,omitempty"`
+	UserDataFormat     string `json:"user_data_format,omitempty"`
+	BootUserDataSHA256 string `json:"boot_user_data_sha256,omitempty"`
 }
 
 // AgentRegistration records the registration of an instance's agent.
@@ -151,8 +158,8 @@ func (r *Record) Proto() *nstancev1.InstanceStatus {
 		InstanceId: r.ID, GroupId: r.GroupID, Shard: r.Shard, ProviderId: r.ProviderID,
 		State: r.State.Proto(), CreatedAt: timestamppb.New(r.CreatedAt), InstanceType: r.InstanceType,
 		Message: r.Message, Template: r.Template, ClientToken: r.ClientToken, WorkloadGone: r.WorkloadGone,
-		AgentVersion: r.AgentVersion,
-		Addresses:    []*nstancev1.InstanceAddress{{Type: nstancev1.AddressType_ADDRESS_TYPE_HOSTNAME, Address: r.ID}},
+		AgentVersion: r.AgentVersion, UserDataSha256: r.BootUserDataSHA256,
+		Addresses: []*nstancev1.InstanceAddress{{Type: nstancev1.AddressType_ADDRESS_TYPE_HOSTNAME, Address: r.ID}},
 	}
 	for _, a := range r.Addresses {
 		// The provider-reported addresses, which agent certificates carry.

@@ -44,6 +44,12 @@ type CreateRequest struct {
 	// RegistrationAddr and AgentAddr are the server endpoints the agent dials.
 	RegistrationAddr string
 	AgentAddr        string
+	// UserData is the instance's own bootstrap data (the tenant's, or the
+	// template's userdata rendered for it), empty when it has none. A
+	// provider delivers it beside the agent's bootstrap, never instead of
+	// it; UserDataFormat is "cloud-config" or "ignition".
+	UserData       []byte
+	UserDataFormat string
 }
 
 // Instance is the provider's view of one instance.

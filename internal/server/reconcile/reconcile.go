@@ -22,6 +22,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/limits"
 	"github.com/nstance-dev/nstance/internal/server/provider"
+	"github.com/nstance-dev/nstance/internal/server/userdata"
 	"github.com/nstance-dev/nstance/internal/server/reconcile/planner"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -42,6 +43,10 @@ type Options struct {
 	Nonces    NonceMinter
 	// CACert returns the cluster CA certificate handed to new instances.
 	CACert func(ctx context.Context) ([]byte, error)
+	// UserData returns an instance's own bootstrap data and its format:
+	// the tenant's stored data, or the template's userdata rendered for it
+	// (nil: instances get none).
+	UserData func(ctx context.Context, rec *instances.Record) ([]byte, string, error)
 	// RegistrationAddr and AgentAddr are passed to agents.
 	RegistrationAddr string
 	AgentAddr        string
@@ -608,6 +613,7 @@ func (r *Reconciler) NewRecord(tenant, groupID string, eff groups.Effective, lab
 		ID: id, Tenant: tenant, GroupID: groupID, Shard: r.o.Shard, ProviderID: provider.ID(r.o.Cluster, r.o.Shard, id),
 		State: instances.StatePending, Template: eff.Template, InstanceType: eff.InstanceType, SubnetPool: eff.SubnetPool,
 		Vars: eff.Vars, Args: eff.Args, Labels: labels, DrainTimeout: eff.DrainTimeout, CreatedAt: now, UpdatedAt: now,
+		UserDataSHA256: eff.UserDataSHA256, UserDataFormat: eff.UserDataFormat,
 	}, nil
 }
 
@@ -676,6 +682,23 @@ func (r *Reconciler) launch(ctx context.Context, rec *instances.Record) error {
 			return fail(fmt.Errorf("reading cluster CA: %w", err))
 		}
 		req.CACertPEM = ca
+	}
+	if r.o.UserData != nil {
+		data, format, err := r.o.UserData(ctx, rec)
+		if err != nil {
+			return fail(fmt.Errorf("instance %s: %w", rec.ID, err))
+		}
+		req.UserData, req.UserDataFormat = data, format
+		if len(data) > 0 && rec.BootUserDataSHA256 == "" {
+			// Recorded before the create: the status says what it booted with.
+			sum := userdata.Sum(data)
+			if _, err := r.o.Instances.Update(ctx, rec.ID, func(x *instances.Record) error {
+				x.BootUserDataSHA256 = sum
+				return nil
+			}); err != nil {
+				return fail(fmt.Errorf("recording the user data of instance %s: %w", rec.ID, err))
+			}
+		}
 	}
 	pctx, cancel := r.providerCtx(ctx)
 	inst, err := r.o.Provider.Create(pctx, req)
@@ -970,6 +993,7 @@ func (r *Reconciler) GroupStatus(g *groups.Group) *nstancev1.GroupStatus {
 	return &nstancev1.GroupStatus{
 		Spec: g.SpecProto(), ActualSize: uint32(len(ids)), ReadyCount: uint32(ready), ProviderIds: ids,
 		Static: g.Static, Etag: g.ETag, UpdatedAt: timestamppb.New(g.UpdatedAt), Shard: r.o.Shard,
+		UserDataSha256: g.Spec.UserDataSHA256,
 	}
 }
 

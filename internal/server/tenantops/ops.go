@@ -13,6 +13,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
+	"github.com/nstance-dev/nstance/internal/server/userdata"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -93,6 +94,14 @@ func (o *Ops) UpsertGroup(ctx context.Context, tenant string, p *nstancev1.Group
 		return nil, false, invalid(fes...)
 	}
 	k := groups.Key{Tenant: tenant, ID: p.GetGroupId()}
+	var held string
+	if g, ok := o.o.Groups.Get(k); ok {
+		held = g.Spec.UserDataSHA256
+	}
+	if spec.UserDataSHA256, spec.UserDataFormat, err = o.userData(ctx, tenant, "group "+k.ID, p.GetUserData(),
+		p.GetUserDataFormat(), p.GetUserDataSha256(), held); err != nil {
+		return nil, false, err
+	}
 	g, created, err := o.o.Groups.UpsertWithin(ctx, k, spec, expectedETag, o.o.Config().Shard.Limits.WithDefaults().MaxGroupsPerTenant)
 	if err != nil {
 		return nil, false, mapGroupErr(err)
@@ -129,6 +138,48 @@ type CreateInstanceRequest struct {
 	GroupID, Template, InstanceType, SubnetPool, ClientToken string
 	Vars, Labels                                             map[string]string
 	DrainTimeout                                             time.Duration
+	// UserData is the instance's own bootstrap data (replaces its group's).
+	UserData       []byte
+	UserDataFormat string
+}
+
+// userData stores bootstrap data a tenant sent for what (a group, an
+// instance) and returns its hash and format. With no data, keep names the
+// data to keep: it must be what the group holds (held); empty keep means
+// none (the template's userdata).
+func (o *Ops) userData(ctx context.Context, tenant, what string, data []byte, format, keep, held string) (string, string, error) {
+	if len(data) == 0 {
+		if keep == "" {
+			return "", "", nil
+		}
+		if keep != held {
+			return "", "", invalid(config.FieldError{Key: "user_data_sha256", Reason: fmt.Sprintf(
+				"%s holds no user data with this hash; send the data itself in user_data", what)})
+		}
+		f, err := userdata.CheckFormat(format)
+		if err != nil {
+			return "", "", invalid(config.FieldError{Key: "user_data_format", Reason: err.Error()})
+		}
+		return keep, f, nil
+	}
+	f, err := userdata.CheckFormat(format)
+	if err != nil {
+		return "", "", invalid(config.FieldError{Key: "user_data_format", Reason: err.Error()})
+	}
+	if err := userdata.CheckSize(what, data, o.o.Config().Shard.Limits.WithDefaults().MaxUserDataBytes); err != nil {
+		return "", "", invalid(config.FieldError{Key: "user_data", Reason: err.Error()})
+	}
+	if sum := userdata.Sum(data); keep != "" && keep != sum {
+		return "", "", invalid(config.FieldError{Key: "user_data_sha256", Reason: "does not match the SHA-256 of user_data"})
+	}
+	if o.o.UserData == nil {
+		return "", "", fmt.Errorf("%w: this server stores no user data", ErrNotPermitted)
+	}
+	sum, err := o.o.UserData.Put(ctx, tenant, data)
+	if err != nil {
+		return "", "", err
+	}
+	return sum, f, nil
 }
 
 // CreateInstance records an on-demand instance and schedules its creation.
@@ -159,8 +210,19 @@ func (o *Ops) CreateInstance(ctx context.Context, tenant string, req CreateInsta
 	if req.DrainTimeout < 0 {
 		return nil, invalid(config.FieldError{Key: "drain_timeout", Reason: "must not be negative"})
 	}
+	var udSum, udFormat string
+	if len(req.UserData) > 0 {
+		what := "on-demand instance"
+		if req.GroupID != "" {
+			what += " of group " + req.GroupID
+		}
+		var err error
+		if udSum, udFormat, err = o.userData(ctx, tenant, what, req.UserData, req.UserDataFormat, "", ""); err != nil {
+			return nil, err
+		}
+	}
 	eff, err := groups.Resolve(o.o.Config(), spec, groups.Overrides{Template: req.Template, InstanceType: req.InstanceType,
-		SubnetPool: req.SubnetPool, Vars: req.Vars, DrainTimeout: req.DrainTimeout})
+		SubnetPool: req.SubnetPool, Vars: req.Vars, DrainTimeout: req.DrainTimeout, UserDataSHA256: udSum, UserDataFormat: udFormat})
 	if err != nil {
 		return nil, invalid(config.FieldError{Reason: err.Error()})
 	}
@@ -174,6 +236,9 @@ func (o *Ops) CreateInstance(ctx context.Context, tenant string, req CreateInsta
 	}
 	maps.Copy(labels, req.Labels)
 	maps.Copy(vars, req.Vars)
+	if fes := groups.CheckTenantVars(o.o.Config(), tenant, req.GroupID, eff, vars); len(fes) > 0 {
+		return nil, invalid(fes...)
+	}
 	// The tenant's vars and labels are counted; the config's own are not.
 	if fes := groups.CheckCounts(o.o.Config(), vars, labels); len(fes) > 0 {
 		return nil, invalid(fes...)

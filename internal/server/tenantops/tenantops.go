@@ -8,6 +8,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
+	"github.com/nstance-dev/nstance/internal/server/userdata"
 )
 
 // Options configures Ops.
@@ -18,6 +19,8 @@ type Options struct {
 	Groups     *groups.Registry
 	Instances  *instances.Store
 	Reconciler *reconcile.Reconciler
+	// UserData stores the bootstrap data tenants send (nil: refused).
+	UserData *userdata.Store
 	// Now defaults to time.Now.
 	Now func() time.Time
 }

@@ -185,7 +185,11 @@ func (p *Provider) runInput(req provider.CreateRequest) (*ec2.RunInstancesInput,
 	if err != nil {
 		return nil, err
 	}
-	ud, err := UserData(p.o.Agent, req, p.env.Local.Env)
+	script, err := UserData(p.o.Agent, req, p.env.Local.Env)
+	if err != nil {
+		return nil, err
+	}
+	ud, err := ComposeUserData(script, req)
 	if err != nil {
 		return nil, err
 	}

@@ -27,6 +27,9 @@ func AgentEnv(agent Agent, req provider.CreateRequest, extra []string) []string 
 	// localagent puts identity under {StateDir}/{id}/identity; on a machine
 	// of its own the agent's directory holds one instance.
 	m[localagent.EnvIdentityDir] = path.Join(agent.StateDir, "identity")
+	// The instance's own bootstrap data is cloud-init's (ComposeUserData),
+	// not the agent's to run.
+	delete(m, localagent.EnvUserData)
 	// On EC2 the agent watches the instance metadata for a spot
 	// interruption notice and reports it, so the server replaces first
 	// (extra may turn it off with NSTANCE_SPOT_NOTICE=off).

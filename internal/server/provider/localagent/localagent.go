@@ -20,7 +20,18 @@ const (
 	EnvIdentityDir      = "NSTANCE_IDENTITY_DIR"
 	EnvRegistrationAddr = "NSTANCE_REGISTRATION_ADDR"
 	EnvAgentAddr        = "NSTANCE_AGENT_ADDR"
+	// EnvUserData is the instance's own bootstrap script, which the agent
+	// runs after its first files (package agent/userdata).
+	EnvUserData = "NSTANCE_USER_DATA"
 )
+
+// UserDataFile is the instance's bootstrap data inside its directory.
+const UserDataFile = "user-data"
+
+// UserDataPath is the bootstrap data file of one instance.
+func UserDataPath(stateDir, instanceID string) string {
+	return filepath.Join(InstanceDir(stateDir, instanceID), UserDataFile)
+}
 
 // File names inside the identity directory.
 const (
@@ -52,6 +63,12 @@ func Prepare(stateDir string, req provider.CreateRequest) (string, error) {
 	if err := writeAtomic(filepath.Join(dir, CAFile), req.CACertPEM, 0o644); err != nil {
 		return "", err
 	}
+	if len(req.UserData) > 0 {
+		// Only the instance's own user may read it: it may hold join tokens.
+		if err := writeAtomic(UserDataPath(stateDir, req.InstanceID), req.UserData, 0o700); err != nil {
+			return "", err
+		}
+	}
 	return dir, nil
 }
 
@@ -68,6 +85,13 @@ func Env(stateDir string, req provider.CreateRequest) []string {
 	}
 	if req.AgentAddr != "" {
 		m[EnvAgentAddr] = req.AgentAddr
+	}
+	if len(req.UserData) > 0 {
+		p := UserDataPath(stateDir, req.InstanceID)
+		if abs, err := filepath.Abs(p); err == nil {
+			p = abs
+		}
+		m[EnvUserData] = p
 	}
 	out := make([]string, 0, len(m))
 	for k, v := range m {

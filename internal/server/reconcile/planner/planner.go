@@ -96,11 +96,12 @@ func Urgent(rec *instances.Record) bool {
 }
 
 // Drifted reports whether rec was created with other infra settings
-// (template, instance type, subnet pool, args) than eff. Vars are not infra:
-// their changes are pushed to the running agent instead.
+// (template, instance type, subnet pool, args, the bootstrap data the
+// tenant sent) than eff. Vars are not infra: their changes are pushed to
+// the running agent instead.
 func Drifted(rec *instances.Record, eff groups.Effective) bool {
 	return rec.Template != eff.Template || rec.InstanceType != eff.InstanceType || rec.SubnetPool != eff.SubnetPool ||
-		!maps.Equal(rec.Args, eff.Args)
+		!maps.Equal(rec.Args, eff.Args) || rec.UserDataSHA256 != eff.UserDataSHA256
 }
 
 // PlanGroup decides the next step of group g with the given members (any

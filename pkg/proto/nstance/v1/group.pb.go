@@ -54,6 +54,12 @@ type GroupSpec struct {
 	// Format of user_data as a Cluster API bootstrap secret names it:
 	// "cloud-config" (the default) or "ignition".
 	UserDataFormat string `protobuf:"bytes,10,opt,name=user_data_format,json=userDataFormat,proto3" json:"user_data_format,omitempty"`
+	// Hex SHA-256 of the group's user data. The server fills it in on every
+	// spec it returns; on input, with user_data empty, it keeps the data the
+	// group already holds under this hash (so a client that reads a spec,
+	// changes its size and writes it back keeps the bootstrap data), and with
+	// user_data set it must be empty or match it.
+	UserDataSha256 string `protobuf:"bytes,11,opt,name=user_data_sha256,json=userDataSha256,proto3" json:"user_data_sha256,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -154,6 +160,13 @@ func (x *GroupSpec) GetUserData() []byte {
 func (x *GroupSpec) GetUserDataFormat() string {
 	if x != nil {
 		return x.UserDataFormat
+	}
+	return ""
+}
+
+func (x *GroupSpec) GetUserDataSha256() string {
+	if x != nil {
+		return x.UserDataSha256
 	}
 	return ""
 }
@@ -281,7 +294,7 @@ var File_nstance_v1_group_proto protoreflect.FileDescriptor
 const file_nstance_v1_group_proto_rawDesc = "" +
 	"\n" +
 	"\x16nstance/v1/group.proto\x12\n" +
-	"nstance.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x87\x04\n" +
+	"nstance.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb1\x04\n" +
 	"\tGroupSpec\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\tR\agroupId\x12\x1a\n" +
 	"\btemplate\x18\x02 \x01(\tR\btemplate\x12\x12\n" +
@@ -294,7 +307,8 @@ const file_nstance_v1_group_proto_rawDesc = "" +
 	"\x06labels\x18\b \x03(\v2!.nstance.v1.GroupSpec.LabelsEntryR\x06labels\x12\x1b\n" +
 	"\tuser_data\x18\t \x01(\fR\buserData\x12(\n" +
 	"\x10user_data_format\x18\n" +
-	" \x01(\tR\x0euserDataFormat\x1a7\n" +
+	" \x01(\tR\x0euserDataFormat\x12(\n" +
+	"\x10user_data_sha256\x18\v \x01(\tR\x0euserDataSha256\x1a7\n" +
 	"\tVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
