@@ -245,7 +245,7 @@ func Assemble(p Parts) (*Assembly, error) {
 			cas := &importedca.Cache{Store: &importedca.Store{Objects: p.Store, Keys: p.Keys, Secrets: p.Secrets}}
 			signer.Imported = &agentapi.ImportedSigner{CA: cas.Get, MaxValidity: cfg.Certificates.AgentValidity.D(), Policy: policy,
 				DeniedGroups: func() []string { return holder.Current().Certificates.DeniedGroupsAll() },
-				Alive: s.instanceAlive}
+				Alive:        s.instanceAlive}
 		}
 		ao := agentapi.Options{
 			Shard: shard, Source: src, Keys: s.AgentKeys, Signer: signer,

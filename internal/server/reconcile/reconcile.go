@@ -22,8 +22,8 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/limits"
 	"github.com/nstance-dev/nstance/internal/server/provider"
-	"github.com/nstance-dev/nstance/internal/server/userdata"
 	"github.com/nstance-dev/nstance/internal/server/reconcile/planner"
+	"github.com/nstance-dev/nstance/internal/server/userdata"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
