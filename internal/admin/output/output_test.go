@@ -84,13 +84,17 @@ func TestDocumentJSONAndYAML(t *testing.T) {
         "size": 2,
         "subnet_pool": "",
         "template": "worker",
+        "user_data": "",
+        "user_data_format": "",
+        "user_data_sha256": "",
         "vars": {
           "a<b": "x&y",
           "role": "db"
         }
       },
       "static": false,
-      "updated_at": "2026-05-01T11:59:00Z"
+      "updated_at": "2026-05-01T11:59:00Z",
+      "user_data_sha256": ""
     }
   ]
 }
@@ -123,11 +127,15 @@ func TestDocumentJSONAndYAML(t *testing.T) {
     size: 2
     subnet_pool: ""
     template: worker
+    user_data: ""
+    user_data_format: ""
+    user_data_sha256: ""
     vars:
       a<b: x&y
       role: db
   static: false
   updated_at: "2026-05-01T11:59:00Z"
+  user_data_sha256: ""
 `, buf.String())
 }
 
