@@ -12,6 +12,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/secrets"
 	"github.com/nstance-dev/nstance/internal/server/agentapi"
 	"github.com/nstance-dev/nstance/internal/server/cache"
 	"github.com/nstance-dev/nstance/internal/server/events"
@@ -78,6 +79,11 @@ type Parts struct {
 	Metrics *metrics.Server
 	Tuning  Tuning
 	Log     logr.Logger
+	// Ring opens the file secrets in Store and Remote reads AWS secrets
+	// for template files of kind secret (files.go); nil leaves those
+	// sources out (their files are reported, not delivered).
+	Ring   *secrets.Keyring
+	Remote secrets.Remote
 }
 
 // Tuning adjusts the reconciler and the Agent service beyond the config;
@@ -220,7 +226,8 @@ func Assemble(p Parts) (*Assembly, error) {
 	monitor := cfg.Shard.Infra.Provider != "mock" || t.MonitorMock
 	if p.WorkloadCA != nil {
 		s.AgentKeys, s.Health = agentapi.NewMemKeyStore(), agentapi.NewTracker()
-		src := &agentapi.TemplateSource{Lookup: s.templateInput, CABundle: p.WorkloadCA.CertPEM}
+		files := fileSources(p, holder, lim.MaxFileBytes, log)
+		src := &agentapi.TemplateSource{Lookup: s.templateInput, CABundle: p.WorkloadCA.CertPEM, Secret: files.Secret, Storage: files.Object}
 		signer := &agentapi.WorkloadSigner{CA: p.WorkloadCA, MaxValidity: cfg.Certificates.AgentValidity.D(),
 			Policy: func() pki.WorkloadPolicy { return holder.Current().WorkloadPolicy(p.ServerHosts...) }}
 		ao := agentapi.Options{
