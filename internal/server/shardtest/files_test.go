@@ -63,7 +63,9 @@ func TestSecretAndStorageFilesReachTheAgent(t *testing.T) {
 	_, err = objects.Put(ctx, keys.Object("files/app.conf"), []byte("role={{ .Vars.role }} id={{ .InstanceID }}\n"), objstore.PutOptions{})
 	require.NoError(t, err)
 	sm := &fakeSecretsManager{values: map[string]string{"prod/api": "api-v1"}}
-	remote := awssecrets.New(func(context.Context, string) (awssecrets.SecretsManagerAPI, awssecrets.SSMAPI, error) { return sm, nil, nil })
+	remote := awssecrets.New(func(context.Context, string) (awssecrets.SecretsManagerAPI, awssecrets.SSMAPI, error) {
+		return sm, nil, nil
+	})
 
 	cfg := strings.Replace(agentConfig("worker"), `"tls": { "kind": "certificate", "path": "tls.crt", "key": "tls" },`,
 		`"tls": { "kind": "certificate", "path": "tls.crt", "key": "tls" },
