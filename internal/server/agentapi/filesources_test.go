@@ -270,3 +270,24 @@ func TestDeliveryLeavesFailedSourcesPending(t *testing.T) {
 	require.Equal(t, "plain.txt", d.GetFiles()[0].GetPath())
 	require.Equal(t, []string{"gone.pw"}, d.GetPendingPaths())
 }
+
+// Many instances planned at once read a source once.
+func TestFileSourcesReadOncePerSource(t *testing.T) {
+	e := newFileEnv(t, map[string]config.TemplateFile{
+		"api": {Kind: "secret", Path: "api.key", Source: "aws-secrets-manager", SecretID: "prod/api"},
+	})
+	e.remote.put("prod/api", "v1")
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Go(func() {
+			p, err := e.src.Plan(context.Background(), agentapi.Ref{InstanceID: "i-1"})
+			if err == nil && string(p.Files[0].Content) != "v1" {
+				err = fmt.Errorf("got %q", p.Files[0].Content)
+			}
+			require.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	require.Equal(t, 1, e.remote.count())
+	require.Equal(t, "prod/api", e.remote.last.SecretID)
+}
