@@ -267,33 +267,10 @@ func checkUserdata(ch *checker, key string, t Template, limit int) {
 		}
 	}
 	if o := t.UserdataObject; o != "" {
-		if err := CheckObjectKey(o); err != nil {
+		if err := layout.CheckTemplateObject(o); err != nil {
 			ch.add(key+".userdata_object", "%v", err)
 		}
 	}
-}
-
-// internalPrefixes are where Nstance keeps its own state: no template may
-// read an object under them (it would hand secrets or records to instances).
-var internalPrefixes = []string{"cluster/", "config/", "groups/", "shard/"}
-
-// CheckObjectKey checks a bucket key a template reads (userdata_object):
-// a valid key outside Nstance's own prefixes.
-func CheckObjectKey(k string) error {
-	if k == "" || strings.HasPrefix(k, "/") || strings.Contains(k, "//") || strings.Contains(k, "\x00") || len(k) > 1024 {
-		return fmt.Errorf("%q is not a valid object key", k)
-	}
-	for _, seg := range strings.Split(k, "/") {
-		if seg == ".." || seg == "." {
-			return fmt.Errorf("%q is not a valid object key (\"..\" or \".\" segment)", k)
-		}
-	}
-	for _, p := range internalPrefixes {
-		if strings.HasPrefix(k, p) {
-			return fmt.Errorf("%q is under %s, where Nstance keeps its own state; templates may not read it", k, p)
-		}
-	}
-	return nil
 }
 
 // checkDomain checks shard.instance_domain: DNS labels separated by dots.

@@ -74,7 +74,7 @@ func TestImportedCertificatesAtValidation(t *testing.T) {
 		{"userdata and object", `"userdata": "`, `"userdata_object": "boot/node.sh", "userdata": "`,
 			"templates.node.userdata_object", "not both"},
 		{"internal object", `"userdata": "#!/bin/sh\necho {{ .Instance.Hostname }}\n",`, `"userdata_object": "cluster/secret/ca.key",`,
-			"templates.node.userdata_object", "where Nstance keeps its own state"},
+			"templates.node.userdata_object", "holds Nstance's own state"},
 		{"userdata too large", `"instance_domain"`, `"limits": {"max_user_data_bytes": 10}, "instance_domain"`,
 			"templates.node.userdata", "more than shard.limits.max_user_data_bytes (10)"},
 		{"domain", `"nodes.example.com"`, `"Nodes_example"`, "shard.instance_domain", "not a DNS domain"},

@@ -136,6 +136,8 @@ type Shard struct {
 	// InstanceDomain, when set, is the DNS domain instances' FQDNs are under
 	// (template data .Instance.FQDN = {instance id}.{instance_domain}).
 	InstanceDomain string `json:"instance_domain"`
+	// FileSources tunes how secret and storage file contents are cached.
+	FileSources FileSources `json:"file_sources"`
 }
 
 // Leader address modes.
@@ -311,7 +313,7 @@ type Template struct {
 
 // TemplateFile is one file delivered to the agent.
 type TemplateFile struct {
-	// Kind is certificate, ca_bundle, secret, env, json or string.
+	// Kind is certificate, ca_bundle, secret, storage, env, json or string.
 	Kind string `json:"kind"`
 	// Path is relative to the agent data directory.
 	Path string `json:"path"`
@@ -323,6 +325,21 @@ type TemplateFile struct {
 	Key string `json:"key"`
 	// Secret names a stored secret for kind secret.
 	Secret string `json:"secret"`
+	// Source is where a secret file's value comes from: "cluster" (the
+	// default: Secret names a file secret in the cluster's encrypted
+	// store), "aws-secrets-manager" (SecretID with VersionStage or
+	// VersionID) or "aws-ssm" (Parameter, decrypted). Region overrides the
+	// AWS region. Checked in filesources.go.
+	Source       string `json:"source"`
+	SecretID     string `json:"secret_id"`
+	VersionStage string `json:"version_stage"`
+	VersionID    string `json:"version_id"`
+	Parameter    string `json:"parameter"`
+	Region       string `json:"region"`
+	// Object is the key (below the storage prefix) of the object a file of
+	// kind storage delivers; Template renders it as a Go template first.
+	Object   string `json:"object"`
+	Template bool   `json:"template"`
 }
 
 // TemplateKey is one key the agent generates.

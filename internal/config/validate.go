@@ -77,6 +77,7 @@ func (c *Config) ApplyDefaults() {
 	setDur(&c.Shard.Timeouts.StorageCall, DefaultStorageTimeout)
 	setDur(&c.Shard.Timeouts.Shutdown, DefaultShutdownTimeout)
 	c.Shard.Limits.applyDefaults()
+	c.Shard.FileSources.applyDefaults()
 	la := &c.Shard.LeaderAddress
 	if la.Mode == "" {
 		la.Mode = LeaderAddressNone
@@ -140,7 +141,7 @@ func CheckAddr(v string) error {
 }
 
 var (
-	fileKinds = map[string]bool{"certificate": true, "ca_bundle": true, "secret": true, "env": true, "json": true, "string": true}
+	fileKinds = map[string]bool{"certificate": true, "ca_bundle": true, "secret": true, "storage": true, "env": true, "json": true, "string": true}
 	keyTypes  = map[string]bool{"ed25519": true, "ecdsa-p256": true, "ecdsa-p384": true, "rsa-2048": true, "rsa-4096": true}
 	usages    = map[string]bool{"server_auth": true, "client_auth": true}
 )
@@ -257,6 +258,7 @@ func (c *Config) Validate() error {
 	}
 	ch.positive("shard.garbage_collection.interval", s.GarbageCollection.Interval)
 	s.Limits.validate(&ch)
+	s.FileSources.validate(&ch)
 	checkLeaderAddress(&ch, s.LeaderAddress)
 
 	ce := c.Certificates
@@ -451,7 +453,7 @@ func checkTemplate(ch *checker, key, name string, t Template, pools map[string]S
 	for fname, f := range t.Files {
 		fk := key + ".files." + fname
 		if !fileKinds[f.Kind] {
-			ch.add(fk+".kind", "must be one of certificate, ca_bundle, secret, env, json, string, got %q", f.Kind)
+			ch.add(fk+".kind", "must be one of certificate, ca_bundle, secret, storage, env, json, string, got %q", f.Kind)
 		}
 		p := f.Path
 		if p == "" {
@@ -472,9 +474,7 @@ func checkTemplate(ch *checker, key, name string, t Template, pools map[string]S
 				ch.add(fk+".key", "unknown key %q", f.Key)
 			}
 		}
-		if f.Kind == "secret" && f.Secret == "" {
-			ch.add(fk+".secret", "required for kind secret")
-		}
+		checkFileSource(ch, fk, f)
 	}
 }
 

@@ -24,6 +24,10 @@
 //	shard/{shard}/nonces/{jti}          used-nonce markers, created with If-None-Match
 //	shard/{shard}/revocations/{id}.json revoked agent identities of the shard's instances
 //	cluster/nonces/{jti}                used operator-nonce markers (operator nonces are cluster-wide)
+//	cluster/secret/files/{name}         file secrets for template files of kind secret, encrypted envelope
+//	                                    (AAD = the object key), written by nstance-admin cluster secret
+//	anything else                       free for template files of kind storage (CheckTemplateObject
+//	                                    refuses cluster/, shard/, config/ and groups/)
 //
 // Every key may be placed under a common prefix (Keys.Prefix) so several
 // clusters can share a bucket.

@@ -80,12 +80,22 @@ func (k Keys) UserData(shard, tenant, sha256Hex string) string {
 // NonceSigningKey is the encrypted Ed25519 key that signs registration nonces.
 func (k Keys) NonceSigningKey() string { return k.join("cluster", "secret", "nonce-signing.key") }
 
-// Object is an object a template names by its key in the bucket (e.g.
-// userdata_object), under the common prefix like every other key.
-func (k Keys) Object(key string) string { return k.join(key) }
-
 // SecretPrefix is where every encrypted secret lives.
 func (k Keys) SecretPrefix() string { return k.join("cluster", "secret") + "/" }
+
+// FileSecret is the encrypted value of the file secret called name, which
+// template files of kind secret name (ValidateID). It is sealed like every
+// other secret, with the object key as the authenticated name, and lives
+// under SecretPrefix so an encryption-key rotation re-seals it too.
+func (k Keys) FileSecret(name string) string { return k.join("cluster", "secret", "files", name) }
+
+// FileSecretPrefix lists every file secret.
+func (k Keys) FileSecretPrefix() string { return k.join("cluster", "secret", "files") + "/" }
+
+// Object is the full key of an object a template names (a file of kind
+// storage, userdata_object): key is relative to the prefix; see
+// CheckTemplateObject.
+func (k Keys) Object(key string) string { return k.join(key) }
 
 // Probe is where a starting server checks that the store honours
 // conditional writes (one short-lived object per server start).

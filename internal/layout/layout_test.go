@@ -1,6 +1,7 @@
 package layout
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -35,5 +36,30 @@ func TestValidateID(t *testing.T) {
 	}
 	for _, bad := range []string{"", "../x", "a/b", "-a", "a b", string(make([]byte, 200))} {
 		require.Error(t, ValidateID("id", bad), bad)
+	}
+}
+
+func TestTemplateObjectKeys(t *testing.T) {
+	k := New("/pre/")
+	if got := k.FileSecret("db"); got != "pre/cluster/secret/files/db" {
+		t.Fatalf("FileSecret = %q", got)
+	}
+	if got := k.FileSecretPrefix(); got != "pre/cluster/secret/files/" || !strings.HasPrefix(got, k.SecretPrefix()) {
+		t.Fatalf("FileSecretPrefix = %q, want it under SecretPrefix %q", got, k.SecretPrefix())
+	}
+	if got := k.Object("files/app.conf"); got != "pre/files/app.conf" {
+		t.Fatalf("Object = %q", got)
+	}
+	for _, ok := range []string{"files/app.conf", "a", "web/config.d/x.yaml", "clusters/x", "shards", "configs/a"} {
+		if err := CheckTemplateObject(ok); err != nil {
+			t.Errorf("CheckTemplateObject(%q) = %v, want nil", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "/files/a", "files/", "files//a", "./cluster/ca.key", "files/../cluster/secret/ca.key", "a\x00b",
+		"cluster/secret/ca.key", "cluster/ca.crt", "Cluster/secret/files/db", "shard/dev-1/instances/i-1.json", "shard/dev-1/nonces/x",
+		"shard/dev-1/leader.json", "config/dev-1.jsonc", "groups/dev-1.jsonc", "cluster"} {
+		if err := CheckTemplateObject(bad); err == nil {
+			t.Errorf("CheckTemplateObject(%q) = nil, want an error", bad)
+		}
 	}
 }

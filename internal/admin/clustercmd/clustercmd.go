@@ -42,7 +42,7 @@ func Command() *cli.Command {
 	return &cli.Command{
 		Name:        "cluster",
 		Usage:       "cluster-wide administration",
-		Subcommands: []*cli.Command{nonceCommand(), registerCommand(), rotateCACommand(), rotateKeyCommand(), caCommand()},
+		Subcommands: []*cli.Command{nonceCommand(), registerCommand(), rotateCACommand(), rotateKeyCommand(), caCommand(), secretCommand()},
 	}
 }
 

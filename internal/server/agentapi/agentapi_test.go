@@ -162,7 +162,6 @@ func TestTemplateSourceErrors(t *testing.T) {
 		{"missing var", config.Template{Files: map[string]config.TemplateFile{"f": {Kind: "env", Content: "A={{ .Vars.missing }}"}}}, "files.f.content"},
 		{"bad template", config.Template{Files: map[string]config.TemplateFile{"f": {Kind: "env", Content: "A={{ .Vars.a "}}}, "files.f.content"},
 		{"cert key", config.Template{Files: map[string]config.TemplateFile{"f": {Kind: "certificate", Key: "k"}}}, `files.f.key: template has no key "k"`},
-		{"secret store", config.Template{Files: map[string]config.TemplateFile{"f": {Kind: "secret", Secret: "s"}}}, "no secret store"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := (&agentapi.TemplateSource{Lookup: lookup(tc.tmpl)}).Plan(context.Background(), agentapi.Ref{})
@@ -172,12 +171,21 @@ func TestTemplateSourceErrors(t *testing.T) {
 	p, err := (&agentapi.TemplateSource{Lookup: lookup(config.Template{Files: map[string]config.TemplateFile{
 		"f": {Kind: "env", Content: "A={{ .Vars.a }}\nI={{ .InstanceID }}\n", Mode: "0600"},
 		"s": {Kind: "secret", Secret: "tok"},
-	}}), Secret: func(_ context.Context, name string) ([]byte, error) { return []byte("secret-" + name), nil }}).Plan(context.Background(), agentapi.Ref{})
+	}}), Secret: func(_ context.Context, f config.TemplateFile) (agentapi.Fetched, error) {
+		return agentapi.Fetched{Content: []byte("secret-" + f.Secret)}, nil
+	}}).Plan(context.Background(), agentapi.Ref{})
 	require.NoError(t, err)
 	require.Equal(t, []agentapi.FileSpec{
 		{Path: "f", Kind: nstancev1.FileKind_FILE_KIND_ENV, Mode: 0o600, Content: []byte("A=1\nI=i\n")},
-		{Path: "s", Kind: nstancev1.FileKind_FILE_KIND_SECRET, Content: []byte("secret-tok")},
+		{Path: "s", Kind: nstancev1.FileKind_FILE_KIND_SECRET, Mode: 0o600, Content: []byte("secret-tok")},
 	}, p.Files)
+
+	// Without a secret store the plan still succeeds: that file is left out with its reason.
+	p, err = (&agentapi.TemplateSource{Lookup: lookup(config.Template{Files: map[string]config.TemplateFile{
+		"s": {Kind: "secret", Secret: "tok"},
+	}})}).Plan(context.Background(), agentapi.Ref{})
+	require.NoError(t, err)
+	require.ErrorContains(t, p.Files[0].Err, "files.s (s): no secret store configured")
 }
 
 func TestHashFiles(t *testing.T) {

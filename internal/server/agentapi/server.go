@@ -61,7 +61,9 @@ type Options struct {
 	// and the agent keeps its stream and its current files.
 	MaxFileBytes int
 	// OnRefused, when set, hears once per file set why a delivery was not
-	// sent (the fleet reports it to the instance's tenant).
+	// sent, and once per change of the set of files whose source (secret
+	// store, AWS, storage object) failed or is stale (the fleet reports it
+	// to the instance's tenant).
 	OnRefused func(ref Ref, err error)
 	// RenewIdentity, when set, renews agents' identity certificates
 	// through the streams (see identity.go); nil turns renewal off.
@@ -369,20 +371,37 @@ func (s *Server) Files(ctx context.Context, ref Ref) ([]*nstancev1.DeliveredFile
 // paths whose content is not ready yet (so the agent keeps what it has
 // there), and the hash.
 func (s *Server) Delivery(ctx context.Context, ref Ref) (*nstancev1.FileDelivery, error) {
+	d, _, err := s.delivery(ctx, ref)
+	return d, err
+}
+
+// delivery is Delivery with the problems of the files whose source failed
+// (left pending) or served a stale value.
+func (s *Server) delivery(ctx context.Context, ref Ref) (*nstancev1.FileDelivery, []error, error) {
 	p, err := s.plan(ctx, ref)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if _, err := s.issue(ctx, ref, p); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	stored, err := s.o.Keys.Keys(ctx, ref)
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "reading stored keys: %v", err)
+		return nil, nil, status.Errorf(codes.Unavailable, "reading stored keys: %v", err)
 	}
 	out := make([]*nstancev1.DeliveredFile, 0, len(p.Files))
 	var pending []string
+	var problems []error
 	for _, f := range p.Files {
+		if f.Err != nil {
+			// Its source failed: the agent keeps what it has; a later
+			// re-plan (drift check, notify) delivers it once readable.
+			pending, problems = append(pending, f.Path), append(problems, f.Err)
+			continue
+		}
+		if f.Warn != nil {
+			problems = append(problems, f.Warn)
+		}
 		content := f.Content
 		if f.Key != "" {
 			sk, ok := stored[f.Key]
@@ -400,7 +419,7 @@ func (s *Server) Delivery(ctx context.Context, ref Ref) (*nstancev1.FileDelivery
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	sort.Strings(pending)
-	return &nstancev1.FileDelivery{Files: out, PendingPaths: pending, ConfigHash: HashFiles(out)}, nil
+	return &nstancev1.FileDelivery{Files: out, PendingPaths: pending, ConfigHash: HashFiles(out)}, problems, nil
 }
 
 // ReceiveFiles implements nstancev1.AgentServiceServer.
@@ -412,13 +431,17 @@ func (s *Server) ReceiveFiles(req *nstancev1.ReceiveFilesRequest, stream nstance
 	}
 	w := s.hub.add(ref.InstanceID)
 	defer s.hub.remove(ref.InstanceID, w)
-	last, refusing := req.GetConfigHash(), false
+	last, refusing, reported := req.GetConfigHash(), false, ""
 	for {
-		var d *nstancev1.FileDelivery
+		var (
+			d        *nstancev1.FileDelivery
+			problems []error
+		)
 		// Off this long-lived handler's stack, like KeyGenRequests' plan.
-		if err := offStack(func() (err error) { d, err = s.Delivery(ctx, ref); return err }); err != nil {
+		if err := offStack(func() (err error) { d, problems, err = s.delivery(ctx, ref); return err }); err != nil {
 			return err
 		}
+		reported = s.reportFileProblems(ref, problems, reported)
 		h := d.GetConfigHash()
 		s.hub.setDesired(ref.InstanceID, h)
 		if size := deliverySize(d); size > s.o.MaxFileBytes {

@@ -34,8 +34,12 @@ type TemplateSource struct {
 	// Lookup returns the template and effective vars of an instance, or an
 	// error wrapping ErrUnknownInstance.
 	Lookup func(ctx context.Context, ref Ref) (*TemplateInput, error)
-	// Secret returns a stored secret by name (files of kind secret).
-	Secret func(ctx context.Context, name string) ([]byte, error)
+	// Secret reads the value of a file of kind secret from its source,
+	// Storage the object a file of kind storage names (FileSources
+	// implements both). A failure leaves that file out of the delivery,
+	// reported, without failing the plan.
+	Secret  func(ctx context.Context, f config.TemplateFile) (Fetched, error)
+	Storage func(ctx context.Context, object string) (Fetched, error)
 	// CABundle is delivered for ca_bundle files without content: the
 	// workload CA, which verifies the certificates templates ask for.
 	CABundle []byte
@@ -49,7 +53,7 @@ var (
 	}
 	fileKinds = map[string]nstancev1.FileKind{
 		"certificate": nstancev1.FileKind_FILE_KIND_CERTIFICATE, "ca_bundle": nstancev1.FileKind_FILE_KIND_CA_BUNDLE,
-		"secret": nstancev1.FileKind_FILE_KIND_SECRET, "env": nstancev1.FileKind_FILE_KIND_ENV,
+		"secret": nstancev1.FileKind_FILE_KIND_SECRET, "storage": nstancev1.FileKind_FILE_KIND_STRING, "env": nstancev1.FileKind_FILE_KIND_ENV,
 		"json": nstancev1.FileKind_FILE_KIND_JSON, "string": nstancev1.FileKind_FILE_KIND_STRING,
 	}
 	usages = map[string]nstancev1.CertificateUsage{
@@ -129,25 +133,18 @@ func (s *TemplateSource) Plan(ctx context.Context, ref Ref) (*Plan, error) {
 			}
 			fs.Mode = uint32(m)
 		}
-		switch kind {
-		case nstancev1.FileKind_FILE_KIND_CERTIFICATE:
+		switch {
+		case strings.EqualFold(f.Kind, config.FileKindStorage):
+			s.storageFile(ctx, key, f, data, &fs)
+		case kind == nstancev1.FileKind_FILE_KIND_SECRET:
+			s.secretFile(ctx, key, f, &fs)
+		case kind == nstancev1.FileKind_FILE_KIND_CERTIFICATE:
 			if _, ok := t.Keys[f.Key]; !ok {
 				return nil, fmt.Errorf("%s.key: template has no key %q", key, f.Key)
 			}
 			fs.Key = f.Key
-		case nstancev1.FileKind_FILE_KIND_SECRET:
-			if s.Secret == nil {
-				return nil, fmt.Errorf("%s: no secret store configured", key)
-			}
-			if fs.Content, err = s.Secret(ctx, f.Secret); err != nil {
-				return nil, fmt.Errorf("%s.secret: %w", key, err)
-			}
-		case nstancev1.FileKind_FILE_KIND_CA_BUNDLE:
-			if f.Content == "" {
-				fs.Content = s.CABundle
-				break
-			}
-			fallthrough
+		case kind == nstancev1.FileKind_FILE_KIND_CA_BUNDLE && f.Content == "":
+			fs.Content = s.CABundle
 		default:
 			out, err := config.Render(key+".content", f.Content, data)
 			if err != nil {

@@ -28,6 +28,11 @@ type FileSpec struct {
 	Mode    uint32
 	Content []byte
 	Key     string
+	// Err says why the content of a secret or storage file could not be
+	// read: the file is left pending (the agent keeps what it holds at
+	// Path) and the error is reported. Warn says why the content delivered
+	// is stale.
+	Err, Warn error
 }
 
 // Plan is everything an instance should hold right now.

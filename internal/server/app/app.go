@@ -73,6 +73,9 @@ type Options struct {
 	Bind              BindOverrides
 	// Getenv reads the encryption key variables; os.Getenv when nil.
 	Getenv func(string) string
+	// Remote reads AWS Secrets Manager and SSM values (encryption keys and
+	// secret files); the SDK's default clients when nil.
+	Remote secrets.Remote
 	Log    logr.Logger
 	// Registry receives the server metrics; a fresh one when nil.
 	Registry *prometheus.Registry
@@ -270,7 +273,11 @@ func (a *App) Run(ctx context.Context) error {
 	// Keys from AWS Secrets Manager or SSM use the SDK's default
 	// credentials and region; clients are built only when a key names them.
 	keyCtx, cancelKeys := context.WithTimeout(ctx, keyLoadTimeout)
-	ring, err := secrets.Loader{Getenv: a.o.Getenv, Remote: awssecrets.New(awssecrets.DefaultClients())}.Keyring(keyCtx,
+	remote := a.o.Remote
+	if remote == nil {
+		remote = awssecrets.New(awssecrets.DefaultClients())
+	}
+	ring, err := secrets.Loader{Getenv: a.o.Getenv, Remote: remote}.Keyring(keyCtx,
 		keySource(cfg.Cluster.Secrets.EncryptionKey), keySources(cfg.Cluster.Secrets.PreviousKeys))
 	cancelKeys()
 	if err != nil {
@@ -428,8 +435,9 @@ func (a *App) Run(ctx context.Context) error {
 		Config: withAdvertiseDefaults(cfg, bind, a.o.AdvertiseHosts), ConfigETag: a.cfgETag, ConfigModified: cfgMod,
 		Store: a.leaderStore(), Keys: a.o.Keys, ServerID: a.o.ServerID,
 		Provider: a.o.Provider, Providers: a.o.Providers, Local: a.o.Local, Fence: fence, Cache: db,
-		Trust: trust, Issuer: issuer, NonceKey: cl.NonceKey, WorkloadCA: cl.WorkloadCA, Secrets: bootOpts.Secrets, ServerHosts: certHosts,
+		Trust: trust, Issuer: issuer, NonceKey: cl.NonceKey, WorkloadCA: cl.WorkloadCA, ServerHosts: certHosts,
 		Revocations: a.revocations, Leadership: a.Leadership, Metrics: a.metrics, Tuning: a.o.Tuning, Log: log,
+		Ring: ring, Remote: remote,
 	})
 	if err != nil {
 		return fmt.Errorf("assembling the server: %w", err)

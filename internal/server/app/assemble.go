@@ -67,9 +67,6 @@ type Parts struct {
 	Issuer     *registration.Issuer
 	NonceKey   ed25519.PrivateKey
 	WorkloadCA *pki.CA
-	// Secrets reads the cluster's encrypted secrets (the keys of imported
-	// CAs); nil leaves imported CAs out.
-	Secrets *secrets.Store
 	// ServerHosts are this server's names and addresses beyond those the
 	// config knows; no template certificate may carry them.
 	ServerHosts []string
@@ -84,6 +81,13 @@ type Parts struct {
 	Metrics *metrics.Server
 	Tuning  Tuning
 	Log     logr.Logger
+	// Ring opens the cluster's encrypted secrets in Store (file secrets,
+	// imported CAs' keys, tenants' user data) and Remote reads AWS secrets
+	// for template files of kind secret (files.go); a nil Ring leaves those
+	// out (their files are reported, not delivered; no imported CAs; no
+	// user data accepted).
+	Ring   *secrets.Keyring
+	Remote secrets.Remote
 }
 
 // Tuning adjusts the reconciler and the Agent service beyond the config;
@@ -220,10 +224,10 @@ func Assemble(p Parts) (*Assembly, error) {
 		ro.CACert = func(context.Context) ([]byte, error) { return p.Trust.BundlePEM(), nil }
 	}
 	var ud *userdata.Store
-	if p.Secrets != nil {
+	if p.Ring != nil {
 		// Tenants' bootstrap data is sealed with the cluster key and written
 		// through the fenced store.
-		ud = &userdata.Store{Secrets: &secrets.Store{Objects: p.Store, Ring: p.Secrets.Ring}, Keys: p.Keys, Shard: shard}
+		ud = &userdata.Store{Secrets: &secrets.Store{Objects: p.Store, Ring: p.Ring}, Keys: p.Keys, Shard: shard}
 	}
 	ro.UserData = func(ctx context.Context, rec *instances.Record) ([]byte, string, error) {
 		return s.bootUserData(ctx, ud, rec)
@@ -238,11 +242,12 @@ func Assemble(p Parts) (*Assembly, error) {
 	monitor := cfg.Shard.Infra.Provider != "mock" || t.MonitorMock
 	if p.WorkloadCA != nil {
 		s.AgentKeys, s.Health = agentapi.NewMemKeyStore(), agentapi.NewTracker()
-		src := &agentapi.TemplateSource{Lookup: s.templateInput, CABundle: p.WorkloadCA.CertPEM}
+		files := fileSources(p, holder, lim.MaxFileBytes, log)
+		src := &agentapi.TemplateSource{Lookup: s.templateInput, CABundle: p.WorkloadCA.CertPEM, Secret: files.Secret, Storage: files.Object}
 		policy := func() pki.WorkloadPolicy { return holder.Current().WorkloadPolicy(p.ServerHosts...) }
 		signer := agentapi.CASigners{Workload: &agentapi.WorkloadSigner{CA: p.WorkloadCA, MaxValidity: cfg.Certificates.AgentValidity.D(), Policy: policy}}
-		if p.Secrets != nil {
-			cas := &importedca.Cache{Store: &importedca.Store{Objects: p.Store, Keys: p.Keys, Secrets: p.Secrets}}
+		if p.Ring != nil {
+			cas := &importedca.Cache{Store: &importedca.Store{Objects: p.Store, Keys: p.Keys, Secrets: &secrets.Store{Objects: p.Store, Ring: p.Ring}}}
 			signer.Imported = &agentapi.ImportedSigner{CA: cas.Get, MaxValidity: cfg.Certificates.AgentValidity.D(), Policy: policy,
 				DeniedGroups: func() []string { return holder.Current().Certificates.DeniedGroupsAll() },
 				Alive:        s.instanceAlive}

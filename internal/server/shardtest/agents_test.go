@@ -90,7 +90,8 @@ func startAgentShard(t *testing.T) *agentShard {
 	return startAgentShardWith(t, agentConfig("worker"))
 }
 
-func startAgentShardWith(t *testing.T, cfg string) *agentShard {
+// startAgentShardWith starts the shard with cfg; opts adjust the shard's options.
+func startAgentShardWith(t *testing.T, cfg string, opts ...func(*shardtest.Options)) *agentShard {
 	t.Helper()
 	bin, err := agentBinary()
 	require.NoError(t, err)
@@ -109,7 +110,7 @@ func startAgentShardWith(t *testing.T, cfg string) *agentShard {
 	// Health tuning comes from the shard config only.
 	cfg = strings.Replace(cfg, `"default_drain_timeout": "30s",`, fmt.Sprintf(`"default_drain_timeout": "30s", "health_check_interval": %q, "health_misses": %d, "agent_startup_grace": "30s",`,
 		reportEvery.String(), misses), 1)
-	a.sh = shardtest.Start(t, shardtest.Options{
+	o := shardtest.Options{
 		ConfigJSONC: cfg, Provider: a.p,
 		Agent: app.Tuning{
 			RepushInterval: 500 * time.Millisecond,
@@ -121,7 +122,11 @@ func startAgentShardWith(t *testing.T, cfg string) *agentShard {
 				a.mu.Unlock()
 			},
 		},
-	})
+	}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	a.sh = shardtest.Start(t, o)
 	a.c = a.sh.Client(t, "acme")
 	return a
 }

@@ -65,6 +65,9 @@ type Options struct {
 	// many tests dial with certificates issued straight from the CA; the
 	// client helpers here write records).
 	RequireOperatorRecords bool
+	// Remote replaces the AWS Secrets Manager / SSM clients (secret files
+	// of those sources); nil keeps the SDK's.
+	Remote secrets.Remote
 }
 
 // Shard is a running shard server (app.App) with test helpers.
@@ -215,6 +218,7 @@ func start(o Options, regAddr, agentAddr string) (*Shard, error) {
 		Provider: o.Provider, Tuning: tuning, OperatorRecordsOptional: !o.RequireOperatorRecords,
 		StorageBackoff: storage.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond},
 		TrustRefresh:   time.Second,
+		Remote:         o.Remote,
 	})
 	if err != nil {
 		return nil, err

@@ -87,7 +87,7 @@ func (s *Store) Get(ctx context.Context, tenant, sum string) ([]byte, error) {
 func Render(ctx context.Context, key string, t config.Template, data config.TemplateData, readObject func(ctx context.Context, key string) ([]byte, error)) ([]byte, error) {
 	text := t.Userdata
 	if t.UserdataObject != "" {
-		if err := config.CheckObjectKey(t.UserdataObject); err != nil {
+		if err := layout.CheckTemplateObject(t.UserdataObject); err != nil {
 			return nil, fmt.Errorf("%s.userdata_object: %w", key, err)
 		}
 		b, err := readObject(ctx, t.UserdataObject)
