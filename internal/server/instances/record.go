@@ -87,6 +87,9 @@ type Record struct {
 	CreatedAt    time.Time     `json:"created_at"`
 	UpdatedAt    time.Time     `json:"updated_at"`
 	LastHealthAt *time.Time    `json:"last_health_at,omitempty"`
+	// FirstHealthAt is when the first health report of its agent was
+	// recorded (never changed afterwards).
+	FirstHealthAt *time.Time `json:"first_health_at,omitempty"`
 	// TerminationNotice is the kind of termination the platform announced
 	// through the agent (e.g. "spot"); the instance is replaced first.
 	TerminationNotice string `json:"termination_notice,omitempty"`
@@ -145,6 +148,10 @@ func (r *Record) Clone() *Record {
 		t := *r.LastHealthAt
 		c.LastHealthAt = &t
 	}
+	if r.FirstHealthAt != nil {
+		t := *r.FirstHealthAt
+		c.FirstHealthAt = &t
+	}
 	if r.DrainDeadline != nil {
 		t := *r.DrainDeadline
 		c.DrainDeadline = &t
@@ -171,6 +178,9 @@ func (r *Record) Proto() *nstancev1.InstanceStatus {
 	}
 	if r.LastHealthAt != nil {
 		st.LastHealthAt = timestamppb.New(*r.LastHealthAt)
+	}
+	if r.FirstHealthAt != nil {
+		st.FirstHealthAt = timestamppb.New(*r.FirstHealthAt)
 	}
 	if r.DrainDeadline != nil && r.State == StatePendingDeletion {
 		st.DrainDeadline = timestamppb.New(*r.DrainDeadline)

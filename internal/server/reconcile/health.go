@@ -232,6 +232,12 @@ func (r *Reconciler) noteHealth(ctx context.Context, rec *instances.Record) erro
 		}
 		if persist {
 			t := last.UTC()
+			if x.LastHealthAt == nil && x.FirstHealthAt == nil {
+				// The first report ever persisted: the start of the
+				// instance's join deadline (the operator's join_timeout).
+				f := t
+				x.FirstHealthAt = &f
+			}
 			x.LastHealthAt = &t
 		}
 		if version != "" {

@@ -339,6 +339,11 @@ func TestAgentVersionRecorded(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, "v1.2.0", rec.AgentVersion)
 	require.Equal(t, "v1.2.0", rec.Proto().GetAgentVersion())
+	// The first report recorded starts the join deadline and stays put.
+	require.NotNil(t, rec.FirstHealthAt)
+	require.Equal(t, *rec.LastHealthAt, *rec.FirstHealthAt)
+	first := *rec.FirstHealthAt
+	require.True(t, rec.Proto().GetFirstHealthAt().AsTime().Equal(first))
 
 	s.agents.mu.Lock()
 	s.agents.version[id] = "v1.3.0"
@@ -347,4 +352,5 @@ func TestAgentVersionRecorded(t *testing.T) {
 	s.run(t)
 	rec, _ = s.insts.Get(id)
 	require.Equal(t, "v1.3.0", rec.AgentVersion)
+	require.Equal(t, first, *rec.FirstHealthAt)
 }

@@ -262,8 +262,11 @@ type InstanceStatus struct {
 	// data from the caller or the rendered template userdata); empty when it
 	// had none.
 	UserDataSha256 string `protobuf:"bytes,16,opt,name=user_data_sha256,json=userDataSha256,proto3" json:"user_data_sha256,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// When the first health report of the instance's agent was recorded;
+	// unset before it. The operator's join deadline counts from it.
+	FirstHealthAt *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=first_health_at,json=firstHealthAt,proto3" json:"first_health_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *InstanceStatus) Reset() {
@@ -408,6 +411,13 @@ func (x *InstanceStatus) GetUserDataSha256() string {
 	return ""
 }
 
+func (x *InstanceStatus) GetFirstHealthAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FirstHealthAt
+	}
+	return nil
+}
+
 var File_nstance_v1_instance_proto protoreflect.FileDescriptor
 
 const file_nstance_v1_instance_proto_rawDesc = "" +
@@ -416,7 +426,7 @@ const file_nstance_v1_instance_proto_rawDesc = "" +
 	"nstance.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"X\n" +
 	"\x0fInstanceAddress\x12+\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x17.nstance.v1.AddressTypeR\x04type\x12\x18\n" +
-	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xa1\x05\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xe5\x05\n" +
 	"\x0eInstanceStatus\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x19\n" +
@@ -437,7 +447,8 @@ const file_nstance_v1_instance_proto_rawDesc = "" +
 	"\fclient_token\x18\r \x01(\tR\vclientToken\x12#\n" +
 	"\rworkload_gone\x18\x0e \x01(\bR\fworkloadGone\x12#\n" +
 	"\ragent_version\x18\x0f \x01(\tR\fagentVersion\x12(\n" +
-	"\x10user_data_sha256\x18\x10 \x01(\tR\x0euserDataSha256*\xb7\x02\n" +
+	"\x10user_data_sha256\x18\x10 \x01(\tR\x0euserDataSha256\x12B\n" +
+	"\x0ffirst_health_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\rfirstHealthAt*\xb7\x02\n" +
 	"\rInstanceState\x12\x1e\n" +
 	"\x1aINSTANCE_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16INSTANCE_STATE_PENDING\x10\x01\x12\x1b\n" +
@@ -485,11 +496,12 @@ var file_nstance_v1_instance_proto_depIdxs = []int32{
 	4, // 3: nstance.v1.InstanceStatus.created_at:type_name -> google.protobuf.Timestamp
 	4, // 4: nstance.v1.InstanceStatus.last_health_at:type_name -> google.protobuf.Timestamp
 	4, // 5: nstance.v1.InstanceStatus.drain_deadline:type_name -> google.protobuf.Timestamp
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	4, // 6: nstance.v1.InstanceStatus.first_health_at:type_name -> google.protobuf.Timestamp
+	7, // [7:7] is the sub-list for method output_type
+	7, // [7:7] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_nstance_v1_instance_proto_init() }
