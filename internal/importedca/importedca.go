@@ -2,8 +2,15 @@ package importedca
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"math/big"
 	"sort"
 	"strings"
 	"sync"
@@ -84,6 +91,39 @@ func (s *Store) Import(ctx context.Context, name string, certPEM, keyPEM []byte,
 		return nil, fmt.Errorf("storing the certificate of CA %q: %w", name, err)
 	}
 	return ca, nil
+}
+
+// Create generates a new CA (ECDSA P-256, subject CN=name) and stores it
+// under name as Import does, replacing whatever is there. It is for a
+// cluster whose API server does not have a CA yet (the dev stack): the
+// caller hands the certificate to the API server.
+func (s *Store) Create(ctx context.Context, name string, validity time.Duration, now time.Time) (*pki.CA, error) {
+	if err := ValidateName(name); err != nil {
+		return nil, err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generating the CA key: %w", err)
+	}
+	sn, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, fmt.Errorf("generating a serial number: %w", err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: sn.Add(sn, big.NewInt(1)), Subject: pkix.Name{CommonName: name},
+		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(validity),
+		IsCA: true, BasicConstraintsValid: true, MaxPathLenZero: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, fmt.Errorf("self-signing the CA: %w", err)
+	}
+	keyPEM, err := pki.MarshalPrivateKeyPEM(key)
+	if err != nil {
+		return nil, err
+	}
+	return s.Import(ctx, name, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), keyPEM, nil, true, now)
 }
 
 // Load reads the CA imported under name with its key.

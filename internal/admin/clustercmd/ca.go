@@ -9,6 +9,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/nstance-dev/nstance/internal/admin/output"
+	"github.com/nstance-dev/nstance/internal/atomicfile"
 	"github.com/nstance-dev/nstance/internal/importedca"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/pkg/objstore"
@@ -28,7 +29,7 @@ func caCommand() *cli.Command {
 				Description: "The key may be PKCS#8, PKCS#1 (kubeadm's ca.key) or SEC 1 PEM. Nstance's own cluster and workload\n" +
 					"CAs are refused. Servers pick the CA up within 10 seconds; templates name it with\n" +
 					"keys.<key>.certificate.ca.",
-				Flags: rotateFlags(name,
+				Flags: sealedFlags(name,
 					&cli.StringFlag{Name: "cert", Usage: "CA certificate PEM file", Required: true},
 					&cli.StringFlag{Name: "key", Usage: "CA private key PEM file", Required: true},
 					&cli.BoolFlag{Name: "replace", Usage: "replace a CA already imported under this name"}),
@@ -53,21 +54,43 @@ func caCommand() *cli.Command {
 					if err != nil {
 						return fmt.Errorf("importing CA %q: %w", c.String("name"), err)
 					}
-					p, err := printer(c, c.App.Writer)
+					return printCA(c, c.String("name"), ca)
+				},
+			},
+			{
+				Name:  "create",
+				Usage: "generate a new CA (ECDSA P-256) under a name, for a cluster whose API server has no CA yet (development)",
+				Description: "The certificate is written to --cert-out for the API server's --client-ca-file; the key stays\n" +
+					"sealed in storage. A CA already stored under the name is kept (and written out) unless --replace.",
+				Flags: sealedFlags(name,
+					&cli.StringFlag{Name: "cert-out", Usage: "write the CA certificate (PEM) here", Required: true},
+					&cli.DurationFlag{Name: "validity", Value: 10 * 365 * 24 * time.Hour, Usage: "CA lifetime"},
+					&cli.BoolFlag{Name: "replace", Usage: "replace a CA already stored under this name"}),
+				Action: func(c *cli.Context) error {
+					s, err := caStore(c)
 					if err != nil {
 						return err
 					}
-					info := importedca.Info{Name: c.String("name"), Subject: ca.Cert.Subject.String(), NotAfter: ca.Cert.NotAfter, SHA256: pki.Fingerprint(ca.Cert)}
-					if p.Machine() {
-						return p.Document(info)
+					ca, err := s.Load(c.Context, c.String("name"))
+					switch {
+					case err == nil && !c.Bool("replace"):
+					case err == nil || errors.Is(err, importedca.ErrNotImported):
+						if ca, err = s.Create(c.Context, c.String("name"), c.Duration("validity"), time.Now()); err != nil {
+							return fmt.Errorf("creating CA %q: %w", c.String("name"), err)
+						}
+					default:
+						return err
 					}
-					return p.Fields("name", info.Name, "subject", info.Subject, "not after", info.NotAfter.UTC().Format(time.RFC3339), "sha256", info.SHA256)
+					if err := atomicfile.WritePath(c.String("cert-out"), ca.CertPEM, 0o644); err != nil {
+						return fmt.Errorf("writing --cert-out: %w", err)
+					}
+					return printCA(c, c.String("name"), ca)
 				},
 			},
 			{
 				Name:  "list",
 				Usage: "list the imported CAs",
-				Flags: rotateFlags(),
+				Flags: sealedFlags(),
 				Action: func(c *cli.Context) error {
 					s, err := caStore(c)
 					if err != nil {
@@ -94,7 +117,7 @@ func caCommand() *cli.Command {
 			{
 				Name:  "delete",
 				Usage: "delete an imported CA (certificates it signed stay valid until they expire)",
-				Flags: rotateFlags(name),
+				Flags: sealedFlags(name),
 				Action: func(c *cli.Context) error {
 					s, err := caStore(c)
 					if err != nil {
@@ -134,4 +157,16 @@ func ownCAs(c *cli.Context, s *importedca.Store) ([]*pki.CA, error) {
 		out = append(out, &pki.CA{Cert: cert, CertPEM: obj.Body})
 	}
 	return out, nil
+}
+
+func printCA(c *cli.Context, name string, ca *pki.CA) error {
+	p, err := printer(c, c.App.Writer)
+	if err != nil {
+		return err
+	}
+	info := importedca.Info{Name: name, Subject: ca.Cert.Subject.String(), NotAfter: ca.Cert.NotAfter, SHA256: pki.Fingerprint(ca.Cert)}
+	if p.Machine() {
+		return p.Document(info)
+	}
+	return p.Fields("name", info.Name, "subject", info.Subject, "not after", info.NotAfter.UTC().Format(time.RFC3339), "sha256", info.SHA256)
 }

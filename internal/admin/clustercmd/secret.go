@@ -21,15 +21,19 @@ import (
 // delivers a file larger than its largest possible message.
 const maxSecretValue = config.MaxMessageBytesCap
 
+// sealedFlags are the flags of commands that read or write sealed
+// secrets: storage, the encryption key, extra, output and logging.
+func sealedFlags(extra ...cli.Flag) []cli.Flag {
+	fl := append(storageFlags(), keyFlags()...)
+	fl = append(fl, extra...)
+	fl = append(fl, outputFlag())
+	return append(fl, cmdutil.LogFlags()...)
+}
+
 // secretCommand is `cluster secret`: the file secrets template files of
 // kind secret (source cluster) deliver, sealed in object storage.
 func secretCommand() *cli.Command {
-	flags := func(extra ...cli.Flag) []cli.Flag {
-		fl := append(storageFlags(), keyFlags()...)
-		fl = append(fl, extra...)
-		fl = append(fl, outputFlag())
-		return append(fl, cmdutil.LogFlags()...)
-	}
+	flags := sealedFlags
 	return &cli.Command{
 		Name:  "secret",
 		Usage: "manage the file secrets that template files of kind secret deliver (sealed with the cluster encryption key)",
