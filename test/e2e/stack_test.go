@@ -264,6 +264,23 @@ func (s *stack) shardConfig(n int) []byte {
 	return []byte(out)
 }
 
+// putObject writes an object into the stack's bucket through dev-s3.
+func (s *stack) putObject(key string, body []byte) {
+	s.t.Helper()
+	req, err := http.NewRequest(http.MethodPut, "http://"+s.s3Addr+"/"+bucket+"/"+key, bytes.NewReader(body))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatalf("uploading %s: %v", key, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		s.t.Fatalf("uploading %s: %s", key, resp.Status)
+	}
+}
+
 func httpOK(url string) bool {
 	c := http.Client{Timeout: 2 * time.Second}
 	resp, err := c.Get(url)
@@ -292,6 +309,13 @@ func (s *stack) up() {
 	t.Helper()
 	s.start("dev-s3", "dev-s3", nil, "--addr", s.s3Addr, "--bucket", bucket, "--dir", filepath.Join(s.dir, "dev-s3"))
 	s.eventually("dev-s3 /healthz", 20*time.Second, func() bool { return httpOK("http://" + s.s3Addr + "/healthz") })
+	// The worker template's user data (examples/dev/node-userdata.sh), as
+	// the dev stack uploads it.
+	userdata, err := os.ReadFile(filepath.Join(s.root, "examples", "dev", "node-userdata.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.putObject("dev/node-userdata.sh", userdata)
 	for n := 1; n <= 2; n++ {
 		sp := s.servers[n-1]
 		req, _ := http.NewRequest(http.MethodPut, "http://"+s.s3Addr+"/"+bucket+"/config/"+sp.shard+".jsonc", bytes.NewReader(s.shardConfig(n)))
