@@ -53,6 +53,11 @@ type Options struct {
 	// TokenFile is an optional kube-apiserver static token file
 	// (token,user,uid,"group1,group2") of extra users.
 	TokenFile string
+	// ClientCAFile turns on client certificate authentication against
+	// this CA bundle (kube-apiserver's --client-ca-file); it is reloaded
+	// when it changes and may be written after the server started. The
+	// listener must request client certificates (app does).
+	ClientCAFile string
 	// Controllers turns on the work kube-controller-manager and kubelets do
 	// in a real cluster: garbage collection, namespace deletion, finishing
 	// graceful pod deletion and PodDisruptionBudget status. Off, dev-k8s
@@ -101,10 +106,12 @@ func New(ctx context.Context, log logr.Logger, opts Options) (*Server, error) {
 	if opts.IgnoreCRDSchemas {
 		s.reg.IgnoreSchemas()
 	}
-	authn, err := auth.New(auth.Options{
+	authn, err := auth.New(ctx, auth.Options{
 		StateDir:        filepath.Join(opts.Dir, store.StateDirName, "auth"),
 		TokenFile:       opts.TokenFile,
 		ServiceAccounts: s.serviceAccountUID,
+		ClientCAFile:    opts.ClientCAFile,
+		Log:             log.WithName("auth"),
 	})
 	if err != nil {
 		return nil, err
@@ -175,6 +182,9 @@ func (s *Server) StopWatches() { s.store.StopWatches() }
 
 // AdminToken is the bearer token of the generated admin user.
 func (s *Server) AdminToken() string { return s.auth.AdminToken() }
+
+// AuthMethods names the authenticators that are on.
+func (s *Server) AuthMethods() []string { return s.auth.Methods() }
 
 // serviceAccountUID resolves a ServiceAccount for token authentication; one
 // being deleted no longer authenticates, as in kube-apiserver.
