@@ -343,6 +343,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, rq request) {
 	if err == nil {
 		err = admitObject(rq, obj)
 	}
+	if err == nil {
+		err = s.admitNodeCreate(r, rq, obj)
+	}
 	if err != nil {
 		writeError(w, err)
 		return

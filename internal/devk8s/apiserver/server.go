@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/util/managedfields"
+	genericrequest "k8s.io/apiserver/pkg/endpoints/request"
 
 	"github.com/nstance-dev/nstance/internal/devk8s/auth"
 	"github.com/nstance-dev/nstance/internal/devk8s/registry"
@@ -84,6 +85,8 @@ type Server struct {
 	scheme *runtime.Scheme
 	codecs serializer.CodecFactory
 	auth   *auth.Authenticator
+	// requestInfo reads verbs and resources for the node rules.
+	requestInfo *genericrequest.RequestInfoFactory
 
 	// gcMu serialises garbage collection passes.
 	gcMu   sync.Mutex
@@ -102,7 +105,7 @@ func New(ctx context.Context, log logr.Logger, opts Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{log: log, reg: registry.New(), opts: opts, ctx: ctx, gcKick: make(chan struct{}, 1), scheme: scheme, codecs: serializer.NewCodecFactory(scheme),
-		fieldManagers: map[string]*managedfields.FieldManager{}}
+		fieldManagers: map[string]*managedfields.FieldManager{}, requestInfo: newRequestInfoFactory()}
 	if opts.IgnoreCRDSchemas {
 		s.reg.IgnoreSchemas()
 	}
@@ -230,6 +233,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		s.log.V(1).Info("unauthorized request", "method", r.Method, "path", r.URL.Path, "reason", err.Error())
 		writeError(w, apierrors.NewUnauthorized("Unauthorized"))
+		return
+	}
+	if !s.authorizeNode(w, r, u) {
 		return
 	}
 	r = r.WithContext(auth.WithUser(r.Context(), u))
