@@ -63,6 +63,14 @@ func TestNodeIdentity(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "nstance://dev/dev-1/a", got.Spec.ProviderID)
 	require.Equal(t, corev1.NodeReady, got.Status.Conditions[0].Type)
+	// An existing Node gets the kubelet's default labels through status,
+	// as in kube-apiserver; the spec stays.
+	got, err = node.CoreV1().Nodes().Patch(ctx, "a", types.StrategicMergePatchType,
+		[]byte(`{"metadata":{"labels":{"kubernetes.io/hostname":"a"}},"spec":{"providerID":"kubemark://a"}}`), metav1.PatchOptions{}, "status")
+	require.NoError(t, err)
+	require.Equal(t, "a", got.Labels["kubernetes.io/hostname"])
+	require.Equal(t, "nstance://dev/dev-1/a", got.Spec.ProviderID)
+	require.Equal(t, corev1.NodeReady, got.Status.Conditions[0].Type)
 	_, err = node.CoreV1().Nodes().Patch(ctx, "b", types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
 	require.True(t, apierrors.IsForbidden(err), "patching another node's status: %v", err)
 	_, err = node.CoreV1().Nodes().Patch(ctx, "b", types.MergePatchType, []byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{})
