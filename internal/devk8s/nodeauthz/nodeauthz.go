@@ -119,10 +119,13 @@ func Authorize(u user.Info, a Attributes, objs Objects) Decision {
 	case schema.GroupResource{Resource: "configmaps"}:
 		return referenced(node, a, objs, KindConfigMap)
 	case schema.GroupResource{Resource: "serviceaccounts"}:
-		if a.Subresource == "token" && a.Verb == "create" && a.Name != "" && objs.BoundPodUses(node, a.Namespace, KindServiceAccount, a.Name) {
-			return allow()
+		switch {
+		case a.Verb != "create" || a.Name == "":
+			return deny("can only create tokens for individual service accounts")
+		case a.Subresource != "token":
+			return deny("can only create token subresource of serviceaccount")
 		}
-		return deny("no relationship found between node '" + node + "' and this object")
+		return related(node, a.Name, func() bool { return objs.BoundPodUses(node, a.Namespace, KindServiceAccount, a.Name) })
 	case schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}:
 		return namedAfterNode(node, a, a.Namespace == LeaseNamespace, "can only access leases in the \""+LeaseNamespace+"\" system namespace", "node lease")
 	case schema.GroupResource{Group: "storage.k8s.io", Resource: "csinodes"}:
@@ -235,10 +238,7 @@ func podRule(node string, a Attributes, objs Objects) Decision {
 	case "":
 		switch a.Verb {
 		case "get":
-			if a.Name != "" && bound() {
-				return allow()
-			}
-			return deny("no relationship found between node '" + node + "' and this object")
+			return related(node, a.Name, bound)
 		case "list", "watch":
 			if a.FieldSelector != nil {
 				for _, r := range a.FieldSelector.Requirements() {
@@ -247,8 +247,8 @@ func podRule(node string, a Attributes, objs Objects) Decision {
 					}
 				}
 			}
-			if a.Name != "" && bound() {
-				return allow()
+			if a.Name != "" {
+				return related(node, a.Name, bound)
 			}
 			return deny("can only list/watch pods with spec.nodeName field selector")
 		case "create":
@@ -280,10 +280,24 @@ func podRule(node string, a Attributes, objs Objects) Decision {
 // referenced allows reading, by name, an object a pod bound to the node
 // uses.
 func referenced(node string, a Attributes, objs Objects, kind string) Decision {
-	if a.Subresource != "" || (a.Verb != "get" && a.Verb != "list" && a.Verb != "watch") {
-		return deny("")
+	switch {
+	case a.Verb != "get" && a.Verb != "list" && a.Verb != "watch":
+		return deny("can only read resources of this type")
+	case a.Subresource != "":
+		return deny("cannot read subresource")
+	case a.Namespace == "":
+		return deny("can only read namespaced object of this type")
 	}
-	if a.Name != "" && objs.BoundPodUses(node, a.Namespace, kind, a.Name) {
+	return related(node, a.Name, func() bool { return objs.BoundPodUses(node, a.Namespace, kind, a.Name) })
+}
+
+// related allows a request for a named object that is related to the
+// node, with the Node authorizer's reasons otherwise.
+func related(node, name string, ok func() bool) Decision {
+	if name == "" {
+		return deny("No Object name found")
+	}
+	if ok() {
 		return allow()
 	}
 	return deny("no relationship found between node '" + node + "' and this object")
@@ -323,9 +337,13 @@ func AdmitCreate(u user.Info, a Attributes, obj map[string]any) error {
 		if name != node {
 			msg = fmt.Sprintf("node %q is not allowed to modify node %q", node, name)
 		}
-	case schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, schema.GroupResource{Group: "storage.k8s.io", Resource: "csinodes"}:
+	case schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}:
 		if name != node {
-			msg = fmt.Sprintf("node %q is not allowed to modify %s %q", node, strings.TrimSuffix(a.Resource, "s"), name)
+			msg = "can only access node lease with the same name as the requesting node"
+		}
+	case schema.GroupResource{Group: "storage.k8s.io", Resource: "csinodes"}:
+		if name != node {
+			msg = "can only access CSINode with the same name as the requesting node"
 		}
 	case schema.GroupResource{Resource: "pods"}:
 		ann, _ := meta["annotations"].(map[string]any)

@@ -160,7 +160,7 @@ func TestForbiddenMessages(t *testing.T) {
 	require.Equal(t, `nodes "b" is forbidden: node "a" is not allowed to modify node "b"`, err.Error())
 	a = res("list", "", "secrets", "", "ns", "")
 	err = Authorize(u, a, fakeObjects{}).Error(u, a)
-	require.Equal(t, `secrets is forbidden: User "system:node:a" cannot list resource "secrets" in API group "" in the namespace "ns": no relationship found between node 'a' and this object`, err.Error())
+	require.Equal(t, `secrets is forbidden: User "system:node:a" cannot list resource "secrets" in API group "" in the namespace "ns": No Object name found`, err.Error())
 	a = res("list", "", "nodes", "", "", "")
 	err = Authorize(u, a, fakeObjects{}).Error(u, a)
 	require.Equal(t, `nodes is forbidden: User "system:node:a" cannot list resource "nodes" in API group "" at the cluster scope: node 'a' cannot read all nodes, only its own Node object`, err.Error())
