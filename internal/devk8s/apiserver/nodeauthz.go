@@ -67,6 +67,15 @@ func (s *Server) admitNodeCreate(r *http.Request, rq request, obj map[string]any
 	return nodeauthz.AdmitCreate(u, nodeauthz.Attributes{ResourceRequest: true, Verb: "create", APIGroup: rq.res.Group, Resource: rq.res.Resource, Namespace: rq.namespace}, obj)
 }
 
+// admitNodeUpdate runs NodeRestriction's checks of a kubelet's update of
+// its own Node (taints, ownerReferences, labels).
+func admitNodeUpdate(rq request, cur, next map[string]any) error {
+	if rq.user == nil || !nodeauthz.Applies(rq.user) || !isNodes(rq.res) {
+		return nil
+	}
+	return nodeauthz.AdmitNodeWrite(rq.user, cur, next)
+}
+
 // nodeObjects answers the node rules' questions from the store.
 type nodeObjects struct{ s *Server }
 

@@ -12,7 +12,9 @@
 //
 // A node may:
 //   - read its own Node (get, or list/watch with fieldSelector
-//     metadata.name=<name>), create it, update and patch it and its status;
+//     metadata.name=<name>), create it, update and patch it and its status,
+//     without changing its taints or ownerReferences and setting only the
+//     labels kubelets set (or labels outside kubernetes.io and k8s.io);
 //   - get, create, update, patch and delete the Lease named after it in
 //     kube-node-lease, and the CSINode named after it;
 //   - create, update and patch Events (core and events.k8s.io);
@@ -31,7 +33,8 @@
 // in the store at request time (no graph), so a node may read a Secret as soon
 // as a pod bound to it names the Secret; PersistentVolumes, ResourceClaims,
 // ResourceSlices and PodCertificateRequests are not covered (refused);
-// NodeRestriction's checks on the content of updates (labels under
-// node-restriction.kubernetes.io/, taints, ownerReferences, a pod's token
-// audience and bound object) are not made.
+// NodeRestriction's checks of a pod status write's content and of a token
+// request's audience and bound object are not made. internal/devk8s/difftest
+// compares a kubelet's answers with kube-apiserver's (Node,RBAC and
+// NodeRestriction).
 package nodeauthz

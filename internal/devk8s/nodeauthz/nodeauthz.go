@@ -336,7 +336,9 @@ func AdmitCreate(u user.Info, a Attributes, obj map[string]any) error {
 	case schema.GroupResource{Resource: "nodes"}:
 		if name != node {
 			msg = fmt.Sprintf("node %q is not allowed to modify node %q", node, name)
+			break
 		}
+		return AdmitNodeWrite(u, nil, obj)
 	case schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}:
 		if name != node {
 			msg = "can only access node lease with the same name as the requesting node"

@@ -204,3 +204,39 @@ func TestAdmitCreate(t *testing.T) {
 		}
 	}
 }
+
+func TestAdmitNodeWrite(t *testing.T) {
+	u := &user.DefaultInfo{Name: "system:node:a", Groups: []string{NodesGroup}}
+	nodeObj := func(labels map[string]any, taints []any, owners []any) map[string]any {
+		md := map[string]any{"name": "a"}
+		if labels != nil {
+			md["labels"] = labels
+		}
+		if owners != nil {
+			md["ownerReferences"] = owners
+		}
+		spec := map[string]any{}
+		if taints != nil {
+			spec["taints"] = taints
+		}
+		return map[string]any{"metadata": md, "spec": spec}
+	}
+	taint := []any{map[string]any{"key": "dedicated", "effect": "NoSchedule"}}
+	kubelet := map[string]any{"kubernetes.io/hostname": "a", "kubernetes.io/os": "linux", "node.kubernetes.io/exclude-from-external-load-balancers": "", "team": "x"}
+	require.NoError(t, AdmitNodeWrite(u, nil, nodeObj(kubelet, nil, nil)))
+	err := AdmitNodeWrite(u, nil, nodeObj(map[string]any{"node-role.kubernetes.io/control-plane": ""}, nil, nil))
+	require.True(t, apierrors.IsForbidden(err))
+	require.Contains(t, err.Error(), `node "a" is not allowed to set the following labels: node-role.kubernetes.io/control-plane`)
+
+	base := nodeObj(kubelet, taint, nil)
+	require.NoError(t, AdmitNodeWrite(u, base, nodeObj(kubelet, taint, []any{})), "an empty list equals a missing one")
+	require.NoError(t, AdmitNodeWrite(u, base, nodeObj(map[string]any{"kubernetes.io/hostname": "a2", "team": "y"}, taint, nil)), "kubelet and user labels may change")
+	for name, next := range map[string]map[string]any{
+		"taints removed":      nodeObj(kubelet, nil, nil),
+		"owner added":         nodeObj(kubelet, taint, []any{map[string]any{"name": "x"}}),
+		"restricted label":    nodeObj(map[string]any{"node-restriction.kubernetes.io/pool": "gold"}, taint, nil),
+		"kubernetes.io label": nodeObj(map[string]any{"node-role.kubernetes.io/worker": ""}, taint, nil),
+	} {
+		require.True(t, apierrors.IsForbidden(AdmitNodeWrite(u, base, next)), name)
+	}
+}
