@@ -104,7 +104,16 @@ func nodeCases() []diffCase {
 		step("list secrets", c.asNode(http.MethodGet, "/api/v1/namespaces/{ns}/secrets", "", nil))
 		step("list namespaces", c.asNode(http.MethodGet, "/api/v1/namespaces", "", nil))
 		step("create configmap", c.asNode(http.MethodPost, "/api/v1/namespaces/{ns}/configmaps", "", cm("a", nil, nil)))
+		for _, svc := range []struct{ name, clusterIP string }{{"plain", ""}, {"headless", "None"}} {
+			spec := map[string]any{"ports": []any{map[string]any{"port": 80}}}
+			if svc.clusterIP != "" {
+				spec["clusterIP"] = svc.clusterIP
+			}
+			c.must(c.post("/api/v1/namespaces/{ns}/services", map[string]any{"apiVersion": "v1", "kind": "Service", "metadata": map[string]any{"name": svc.name}, "spec": spec}))
+		}
 		step("list services", c.asNode(http.MethodGet, "/api/v1/namespaces/{ns}/services", "", nil))
+		// As the kubelet's Service informer does (in this namespace: envtest also has default/kubernetes).
+		step("list services with a cluster IP", c.asNode(http.MethodGet, "/api/v1/namespaces/{ns}/services?fieldSelector=spec.clusterIP%21%3DNone", "", nil))
 		step("whoami", c.asNode(http.MethodPost, "/apis/authentication.k8s.io/v1/selfsubjectreviews", "", selfSubjectReview))
 		return out
 	})

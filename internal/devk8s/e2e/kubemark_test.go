@@ -10,9 +10,11 @@ import (
 	"encoding/pem"
 	"errors"
 	"math/big"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"syscall"
 	"testing"
@@ -127,6 +129,7 @@ func TestHollowKubelet(t *testing.T) {
 		"--kube-api-content-type=application/json", "--cert-dir="+filepath.Join(kubeletDir, "certs"))
 	cmd.Env = append(os.Environ(), "TMPDIR="+kubeletDir)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
+	socketsBefore, _ := filepath.Glob(fakeRuntimeSockets)
 	require.NoError(t, cmd.Start())
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
@@ -139,6 +142,7 @@ func TestHollowKubelet(t *testing.T) {
 			_ = cmd.Process.Kill()
 			<-exited
 		}
+		removeStaleSockets(socketsBefore)
 		if t.Failed() {
 			if data, err := os.ReadFile(logFile.Name()); err == nil {
 				t.Logf("kubemark log (last 8 KiB):\n%s", tail(data, 8<<10))
@@ -146,7 +150,8 @@ func TestHollowKubelet(t *testing.T) {
 		}
 	}()
 
-	deadline := time.Now().Add(2 * time.Minute)
+	started := time.Now()
+	deadline := started.Add(2 * time.Minute)
 	var node *corev1.Node
 	for {
 		select {
@@ -165,9 +170,34 @@ func TestHollowKubelet(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+	t.Logf("node %s Ready after %s; labels %v", name, time.Since(started).Round(time.Millisecond), node.Labels)
 	require.Equal(t, providerID, node.Spec.ProviderID, "the kubelet keeps the providerID the Node was created with")
+	require.Equal(t, name, node.Labels["kubernetes.io/hostname"], "the kubelet labelled its existing Node (through status)")
 	_, err = admin.CoordinationV1().Leases("kube-node-lease").Get(ctx, name, metav1.GetOptions{})
 	require.NoError(t, err, "the kubelet heartbeats with its Lease")
+	require.Eventually(t, func() bool {
+		_, err := admin.StorageV1().CSINodes().Get(ctx, name, metav1.GetOptions{})
+		return err == nil
+	}, 30*time.Second, 200*time.Millisecond, "the kubelet writes its CSINode")
+
+	// A pod bound to the node, mounting a Secret the node may read because
+	// of it: the kubelet runs it (in its fake runtime) and reports it.
+	_, err = admin.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "hollow-secret"}, StringData: map[string]string{"k": "v"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, err = admin.CoreV1().Pods("default").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "hollow-pod"}, Spec: corev1.PodSpec{
+		NodeName:   name,
+		Containers: []corev1.Container{{Name: "c", Image: "registry.invalid/pause:1"}},
+		Volumes:    []corev1.Volume{{Name: "s", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "hollow-secret"}}}},
+	}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	var phase corev1.PodPhase
+	require.Eventually(t, func() bool {
+		p, err := admin.CoreV1().Pods("default").Get(ctx, "hollow-pod", metav1.GetOptions{})
+		if err == nil {
+			phase = p.Status.Phase
+		}
+		return phase == corev1.PodRunning
+	}, time.Minute, 200*time.Millisecond, "the kubelet reports its pod Running (last phase %q)", phase)
 
 	_, err = admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "other"}}, metav1.CreateOptions{})
 	require.NoError(t, err)
@@ -178,6 +208,34 @@ func TestHollowKubelet(t *testing.T) {
 	var status *apierrors.StatusError
 	require.True(t, errors.As(err, &status))
 	require.Equal(t, int32(403), status.ErrStatus.Code)
+
+	// Nothing the kubelet asked for was refused or missing.
+	logData, err := os.ReadFile(logFile.Name())
+	require.NoError(t, err)
+	for _, bad := range []string{"Failed to watch", "forbidden", "could not find the requested resource", "not a known field selector"} {
+		require.NotContains(t, string(logData), bad, "kubemark log")
+	}
+}
+
+// fakeRuntimeSockets is where kubemark's fake container runtime listens
+// (a fixed pattern in /tmp, whatever TMPDIR says); it is left behind.
+const fakeRuntimeSockets = "/tmp/kubelet_remote_*.sock"
+
+// removeStaleSockets removes fake runtime sockets that appeared since
+// before and that nothing listens on any more (another test's live
+// kubemark keeps its own).
+func removeStaleSockets(before []string) {
+	after, _ := filepath.Glob(fakeRuntimeSockets)
+	for _, p := range after {
+		if slices.Contains(before, p) {
+			continue
+		}
+		if c, err := net.DialTimeout("unix", p, time.Second); err == nil {
+			_ = c.Close()
+			continue
+		}
+		_ = os.Remove(p)
+	}
 }
 
 func ready(n *corev1.Node) bool {
