@@ -31,6 +31,7 @@ func main() {
 			&cli.StringSliceFlag{Name: "tls-san", EnvVars: env("TLS_SAN"), Usage: "extra host name or IP for the serving certificate (repeatable)"},
 			&cli.StringFlag{Name: "kubeconfig-out", EnvVars: env("KUBECONFIG_OUT"), Usage: "also write the kubeconfig to this path (<dir>/kubeconfig is always written)"},
 			&cli.StringFlag{Name: "token-file", EnvVars: env("TOKEN_FILE"), Usage: `extra users: kube-apiserver static token file, lines token,user,uid,"group1,group2"`},
+			&cli.StringFlag{Name: "client-ca-file", EnvVars: env("CLIENT_CA_FILE"), Usage: "authenticate client certificates signed by this PEM CA bundle (user = CN, groups = O; members of system:nodes get a kubelet's permissions only); reloaded when it changes, may be written after the start"},
 			&cli.StringSliceFlag{Name: "crd-dir", EnvVars: env("CRD_DIR"), Usage: "CRD file or directory to install at start (repeatable; comma-separated in the variable)"},
 			&cli.BoolFlag{Name: "controllers", Value: true, EnvVars: env("CONTROLLERS"), Usage: "run garbage collection, namespace deletion, pod termination and PDB status"},
 		}, logging.CLIFlags(envPrefix)...),
@@ -58,6 +59,7 @@ func run(c *cli.Context) error {
 		TLSSANs:       c.StringSlice("tls-san"),
 		KubeconfigOut: c.String("kubeconfig-out"),
 		TokenFile:     c.String("token-file"),
+		ClientCAFile:  c.String("client-ca-file"),
 		CRDPaths:      c.StringSlice("crd-dir"),
 		Controllers:   c.Bool("controllers"),
 	})

@@ -136,10 +136,21 @@ func TestBinary(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "data")
 			extra := filepath.Join(t.TempDir(), "extra", "kubeconfig")
-			p := start(t, bin, []string{"DEV_K8S_TLS=" + tc.tls, "DEV_K8S_DIR=" + dir, "DEV_K8S_ADDR=127.0.0.1:0",
-				"DEV_K8S_KUBECONFIG_OUT=" + extra, "DEV_K8S_LOG_FORMAT=json"})
+			env := []string{"DEV_K8S_TLS=" + tc.tls, "DEV_K8S_DIR=" + dir, "DEV_K8S_ADDR=127.0.0.1:0",
+				"DEV_K8S_KUBECONFIG_OUT=" + extra, "DEV_K8S_LOG_FORMAT=json"}
+			// A client CA file that does not exist yet is waited for.
+			caFile := filepath.Join(t.TempDir(), "later", "node-ca.crt")
+			if tc.tls == "true" {
+				env = append(env, "DEV_K8S_CLIENT_CA_FILE="+caFile)
+			}
+			p := start(t, bin, env)
 			kc := filepath.Join(dir, "kubeconfig")
 			require.Contains(t, p.usage, "export KUBECONFIG="+kc)
+			if tc.tls == "true" {
+				require.Contains(t, p.usage, "authentication: admin token, service account tokens, x509 client certificates (CA file "+caFile+")")
+			} else {
+				require.Contains(t, p.usage, "authentication: admin token, service account tokens\n")
+			}
 			for _, path := range []string{kc, extra} {
 				cfg, err := clientcmd.BuildConfigFromFlags("", path)
 				require.NoError(t, err)

@@ -16,7 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utiljson "k8s.io/apimachinery/pkg/util/json"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apiserver/pkg/authentication/user"
 
+	"github.com/nstance-dev/nstance/internal/devk8s/auth"
 	"github.com/nstance-dev/nstance/internal/devk8s/registry"
 	"github.com/nstance-dev/nstance/internal/devk8s/store"
 )
@@ -37,6 +39,8 @@ type request struct {
 	// strict is set for fieldValidation=Strict (custom resources refuse
 	// unknown fields instead of pruning them).
 	strict bool
+	// user made the request (nil for dev-k8s's own controllers).
+	user user.Info
 }
 
 func (s *Server) serveResource(w http.ResponseWriter, r *http.Request, group, ver string, rest []string) {
@@ -62,6 +66,7 @@ func (s *Server) serveResource(w http.ResponseWriter, r *http.Request, group, ve
 		return
 	}
 	rq.res = res
+	rq.user, _ = auth.UserFrom(r.Context())
 	rq.manager = managerName(r)
 	rq.strict = isStrict(r.URL.Query().Get("fieldValidation"))
 	if len(rest) >= 2 {
@@ -343,6 +348,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, rq request) {
 	if err == nil {
 		err = admitObject(rq, obj)
 	}
+	if err == nil {
+		err = s.admitNodeCreate(r, rq, obj)
+	}
 	if err != nil {
 		writeError(w, err)
 		return
@@ -511,6 +519,9 @@ func (s *Server) update(w http.ResponseWriter, r *http.Request, rq request) {
 // finishUpdate validates an updated object and turns "deleting with no
 // finalizers left" into the final deletion.
 func (s *Server) finishUpdate(rq request, cur, next map[string]any) (store.Mutation, error) {
+	if err := admitNodeUpdate(rq, cur, next); err != nil {
+		return store.Mutation{}, err
+	}
 	tidyMeta(next)
 	var err error
 	if rq.res.Schema != nil {

@@ -202,7 +202,19 @@ func (s *Server) prepareCreate(res *registry.Resource, obj map[string]any, now t
 // through the main resource (sub "") or the status subresource.
 func prepareUpdate(res *registry.Resource, sub string, cur, obj map[string]any) map[string]any {
 	var next map[string]any
-	if sub == "status" {
+	bump := false
+	switch {
+	case sub == "status" && isNodes(res):
+		// kube-apiserver's Node status strategy resets only the spec: a
+		// status write may change labels and annotations (the kubelet
+		// sets its default labels on an existing Node that way).
+		next = obj
+		if sp, ok := cur["spec"]; ok {
+			next["spec"] = sp
+		} else {
+			delete(next, "spec")
+		}
+	case sub == "status":
 		next = deepCopy(cur)
 		if st, ok := obj["status"]; ok {
 			next["status"] = st
@@ -210,14 +222,15 @@ func prepareUpdate(res *registry.Resource, sub string, cur, obj map[string]any) 
 			delete(next, "status")
 		}
 		return next
-	}
-	bump := appsPrepareUpdate(res, sub, cur, obj)
-	next = obj
-	if res.Status {
-		if st, ok := cur["status"]; ok {
-			next["status"] = st
-		} else {
-			delete(next, "status")
+	default:
+		bump = appsPrepareUpdate(res, sub, cur, obj)
+		next = obj
+		if res.Status {
+			if st, ok := cur["status"]; ok {
+				next["status"] = st
+			} else {
+				delete(next, "status")
+			}
 		}
 	}
 	md, cmd := metaOf(next), metaOf(cur)
@@ -240,6 +253,11 @@ func prepareUpdate(res *registry.Resource, sub string, cur, obj map[string]any) 
 		md["generation"] = generationOf(cmd) + 1
 	}
 	return next
+}
+
+// isNodes reports whether res is the core Node resource.
+func isNodes(res *registry.Resource) bool {
+	return res.BuiltIn && res.Group == "" && res.Resource == "nodes"
 }
 
 func rvOf(obj map[string]any) string {

@@ -36,6 +36,9 @@ func fieldLabels(resource string) []string {
 			"involvedObject.resourceVersion", "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type"}
 	case "namespaces":
 		return []string{"status.phase"}
+	case "services":
+		// The kubelet's Service informer lists spec.clusterIP!=None.
+		return []string{"spec.clusterIP", "spec.type"}
 	}
 	return nil
 }

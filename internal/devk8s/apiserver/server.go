@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/util/managedfields"
+	genericrequest "k8s.io/apiserver/pkg/endpoints/request"
 
 	"github.com/nstance-dev/nstance/internal/devk8s/auth"
 	"github.com/nstance-dev/nstance/internal/devk8s/registry"
@@ -53,6 +54,11 @@ type Options struct {
 	// TokenFile is an optional kube-apiserver static token file
 	// (token,user,uid,"group1,group2") of extra users.
 	TokenFile string
+	// ClientCAFile turns on client certificate authentication against
+	// this CA bundle (kube-apiserver's --client-ca-file); it is reloaded
+	// when it changes and may be written after the server started. The
+	// listener must request client certificates (app does).
+	ClientCAFile string
 	// Controllers turns on the work kube-controller-manager and kubelets do
 	// in a real cluster: garbage collection, namespace deletion, finishing
 	// graceful pod deletion and PodDisruptionBudget status. Off, dev-k8s
@@ -79,6 +85,8 @@ type Server struct {
 	scheme *runtime.Scheme
 	codecs serializer.CodecFactory
 	auth   *auth.Authenticator
+	// requestInfo reads verbs and resources for the node rules.
+	requestInfo *genericrequest.RequestInfoFactory
 
 	// gcMu serialises garbage collection passes.
 	gcMu   sync.Mutex
@@ -97,14 +105,16 @@ func New(ctx context.Context, log logr.Logger, opts Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{log: log, reg: registry.New(), opts: opts, ctx: ctx, gcKick: make(chan struct{}, 1), scheme: scheme, codecs: serializer.NewCodecFactory(scheme),
-		fieldManagers: map[string]*managedfields.FieldManager{}}
+		fieldManagers: map[string]*managedfields.FieldManager{}, requestInfo: newRequestInfoFactory()}
 	if opts.IgnoreCRDSchemas {
 		s.reg.IgnoreSchemas()
 	}
-	authn, err := auth.New(auth.Options{
+	authn, err := auth.New(ctx, auth.Options{
 		StateDir:        filepath.Join(opts.Dir, store.StateDirName, "auth"),
 		TokenFile:       opts.TokenFile,
 		ServiceAccounts: s.serviceAccountUID,
+		ClientCAFile:    opts.ClientCAFile,
+		Log:             log.WithName("auth"),
 	})
 	if err != nil {
 		return nil, err
@@ -176,6 +186,9 @@ func (s *Server) StopWatches() { s.store.StopWatches() }
 // AdminToken is the bearer token of the generated admin user.
 func (s *Server) AdminToken() string { return s.auth.AdminToken() }
 
+// AuthMethods names the authenticators that are on.
+func (s *Server) AuthMethods() []string { return s.auth.Methods() }
+
 // serviceAccountUID resolves a ServiceAccount for token authentication; one
 // being deleted no longer authenticates, as in kube-apiserver.
 func (s *Server) serviceAccountUID(namespace, name string) (string, bool) {
@@ -220,6 +233,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		s.log.V(1).Info("unauthorized request", "method", r.Method, "path", r.URL.Path, "reason", err.Error())
 		writeError(w, apierrors.NewUnauthorized("Unauthorized"))
+		return
+	}
+	if !s.authorizeNode(w, r, u) {
 		return
 	}
 	r = r.WithContext(auth.WithUser(r.Context(), u))

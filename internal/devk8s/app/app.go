@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -39,6 +40,12 @@ type Config struct {
 	KubeconfigOut string
 	// TokenFile is an optional static token file of extra users.
 	TokenFile string
+	// ClientCAFile turns on client certificate authentication (needs
+	// TLS): the listener asks clients for a certificate, and one that
+	// verifies against this bundle authenticates as CN (user) and O
+	// (groups). It is reloaded when it changes and may be written after
+	// the start.
+	ClientCAFile string
 	// CRDPaths are CRD files or directories of them.
 	CRDPaths    []string
 	Controllers bool
@@ -50,6 +57,8 @@ type Running struct {
 	URL    string
 	Server *apiserver.Server
 	CAPEM  []byte
+	// Authenticators names the authentication methods that are on.
+	Authenticators []string
 	// Kubeconfig is the absolute path of the kubeconfig in the data
 	// directory; it authenticates as the admin user with AdminToken.
 	Kubeconfig string
@@ -60,7 +69,7 @@ type Running struct {
 
 // Usage is the short guide printed at start.
 func (r *Running) Usage() string {
-	return fmt.Sprintf("dev-k8s is serving %s\n  export KUBECONFIG=%s\n  kubectl get namespaces\n", r.URL, r.Kubeconfig)
+	return fmt.Sprintf("dev-k8s is serving %s\n  authentication: %s\n  export KUBECONFIG=%s\n  kubectl get namespaces\n", r.URL, strings.Join(r.Authenticators, ", "), r.Kubeconfig)
 }
 
 // Wait blocks until the server stops.
@@ -80,7 +89,15 @@ func Start(ctx context.Context, log logr.Logger, cfg Config) (*Running, error) {
 		return nil, fmt.Errorf("data directory %q: %w", cfg.Dir, err)
 	}
 	cfg.Dir = dir
-	srv, err := apiserver.New(ctx, log, apiserver.Options{Dir: cfg.Dir, CRDFiles: files, Controllers: cfg.Controllers, TokenFile: cfg.TokenFile})
+	if cfg.ClientCAFile != "" {
+		if !cfg.TLS {
+			return nil, errors.New("a client CA file needs TLS: clients send certificates only in a TLS handshake")
+		}
+		if cfg.ClientCAFile, err = filepath.Abs(cfg.ClientCAFile); err != nil {
+			return nil, fmt.Errorf("client CA file: %w", err)
+		}
+	}
+	srv, err := apiserver.New(ctx, log, apiserver.Options{Dir: cfg.Dir, CRDFiles: files, Controllers: cfg.Controllers, TokenFile: cfg.TokenFile, ClientCAFile: cfg.ClientCAFile})
 	if err != nil {
 		return nil, err
 	}
@@ -92,7 +109,7 @@ func Start(ctx context.Context, log logr.Logger, cfg Config) (*Running, error) {
 	host := clientHost(ln.Addr())
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
 	hs.RegisterOnShutdown(srv.StopWatches)
-	run := &Running{Server: srv, http: hs, done: make(chan error, 1), AdminToken: srv.AdminToken(), Kubeconfig: filepath.Join(cfg.Dir, KubeconfigName)}
+	run := &Running{Server: srv, http: hs, done: make(chan error, 1), AdminToken: srv.AdminToken(), Kubeconfig: filepath.Join(cfg.Dir, KubeconfigName), Authenticators: srv.AuthMethods()}
 	scheme := "http"
 	if cfg.TLS {
 		bundle, err := certs.LoadOrCreate(filepath.Join(cfg.Dir, store.StateDirName, "tls"), tlsHosts(cfg))
@@ -106,6 +123,13 @@ func Start(ctx context.Context, log logr.Logger, cfg Config) (*Running, error) {
 			_ = ln.Close()
 			_ = srv.Close()
 			return nil, err
+		}
+		if cfg.ClientCAFile != "" {
+			// As kube-apiserver: ask for a certificate but let the
+			// handshake succeed whatever comes, so token clients keep
+			// working and a certificate that does not verify is a 401
+			// from the authenticator rather than a TLS alert.
+			tlsCfg.ClientAuth = tls.RequestClientCert
 		}
 		hs.TLSConfig = tlsCfg
 		run.CAPEM = bundle.CAPEM
@@ -144,7 +168,7 @@ func Start(ctx context.Context, log logr.Logger, cfg Config) (*Running, error) {
 	if !cfg.TLS {
 		log.Info("plain HTTP: client-go (kubectl, controller-runtime) does not send the kubeconfig's token over HTTP; use TLS for them, or send the header yourself")
 	}
-	log.Info("dev-k8s serving", "url", run.URL, "dir", cfg.Dir, "kubeconfig", run.Kubeconfig, "crdFiles", len(files))
+	log.Info("dev-k8s serving", "url", run.URL, "dir", cfg.Dir, "kubeconfig", run.Kubeconfig, "crdFiles", len(files), "authentication", run.Authenticators)
 	return run, nil
 }
 

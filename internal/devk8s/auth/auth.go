@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/golang-jwt/jwt/v5"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/apiserver/pkg/apis/apiserver"
@@ -58,6 +59,17 @@ type Options struct {
 	TokenFile string
 	// ServiceAccounts looks ServiceAccounts up when a token is checked.
 	ServiceAccounts ServiceAccounts
+	// ClientCAFile turns on client certificate authentication (as
+	// kube-apiserver's --client-ca-file): a certificate that verifies
+	// against this PEM bundle authenticates as its CommonName with its
+	// Organizations as groups. The file is reloaded when it changes, and
+	// one that does not exist yet is waited for.
+	ClientCAFile string
+	// Log receives the client CA file's progress.
+	Log logr.Logger
+	// ClientCAPoll is how often a missing client CA file is looked for
+	// (default one second).
+	ClientCAPoll time.Duration
 }
 
 // Authenticator checks bearer tokens and issues ServiceAccount tokens.
@@ -66,11 +78,12 @@ type Authenticator struct {
 	key        []byte
 	sa         ServiceAccounts
 	request    authenticator.Request
+	methods    []string
 }
 
-// New loads (or creates) the admin token and signing key and reads the
-// token file.
-func New(opts Options) (*Authenticator, error) {
+// New loads (or creates) the admin token and signing key, reads the token
+// file and starts watching the client CA file; the watch ends with ctx.
+func New(ctx context.Context, opts Options) (*Authenticator, error) {
 	if opts.StateDir == "" {
 		return nil, errors.New("auth: state directory is empty")
 	}
@@ -89,7 +102,7 @@ func New(opts Options) (*Authenticator, error) {
 	if err != nil || len(key) < 32 {
 		return nil, fmt.Errorf("service account signing key %s is not 32+ bytes of base64url; delete it to generate a new one", filepath.Join(opts.StateDir, signingKeyFile))
 	}
-	a := &Authenticator{adminToken: admin, key: key, sa: opts.ServiceAccounts}
+	a := &Authenticator{adminToken: admin, key: key, sa: opts.ServiceAccounts, methods: []string{"admin token"}}
 	tokens := []authenticator.Token{
 		tokenfile.New(map[string]*user.DefaultInfo{admin: {Name: AdminUser, UID: AdminUser, Groups: []string{AdminGroup}}}),
 	}
@@ -99,21 +112,43 @@ func New(opts Options) (*Authenticator, error) {
 			return nil, err
 		}
 		tokens = append(tokens, static)
+		a.methods = append(a.methods, "token file "+opts.TokenFile)
 	}
 	tokens = append(tokens, authenticator.TokenFunc(a.authenticateServiceAccount))
+	a.methods = append(a.methods, "service account tokens")
+	// kube-apiserver tries client certificates first, then bearer tokens,
+	// and takes the first that authenticates: a request whose certificate
+	// does not verify still authenticates with a good token, and fails
+	// (401) without one.
+	var chain []authenticator.Request
+	if opts.ClientCAFile != "" {
+		if opts.ClientCAPoll <= 0 {
+			opts.ClientCAPoll = time.Second
+		}
+		ca, err := startClientCA(ctx, opts.Log, opts.ClientCAFile, opts.ClientCAPoll)
+		if err != nil {
+			return nil, err
+		}
+		chain = append(chain, ca.authenticator())
+		a.methods = append(a.methods, "x509 client certificates (CA file "+opts.ClientCAFile+")")
+	}
+	chain = append(chain, bearertoken.New(tokenunion.New(tokens...)))
 	conditions := make([]apiserver.AnonymousAuthCondition, len(AnonymousPaths))
 	for i, p := range AnonymousPaths {
 		conditions[i] = apiserver.AnonymousAuthCondition{Path: p}
 	}
-	// The same chain kube-apiserver builds: bearer tokens, then
-	// system:authenticated added, then anonymous only where allowed and
-	// never for a request that presented a bad token.
+	// The same chain kube-apiserver builds: certificates and bearer
+	// tokens, then system:authenticated added, then anonymous only where
+	// allowed and never for a request that presented a bad credential.
 	a.request = union.NewFailOnError(
-		group.NewAuthenticatedGroupAdder(bearertoken.New(tokenunion.New(tokens...))),
+		group.NewAuthenticatedGroupAdder(union.New(chain...)),
 		anonymous.NewAuthenticator(conditions),
 	)
 	return a, nil
 }
+
+// Methods names the authenticators that are on, for the start-up summary.
+func (a *Authenticator) Methods() []string { return append([]string(nil), a.methods...) }
 
 // readTokenFile parses the static token file, refusing an unreadable or
 // malformed one with the line that is wrong.

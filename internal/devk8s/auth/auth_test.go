@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"context"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -20,9 +21,9 @@ func request(path, token string) *http.Request {
 
 func TestAdminTokenAndKeyPersist(t *testing.T) {
 	dir := t.TempDir()
-	a, err := New(Options{StateDir: dir})
+	a, err := New(context.Background(), Options{StateDir: dir})
 	require.NoError(t, err)
-	b, err := New(Options{StateDir: dir})
+	b, err := New(context.Background(), Options{StateDir: dir})
 	require.NoError(t, err)
 	require.Equal(t, a.AdminToken(), b.AdminToken(), "a restart keeps the admin token")
 	tok, err := a.IssueServiceAccountToken("ns", "sa", "uid-1", []string{Audience}, time.Now(), time.Now().Add(time.Hour))
@@ -36,13 +37,13 @@ func TestAdminTokenAndKeyPersist(t *testing.T) {
 	require.Equal(t, os.FileMode(0o600), info.Mode().Perm())
 
 	require.NoError(t, os.WriteFile(filepath.Join(dir, signingKeyFile), []byte("short\n"), 0o600))
-	_, err = New(Options{StateDir: dir})
+	_, err = New(context.Background(), Options{StateDir: dir})
 	require.ErrorContains(t, err, "delete it to generate a new one")
 }
 
 func TestServiceAccountTokens(t *testing.T) {
 	uids := map[string]string{"ns/sa": "uid-1"}
-	a, err := New(Options{StateDir: t.TempDir(), ServiceAccounts: func(ns, name string) (string, bool) {
+	a, err := New(context.Background(), Options{StateDir: t.TempDir(), ServiceAccounts: func(ns, name string) (string, bool) {
 		uid, ok := uids[ns+"/"+name]
 		return uid, ok
 	}})
@@ -75,7 +76,7 @@ func TestServiceAccountTokens(t *testing.T) {
 }
 
 func TestAnonymousOnlyOnHealthAndVersion(t *testing.T) {
-	a, err := New(Options{StateDir: t.TempDir()})
+	a, err := New(context.Background(), Options{StateDir: t.TempDir()})
 	require.NoError(t, err)
 	for _, p := range AnonymousPaths {
 		u, err := a.Authenticate(request(p, ""))
@@ -98,7 +99,7 @@ func TestTokenFile(t *testing.T) {
 	dir := t.TempDir()
 	f := filepath.Join(dir, "tokens.csv")
 	require.NoError(t, os.WriteFile(f, []byte("t1,alice,uid-a,\"g1,g2\"\nt2,bob,uid-b\n"), 0o600))
-	a, err := New(Options{StateDir: filepath.Join(dir, "state"), TokenFile: f})
+	a, err := New(context.Background(), Options{StateDir: filepath.Join(dir, "state"), TokenFile: f})
 	require.NoError(t, err)
 	u, err := a.Authenticate(request("/api", "t1"))
 	require.NoError(t, err)
@@ -108,9 +109,9 @@ func TestTokenFile(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "uid-b", u.GetUID())
 
-	_, err = New(Options{StateDir: filepath.Join(dir, "state"), TokenFile: filepath.Join(dir, "missing.csv")})
+	_, err = New(context.Background(), Options{StateDir: filepath.Join(dir, "state"), TokenFile: filepath.Join(dir, "missing.csv")})
 	require.ErrorContains(t, err, "token file")
 	require.NoError(t, os.WriteFile(f, []byte("t1,alice\n"), 0o600))
-	_, err = New(Options{StateDir: filepath.Join(dir, "state"), TokenFile: f})
+	_, err = New(context.Background(), Options{StateDir: filepath.Join(dir, "state"), TokenFile: f})
 	require.ErrorContains(t, err, "at least 3 columns")
 }

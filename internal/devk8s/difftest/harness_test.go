@@ -34,6 +34,9 @@ type target struct {
 	stream *http.Client
 	// anon sends no credentials (TLS settings only).
 	anon *http.Client
+	// node is the same server reached with a kubelet's client
+	// certificate (user system:node:<nodeName>, group system:nodes).
+	node *target
 }
 
 var (
@@ -79,8 +82,12 @@ func runMain(m *testing.M) int {
 			return 1
 		}
 	}
+	// The Node authorizer and NodeRestriction judge kubelets' requests as
+	// in a real cluster; envtest's client CA signs the kubelet certificate
+	// both servers see.
 	env, stop, err := kubetest.StartEnvWith(kubetest.Options{APIServerArgs: map[string]string{
 		"token-auth-file": tokenFile, "authentication-config": authnFile,
+		"authorization-mode": "Node,RBAC", "enable-admission-plugins": "NodeRestriction",
 	}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "start envtest:", err)
@@ -92,8 +99,13 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	if env.ClientCAFile == "" {
+		fmt.Fprintln(os.Stderr, "envtest's client CA file was not found")
+		return 1
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	run, err := app.Start(ctx, logr.Discard(), app.Config{Addr: "127.0.0.1:0", Dir: filepath.Join(dir, "data"), CRDPaths: crdDirs, TokenFile: tokenFile})
+	run, err := app.Start(ctx, logr.Discard(), app.Config{Addr: "127.0.0.1:0", Dir: filepath.Join(dir, "data"), CRDPaths: crdDirs, TokenFile: tokenFile,
+		TLS: true, ClientCAFile: env.ClientCAFile})
 	if err != nil {
 		cancel()
 		fmt.Fprintln(os.Stderr, "start dev-k8s:", err)
@@ -107,7 +119,21 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if devTarget, err = newTarget("dev-k8s", &rest.Config{Host: run.URL, BearerToken: run.AdminToken}); err != nil {
+	if devTarget, err = newTarget("dev-k8s", &rest.Config{Host: run.URL, BearerToken: run.AdminToken, TLSClientConfig: rest.TLSClientConfig{CAData: run.CAPEM}}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	kubelet, err := env.AddUser("system:node:"+nodeName, "system:nodes")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if envtestTarget.node, err = newTarget("envtest as "+nodeName, kubelet); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if devTarget.node, err = newTarget("dev-k8s as "+nodeName, &rest.Config{Host: run.URL,
+		TLSClientConfig: rest.TLSClientConfig{CAData: run.CAPEM, CertData: kubelet.CertData, KeyData: kubelet.KeyData}}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

@@ -36,6 +36,20 @@ type Env struct {
 	Kubeconfig string
 	// AssetsDir holds the kube-apiserver, etcd and kubectl binaries.
 	AssetsDir string
+	// ClientCAFile is the CA bundle (kube-apiserver's --client-ca-file)
+	// that signs the certificates of users made by AddUser.
+	ClientCAFile string
+	te           *envtest.Environment
+}
+
+// AddUser returns a configuration that authenticates with a client
+// certificate for name and groups (CN and O), signed by ClientCAFile.
+func (e *Env) AddUser(name string, groups ...string) (*rest.Config, error) {
+	u, err := e.te.AddUser(envtest.User{Name: name, Groups: groups}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("add user %s: %w", name, err)
+	}
+	return u.Config(), nil
 }
 
 // Kubectl returns a command running the envtest-built kubectl against this
@@ -148,7 +162,13 @@ func StartEnvWith(opts Options) (*Env, func() error, error) {
 		defer os.RemoveAll(dir)
 		return stop()
 	}
-	return &Env{Config: cfg, Client: c, Scheme: scheme, Kubeconfig: path, AssetsDir: assets}, stopAll, nil
+	// envtest's certificate authenticator keeps its CA here (the file
+	// behind the --client-ca-file it sets).
+	caFile := filepath.Join(te.ControlPlane.GetAPIServer().CertDir, "client-cert-auth-ca.crt")
+	if _, err := os.Stat(caFile); err != nil {
+		caFile = ""
+	}
+	return &Env{Config: cfg, Client: c, Scheme: scheme, Kubeconfig: path, AssetsDir: assets, ClientCAFile: caFile, te: te}, stopAll, nil
 }
 
 // AssetsDir finds the envtest binaries: KUBEBUILDER_ASSETS, else the cache
