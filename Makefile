@@ -288,11 +288,11 @@ dev-tmux: check dev-binaries ## dev-s3 + 2 nstance-servers (shards dev-1, dev-2;
 	$(call dev-start,s3$(comma)server$(comma)status,NSTANCE_DEV_WITH_K8S=false)
 
 .PHONY: dev-tmux-k8s
-dev-tmux-k8s: check dev-binaries ## dev-tmux plus dev-k8s (:6443) and nstance-operator.
+dev-tmux-k8s: check dev-binaries envtest-assets ## dev-tmux plus dev-k8s (:6443), nstance-operator and a hollow kubelet per instance.
 	$(call dev-start,s3$(comma)server$(comma)k8s$(comma)operator$(comma)status,)
 
 .PHONY: dev-tmux-apiserver
-dev-tmux-apiserver: check dev-binaries envtest-assets ## dev-tmux plus a real kube-apiserver + etcd (envtest binaries) and the operator.
+dev-tmux-apiserver: check dev-binaries envtest-assets ## dev-tmux plus a real kube-apiserver + etcd (envtest binaries), the operator and a hollow kubelet per instance.
 	$(call dev-start,s3$(comma)server$(comma)k8s$(comma)operator$(comma)status,NSTANCE_DEV_K8S=apiserver KUBEBUILDER_ASSETS=$$(scripts/envtest-assets.sh --dir))
 
 .PHONY: dev-operator

@@ -21,6 +21,13 @@ DEV_TENANT=default
 DEV_NAMESPACE=default
 DEV_AGENT_SESSION="${NSTANCE_DEV_AGENT_SESSION:-nstance-dev-agents}"
 DEV_CONFIG_TEMPLATE="${NSTANCE_DEV_CONFIG:-examples/config-tmux.jsonc}"
+# Dev nodes: hollow kubelets started by each instance's user data, with the
+# kubelet certificate Nstance issues from the imported CA "kubernetes"
+# ($DEV_KUBE_DIR/node-ca.crt, trusted by the API server). With
+# NSTANCE_DEV_FAKE_NODES=true the tmux provider writes fake Node files instead.
+DEV_KUBE_DIR="$DEV_DIR/kube"
+DEV_FAKE_NODES="${NSTANCE_DEV_FAKE_NODES:-false}"
+DEV_NODE_CA_NAME=kubernetes
 
 # Object storage settings every Nstance binary reads (pkg/objstore/s3store).
 export AWS_ACCESS_KEY_ID=dev AWS_SECRET_ACCESS_KEY=dev AWS_REGION=us-east-1
@@ -61,6 +68,13 @@ need_bin() {
 	progress_run "building bin/$b" env CGO_ENABLED=0 go build -o "bin/$b" "./cmd/$b"
 }
 
+# kube_server / kube_content_type: the dev cluster's API server as the
+# nodes reach it (dev-k8s speaks JSON only; kube-apiserver protobuf).
+kube_server() { echo "https://$DEV_K8S_ADDR"; }
+kube_content_type() {
+	if [[ ${NSTANCE_DEV_K8S:-dev-k8s} == apiserver ]]; then echo application/vnd.kubernetes.protobuf; else echo application/json; fi
+}
+
 # shard_config N: print config/dev-N.jsonc, derived from examples/config-tmux.jsonc:
 # shard id dev-N, advertised addresses 127.0.0.1:{8992,8993,8994}+10*(N-1), and
 # the agent command scripts/dev-agent.sh (Air per agent) in session
@@ -74,12 +88,36 @@ shard_config() {
 		-e "s/\"id\": \"dev-1\"/\"id\": \"$(shard_of "$n")\"/" \
 		-e "s|\"advertise\": \{ \"hosts\": \[\"127.0.0.1\"\] \}|\"advertise\": { \"hosts\": [\"127.0.0.1\"], \"registration_addr\": \"127.0.0.1:$reg\", \"operator_addr\": \"127.0.0.1:$op\", \"agent_addr\": \"127.0.0.1:$agent\" }|" \
 		-e "s|\"options\": \{ \"session\": \"nstance-dev-agents\" \}|\"options\": { \"session\": \"$DEV_AGENT_SESSION\", \"command\": \"scripts/dev-agent.sh\" }|" \
+		-e "s|\"kube_server\": \"https://127.0.0.1:6443\"|\"kube_server\": \"$(kube_server)\"|" \
+		-e "s|\"kube_ca\": \"temp/kube/server-ca.crt\"|\"kube_ca\": \"$DEV_DIR_ABS/kube/server-ca.crt\"|" \
+		-e "s|\"kube_content_type\": \"application/json\"|\"kube_content_type\": \"$(kube_content_type)\"|" \
+		-e "s|\"hollow_kubelet\": \"bin/nstance-hollow-kubelet\"|\"hollow_kubelet\": \"$(hollow_kubelet)\"|" \
 		"$DEV_CONFIG_TEMPLATE")
-	for want in "\"id\": \"$(shard_of "$n")\"" "\"registration_addr\": \"127.0.0.1:$reg\"" '"command": "scripts/dev-agent.sh"'; do
+	for want in "\"id\": \"$(shard_of "$n")\"" "\"registration_addr\": \"127.0.0.1:$reg\"" '"command": "scripts/dev-agent.sh"' \
+		"\"kube_ca\": \"$DEV_DIR_ABS/kube/server-ca.crt\"" "\"hollow_kubelet\": \"$(hollow_kubelet)\""; do
 		grep -qF "$want" <<<"$out" || die "$DEV_CONFIG_TEMPLATE changed shape: could not set $want (update shard_config in scripts/dev-common.sh)"
 	done
 	printf '%s\n' "$out"
 }
+
+# node_ca: make sure the dev cluster's node CA exists (created once with
+# `nstance-admin cluster ca create`, kept across restarts in dev-s3) and
+# write its certificate to $DEV_KUBE_DIR/node-ca.crt. Servers and the API
+# server both call it; a lock makes the first one create it.
+node_ca() {
+	wait_for "dev-s3 at $DEV_S3_ADDR" 60 http_ok "http://$DEV_S3_ADDR/healthz"
+	need_bin nstance-admin
+	mkdir -p "$DEV_KUBE_DIR"
+	(
+		flock 8
+		bin/nstance-admin cluster ca create --name "$DEV_NODE_CA_NAME" --cert-out "$DEV_KUBE_DIR/node-ca.crt" \
+			--bucket "$DEV_BUCKET" --key-provider env >/dev/null
+	) 8>"$DEV_KUBE_DIR/node-ca.lock" || die "creating the dev node CA failed"
+}
+
+# hollow_kubelet: the path of nstance-hollow-kubelet in the envtest cache
+# (built by scripts/envtest-assets.sh).
+hollow_kubelet() { echo "$(scripts/envtest-assets.sh --dir)/nstance-hollow-kubelet"; }
 
 # put_object KEY FILE: upload to the dev bucket through dev-s3.
 put_object() {

@@ -12,6 +12,10 @@ if [[ ${NSTANCE_DEV_K8S:-dev-k8s} == apiserver ]]; then
 	progress_run "building bin/dev-apiserver" go build -o bin/dev-apiserver ./scripts/tools/dev-apiserver
 	exec bin/dev-apiserver --kubeconfig-out "$DEV_DIR/operator/kubeconfig" --node-dir "$DEV_DIR/dev-k8s/nodes"
 fi
+# Nodes authenticate with certificates from the dev node CA; their user data
+# reaches the API server's serving CA at $DEV_KUBE_DIR/server-ca.crt.
+node_ca
+ln -sfn "$DEV_DIR_ABS/dev-k8s/.dev-k8s/tls/ca.crt" "$DEV_KUBE_DIR/server-ca.crt"
 need_bin dev-k8s
 capi_crds="$(go list -m -f '{{.Dir}}' sigs.k8s.io/cluster-api)/core/config/crd/bases"
 [[ -d $capi_crds ]] || die "Cluster API CRDs not found at $capi_crds (run: go mod download sigs.k8s.io/cluster-api)"
@@ -20,5 +24,5 @@ mkdir -p "$DEV_DIR/dev-k8s/namespaces" "$DEV_DIR/operator"
 ns="$DEV_DIR/dev-k8s/namespaces/$DEV_NAMESPACE.json"
 [[ -f $ns ]] || printf '{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"%s"}}\n' "$DEV_NAMESPACE" > "$ns"
 exec bin/dev-k8s --addr "$DEV_K8S_ADDR" --dir "$DEV_DIR/dev-k8s" \
-	--kubeconfig-out "$DEV_DIR/operator/kubeconfig" \
+	--kubeconfig-out "$DEV_DIR/operator/kubeconfig" --client-ca-file "$DEV_KUBE_DIR/node-ca.crt" \
 	--crd-dir config/crd/bases --crd-dir "$capi_crds"

@@ -19,11 +19,17 @@ wait_for "dev-s3 at $DEV_S3_ADDR" 60 http_ok "http://$DEV_S3_ADDR/healthz"
 mkdir -p "$DEV_DIR/config" "$DEV_DIR/cache" "$DEV_DIR/agents" "$DEV_DIR/air/server-$n"
 shard_config "$n" > "$DEV_DIR/config/$shard.jsonc"
 put_object "config/$shard.jsonc" "$DEV_DIR/config/$shard.jsonc"
+# The dev nodes' user data (a Go template the server renders per instance)
+# and the node CA their kubelet certificates come from.
+put_object "dev/node-userdata.sh" examples/dev/node-userdata.sh
+node_ca
+node_dir=-
+[[ $DEV_FAKE_NODES == true ]] && node_dir="$DEV_DIR/dev-k8s/nodes"
 log "uploaded config/$shard.jsonc; health on 127.0.0.1:$(port_of "$n" 8990)"
 
 args=(--shard "$shard" --id "$shard-a" --port-offset "$offset"
 	--cache-dir "$DEV_DIR/cache" --bucket "$DEV_BUCKET"
-	--agent-state-dir "$DEV_DIR/agents" --node-dir "$DEV_DIR/dev-k8s/nodes" --log-format "${NSTANCE_LOG_FORMAT:-text}")
+	--agent-state-dir "$DEV_DIR/agents" --node-dir "$node_dir" --log-format "${NSTANCE_LOG_FORMAT:-text}")
 out="$DEV_DIR/air/server-$n/nstance-server"
 if [[ ${NSTANCE_DEV_AIR:-true} == true ]]; then
 	exec air -c scripts/air/server.toml -tmp_dir "$DEV_DIR/air/server-$n" \
