@@ -366,10 +366,14 @@ func (r *Reconciler) bootstrapData(ctx context.Context, nm *infrav1.NstanceMachi
 // warnOnce sets InstanceCreated and Ready false with reason and msg, and
 // records a Warning Event unless the condition said so already.
 func (r *Reconciler) warnOnce(nm *infrav1.NstanceMachine, reason, msg string) {
-	prev := conditions.Get(nm, ConditionInstanceCreated)
+	// A copy: conditions.Get points into the list setCond changes.
+	var prevReason, prevMsg string
+	if prev := conditions.Get(nm, ConditionInstanceCreated); prev != nil {
+		prevReason, prevMsg = prev.Reason, prev.Message
+	}
 	setCond(nm, ConditionInstanceCreated, metav1.ConditionFalse, reason, msg)
 	setCond(nm, ConditionReady, metav1.ConditionFalse, reason, msg)
-	if r.Recorder != nil && (prev == nil || prev.Reason != reason || prev.Message != msg) {
+	if r.Recorder != nil && (prevReason != reason || prevMsg != msg) {
 		r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, reason, "Create", "%s", msg)
 	}
 }

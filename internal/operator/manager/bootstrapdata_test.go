@@ -3,12 +3,15 @@ package manager_test
 import (
 	"bytes"
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,15 +37,26 @@ type calls struct {
 	upserts []*nstancev1.UpsertGroupRequest
 }
 
+// maxUserData stands in for the server's limit on user data (16 KiB by
+// default), which the server of this branch does not enforce yet: a larger
+// request is refused with InvalidArgument before it leaves the operator.
+const maxUserData = 16 << 10
+
 func (c *calls) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	c.mu.Lock()
+	var data []byte
 	switch r := req.(type) {
 	case *nstancev1.CreateInstanceRequest:
 		c.creates = append(c.creates, proto.Clone(r).(*nstancev1.CreateInstanceRequest))
+		data = r.GetUserData()
 	case *nstancev1.UpsertGroupRequest:
 		c.upserts = append(c.upserts, proto.Clone(r).(*nstancev1.UpsertGroupRequest))
+		data = r.GetGroup().GetUserData()
 	}
 	c.mu.Unlock()
+	if len(data) > maxUserData {
+		return status.Errorf(codes.InvalidArgument, "user data is %d bytes, more than the shard's limit of %d", len(data), maxUserData)
+	}
 	return invoker(ctx, method, req, reply, cc, opts...)
 }
 
@@ -175,6 +189,21 @@ func TestMachineBootstrapData(t *testing.T) {
 	require.Contains(t, note, "m-bad-bootstrap")
 	require.Empty(t, rec.createsFor("m-bad"))
 
+	// Data above the server's limit: the refusal names the Machine and the
+	// Secret (BootstrapDataRejected, a Warning Event).
+	f.bootstrapSecret(t, "m-big-bootstrap", map[string][]byte{"value": bytes.Repeat([]byte("#"), maxUserData+1)})
+	f.machinePairBootstrap(t, "m-big", "boot", ptr.To("m-big-bootstrap"))
+	require.Eventually(t, func() bool {
+		return machineCondition(t, f.ns, "m-big", machine.ConditionInstanceCreated) == infrav1.BootstrapDataRejectedReason
+	}, waitLong, tick)
+	require.Eventually(t, func() bool {
+		return len(f.events(t, "NstanceMachine", "m-big", infrav1.BootstrapDataRejectedReason)) > 0
+	}, waitLong, tick)
+	note = f.events(t, "NstanceMachine", "m-big", infrav1.BootstrapDataRejectedReason)[0]
+	require.Contains(t, note, "Machine m-big")
+	require.Contains(t, note, "m-big-bootstrap")
+	require.Contains(t, note, "limit")
+
 	// An empty dataSecretName (what on-demand and imported Machines carry):
 	// no waiting, no user data, the template's userdata applies.
 	f.machinePair(t, "m-none", "boot", "shard-a")
@@ -293,6 +322,27 @@ func TestMachinePoolBootstrapData(t *testing.T) {
 		require.NotEmpty(t, r.GetGroup().GetUserData(), "no upsert ever dropped the data")
 	}
 	require.Equal(t, uint32(1), f.shards["shard-a"].group(t, "bp").GetSpec().GetSize(), "the group keeps running")
+
+	// Data above the server's limit: ConfigValid false BootstrapDataRejected
+	// and a Warning Event naming the group and the Secret.
+	f.bootstrapSecret(t, "bp-bootstrap-big", map[string][]byte{"value": bytes.Repeat([]byte("#"), maxUserData+1)})
+	setPoolSecret(t, f.ns, "bp", ptr.To("bp-bootstrap-big"))
+	require.Eventually(t, func() bool {
+		sg, ok := get(t, f.ns, sgName, &infrav1.NstanceShardGroup{})
+		c := conditions.Get(sg, infrav1.ConfigValidCondition)
+		return ok && c != nil && c.Reason == infrav1.BootstrapDataRejectedReason
+	}, waitLong, tick)
+	require.Eventually(t, func() bool {
+		return len(f.events(t, "NstanceShardGroup", sgName, infrav1.BootstrapDataRejectedReason)) > 0
+	}, waitLong, tick)
+	note := f.events(t, "NstanceShardGroup", sgName, infrav1.BootstrapDataRejectedReason)[0]
+	require.Contains(t, note, "group bp")
+	require.Contains(t, note, "bp-bootstrap-big")
+	require.Eventually(t, func() bool {
+		p, _ := get(t, f.ns, "bp", &infrav1.NstanceMachinePool{})
+		c := conditions.Get(p, infrav1.ReadyCondition)
+		return c != nil && c.Status == metav1.ConditionFalse && strings.Contains(c.Message, infrav1.BootstrapDataRejectedReason)
+	}, waitLong, tick, "the pool's Ready condition names the refusal")
 }
 
 // setPoolSecret sets the MachinePool template's bootstrap dataSecretName.
