@@ -123,7 +123,9 @@ type fixture struct {
 func newFixture(t *testing.T) *fixture { return newFixtureNodesIn(t, env.Client) }
 
 // bootstrapSecret is the bootstrap data Secret of every fixture namespace.
-const bootstrapSecret = "nstance-bootstrap"
+// Named after the Cluster, so clusterctl move takes it along (soft
+// ownership), as it takes a bootstrap provider's Secret through its owner.
+const bootstrapSecret = clusterID + "-bootstrap"
 
 // newFixtureNodesIn is newFixture with the fake Nodes registered in the
 // cluster of nodes (the workload cluster of the management-mode test).
