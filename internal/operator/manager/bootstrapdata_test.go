@@ -303,6 +303,7 @@ func TestMachinePoolBootstrapData(t *testing.T) {
 		}, waitLong, tick)
 	}
 	requireServerHash(t, f, "bp", userdata.Hash(v2))
+	t.Logf("UpsertGroup calls for bp so far: %d", len(rec.upsertsOf("bp")))
 
 	// A Secret without "value": ConfigValid false and a Warning Event on
 	// each shard group; the servers keep the group as it was.
