@@ -54,6 +54,19 @@ const (
 	PausedReason = "Paused"
 	// DeletingReason: the object is being deleted.
 	DeletingReason = "Deleting"
+	// WaitingForBootstrapDataReason: the owning Machine's (or MachinePool
+	// template's) spec.bootstrap.dataSecretName is not set yet, so nothing
+	// is created or changed on the servers.
+	WaitingForBootstrapDataReason = "WaitingForBootstrapData"
+	// BootstrapDataSecretNotFoundReason: the named bootstrap data Secret
+	// does not exist.
+	BootstrapDataSecretNotFoundReason = "BootstrapDataSecretNotFound"
+	// BootstrapDataSecretInvalidReason: the bootstrap data Secret lacks a
+	// non-empty "value" or names an unknown "format".
+	BootstrapDataSecretInvalidReason = "BootstrapDataSecretInvalid"
+	// BootstrapDataRejectedReason: the server refused the request carrying
+	// the bootstrap data (too large, for one).
+	BootstrapDataRejectedReason = "BootstrapDataRejected"
 )
 
 // Finalizers the operator places on the Nstance kinds.

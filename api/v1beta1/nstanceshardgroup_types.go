@@ -49,6 +49,16 @@ type NstanceShardGroupSpec struct {
 	// drainTimeout bounds how long a node is drained before removal.
 	// +optional
 	DrainTimeout *metav1.Duration `json:"drainTimeout,omitempty"`
+
+	// bootstrapDataSecretName names the Secret, in this object's namespace,
+	// holding the instances' Cluster API bootstrap data (key "value", and
+	// optionally "format": "cloud-config" or "ignition"). The owning pool
+	// copies it from its MachinePool's spec.template.spec.bootstrap.dataSecretName.
+	// Empty means none: the instance template's userdata applies. A new name
+	// whose data differs rolls the group's instances onto it.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	BootstrapDataSecretName string `json:"bootstrapDataSecretName,omitempty"`
 }
 
 // NstanceShardGroupStatus is what the shard's server reports for the group.

@@ -122,6 +122,11 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture { return newFixtureNodesIn(t, env.Client) }
 
+// bootstrapSecret is the bootstrap data Secret of every fixture namespace.
+// Named after the Cluster, so clusterctl move takes it along (soft
+// ownership), as it takes a bootstrap provider's Secret through its owner.
+const bootstrapSecret = clusterID + "-bootstrap"
+
 // newFixtureNodesIn is newFixture with the fake Nodes registered in the
 // cluster of nodes (the workload cluster of the management-mode test).
 func newFixtureNodesIn(t *testing.T, nodes client.Client) *fixture {
@@ -147,6 +152,13 @@ func newFixtureNodesIn(t *testing.T, nodes client.Client) *fixture {
 	require.NoError(t, env.Client.Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: opconfig.DefaultNonceSecret},
 		Data:       map[string][]byte{"nonce.jwt": []byte(tok)},
+	}))
+	// The bootstrap data Secret the Machines and MachinePools name (no
+	// bootstrap provider runs here): its value is what instances get.
+	require.NoError(t, env.Client.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: bootstrapSecret},
+		Type:       clusterv1.ClusterSecretType,
+		Data:       map[string][]byte{"value": []byte("#cloud-config\n"), "format": []byte("cloud-config")},
 	}))
 	return &fixture{ns: ns.Name, shard: sh, provider: prov, opts: manager.Options{
 		Config: &opconfig.Config{ClusterID: clusterID, Tenant: tenant, Shards: map[string]opconfig.Shard{
@@ -365,7 +377,7 @@ func (f *fixture) createPool(t *testing.T, name string, replicas int32, drainTim
 			Template: clusterv1.MachineTemplateSpec{
 				ObjectMeta: clusterv1.ObjectMeta{Labels: labels},
 				Spec: clusterv1.MachineSpec{
-					ClusterName: clusterID, Bootstrap: clusterv1.Bootstrap{DataSecretName: ptr.To("nstance-bootstrap")},
+					ClusterName: clusterID, Bootstrap: clusterv1.Bootstrap{DataSecretName: ptr.To(bootstrapSecret)},
 					InfrastructureRef: clusterv1.ContractVersionedObjectReference{
 						APIGroup: infrav1.GroupVersion.Group, Kind: "NstanceMachinePool", Name: name,
 					},
@@ -772,7 +784,7 @@ func (f *fixture) createMachine(t *testing.T, name string) (*clusterv1.Machine, 
 	m := &clusterv1.Machine{
 		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name, Labels: labels},
 		Spec: clusterv1.MachineSpec{ClusterName: clusterID, FailureDomain: shardID,
-			Bootstrap: clusterv1.Bootstrap{DataSecretName: ptr.To("nstance-bootstrap")},
+			Bootstrap: clusterv1.Bootstrap{DataSecretName: ptr.To(bootstrapSecret)},
 			InfrastructureRef: clusterv1.ContractVersionedObjectReference{
 				APIGroup: infrav1.GroupVersion.Group, Kind: "NstanceMachine", Name: name}},
 	}

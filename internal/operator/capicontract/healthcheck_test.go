@@ -99,7 +99,7 @@ func TestMachineHealthCheckReplacesUnhealthyMachine(t *testing.T) {
 				ObjectMeta: clusterv1.ObjectMeta{Labels: selected},
 				Spec: clusterv1.MachineSpec{
 					ClusterName: clusterID, FailureDomain: shardID,
-					Bootstrap: clusterv1.Bootstrap{DataSecretName: ptr.To("nstance-bootstrap")},
+					Bootstrap: clusterv1.Bootstrap{DataSecretName: ptr.To(bootstrapSecret)},
 					InfrastructureRef: clusterv1.ContractVersionedObjectReference{
 						APIGroup: infrav1.GroupVersion.Group, Kind: "NstanceMachineTemplate", Name: "md"},
 				},

@@ -33,6 +33,7 @@ import (
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/operator/paused"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
+	"github.com/nstance-dev/nstance/internal/operator/userdata"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -73,7 +74,8 @@ const (
 type Reconciler struct {
 	Client client.Client
 	// Reader reads owning Machines uncached when deciding whether core
-	// Cluster API drained a Node already; nil means Client.
+	// Cluster API drained a Node already, and bootstrap data Secrets (the
+	// manager's cache does not hold them); nil means Client.
 	Reader    client.Reader
 	Conns     *shardconn.Manager
 	Recorder  events.EventRecorder
@@ -225,6 +227,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, nm *infrav1.NstanceMac
 			setCond(nm, ConditionInstanceCreated, metav1.ConditionFalse, ReasonUnknownShard, fmt.Sprintf("shard %q is not in the operator configuration", shard))
 			return reconcile.Result{}, nil
 		}
+		data, res, stop, err := r.bootstrapData(ctx, nm, machine)
+		if err != nil || stop {
+			return res, err
+		}
 		// Shard and nonce are stored before the create call (the deferred
 		// patch; its update event brings the next pass), so every attempt,
 		// here or after a move, asks the same shard with the same token.
@@ -249,7 +255,19 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, nm *infrav1.NstanceMac
 			SubnetPool: nm.Spec.SubnetPool, Vars: nm.Spec.Vars, ClientToken: CreateToken(nm),
 			Labels: map[string]string{instanceLabelMachine: nm.Name, instanceLabelMachineSpace: nm.Namespace},
 		}
+		if !data.Empty() {
+			req.UserData, req.UserDataFormat = data.Value, data.Format
+		}
 		resp, err := cl.CreateInstance(ctx, req)
+		if err != nil && !data.Empty() && status.Code(err) == codes.InvalidArgument {
+			// Most likely the data itself (the server's size limit): a retry
+			// cannot help until the bootstrap data changes. The message names
+			// the Secret and the size, never the content.
+			msg := fmt.Sprintf("shard %s refused the instance of Machine %s with the bootstrap data of Secret %s (%d bytes): %s",
+				shard, machine.Name, data.Secret, len(data.Value), status.Convert(err).Message())
+			r.warnOnce(nm, infrav1.BootstrapDataRejectedReason, msg)
+			return reconcile.Result{RequeueAfter: time.Minute}, nil
+		}
 		if err != nil {
 			msg := fmt.Sprintf("CreateInstance on shard %s: %v", shard, status.Convert(err).Message())
 			setCond(nm, ConditionInstanceCreated, metav1.ConditionFalse, ReasonCreateFailed, msg)
@@ -298,6 +316,66 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, nm *infrav1.NstanceMac
 	nm.Status.Initialization.Provisioned = ptr.To(true)
 	setCond(nm, ConditionReady, metav1.ConditionTrue, ReasonInstanceRunning, "instance "+inst.GetInstanceId()+" is running")
 	return reconcile.Result{}, nil
+}
+
+// bootstrapData returns the bootstrap data the instance of nm is created
+// with, read from the Secret its Machine's spec.bootstrap.dataSecretName
+// names. Without an owning Machine (the operator's on-demand NstanceMachines
+// before core CAPI links them, or one created on its own) and with an empty
+// dataSecretName (what the on-demand and import paths write, and what Cluster
+// API itself writes for MachinePool Machines) there is none, and the
+// template's userdata applies. While dataSecretName is nil the bootstrap
+// provider is not done: like CAPD, nothing is created, the conditions say
+// WaitingForBootstrapData and the Machine watch brings the next pass. A
+// missing Secret is looked for again shortly; an unusable one (no "value",
+// an empty one, an unknown "format") is reported once by a Warning Event and
+// looked at again every 30s (Secrets are not watched).
+func (r *Reconciler) bootstrapData(ctx context.Context, nm *infrav1.NstanceMachine, machine *clusterv1.Machine) (userdata.Data, reconcile.Result, bool, error) {
+	if machine == nil {
+		return userdata.Data{}, reconcile.Result{}, false, nil
+	}
+	name, ready := userdata.SecretName(machine.Spec.Bootstrap.DataSecretName)
+	if !ready {
+		msg := "waiting for spec.bootstrap.dataSecretName of Machine " + machine.Name
+		setCond(nm, ConditionInstanceCreated, metav1.ConditionFalse, infrav1.WaitingForBootstrapDataReason, msg)
+		setCond(nm, ConditionReady, metav1.ConditionFalse, infrav1.WaitingForBootstrapDataReason, msg)
+		return userdata.Data{}, reconcile.Result{}, true, nil
+	}
+	reader := r.Reader
+	if reader == nil {
+		reader = r.Client
+	}
+	data, err := userdata.Read(ctx, reader, machine.Namespace, name)
+	var nf *userdata.NotFoundError
+	var invalid *userdata.InvalidError
+	switch {
+	case err == nil:
+		return data, reconcile.Result{}, false, nil
+	case errors.As(err, &nf):
+		setCond(nm, ConditionInstanceCreated, metav1.ConditionFalse, infrav1.BootstrapDataSecretNotFoundReason, err.Error())
+		setCond(nm, ConditionReady, metav1.ConditionFalse, infrav1.BootstrapDataSecretNotFoundReason, err.Error())
+		return userdata.Data{}, reconcile.Result{RequeueAfter: r.poll()}, true, nil
+	case errors.As(err, &invalid):
+		r.warnOnce(nm, infrav1.BootstrapDataSecretInvalidReason, fmt.Sprintf("Machine %s: %v", machine.Name, err))
+		return userdata.Data{}, reconcile.Result{RequeueAfter: 30 * time.Second}, true, nil
+	default:
+		return userdata.Data{}, reconcile.Result{}, true, fmt.Errorf("bootstrap data of Machine %s: %w", machine.Name, err)
+	}
+}
+
+// warnOnce sets InstanceCreated and Ready false with reason and msg, and
+// records a Warning Event unless the condition said so already.
+func (r *Reconciler) warnOnce(nm *infrav1.NstanceMachine, reason, msg string) {
+	// A copy: conditions.Get points into the list setCond changes.
+	var prevReason, prevMsg string
+	if prev := conditions.Get(nm, ConditionInstanceCreated); prev != nil {
+		prevReason, prevMsg = prev.Reason, prev.Message
+	}
+	setCond(nm, ConditionInstanceCreated, metav1.ConditionFalse, reason, msg)
+	setCond(nm, ConditionReady, metav1.ConditionFalse, reason, msg)
+	if r.Recorder != nil && (prevReason != reason || prevMsg != msg) {
+		r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, reason, "Create", "%s", msg)
+	}
 }
 
 func (r *Reconciler) reconcileDelete(ctx context.Context, nm *infrav1.NstanceMachine) (reconcile.Result, error) {

@@ -25,6 +25,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/ledger"
 	"github.com/nstance-dev/nstance/internal/operator/paused"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
+	"github.com/nstance-dev/nstance/internal/operator/userdata"
 )
 
 // InfraRefIndex indexes MachinePools by the name of the NstanceMachinePool
@@ -192,11 +193,21 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, pool *infrav1.NstanceM
 
 func (r *Reconciler) reconcileNormal(ctx context.Context, pool *infrav1.NstanceMachinePool, mp *clusterv1.MachinePool) error {
 	var desired int32
+	// Until the bootstrap provider names the data Secret, no shard group is
+	// created or changed: the servers keep what they run (a shard group
+	// already there keeps its size and data).
+	var secret string
+	waitingForData := false
 	if mp != nil {
+		var ready bool
+		secret, ready = userdata.SecretName(mp.Spec.Template.Spec.Bootstrap.DataSecretName)
+		waitingForData = !ready
+	}
+	if mp != nil && !waitingForData {
 		desired = ptr.Deref(mp.Spec.Replicas, 1)
 		sizes := SplitReplicas(desired, pool.Spec.Shards)
 		for _, shard := range pool.Spec.Shards {
-			if err := r.ensureShardGroup(ctx, pool, mp, shard, sizes[shard]); err != nil {
+			if err := r.ensureShardGroup(ctx, pool, mp, shard, sizes[shard], secret); err != nil {
 				return err
 			}
 		}
@@ -205,10 +216,11 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *infrav1.NstanceM
 	if err != nil {
 		return err
 	}
-	// Shard groups of shards removed from spec.shards go away.
+	// Shard groups of shards removed from spec.shards go away (not while
+	// waiting for bootstrap data: nothing changes on the servers then).
 	keep := make([]infrav1.NstanceShardGroup, 0, len(sgs))
 	for i := range sgs {
-		if slices.Contains(pool.Spec.Shards, sgs[i].Spec.Shard) {
+		if waitingForData || slices.Contains(pool.Spec.Shards, sgs[i].Spec.Shard) {
 			keep = append(keep, sgs[i])
 			continue
 		}
@@ -219,10 +231,18 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *infrav1.NstanceM
 		}
 	}
 
+	if waitingForData {
+		desired = ptr.Deref(mp.Spec.Replicas, 1)
+	}
 	agg := Aggregate(keep, pool.Spec.Shards, desired)
-	if mp == nil {
+	switch {
+	case mp == nil:
 		agg.Ready = false
 		agg.Reason, agg.Message = WaitingForMachinePoolReason, "no MachinePool references this pool"
+	case waitingForData:
+		agg.Ready = false
+		agg.Reason = infrav1.WaitingForBootstrapDataReason
+		agg.Message = "waiting for spec.template.spec.bootstrap.dataSecretName of MachinePool " + mp.Name
 	}
 	if !slices.Equal(pool.Spec.ProviderIDList, agg.ProviderIDs) {
 		pool.Spec.ProviderIDList = agg.ProviderIDs
@@ -246,7 +266,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *infrav1.NstanceM
 	return nil
 }
 
-func (r *Reconciler) ensureShardGroup(ctx context.Context, pool *infrav1.NstanceMachinePool, mp *clusterv1.MachinePool, shard string, size int32) error {
+func (r *Reconciler) ensureShardGroup(ctx context.Context, pool *infrav1.NstanceMachinePool, mp *clusterv1.MachinePool, shard string, size int32, secret string) error {
 	sg := &infrav1.NstanceShardGroup{ObjectMeta: metav1.ObjectMeta{
 		Namespace: pool.Namespace, Name: infrav1.ShardGroupName(pool.Spec.Group, shard),
 	}}
@@ -273,6 +293,7 @@ func (r *Reconciler) ensureShardGroup(ctx context.Context, pool *infrav1.Nstance
 		sg.Spec.SubnetPool = pool.Spec.SubnetPool
 		sg.Spec.Vars = maps.Clone(pool.Spec.Vars)
 		sg.Spec.DrainTimeout = pool.Spec.DrainTimeout.DeepCopy()
+		sg.Spec.BootstrapDataSecretName = secret
 		return nil
 	})
 	if err != nil {

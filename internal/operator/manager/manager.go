@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -117,6 +118,8 @@ type Options struct {
 	// WorkloadConnectRetry is the pause after a failed connection to the
 	// workload cluster in management mode; zero means 30s.
 	WorkloadConnectRetry time.Duration
+	// ShardDialOptions are added to every shard connection (tests).
+	ShardDialOptions []grpc.DialOption
 }
 
 // Operator is a configured, not yet started operator.
@@ -230,7 +233,7 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	}
 	op.Conns = shardconn.New(shardconn.Options{
 		Shards: shardAddrs, MaxBackoff: o.MaxBackoff, ClusterID: o.Config.ClusterID, Metrics: m,
-		Log: o.Log.WithName("shardconn"),
+		Log: o.Log.WithName("shardconn"), DialOptions: o.ShardDialOptions,
 		StoreCert: func(ctx context.Context, certPEM, keyPEM, caPEM []byte) error {
 			return bootstrap.StoreCert(ctx, direct, ns, o.Env.CertSecret, certPEM, keyPEM, caPEM)
 		},
@@ -243,7 +246,7 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	}
 	recorder := mgr.GetEventRecorder("nstance-operator")
 	sg := &shardgroup.Reconciler{
-		Client: mgr.GetClient(), Conns: op.Conns, Groups: op.Cache, Recorder: recorder, Metrics: m, RetryDelay: o.RetryDelay,
+		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Conns: op.Conns, Groups: op.Cache, Recorder: recorder, Metrics: m, RetryDelay: o.RetryDelay,
 	}
 	if err := sg.SetupWithManager(mgr, op.trigger, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up shard group controller: %w", err)

@@ -50,6 +50,9 @@ type Options struct {
 	ClusterID string
 	Metrics   *metrics.Metrics
 	Log       logr.Logger
+	// DialOptions are added to every shard connection's own (tests record
+	// the calls the operator makes with an interceptor).
+	DialOptions []grpc.DialOption
 }
 
 type shard struct {
@@ -136,14 +139,15 @@ func (m *Manager) Start(ctx context.Context, creds *bootstrap.Credentials) error
 			c := m.creds.Certificate
 			return &c, nil
 		}
-		conn, err := grpc.NewClient(addr,
+		dialOpts := append([]grpc.DialOption{
 			grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)), msgsize.DialOption(),
 			grpc.WithConnectParams(grpc.ConnectParams{
 				Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: maxBackoff},
 				MinConnectTimeout: 5 * time.Second,
 			}),
 			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
-		)
+		}, m.opts.DialOptions...)
+		conn, err := grpc.NewClient(addr, dialOpts...)
 		if err != nil {
 			m.closeAll()
 			return fmt.Errorf("create connection to shard %s (%s): %w", id, addr, err)

@@ -30,12 +30,15 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/metrics"
 	"github.com/nstance-dev/nstance/internal/operator/paused"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
+	"github.com/nstance-dev/nstance/internal/operator/userdata"
 	"github.com/nstance-dev/nstance/internal/operator/watch"
 	"github.com/nstance-dev/nstance/internal/operator/webhook"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
-// Event reasons.
+// Event reasons. Problems with bootstrap data are reported with the
+// condition reasons of api/v1beta1 (BootstrapDataSecretNotFound,
+// BootstrapDataSecretInvalid, BootstrapDataRejected).
 const (
 	EventShardUnreachable = "ShardUnreachable"
 	EventConfigRejected   = "ConfigRejected"
@@ -46,7 +49,10 @@ const (
 
 // Reconciler syncs NstanceShardGroups to the servers.
 type Reconciler struct {
-	Client   client.Client
+	Client client.Client
+	// Reader reads bootstrap data Secrets uncached (the manager's cache
+	// does not hold them); nil means Client.
+	Reader   client.Reader
 	Conns    *shardconn.Manager
 	Groups   *watch.Cache
 	Recorder events.EventRecorder
@@ -216,10 +222,14 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, sg *infrav1.NstanceSha
 		return r.markUnreachable(ctx, sg, errors.New("connection to the shard is not ready"))
 	}
 
-	desired := DesiredSpec(sg)
+	data, res, stop := r.bootstrapData(ctx, sg, before)
+	if stop {
+		return res, nil
+	}
+	desired := DesiredSpec(sg, data)
 	current, cached := r.Groups.Get(shard, sg.Spec.Group)
 	upserted := false
-	if !cached || !SpecMatches(desired, current.GetSpec()) {
+	if !cached || !SpecMatches(desired, current) {
 		cctx, cancel := r.callCtx(ctx)
 		start := time.Now()
 		resp, err := c.UpsertGroup(cctx, &nstancev1.UpsertGroupRequest{Group: desired})
@@ -230,11 +240,19 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, sg *infrav1.NstanceSha
 			case unreachable(err):
 				return r.markUnreachable(ctx, sg, err)
 			case rejected(err):
+				// With bootstrap data attached the refusal may be about it
+				// (the server's size limit): the message names the Secret
+				// and the size, never the content.
+				reason, msg := infrav1.ConfigRejectedReason, status.Convert(err).Message()
+				if !data.Empty() && status.Code(err) == codes.InvalidArgument {
+					reason = infrav1.BootstrapDataRejectedReason
+					msg = fmt.Sprintf("%s (bootstrap data from Secret %s, %d bytes)", msg, data.Secret, len(data.Value))
+				}
 				setCond(sg, infrav1.ShardReachableCondition, true, infrav1.ShardConnectedReason, "")
-				setCond(sg, infrav1.ConfigValidCondition, false, infrav1.ConfigRejectedReason, status.Convert(err).Message())
-				setCond(sg, infrav1.ReadyCondition, false, infrav1.ConfigRejectedReason, "the server rejected the group")
-				if cond := meta.FindStatusCondition(before.Conditions, infrav1.ConfigValidCondition); cond == nil || cond.Status != metav1.ConditionFalse || cond.Message != status.Convert(err).Message() {
-					r.Recorder.Eventf(sg, nil, corev1.EventTypeWarning, EventConfigRejected, "Sync", "shard %s rejected group %s: %s", shard, sg.Spec.Group, status.Convert(err).Message())
+				setCond(sg, infrav1.ConfigValidCondition, false, reason, msg)
+				setCond(sg, infrav1.ReadyCondition, false, reason, "the server rejected the group")
+				if cond := meta.FindStatusCondition(before.Conditions, infrav1.ConfigValidCondition); cond == nil || cond.Status != metav1.ConditionFalse || cond.Message != msg {
+					r.Recorder.Eventf(sg, nil, corev1.EventTypeWarning, reason, "Sync", "shard %s rejected group %s: %s", shard, sg.Spec.Group, msg)
 				}
 				sg.Status.ObservedGeneration = sg.Generation
 				// A rejected spec needs a spec change; retry slowly in case the
@@ -302,14 +320,51 @@ func setCond(sg *infrav1.NstanceShardGroup, typ string, ok bool, reason, msg str
 	conditions.Set(sg, metav1.Condition{Type: typ, Status: st, Reason: reason, Message: msg})
 }
 
-// DesiredSpec is the server group spec an NstanceShardGroup asks for.
-func DesiredSpec(sg *infrav1.NstanceShardGroup) *nstancev1.GroupSpec {
+// bootstrapData reads the shard group's bootstrap data Secret. When it is
+// missing or unusable, the group is left as the server has it (its
+// instances keep running with their current data): the conditions and, on
+// a change, a Warning Event say why, and stop is true. Secrets are not
+// watched, so the pass comes back by itself.
+func (r *Reconciler) bootstrapData(ctx context.Context, sg *infrav1.NstanceShardGroup, before *infrav1.NstanceShardGroupStatus) (userdata.Data, ctrl.Result, bool) {
+	reader := r.Reader
+	if reader == nil {
+		reader = r.Client
+	}
+	data, err := userdata.Read(ctx, reader, sg.Namespace, sg.Spec.BootstrapDataSecretName)
+	if err == nil {
+		return data, ctrl.Result{}, false
+	}
+	var nf *userdata.NotFoundError
+	var invalid *userdata.InvalidError
+	reason, retry := infrav1.SyncFailedReason, r.retry()
+	switch {
+	case errors.As(err, &nf):
+		reason = infrav1.BootstrapDataSecretNotFoundReason
+	case errors.As(err, &invalid):
+		reason, retry = infrav1.BootstrapDataSecretInvalidReason, 30*time.Second
+	}
+	msg := err.Error()
+	setCond(sg, infrav1.ConfigValidCondition, false, reason, msg)
+	setCond(sg, infrav1.ReadyCondition, false, reason, "the group is not changed until its bootstrap data can be read")
+	if cond := meta.FindStatusCondition(before.Conditions, infrav1.ConfigValidCondition); cond == nil || cond.Reason != reason || cond.Message != msg {
+		r.Recorder.Eventf(sg, nil, corev1.EventTypeWarning, reason, "Sync", "group %s on shard %s: %s", sg.Spec.Group, sg.Spec.Shard, msg)
+	}
+	log.FromContext(ctx).V(1).Info("bootstrap data not usable", "reason", reason, "secret", sg.Spec.BootstrapDataSecretName)
+	return userdata.Data{}, ctrl.Result{RequeueAfter: retry}, true
+}
+
+// DesiredSpec is the server group spec an NstanceShardGroup asks for, with
+// data (read from its bootstrap data Secret) as the group's user data.
+func DesiredSpec(sg *infrav1.NstanceShardGroup, data userdata.Data) *nstancev1.GroupSpec {
 	spec := &nstancev1.GroupSpec{
 		GroupId:      sg.Spec.Group,
 		Template:     sg.Spec.Template,
 		Size:         uint32(max(sg.Spec.Size, 0)),
 		InstanceType: sg.Spec.InstanceType,
 		SubnetPool:   sg.Spec.SubnetPool,
+	}
+	if !data.Empty() {
+		spec.UserData, spec.UserDataFormat = data.Value, data.Format
 	}
 	if len(sg.Spec.Vars) > 0 {
 		spec.Vars = maps.Clone(sg.Spec.Vars)
@@ -320,10 +375,22 @@ func DesiredSpec(sg *infrav1.NstanceShardGroup) *nstancev1.GroupSpec {
 	return spec
 }
 
-// SpecMatches reports whether the server already has what desired asks for.
-// Fields left empty in desired are the server's to default and not compared.
-func SpecMatches(desired, server *nstancev1.GroupSpec) bool {
+// SpecMatches reports whether the server's group (current) already has what
+// desired asks for. Fields left empty in desired are the server's to
+// default and not compared, except the user data: the server never returns
+// it, only its hash (GroupStatus.user_data_sha256, "" for none), which must
+// equal the hash of desired's, empty or not, so a group whose data was
+// removed is updated too. The format is compared only when the server
+// reports one.
+func SpecMatches(desired *nstancev1.GroupSpec, current *nstancev1.GroupStatus) bool {
+	server := current.GetSpec()
 	if server == nil || desired.GetGroupId() != server.GetGroupId() || desired.GetSize() != server.GetSize() {
+		return false
+	}
+	if userdata.Hash(desired.GetUserData()) != current.GetUserDataSha256() {
+		return false
+	}
+	if len(desired.GetUserData()) > 0 && server.GetUserDataFormat() != "" && desired.GetUserDataFormat() != server.GetUserDataFormat() {
 		return false
 	}
 	for _, f := range [][2]string{

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/userdata"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -19,7 +20,7 @@ func TestDesiredSpec(t *testing.T) {
 		Group: "web", Shard: "a", Size: 3, Template: "worker", InstanceType: "m7i.large", SubnetPool: "private",
 		Vars: map[string]string{"k": "v"}, DrainTimeout: &metav1.Duration{Duration: time.Minute},
 	}}
-	got := DesiredSpec(sg)
+	got := DesiredSpec(sg, userdata.Data{})
 	require.Equal(t, "web", got.GetGroupId())
 	require.Equal(t, uint32(3), got.GetSize())
 	require.Equal(t, "m7i.large", got.GetInstanceType())
@@ -27,34 +28,67 @@ func TestDesiredSpec(t *testing.T) {
 	require.Equal(t, time.Minute, got.GetDrainTimeout().AsDuration())
 	sg.Spec.Vars["k"] = "changed"
 	require.Equal(t, "v", got.GetVars()["k"], "spec does not alias the object")
+	require.Empty(t, got.GetUserData(), "no bootstrap data: the template's userdata")
+	require.Empty(t, got.GetUserDataFormat())
+
+	withData := DesiredSpec(sg, userdata.Data{Secret: "boot", Value: []byte("#cloud-config\n"), Format: userdata.FormatIgnition})
+	require.Equal(t, []byte("#cloud-config\n"), withData.GetUserData())
+	require.Equal(t, userdata.FormatIgnition, withData.GetUserDataFormat())
 }
 
 func TestSpecMatches(t *testing.T) {
+	data := []byte("#cloud-config\nruncmd: [true]\n")
 	base := func() *nstancev1.GroupSpec {
 		return &nstancev1.GroupSpec{GroupId: "g", Size: 2, Template: "worker", Vars: map[string]string{"a": "1"}, DrainTimeout: durationpb.New(time.Second)}
 	}
 	tests := []struct {
 		name   string
-		mutate func(desired, server *nstancev1.GroupSpec)
+		mutate func(desired *nstancev1.GroupSpec, server *nstancev1.GroupStatus)
 		want   bool
 	}{
-		{"equal", func(_, _ *nstancev1.GroupSpec) {}, true},
-		{"size differs", func(_, s *nstancev1.GroupSpec) { s.Size = 3 }, false},
-		{"template differs", func(_, s *nstancev1.GroupSpec) { s.Template = "gpu" }, false},
-		{"server defaulted instance type", func(_, s *nstancev1.GroupSpec) { s.InstanceType = "test.small" }, true},
-		{"instance type wanted", func(d, _ *nstancev1.GroupSpec) { d.InstanceType = "big" }, false},
-		{"vars differ", func(_, s *nstancev1.GroupSpec) { s.Vars = map[string]string{"a": "2"} }, false},
-		{"drain differs", func(_, s *nstancev1.GroupSpec) { s.DrainTimeout = durationpb.New(time.Hour) }, false},
-		{"no desired drain", func(d, s *nstancev1.GroupSpec) { d.DrainTimeout = nil; s.DrainTimeout = durationpb.New(time.Hour) }, true},
+		{"equal", func(_ *nstancev1.GroupSpec, _ *nstancev1.GroupStatus) {}, true},
+		{"size differs", func(_ *nstancev1.GroupSpec, s *nstancev1.GroupStatus) { s.Spec.Size = 3 }, false},
+		{"template differs", func(_ *nstancev1.GroupSpec, s *nstancev1.GroupStatus) { s.Spec.Template = "gpu" }, false},
+		{"server defaulted instance type", func(_ *nstancev1.GroupSpec, s *nstancev1.GroupStatus) { s.Spec.InstanceType = "test.small" }, true},
+		{"instance type wanted", func(d *nstancev1.GroupSpec, _ *nstancev1.GroupStatus) { d.InstanceType = "big" }, false},
+		{"vars differ", func(_ *nstancev1.GroupSpec, s *nstancev1.GroupStatus) { s.Spec.Vars = map[string]string{"a": "2"} }, false},
+		{"drain differs", func(_ *nstancev1.GroupSpec, s *nstancev1.GroupStatus) {
+			s.Spec.DrainTimeout = durationpb.New(time.Hour)
+		}, false},
+		{"no desired drain", func(d *nstancev1.GroupSpec, s *nstancev1.GroupStatus) {
+			d.DrainTimeout = nil
+			s.Spec.DrainTimeout = durationpb.New(time.Hour)
+		}, true},
+		{"user data the server holds", func(d *nstancev1.GroupSpec, s *nstancev1.GroupStatus) {
+			d.UserData, d.UserDataFormat = data, userdata.FormatCloudConfig
+			s.UserDataSha256 = userdata.Hash(data)
+		}, true},
+		{"user data the server does not hold yet", func(d *nstancev1.GroupSpec, _ *nstancev1.GroupStatus) {
+			d.UserData, d.UserDataFormat = data, userdata.FormatCloudConfig
+		}, false},
+		{"other user data on the server (a new Secret)", func(d *nstancev1.GroupSpec, s *nstancev1.GroupStatus) {
+			d.UserData, d.UserDataFormat = data, userdata.FormatCloudConfig
+			s.UserDataSha256 = userdata.Hash([]byte("old"))
+		}, false},
+		{"user data removed", func(_ *nstancev1.GroupSpec, s *nstancev1.GroupStatus) { s.UserDataSha256 = userdata.Hash(data) }, false},
+		{"format differs", func(d *nstancev1.GroupSpec, s *nstancev1.GroupStatus) {
+			d.UserData, d.UserDataFormat = data, userdata.FormatIgnition
+			s.UserDataSha256, s.Spec.UserDataFormat = userdata.Hash(data), userdata.FormatCloudConfig
+		}, false},
+		{"format not reported", func(d *nstancev1.GroupSpec, s *nstancev1.GroupStatus) {
+			d.UserData, d.UserDataFormat = data, userdata.FormatIgnition
+			s.UserDataSha256 = userdata.Hash(data)
+		}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d, s := base(), base()
+			d, s := base(), &nstancev1.GroupStatus{Spec: base()}
 			tt.mutate(d, s)
 			require.Equal(t, tt.want, SpecMatches(d, s))
 		})
 	}
 	require.False(t, SpecMatches(base(), nil))
+	require.False(t, SpecMatches(base(), &nstancev1.GroupStatus{}))
 }
 
 func TestErrorClasses(t *testing.T) {
