@@ -6,7 +6,8 @@
 // lease current, runs the pods bound to it (their containers only pretend to
 // run) and honours deletion and eviction, all through the API server with the
 // node identity of its client certificate. It needs neither root nor cgroups
-// (about 85 MB resident when idle).
+// (about 80 MB resident when idle), and runs the same as root or not: it
+// writes only under /tmp.
 //
 // # Identity and providerID
 //
@@ -22,17 +23,20 @@
 //
 // # What it listens on
 //
-// kubemark hard-codes the kubelet's bind address to 0.0.0.0 and has no flag
-// for it: the kubelet port (picked with portpick, so it does not collide
-// with other tests) is reachable from other hosts. It is plain HTTP without
-// authentication (kubemark gives the kubelet server no TLS and no
-// authenticator), and the debugging handlers are on. The read-only port is
-// off (--kubelet-read-only-port=0). Only a network namespace could keep the
-// port off the network; hollownode does not do that, because the kubelet
-// must reach the API server on the host's loopback, which a namespace of its
-// own does not have (it would need a veth pair, routes and an API server
-// listening on that address). Run hollow kubelets on machines whose other
-// network peers you trust, or behind a host firewall.
+// kubemark hard-codes the kubelet's bind address (every interface, IPv4 and
+// IPv6) and has no flag for it: the kubelet port (picked with portpick, so
+// it does not collide with other tests) is reachable from other hosts. It
+// is plain HTTP without authentication (kubemark gives the kubelet server
+// no TLS and no authenticator) with the debugging handlers on: anyone who
+// reaches the port can read /pods and /configz and, through /logs/, the
+// files under the host's /var/log that the process may read. The read-only
+// port is off (--kubelet-read-only-port=0); nothing else listens on TCP.
+// Only a network namespace could keep the port off the network; hollownode
+// does not do that, because the kubelet must reach the API server on the
+// host's loopback, which a namespace of its own does not have (it would need
+// a veth pair, routes and an API server listening on that address). Run
+// hollow kubelets on machines whose network peers you trust, or behind a
+// host firewall.
 //
 // # What it writes
 //
@@ -40,10 +44,12 @@
 // checkpoints) is /tmp/hollow-kubelet.<random>, and the fake runtime listens
 // on the unix socket /tmp/kubelet_remote_<random>.sock: kubemark takes both
 // from fixed patterns under /tmp (ignoring TMPDIR) and removes neither. Each
-// Node therefore learns their exact names while its process runs (the root
-// directory from kubemark's log line, the socket from the process's own
-// descriptors) and removes exactly those two paths after the process ends;
-// it never deletes by pattern. Everything else (kubeconfig, log) lives in
+// Node therefore learns their exact names from the process's log while it
+// starts (kubemark logs the root directory; Start passes
+// --vmodule=remote_runtime=3 so the kubelet logs the socket) and removes
+// exactly those two paths after the process ends; it never deletes by
+// pattern. A process killed from outside before it logged them can still
+// leave them behind. Everything else (kubeconfig, log) lives in
 // the Node's own directory under t.TempDir().
 //
 // # Lifetime

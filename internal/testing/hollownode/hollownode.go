@@ -1,8 +1,6 @@
 package hollownode
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -69,7 +67,9 @@ type Options struct {
 	Labels map[string]string
 	// Binary is the kubemark to run; empty means Binary().
 	Binary string
-	// Args are further kubemark flags, appended last.
+	// Args are further kubemark flags, appended last. A --vmodule here
+	// replaces the one Start passes, and Start then cannot find the runtime
+	// socket to remove: add remote_runtime=3 to it.
 	Args []string
 	// StartTimeout bounds Start's wait for the process to come up (its
 	// runtime socket listening); zero means 60 seconds.
@@ -149,6 +149,9 @@ func start(t testing.TB, opts Options) (*Node, error) {
 		// Only used with --bootstrap-kubeconfig, which this helper never
 		// passes; pointed here anyway so nothing goes to /etc/srv.
 		"--cert-dir=" + filepath.Join(dir, "pki"),
+		// Logs the fake runtime's socket path, which is how Stop knows
+		// which /tmp/kubelet_remote_*.sock is this process's.
+		"--vmodule=remote_runtime=3",
 	}
 	if opts.ContentType != "" {
 		args = append(args, "--kube-api-content-type="+opts.ContentType)
@@ -239,38 +242,36 @@ func writeKubeconfig(path string, opts Options) error {
 // rootDirLine is kubemark's log line naming the kubelet's root directory.
 var rootDirLine = regexp.MustCompile(`Using (/tmp/hollow-kubelet\.[0-9]+) as root dir for hollow-kubelet`)
 
-// runtimeSocket is the fake runtime's socket path pattern.
-var runtimeSocket = regexp.MustCompile(`^/tmp/kubelet_remote_[0-9]+\.sock$`)
+// runtimeLine is the kubelet's log line (at remote_runtime=3) naming the
+// fake runtime's socket. The runtime creates the socket under a temporary
+// name and renames it, so the process's own socket table shows the wrong
+// name; the log is where the final one appears.
+var runtimeLine = regexp.MustCompile(`"Connecting to runtime service" endpoint="unix://(/tmp/kubelet_remote_[0-9]+\.sock)"`)
 
 // awaitScratch waits until the process has logged its root directory and
-// listens on its runtime socket, and records both for removal.
+// its runtime socket exists, and records both for removal.
 func (n *Node) awaitScratch(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	var root, sock string
 	for {
-		if root == "" {
-			if b, err := os.ReadFile(n.LogPath); err == nil {
-				if m := rootDirLine.FindSubmatch(b); m != nil {
-					root = string(m[1])
-					n.scratch = append(n.scratch, root)
-				}
+		if b, err := os.ReadFile(n.LogPath); err == nil {
+			if m := rootDirLine.FindSubmatch(b); root == "" && m != nil {
+				root = string(m[1])
+				n.scratch = append(n.scratch, root)
 			}
-		}
-		if sock == "" {
-			socks, err := unixSockets(n.PID)
-			if err == nil {
-				for _, s := range socks {
-					if runtimeSocket.MatchString(s) {
-						sock = s
-						n.scratch = append(n.scratch, s)
-					}
-				}
+			if m := runtimeLine.FindSubmatch(b); sock == "" && m != nil {
+				// Recorded as soon as it is named (the socket appears a
+				// moment later); Stop removes it if it is there.
+				sock = string(m[1])
+				n.scratch = append(n.scratch, sock)
 			}
 		}
 		if root != "" && sock != "" {
-			return nil
+			if fi, err := os.Lstat(sock); err == nil && fi.Mode()&os.ModeSocket != 0 {
+				return nil
+			}
 		}
 		select {
 		case <-n.done:
@@ -281,40 +282,6 @@ func (n *Node) awaitScratch(timeout time.Duration) error {
 			return fmt.Errorf("kubemark did not come up within %s (root directory %q, runtime socket %q)", timeout, root, sock)
 		}
 	}
-}
-
-// unixSockets returns the paths of the unix sockets process pid holds open,
-// matching the inodes of its descriptors with /proc/net/unix.
-func unixSockets(pid int) ([]string, error) {
-	fdDir := fmt.Sprintf("/proc/%d/fd", pid)
-	entries, err := os.ReadDir(fdDir)
-	if err != nil {
-		return nil, fmt.Errorf("list descriptors of %d: %w", pid, err)
-	}
-	inodes := map[string]bool{}
-	for _, e := range entries {
-		l, err := os.Readlink(filepath.Join(fdDir, e.Name()))
-		if err != nil {
-			continue // closed meanwhile
-		}
-		if in, ok := strings.CutPrefix(l, "socket:["); ok {
-			inodes[strings.TrimSuffix(in, "]")] = true
-		}
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/unix", pid))
-	if err != nil {
-		return nil, fmt.Errorf("read unix sockets of %d: %w", pid, err)
-	}
-	var out []string
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		// Num RefCount Protocol Flags Type St Inode Path
-		f := strings.Fields(sc.Text())
-		if len(f) >= 8 && inodes[f[6]] && strings.HasPrefix(f[7], "/") {
-			out = append(out, f[7])
-		}
-	}
-	return out, nil
 }
 
 // ScratchPaths are the paths kubemark created outside Dir (its root

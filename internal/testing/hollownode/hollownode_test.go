@@ -1,7 +1,6 @@
 package hollownode
 
 import (
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,27 +30,19 @@ func TestKubeconfigFromFiles(t *testing.T) {
 	require.ErrorContains(t, err, "without Kubeconfig, CAFile, CertFile, KeyFile must be set")
 }
 
-// unixSockets finds a socket this process listens on by its path, and
-// only sockets it holds.
-func TestUnixSocketsOfProcess(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "probe.sock")
-	l, err := net.Listen("unix", path)
-	require.NoError(t, err)
-	defer l.Close()
-	socks, err := unixSockets(os.Getpid())
-	require.NoError(t, err)
-	require.Contains(t, socks, path)
-
-	require.True(t, runtimeSocket.MatchString("/tmp/kubelet_remote_5577006791947779410.sock"))
-	require.False(t, runtimeSocket.MatchString("/tmp/kubelet_remote_1.sock/x"))
-	require.False(t, runtimeSocket.MatchString("/tmp/other.sock"))
+func TestRuntimeSocketLine(t *testing.T) {
+	line := `I1127 00:23:30.671602   23123 remote_runtime.go:97] "Connecting to runtime service" endpoint="unix:///tmp/kubelet_remote_2262651461725920083.sock"`
+	m := runtimeLine.FindStringSubmatch(line)
+	require.NotNil(t, m)
+	require.Equal(t, "/tmp/kubelet_remote_2262651461725920083.sock", m[1])
+	require.Nil(t, runtimeLine.FindStringSubmatch(`"Connecting to runtime service" endpoint="unix:///run/containerd/containerd.sock"`))
 }
 
 func TestRootDirLine(t *testing.T) {
-	line := `I1126 23:50:01.123456  4242 hollow_kubelet.go:150] "Using /tmp/hollow-kubelet.3719021483 as root dir for hollow-kubelet"`
+	line := `I1127 00:23:14.386807   22774 hollow_kubelet.go:150] Using /tmp/hollow-kubelet.1323444418 as root dir for hollow-kubelet`
 	m := rootDirLine.FindStringSubmatch(line)
 	require.NotNil(t, m)
-	require.Equal(t, "/tmp/hollow-kubelet.3719021483", m[1])
+	require.Equal(t, "/tmp/hollow-kubelet.1323444418", m[1])
 	require.Nil(t, rootDirLine.FindStringSubmatch("Using /tmp/hollow-kubelet.1/../x as root dir"))
 }
 
