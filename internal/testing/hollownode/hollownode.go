@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -98,8 +99,9 @@ type Node struct {
 	waitErr    error
 	// scratch are the paths kubemark created outside Dir (its root
 	// directory and runtime socket under /tmp), found while it ran.
-	scratch []string
-	stopped bool
+	scratch  []string
+	stopOnce sync.Once
+	stopErr  error
 }
 
 // Start runs a hollow kubelet for the test and stops it at cleanup. It fails
@@ -296,12 +298,14 @@ const stopGrace = 10 * time.Second
 
 // Stop ends the process by its PID (SIGTERM, then SIGKILL after a grace
 // period), waits for it and removes the paths it left under /tmp. It is
-// safe to call more than once; the test's cleanup calls it too.
+// safe to call more than once, also concurrently; the test's cleanup calls
+// it too.
 func (n *Node) Stop() error {
-	if n.stopped {
-		return nil
-	}
-	n.stopped = true
+	n.stopOnce.Do(func() { n.stopErr = n.stop() })
+	return n.stopErr
+}
+
+func (n *Node) stop() error {
 	select {
 	case <-n.done:
 	default:
