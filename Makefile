@@ -94,7 +94,7 @@ verify-tidy: ## Fail when `go mod tidy` would change a go.mod or go.sum.
 
 ##@ Test
 .PHONY: envtest-assets
-envtest-assets: ## Build kube-apiserver, etcd and kubectl for envtest (cached in ~/.cache/nstance/envtest).
+envtest-assets: ## Build kube-apiserver, etcd, kubectl and kubemark for envtest (cached in ~/.cache/nstance/envtest).
 	@scripts/envtest-assets.sh
 
 .PHONY: test

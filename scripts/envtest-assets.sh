@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Builds the envtest control plane (kube-apiserver, etcd, kubectl) from Go
-# modules and caches it outside the clone. No download site is needed: only the
-# Go module proxy. Prints the asset directory (for KUBEBUILDER_ASSETS) on stdout.
+# Builds the envtest control plane (kube-apiserver, etcd, kubectl) and kubemark
+# (the hollow kubelet that tests and the dev stack run as nodes) from Go
+# modules and caches them outside the clone. No download site is needed: only
+# the Go module proxy. Prints the asset directory (for KUBEBUILDER_ASSETS) on
+# stdout.
 #
 #   scripts/envtest-assets.sh          build if missing, print the directory
-#   scripts/envtest-assets.sh --force  rebuild
+#   scripts/envtest-assets.sh --force  rebuild all four
 #   scripts/envtest-assets.sh --check  exit 0 when the cache is complete, 1 when
 #                                      not (says why on stderr); builds nothing
 #   scripts/envtest-assets.sh --dir    print the directory only, build nothing
@@ -12,7 +14,9 @@
 # Concurrent callers are safe: a build holds an exclusive lock on
 # $cache/.lock; a second caller waits for it and then finds the cache built.
 # Progress (what is built, elapsed time every NSTANCE_PROGRESS_INTERVAL
-# seconds) goes to stderr.
+# seconds) goes to stderr. A cache holding the control plane but no (or a
+# wrong) kubemark gets only kubemark built into it. kubemark needs cgo: a C
+# compiler (gcc) must be installed.
 set -euo pipefail
 
 K8S_VERSION=1.36.3
@@ -40,13 +44,13 @@ if [ "$mode" = "--dir" ]; then
 	exit 0
 fi
 
-# complete reports whether $dir holds the three binaries at the pinned
-# versions; when not, $why says what is wrong. Each binary's whole output is
-# captured before it is matched: piping into `grep -q` lets grep exit early,
-# the binary dies of SIGPIPE and, under pipefail, a good cache would randomly
-# look broken.
+# control_plane reports whether $dir holds the three envtest binaries at the
+# pinned versions; when not, $why says what is wrong. Each binary's whole
+# output is captured before it is matched: piping into `grep -q` lets grep
+# exit early, the binary dies of SIGPIPE and, under pipefail, a good cache
+# would randomly look broken.
 why=
-complete() {
+control_plane() {
 	local out b
 	for b in kube-apiserver etcd kubectl; do
 		[ -x "$dir/$b" ] || { why="$dir/$b is missing"; return 1; }
@@ -56,6 +60,18 @@ complete() {
 	out=$("$dir/etcd" --version 2>&1) || { why="$dir/etcd --version failed: $out"; return 1; }
 	[[ $out == *"etcd Version: $ETCD_VERSION"* ]] || { why="$dir/etcd reports '${out%%$'\n'*}', want $ETCD_VERSION"; return 1; }
 }
+
+# kubemark_ok reports whether $1 (default $dir/kubemark) is kubemark at the
+# pinned version; when not, $why says what is wrong.
+kubemark_ok() {
+	local bin=${1:-$dir/kubemark} out
+	[ -x "$bin" ] || { why="$bin is missing"; return 1; }
+	out=$("$bin" --version 2>&1) || { why="$bin --version failed: $out"; return 1; }
+	[[ $out == *"v$K8S_VERSION"* ]] || { why="$bin reports '${out%%$'\n'*}', want v$K8S_VERSION"; return 1; }
+}
+
+# complete: the control plane and kubemark, all at the pinned versions.
+complete() { control_plane && kubemark_ok; }
 
 if [ "$mode" = "--check" ]; then
 	if complete; then
@@ -112,6 +128,10 @@ if [ "$mode" != "--force" ] && complete; then
 fi
 log "building into $dir because $why"
 
+# Only kubemark is missing or wrong: build it alone, keep the control plane.
+only_kubemark=
+if [ "$mode" != "--force" ] && control_plane; then only_kubemark=1; fi
+
 work=$(mktemp -d "$cache/.build.XXXXXX")
 
 version_flags="-X k8s.io/component-base/version.gitVersion=v$K8S_VERSION"
@@ -122,6 +142,32 @@ version_flags+=" -X k8s.io/component-base/version.gitTreeState=clean"
 version_flags+=" -X k8s.io/client-go/pkg/version.gitVersion=v$K8S_VERSION"
 
 start=$(date +%s)
+# build_kubemark builds kubemark into $work/kubemark. It needs cgo (so a C
+# compiler); the other three are built without.
+build_kubemark() {
+	local cc=${CC:-}
+	if [ -z "$cc" ]; then
+		for cc in gcc clang cc ""; do command -v "$cc" >/dev/null 2>&1 && break; done
+	fi
+	[ -n "$cc" ] && command -v "${cc%% *}" >/dev/null 2>&1 ||
+		{ log "kubemark needs cgo, but no C compiler is installed${CC:+ (CC=$CC)}: install gcc (Debian: apt-get install gcc)"; return 1; }
+	cd "$root/scripts/envtest/kube-apiserver"
+	progress_run "building kubemark v$K8S_VERSION (hollow kubelet, k8s.io/kubernetes/cmd/kubemark with cgo, module scripts/envtest/kube-apiserver; minutes on 2 cores)" \
+		env GONOSUMDB=k8s.io GOFLAGS=-mod=readonly CGO_ENABLED=1 go build -trimpath -ldflags "-s -w $version_flags" -o "$work/kubemark" \
+		k8s.io/kubernetes/cmd/kubemark >&2 9>&-
+}
+
+if [ -n "$only_kubemark" ]; then
+	build_kubemark
+	kubemark_ok "$work/kubemark" || { log "built kubemark does not report the expected version: $why"; exit 1; }
+	# Same file system: the rename is atomic for tests already using $dir.
+	mv "$work/kubemark" "$dir/kubemark"
+	complete || { log "cache in $dir is not complete after building kubemark: $why"; exit 1; }
+	log "built kubemark in $(progress_elapsed $(($(date +%s) - start))) into $dir"
+	echo "$dir"
+	exit 0
+fi
+
 # A few k8s.io modules are missing from the checksum database; go.sum is committed.
 cd "$root/scripts/envtest/kube-apiserver"
 progress_run "building kube-apiserver and kubectl v$K8S_VERSION (k8s.io/kubernetes, module scripts/envtest/kube-apiserver; several minutes on 2 cores)" \
@@ -130,6 +176,7 @@ progress_run "building kube-apiserver and kubectl v$K8S_VERSION (k8s.io/kubernet
 cd "$root/scripts/envtest/etcd"
 progress_run "building etcd v$ETCD_VERSION (go.etcd.io/etcd/server/v3, module scripts/envtest/etcd)" \
 	env GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/etcd" go.etcd.io/etcd/server/v3 >&2 9>&-
+build_kubemark
 rm -rf "$dir"
 mv "$work" "$dir"
 work=

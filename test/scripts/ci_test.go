@@ -42,6 +42,9 @@ if [[ $out == */ ]]; then
 	printf '#!/bin/sh\necho "Kubernetes v`+k8sVersion+`"\n' > "$out/kube-apiserver"
 	printf '#!/bin/sh\necho "Client Version: v`+k8sVersion+`"\n' > "$out/kubectl"
 	chmod +x "$out/kube-apiserver" "$out/kubectl"
+elif [[ $out == */kubemark ]]; then
+	printf '#!/bin/sh\necho "Kubernetes v`+k8sVersion+`"\n' > "$out"
+	chmod +x "$out"
 else
 	printf '#!/bin/sh\necho "etcd Version: `+etcdVersion+`"\n' > "$out"
 	chmod +x "$out"
@@ -102,7 +105,7 @@ func (s *ciSandbox) calls(t *testing.T) []string {
 }
 
 // On a machine without tmux, the aws CLI, curl, ps, python3, chromium,
-// systemd-analyze and shellcheck, .ci/run
+// systemd-analyze, shellcheck and gcc, .ci/run
 // installs exactly those with apt-get, says so, builds the envtest assets and
 // runs make tools and make test, with progress at least every interval.
 func TestCIRunInstallsMissingTools(t *testing.T) {
@@ -118,7 +121,7 @@ func TestCIRunInstallsMissingTools(t *testing.T) {
 	want := []string{
 		"apt-get update -qq",
 		"DEBIAN_FRONTEND=",
-		"apt-get install -y -qq --no-install-recommends tmux awscli curl procps python3 chromium systemd shellcheck",
+		"apt-get install -y -qq --no-install-recommends tmux awscli curl procps python3 chromium systemd shellcheck gcc",
 		"DEBIAN_FRONTEND=noninteractive",
 	}
 	var apt []string
@@ -140,14 +143,15 @@ func TestCIRunInstallsMissingTools(t *testing.T) {
 		t.Errorf("make calls %q, want tools then test", makes)
 	}
 	for _, line := range []string{
-		"ci: installing tmux aws curl ps python3 chromium systemd-analyze shellcheck (Debian packages: tmux awscli curl procps python3 chromium systemd shellcheck)",
+		"ci: installing tmux aws curl ps python3 chromium systemd-analyze shellcheck gcc (Debian packages: tmux awscli curl procps python3 chromium systemd shellcheck gcc)",
 		"ci: tmux: installed (" + s.bin + "/tmux)",
 		"ci: aws: installed (" + s.bin + "/aws)",
 		"ci: git: present (",
-		"ci: apt-get install tmux awscli curl procps python3 chromium systemd shellcheck: still running (",
+		"ci: apt-get install tmux awscli curl procps python3 chromium systemd shellcheck gcc: still running (",
 		"ci: make tools (pinned generators into ./bin)",
 		"ci: make tools: still running (",
 		"envtest-assets: building kube-apiserver and kubectl v" + k8sVersion,
+		"envtest-assets: building kubemark v" + k8sVersion,
 		"ci: make test: still running (",
 		"ci: make test: done in",
 	} {
@@ -162,7 +166,7 @@ func TestCIRunSkipsPresentTools(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)
 	s := newCISandbox(t, true)
-	s.add(t, "tmux", "aws", "curl", "ps", "python3", "flock", "chromium", "systemd-analyze", "shellcheck")
+	s.add(t, "tmux", "aws", "curl", "ps", "python3", "flock", "chromium", "systemd-analyze", "shellcheck", "gcc")
 	fakeBinaries(t, filepath.Join(s.cache, assetsDir), etcdVersion)
 	r, end := run(t, s.cmd(root, "0.2"), time.Minute)
 	if r.code != 0 {
@@ -174,7 +178,7 @@ func TestCIRunSkipsPresentTools(t *testing.T) {
 			t.Errorf("unexpected call %q with every tool present and the envtest cache built", c)
 		}
 	}
-	for _, tool := range []string{"git", "make", "bash", "tmux", "aws", "curl", "ps", "flock", "python3", "chromium", "systemd-analyze", "shellcheck"} {
+	for _, tool := range []string{"git", "make", "bash", "tmux", "aws", "curl", "ps", "flock", "python3", "chromium", "systemd-analyze", "shellcheck", "gcc"} {
 		if !r.has("ci: " + tool + ": present (") {
 			t.Errorf("no 'present' line for %s; output:\n%s", tool, r.text())
 		}
@@ -190,7 +194,7 @@ func TestCIRunExplainsWhatIsMissing(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)
 	s := newCISandbox(t, false)
-	s.add(t, "aws", "curl", "ps", "python3", "flock", "chromium", "systemd-analyze", "shellcheck")
+	s.add(t, "aws", "curl", "ps", "python3", "flock", "chromium", "systemd-analyze", "shellcheck", "gcc")
 	r, _ := run(t, s.cmd(root, "0"), time.Minute)
 	if r.code != 1 || !r.has("ci: error: missing: tmux; there is no apt-get here: install them (packages tmux on Debian) and rerun") {
 		t.Errorf("exit %d; want 1 and the missing tmux named; output:\n%s", r.code, r.text())

@@ -18,10 +18,18 @@ const (
 	assetsDir   = "k8s-" + k8sVersion + "-etcd-" + etcdVersion
 )
 
-// fakeBinaries writes stand-ins for the three envtest binaries into dir. The
-// fake etcd prints its version and then a lot more, as the real one does: a
-// check that piped it into `grep -q` would kill it with SIGPIPE.
+// fakeBinaries writes stand-ins for the three envtest binaries and kubemark
+// into dir. The fake etcd prints its version and then a lot more, as the real
+// one does: a check that piped it into `grep -q` would kill it with SIGPIPE.
 func fakeBinaries(t *testing.T, dir, etcdVer string) {
+	t.Helper()
+	fakeControlPlane(t, dir, etcdVer)
+	writeScript(t, filepath.Join(dir, "kubemark"), "#!/bin/sh\necho 'Kubernetes v"+k8sVersion+"'\n")
+}
+
+// fakeControlPlane writes the three envtest binaries only (a cache from
+// before kubemark was added).
+func fakeControlPlane(t *testing.T, dir, etcdVer string) {
 	t.Helper()
 	writeScript(t, filepath.Join(dir, "kube-apiserver"), "#!/bin/sh\necho 'Kubernetes v"+k8sVersion+"'\n")
 	writeScript(t, filepath.Join(dir, "kubectl"), "#!/bin/sh\necho 'Client Version: v"+k8sVersion+"'\n")
@@ -30,14 +38,15 @@ func fakeBinaries(t *testing.T, dir, etcdVer string) {
 }
 
 // fakeGo puts a `go` first in PATH that builds the fake binaries after a
-// pause and appends one line per call to the returned log.
+// pause and appends one line per call to the returned log, starting with the
+// call's CGO_ENABLED.
 func fakeGo(t *testing.T, pause string) (pathEnv, log string) {
 	t.Helper()
 	bin := t.TempDir()
 	log = filepath.Join(t.TempDir(), "go.log")
 	writeScript(t, filepath.Join(bin, "go"), `#!/usr/bin/env bash
 set -eu
-echo "$*" >> "$FAKE_GO_LOG"
+echo "CGO_ENABLED=${CGO_ENABLED:-} $*" >> "$FAKE_GO_LOG"
 case $1 in env) echo go1.26.0; exit 0 ;; build) ;; *) echo "fake go: $1 unsupported" >&2; exit 2 ;; esac
 out=
 while (($#)); do if [[ $1 == -o ]]; then out=$2; shift; fi; shift; done
@@ -46,6 +55,9 @@ if [[ $out == */ ]]; then
 	printf '#!/bin/sh\necho "Kubernetes v`+k8sVersion+`"\n' > "$out/kube-apiserver"
 	printf '#!/bin/sh\necho "Client Version: v`+k8sVersion+`"\n' > "$out/kubectl"
 	chmod +x "$out/kube-apiserver" "$out/kubectl"
+elif [[ $out == */kubemark ]]; then
+	printf '#!/bin/sh\necho "Kubernetes v`+k8sVersion+`"\n' > "$out"
+	chmod +x "$out"
 else
 	printf '#!/bin/sh\necho "etcd Version: `+etcdVersion+`"\n' > "$out"
 	chmod +x "$out"
@@ -107,7 +119,7 @@ func TestEnvtestCheckRealCache(t *testing.T) {
 		t.Fatalf("envtest-assets.sh --dir: %v", err)
 	}
 	dir := strings.TrimSpace(string(out))
-	for _, b := range []string{"kube-apiserver", "etcd", "kubectl"} {
+	for _, b := range []string{"kube-apiserver", "etcd", "kubectl", "kubemark"} {
 		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
 			t.Skipf("the envtest cache is not built (%s missing): run `make envtest-assets` first (.ci/run and `make test` build it before the tests)", filepath.Join(dir, b))
 		}
@@ -137,6 +149,11 @@ func TestEnvtestCheck(t *testing.T) {
 		{"kubectl missing", "kubectl is missing", func(dir string) {
 			fakeBinaries(t, dir, etcdVersion)
 			_ = os.Remove(filepath.Join(dir, "kubectl"))
+		}},
+		{"kubemark missing", "kubemark is missing", func(dir string) { fakeControlPlane(t, dir, etcdVersion) }},
+		{"wrong kubemark version", "kubemark reports 'Kubernetes v1.35.0', want v" + k8sVersion, func(dir string) {
+			fakeBinaries(t, dir, etcdVersion)
+			writeScript(t, filepath.Join(dir, "kubemark"), "#!/bin/sh\necho 'Kubernetes v1.35.0'\n")
 		}},
 		{"wrong etcd version", "etcd reports 'etcd Version: 3.5.0', want " + etcdVersion, func(dir string) { fakeBinaries(t, dir, "3.5.0") }},
 		{"etcd fails", "etcd --version failed", func(dir string) {
@@ -188,20 +205,74 @@ func TestEnvtestBuildProgress(t *testing.T) {
 		"envtest-assets: building etcd v" + etcdVersion,
 		"envtest-assets: building kube-apiserver and kubectl v" + k8sVersion + ": still running (",
 		"envtest-assets: building etcd v" + etcdVersion + ": done in",
+		"envtest-assets: building kubemark v" + k8sVersion,
+		"envtest-assets: building kubemark v" + k8sVersion + ": done in",
 		"envtest-assets: built in",
 	} {
 		if !r.has(want) {
 			t.Errorf("no line with %q; output:\n%s", want, r.text())
 		}
 	}
-	if n := r.count("still running ("); n < 4 {
-		t.Errorf("%d heartbeat lines over two 2s builds at a %s interval; output:\n%s", n, interval, r.text())
+	if n := r.count("still running ("); n < 6 {
+		t.Errorf("%d heartbeat lines over three 2s builds at a %s interval; output:\n%s", n, interval, r.text())
 	}
-	if calls := readLines(t, log); len(calls) != 2 {
-		t.Errorf("go called %d times, want 2 (kube-apiserver+kubectl, etcd): %q", len(calls), calls)
+	calls := readLines(t, log)
+	if len(calls) != 3 {
+		t.Errorf("go called %d times, want 3 (kube-apiserver+kubectl, etcd, kubemark): %q", len(calls), calls)
+	}
+	for _, c := range calls {
+		if cgo := strings.HasSuffix(c, "k8s.io/kubernetes/cmd/kubemark"); strings.HasPrefix(c, "CGO_ENABLED=1_") != cgo {
+			t.Errorf("go call %q: kubemark (only) must be built with CGO_ENABLED=1", c)
+		}
 	}
 	if out, err := envtestCmd(root, cache, nil, "--check").CombinedOutput(); err != nil {
 		t.Errorf("--check after the build: %v: %s", err, out)
+	}
+	if entries := listDir(t, cache); entries != ".lock "+assetsDir {
+		t.Errorf("cache holds %q; want only the lock file and %s (no leftover build directory)", entries, assetsDir)
+	}
+}
+
+// A cache holding the three envtest binaries but no kubemark gets kubemark
+// alone: the control plane is neither rebuilt nor replaced.
+func TestEnvtestBuildsOnlyMissingKubemark(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	cache := t.TempDir()
+	dir := filepath.Join(cache, assetsDir)
+	fakeControlPlane(t, dir, etcdVersion)
+	apiserver := filepath.Join(dir, "kube-apiserver")
+	before, err := os.Stat(apiserver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path, log := fakeGo(t, "0")
+	r, _ := run(t, envtestCmd(root, cache, []string{path, "FAKE_GO_LOG=" + log, "FAKE_GO_PAUSE=0"}), time.Minute)
+	if r.code != 0 || strings.TrimSpace(r.stdout) != dir {
+		t.Fatalf("exit %d, stdout %q; want 0 and %s; output:\n%s", r.code, r.stdout, dir, r.text())
+	}
+	for _, want := range []string{
+		"envtest-assets: building into " + dir + " because " + dir + "/kubemark is missing",
+		"envtest-assets: building kubemark v" + k8sVersion + ": done in",
+		"envtest-assets: built kubemark in",
+	} {
+		if !r.has(want) {
+			t.Errorf("no line with %q; output:\n%s", want, r.text())
+		}
+	}
+	calls := readLines(t, log)
+	if len(calls) != 1 || !strings.HasPrefix(calls[0], "CGO_ENABLED=1_build") || !strings.HasSuffix(calls[0], "k8s.io/kubernetes/cmd/kubemark") {
+		t.Errorf("go calls %q; want one cgo build of k8s.io/kubernetes/cmd/kubemark", calls)
+	}
+	after, err := os.Stat(apiserver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(before, after) || !after.ModTime().Equal(before.ModTime()) {
+		t.Errorf("%s was replaced; only kubemark should have been built", apiserver)
+	}
+	if out, err := envtestCmd(root, cache, nil, "--check").CombinedOutput(); err != nil {
+		t.Errorf("--check after building kubemark: %v: %s", err, out)
 	}
 	if entries := listDir(t, cache); entries != ".lock "+assetsDir {
 		t.Errorf("cache holds %q; want only the lock file and %s (no leftover build directory)", entries, assetsDir)
@@ -266,8 +337,8 @@ func TestEnvtestConcurrentCallersBuildOnce(t *testing.T) {
 			t.Errorf("exit %d, stdout %q; want 0 and %s; output:\n%s", r.code, r.stdout, dir, r.text())
 		}
 	}
-	if calls := readLines(t, log); len(calls) != 2 {
-		t.Errorf("go called %d times, want 2 (one build): %q", len(calls), calls)
+	if calls := readLines(t, log); len(calls) != 3 {
+		t.Errorf("go called %d times, want 3 (one build: kube-apiserver+kubectl, etcd, kubemark): %q", len(calls), calls)
 	}
 }
 

@@ -100,8 +100,14 @@ func StartEnv() (*Env, func() error, error) { return StartEnvWith(Options{}) }
 // Options adjust the control plane that StartEnvWith starts.
 type Options struct {
 	// APIServerArgs are extra kube-apiserver flags, by name without dashes
-	// (e.g. "token-auth-file").
+	// (e.g. "token-auth-file"). envtest sets client-ca-file itself, after
+	// these: use ClientCAs to trust further client CAs.
 	APIServerArgs map[string]string
+	// ClientCAs are PEM certificates kube-apiserver trusts for client
+	// certificates besides the CA of envtest's own users (the admin of
+	// Config and Kubeconfig): --client-ca-file becomes a bundle of both.
+	// Empty keeps envtest's default authenticator.
+	ClientCAs []byte
 }
 
 // StartEnvWith is StartEnv with extra kube-apiserver flags.
@@ -128,6 +134,13 @@ func StartEnvWith(opts Options) (*Env, func() error, error) {
 	}
 	for k, v := range opts.APIServerArgs {
 		te.ControlPlane.GetAPIServer().Configure().Set(k, v)
+	}
+	if len(opts.ClientCAs) > 0 {
+		authn, err := newBundleAuthn(opts.ClientCAs)
+		if err != nil {
+			return nil, nil, err
+		}
+		te.ControlPlane.GetAPIServer().SecureServing.Authn = authn
 	}
 	cfg, err := te.Start()
 	if err != nil {
