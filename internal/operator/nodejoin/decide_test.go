@@ -88,7 +88,7 @@ func TestDecide(t *testing.T) {
 		{name: "Node without provider ID is not ours", nodes: []Node{{Name: "o", UID: "o"}}},
 		{name: "mixed", instances: []Instance{inst("a", time.Hour), inst("b", time.Minute), inst("c", 20*time.Minute)},
 			nodes: []Node{node("c", true, time.Minute), node("z", false, 0)},
-			late: []string{"a"}, joined: []string{"c"}, orphans: []string{"node-z(new)"}, next: 9 * time.Minute},
+			late:  []string{"a"}, joined: []string{"c"}, orphans: []string{"node-z(new)"}, next: 9 * time.Minute},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
