@@ -27,6 +27,9 @@ type Instance struct {
 	// Joined: its Node was Ready before (seen by the runner or recorded on
 	// its NstanceMachine).
 	Joined bool
+	// Timeout overrides Input.Timeout (its pool's spec.joinTimeout): zero
+	// keeps Input.Timeout, negative means no deadline for this instance.
+	Timeout time.Duration
 }
 
 // Key names the instance: "{shard}/{id}".
@@ -120,7 +123,8 @@ func considered(s nstancev1.InstanceState) bool {
 //     listed instance holds and that does not name an unanswered shard, is
 //     an orphan; it is New unless in Reported.
 //
-// A zero or negative Timeout decides nothing about instances.
+// A zero or negative Input.Timeout decides nothing about instances; an
+// instance's own Timeout (its pool's) replaces it when not zero.
 func Decide(in Input) Decision {
 	var d Decision
 	byProvider := map[string]Node{}
@@ -138,7 +142,11 @@ func Decide(in Input) Decision {
 		if inst.ProviderID != "" {
 			held[inst.ProviderID] = true
 		}
-		if in.Timeout <= 0 || inst.ProviderID == "" || !considered(inst.State) {
+		timeout := in.Timeout
+		if inst.Timeout != 0 {
+			timeout = inst.Timeout
+		}
+		if in.Timeout <= 0 || timeout <= 0 || inst.ProviderID == "" || !considered(inst.State) {
 			continue
 		}
 		node, hasNode := byProvider[inst.ProviderID]
@@ -151,7 +159,7 @@ func Decide(in Input) Decision {
 		if inst.Joined || inst.FirstHealthAt.IsZero() {
 			continue
 		}
-		deadline := inst.FirstHealthAt.Add(in.Timeout)
+		deadline := inst.FirstHealthAt.Add(timeout)
 		if in.Now.Before(deadline) {
 			if d.Next.IsZero() || deadline.Before(d.Next) {
 				d.Next = deadline
@@ -163,11 +171,11 @@ func Decide(in Input) Decision {
 		case !hasNode:
 			d.Late = append(d.Late, Late{Instance: inst, Deadline: deadline, Message: fmt.Sprintf(
 				"no Node with providerID %s became Ready within the join timeout %s: none registered %s after the agent's first health report",
-				inst.ProviderID, in.Timeout, since)})
+				inst.ProviderID, timeout, since)})
 		case node.ReadyChanged.IsZero() || !node.ReadyChanged.After(deadline):
 			d.Late = append(d.Late, Late{Instance: inst, Node: node.Name, Deadline: deadline, Message: fmt.Sprintf(
 				"Node %s with providerID %s did not become Ready within the join timeout %s: not Ready %s after the agent's first health report",
-				node.Name, inst.ProviderID, in.Timeout, since)})
+				node.Name, inst.ProviderID, timeout, since)})
 		}
 		// Otherwise the Ready condition changed after the deadline and the
 		// Node's history is unknown: left to health checks.

@@ -75,6 +75,11 @@ func TestDecide(t *testing.T) {
 		{name: "on-demand instance too", instances: []Instance{inst("a", time.Hour, func(i *Instance) { i.OnDemand, i.Group = true, "" })}, late: []string{"a"}},
 		{name: "no provider ID yet is ignored", instances: []Instance{inst("a", time.Hour, func(i *Instance) { i.ProviderID = "" })}},
 		{name: "disabled", timeout: -1, instances: []Instance{inst("a", time.Hour)}},
+		{name: "disabled everywhere wins over a pool's timeout", timeout: -1,
+			instances: []Instance{inst("a", time.Hour, func(i *Instance) { i.Timeout = time.Minute })}},
+		{name: "pool turns it off", instances: []Instance{inst("a", time.Hour, func(i *Instance) { i.Timeout = -1 })}},
+		{name: "pool's shorter timeout", instances: []Instance{inst("a", 2*time.Minute, func(i *Instance) { i.Timeout = time.Minute })}, late: []string{"a"}},
+		{name: "pool's longer timeout", instances: []Instance{inst("a", 20*time.Minute, func(i *Instance) { i.Timeout = time.Hour })}, next: 40 * time.Minute},
 		{name: "a Ready duplicate wins over a NotReady one", instances: []Instance{inst("a", time.Hour)},
 			nodes: []Node{node("a", false, 0), {Name: "node-a2", UID: "u2", ProviderID: "nstance://c1/s1/a", Ready: true}}, joined: []string{"a"}},
 		{name: "orphan Node is reported", nodes: []Node{node("x", true, time.Minute)}, orphans: []string{"node-x(new)"}},
@@ -106,7 +111,11 @@ func TestDecide(t *testing.T) {
 				}
 				late = append(late, s)
 				require.Contains(t, l.Message, l.Instance.ProviderID)
-				require.Equal(t, l.Instance.FirstHealthAt.Add(to), l.Deadline)
+				eff := to
+				if l.Instance.Timeout != 0 {
+					eff = l.Instance.Timeout
+				}
+				require.Equal(t, l.Instance.FirstHealthAt.Add(eff), l.Deadline)
 			}
 			for _, j := range d.Joined {
 				joinedIDs = append(joinedIDs, j.ID)

@@ -156,6 +156,10 @@ func (r *Runner) Pass(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	pools, err := r.pools(ctx)
+	if err != nil {
+		return err
+	}
 	in := Input{Now: now(), Timeout: r.Timeout, ClusterID: r.ClusterID, Nodes: nodes, Unanswered: map[string]bool{}, Reported: r.reported}
 	listed := map[string]bool{}
 	for _, shard := range r.Shards.ShardIDs() {
@@ -170,6 +174,12 @@ func (r *Runner) Pass(ctx context.Context) error {
 			listed[i.Key()] = true
 			m := machines[i.Key()]
 			i.Joined = r.joined[i.Key()] || m != nil && conditions.IsTrue(m, ConditionNodeJoined)
+			if p := pools[i.Group]; p != nil && p.Spec.JoinTimeout != nil {
+				i.Timeout = p.Spec.JoinTimeout.Duration
+				if i.Timeout == 0 {
+					i.Timeout = -1 // off for this pool
+				}
+			}
 			in.Instances = append(in.Instances, i)
 		}
 	}
@@ -178,12 +188,12 @@ func (r *Runner) Pass(ctx context.Context) error {
 	var errs []error
 	for _, j := range d.Joined {
 		r.joined[j.Key()] = true
-		if err := r.markJoined(ctx, j, machines[j.Key()]); err != nil {
+		if err := r.markJoined(ctx, j, machines[j.Key()], pools[j.Group]); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	for _, l := range d.Late {
-		if err := r.replace(ctx, wl, l, machines[l.Instance.Key()], nodeObjs[l.Node]); err != nil {
+		if err := r.replace(ctx, wl, l, machines[l.Instance.Key()], pools[l.Instance.Group], nodeObjs[l.Node]); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -281,16 +291,15 @@ func (r *Runner) machines(ctx context.Context) (map[string]*infrav1.NstanceMachi
 
 // markJoined records NodeJoined=True on the instance's NstanceMachine, or
 // sets it True again on the pool of a member without one.
-func (r *Runner) markJoined(ctx context.Context, inst Instance, m *infrav1.NstanceMachine) error {
+func (r *Runner) markJoined(ctx context.Context, inst Instance, m *infrav1.NstanceMachine, pool *infrav1.NstanceMachinePool) error {
 	if m != nil {
 		if !m.DeletionTimestamp.IsZero() {
 			return nil
 		}
 		return r.setCondition(ctx, m, metav1.ConditionTrue, ReasonNodeReady, "Node with providerID "+inst.ProviderID+" is Ready")
 	}
-	pool, err := r.pool(ctx, inst.Group)
-	if err != nil || pool == nil {
-		return err
+	if pool == nil {
+		return nil
 	}
 	c := conditions.Get(pool, ConditionNodeJoined)
 	if c == nil || c.Status != metav1.ConditionFalse || !inst.FirstHealthAt.After(c.LastTransitionTime.Time) {
@@ -305,7 +314,7 @@ func (r *Runner) markJoined(ctx context.Context, inst Instance, m *infrav1.Nstan
 // drain. A group member is replaced by its group; an NstanceMachine's
 // instance is then gone, and the drain coordinator deletes the owning
 // Machine (its MachineSet creates another), as for any server-side deletion.
-func (r *Runner) replace(ctx context.Context, wl *workload.Cluster, l Late, m *infrav1.NstanceMachine, node *corev1.Node) error {
+func (r *Runner) replace(ctx context.Context, wl *workload.Cluster, l Late, m *infrav1.NstanceMachine, pool *infrav1.NstanceMachinePool, node *corev1.Node) error {
 	inst := l.Instance
 	log := r.Log.WithValues("shard", inst.Shard, "instance", inst.ID, "providerID", inst.ProviderID)
 	if !r.marked[inst.Key()] {
@@ -316,17 +325,11 @@ func (r *Runner) replace(ctx context.Context, wl *workload.Cluster, l Late, m *i
 		case m != nil:
 			r.event(m, note)
 			err = r.setCondition(ctx, m, metav1.ConditionFalse, ReasonJoinTimeout, l.Message)
+		case pool != nil:
+			r.event(pool, note)
+			err = r.setCondition(ctx, pool, metav1.ConditionFalse, ReasonJoinTimeout, note)
 		default:
-			pool, perr := r.pool(ctx, inst.Group)
-			switch {
-			case perr != nil:
-				err = perr
-			case pool != nil:
-				r.event(pool, note)
-				err = r.setCondition(ctx, pool, metav1.ConditionFalse, ReasonJoinTimeout, note)
-			default:
-				r.event(&clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: r.Cluster.Namespace, Name: r.Cluster.Name}}, note)
-			}
+			r.event(&clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: r.Cluster.Namespace, Name: r.Cluster.Name}}, note)
 		}
 		if node != nil && wl.Recorder != nil {
 			wl.Recorder.Event(node, corev1.EventTypeWarning, ReasonJoinTimeout, note)
@@ -353,21 +356,19 @@ func (r *Runner) event(obj client.Object, note string) {
 	}
 }
 
-// pool returns the NstanceMachinePool of group, or nil.
-func (r *Runner) pool(ctx context.Context, group string) (*infrav1.NstanceMachinePool, error) {
-	if group == "" {
-		return nil, nil
-	}
+// pools maps server group IDs to the NstanceMachinePools that hold them.
+func (r *Runner) pools(ctx context.Context) (map[string]*infrav1.NstanceMachinePool, error) {
 	var list infrav1.NstanceMachinePoolList
 	if err := r.Client.List(ctx, &list, client.InNamespace(r.Namespace)); err != nil {
 		return nil, fmt.Errorf("list NstanceMachinePools: %w", err)
 	}
+	out := map[string]*infrav1.NstanceMachinePool{}
 	for i := range list.Items {
-		if list.Items[i].Spec.Group == group {
-			return &list.Items[i], nil
+		if g := list.Items[i].Spec.Group; g != "" {
+			out[g] = &list.Items[i]
 		}
 	}
-	return nil, nil
+	return out, nil
 }
 
 type conditionObject interface {

@@ -33,6 +33,7 @@ const (
 	shardID   = "s1"
 	tenant    = "default"
 	group     = "web"
+	timeout   = 3 * time.Second
 )
 
 // directShards hands the runner a test shard's client, as shardconn would.
@@ -103,6 +104,7 @@ func condition(conds []metav1.Condition, typ string) *metav1.Condition {
 // in time stays; the member without a Node and without an NstanceMachine
 // is replaced with NodeJoined=False on its pool, the one with an
 // NstanceMachine with the condition there; an orphan Node gets one Event.
+// The deadline is the pool's spec.joinTimeout, shorter than the runner's.
 func TestRunner(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -115,7 +117,9 @@ func TestRunner(t *testing.T) {
 	require.NoError(t, env.Client.Create(ctx, ns))
 	require.NoError(t, env.Client.Create(ctx, &infrav1.NstanceMachinePool{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: group},
-		Spec:       infrav1.NstanceMachinePoolSpec{Group: group, Shards: []string{shardID}, Template: "worker"},
+		// The pool's joinTimeout (3s) overrides the runner's hour.
+		Spec: infrav1.NstanceMachinePoolSpec{Group: group, Shards: []string{shardID}, Template: "worker",
+			JoinTimeout: &metav1.Duration{Duration: timeout}},
 	}))
 	_, err := shard.UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: group, Template: "worker", Size: 3}})
 	require.NoError(t, err)
@@ -167,11 +171,10 @@ func TestRunner(t *testing.T) {
 	require.NoError(t, err)
 	wl, err := workload.NewLocal(ctx, mgr, env.Config)
 	require.NoError(t, err)
-	const timeout = 3 * time.Second
 	r := &nodejoin.Runner{
 		Shards: directShards{shardID: shard}, Workload: wl, Cluster: client.ObjectKey{Namespace: ns.Name, Name: clusterID},
 		ClusterID: clusterID, Client: mgr.GetClient(), Namespace: ns.Name, Recorder: mgr.GetEventRecorder("nstance-operator"),
-		Timeout: timeout, Interval: 200 * time.Millisecond, Log: logr.Discard(),
+		Timeout: time.Hour, Interval: 200 * time.Millisecond, Log: logr.Discard(),
 	}
 	require.NoError(t, mgr.Add(r))
 	mctx, mcancel := context.WithCancel(ctx)
