@@ -52,6 +52,15 @@ type NstanceMachinePoolSpec struct {
 	// +optional
 	DrainTimeout *metav1.Duration `json:"drainTimeout,omitempty"`
 
+	// joinTimeout overrides the operator's --join-timeout for the instances
+	// of this pool's group: how long after its agent's first health report
+	// an instance's Node has to be Ready before the instance is replaced.
+	// "0s" turns the join deadline off for this pool; unset means the
+	// operator's setting. With --join-timeout=0 there is no join deadline at
+	// all, whatever this says.
+	// +optional
+	JoinTimeout *metav1.Duration `json:"joinTimeout,omitempty"`
+
 	// providerIDList holds the provider IDs of the pool's instances, as the
 	// Cluster API MachinePool contract requires.
 	// +optional

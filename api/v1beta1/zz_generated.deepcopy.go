@@ -332,6 +332,11 @@ func (in *NstanceMachinePoolSpec) DeepCopyInto(out *NstanceMachinePoolSpec) {
 		*out = new(v1.Duration)
 		**out = **in
 	}
+	if in.JoinTimeout != nil {
+		in, out := &in.JoinTimeout, &out.JoinTimeout
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.ProviderIDList != nil {
 		in, out := &in.ProviderIDList, &out.ProviderIDList
 		*out = make([]string, len(*in))

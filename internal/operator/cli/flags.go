@@ -10,11 +10,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/nstance-dev/nstance/internal/logging"
 	"github.com/nstance-dev/nstance/internal/operator/config"
+	"github.com/nstance-dev/nstance/internal/operator/nodejoin"
 	"github.com/nstance-dev/nstance/internal/operator/workload"
 )
 
@@ -37,6 +39,7 @@ const (
 	EnvWebhookPort     = "NSTANCE_WEBHOOK_PORT"
 	EnvWebhookCertDir  = "NSTANCE_WEBHOOK_CERT_DIR"
 	EnvWorkloadCluster = "NSTANCE_WORKLOAD_CLUSTER"
+	EnvJoinTimeout     = "NSTANCE_JOIN_TIMEOUT"
 	// EnvKubeconfig is client-go's variable; --kubeconfig wins over it.
 	EnvKubeconfig = "KUBECONFIG"
 )
@@ -76,8 +79,12 @@ type Flags struct {
 	// operator's own API server) or management (the cluster of the
 	// <cluster>-kubeconfig Secret). Never guessed.
 	WorkloadCluster string
-	Log             logging.Options
-	Version         bool
+	// JoinTimeout is how long after its agent's first health report an
+	// instance's Node has to become Ready before the instance is replaced;
+	// zero disables the join deadline.
+	JoinTimeout time.Duration
+	Log         logging.Options
+	Version     bool
 }
 
 // envVar documents one environment variable that is not a flag's.
@@ -124,6 +131,19 @@ func (p *envDefaults) boolean(name string, def bool) bool {
 	return v
 }
 
+func (p *envDefaults) duration(name string, def time.Duration) time.Duration {
+	raw := p.str(name, "")
+	if raw == "" {
+		return def
+	}
+	v, err := time.ParseDuration(raw)
+	if err != nil {
+		p.errs = append(p.errs, fmt.Errorf("%s=%q: want a duration such as 10m", name, raw))
+		return def
+	}
+	return v
+}
+
 func (p *envDefaults) integer(name string, def int) int {
 	raw := p.str(name, "")
 	if raw == "" {
@@ -165,6 +185,8 @@ func newFlagSet(f *Flags, p *envDefaults) *flag.FlagSet {
 		"directory holding the webhook serving certificate (tls.crt, tls.key)")
 	fs.StringVar(&f.WorkloadCluster, "workload-cluster", p.str(EnvWorkloadCluster, string(workload.InCluster)),
 		"where the Nodes and Pods of the cluster are: in-cluster (the operator runs in the workload cluster) or management (the operator runs in a management cluster and reaches the workload cluster through the <cluster>-kubeconfig Secret, which it then does not write)")
+	fs.DurationVar(&f.JoinTimeout, "join-timeout", p.duration(EnvJoinTimeout, nodejoin.DefaultTimeout),
+		"how long after its agent's first health report an instance's Node has to be Ready; an instance that misses it is marked (NodeJoined=False, JoinTimeout) and replaced (0 disables)")
 	fs.BoolVar(&f.Version, "version", false, "print the version and exit")
 	f.Log.BindFlags(fs, envPrefix, func(k string) string { v, _ := p.lookup(k); return v })
 	return fs
@@ -177,8 +199,8 @@ func flagEnv() map[string]string {
 		"health-probe-bind-address": EnvProbeAddr, "metrics-bind-address": EnvMetricsAddr, "pprof-addr": EnvPprofAddr,
 		"leader-elect": EnvLeaderElect, "disable-webhooks": EnvDisableWebhooks,
 		"webhook-host": EnvWebhookHost, "webhook-port": EnvWebhookPort, "webhook-cert-dir": EnvWebhookCertDir,
-		"workload-cluster": EnvWorkloadCluster,
-		"log-level":        logging.EnvLevel(envPrefix), "log-format": logging.EnvFormat(envPrefix),
+		"workload-cluster": EnvWorkloadCluster, "join-timeout": EnvJoinTimeout,
+		"log-level": logging.EnvLevel(envPrefix), "log-format": logging.EnvFormat(envPrefix),
 	}
 }
 
@@ -237,6 +259,9 @@ func (f Flags) validate() []error {
 	}
 	if _, err := workload.ParseMode(f.WorkloadCluster); err != nil || f.WorkloadCluster == "" {
 		errs = append(errs, fmt.Errorf("--workload-cluster %q: want %s or %s", f.WorkloadCluster, workload.InCluster, workload.Management))
+	}
+	if f.JoinTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--join-timeout %s: must not be negative (0 disables)", f.JoinTimeout))
 	}
 	if err := f.Log.Validate(); err != nil {
 		errs = append(errs, err)

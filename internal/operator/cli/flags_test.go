@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
@@ -36,7 +37,7 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, Flags{
 		ConfigPath: config.DefaultPath, ProbeAddr: ":8081", MetricsAddr: "0", WebhookPort: 9443,
 		WebhookCertDir: filepath.Join(os.TempDir(), "k8s-webhook-server", "serving-certs"), Log: logging.Defaults(),
-		WorkloadCluster: "in-cluster",
+		WorkloadCluster: "in-cluster", JoinTimeout: 10 * time.Minute,
 	}, f)
 }
 
@@ -59,6 +60,7 @@ func TestFlagBeatsEnvBeatsDefault(t *testing.T) {
 		{"webhook-port", EnvWebhookPort, "9555", "9666", func(f Flags) any { return f.WebhookPort }, 9555, 9666},
 		{"webhook-cert-dir", EnvWebhookCertDir, "/env/certs", "/flag/certs", func(f Flags) any { return f.WebhookCertDir }, "/env/certs", "/flag/certs"},
 		{"workload-cluster", EnvWorkloadCluster, "management", "in-cluster", func(f Flags) any { return f.WorkloadCluster }, "management", "in-cluster"},
+		{"join-timeout", EnvJoinTimeout, "2m", "0", func(f Flags) any { return f.JoinTimeout }, 2 * time.Minute, time.Duration(0)},
 		{"log-level", "NSTANCE_LOG_LEVEL", "debug", "3", func(f Flags) any { return f.Log.Level }, "debug", "3"},
 		{"log-format", "NSTANCE_LOG_FORMAT", "text", "json", func(f Flags) any { return f.Log.Format }, "text", "json"},
 	}
@@ -107,6 +109,8 @@ func TestBadValuesAreRefused(t *testing.T) {
 		{"empty cert dir", []string{"--webhook-cert-dir="}, nil, []string{"--webhook-cert-dir: a directory is required"}},
 		{"workload cluster", []string{"--workload-cluster", "auto"}, nil, []string{`--workload-cluster "auto": want in-cluster or management`}},
 		{"empty workload cluster", []string{"--workload-cluster="}, nil, []string{`--workload-cluster "": want in-cluster or management`}},
+		{"join timeout in env", nil, map[string]string{EnvJoinTimeout: "ten minutes"}, []string{`NSTANCE_JOIN_TIMEOUT="ten minutes": want a duration`}},
+		{"negative join timeout", []string{"--join-timeout=-1s"}, nil, []string{"--join-timeout -1s: must not be negative"}},
 		{"positional argument", []string{"run"}, nil, []string{`unexpected argument "run"`}},
 		{"unknown flag", []string{"--zap-log-level=debug"}, nil, []string{"flag provided but not defined: -zap-log-level"}},
 		{"every problem at once", []string{"--webhook-port=0", "--log-level=loud"}, map[string]string{EnvLeaderElect: "maybe"},
@@ -247,7 +251,7 @@ func TestEnvNamespace(t *testing.T) {
 
 func TestManagerOptions(t *testing.T) {
 	f, err := Parse([]string{"--leader-elect", "--webhook-port=9555", "--webhook-cert-dir=/c", "--webhook-host=127.0.0.1",
-		"--health-probe-bind-address=:1", "--metrics-bind-address=:2", "--workload-cluster=management"}, lookup(nil), nil)
+		"--health-probe-bind-address=:1", "--metrics-bind-address=:2", "--workload-cluster=management", "--join-timeout=90s"}, lookup(nil), nil)
 	require.NoError(t, err)
 	cfg, rc := &config.Config{ClusterID: "c"}, &rest.Config{Host: "https://h"}
 	o := f.ManagerOptions(cfg, config.Env{Namespace: "ns"}, rc, logr.Discard())
@@ -262,6 +266,7 @@ func TestManagerOptions(t *testing.T) {
 	require.Equal(t, ":1", o.ProbeAddr)
 	require.Equal(t, ":2", o.MetricsAddr)
 	require.Equal(t, workload.Management, o.WorkloadMode)
+	require.Equal(t, 90*time.Second, o.JoinTimeout)
 }
 
 func writeKubeconfig(t *testing.T, server string) string {

@@ -106,7 +106,7 @@ func (f Flags) ManagerOptions(cfg *config.Config, env config.Env, restCfg *rest.
 		MetricsAddr: f.MetricsAddr, ProbeAddr: f.ProbeAddr, PprofAddr: f.PprofAddr, LeaderElect: f.LeaderElect,
 		DisableWebhooks: f.DisableWebhooks,
 		WebhookHost:     f.WebhookHost, WebhookPort: f.WebhookPort, WebhookCertDir: f.WebhookCertDir,
-		WorkloadMode: workload.Mode(f.WorkloadCluster),
+		WorkloadMode: workload.Mode(f.WorkloadCluster), JoinTimeout: f.JoinTimeout,
 	}
 }
 

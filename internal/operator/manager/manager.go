@@ -39,6 +39,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/machine"
 	"github.com/nstance-dev/nstance/internal/operator/machinepool"
 	"github.com/nstance-dev/nstance/internal/operator/metrics"
+	"github.com/nstance-dev/nstance/internal/operator/nodejoin"
 	"github.com/nstance-dev/nstance/internal/operator/ondemand"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 	"github.com/nstance-dev/nstance/internal/operator/shardgroup"
@@ -120,6 +121,13 @@ type Options struct {
 	WorkloadConnectRetry time.Duration
 	// ShardDialOptions are added to every shard connection (tests).
 	ShardDialOptions []grpc.DialOption
+	// JoinTimeout is the join deadline (--join-timeout, 10m from the CLI):
+	// an instance whose Node is not Ready that long after its agent's first
+	// health report is replaced. Zero disables it.
+	JoinTimeout time.Duration
+	// JoinInterval separates join-deadline passes; zero means JoinTimeout/10
+	// within [1s, 10s].
+	JoinInterval time.Duration
 }
 
 // Operator is a configured, not yet started operator.
@@ -317,6 +325,15 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 		DefaultShard: defaultShard}
 	if err := od.SetupWithManager(mgr, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up on-demand controller: %w", err)
+	}
+	if o.JoinTimeout > 0 {
+		if err := mgr.Add(&nodejoin.Runner{
+			Shards: op.Conns, Workload: op.Workload, Cluster: op.Cluster, ClusterID: o.Config.ClusterID,
+			Client: mgr.GetClient(), Namespace: ns, Recorder: recorder, Timeout: o.JoinTimeout, Interval: o.JoinInterval,
+			Log: o.Log.WithName("nodejoin"),
+		}); err != nil {
+			return nil, fmt.Errorf("set up join deadline: %w", err)
+		}
 	}
 	if err := mgr.Add(manager.RunnableFunc(op.sync)); err != nil {
 		return nil, err
