@@ -70,8 +70,9 @@ kubemark_ok() {
 	[[ $out == *"v$K8S_VERSION"* ]] || { why="$bin reports '${out%%$'\n'*}', want v$K8S_VERSION"; return 1; }
 }
 
-# complete: the control plane and kubemark, all at the pinned versions.
-complete() { control_plane && kubemark_ok; }
+# complete: the control plane, kubemark and nstance-hollow-kubelet (the dev
+# stack's node, built from the same module), all at the pinned versions.
+complete() { control_plane && kubemark_ok && kubemark_ok "$dir/nstance-hollow-kubelet"; }
 
 if [ "$mode" = "--check" ]; then
 	if complete; then
@@ -152,18 +153,21 @@ build_kubemark() {
 	[ -n "$cc" ] && command -v "${cc%% *}" >/dev/null 2>&1 ||
 		{ log "kubemark needs cgo, but no C compiler is installed${CC:+ (CC=$CC)}: install gcc (Debian: apt-get install gcc)"; return 1; }
 	cd "$root/scripts/envtest/kube-apiserver"
-	progress_run "building kubemark v$K8S_VERSION (hollow kubelet, k8s.io/kubernetes/cmd/kubemark with cgo, module scripts/envtest/kube-apiserver; minutes on 2 cores)" \
-		env GONOSUMDB=k8s.io GOFLAGS=-mod=readonly CGO_ENABLED=1 go build -trimpath -ldflags "-s -w $version_flags" -o "$work/kubemark" \
-		k8s.io/kubernetes/cmd/kubemark >&2 9>&-
+	progress_run "building kubemark and nstance-hollow-kubelet v$K8S_VERSION (hollow kubelets, k8s.io/kubernetes/pkg/kubemark with cgo, module scripts/envtest/kube-apiserver; minutes on 2 cores)" \
+		env GONOSUMDB=k8s.io GOFLAGS=-mod=readonly CGO_ENABLED=1 go build -trimpath -ldflags "-s -w $version_flags" -o "$work/" \
+		k8s.io/kubernetes/cmd/kubemark ./cmd/nstance-hollow-kubelet >&2 9>&-
 }
 
 if [ -n "$only_kubemark" ]; then
 	build_kubemark
-	kubemark_ok "$work/kubemark" || { log "built kubemark does not report the expected version: $why"; exit 1; }
-	# Same file system: the rename is atomic for tests already using $dir.
+	for b in kubemark nstance-hollow-kubelet; do
+		kubemark_ok "$work/$b" || { log "built $b does not report the expected version: $why"; exit 1; }
+	done
+	# Same file system: the renames are atomic for tests already using $dir.
 	mv "$work/kubemark" "$dir/kubemark"
+	mv "$work/nstance-hollow-kubelet" "$dir/nstance-hollow-kubelet"
 	complete || { log "cache in $dir is not complete after building kubemark: $why"; exit 1; }
-	log "built kubemark in $(progress_elapsed $(($(date +%s) - start))) into $dir"
+	log "built kubemark and nstance-hollow-kubelet in $(progress_elapsed $(($(date +%s) - start))) into $dir"
 	echo "$dir"
 	exit 0
 fi

@@ -131,6 +131,13 @@ const bootstrapSecret = clusterID + "-bootstrap"
 // cluster of nodes (the workload cluster of the management-mode test).
 func newFixtureNodesIn(t *testing.T, nodes client.Client) *fixture {
 	t.Helper()
+	return newFixtureWith(t, nodes, nil)
+}
+
+// newFixtureWith is newFixtureNodesIn whose shard options tune adjusts
+// (nil: none); a provider it sets replaces the Node-registering mock.
+func newFixtureWith(t *testing.T, nodes client.Client, tune func(*shardtest.Options)) *fixture {
+	t.Helper()
 	ctx := context.Background()
 	ca, err := pki.GenerateCA(clusterID, 24*time.Hour, time.Now())
 	require.NoError(t, err)
@@ -138,7 +145,14 @@ func newFixtureNodesIn(t *testing.T, nodes client.Client) *fixture {
 	require.NoError(t, err)
 	regAddr := startRegistration(t, ca, pub)
 	prov := &nodeProvider{Provider: mock.New(), c: nodes}
-	sh := shardtest.Start(t, shardtest.Options{ClusterID: clusterID, ShardID: shardID, CA: ca, Provider: prov, Log: logr.Discard()})
+	so := shardtest.Options{ClusterID: clusterID, ShardID: shardID, CA: ca, Provider: prov, Log: logr.Discard()}
+	if tune != nil {
+		tune(&so)
+		if so.Provider != provider.Provider(prov) {
+			prov = nil
+		}
+	}
+	sh := shardtest.Start(t, so)
 
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "capi-"}}
 	require.NoError(t, env.Client.Create(ctx, ns))

@@ -258,8 +258,11 @@ func RepoRoot() (string, error) {
 // RunMain is the body of a package's TestMain: it starts one control plane
 // for every test of the package, stores it in *env, runs the tests and stops
 // it. It returns the exit code for os.Exit.
-func RunMain(m *testing.M, env **Env) int {
-	e, stop, err := StartEnv()
+func RunMain(m *testing.M, env **Env) int { return RunMainWith(m, env, Options{}) }
+
+// RunMainWith is RunMain with a control plane started with opts.
+func RunMainWith(m *testing.M, env **Env, opts Options) int {
+	e, stop, err := StartEnvWith(opts)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "start envtest: %v\n", err)
 		return 1
