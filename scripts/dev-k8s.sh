@@ -5,16 +5,22 @@
 # (export KUBECONFIG=temp/dev-k8s/kubeconfig) and a copy for the operator to
 # temp/operator/kubeconfig; requests without the token get 401.
 source "$(dirname "$0")/dev-common.sh"
-if [[ ${NSTANCE_DEV_K8S:-dev-k8s} == apiserver ]]; then
-	# make dev-tmux-apiserver: a real kube-apiserver + etcd (envtest binaries)
-	# instead of dev-k8s; Node files from the tmux provider become real Nodes.
-	mkdir -p bin "$DEV_DIR/operator"
-	progress_run "building bin/dev-apiserver" go build -o bin/dev-apiserver ./scripts/tools/dev-apiserver
-	exec bin/dev-apiserver --kubeconfig-out "$DEV_DIR/operator/kubeconfig" --node-dir "$DEV_DIR/dev-k8s/nodes"
-fi
 # Nodes authenticate with certificates from the dev node CA; their user data
 # reaches the API server's serving CA at $DEV_KUBE_DIR/server-ca.crt.
 node_ca
+if [[ ${NSTANCE_DEV_K8S:-dev-k8s} == apiserver ]]; then
+	# make dev-tmux-apiserver: a real kube-apiserver + etcd (envtest binaries)
+	# instead of dev-k8s, authorizing kubelets with Node,RBAC and
+	# NodeRestriction; with NSTANCE_DEV_FAKE_NODES=true the tmux provider's
+	# Node files become real Nodes instead.
+	mkdir -p bin "$DEV_DIR/operator"
+	progress_run "building bin/dev-apiserver" go build -o bin/dev-apiserver ./scripts/tools/dev-apiserver
+	fake=()
+	[[ $DEV_FAKE_NODES == true ]] && fake=(--node-dir "$DEV_DIR/dev-k8s/nodes")
+	rm -f "$DEV_KUBE_DIR/server-ca.crt"
+	exec bin/dev-apiserver --kubeconfig-out "$DEV_DIR/operator/kubeconfig" --node-ca "$DEV_KUBE_DIR/node-ca.crt" \
+		--server-ca-out "$DEV_KUBE_DIR/server-ca.crt" "${fake[@]}"
+fi
 ln -sfn "$DEV_DIR_ABS/dev-k8s/.dev-k8s/tls/ca.crt" "$DEV_KUBE_DIR/server-ca.crt"
 need_bin dev-k8s
 capi_crds="$(go list -m -f '{{.Dir}}' sigs.k8s.io/cluster-api)/core/config/crd/bases"

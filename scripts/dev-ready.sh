@@ -69,6 +69,11 @@ if [[ $with_k8s == true ]]; then
 		"kubeconfig  export KUBECONFIG=$kubeconfig"
 		"operator    http://$probe/readyz (registered once Secret nstance-operator-cert exists)"
 	)
+	if [[ $DEV_FAKE_NODES == true ]]; then
+		summary+=("nodes       FALLBACK: fake Node files written by the tmux provider (NSTANCE_DEV_FAKE_NODES=true); no kubelet runs")
+	else
+		summary+=("nodes       a hollow kubelet per instance, joined with the certificate Nstance issued (CA $DEV_KUBE_DIR/node-ca.crt): kubectl get nodes -o wide")
+	fi
 fi
 summary+=(
 	"agents      tmux attach -t $DEV_AGENT_SESSION   (one window per instance; tmux list-windows -t $DEV_AGENT_SESSION)"

@@ -1,10 +1,14 @@
 // Command dev-apiserver runs a real kube-apiserver and etcd (the envtest
 // binaries from scripts/envtest-assets.sh) with the Nstance and Cluster API
 // CRDs installed, for `make dev-tmux-apiserver`: the kind experience without
-// Docker. It writes an admin kubeconfig for the operator and kubectl, and
-// mirrors the fake Node files the tmux provider writes (temp/dev-k8s/nodes)
-// into real Node objects so drains have something to act on. SIGINT/SIGTERM
-// stop the control plane.
+// Docker. It authorizes as a production cluster does (Node,RBAC, the
+// NodeRestriction admission plugin) and trusts kubelet client certificates
+// of the dev node CA (--node-ca), so the dev instances' hollow kubelets join
+// with the certificates Nstance issues. It writes an admin kubeconfig for the
+// operator and kubectl and its serving CA for the nodes (--server-ca-out).
+// With --node-dir it also mirrors the fake Node files the tmux provider
+// writes (the fallback without kubelets) into real Node objects.
+// SIGINT/SIGTERM stop the control plane.
 package main
 
 import (
@@ -28,18 +32,30 @@ import (
 
 func main() {
 	kubeconfigOut := flag.String("kubeconfig-out", "temp/operator/kubeconfig", "write the admin kubeconfig here")
-	nodeDir := flag.String("node-dir", "temp/dev-k8s/nodes", "mirror the Node JSON files of this directory into the cluster (empty: off)")
+	nodeDir := flag.String("node-dir", "", "mirror the fake Node JSON files of this directory into the cluster (empty: off)")
+	nodeCA := flag.String("node-ca", "", "PEM file of the CA whose client certificates kubelets present (empty: none)")
+	serverCAOut := flag.String("server-ca-out", "", "write the API server's serving CA (PEM) here for the nodes")
 	flag.Parse()
-	if err := run(*kubeconfigOut, *nodeDir); err != nil {
+	if err := run(*kubeconfigOut, *nodeDir, *nodeCA, *serverCAOut); err != nil {
 		fmt.Fprintln(os.Stderr, "dev-apiserver:", err)
 		os.Exit(1)
 	}
 }
 
-func run(kubeconfigOut, nodeDir string) error {
+func run(kubeconfigOut, nodeDir, nodeCA, serverCAOut string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	env, stopEnv, err := kubetest.StartEnv()
+	opts := kubetest.Options{APIServerArgs: map[string]string{
+		"authorization-mode": "Node,RBAC", "enable-admission-plugins": "NodeRestriction",
+	}}
+	if nodeCA != "" {
+		pem, err := os.ReadFile(nodeCA)
+		if err != nil {
+			return fmt.Errorf("reading --node-ca: %w", err)
+		}
+		opts.ClientCAs = pem
+	}
+	env, stopEnv, err := kubetest.StartEnvWith(opts)
 	if err != nil {
 		return err
 	}
@@ -57,6 +73,14 @@ func run(kubeconfigOut, nodeDir string) error {
 	}
 	if err := os.WriteFile(kubeconfigOut, kc, 0o600); err != nil {
 		return err
+	}
+	if serverCAOut != "" {
+		if err := os.MkdirAll(filepath.Dir(serverCAOut), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(serverCAOut, env.Config.CAData, 0o644); err != nil {
+			return err
+		}
 	}
 	fmt.Printf("kube-apiserver %s ready; kubeconfig %s (kubectl: %s)\n", env.Config.Host, kubeconfigOut, filepath.Join(env.AssetsDir, "kubectl"))
 	if nodeDir == "" {
