@@ -87,6 +87,9 @@ func TestNodeIdentityAndUserDataReachTheInstance(t *testing.T) {
 		GroupId: "workers", Template: "worker", Size: 1, Vars: map[string]string{"svc": "system:kube-controller-manager"}}})
 	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
 	require.ErrorContains(t, err, "vars.svc: would change the subject or names of templates.worker.keys.svc.certificate")
+	_, err = a.c.CreateInstance(ctxT(t), &nstancev1.CreateInstanceRequest{Template: "worker", Vars: map[string]string{"svc": "admin"}})
+	require.Equal(t, codes.InvalidArgument, status.Code(err), "on-demand too: %v", err)
+	require.ErrorContains(t, err, "vars.svc")
 
 	a.upsert(t, 1, "")
 	waitGroup(t, a.c, "workers", 1)
