@@ -70,7 +70,8 @@ need_bin() {
 
 # kube_server / kube_content_type: the dev cluster's API server as the
 # nodes reach it (dev-k8s speaks JSON only; kube-apiserver protobuf).
-kube_server() { echo "https://$DEV_K8S_ADDR"; }
+# make dev-tmux runs no API server: the nodes' user data then starts no kubelet.
+kube_server() { if [[ ${NSTANCE_DEV_WITH_K8S:-true} == true ]]; then echo "https://$DEV_K8S_ADDR"; fi; }
 kube_content_type() {
 	if [[ ${NSTANCE_DEV_K8S:-dev-k8s} == apiserver ]]; then echo application/vnd.kubernetes.protobuf; else echo application/json; fi
 }

@@ -17,10 +17,11 @@ if [[ ${NSTANCE_DEV_K8S:-dev-k8s} == apiserver ]]; then
 	progress_run "building bin/dev-apiserver" go build -o bin/dev-apiserver ./scripts/tools/dev-apiserver
 	fake=()
 	[[ $DEV_FAKE_NODES == true ]] && fake=(--node-dir "$DEV_DIR/dev-k8s/nodes")
-	rm -f "$DEV_KUBE_DIR/server-ca.crt"
+	rm -f "$DEV_KUBE_DIR/server-ca.crt" "$DEV_KUBE_DIR/server-url"
 	exec bin/dev-apiserver --kubeconfig-out "$DEV_DIR/operator/kubeconfig" --node-ca "$DEV_KUBE_DIR/node-ca.crt" \
 		--server-ca-out "$DEV_KUBE_DIR/server-ca.crt" "${fake[@]}"
 fi
+rm -f "$DEV_KUBE_DIR/server-url"
 ln -sfn "$DEV_DIR_ABS/dev-k8s/.dev-k8s/tls/ca.crt" "$DEV_KUBE_DIR/server-ca.crt"
 need_bin dev-k8s
 capi_crds="$(go list -m -f '{{.Dir}}' sigs.k8s.io/cluster-api)/core/config/crd/bases"

@@ -10,14 +10,23 @@ set -eu
 server='{{ .Vars.kube_server }}'
 server_ca='{{ .Vars.kube_ca }}'
 kubelet='{{ .Vars.hollow_kubelet }}'
-if [ -z "$server" ] || [ ! -s "$server_ca" ] || [ ! -x "$kubelet" ]; then
-	echo "node: no Kubernetes API server in this dev stack (CA '$server_ca', kubelet '$kubelet'): no kubelet on this instance"
+if [ -z "$server" ]; then
+	echo "node: no Kubernetes API server in this dev stack: no kubelet on this instance"
 	exit 0
 fi
 crt="$NSTANCE_FILES_DIR/kubelet/client.crt"
 key="$NSTANCE_KEYS_DIR/kubelet-client.key"
-echo "node: waiting for the kubelet client certificate"
-while [ ! -s "$crt" ] || [ ! -s "$key" ]; do sleep 0.2; done
+# The API server may still be starting, the certificate still being issued.
+echo "node: waiting for the API server's CA ($server_ca), $kubelet and the kubelet client certificate"
+waited=0
+while [ ! -s "$server_ca" ] || [ ! -x "$kubelet" ] || [ ! -s "$crt" ] || [ ! -s "$key" ]; do
+	sleep 0.2
+	waited=$((waited + 1))
+	if [ $((waited % 150)) -eq 0 ]; then echo "node: still waiting ($((waited / 5))s)"; fi
+done
+# An API server on a port chosen at start (make dev-tmux-apiserver) writes its
+# URL beside its CA.
+if [ -s "$(dirname "$server_ca")/server-url" ]; then server=$(cat "$(dirname "$server_ca")/server-url"); fi
 umask 077
 mkdir -p kubelet
 cat > kubelet/kubeconfig <<KUBECONFIG

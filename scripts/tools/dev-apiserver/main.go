@@ -34,7 +34,7 @@ func main() {
 	kubeconfigOut := flag.String("kubeconfig-out", "temp/operator/kubeconfig", "write the admin kubeconfig here")
 	nodeDir := flag.String("node-dir", "", "mirror the fake Node JSON files of this directory into the cluster (empty: off)")
 	nodeCA := flag.String("node-ca", "", "PEM file of the CA whose client certificates kubelets present (empty: none)")
-	serverCAOut := flag.String("server-ca-out", "", "write the API server's serving CA (PEM) here for the nodes")
+	serverCAOut := flag.String("server-ca-out", "", "write the API server's serving CA (PEM) here for the nodes, and its URL beside it (server-url)")
 	flag.Parse()
 	if err := run(*kubeconfigOut, *nodeDir, *nodeCA, *serverCAOut); err != nil {
 		fmt.Fprintln(os.Stderr, "dev-apiserver:", err)
@@ -79,6 +79,10 @@ func run(kubeconfigOut, nodeDir, nodeCA, serverCAOut string) error {
 			return err
 		}
 		if err := os.WriteFile(serverCAOut, env.Config.CAData, 0o644); err != nil {
+			return err
+		}
+		// envtest picks a free port: the nodes read it here.
+		if err := os.WriteFile(filepath.Join(filepath.Dir(serverCAOut), "server-url"), []byte(env.Config.Host+"\n"), 0o644); err != nil {
 			return err
 		}
 	}
