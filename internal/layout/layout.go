@@ -77,6 +77,11 @@ func (k Keys) UserData(shard, tenant, sha256Hex string) string {
 	return k.join("cluster", "secret", "userdata", shard, tenant, sha256Hex)
 }
 
+// UserDataPrefix lists the bootstrap data stored for a shard.
+func (k Keys) UserDataPrefix(shard string) string {
+	return k.join("cluster", "secret", "userdata", shard) + "/"
+}
+
 // NonceSigningKey is the encrypted Ed25519 key that signs registration nonces.
 func (k Keys) NonceSigningKey() string { return k.join("cluster", "secret", "nonce-signing.key") }
 

@@ -232,6 +232,9 @@ func Assemble(p Parts) (*Assembly, error) {
 	ro.UserData = func(ctx context.Context, rec *instances.Record) ([]byte, string, error) {
 		return s.bootUserData(ctx, ud, rec)
 	}
+	if ud != nil {
+		ro.PruneUserData = ud.Prune
+	}
 	if p.Revocations != nil {
 		ro.RevokeAgent = func(ctx context.Context, id, reason string) error {
 			_, err := p.Revocations.RevokeAgent(ctx, id, reason)

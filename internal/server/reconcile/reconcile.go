@@ -43,6 +43,10 @@ type Options struct {
 	Nonces    NonceMinter
 	// CACert returns the cluster CA certificate handed to new instances.
 	CACert func(ctx context.Context) ([]byte, error)
+	// PruneUserData deletes stored bootstrap data that keep does not name
+	// and that is older than the time given (nil: none is pruned). It runs
+	// with garbage collection, at most every garbage_collection.interval.
+	PruneUserData func(ctx context.Context, keep func(tenant, sum string) bool, notAfter time.Time) (int, error)
 	// UserData returns an instance's own bootstrap data and its format:
 	// the tenant's stored data, or the template's userdata rendered for it
 	// (nil: instances get none).
@@ -147,6 +151,8 @@ type Reconciler struct {
 	createMu sync.Mutex
 
 	orphans map[string]time.Time // provider instances without a record: first seen
+	// lastPrune is when unused user data was last pruned (the term's loop only).
+	lastPrune time.Time
 
 	healthMu  sync.Mutex
 	reporting map[string]bool   // instances that reported this term
@@ -413,6 +419,37 @@ func (r *Reconciler) resync(ctx context.Context) {
 	}
 	if err == nil {
 		r.collectOrphans(ctx, listed, known)
+	}
+	r.pruneUserData(ctx, recs)
+}
+
+// pruneUserData deletes stored bootstrap data that no group and no
+// instance record names any more, once it is older than the grace period
+// (at most every garbage_collection.interval, when collection is enabled).
+func (r *Reconciler) pruneUserData(ctx context.Context, recs []*instances.Record) {
+	gc := r.o.Config().Shard.GarbageCollection
+	now := r.o.Now()
+	if r.o.PruneUserData == nil || !gc.Enabled || now.Sub(r.lastPrune) < gc.Interval.D() {
+		return
+	}
+	r.lastPrune = now
+	used := map[[2]string]bool{}
+	for _, g := range r.o.Groups.List("") {
+		if g.Spec.UserDataSHA256 != "" {
+			used[[2]string{g.Tenant, g.Spec.UserDataSHA256}] = true
+		}
+	}
+	for _, rec := range recs {
+		if rec.UserDataSHA256 != "" {
+			used[[2]string{rec.Tenant, rec.UserDataSHA256}] = true
+		}
+	}
+	n, err := r.o.PruneUserData(ctx, func(tenant, sum string) bool { return used[[2]string{tenant, sum}] }, now.Add(-gc.GracePeriod.D()))
+	if err != nil {
+		r.reportError("", "", "", nstancev1.ErrorSource_ERROR_SOURCE_RECONCILE, fmt.Errorf("pruning unused user data: %w", err))
+	}
+	if n > 0 {
+		r.log.Info("deleted user data no group or instance names", "objects", n)
 	}
 }
 

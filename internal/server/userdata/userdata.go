@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/layout"
@@ -104,4 +106,31 @@ func Render(ctx context.Context, key string, t config.Template, data config.Temp
 		return nil, err
 	}
 	return []byte(out), nil
+}
+
+// Prune deletes the stored data of this shard that keep does not name and
+// that was written before notAfter (data stored moments ago may belong to
+// a request whose group or instance is not written yet). It returns how
+// many objects it deleted.
+func (s *Store) Prune(ctx context.Context, keep func(tenant, sum string) bool, notAfter time.Time) (int, error) {
+	if s == nil || s.Secrets == nil {
+		return 0, nil
+	}
+	prefix := s.Keys.UserDataPrefix(s.Shard)
+	objs, err := s.Secrets.Objects.List(ctx, prefix)
+	if err != nil {
+		return 0, fmt.Errorf("listing user data: %w", err)
+	}
+	n := 0
+	for _, o := range objs {
+		tenant, sum, ok := strings.Cut(strings.TrimPrefix(o.Key, prefix), "/")
+		if !ok || strings.Contains(sum, "/") || keep(tenant, sum) || !o.LastModified.Before(notAfter) {
+			continue
+		}
+		if err := s.Secrets.Objects.Delete(ctx, o.Key); err != nil {
+			return n, fmt.Errorf("deleting user data %s: %w", o.Key, err)
+		}
+		n++
+	}
+	return n, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -81,4 +82,36 @@ func TestRenderAndLimits(t *testing.T) {
 	require.Equal(t, "cloud-config", f)
 	_, err = userdata.CheckFormat("yaml")
 	require.ErrorContains(t, err, "user_data_format")
+}
+
+func TestPruneKeepsWhatIsNamedAndWhatIsNew(t *testing.T) {
+	ctx := context.Background()
+	k, err := secrets.ParseKey([]byte(strings.Repeat("ef", 32)))
+	require.NoError(t, err)
+	ring, err := secrets.NewKeyring(k)
+	require.NoError(t, err)
+	mem := memstore.New()
+	sealed := &secrets.Store{Objects: mem, Ring: ring}
+	s := &userdata.Store{Secrets: sealed, Keys: layout.New(""), Shard: "s1"}
+	other := &userdata.Store{Secrets: sealed, Keys: layout.New(""), Shard: "s2"}
+	used, err := s.Put(ctx, "acme", []byte("#!/bin/sh\necho used\n"))
+	require.NoError(t, err)
+	unused, err := s.Put(ctx, "acme", []byte("#!/bin/sh\necho old\n"))
+	require.NoError(t, err)
+	otherShard, err := other.Put(ctx, "acme", []byte("#!/bin/sh\necho s2\n"))
+	require.NoError(t, err)
+	keep := func(tenant, sum string) bool { return tenant == "acme" && sum == used }
+
+	n, err := s.Prune(ctx, keep, time.Now().Add(-time.Hour))
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing older than the grace period")
+	n, err = s.Prune(ctx, keep, time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	_, err = s.Get(ctx, "acme", used)
+	require.NoError(t, err)
+	_, err = s.Get(ctx, "acme", unused)
+	require.ErrorIs(t, err, objstore.ErrNotFound)
+	_, err = other.Get(ctx, "acme", otherShard)
+	require.NoError(t, err, "another shard's data is not this shard's to prune")
 }
