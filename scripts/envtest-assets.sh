@@ -153,9 +153,13 @@ build_kubemark() {
 	[ -n "$cc" ] && command -v "${cc%% *}" >/dev/null 2>&1 ||
 		{ log "kubemark needs cgo, but no C compiler is installed${CC:+ (CC=$CC)}: install gcc (Debian: apt-get install gcc)"; return 1; }
 	cd "$root/scripts/envtest/kube-apiserver"
-	progress_run "building kubemark and nstance-hollow-kubelet v$K8S_VERSION (hollow kubelets, k8s.io/kubernetes/pkg/kubemark with cgo, module scripts/envtest/kube-apiserver; minutes on 2 cores)" \
-		env GONOSUMDB=k8s.io GOFLAGS=-mod=readonly CGO_ENABLED=1 go build -trimpath -ldflags "-s -w $version_flags" -o "$work/" \
-		k8s.io/kubernetes/cmd/kubemark ./cmd/nstance-hollow-kubelet >&2 9>&-
+	progress_run "building kubemark v$K8S_VERSION (hollow kubelet, k8s.io/kubernetes/cmd/kubemark with cgo, module scripts/envtest/kube-apiserver; minutes on 2 cores)" \
+		env GONOSUMDB=k8s.io GOFLAGS=-mod=readonly CGO_ENABLED=1 go build -trimpath -ldflags "-s -w $version_flags" -o "$work/kubemark" \
+		k8s.io/kubernetes/cmd/kubemark >&2 9>&-
+	# The dev stack's node: the same packages, so mostly a link.
+	progress_run "building nstance-hollow-kubelet v$K8S_VERSION (k8s.io/kubernetes/pkg/kubemark with cgo, scripts/envtest/kube-apiserver/cmd/nstance-hollow-kubelet)" \
+		env GONOSUMDB=k8s.io GOFLAGS=-mod=readonly CGO_ENABLED=1 go build -trimpath -ldflags "-s -w $version_flags" -o "$work/nstance-hollow-kubelet" \
+		./cmd/nstance-hollow-kubelet >&2 9>&-
 }
 
 if [ -n "$only_kubemark" ]; then

@@ -45,6 +45,9 @@ if [[ $out == */ ]]; then
 elif [[ $out == */kubemark ]]; then
 	printf '#!/bin/sh\necho "Kubernetes v`+k8sVersion+`"\n' > "$out"
 	chmod +x "$out"
+elif [[ $out == */nstance-hollow-kubelet ]]; then
+	printf '#!/bin/sh\necho "nstance-hollow-kubelet v`+k8sVersion+`"\n' > "$out"
+	chmod +x "$out"
 else
 	printf '#!/bin/sh\necho "etcd Version: `+etcdVersion+`"\n' > "$out"
 	chmod +x "$out"

@@ -25,6 +25,7 @@ func fakeBinaries(t *testing.T, dir, etcdVer string) {
 	t.Helper()
 	fakeControlPlane(t, dir, etcdVer)
 	writeScript(t, filepath.Join(dir, "kubemark"), "#!/bin/sh\necho 'Kubernetes v"+k8sVersion+"'\n")
+	writeScript(t, filepath.Join(dir, "nstance-hollow-kubelet"), "#!/bin/sh\necho 'nstance-hollow-kubelet v"+k8sVersion+"'\n")
 }
 
 // fakeControlPlane writes the three envtest binaries only (a cache from
@@ -57,6 +58,9 @@ if [[ $out == */ ]]; then
 	chmod +x "$out/kube-apiserver" "$out/kubectl"
 elif [[ $out == */kubemark ]]; then
 	printf '#!/bin/sh\necho "Kubernetes v`+k8sVersion+`"\n' > "$out"
+	chmod +x "$out"
+elif [[ $out == */nstance-hollow-kubelet ]]; then
+	printf '#!/bin/sh\necho "nstance-hollow-kubelet v`+k8sVersion+`"\n' > "$out"
 	chmod +x "$out"
 else
 	printf '#!/bin/sh\necho "etcd Version: `+etcdVersion+`"\n' > "$out"
@@ -119,7 +123,7 @@ func TestEnvtestCheckRealCache(t *testing.T) {
 		t.Fatalf("envtest-assets.sh --dir: %v", err)
 	}
 	dir := strings.TrimSpace(string(out))
-	for _, b := range []string{"kube-apiserver", "etcd", "kubectl", "kubemark"} {
+	for _, b := range []string{"kube-apiserver", "etcd", "kubectl", "kubemark", "nstance-hollow-kubelet"} {
 		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
 			t.Skipf("the envtest cache is not built (%s missing): run `make envtest-assets` first (.ci/run and `make test` build it before the tests)", filepath.Join(dir, b))
 		}
@@ -154,6 +158,10 @@ func TestEnvtestCheck(t *testing.T) {
 		{"wrong kubemark version", "kubemark reports 'Kubernetes v1.35.0', want v" + k8sVersion, func(dir string) {
 			fakeBinaries(t, dir, etcdVersion)
 			writeScript(t, filepath.Join(dir, "kubemark"), "#!/bin/sh\necho 'Kubernetes v1.35.0'\n")
+		}},
+		{"hollow kubelet missing", "nstance-hollow-kubelet is missing", func(dir string) {
+			fakeBinaries(t, dir, etcdVersion)
+			_ = os.Remove(filepath.Join(dir, "nstance-hollow-kubelet"))
 		}},
 		{"wrong etcd version", "etcd reports 'etcd Version: 3.5.0', want " + etcdVersion, func(dir string) { fakeBinaries(t, dir, "3.5.0") }},
 		{"etcd fails", "etcd --version failed", func(dir string) {
@@ -207,22 +215,24 @@ func TestEnvtestBuildProgress(t *testing.T) {
 		"envtest-assets: building etcd v" + etcdVersion + ": done in",
 		"envtest-assets: building kubemark v" + k8sVersion,
 		"envtest-assets: building kubemark v" + k8sVersion + ": done in",
+		"envtest-assets: building nstance-hollow-kubelet v" + k8sVersion + ": done in",
 		"envtest-assets: built in",
 	} {
 		if !r.has(want) {
 			t.Errorf("no line with %q; output:\n%s", want, r.text())
 		}
 	}
-	if n := r.count("still running ("); n < 6 {
-		t.Errorf("%d heartbeat lines over three 2s builds at a %s interval; output:\n%s", n, interval, r.text())
+	if n := r.count("still running ("); n < 8 {
+		t.Errorf("%d heartbeat lines over four 2s builds at a %s interval; output:\n%s", n, interval, r.text())
 	}
 	calls := readLines(t, log)
-	if len(calls) != 3 {
-		t.Errorf("go called %d times, want 3 (kube-apiserver+kubectl, etcd, kubemark): %q", len(calls), calls)
+	if len(calls) != 4 {
+		t.Errorf("go called %d times, want 4 (kube-apiserver+kubectl, etcd, kubemark, nstance-hollow-kubelet): %q", len(calls), calls)
 	}
 	for _, c := range calls {
-		if cgo := strings.HasSuffix(c, "k8s.io/kubernetes/cmd/kubemark"); strings.HasPrefix(c, "CGO_ENABLED=1_") != cgo {
-			t.Errorf("go call %q: kubemark (only) must be built with CGO_ENABLED=1", c)
+		hollow := strings.HasSuffix(c, "k8s.io/kubernetes/cmd/kubemark") || strings.HasSuffix(c, "./cmd/nstance-hollow-kubelet")
+		if strings.HasPrefix(c, "CGO_ENABLED=1_") != hollow {
+			t.Errorf("go call %q: the hollow kubelets (only) must be built with CGO_ENABLED=1", c)
 		}
 	}
 	if out, err := envtestCmd(root, cache, nil, "--check").CombinedOutput(); err != nil {
@@ -254,15 +264,17 @@ func TestEnvtestBuildsOnlyMissingKubemark(t *testing.T) {
 	for _, want := range []string{
 		"envtest-assets: building into " + dir + " because " + dir + "/kubemark is missing",
 		"envtest-assets: building kubemark v" + k8sVersion + ": done in",
-		"envtest-assets: built kubemark in",
+		"envtest-assets: building nstance-hollow-kubelet v" + k8sVersion + ": done in",
+		"envtest-assets: built kubemark and nstance-hollow-kubelet in",
 	} {
 		if !r.has(want) {
 			t.Errorf("no line with %q; output:\n%s", want, r.text())
 		}
 	}
 	calls := readLines(t, log)
-	if len(calls) != 1 || !strings.HasPrefix(calls[0], "CGO_ENABLED=1_build") || !strings.HasSuffix(calls[0], "k8s.io/kubernetes/cmd/kubemark") {
-		t.Errorf("go calls %q; want one cgo build of k8s.io/kubernetes/cmd/kubemark", calls)
+	if len(calls) != 2 || !strings.HasPrefix(calls[0], "CGO_ENABLED=1_build") || !strings.HasSuffix(calls[0], "k8s.io/kubernetes/cmd/kubemark") ||
+		!strings.HasPrefix(calls[1], "CGO_ENABLED=1_build") || !strings.HasSuffix(calls[1], "./cmd/nstance-hollow-kubelet") {
+		t.Errorf("go calls %q; want cgo builds of k8s.io/kubernetes/cmd/kubemark and ./cmd/nstance-hollow-kubelet", calls)
 	}
 	after, err := os.Stat(apiserver)
 	if err != nil {
@@ -337,8 +349,8 @@ func TestEnvtestConcurrentCallersBuildOnce(t *testing.T) {
 			t.Errorf("exit %d, stdout %q; want 0 and %s; output:\n%s", r.code, r.stdout, dir, r.text())
 		}
 	}
-	if calls := readLines(t, log); len(calls) != 3 {
-		t.Errorf("go called %d times, want 3 (one build: kube-apiserver+kubectl, etcd, kubemark): %q", len(calls), calls)
+	if calls := readLines(t, log); len(calls) != 4 {
+		t.Errorf("go called %d times, want 4 (one build: kube-apiserver+kubectl, etcd, kubemark, nstance-hollow-kubelet): %q", len(calls), calls)
 	}
 }
 
