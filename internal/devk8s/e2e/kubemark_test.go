@@ -10,12 +10,9 @@ import (
 	"encoding/pem"
 	"errors"
 	"math/big"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -33,17 +30,18 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/devk8s/app"
 	"github.com/nstance-dev/nstance/internal/testing/kubetest"
-	"github.com/nstance-dev/nstance/internal/testing/portpick"
 )
 
-// kubemarkBinary is the hollow kubelet in the envtest asset directory, or
-// "" when it has not been built there.
-func kubemarkBinary() string {
-	dir, _ := kubetest.AssetsDir() // only kubemark is needed here
+// hollowKubeletBinary is the dev stack's hollow kubelet
+// (nstance-hollow-kubelet, kubemark's library with everything it writes under
+// --root-dir) in the envtest asset directory, or "" when it has not been
+// built there.
+func hollowKubeletBinary() string {
+	dir, _ := kubetest.AssetsDir() // only the hollow kubelet is needed here
 	if dir == "" {
 		return ""
 	}
-	bin := filepath.Join(dir, "kubemark")
+	bin := filepath.Join(dir, "nstance-hollow-kubelet")
 	if _, err := os.Stat(bin); err != nil {
 		return ""
 	}
@@ -76,15 +74,16 @@ func nodeCA(t *testing.T, caFile, node string) (certPEM, keyPEM []byte) {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
 }
 
-// TestHollowKubelet runs a real kubelet (kubemark's hollow kubelet)
-// against dev-k8s with nothing but a node client certificate, as the dev
-// stack's instances do: the Node, created first with the instance's
-// providerID, becomes Ready and keeps the providerID, and the same
-// identity is refused other nodes and Secrets.
+// TestHollowKubelet runs a real kubelet (the dev stack's
+// nstance-hollow-kubelet) against dev-k8s with nothing but a node client
+// certificate, as the dev stack's instances do: the Node, created first with
+// the instance's providerID, becomes Ready and keeps the providerID, and the
+// same identity is refused other nodes and Secrets. Everything the kubelet
+// writes stays in the test's directory.
 func TestHollowKubelet(t *testing.T) {
-	bin := kubemarkBinary()
+	bin := hollowKubeletBinary()
 	if bin == "" {
-		t.Skip("kubemark is not in the envtest asset directory (scripts/envtest-assets.sh builds it when it is added there); skipping the hollow kubelet test")
+		t.Skip("nstance-hollow-kubelet is not in the envtest asset directory (scripts/envtest-assets.sh builds it); skipping the hollow kubelet test")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	dir := t.TempDir()
@@ -120,16 +119,12 @@ func TestHollowKubelet(t *testing.T) {
 	require.NoError(t, clientcmd.WriteToFile(*kc, kubeconfig))
 
 	kubeletDir := filepath.Join(dir, "kubelet")
-	require.NoError(t, os.MkdirAll(filepath.Join(kubeletDir, "certs"), 0o700))
-	logFile, err := os.Create(filepath.Join(dir, "kubemark.log"))
+	logFile, err := os.Create(filepath.Join(dir, "kubelet.log"))
 	require.NoError(t, err)
 	defer logFile.Close()
-	cmd := exec.Command(bin, "--morph=kubelet", "--name="+name, "--kubeconfig="+kubeconfig,
-		"--use-host-image-service=false", "--kubelet-port="+strconv.Itoa(portpick.Port(t)), "--kubelet-read-only-port=0",
-		"--kube-api-content-type=application/json", "--cert-dir="+filepath.Join(kubeletDir, "certs"))
-	cmd.Env = append(os.Environ(), "TMPDIR="+kubeletDir)
+	cmd := exec.Command(bin, "--name", name, "--kubeconfig", kubeconfig, "--provider-id", providerID,
+		"--root-dir", kubeletDir, "--content-type", "application/json")
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	socketsBefore, _ := filepath.Glob(fakeRuntimeSockets)
 	require.NoError(t, cmd.Start())
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
@@ -142,10 +137,9 @@ func TestHollowKubelet(t *testing.T) {
 			_ = cmd.Process.Kill()
 			<-exited
 		}
-		removeStaleSockets(socketsBefore)
 		if t.Failed() {
 			if data, err := os.ReadFile(logFile.Name()); err == nil {
-				t.Logf("kubemark log (last 8 KiB):\n%s", tail(data, 8<<10))
+				t.Logf("kubelet log (last 8 KiB):\n%s", tail(data, 8<<10))
 			}
 		}
 	}()
@@ -157,7 +151,7 @@ func TestHollowKubelet(t *testing.T) {
 		select {
 		case err := <-exited:
 			exited <- err
-			t.Fatalf("kubemark exited early: %v", err)
+			t.Fatalf("the hollow kubelet exited early: %v", err)
 		default:
 		}
 		node, err = admin.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
@@ -213,29 +207,18 @@ func TestHollowKubelet(t *testing.T) {
 	logData, err := os.ReadFile(logFile.Name())
 	require.NoError(t, err)
 	for _, bad := range []string{"Failed to watch", "forbidden", "could not find the requested resource", "not a known field selector"} {
-		require.NotContains(t, string(logData), bad, "kubemark log")
+		require.NotContains(t, string(logData), bad, "kubelet log")
 	}
+	// Its fake runtime's socket is in its own directory, not under /tmp.
+	_, err = os.Stat(filepath.Join(kubeletDir, "runtime.sock"))
+	require.NoError(t, err)
 }
 
-// fakeRuntimeSockets is where kubemark's fake container runtime listens
-// (a fixed pattern in /tmp, whatever TMPDIR says); it is left behind.
-const fakeRuntimeSockets = "/tmp/kubelet_remote_*.sock"
-
-// removeStaleSockets removes fake runtime sockets that appeared since
-// before and that nothing listens on any more (another test's live
-// kubemark keeps its own).
-func removeStaleSockets(before []string) {
-	after, _ := filepath.Glob(fakeRuntimeSockets)
-	for _, p := range after {
-		if slices.Contains(before, p) {
-			continue
-		}
-		if c, err := net.DialTimeout("unix", p, time.Second); err == nil {
-			_ = c.Close()
-			continue
-		}
-		_ = os.Remove(p)
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
 	}
+	return b
 }
 
 func ready(n *corev1.Node) bool {
@@ -245,11 +228,4 @@ func ready(n *corev1.Node) bool {
 		}
 	}
 	return false
-}
-
-func tail(b []byte, n int) []byte {
-	if len(b) > n {
-		return b[len(b)-n:]
-	}
-	return b
 }
