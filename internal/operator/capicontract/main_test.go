@@ -28,6 +28,9 @@ var env *kubetest.Env
 // nodeCACert and nodeCAKey are that node CA (PEM).
 var nodeCACert, nodeCAKey []byte
 
+// agentBinDir holds the agent binary the node tests built (empty: none).
+var agentBinDir string
+
 // clusterB is the workload cluster of the management-mode test, a second
 // API server started by the first test that needs it.
 var clusterB kubetest.Lazy
@@ -45,6 +48,9 @@ func TestMain(m *testing.M) {
 			"authorization-mode": "Node,RBAC", "enable-admission-plugins": "NodeRestriction",
 		},
 	})
+	if agentBinDir != "" {
+		os.RemoveAll(agentBinDir)
+	}
 	if err := clusterB.Stop(); err != nil {
 		fmt.Fprintf(os.Stderr, "stop second envtest: %v\n", err)
 		if code == 0 {

@@ -30,12 +30,14 @@ import (
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 )
 
-// agentBinary builds cmd/nstance-agent once per test binary run.
+// agentBinary builds cmd/nstance-agent once per test binary run; TestMain
+// removes it (agentBinDir) after every run (-count=N reuses it).
 var agentBinary = sync.OnceValues(func() (string, error) {
 	dir, err := os.MkdirTemp("", "nstance-agent-bin-")
 	if err != nil {
 		return "", err
 	}
+	agentBinDir = dir
 	bin := filepath.Join(dir, "nstance-agent")
 	out, err := exec.Command("go", "build", "-o", bin, "github.com/nstance-dev/nstance/cmd/nstance-agent").CombinedOutput()
 	if err != nil {
@@ -96,7 +98,6 @@ func TestMachinePoolInstancesBecomeNodes(t *testing.T) {
 	}
 	bin, err := agentBinary()
 	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(filepath.Dir(bin)) })
 
 	// Nstance holds the workload cluster's node CA as the imported CA "kubernetes".
 	objects := memstore.New()
