@@ -18,6 +18,10 @@ if [[ ${NSTANCE_DEV_K8S:-dev-k8s} == apiserver ]]; then
 	fake=()
 	[[ $DEV_FAKE_NODES == true ]] && fake=(--node-dir "$DEV_DIR/dev-k8s/nodes")
 	rm -f "$DEV_KUBE_DIR/server-ca.crt" "$DEV_KUBE_DIR/server-url"
+	# envtest's etcd data and certificates go under temp/ (TMPDIR), so
+	# make clean-dev removes them even after a hard stop.
+	export TMPDIR="$DEV_DIR_ABS/kube/tmp"
+	mkdir -p "$TMPDIR"
 	exec bin/dev-apiserver --kubeconfig-out "$DEV_DIR/operator/kubeconfig" --node-ca "$DEV_KUBE_DIR/node-ca.crt" \
 		--server-ca-out "$DEV_KUBE_DIR/server-ca.crt" "${fake[@]}"
 fi
