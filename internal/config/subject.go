@@ -42,20 +42,9 @@ func RenderSubject(key string, c *TemplateCertificate, data TemplateData) (Rende
 	if rs.CommonName, err = Render(key+".common_name", c.CommonName, data); err != nil {
 		return rs, err
 	}
-	for _, f := range []struct {
-		name string
-		in   []string
-		out  *[]string
-	}{{"organization", c.Organization, &rs.Organization}, {"organizational_units", c.OrganizationalUnits, &rs.OrganizationalUnits}} {
-		for i, v := range f.in {
-			r, err := Render(fmt.Sprintf("%s.%s[%d]", key, f.name, i), v, data)
-			if err != nil {
-				return rs, err
-			}
-			*f.out = append(*f.out, r)
-		}
-	}
-	return rs, nil
+	err = renderLists(key, data, []renderedList{{"organization", c.Organization, &rs.Organization},
+		{"organizational_units", c.OrganizationalUnits, &rs.OrganizationalUnits}})
+	return rs, err
 }
 
 // CertificateData is the data a certificate's subject and names are

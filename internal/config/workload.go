@@ -141,20 +141,32 @@ func RenderCertificate(key string, c *TemplateCertificate, data TemplateData) (R
 	if rc.CommonName, err = Render(key+".common_name", c.CommonName, data); err != nil {
 		return rc, err
 	}
-	for _, f := range []struct {
-		name string
-		in   []string
-		out  *[]string
-	}{{"dns_names", c.DNSNames, &rc.DNSNames}, {"ip_addresses", c.IPAddresses, &rc.IPAddresses}, {"uris", c.URIs, &rc.URIs}} {
+	err = renderLists(key, data, []renderedList{{"dns_names", c.DNSNames, &rc.DNSNames},
+		{"ip_addresses", c.IPAddresses, &rc.IPAddresses}, {"uris", c.URIs, &rc.URIs}})
+	return rc, err
+}
+
+// renderedList is one list field of a template certificate and where its
+// rendered values go.
+type renderedList struct {
+	name string
+	in   []string
+	out  *[]string
+}
+
+// renderLists renders every value of each list, naming a failing one as
+// key.name[i].
+func renderLists(key string, data TemplateData, lists []renderedList) error {
+	for _, f := range lists {
 		for i, v := range f.in {
 			r, err := Render(fmt.Sprintf("%s.%s[%d]", key, f.name, i), v, data)
 			if err != nil {
-				return rc, err
+				return err
 			}
 			*f.out = append(*f.out, r)
 		}
 	}
-	return rc, nil
+	return nil
 }
 
 // nameKind says how a certificate name field is parsed and checked.
