@@ -39,7 +39,7 @@ const refuseWithin = 10 * time.Second
 
 // cases is the table of the suite, run in order on one stack.
 func cases() []attackCase {
-	return []attackCase{
+	cs := []attackCase{
 		// Every Operator and Agent RPC and watch with the wrong identity.
 		{name: "operator RPCs and watches with an operator certificate (control)", run: operatorControl},
 		{name: "operator RPCs and watches without a client certificate", run: operatorSweep(noCert)},
@@ -85,6 +85,14 @@ func cases() []attackCase {
 		{name: "agent nonce of a registered instance minted again", run: nonceRegisteredInstance},
 		{name: "agent certificate names come from the instance record", run: namesFromRecord},
 	}
+	// Issue 29 (trust-2): one table per area, each in its own file.
+	cs = append(cs, devToolCases()...)
+	cs = append(cs, adminServeCases()...)
+	cs = append(cs, limitCases()...)
+	cs = append(cs, identityCases()...)
+	cs = append(cs, onDemandCases()...)
+	cs = append(cs, tenancyCases()...)
+	return cs
 }
 
 // ---- identities
