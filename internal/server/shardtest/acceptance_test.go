@@ -192,7 +192,7 @@ func TestTmuxProviderWindowsAndNodes(t *testing.T) {
 		_ = os.Remove(tmux.SocketPath(socket))
 	})
 	nodeDir := t.TempDir()
-	p, err := tmux.New(tmux.Config{Command: "sleep 3600", Session: session, Socket: socket, StateDir: t.TempDir(), NodeDir: nodeDir})
+	p, err := tmux.New(tmux.Config{Command: "sleep 3600", Session: session, Socket: socket, StateDir: t.TempDir(), NodeDir: nodeDir, Shard: "s1"})
 	require.NoError(t, err)
 	sh := shardtest.Start(t, shardtest.Options{Provider: p})
 	c := sh.Client(t, "default")

@@ -7,4 +7,12 @@
 // {NodeDir}/{instanceID}.json is written with spec.providerID equal to the
 // provider id the server reports. Delete kills the window and removes both.
 // Status comes from tmux itself (window present, pane alive).
+//
+// Several shards may share one session (the dev stack's two do): every
+// window carries its shard in the window option @nstance-shard
+// (ShardOption), and a provider lists, reports and deletes only windows of
+// its own shard, so one shard's orphan collection never deletes another's
+// agents. Windows without the marker (made before it existed) are listed by
+// no shard and logged once; the shard holding the instance's record adopts
+// such a window when it asks for its Status or creates it again.
 package tmux

@@ -71,6 +71,10 @@ func (o *Options) New(_ context.Context, env provider.Env) (provider.Provider, e
 	if env.Local.Socket != "" {
 		c.Socket = env.Local.Socket
 	}
+	var shard string
+	if env.Config != nil {
+		shard = env.Config().Shard.ID
+	}
 	return New(Config{Command: c.Command, Session: c.Session, Socket: c.Socket, StateDir: d.StateDir,
-		NodeDir: d.NodeDirOrEmpty(), WorkDir: d.WorkDir, Env: env.Local.Env})
+		NodeDir: d.NodeDirOrEmpty(), WorkDir: d.WorkDir, Env: env.Local.Env, Shard: shard, Log: env.Log.WithName("tmux")})
 }

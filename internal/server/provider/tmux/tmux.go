@@ -13,6 +13,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
+
+	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/provider/localagent"
 )
@@ -22,6 +25,14 @@ const DefaultSession = "nstance-dev-agents"
 
 // WindowPrefix starts every agent window name.
 const WindowPrefix = "nstance-agent-"
+
+// ShardOption is the tmux user option (a window option) that names the
+// shard whose server created the window. Shards may share a session (the
+// dev stack's do): each lists, reports and deletes only windows carrying
+// its own shard. A window without it (made by a version before the marker)
+// is never listed, so orphan collection never deletes it; the shard that
+// holds its instance record adopts it (sets the marker) on Status or Create.
+const ShardOption = "@nstance-shard"
 
 // Config configures the tmux provider.
 type Config struct {
@@ -41,6 +52,12 @@ type Config struct {
 	Env []string
 	// Binary is the tmux executable (default "tmux").
 	Binary string
+	// Shard is the shard whose instances this provider runs; every window
+	// it creates carries it in ShardOption. Required.
+	Shard string
+	// Log receives a line for each window without a shard marker (once per
+	// window) and for requests about other shards' windows.
+	Log logr.Logger
 }
 
 // Provider manages agent windows in one tmux session.
@@ -52,6 +69,8 @@ type Provider struct {
 	// restart it is read back from the window's environment.
 	pmu         sync.Mutex
 	providerIDs map[string]string
+	// unmarked are the windows without a shard marker already logged.
+	unmarked map[string]bool
 }
 
 var _ provider.Provider = (*Provider)(nil)
@@ -63,6 +82,9 @@ func New(cfg Config) (*Provider, error) {
 	}
 	if cfg.StateDir == "" {
 		return nil, errors.New("tmux provider: state dir is required")
+	}
+	if err := layout.ValidateID("tmux provider: shard", cfg.Shard); err != nil {
+		return nil, err
 	}
 	if cfg.Session == "" {
 		cfg.Session = DefaultSession
@@ -76,7 +98,7 @@ func New(cfg Config) (*Provider, error) {
 	if _, err := exec.LookPath(cfg.Binary); err != nil {
 		return nil, fmt.Errorf("tmux provider: %w", err)
 	}
-	return &Provider{cfg: cfg, providerIDs: map[string]string{}}, nil
+	return &Provider{cfg: cfg, providerIDs: map[string]string{}, unmarked: map[string]bool{}}, nil
 }
 
 // Session returns the session name in use.
@@ -108,18 +130,31 @@ func (p *Provider) tmux(ctx context.Context, args ...string) (string, error) {
 }
 
 type window struct {
-	id   string
-	dead bool
-	code string
+	id string
+	// tmuxID is tmux's own window id (@N), unique in the tmux server.
+	tmuxID string
+	// shard is the window's ShardOption; "" when it has none.
+	shard string
+	dead  bool
+	code  string
 }
 
-// windows lists the agent windows of the session; a missing session or
-// server yields none.
-func (p *Provider) windows(ctx context.Context) (map[string]window, error) {
-	// Fields are separated by spaces, never tabs: under a C locale (no LANG,
-	// as under systemd or `env -i`) tmux prints control characters as '_'.
-	// Window names are WindowPrefix + a validated instance id: no spaces.
-	out, err := p.tmux(ctx, "list-windows", "-t", "="+p.cfg.Session, "-F", "#{window_name} #{pane_dead} #{pane_dead_status}")
+// noShard stands for an unset ShardOption in list-windows output (a shard
+// id starts with a letter or digit).
+const noShard = "-"
+
+// windowsFormat: fields are separated by spaces, never tabs: under a C
+// locale (no LANG, as under systemd or `env -i`) tmux prints control
+// characters as '_'. Window names are WindowPrefix + a validated instance
+// id and shards are validated ids: no spaces. The exit status comes last
+// as it is empty while the pane runs.
+const windowsFormat = "#{window_id} #{window_name} #{pane_dead} #{?#{" + ShardOption + "},#{" + ShardOption + "}," + noShard + "} #{pane_dead_status}"
+
+// windows lists the agent windows of the session, every shard's and those
+// without a marker; a missing session or server yields none. Use own or
+// lookup to act on them.
+func (p *Provider) windows(ctx context.Context) ([]window, error) {
+	out, err := p.tmux(ctx, "list-windows", "-t", "="+p.cfg.Session, "-F", windowsFormat)
 	if err != nil {
 		msg := err.Error()
 		// "no current target" is what tmux 3.3 says while a server whose
@@ -127,24 +162,82 @@ func (p *Provider) windows(ctx context.Context) (map[string]window, error) {
 		if strings.Contains(msg, "can't find session") || strings.Contains(msg, "no server running") ||
 			strings.Contains(msg, "error connecting") || strings.Contains(msg, "No such file") ||
 			strings.Contains(msg, "no current target") || strings.Contains(msg, "server exited unexpectedly") {
-			return map[string]window{}, nil
+			return nil, nil
 		}
 		return nil, err
 	}
-	ws := map[string]window{}
+	var ws []window
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 		parts := strings.Fields(line)
-		if len(parts) < 2 || !strings.HasPrefix(parts[0], WindowPrefix) {
+		if len(parts) < 4 || !strings.HasPrefix(parts[1], WindowPrefix) {
 			continue
 		}
-		id := strings.TrimPrefix(parts[0], WindowPrefix)
-		w := window{id: id, dead: parts[1] == "1"}
-		if len(parts) > 2 {
-			w.code = parts[2]
+		w := window{tmuxID: parts[0], id: strings.TrimPrefix(parts[1], WindowPrefix), dead: parts[2] == "1"}
+		if parts[3] != noShard {
+			w.shard = parts[3]
 		}
-		ws[id] = w
+		if len(parts) > 4 {
+			w.code = parts[4]
+		}
+		ws = append(ws, w)
 	}
 	return ws, nil
+}
+
+// own lists this shard's windows by instance id, logging (once each) the
+// windows without a shard marker, which belong to no shard until adopted.
+func (p *Provider) own(ctx context.Context) (map[string]window, error) {
+	ws, err := p.windows(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]window{}
+	for _, w := range ws {
+		switch w.shard {
+		case p.cfg.Shard:
+			out[w.id] = w
+		case "":
+			p.pmu.Lock()
+			logged := p.unmarked[w.tmuxID]
+			p.unmarked[w.tmuxID] = true
+			p.pmu.Unlock()
+			if !logged {
+				p.cfg.Log.Info("tmux window without a shard marker (made by an older version): not listed, so orphan collection never deletes it; the shard holding its instance adopts it, or kill it by hand",
+					"window", WindowName(w.id), "session", p.cfg.Session, "option", ShardOption)
+			}
+		}
+	}
+	return out, nil
+}
+
+// lookup finds the window of instance id: this shard's, or one without a
+// marker, which it adopts (the caller holds a record of id, so the window
+// is this shard's). Another shard's window is not found: found reports
+// whether it exists at all (other holds its shard).
+func (p *Provider) lookup(ctx context.Context, id string) (w window, ok bool, other string, err error) {
+	ws, err := p.windows(ctx)
+	if err != nil {
+		return window{}, false, "", err
+	}
+	for _, w := range ws {
+		if w.id != id {
+			continue
+		}
+		switch w.shard {
+		case p.cfg.Shard:
+			return w, true, "", nil
+		case "":
+			if _, err := p.tmux(ctx, "set-option", "-w", "-t", w.tmuxID, ShardOption, p.cfg.Shard); err != nil {
+				return window{}, false, "", fmt.Errorf("adopting window %s: %w", WindowName(id), err)
+			}
+			p.cfg.Log.Info("adopted a tmux window without a shard marker: this shard holds its instance", "window", WindowName(id), "shard", p.cfg.Shard)
+			w.shard = p.cfg.Shard
+			return w, true, "", nil
+		default:
+			other = w.shard
+		}
+	}
+	return window{}, false, other, nil
 }
 
 func (p *Provider) instance(ctx context.Context, w window) provider.Instance {
@@ -185,12 +278,15 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	ws, err := p.windows(ctx)
+	w, ok, other, err := p.lookup(ctx, req.InstanceID)
 	if err != nil {
 		return provider.Instance{}, fmt.Errorf("tmux create %s: %w", req.InstanceID, err)
 	}
-	if w, ok := ws[req.InstanceID]; ok {
+	if ok {
 		return p.instance(ctx, w), nil
+	}
+	if other != "" {
+		return provider.Instance{}, fmt.Errorf("tmux create %s: window %s in session %s belongs to shard %s", req.InstanceID, WindowName(req.InstanceID), p.cfg.Session, other)
 	}
 	if _, err := localagent.Prepare(p.cfg.StateDir, req); err != nil {
 		return provider.Instance{}, fmt.Errorf("tmux create %s: %w", req.InstanceID, err)
@@ -207,11 +303,15 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	// shows as a dead pane (stopped); one that exits before that leaves no
 	// window, which reads as gone. Both lead to a replacement.
 	opts = append(opts, p.cfg.Command)
-	newWindow := append([]string{"new-window", "-d", "-t", "=" + p.cfg.Session + ":", "-n", name}, opts...)
+	target := "=" + p.cfg.Session + ":=" + name
+	// The shard marker is set in the same tmux command list as the window
+	// is made, so no other client sees the window without it.
+	mark := []string{";", "set-option", "-w", "-t", target, ShardOption, p.cfg.Shard}
+	newWindow := append(append([]string{"new-window", "-d", "-t", "=" + p.cfg.Session + ":", "-n", name}, opts...), mark...)
 	if p.sessionExists(ctx) {
 		_, err = p.tmux(ctx, newWindow...)
 	} else {
-		_, err = p.tmux(ctx, append([]string{"new-session", "-d", "-s", p.cfg.Session, "-n", name, "-x", "200", "-y", "50"}, opts...)...)
+		_, err = p.tmux(ctx, append(append([]string{"new-session", "-d", "-s", p.cfg.Session, "-n", name, "-x", "200", "-y", "50"}, opts...), mark...)...)
 		if err != nil && p.sessionExists(ctx) {
 			// Another server sharing the tmux server (the dev stack's
 			// shards do) created the session in between: add a window.
@@ -222,7 +322,6 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 		_ = localagent.Cleanup(p.cfg.StateDir, req.InstanceID)
 		return provider.Instance{}, fmt.Errorf("tmux create %s: %w", req.InstanceID, err)
 	}
-	target := "=" + p.cfg.Session + ":=" + name
 	_, _ = p.tmux(ctx, "set-option", "-w", "-t", target, "remain-on-exit", "on")
 	_, _ = p.tmux(ctx, "set-environment", "-t", "="+p.cfg.Session, localagent.EnvProviderID+"_"+strings.ReplaceAll(req.InstanceID, "-", "_"), req.ProviderID)
 	p.pmu.Lock()
@@ -243,20 +342,19 @@ func (p *Provider) sessionExists(ctx context.Context) bool {
 
 // Status implements provider.Provider.
 func (p *Provider) Status(ctx context.Context, id string) (provider.Instance, error) {
-	ws, err := p.windows(ctx)
+	w, ok, _, err := p.lookup(ctx, id)
 	if err != nil {
 		return provider.Instance{}, fmt.Errorf("tmux status %s: %w", id, err)
 	}
-	w, ok := ws[id]
 	if !ok {
 		return provider.Instance{}, fmt.Errorf("tmux status %s: %w", id, provider.ErrNotFound)
 	}
 	return p.instance(ctx, w), nil
 }
 
-// List implements provider.Provider.
+// List implements provider.Provider: this shard's windows only.
 func (p *Provider) List(ctx context.Context) ([]provider.Instance, error) {
-	ws, err := p.windows(ctx)
+	ws, err := p.own(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("tmux list: %w", err)
 	}
@@ -270,18 +368,23 @@ func (p *Provider) List(ctx context.Context) ([]provider.Instance, error) {
 
 // Delete implements provider.Provider: the window is killed (tmux sends
 // SIGHUP to its processes), then the Node file and identity directory go.
+// Another shard's window of that id is left alone, and so are its files.
 func (p *Provider) Delete(ctx context.Context, id string) error {
 	if err := provider.ValidateInstanceID(id); err != nil {
 		return err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	ws, err := p.windows(ctx)
+	w, ok, other, err := p.lookup(ctx, id)
 	if err != nil {
 		return fmt.Errorf("tmux delete %s: %w", id, err)
 	}
-	if _, ok := ws[id]; ok {
-		if _, err := p.tmux(ctx, "kill-window", "-t", "="+p.cfg.Session+":="+WindowName(id)); err != nil {
+	if other != "" {
+		p.cfg.Log.Info("not deleting another shard's tmux window", "window", WindowName(id), "owner", other, "shard", p.cfg.Shard)
+		return nil
+	}
+	if ok {
+		if _, err := p.tmux(ctx, "kill-window", "-t", w.tmuxID); err != nil {
 			return fmt.Errorf("tmux delete %s: %w", id, err)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nstance-dev/nstance/internal/server/provider"
@@ -26,7 +27,7 @@ func newProvider(t *testing.T, command string) (*tmux.Provider, string, string, 
 	socket := fmt.Sprintf("nstance-test-%d-%d", os.Getpid(), time.Now().UnixNano())
 	session := "agents-" + strings.ReplaceAll(t.Name(), "/", "-")
 	stateDir, nodeDir := t.TempDir(), t.TempDir()
-	p, err := tmux.New(tmux.Config{Command: command, Session: session, Socket: socket, StateDir: stateDir, NodeDir: nodeDir})
+	p, err := tmux.New(tmux.Config{Command: command, Session: session, Socket: socket, StateDir: stateDir, NodeDir: nodeDir, Shard: "dev-1"})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		_ = exec.Command("tmux", "-L", socket, "kill-server").Run()
@@ -77,7 +78,7 @@ func TestWindowsAndNodes(t *testing.T) {
 	require.ErrorIs(t, err, provider.ErrNotFound)
 
 	// A new provider (restarted server) sees the remaining window with its provider id.
-	p2, err := tmux.New(tmux.Config{Command: "sleep 3600", Session: session, Socket: socketOf(t, p), StateDir: t.TempDir(), NodeDir: nodeDir})
+	p2, err := tmux.New(tmux.Config{Command: "sleep 3600", Session: session, Socket: socketOf(t, p), StateDir: t.TempDir(), NodeDir: nodeDir, Shard: "dev-1"})
 	require.NoError(t, err)
 	st, err := p2.Status(ctx, ids[1])
 	require.NoError(t, err)
@@ -107,10 +108,14 @@ func TestExitedCommandIsStopped(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
-	_, err := tmux.New(tmux.Config{Command: "", StateDir: t.TempDir()})
+	_, err := tmux.New(tmux.Config{Command: "", StateDir: t.TempDir(), Shard: "dev-1"})
 	require.Error(t, err)
-	_, err = tmux.New(tmux.Config{Command: "x", Session: "a:b", StateDir: t.TempDir()})
+	_, err = tmux.New(tmux.Config{Command: "x", Session: "a:b", StateDir: t.TempDir(), Shard: "dev-1"})
 	require.Error(t, err)
+	for _, shard := range []string{"", "a b", "a;b", "-x"} {
+		_, err = tmux.New(tmux.Config{Command: "x", StateDir: t.TempDir(), Shard: shard})
+		require.ErrorContains(t, err, "shard", "shard %q", shard)
+	}
 	p, _, _, _ := newProvider(t, "sleep 3600")
 	for _, id := range []string{"", "Bad", "a;b", "../x", "a b"} {
 		_, err := p.Create(context.Background(), provider.CreateRequest{InstanceID: id})
@@ -148,7 +153,7 @@ func TestTwoServersShareOneSession(t *testing.T) {
 	ctx := context.Background()
 	a, session, nodeDir, run := newProvider(t, "sleep 3600")
 	run("new-session", "-d", "-s", "keep", "sleep 3600")
-	b, err := tmux.New(tmux.Config{Command: "sleep 3600", Session: session, Socket: a.Socket(), StateDir: t.TempDir(), NodeDir: nodeDir})
+	b, err := tmux.New(tmux.Config{Command: "sleep 3600", Session: session, Socket: a.Socket(), StateDir: t.TempDir(), NodeDir: nodeDir, Shard: "dev-2"})
 	require.NoError(t, err)
 	for round := range 10 {
 		ids := []string{fmt.Sprintf("a-%08d", round), fmt.Sprintf("b-%08d", round)}
@@ -167,4 +172,97 @@ func TestTwoServersShareOneSession(t *testing.T) {
 		}
 		run("kill-session", "-t", "="+session)
 	}
+}
+
+// windowShards maps window names of the session to their shard marker
+// ("" when unset).
+func windowShards(t *testing.T, run func(args ...string) string, session string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(run("list-windows", "-t", "="+session, "-F", "#{window_name} #{"+tmux.ShardOption+"}")), "\n") {
+		name, shard, _ := strings.Cut(line, " ")
+		if name != "" {
+			out[name] = shard
+		}
+	}
+	return out
+}
+
+func ids(list []provider.Instance) []string {
+	var out []string
+	for _, in := range list {
+		out = append(out, in.InstanceID)
+	}
+	return out
+}
+
+// TestShardsShareOneSession: two shards' providers in one session each list,
+// report and delete only their own windows; orphan collection by either
+// (delete whatever is listed without a record) keeps the other's window.
+func TestShardsShareOneSession(t *testing.T) {
+	ctx := context.Background()
+	a, session, nodeDir, run := newProvider(t, "sleep 3600")
+	b, err := tmux.New(tmux.Config{Command: "sleep 3600", Session: session, Socket: a.Socket(), StateDir: t.TempDir(), NodeDir: nodeDir, Shard: "dev-2"})
+	require.NoError(t, err)
+	_, err = a.Create(ctx, provider.CreateRequest{InstanceID: "w-aaaa0001", ProviderID: provider.ID("c1", "dev-1", "w-aaaa0001"), Shard: "dev-1", AgentNonce: "n"})
+	require.NoError(t, err)
+	_, err = b.Create(ctx, provider.CreateRequest{InstanceID: "w-bbbb0001", ProviderID: provider.ID("c1", "dev-2", "w-bbbb0001"), Shard: "dev-2", AgentNonce: "n"})
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"nstance-agent-w-aaaa0001": "dev-1", "nstance-agent-w-bbbb0001": "dev-2"}, windowShards(t, run, session))
+
+	la, err := a.List(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"w-aaaa0001"}, ids(la))
+	lb, err := b.List(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"w-bbbb0001"}, ids(lb))
+	_, err = a.Status(ctx, "w-bbbb0001")
+	require.ErrorIs(t, err, provider.ErrNotFound, "dev-1 does not see dev-2's window")
+	_, err = a.Create(ctx, provider.CreateRequest{InstanceID: "w-bbbb0001", ProviderID: "x", Shard: "dev-1", AgentNonce: "n"})
+	require.ErrorContains(t, err, "belongs to shard dev-2")
+
+	// dev-1 without any record: orphan collection deletes what it lists.
+	for _, in := range la {
+		require.NoError(t, a.Delete(ctx, in.InstanceID))
+	}
+	// Delete of the other shard's id leaves its window.
+	require.NoError(t, a.Delete(ctx, "w-bbbb0001"))
+	require.Equal(t, map[string]string{"nstance-agent-w-bbbb0001": "dev-2"}, windowShards(t, run, session))
+	st, err := b.Status(ctx, "w-bbbb0001")
+	require.NoError(t, err)
+	require.Equal(t, provider.StateRunning, st.State)
+}
+
+// TestUnmarkedWindow: a window of an older version (no shard marker) is
+// listed by no shard, so orphan collection never deletes it, and is logged
+// once; the shard that holds its instance adopts it through Status.
+func TestUnmarkedWindow(t *testing.T) {
+	ctx := context.Background()
+	p0, session, nodeDir, run := newProvider(t, "sleep 3600")
+	run("new-session", "-d", "-s", session, "-n", "nstance-agent-old-0001", "sleep 3600")
+	var logs []string
+	log := funcr.New(func(prefix, args string) { logs = append(logs, args) }, funcr.Options{})
+	a, err := tmux.New(tmux.Config{Command: "sleep 3600", Session: session, Socket: p0.Socket(), StateDir: t.TempDir(), NodeDir: nodeDir, Shard: "dev-1", Log: log})
+	require.NoError(t, err)
+	for range 3 {
+		list, err := a.List(ctx)
+		require.NoError(t, err)
+		require.Empty(t, list)
+	}
+	n := 0
+	for _, l := range logs {
+		if strings.Contains(l, "without a shard marker") && strings.Contains(l, "nstance-agent-old-0001") {
+			n++
+		}
+	}
+	require.Equal(t, 1, n, "logged once: %q", logs)
+	require.Equal(t, map[string]string{"nstance-agent-old-0001": ""}, windowShards(t, run, session))
+
+	st, err := a.Status(ctx, "old-0001")
+	require.NoError(t, err)
+	require.Equal(t, provider.StateRunning, st.State)
+	require.Equal(t, map[string]string{"nstance-agent-old-0001": "dev-1"}, windowShards(t, run, session), "Status adopted the window")
+	list, err := a.List(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"old-0001"}, ids(list))
 }
