@@ -29,7 +29,10 @@ for ((n = 1; n <= DEV_SERVERS; n++)); do
 		http_ok "http://127.0.0.1:$(port_of "$n" 8990)/health"
 done
 status_url="http://127.0.0.1:${NSTANCE_DEV_STATUS_PORT:-$(port_of 1 8980)}/"
-wait_for "the status page $status_url" 300 http_ok "${status_url}v1/status"
+status_token="$DEV_DIR/status/serve.token"
+# status_ok URL: the status page answers with the token of dev-status.sh's serve.
+status_ok() { [[ -s $status_token ]] && curl -fsS -o /dev/null --max-time 2 -H "Authorization: Bearer $(<"$status_token")" "$1"; }
+wait_for "the status page $status_url (token $status_token)" 300 status_ok "${status_url}v1/status"
 if [[ $with_k8s == true ]]; then
 	if [[ $k8s_mode == apiserver ]]; then
 		wait_for "kube-apiserver's kubeconfig $kubeconfig" 300 test -s "$kubeconfig"
@@ -55,7 +58,7 @@ summary=(
 	"===== nstance dev stack is up$took ====="
 	"dev-s3      http://$DEV_S3_ADDR  bucket $DEV_BUCKET, e.g. AWS_ACCESS_KEY_ID=dev AWS_SECRET_ACCESS_KEY=dev aws --endpoint-url http://$DEV_S3_ADDR s3 ls s3://$DEV_BUCKET/"
 	"servers     ${servers[*]}"
-	"status      $status_url  (live page: shards, leaders, groups, instances, errors)"
+	"status      $status_url  (live page: shards, leaders, groups, instances, errors; open ${status_url}?token=$(<"$status_token") once, API: Authorization: Bearer from $status_token)"
 )
 if [[ $with_k8s == true ]]; then
 	if [[ $k8s_mode == apiserver ]]; then

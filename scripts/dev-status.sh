@@ -3,7 +3,9 @@
 # stack's shards on http://127.0.0.1:8980 (moved with NSTANCE_DEV_PORT_BASE, or
 # set by NSTANCE_DEV_STATUS_PORT).
 # Registers an admin identity "nstance-status" once (files in
-# temp/status/), then serves until Overmind stops it.
+# temp/status/), then serves until Overmind stops it. Every request needs the
+# token in temp/status/serve.token (created on the first start, mode 0600);
+# serve prints the page's URL with it then, and dev-ready.sh's summary shows it.
 source "$(dirname "$0")/dev-common.sh"
 dir="$DEV_DIR/status"
 mkdir -p "$dir"
@@ -28,4 +30,4 @@ servers=()
 for ((n = 1; n <= DEV_SERVERS; n++)); do servers+=("$(shard_of "$n")=127.0.0.1:$(port_of "$n" 8993)"); done
 log "status page on http://$addr/"
 exec bin/nstance-admin serve --listen "$addr" --servers "$(IFS=,; echo "${servers[*]}")" \
-	--ca-cert "$dir/ca.crt" --cert "$dir/operator.crt" --key "$dir/operator.key"
+	--ca-cert "$dir/ca.crt" --cert "$dir/operator.crt" --key "$dir/operator.key" --token-file "$dir/serve.token"

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -115,19 +116,28 @@ func TestBinary(t *testing.T) {
 
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
 		t.Run("serve stops cleanly on "+sig.String(), func(t *testing.T) {
-			cmd, lines := start(t, bin, io.Discard, append([]string{"serve", "--listen", "127.0.0.1:0", "--log-format", "json"}, conn...)...)
+			tokenFile := filepath.Join(t.TempDir(), "serve.token")
+			cmd, lines := start(t, bin, io.Discard, append([]string{"serve", "--listen", "127.0.0.1:0", "--log-format", "json", "--token-file", tokenFile}, conn...)...)
 			m := await(t, lines, regexp.MustCompile(`"msg":"starting".*"version":"([^"]*)"`))
 			require.NotEmpty(t, m[1])
 			url := await(t, lines, regexp.MustCompile(`"msg":"serving the status page and the HTTP API".*"url":"http://([0-9.:]+)"`))[1]
-			resp, err := http.Get("http://" + url + "/v1/shards")
+			tok, err := os.ReadFile(tokenFile)
 			require.NoError(t, err)
+			get := func(path string) *http.Response {
+				req, err := http.NewRequest("GET", "http://"+url+path, nil)
+				require.NoError(t, err)
+				req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+				resp, err := http.DefaultClient.Do(req)
+				require.NoError(t, err)
+				return resp
+			}
+			resp := get("/v1/shards")
 			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
 			// A status page left open (an event stream that never ends by
 			// itself) must not hold the shutdown up.
-			events, err := http.Get("http://" + url + "/v1/status/events")
-			require.NoError(t, err)
+			events := get("/v1/status/events")
 			defer events.Body.Close()
 			require.Equal(t, "text/event-stream", events.Header.Get("Content-Type"))
 

@@ -179,7 +179,16 @@ func TestMakeDevTmuxK8s(t *testing.T) {
 	t.Logf("operator registered %s after make dev-tmux-k8s", time.Since(start).Round(time.Second))
 	statusURL := fmt.Sprintf("http://127.0.0.1:%d/v1/status", base-10)
 	wait("status page: both shards reachable with a leader", time.Minute, func() bool {
-		resp, err := http.Get(statusURL)
+		tok, err := os.ReadFile(filepath.Join(dir, "status", "serve.token"))
+		if err != nil {
+			return false
+		}
+		req, err := http.NewRequest(http.MethodGet, statusURL, nil)
+		if err != nil {
+			return false
+		}
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return false
 		}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,7 +50,7 @@ const readPage = `(() => {
 })()`
 
 // TestStatusPageInBrowser: headless Chromium (at a phone's width) opens the
-// status page of a running stack; a pool written as JSON files shows up as
+// status page of a running stack through the token URL serve prints; a pool written as JSON files shows up as
 // one group per shard, and editing the MachinePool file to 4 replicas moves
 // the page to 2 desired and 2 ready per shard without a reload (the page's
 // load marker survives). A screenshot is saved under temp/.
@@ -78,9 +79,30 @@ func TestStatusPageInBrowser(t *testing.T) {
 		servers = append(servers, sp.shard+"="+sp.operator)
 	}
 	addr := freeAddr(t)
+	tokenFile := filepath.Join(creds, "serve.token")
 	s.start("status", "nstance-admin", nil, "serve", "--listen", addr, "--servers", strings.Join(servers, ","),
-		"--ca-cert", filepath.Join(creds, "ca.crt"), "--cert", filepath.Join(creds, "operator.crt"), "--key", filepath.Join(creds, "operator.key"))
-	s.eventually("status page answers", 30*time.Second, func() bool { return httpOK("http://" + addr + "/v1/status") })
+		"--ca-cert", filepath.Join(creds, "ca.crt"), "--cert", filepath.Join(creds, "operator.crt"), "--key", filepath.Join(creds, "operator.key"),
+		"--token-file", tokenFile)
+	// serve creates its token on the first start; every request carries it.
+	var token string
+	s.eventually("status page answers with its token", 30*time.Second, func() bool {
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return false
+		}
+		token = strings.TrimSpace(string(b))
+		req, err := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/status", nil)
+		if err != nil {
+			return false
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
 
 	// No sandbox: CI runs as root, where Chromium refuses its sandbox.
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
@@ -89,7 +111,8 @@ func TestStatusPageInBrowser(t *testing.T) {
 	defer cancelAlloc()
 	bctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
 	defer cancelBrowser()
-	_, err = chromedp.Run(bctx, chromedp.Navigate("http://"+addr+"/"))
+	// The URL serve prints: it sets the page's cookie and redirects to /.
+	_, err = chromedp.Run(bctx, chromedp.Navigate("http://"+addr+"/?token="+token))
 	require.NoError(t, err, "loading the status page in %s", browser)
 	_, err = chromedp.Run(bctx, chromedp.WaitVisible(chromedp.CSS(`#conn[data-state="live"]`)))
 	require.NoError(t, err, "the page never went live")

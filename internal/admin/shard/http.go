@@ -1,9 +1,12 @@
 package shard
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"strings"
 
@@ -11,6 +14,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/nstance-dev/nstance/internal/admin/adminserve"
 
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -27,6 +32,10 @@ import (
 //	DELETE /v1/shards/{shard}/groups/{group}           DeleteGroup
 //
 // gRPC status codes map to HTTP statuses; errors are {"error": "..."}.
+// Bodies must be application/json (415), at most 1 MiB (413), and are
+// decoded strictly: unknown fields, trailing data and wrong types are 400.
+// The handler does not authenticate: `nstance-admin serve` puts it behind
+// adminserve.Handler.
 func Handler(set *Set) http.Handler {
 	mux := http.NewServeMux()
 	h := &handler{set: set}
@@ -40,7 +49,7 @@ func Handler(set *Set) http.Handler {
 	mux.HandleFunc("PUT /v1/shards/{shard}/groups/{group}", h.putGroup)
 	mux.HandleFunc("POST /v1/shards/{shard}/groups/{group}/scale", h.scaleGroup)
 	mux.HandleFunc("DELETE /v1/shards/{shard}/groups/{group}", h.deleteGroup)
-	return mux
+	return adminserve.JSONErrors(mux)
 }
 
 type handler struct{ set *Set }
@@ -92,6 +101,26 @@ type httpError struct {
 }
 
 func (e httpError) Error() string { return e.msg }
+
+// readJSONBody reads the whole body of a request that must carry JSON: an
+// other Content-Type is 415, over maxBody bytes 413.
+func readJSONBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		writeErr(w, httpError{http.StatusUnsupportedMediaType, fmt.Sprintf("Content-Type %q: the body must be application/json", r.Header.Get("Content-Type"))})
+		return nil, false
+	}
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		writeErr(w, httpError{http.StatusRequestEntityTooLarge, fmt.Sprintf("body over %d bytes", tooLarge.Limit)})
+		return nil, false
+	case err != nil:
+		writeErr(w, httpError{http.StatusBadRequest, "reading the body: " + err.Error()})
+		return nil, false
+	}
+	return b, true
+}
 
 func (h *handler) client(w http.ResponseWriter, r *http.Request) (nstancev1.OperatorServiceClient, bool) {
 	c, err := h.set.Client(r.PathValue("shard"))
@@ -155,9 +184,8 @@ func (h *handler) putGroup(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
-	if err != nil {
-		writeErr(w, httpError{http.StatusBadRequest, err.Error()})
+	body, ok := readJSONBody(w, r)
+	if !ok {
 		return
 	}
 	var spec nstancev1.GroupSpec
@@ -183,13 +211,26 @@ func (h *handler) scaleGroup(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	raw, ok := readJSONBody(w, r)
+	if !ok {
+		return
+	}
+	const want = `body must be {"size": N} with 0 <= N <= 2147483648`
 	var body struct {
 		Size *int64 `json:"size"`
 	}
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
+	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&body); err != nil || body.Size == nil || *body.Size < 0 || *body.Size > 1<<31 {
-		writeErr(w, httpError{http.StatusBadRequest, `body must be {"size": N} with N >= 0`})
+	if err := dec.Decode(&body); err != nil {
+		writeErr(w, httpError{http.StatusBadRequest, want + ": " + err.Error()})
+		return
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		writeErr(w, httpError{http.StatusBadRequest, want + ": data after the JSON object"})
+		return
+	}
+	if body.Size == nil || *body.Size < 0 || *body.Size > 1<<31 {
+		writeErr(w, httpError{http.StatusBadRequest, want + ": size is missing or out of range"})
 		return
 	}
 	g, err := Scale(r.Context(), c, r.PathValue("group"), uint32(*body.Size))

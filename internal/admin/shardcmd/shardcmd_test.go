@@ -480,8 +480,15 @@ func TestHTTPAPI(t *testing.T) {
 	t.Cleanup(srv.Close)
 
 	do := func(method, path, body string) (int, string) {
+		ct := "application/json"
+		if c, rest, ok := strings.Cut(body, "|"); ok && !strings.HasPrefix(body, "{") {
+			ct, body = c, rest // "content/type|body"
+		}
 		req, err := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
 		require.NoError(t, err)
+		if body != "" {
+			req.Header.Set("Content-Type", ct)
+		}
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
 		defer resp.Body.Close()
@@ -501,6 +508,16 @@ func TestHTTPAPI(t *testing.T) {
 		{"unknown template", "PUT", "/v1/shards/dev-1/groups/x", `{"template":"nope"}`, 400, "unknown template"},
 		{"scale", "POST", "/v1/shards/dev-1/groups/api/scale", `{"size":1}`, 200, `"size":1`},
 		{"scale bad body", "POST", "/v1/shards/dev-1/groups/api/scale", `{"size":-1}`, 400, "size"},
+		{"scale unknown field", "POST", "/v1/shards/dev-1/groups/api/scale", `{"size":1,"x":1}`, 400, `unknown field \"x\"`},
+		{"scale trailing data", "POST", "/v1/shards/dev-1/groups/api/scale", `{"size":1}}`, 400, "data after the JSON object"},
+		{"scale two objects", "POST", "/v1/shards/dev-1/groups/api/scale", `{"size":1} {"size":0}`, 400, "data after the JSON object"},
+		{"scale string size", "POST", "/v1/shards/dev-1/groups/api/scale", `{"size":"1"}`, 400, "size"},
+		{"scale text/plain", "POST", "/v1/shards/dev-1/groups/api/scale", `text/plain|{"size":0}`, 415, "application/json"},
+		{"scale too large", "POST", "/v1/shards/dev-1/groups/api/scale", `{"size":1,"pad":"` + strings.Repeat("x", 1<<20) + `"}`, 413, "body over 1048576 bytes"},
+		{"put text/plain", "PUT", "/v1/shards/dev-1/groups/api", `text/plain|{"template":"worker","size":0}`, 415, "application/json"},
+		{"put unknown field", "PUT", "/v1/shards/dev-1/groups/api", `{"template":"worker","size":0,"x":1}`, 400, "GroupSpec"},
+		{"no route", "GET", "/v1/shards/dev-1/nothing", "", 404, `"error"`},
+		{"wrong method", "PATCH", "/v1/shards/dev-1/groups/api", "", 405, `"error"`},
 		{"scale unknown", "POST", "/v1/shards/dev-1/groups/nope/scale", `{"size":1}`, 404, "not found"},
 		{"get", "GET", "/v1/shards/dev-1/groups/api", "", 200, `"group_id":"api"`},
 		{"unknown shard", "GET", "/v1/shards/dev-9/groups", "", 404, "unknown shard"},
@@ -512,6 +529,9 @@ func TestHTTPAPI(t *testing.T) {
 			code, body := do(tc.method, tc.path, tc.body)
 			require.Equal(t, tc.code, code, body)
 			require.Contains(t, body, tc.contains)
+			if code >= 400 {
+				require.True(t, json.Valid([]byte(body)), "errors are JSON: %s", body)
+			}
 		})
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/nstance-dev/nstance/internal/admin/adminserve"
 )
 
 //go:embed page.html
@@ -38,7 +40,7 @@ func Handler(c *Collector, keepAlive time.Duration) http.Handler {
 	mux.HandleFunc("GET /v1/status/events", func(w http.ResponseWriter, r *http.Request) {
 		events(w, r, c, keepAlive)
 	})
-	return mux
+	return adminserve.JSONErrors(mux)
 }
 
 func events(w http.ResponseWriter, r *http.Request, c *Collector, keepAlive time.Duration) {
