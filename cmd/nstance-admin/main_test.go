@@ -117,12 +117,16 @@ func TestBinary(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
 		t.Run("serve stops cleanly on "+sig.String(), func(t *testing.T) {
 			tokenFile := filepath.Join(t.TempDir(), "serve.token")
-			cmd, lines := start(t, bin, io.Discard, append([]string{"serve", "--listen", "127.0.0.1:0", "--log-format", "json", "--token-file", tokenFile}, conn...)...)
+			var out syncbuf.Buffer
+			cmd, lines := start(t, bin, &out, append([]string{"serve", "--listen", "127.0.0.1:0", "--log-format", "json", "--token-file", tokenFile}, conn...)...)
 			m := await(t, lines, regexp.MustCompile(`"msg":"starting".*"version":"([^"]*)"`))
 			require.NotEmpty(t, m[1])
 			url := await(t, lines, regexp.MustCompile(`"msg":"serving the status page and the HTTP API".*"url":"http://([0-9.:]+)"`))[1]
 			tok, err := os.ReadFile(tokenFile)
 			require.NoError(t, err)
+			// The new token is printed once, in the page's URL, on stdout.
+			require.Equal(t, 1, strings.Count(out.String(), strings.TrimSpace(string(tok))), out.String())
+			require.Contains(t, out.String(), "http://"+url+"/?token="+strings.TrimSpace(string(tok)))
 			get := func(path string) *http.Response {
 				req, err := http.NewRequest("GET", "http://"+url+path, nil)
 				require.NoError(t, err)

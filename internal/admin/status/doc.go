@@ -5,5 +5,7 @@
 // over the Operator API whenever a watch stream reports a change, and at a
 // fixed interval besides; Handler serves that snapshot as a small HTML page
 // (no build step, no external assets), as JSON, and as server-sent events
-// that the page follows to update without a reload.
+// that the page follows to update without a reload. The handler does not
+// authenticate: `nstance-admin serve` puts it behind adminserve.Handler
+// (token, Host, Origin and Content-Type checks).
 package status
