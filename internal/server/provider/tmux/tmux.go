@@ -192,11 +192,13 @@ func (p *Provider) own(ctx context.Context) (map[string]window, error) {
 		return nil, err
 	}
 	out := map[string]window{}
+	present := map[string]bool{}
 	for _, w := range ws {
 		switch w.shard {
 		case p.cfg.Shard:
 			out[w.id] = w
 		case "":
+			present[w.tmuxID] = true
 			p.pmu.Lock()
 			logged := p.unmarked[w.tmuxID]
 			p.unmarked[w.tmuxID] = true
@@ -207,6 +209,14 @@ func (p *Provider) own(ctx context.Context) (map[string]window, error) {
 			}
 		}
 	}
+	// Forget the windows that are gone (or adopted), so the set stays small.
+	p.pmu.Lock()
+	for id := range p.unmarked {
+		if !present[id] {
+			delete(p.unmarked, id)
+		}
+	}
+	p.pmu.Unlock()
 	return out, nil
 }
 
