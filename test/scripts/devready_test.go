@@ -80,13 +80,27 @@ func TestDevReadySummary(t *testing.T) {
 	serveOn(t, one, health, false)
 	serveOn(t, two, health, false)
 	serveOn(t, probe, health, false)
-	serveOn(t, status, health, false)
+	// The status page (nstance-admin serve) answers only with its token.
+	const statusToken = "dev-ready-test-token-0123456789abcdefghij"
+	serveOn(t, status, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+statusToken {
+			http.Error(w, `{"error":"a credential is required"}`, http.StatusUnauthorized)
+			return
+		}
+		health(w, r)
+	}), false)
 	serveOn(t, k8s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "Unauthorized", http.StatusUnauthorized)
 	}), true)
 
 	dir := filepath.Join(t.TempDir(), "temp")
 	if err := os.MkdirAll(filepath.Join(dir, "pids"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "status"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "status", "serve.token"), []byte(statusToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	started := strconv.FormatInt(time.Now().Unix(), 10)
@@ -131,6 +145,7 @@ func TestDevReadySummary(t *testing.T) {
 		"kubeconfig  export KUBECONFIG=" + filepath.Join(dir, "operator", "kubeconfig"),
 		"operator    http://" + probe.Addr().String() + "/readyz",
 		"status      http://" + status.Addr().String() + "/",
+		"open http://" + status.Addr().String() + "/?token=" + statusToken + " once",
 		"agents      tmux attach -t agents-test",
 		"processes   bin/overmind connect -s " + filepath.Join(dir, "overmind.sock"),
 		"stop        Ctrl+C here stops the stack; make clean-dev",
