@@ -309,6 +309,11 @@ type Template struct {
 	InstanceType   string            `json:"instance_type"`
 	SubnetPool     string            `json:"subnet_pool"`
 	Vars           map[string]string `json:"vars"`
+	// Tenants are the tenants that may use this template (UpsertGroup,
+	// CreateInstance, static groups). Left out, the template is open to
+	// every tenant, which validation allows only while the config names at
+	// most one tenant (see Config.Tenants); with more, it is required.
+	Tenants []string `json:"tenants"`
 }
 
 // TemplateFile is one file delivered to the agent.
