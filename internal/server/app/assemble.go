@@ -338,6 +338,11 @@ func (s *Assembly) templateInput(_ context.Context, ref agentapi.Ref) (*agentapi
 	if !ok {
 		return nil, fmt.Errorf("instance %s: template %q is not in the running config", rec.ID, rec.Template)
 	}
+	// A template whose tenants list no longer names the instance's tenant
+	// renders nothing for it: no files, no certificates.
+	if reason := cfg.CheckTemplateTenant(rec.Template, rec.Tenant); reason != "" {
+		return nil, fmt.Errorf("instance %s: %s", rec.ID, reason)
+	}
 	vars := rec.Vars
 	if rec.GroupID != "" && !rec.OnDemand {
 		if g, ok := s.Groups.Get(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID}); ok {
