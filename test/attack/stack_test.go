@@ -204,7 +204,7 @@ func (s *stack) stateDir(sv *server) string { return filepath.Join(s.dir, "agent
 // shardConfig is the config of one shard: process provider running the
 // built agent, loopback binds on the picked ports, and template "svc" whose
 // key "svc" gets a server and client certificate with names rendered from
-// vars.
+// vars, and file ca.crt the CA bundle that verifies such certificates.
 // svcUsages is the usages line of template "svc" (cases replace it).
 const svcUsages = `"usages": ["server_auth", "client_auth"],`
 
@@ -254,6 +254,7 @@ func (s *stack) shardConfig(sv *server) []byte {
       },
       "files": {
         "svc.crt": { "kind": "certificate", "key": "svc", "mode": "0644" },
+        "ca.crt": { "kind": "ca_bundle", "mode": "0644" },
       },
     },
   },
