@@ -14,7 +14,6 @@ import (
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/secrets"
-	"github.com/nstance-dev/nstance/internal/workloadca"
 	"github.com/nstance-dev/nstance/internal/server/agentapi"
 	"github.com/nstance-dev/nstance/internal/server/cache"
 	"github.com/nstance-dev/nstance/internal/server/events"
@@ -29,6 +28,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/revocation"
 	"github.com/nstance-dev/nstance/internal/server/tenantops"
 	"github.com/nstance-dev/nstance/internal/server/userdata"
+	"github.com/nstance-dev/nstance/internal/workloadca"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
