@@ -96,13 +96,12 @@ func containsName(names []string, want string) bool {
 	return false
 }
 
-// tenantedConfig gives template "svc" both tenants and adds template
-// "svc-b" for tenant B only.
+// svcTenants is the tenants line of template "svc" in the stack's config.
+var svcTenants = fmt.Sprintf(`"tenants": [%q, %q],`, tenantA, tenantB)
+
+// tenantedConfig adds template "svc-b" for tenant B only.
 func tenantedConfig(good string) string {
-	cfg := strings.Replace(good, `"svc": {
-      "kind": "worker",`, `"svc": {
-      "kind": "worker", "tenants": [`+fmt.Sprintf("%q, %q", tenantA, tenantB)+`],`, 1)
-	return strings.Replace(cfg, `"templates": {`, `"templates": {
+	return strings.Replace(good, `"templates": {`, `"templates": {
     "svc-b": { "kind": "worker", "arch": "amd64", "instance_type": "dev.small", "subnet_pool": "default", "tenants": [`+fmt.Sprintf("%q", tenantB)+`] },`, 1)
 }
 
@@ -215,13 +214,11 @@ func restrictedTemplate(ctx context.Context, e *env) error {
 	})
 }
 
-// templateWithoutTenants: a config whose templates name two tenants but
-// where "svc" lists none (open to every tenant) is refused naming
-// templates.svc.tenants, and the shard keeps its config.
+// templateWithoutTenants: the stack's config names two tenants; without
+// its tenants list template "svc" would be open to every tenant: that config
+// is refused naming templates.svc.tenants, and the shard keeps its config.
 func templateWithoutTenants(ctx context.Context, e *env) error {
 	return refusedConfig(ctx, e, func(good string) string {
-		return strings.Replace(good, `"templates": {`, `"templates": {
-    "svc-a": { "kind": "worker", "arch": "amd64", "instance_type": "dev.small", "subnet_pool": "default", "tenants": [`+fmt.Sprintf("%q", tenantA)+`] },
-    "svc-b": { "kind": "worker", "arch": "amd64", "instance_type": "dev.small", "subnet_pool": "default", "tenants": [`+fmt.Sprintf("%q", tenantB)+`] },`, 1)
+		return strings.Replace(good, svcTenants, "", 1)
 	}, "templates.svc.tenants", "required")
 }

@@ -202,7 +202,8 @@ func tail(path string, n int) string {
 func (s *stack) stateDir(sv *server) string { return filepath.Join(s.dir, "agents-"+sv.shard) }
 
 // shardConfig is the config of one shard: process provider running the
-// built agent, loopback binds on the picked ports, and template "svc" whose
+// built agent, loopback binds on the picked ports, and template "svc" (for
+// both tenants) whose
 // key "svc" gets a server and client certificate with names rendered from
 // vars, and file ca.crt the CA bundle that verifies such certificates.
 // svcUsages is the usages line of template "svc" (cases replace it).
@@ -239,6 +240,7 @@ func (s *stack) shardConfig(sv *server) []byte {
   "templates": {
     "svc": {
       "kind": "worker", "arch": "amd64", "instance_type": "dev.small", "subnet_pool": "default",
+      "tenants": [%[10]q, %[11]q],
       "keys": {
         "svc": {
           "type": "ed25519",
@@ -260,7 +262,7 @@ func (s *stack) shardConfig(sv *server) []byte {
   },
   "groups": {},
 }
-`, clusterID, bucket, sv.shard, options, sv.health, sv.election, sv.registration, sv.operator, sv.agent))
+`, clusterID, bucket, sv.shard, options, sv.health, sv.election, sv.registration, sv.operator, sv.agent, tenantA, tenantB))
 }
 
 func httpOK(url string) bool {
