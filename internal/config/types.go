@@ -38,6 +38,11 @@ type Config struct {
 	Defaults     Defaults                    `json:"defaults"`
 	Templates    map[string]Template         `json:"templates"`
 	Groups       map[string]map[string]Group `json:"groups"`
+	// Tenants declares the tenants this shard serves. Optional: tenants
+	// are otherwise implicit (an operator's is its nonce's) and only named
+	// by groups and templates' tenants lists (see NamedTenants). Declared,
+	// a template without a tenants list is open to these tenants only.
+	Tenants []string `json:"tenants"`
 }
 
 // Cluster holds settings shared by every shard of the cluster.

@@ -214,9 +214,9 @@ func restrictedTemplate(ctx context.Context, e *env) error {
 	})
 }
 
-// templateWithoutTenants: the stack's config names two tenants; without
-// its tenants list template "svc" would be open to every tenant: that config
-// is refused naming templates.svc.tenants, and the shard keeps its config.
+// templateWithoutTenants: the stack's config declares two tenants; without
+// its tenants list template "svc" would be open to both: that config is
+// refused naming templates.svc.tenants, and the shard keeps its config.
 func templateWithoutTenants(ctx context.Context, e *env) error {
 	return refusedConfig(ctx, e, func(good string) string {
 		return strings.Replace(good, svcTenants, "", 1)

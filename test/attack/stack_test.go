@@ -202,8 +202,8 @@ func tail(path string, n int) string {
 func (s *stack) stateDir(sv *server) string { return filepath.Join(s.dir, "agents-"+sv.shard) }
 
 // shardConfig is the config of one shard: process provider running the
-// built agent, loopback binds on the picked ports, and template "svc" (for
-// both tenants) whose
+// built agent, loopback binds on the picked ports, both tenants declared,
+// and template "svc" (for both) whose
 // key "svc" gets a server and client certificate with names rendered from
 // vars, and file ca.crt the CA bundle that verifies such certificates.
 // svcUsages is the usages line of template "svc" (cases replace it).
@@ -233,6 +233,7 @@ func (s *stack) shardConfig(sv *server) []byte {
     "default_drain_timeout": "1m",
     "subnet_pools": { "default": { "subnets": ["dev-subnet-a"] } },
   },
+  "tenants": [%[10]q, %[11]q],
   "certificates": { "agent_validity": "24h", "operator_validity": "24h", "agent_nonce_ttl": "15m", "nonce_max_lifetime": "24h" },
   "defaults": {
     "vars": { "san_dns": "svc.workload.test", "san_ip": "10.20.30.40", "san_uri": "spiffe://workload.test/svc" },
