@@ -96,7 +96,8 @@ func containsName(names []string, want string) bool {
 	return false
 }
 
-// svcTenants is the tenants line of template "svc" in the stack's config.
+// svcTenants is the tenants line of template "svc" (and the declaration)
+// in the stack's config.
 var svcTenants = fmt.Sprintf(`"tenants": [%q, %q],`, tenantA, tenantB)
 
 // tenantedConfig adds template "svc-b" for tenant B only.
@@ -219,6 +220,7 @@ func restrictedTemplate(ctx context.Context, e *env) error {
 // refused naming templates.svc.tenants, and the shard keeps its config.
 func templateWithoutTenants(ctx context.Context, e *env) error {
 	return refusedConfig(ctx, e, func(good string) string {
-		return strings.Replace(good, svcTenants, "", 1)
+		// svc's line (indented under the template), not the declaration.
+		return strings.Replace(good, "\n      "+svcTenants, "", 1)
 	}, "templates.svc.tenants", "required")
 }
