@@ -15,6 +15,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/secrets"
 	"github.com/nstance-dev/nstance/internal/server/bootstrap"
+	"github.com/nstance-dev/nstance/internal/workloadca"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
 )
@@ -258,4 +259,32 @@ func TestStateWritesAreConditional(t *testing.T) {
 	_, fps := e.trust(t)
 	require.Len(t, fps, 2)
 	require.Equal(t, st.State.NewFingerprint, fps[1], "the bundle holds the CA the state names")
+}
+
+// Rotating the cluster CA leaves every tenant's workload CA alone: no
+// Nstance listener trusts a workload CA and no workload CA signs a
+// control-plane identity, so the two never depend on each other (workload
+// CAs are not rotated by rotate-ca; see the package doc).
+func TestRotationLeavesTenantWorkloadCAs(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	wcas := &workloadca.Store{Objects: e.store, Secrets: e.boot.Secrets, Keys: layout.New(""), ClusterID: "c1", Validity: 100 * time.Hour, Log: logr.Discard()}
+	before, err := wcas.CA(ctx, "acme")
+	require.NoError(t, err)
+	lim, err := carotation.LimitsFromConfigs(ctx, e.store, layout.New(""))
+	require.NoError(t, err)
+	_, err = e.r.Introduce(ctx, lim)
+	require.NoError(t, err)
+	_, err = e.r.Switch(ctx, true)
+	require.NoError(t, err)
+	_, err = e.r.Retire(ctx, true)
+	require.NoError(t, err)
+	after, err := (&workloadca.Store{Objects: e.store, Secrets: e.boot.Secrets, Keys: layout.New(""), ClusterID: "c1", Log: logr.Discard()}).CA(ctx, "acme")
+	require.NoError(t, err)
+	require.True(t, before.Cert.Equal(after.Cert), "the tenant's workload CA is unchanged")
+	ca, _ := e.trust(t)
+	require.Error(t, before.Cert.CheckSignatureFrom(ca.Cert))
+	_, _, err = before.IssueClient(pki.ClientRequest{Identity: pki.Identity{ClusterID: "c1", Tenant: "acme", Role: pki.RoleOperator, ClientID: "x"},
+		PublicKey: before.Key.Public(), Validity: time.Hour}, time.Now())
+	require.ErrorContains(t, err, "issues no control-plane identities")
 }

@@ -19,4 +19,11 @@
 // shard), retire until every certificate the old CA signed has expired
 // (switch plus that validity plus the servers' refresh grace). Status
 // shows the gates; --force skips them.
+//
+// Only the cluster CA is rotated. The workload CAs (one per tenant,
+// internal/workloadca; before them one shared workload CA) are not: no
+// Nstance listener trusts them and they sign no control-plane identity, so a
+// cluster CA rotation neither needs nor touches them. A tenant's CA is valid
+// for certificates.ca_validity from its creation; rotating one (introduce
+// into the tenant's bundle, switch the signer, retire) is not built yet.
 package carotation

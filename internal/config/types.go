@@ -38,6 +38,11 @@ type Config struct {
 	Defaults     Defaults                    `json:"defaults"`
 	Templates    map[string]Template         `json:"templates"`
 	Groups       map[string]map[string]Group `json:"groups"`
+	// Tenants declares the tenants this shard serves. Optional: tenants
+	// are otherwise implicit (an operator's is its nonce's) and only named
+	// by groups and templates' tenants lists (see NamedTenants). Declared,
+	// a template without a tenants list is open to these tenants only.
+	Tenants []string `json:"tenants"`
 }
 
 // Cluster holds settings shared by every shard of the cluster.
@@ -309,6 +314,11 @@ type Template struct {
 	InstanceType   string            `json:"instance_type"`
 	SubnetPool     string            `json:"subnet_pool"`
 	Vars           map[string]string `json:"vars"`
+	// Tenants are the tenants that may use this template (UpsertGroup,
+	// CreateInstance, static groups). Left out, the template is open to
+	// every tenant, which validation allows only while the config names at
+	// most one tenant (see Config.Tenants); with more, it is required.
+	Tenants []string `json:"tenants"`
 }
 
 // TemplateFile is one file delivered to the agent.

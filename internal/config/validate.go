@@ -310,6 +310,7 @@ func (c *Config) Validate() error {
 			ch.positive(key+".drain_timeout", g.DrainTimeout)
 		}
 	}
+	c.checkTenancy(&ch)
 	c.checkWorkloadNames(&ch)
 	c.checkImportedCertificates(&ch)
 	if len(ch.errs) > 0 {

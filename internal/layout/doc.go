@@ -9,8 +9,11 @@
 //	cluster/ca-next.crt                 incoming CA during a rotation (introduce -> switch), plain PEM
 //	cluster/secret/ca-next.key          its private key, encrypted envelope
 //	cluster/ca-previous.crt             outgoing CA during a rotation (switch -> retire), plain PEM
-//	cluster/workload-ca.crt             workload CA certificate (template certificates), plain PEM
-//	cluster/secret/workload-ca.key      workload CA private key, encrypted envelope
+//	cluster/tenants/{tenant}/workload-ca.crt         a tenant's workload CA certificate (its template certificates), plain PEM
+//	cluster/secret/tenants/{tenant}/workload-ca.key  a tenant's workload CA private key, encrypted envelope
+//	cluster/workload-ca.crt             shared workload CA of a cluster from before per-tenant CAs (signs nothing), plain PEM
+//	cluster/secret/workload-ca.key      its private key, encrypted envelope
+//	cluster/workload-ca-transition.json until when the shared workload CA stays in the tenants' bundles
 //	cluster/cas/{name}.crt              CA imported by the admin (e.g. a workload cluster's), plain PEM
 //	cluster/secret/cas/{name}.key       its private key, encrypted envelope
 //	cluster/secret/userdata/{shard}/{tenant}/{sha256}  bootstrap data tenants sent, encrypted envelope

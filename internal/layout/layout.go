@@ -49,12 +49,36 @@ func (k Keys) NextCAKey() string { return k.join("cluster", "secret", "ca-next.k
 // and retire phases of a rotation.
 func (k Keys) PreviousCACert() string { return k.join("cluster", "ca-previous.crt") }
 
-// WorkloadCACert is the workload CA certificate (plain PEM): it signs the
-// certificates instance templates ask for and no Nstance listener trusts it.
+// WorkloadCACert is the shared workload CA certificate (plain PEM) of a
+// cluster created before workload CAs were per tenant: it signs nothing any
+// more and is trusted in every tenant's bundle until
+// WorkloadCATransition's time (see TenantWorkloadCACert).
 func (k Keys) WorkloadCACert() string { return k.join("cluster", "workload-ca.crt") }
 
-// WorkloadCAKey is the encrypted workload CA private key.
+// WorkloadCAKey is the encrypted private key of the shared workload CA.
 func (k Keys) WorkloadCAKey() string { return k.join("cluster", "secret", "workload-ca.key") }
+
+// WorkloadCATransition records (JSON) until when the shared workload CA
+// stays in the tenants' bundles: written once, create-only, by the first
+// server that finds the shared CA.
+func (k Keys) WorkloadCATransition() string { return k.join("cluster", "workload-ca-transition.json") }
+
+// TenantWorkloadCACert is the workload CA certificate (plain PEM) of one
+// tenant (a ValidateID): it signs the certificates the tenant's instance
+// templates ask for, and it alone (with the shared CA during a transition)
+// is the tenant's ca_bundle. No Nstance listener trusts it.
+func (k Keys) TenantWorkloadCACert(tenant string) string {
+	return k.join("cluster", "tenants", tenant, "workload-ca.crt")
+}
+
+// TenantWorkloadCAKey is the encrypted private key of a tenant's workload CA.
+func (k Keys) TenantWorkloadCAKey(tenant string) string {
+	return k.join("cluster", "secret", "tenants", tenant, "workload-ca.key")
+}
+
+// TenantWorkloadCAPrefix lists the tenants' workload CA certificates (and
+// nothing else).
+func (k Keys) TenantWorkloadCAPrefix() string { return k.join("cluster", "tenants") + "/" }
 
 // ImportedCACert is the certificate (plain PEM) of a CA the admin imported
 // under name (`nstance-admin cluster ca import`), e.g. a workload

@@ -37,6 +37,25 @@ func SelfSignWorkloadCA(clusterID string, priv ed25519.PrivateKey, validity time
 	return selfSignCA("workload", clusterID, priv, nil, validity, now)
 }
 
+// SelfSignTenantWorkloadCA makes the workload CA certificate of one tenant
+// for an existing Ed25519 key: like SelfSignWorkloadCA, with the tenant in
+// its common name. Each tenant's template certificates are signed by its own
+// CA and each tenant's instances trust only theirs, so no tenant can obtain
+// a certificate another tenant's instances trust.
+func SelfSignTenantWorkloadCA(clusterID, tenant string, priv ed25519.PrivateKey, validity time.Duration, now time.Time) (*CA, error) {
+	if tenant == "" {
+		return nil, errors.New("tenant workload CA: tenant is required")
+	}
+	return selfSignCA("workload", clusterID+" tenant "+tenant, priv, nil, validity, now)
+}
+
+// TenantWorkloadCACommonName is the common name SelfSignTenantWorkloadCA
+// gives a tenant's CA (a loader checks it, so one tenant's CA copied to
+// another tenant's keys is refused).
+func TenantWorkloadCACommonName(clusterID, tenant string) string {
+	return "nstance workload CA " + clusterID + " tenant " + tenant
+}
+
 // WorkloadPolicy is what a workload certificate may never carry: a URI in
 // the cluster's trust domain (it would name a control-plane identity) or a
 // name or address of an nstance-server (it would impersonate a server).

@@ -234,3 +234,33 @@ func TestOnlyServerIdentitiesServe(t *testing.T) {
 		})
 	}
 }
+
+func TestTenantWorkloadCA(t *testing.T) {
+	now := time.Now()
+	newCA := func(tenant string) *CA {
+		_, priv, err := ed25519.GenerateKey(rand.Reader)
+		require.NoError(t, err)
+		ca, err := SelfSignTenantWorkloadCA("c1", tenant, priv, time.Hour, now)
+		require.NoError(t, err)
+		return ca
+	}
+	a, b := newCA("acme"), newCA("globex")
+	require.Equal(t, TenantWorkloadCACommonName("c1", "globex"), b.Cert.Subject.CommonName)
+	require.Empty(t, b.TrustDomain(), "no trust domain: never a control-plane CA")
+	require.True(t, b.Cert.IsCA)
+
+	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	req := WorkloadRequest{CommonName: "i-1", DNSNames: []string{"svc.globex.test"}, PublicKey: pub, Validity: time.Hour}
+	fromA, _, err := a.IssueWorkload(req, WorkloadPolicy{TrustDomain: "c1"}, now)
+	require.NoError(t, err)
+	roots := x509.NewCertPool()
+	roots.AddCert(b.Cert)
+	_, err = fromA.Verify(x509.VerifyOptions{Roots: roots, DNSName: "svc.globex.test"})
+	require.Error(t, err, "tenant A's certificate is not trusted by tenant B's CA")
+
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	_, err = SelfSignTenantWorkloadCA("c1", "", priv, time.Hour, now)
+	require.ErrorContains(t, err, "tenant is required")
+}

@@ -424,7 +424,7 @@ func badVars(name, value string) func(context.Context, *env) error {
 
 // explicitUsages: template "svc" names server and client auth; the
 // certificate B's instance received has exactly those (never "any", never a
-// CA), chains to the workload CA and not to the cluster CA.
+// CA), chains to its tenant's workload CA (its ca_bundle file) and not to the cluster CA.
 func explicitUsages(ctx context.Context, e *env) error {
 	cert, err := parsePEMCert(e.svcBPEM)
 	if err != nil {
@@ -440,8 +440,13 @@ func explicitUsages(ctx context.Context, e *env) error {
 	if cert.IsCA || cert.KeyUsage&x509.KeyUsageCertSign != 0 {
 		return errors.New("the workload certificate can sign certificates")
 	}
+	// The workload CA is the instance's: its ca_bundle file (a CA per tenant).
+	bundle, err := e.instanceFile(e.instB, "files/ca.crt")
+	if err != nil {
+		return err
+	}
 	wpool := x509.NewCertPool()
-	wpool.AddCert(e.l.workloadCA)
+	wpool.AppendCertsFromPEM(bundle)
 	if _, err := cert.Verify(x509.VerifyOptions{Roots: wpool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
 		return fmt.Errorf("does not chain to the workload CA: %v", err)
 	}

@@ -25,25 +25,19 @@ import (
 )
 
 // loot is what an operator with storage access and the encryption key holds
-// (and what an attacker who stole them would): the cluster CA bundle, the
-// workload CA certificate, and, decrypted, the cluster CA key and the nonce
-// key. The suite uses the keys only to mint what a real client never could
+// (and what an attacker who stole them would): the cluster CA bundle and,
+// decrypted, the cluster CA key and the nonce key. The suite uses the keys only to mint what a real client never could
 // get otherwise (expired certificates, malformed nonces).
 type loot struct {
-	roots      *x509.CertPool
-	ca         *pki.CA
-	workloadCA *x509.Certificate
-	nonceKey   ed25519.PrivateKey
+	roots    *x509.CertPool
+	ca       *pki.CA
+	nonceKey ed25519.PrivateKey
 }
 
 func (s *stack) loot(ctx context.Context) (*loot, error) {
 	caPEM, err := s.get(ctx, s.keys.CACert())
 	if err != nil {
 		return nil, fmt.Errorf("reading the cluster CA: %w", err)
-	}
-	wPEM, err := s.get(ctx, s.keys.WorkloadCACert())
-	if err != nil {
-		return nil, fmt.Errorf("reading the workload CA: %w", err)
 	}
 	key, err := secrets.ParseKey([]byte(encryptionKey))
 	if err != nil {
@@ -70,11 +64,7 @@ func (s *stack) loot(ctx context.Context) (*loot, error) {
 	if err != nil {
 		return nil, err
 	}
-	w, err := pki.ParseCertificatePEM(wPEM)
-	if err != nil {
-		return nil, err
-	}
-	return &loot{roots: ca.Pool(), ca: ca, workloadCA: w, nonceKey: signer.(ed25519.PrivateKey)}, nil
+	return &loot{roots: ca.Pool(), ca: ca, nonceKey: signer.(ed25519.PrivateKey)}, nil
 }
 
 // serverName is what every client of the stack verifies (the host of the

@@ -202,9 +202,10 @@ func tail(path string, n int) string {
 func (s *stack) stateDir(sv *server) string { return filepath.Join(s.dir, "agents-"+sv.shard) }
 
 // shardConfig is the config of one shard: process provider running the
-// built agent, loopback binds on the picked ports, and template "svc" whose
+// built agent, loopback binds on the picked ports, both tenants declared,
+// and template "svc" (for both) whose
 // key "svc" gets a server and client certificate with names rendered from
-// vars.
+// vars, and file ca.crt the CA bundle that verifies such certificates.
 // svcUsages is the usages line of template "svc" (cases replace it).
 const svcUsages = `"usages": ["server_auth", "client_auth"],`
 
@@ -232,6 +233,7 @@ func (s *stack) shardConfig(sv *server) []byte {
     "default_drain_timeout": "1m",
     "subnet_pools": { "default": { "subnets": ["dev-subnet-a"] } },
   },
+  "tenants": [%[10]q, %[11]q],
   "certificates": { "agent_validity": "24h", "operator_validity": "24h", "agent_nonce_ttl": "15m", "nonce_max_lifetime": "24h" },
   "defaults": {
     "vars": { "san_dns": "svc.workload.test", "san_ip": "10.20.30.40", "san_uri": "spiffe://workload.test/svc" },
@@ -239,6 +241,7 @@ func (s *stack) shardConfig(sv *server) []byte {
   "templates": {
     "svc": {
       "kind": "worker", "arch": "amd64", "instance_type": "dev.small", "subnet_pool": "default",
+      "tenants": [%[10]q, %[11]q],
       "keys": {
         "svc": {
           "type": "ed25519",
@@ -254,12 +257,13 @@ func (s *stack) shardConfig(sv *server) []byte {
       },
       "files": {
         "svc.crt": { "kind": "certificate", "key": "svc", "mode": "0644" },
+        "ca.crt": { "kind": "ca_bundle", "mode": "0644" },
       },
     },
   },
   "groups": {},
 }
-`, clusterID, bucket, sv.shard, options, sv.health, sv.election, sv.registration, sv.operator, sv.agent))
+`, clusterID, bucket, sv.shard, options, sv.health, sv.election, sv.registration, sv.operator, sv.agent, tenantA, tenantB))
 }
 
 func httpOK(url string) bool {

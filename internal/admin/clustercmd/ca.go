@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -138,11 +139,22 @@ func caStore(c *cli.Context) (*importedca.Store, error) {
 	return &importedca.Store{Objects: objs, Keys: keys, Secrets: sec}, nil
 }
 
-// ownCAs reads the cluster and workload CA certificates, which may never be
+// ownCAs reads the cluster CA and every workload CA certificate (each
+// tenant's, and the shared one of an older cluster), which may never be
 // imported (a missing one is skipped: a cluster not bootstrapped yet).
 func ownCAs(c *cli.Context, s *importedca.Store) ([]*pki.CA, error) {
 	var out []*pki.CA
-	for _, key := range []string{s.Keys.CACert(), s.Keys.WorkloadCACert()} {
+	keys := []string{s.Keys.CACert(), s.Keys.WorkloadCACert()}
+	infos, err := s.Objects.List(c.Context, s.Keys.TenantWorkloadCAPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("listing the tenants' workload CAs: %w", err)
+	}
+	for _, info := range infos {
+		if strings.HasSuffix(info.Key, "/workload-ca.crt") {
+			keys = append(keys, info.Key)
+		}
+	}
+	for _, key := range keys {
 		obj, err := s.Objects.Get(c.Context, key)
 		if errors.Is(err, objstore.ErrNotFound) {
 			continue

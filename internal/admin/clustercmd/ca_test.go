@@ -2,6 +2,7 @@ package clustercmd_test
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
@@ -67,6 +68,19 @@ func TestClusterCAImportCreateListDelete(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(keyFile, wkey, 0o600))
 	require.NoError(t, os.WriteFile(certFile, workload.CertPEM, 0o644))
+	_, err = run("import", "--name", "other", "--cert", certFile, "--key", keyFile)
+	require.ErrorContains(t, err, "Nstance's own CAs")
+	// A tenant's workload CA likewise.
+	_, tpriv, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	tenantCA, err := pki.SelfSignTenantWorkloadCA("c1", "acme", tpriv, time.Hour, now)
+	require.NoError(t, err)
+	_, err = objs.Put(context.Background(), layout.New("").TenantWorkloadCACert("acme"), tenantCA.CertPEM, objstore.PutOptions{})
+	require.NoError(t, err)
+	tkey, err := pki.MarshalPrivateKeyPEM(tenantCA.Key)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(keyFile, tkey, 0o600))
+	require.NoError(t, os.WriteFile(certFile, tenantCA.CertPEM, 0o644))
 	_, err = run("import", "--name", "other", "--cert", certFile, "--key", keyFile)
 	require.ErrorContains(t, err, "Nstance's own CAs")
 

@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -256,4 +257,70 @@ func TestWorkloadSigner(t *testing.T) {
 	require.ErrorContains(t, err, "cluster CA")
 	_, _, _, err = (&agentapi.WorkloadSigner{CA: wca, MaxValidity: time.Hour}).Sign(context.Background(), ref, &nstancev1.CertificateSpec{}, pub)
 	require.ErrorContains(t, err, "policy are required")
+}
+
+// Each tenant's certificates come from its own workload CA and each
+// tenant's ca_bundle is its own: tenant A's certificate for tenant B's name
+// does not verify against tenant B's bundle.
+func TestWorkloadCAPerTenant(t *testing.T) {
+	cas := map[string]*pki.CA{}
+	for _, tenant := range []string{"acme", "globex"} {
+		_, priv, err := ed25519.GenerateKey(rand.Reader)
+		require.NoError(t, err)
+		cas[tenant], err = pki.SelfSignTenantWorkloadCA("c", tenant, priv, time.Hour, time.Now())
+		require.NoError(t, err)
+	}
+	byTenant := func(_ context.Context, tenant string) (*pki.CA, error) {
+		if ca, ok := cas[tenant]; ok {
+			return ca, nil
+		}
+		return nil, errors.New("no such tenant")
+	}
+	policy := func() pki.WorkloadPolicy { return pki.WorkloadPolicy{TrustDomain: "c"} }
+	sg := &agentapi.WorkloadSigner{CAs: byTenant, CA: cas["globex"], MaxValidity: time.Hour, Policy: policy}
+	src := &agentapi.TemplateSource{
+		Lookup: func(_ context.Context, ref agentapi.Ref) (*agentapi.TemplateInput, error) {
+			return &agentapi.TemplateInput{Template: config.Template{Files: map[string]config.TemplateFile{"ca.crt": {Kind: "ca_bundle"}}},
+				Data: agentapi.TemplateData{InstanceID: ref.InstanceID, Tenant: ref.Tenant}}, nil
+		},
+		Bundle: func(ctx context.Context, tenant string) ([]byte, error) {
+			ca, err := byTenant(ctx, tenant)
+			if err != nil {
+				return nil, err
+			}
+			return ca.CertPEM, nil
+		},
+		CABundle: cas["globex"].CertPEM, // ignored: Bundle is set
+	}
+	spec := &nstancev1.CertificateSpec{DnsNames: []string{"svc.globex.test"}, Usages: []nstancev1.CertificateUsage{nstancev1.CertificateUsage_CERTIFICATE_USAGE_SERVER_AUTH}}
+	pub, _, _ := ed25519.GenerateKey(rand.Reader)
+	issue := func(tenant string) *x509.Certificate {
+		certPEM, _, _, err := sg.Sign(context.Background(), agentapi.Ref{InstanceID: "i-" + tenant, Tenant: tenant}, spec, pub)
+		require.NoError(t, err)
+		cert, err := pki.ParseCertificatePEM(certPEM)
+		require.NoError(t, err)
+		return cert
+	}
+	bundleOf := func(tenant string) *x509.CertPool {
+		p, err := src.Plan(context.Background(), agentapi.Ref{InstanceID: "i-" + tenant, Tenant: tenant})
+		require.NoError(t, err)
+		require.Len(t, p.Files, 1)
+		pool := x509.NewCertPool()
+		require.True(t, pool.AppendCertsFromPEM(p.Files[0].Content))
+		return pool
+	}
+	opts := x509.VerifyOptions{Roots: bundleOf("globex"), DNSName: "svc.globex.test"}
+	_, err := issue("globex").Verify(opts)
+	require.NoError(t, err, "tenant B's own certificate verifies against its bundle")
+	_, err = issue("acme").Verify(opts)
+	require.Error(t, err, "tenant A's certificate for tenant B's name does not")
+	_, err = issue("acme").Verify(x509.VerifyOptions{Roots: bundleOf("acme"), DNSName: "svc.globex.test"})
+	require.NoError(t, err, "it verifies only for tenant A's own instances")
+
+	_, _, _, err = sg.Sign(context.Background(), agentapi.Ref{InstanceID: "i"}, spec, pub)
+	require.ErrorContains(t, err, "has no tenant")
+	_, _, _, err = sg.Sign(context.Background(), agentapi.Ref{InstanceID: "i", Tenant: "initech"}, spec, pub)
+	require.ErrorContains(t, err, "the workload CA of tenant initech")
+	_, err = src.Plan(context.Background(), agentapi.Ref{InstanceID: "i", Tenant: "initech"})
+	require.ErrorContains(t, err, "files.ca.crt: the workload CA bundle of tenant initech")
 }

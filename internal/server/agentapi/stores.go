@@ -73,12 +73,16 @@ func (m *MemKeyStore) Forget(instanceID string) {
 	delete(m.keys, instanceID)
 }
 
-// WorkloadSigner issues the certificates templates ask for with the workload
-// CA. Every certificate is checked against the workload policy (no URI in
+// WorkloadSigner issues the certificates templates ask for with the
+// workload CA of the instance's tenant. Every certificate is checked against the workload policy (no URI in
 // the cluster's trust domain, no server name or address) and carries exactly
 // the usages its spec lists; a spec without usages is refused.
 type WorkloadSigner struct {
-	// CA is the workload CA; the cluster CA is refused.
+	// CAs returns the workload CA of a tenant (each tenant has its own, so
+	// no tenant obtains a certificate another tenant's instances trust).
+	CAs func(ctx context.Context, tenant string) (*pki.CA, error)
+	// CA is one workload CA for every tenant, used when CAs is nil (tests
+	// and tools with a single tenant); the cluster CA is refused.
 	CA *pki.CA
 	// MaxValidity caps (and, when a spec sets none, is) the lifetime.
 	MaxValidity time.Duration
@@ -89,9 +93,19 @@ type WorkloadSigner struct {
 }
 
 // Sign implements Signer.
-func (c *WorkloadSigner) Sign(_ context.Context, ref Ref, spec *nstancev1.CertificateSpec, pub crypto.PublicKey) ([]byte, time.Time, time.Time, error) {
-	if c.CA == nil || c.MaxValidity <= 0 || c.Policy == nil {
+func (c *WorkloadSigner) Sign(ctx context.Context, ref Ref, spec *nstancev1.CertificateSpec, pub crypto.PublicKey) ([]byte, time.Time, time.Time, error) {
+	if (c.CA == nil && c.CAs == nil) || c.MaxValidity <= 0 || c.Policy == nil {
 		return nil, time.Time{}, time.Time{}, errors.New("signer: workload CA, maximum validity and policy are required")
+	}
+	ca := c.CA
+	if c.CAs != nil {
+		if ref.Tenant == "" {
+			return nil, time.Time{}, time.Time{}, fmt.Errorf("signer: instance %s has no tenant", ref.InstanceID)
+		}
+		var err error
+		if ca, err = c.CAs(ctx, ref.Tenant); err != nil {
+			return nil, time.Time{}, time.Time{}, fmt.Errorf("signer: instance %s: the workload CA of tenant %s: %w", ref.InstanceID, ref.Tenant, err)
+		}
 	}
 	now := time.Now()
 	if c.Now != nil {
@@ -133,7 +147,7 @@ func (c *WorkloadSigner) Sign(_ context.Context, ref Ref, spec *nstancev1.Certif
 		}
 		req.URIs = append(req.URIs, u)
 	}
-	cert, certPEM, err := c.CA.IssueWorkload(req, c.Policy(), now)
+	cert, certPEM, err := ca.IssueWorkload(req, c.Policy(), now)
 	if err != nil {
 		return nil, time.Time{}, time.Time{}, fmt.Errorf("signer: instance %s: %w", ref.InstanceID, err)
 	}

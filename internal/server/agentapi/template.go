@@ -40,8 +40,12 @@ type TemplateSource struct {
 	// reported, without failing the plan.
 	Secret  func(ctx context.Context, f config.TemplateFile) (Fetched, error)
 	Storage func(ctx context.Context, object string) (Fetched, error)
-	// CABundle is delivered for ca_bundle files without content: the
-	// workload CA, which verifies the certificates templates ask for.
+	// Bundle returns what ca_bundle files without content deliver to an
+	// instance of tenant: its tenant's workload CA bundle, which verifies
+	// the certificates templates ask for for that tenant and no other's.
+	Bundle func(ctx context.Context, tenant string) ([]byte, error)
+	// CABundle is delivered instead when Bundle is nil (one workload CA for
+	// every tenant: tests and tools with a single tenant).
 	CABundle []byte
 }
 
@@ -145,6 +149,13 @@ func (s *TemplateSource) Plan(ctx context.Context, ref Ref) (*Plan, error) {
 			fs.Key = f.Key
 		case kind == nstancev1.FileKind_FILE_KIND_CA_BUNDLE && f.Content == "":
 			fs.Content = s.CABundle
+			if s.Bundle != nil {
+				b, err := s.Bundle(ctx, ref.Tenant)
+				if err != nil {
+					return nil, fmt.Errorf("%s: the workload CA bundle of tenant %s: %w", key, ref.Tenant, err)
+				}
+				fs.Content = b
+			}
 		default:
 			out, err := config.Render(key+".content", f.Content, data)
 			if err != nil {

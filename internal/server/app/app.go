@@ -18,6 +18,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/nstance-dev/nstance/internal/carotation"
 	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/nonce"
@@ -35,6 +36,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/internal/server/revocation"
 	"github.com/nstance-dev/nstance/internal/storage"
+	"github.com/nstance-dev/nstance/internal/workloadca"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 )
 
@@ -435,7 +437,7 @@ func (a *App) Run(ctx context.Context) error {
 		Config: withAdvertiseDefaults(cfg, bind, a.o.AdvertiseHosts), ConfigETag: a.cfgETag, ConfigModified: cfgMod,
 		Store: a.leaderStore(), Keys: a.o.Keys, ServerID: a.o.ServerID,
 		Provider: a.o.Provider, Providers: a.o.Providers, Local: a.o.Local, Fence: fence, Cache: db,
-		Trust: trust, Issuer: issuer, NonceKey: cl.NonceKey, WorkloadCA: cl.WorkloadCA, ServerHosts: certHosts,
+		Trust: trust, Issuer: issuer, NonceKey: cl.NonceKey, WorkloadCAs: a.workloadCAs(cfg, bootOpts.Secrets, log), ServerHosts: certHosts,
 		Revocations: a.revocations, Leadership: a.Leadership, Metrics: a.metrics, Tuning: a.o.Tuning, Log: log,
 		Ring: ring, Remote: remote,
 	})
@@ -968,5 +970,24 @@ func serveHTTP(wg *sync.WaitGroup, log logr.Logger, name string, ln net.Listener
 			defer cancel()
 			_ = srv.Shutdown(ctx)
 		})
+	}
+}
+
+// workloadCAs is the per-tenant workload CA store of this server: a
+// tenant's CA is created the first time the shard leader's Agent service
+// needs it. The shared workload CA of an older cluster stays in the
+// tenants' bundles for the longest workload certificate validity of any
+// shard (read from every shard config) plus carotation.RefreshGrace.
+func (a *App) workloadCAs(cfg *config.Config, sec *secrets.Store, log logr.Logger) *workloadca.Store {
+	return &workloadca.Store{
+		Objects: a.o.Store, Secrets: sec, Keys: a.o.Keys, ClusterID: cfg.Cluster.ID, Validity: cfg.Certificates.CAValidity.D(),
+		TransitionGrace: func(ctx context.Context) (time.Duration, error) {
+			l, err := carotation.LimitsFromConfigs(ctx, a.o.Store, a.o.Keys)
+			if err != nil {
+				return max(cfg.Certificates.AgentValidity.D(), cfg.Certificates.OperatorValidity.D()) + carotation.RefreshGrace, err
+			}
+			return l.ClientValidity + carotation.RefreshGrace, nil
+		},
+		Log: log.WithName("workload-ca"),
 	}
 }

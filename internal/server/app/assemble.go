@@ -28,6 +28,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/revocation"
 	"github.com/nstance-dev/nstance/internal/server/tenantops"
 	"github.com/nstance-dev/nstance/internal/server/userdata"
+	"github.com/nstance-dev/nstance/internal/workloadca"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -62,11 +63,14 @@ type Parts struct {
 	Cache *cache.Cache
 	// Trust is the cluster CA as it is now (handed to new instances);
 	// Issuer signs client certificates; NonceKey signs agent nonces and
-	// verifies registration nonces; WorkloadCA signs what templates ask for.
-	Trust      *pki.Trust
-	Issuer     *registration.Issuer
-	NonceKey   ed25519.PrivateKey
-	WorkloadCA *pki.CA
+	// verifies registration nonces; WorkloadCAs sign what templates ask
+	// for, each tenant's with its own CA (WorkloadCA instead: one CA for
+	// every tenant, for tests and benchmarks).
+	Trust       *pki.Trust
+	Issuer      *registration.Issuer
+	NonceKey    ed25519.PrivateKey
+	WorkloadCAs *workloadca.Store
+	WorkloadCA  *pki.CA
 	// ServerHosts are this server's names and addresses beyond those the
 	// config knows; no template certificate may carry them.
 	ServerHosts []string
@@ -122,7 +126,7 @@ type Assembly struct {
 	// Registration is nil without Parts.Issuer and Parts.NonceKey.
 	Registration *registration.Service
 	Operator     *operatorsvc.Service
-	// Agent is the Agent service (nil without Parts.WorkloadCA), with its
+	// Agent is the Agent service (nil without Parts.WorkloadCAs or WorkloadCA), with its
 	// key store and health tracker.
 	Agent     *agentapi.Server
 	AgentKeys *agentapi.MemKeyStore
@@ -243,12 +247,20 @@ func Assemble(p Parts) (*Assembly, error) {
 	}
 	// The mock provider runs no agents, so there is nothing to monitor.
 	monitor := cfg.Shard.Infra.Provider != "mock" || t.MonitorMock
-	if p.WorkloadCA != nil {
+	if p.WorkloadCAs != nil || p.WorkloadCA != nil {
 		s.AgentKeys, s.Health = agentapi.NewMemKeyStore(), agentapi.NewTracker()
 		files := fileSources(p, holder, lim.MaxFileBytes, log)
-		src := &agentapi.TemplateSource{Lookup: s.templateInput, CABundle: p.WorkloadCA.CertPEM, Secret: files.Secret, Storage: files.Object}
+		src := &agentapi.TemplateSource{Lookup: s.templateInput, Secret: files.Secret, Storage: files.Object}
 		policy := func() pki.WorkloadPolicy { return holder.Current().WorkloadPolicy(p.ServerHosts...) }
-		signer := agentapi.CASigners{Workload: &agentapi.WorkloadSigner{CA: p.WorkloadCA, MaxValidity: cfg.Certificates.AgentValidity.D(), Policy: policy}}
+		ws := &agentapi.WorkloadSigner{MaxValidity: cfg.Certificates.AgentValidity.D(), Policy: policy}
+		if p.WorkloadCAs != nil {
+			// Each tenant's certificates from its own CA, and its
+			// instances' ca_bundle its own CA's bundle.
+			src.Bundle, ws.CAs = p.WorkloadCAs.Bundle, p.WorkloadCAs.CA
+		} else {
+			src.CABundle, ws.CA = p.WorkloadCA.CertPEM, p.WorkloadCA
+		}
+		signer := agentapi.CASigners{Workload: ws}
 		if p.Ring != nil {
 			cas := &importedca.Cache{Store: &importedca.Store{Objects: p.Store, Keys: p.Keys, Secrets: &secrets.Store{Objects: p.Store, Ring: p.Ring}}}
 			signer.Imported = &agentapi.ImportedSigner{CA: cas.Get, MaxValidity: cfg.Certificates.AgentValidity.D(), Policy: policy,
@@ -337,6 +349,11 @@ func (s *Assembly) templateInput(_ context.Context, ref agentapi.Ref) (*agentapi
 	t, ok := cfg.Templates[rec.Template]
 	if !ok {
 		return nil, fmt.Errorf("instance %s: template %q is not in the running config", rec.ID, rec.Template)
+	}
+	// A template whose tenants list no longer names the instance's tenant
+	// renders nothing for it: no files, no certificates.
+	if reason := cfg.CheckTemplateTenant(rec.Template, rec.Tenant); reason != "" {
+		return nil, fmt.Errorf("instance %s: %s", rec.ID, reason)
 	}
 	vars := rec.Vars
 	if rec.GroupID != "" && !rec.OnDemand {

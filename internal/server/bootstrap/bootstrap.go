@@ -19,12 +19,10 @@ import (
 
 // Cluster is the loaded cluster key material.
 type Cluster struct {
-	// CA is the cluster CA: control-plane identities only.
-	CA *pki.CA
-	// WorkloadCA signs the certificates instance templates ask for; no
-	// Nstance listener trusts it.
-	WorkloadCA *pki.CA
-	NonceKey   ed25519.PrivateKey
+	// CA is the cluster CA: control-plane identities only. (Workload CAs
+	// are per tenant and created on first use: internal/workloadca.)
+	CA       *pki.CA
+	NonceKey ed25519.PrivateKey
 	// CABundlePEM is cluster/ca-bundle.crt: every cluster CA to trust
 	// (two during a CA rotation); nil when there is none (CA alone).
 	CABundlePEM []byte
@@ -89,15 +87,11 @@ func Once(ctx context.Context, o Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	wca, err := loadOrCreateCA(ctx, o, leader, now(), workloadCA)
-	if err != nil {
-		return nil, err
-	}
 	bundle, err := loadBundle(ctx, o)
 	if err != nil {
 		return nil, err
 	}
-	return &Cluster{CA: ca, WorkloadCA: wca, NonceKey: nonceKey, CABundlePEM: bundle}, nil
+	return &Cluster{CA: ca, NonceKey: nonceKey, CABundlePEM: bundle}, nil
 }
 
 func loadBundle(ctx context.Context, o Options) ([]byte, error) {
@@ -161,27 +155,21 @@ func WatchTrust(ctx context.Context, o Options, trust *pki.Trust, interval time.
 	}
 }
 
-// caKind describes one of the two CAs.
+// caKind describes a CA bootstrap creates (the cluster CA).
 type caKind struct {
 	name     string
 	certKey  func(layout.Keys) string
 	keyKey   func(layout.Keys) string
 	selfSign func(clusterID string, priv ed25519.PrivateKey, validity time.Duration, now time.Time) (*pki.CA, error)
 	// trustDomain is what the loaded CA must name: the cluster id for the
-	// cluster CA, nothing for the workload CA.
+	// cluster CA.
 	trustDomain func(clusterID string) string
 }
 
-var (
-	clusterCA = caKind{
-		name: "cluster CA", certKey: layout.Keys.CACert, keyKey: layout.Keys.CAKey, selfSign: pki.SelfSignCA,
-		trustDomain: func(id string) string { return id },
-	}
-	workloadCA = caKind{
-		name: "workload CA", certKey: layout.Keys.WorkloadCACert, keyKey: layout.Keys.WorkloadCAKey, selfSign: pki.SelfSignWorkloadCA,
-		trustDomain: func(string) string { return "" },
-	}
-)
+var clusterCA = caKind{
+	name: "cluster CA", certKey: layout.Keys.CACert, keyKey: layout.Keys.CAKey, selfSign: pki.SelfSignCA,
+	trustDomain: func(id string) string { return id },
+}
 
 func loadOrCreateNonceKey(ctx context.Context, o Options, leader bool) (ed25519.PrivateKey, error) {
 	key := o.Keys.NonceSigningKey()

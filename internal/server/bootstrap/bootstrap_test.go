@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nstance-dev/nstance/internal/layout"
+	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/secrets"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
@@ -52,24 +53,20 @@ func TestLeaderCreatesFollowerLoads(t *testing.T) {
 	require.NoError(t, err)
 	fc := <-got
 	require.True(t, lc.CA.Cert.Equal(fc.CA.Cert))
-	require.True(t, lc.WorkloadCA.Cert.Equal(fc.WorkloadCA.Cert))
 	require.True(t, lc.NonceKey.Equal(fc.NonceKey))
-	// Two distinct CAs: the cluster CA names the trust domain, the workload CA none.
+	// The cluster CA names the trust domain; no workload CA is made here
+	// (they are per tenant, internal/workloadca).
 	require.Equal(t, "c1", lc.CA.TrustDomain())
-	require.Empty(t, lc.WorkloadCA.TrustDomain())
-	require.False(t, lc.CA.Cert.PublicKey.(ed25519.PublicKey).Equal(lc.WorkloadCA.Cert.PublicKey))
 
 	// A second leader run loads instead of regenerating.
 	again, err := Once(ctx, opts(t, store, rawKey, &leader))
 	require.NoError(t, err)
 	require.True(t, lc.CA.Cert.Equal(again.CA.Cert))
-	require.True(t, lc.WorkloadCA.Cert.Equal(again.WorkloadCA.Cert))
 
 	// Nothing in storage holds a plaintext private key or the encryption key.
 	objs, err := store.List(ctx, "")
 	require.NoError(t, err)
-	require.ElementsMatch(t, []string{"cluster/ca.crt", "cluster/secret/ca.key", "cluster/secret/nonce-signing.key",
-		"cluster/workload-ca.crt", "cluster/secret/workload-ca.key"}, keysOf(objs))
+	require.ElementsMatch(t, []string{"cluster/ca.crt", "cluster/secret/ca.key", "cluster/secret/nonce-signing.key"}, keysOf(objs))
 	for _, o := range objs {
 		obj, err := store.Get(ctx, o.Key)
 		require.NoError(t, err)
@@ -115,22 +112,26 @@ func TestWrongEncryptionKeyIsAClearError(t *testing.T) {
 	require.NoError(t, err)
 }
 
-func TestWorkloadCAAddedToExistingCluster(t *testing.T) {
+func TestSharedWorkloadCANotCreatedNorLoaded(t *testing.T) {
 	ctx := context.Background()
 	store := memstore.New()
-	var leader, follower atomic.Bool
+	var leader atomic.Bool
 	leader.Store(true)
-	first, err := Once(ctx, opts(t, store, rawKey, &leader))
+	_, err := Once(ctx, opts(t, store, rawKey, &leader))
 	require.NoError(t, err)
-	// A cluster bootstrapped before the workload CA existed.
-	require.NoError(t, store.Delete(ctx, "cluster/workload-ca.crt"))
-	require.NoError(t, store.Delete(ctx, "cluster/secret/workload-ca.key"))
-	_, err = Once(ctx, opts(t, store, rawKey, &follower))
-	require.ErrorIs(t, err, ErrMissing)
-	second, err := Once(ctx, opts(t, store, rawKey, &leader))
+	_, err = store.Get(ctx, "cluster/workload-ca.crt")
+	require.ErrorIs(t, err, objstore.ErrNotFound, "a new cluster has no shared workload CA")
+	// A cluster from before per-tenant CAs keeps its shared one untouched
+	// (internal/workloadca trusts it during the transition).
+	shared, err := pki.GenerateWorkloadCA("c1", time.Hour, time.Now())
 	require.NoError(t, err)
-	require.True(t, first.CA.Cert.Equal(second.CA.Cert), "the cluster CA is kept")
-	require.NotNil(t, second.WorkloadCA)
+	_, err = store.Put(ctx, "cluster/workload-ca.crt", shared.CertPEM, objstore.PutOptions{})
+	require.NoError(t, err)
+	_, err = Once(ctx, opts(t, store, rawKey, &leader))
+	require.NoError(t, err)
+	obj, err := store.Get(ctx, "cluster/workload-ca.crt")
+	require.NoError(t, err)
+	require.Equal(t, shared.CertPEM, obj.Body)
 }
 
 func TestSwappedCAsAreRefused(t *testing.T) {
@@ -141,14 +142,14 @@ func TestSwappedCAsAreRefused(t *testing.T) {
 	_, err := Once(ctx, opts(t, store, rawKey, &leader))
 	require.NoError(t, err)
 	o := opts(t, store, rawKey, &leader)
-	// Someone stores the cluster CA as the workload CA (or the other way round).
-	caKey, err := o.Secrets.Get(ctx, "cluster/secret/ca.key")
+	// Someone stores a workload CA as the cluster CA.
+	w, err := pki.GenerateWorkloadCA("c1", time.Hour, time.Now())
 	require.NoError(t, err)
-	caCert, err := store.Get(ctx, "cluster/ca.crt")
+	wKey, err := pki.MarshalPrivateKeyPEM(w.Key)
 	require.NoError(t, err)
-	require.NoError(t, o.Secrets.Put(ctx, "cluster/secret/workload-ca.key", caKey, objstore.PutOptions{}))
-	_, err = store.Put(ctx, "cluster/workload-ca.crt", caCert.Body, objstore.PutOptions{})
+	require.NoError(t, o.Secrets.Put(ctx, "cluster/secret/ca.key", wKey, objstore.PutOptions{}))
+	_, err = store.Put(ctx, "cluster/ca.crt", w.CertPEM, objstore.PutOptions{})
 	require.NoError(t, err)
 	_, err = Once(ctx, o)
-	require.ErrorContains(t, err, `workload CA in cluster/workload-ca.crt names trust domain "c1", want ""`)
+	require.ErrorContains(t, err, `cluster CA in cluster/ca.crt names trust domain "", want "c1"`)
 }

@@ -116,6 +116,8 @@ func toStatus(err error) error {
 		return status.Error(codes.Aborted, err.Error())
 	case errors.Is(err, tenantops.ErrNotPermitted):
 		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, tenantops.ErrDenied):
+		return status.Error(codes.PermissionDenied, err.Error())
 	case errors.Is(err, tenantops.ErrQuota):
 		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, context.Canceled):

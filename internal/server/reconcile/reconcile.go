@@ -656,6 +656,13 @@ func (r *Reconciler) NewRecord(tenant, groupID string, eff groups.Effective, lab
 
 func (r *Reconciler) createForGroup(ctx context.Context, g *groups.Group, cfg *config.Config) error {
 	eff, err := groups.Resolve(cfg, &g.Spec, groups.Overrides{})
+	if err == nil {
+		// The template's tenants list may have changed since the group was
+		// accepted: a template no longer for this tenant makes no instance.
+		if reason := cfg.CheckTemplateTenant(eff.Template, g.Tenant); reason != "" {
+			err = errors.New(reason)
+		}
+	}
 	if err != nil {
 		err = fmt.Errorf("group %s: %w", g.Key(), err)
 		r.reportError(g.Tenant, g.ID, "", nstancev1.ErrorSource_ERROR_SOURCE_CONFIG, err)

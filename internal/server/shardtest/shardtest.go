@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -52,7 +53,9 @@ type Options struct {
 	// one across a restart or shards so old client certificates still work);
 	// default: the one bootstrap creates.
 	CA *pki.CA
-	// WorkloadCA likewise (signs template certificates); default: bootstrap's.
+	// WorkloadCA is written as the shared workload CA of a cluster from
+	// before per-tenant CAs (it signs nothing; every tenant's bundle holds
+	// it during the transition); default: none.
 	WorkloadCA *pki.CA
 	// ResyncInterval defaults to 200ms; RetryBase to 50ms.
 	ResyncInterval, RetryBase time.Duration
@@ -76,7 +79,9 @@ type Shard struct {
 	// OperatorAddr is the mTLS Operator endpoint (127.0.0.1:port);
 	// RegistrationAddr (TLS) and AgentAddr (mTLS) the other two.
 	OperatorAddr, RegistrationAddr, AgentAddr string
-	// CA is the cluster CA; WorkloadCA signs what templates ask for.
+	// CA is the cluster CA; WorkloadCA the shared workload CA of
+	// Options.WorkloadCA (a cluster from before per-tenant CAs), else nil:
+	// template certificates come from each tenant's CA (TenantWorkloadCA).
 	CA         *pki.CA
 	WorkloadCA *pki.CA
 	// NonceKey signs registration nonces (tests mint their own with it).
@@ -254,9 +259,19 @@ func start(o Options, regAddr, agentAddr string) (*Shard, error) {
 	ad := a.Addrs()
 	b := a.Assembly()
 	sh.OperatorAddr, sh.RegistrationAddr, sh.AgentAddr = ad.Operator, ad.Registration, ad.Agent
-	sh.CA, sh.WorkloadCA, sh.NonceKey = cl.CA, cl.WorkloadCA, cl.NonceKey
+	sh.CA, sh.WorkloadCA, sh.NonceKey = cl.CA, o.WorkloadCA, cl.NonceKey
 	sh.Assembly, sh.Config, sh.Revocations = b, b.Config, b.Revocations
 	return sh, nil
+}
+
+// TenantWorkloadCA is the workload CA certificate of tenant as stored (it
+// exists once the tenant's first instance needed it), or nil.
+func (s *Shard) TenantWorkloadCA(ctx context.Context, tenant string) (*x509.Certificate, error) {
+	obj, err := s.Store.Get(ctx, s.Keys.TenantWorkloadCACert(tenant))
+	if err != nil {
+		return nil, err
+	}
+	return pki.ParseCertificatePEM(obj.Body)
 }
 
 // secretStore seals with EncryptionKey, as the test servers do.

@@ -25,7 +25,18 @@ var (
 	ErrNotPermitted = errors.New("not permitted")
 	// ErrQuota: a tenant quota or rate (shard.limits) refused the request.
 	ErrQuota = errors.New("quota exceeded")
+	// ErrDenied: the tenant may not use what it names (a template whose
+	// tenants list does not name it).
+	ErrDenied = errors.New("permission denied")
 )
+
+// checkTemplateTenant refuses a template the tenant may not use.
+func checkTemplateTenant(cfg *config.Config, template, tenant string) error {
+	if reason := cfg.CheckTemplateTenant(template, tenant); reason != "" {
+		return fmt.Errorf("%w: template: %s", ErrDenied, reason)
+	}
+	return nil
+}
 
 // InvalidError carries the field errors of a rejected request.
 type InvalidError struct{ Fields []config.FieldError }
@@ -88,6 +99,11 @@ func (o *Ops) UpsertGroup(ctx context.Context, tenant string, p *nstancev1.Group
 	}
 	spec, err := SpecFromProto(p)
 	if err != nil {
+		return nil, false, err
+	}
+	// A template of other tenants is refused before anything else is
+	// checked against it (a new group, or an existing group moved to it).
+	if err := checkTemplateTenant(o.o.Config(), spec.Template, tenant); err != nil {
 		return nil, false, err
 	}
 	if fes := groups.Validate(o.o.Config(), tenant, p.GetGroupId(), spec); len(fes) > 0 {
@@ -225,6 +241,9 @@ func (o *Ops) CreateInstance(ctx context.Context, tenant string, req CreateInsta
 		SubnetPool: req.SubnetPool, Vars: req.Vars, DrainTimeout: req.DrainTimeout, UserDataSHA256: udSum, UserDataFormat: udFormat})
 	if err != nil {
 		return nil, invalid(config.FieldError{Reason: err.Error()})
+	}
+	if err := checkTemplateTenant(o.o.Config(), eff.Template, tenant); err != nil {
+		return nil, err
 	}
 	if fes := groups.CheckCertificateNames(o.o.Config(), tenant, req.GroupID, eff); len(fes) > 0 {
 		return nil, invalid(fes...)
