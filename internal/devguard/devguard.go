@@ -6,6 +6,14 @@
 //   - No CORS: the servers send no Access-Control-* headers and refuse every
 //     OPTIONS request (a preflight), so a page of another origin can neither
 //     read an answer nor send anything but a "simple" request.
+//   - No cross-origin requests at all: CORS aside, a page can send "simple"
+//     requests (an HTML form's multipart POST, which gofakes3 turns into a
+//     PutObject) to any origin without asking. A request that a browser
+//     marks as coming from another page (Sec-Fetch-Site cross-site or
+//     same-site, i.e. another origin, whatever the port) or whose Origin is
+//     not the server's own is refused with 403. Programs (SDKs, the aws
+//     CLI, kubectl) send neither header; a URL typed into the browser is
+//     "Sec-Fetch-Site: none" and works.
 //   - A Host allow-list against DNS rebinding: a page served from a name the
 //     attacker controls (evil.test) can re-point that name to 127.0.0.1 and
 //     then make same-origin requests, which carry "Host: evil.test:<port>".
@@ -118,13 +126,19 @@ func (g *Guard) Allowed(hostHeader string) bool {
 }
 
 // Wrap refuses, before next sees them, requests whose Host is not allowed
-// (421) and OPTIONS requests (403: CORS preflights are never granted).
+// (421), requests from another origin's web page (403) and OPTIONS requests
+// (403: CORS preflights are never granted).
 func (g *Guard) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !g.Allowed(r.Host) {
 			refuse(w, http.StatusMisdirectedRequest, fmt.Sprintf(
 				"%s: refused: Host %q is not an address of this server (allowed: IP addresses, localhost and the names given with %s); a web page using a re-pointed (DNS rebinding) name would send it",
 				g.opts.Server, r.Host, g.opts.Flag))
+			return
+		}
+		if why := foreignPage(r); why != "" {
+			refuse(w, http.StatusForbidden, fmt.Sprintf(
+				"%s: refused: a request from another web page (%s): cross-origin requests from web pages are not served", g.opts.Server, why))
 			return
 		}
 		if r.Method == http.MethodOptions {
@@ -134,6 +148,18 @@ func (g *Guard) Wrap(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// foreignPage says why r comes from a web page of another origin, or "".
+func foreignPage(r *http.Request) string {
+	switch site := r.Header.Get("Sec-Fetch-Site"); site {
+	case "cross-site", "same-site":
+		return "Sec-Fetch-Site: " + site
+	}
+	if o := r.Header.Get("Origin"); o != "" && !strings.EqualFold(o, "http://"+r.Host) && !strings.EqualFold(o, "https://"+r.Host) {
+		return "Origin: " + o
+	}
+	return ""
 }
 
 func refuse(w http.ResponseWriter, status int, msg string) {

@@ -78,9 +78,29 @@ func TestWrap(t *testing.T) {
 	if w := do(http.MethodOptions, "127.0.0.1:8989", map[string]string{"Origin": "http://evil.test", "Access-Control-Request-Method": "PUT"}); w.Code != http.StatusForbidden || len(corsOf(w.Header())) > 0 {
 		t.Errorf("preflight: %d %v", w.Code, w.Header())
 	}
+	for _, hdr := range []map[string]string{
+		{"Origin": "http://evil.test"},
+		{"Origin": "null"},
+		{"Origin": "http://127.0.0.1:3000"},
+		{"Sec-Fetch-Site": "cross-site"},
+		{"Sec-Fetch-Site": "same-site"}, // another port of the same host
+	} {
+		if w := do(http.MethodPost, "127.0.0.1:8989", hdr); w.Code != http.StatusForbidden || !strings.Contains(w.Body.String(), "another web page") {
+			t.Errorf("request with %v: %d %q", hdr, w.Code, w.Body.String())
+		}
+	}
 	if called != 0 {
 		t.Fatalf("the handler ran for a refused request")
 	}
+	for _, hdr := range []map[string]string{
+		{"Origin": "http://127.0.0.1:8989", "Sec-Fetch-Site": "same-origin"},
+		{"Sec-Fetch-Site": "none"}, // typed into the address bar
+	} {
+		if w := do(http.MethodGet, "127.0.0.1:8989", hdr); w.Code != http.StatusNoContent {
+			t.Errorf("request with %v: %d %q", hdr, w.Code, w.Body.String())
+		}
+	}
+	called = 0
 	if w := do(http.MethodGet, "127.0.0.1:8989", nil); w.Code != http.StatusNoContent || called != 1 {
 		t.Errorf("allowed request: %d, handler called %d times", w.Code, called)
 	}

@@ -1,7 +1,9 @@
 package devs3_test
 
 import (
+	"bytes"
 	"io"
+	"mime/multipart"
 	"net"
 	"net/http"
 	"os"
@@ -28,7 +30,9 @@ func send(t *testing.T, method, url, host, origin, body string) (*http.Response,
 	}
 	if origin != "" {
 		req.Header.Set("Origin", origin)
-		req.Header.Set("Access-Control-Request-Method", "PUT")
+		if method == http.MethodOptions {
+			req.Header.Set("Access-Control-Request-Method", "PUT")
+		}
 	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
@@ -49,18 +53,52 @@ func TestNoCORS(t *testing.T) {
 	dir := t.TempDir()
 	srv := devs3test.Start(t, dir)
 	url := srv.URL + "/" + bucket + "/config/dev-1.jsonc"
-	resp, _ := send(t, http.MethodPut, url, "", "http://evil.test", "{}")
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	requireNoCORS(t, resp)
-	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodDelete} {
-		resp, _ := send(t, m, url, "", "http://evil.test", "")
+	// A page of another origin: refused whatever the method.
+	for _, m := range []string{http.MethodPut, http.MethodGet, http.MethodDelete, http.MethodOptions} {
+		resp, body := send(t, m, url, "", "http://evil.test", "{}")
+		require.Equal(t, http.StatusForbidden, resp.StatusCode, m)
+		require.Contains(t, body, "cross-origin")
+		requireNoCORS(t, resp)
+	}
+	_, err := os.Stat(filepath.Join(dir, "config", "dev-1.jsonc"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+	// The server's own origin (a page dev-s3 serves) works, and still gets
+	// none of gofakes3's CORS headers.
+	for _, m := range []string{http.MethodPut, http.MethodGet, http.MethodHead, http.MethodDelete} {
+		resp, _ := send(t, m, url, "", srv.URL, "{}")
 		require.Less(t, resp.StatusCode, 300, m)
 		requireNoCORS(t, resp)
 	}
-	resp, body := send(t, http.MethodOptions, url, "", "http://evil.test", "")
+	resp, body := send(t, http.MethodOptions, url, "", srv.URL, "")
 	require.Equal(t, http.StatusForbidden, resp.StatusCode)
 	require.Contains(t, body, "CORS")
 	requireNoCORS(t, resp)
+}
+
+// TestCrossOriginFormRefused: an HTML form's POST is a "simple" request a
+// browser sends to any origin without a preflight; gofakes3 would store its
+// file under the form's key.
+func TestCrossOriginFormRefused(t *testing.T) {
+	dir := t.TempDir()
+	srv := devs3test.Start(t, dir)
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	require.NoError(t, mw.WriteField("key", "config/dev-1.jsonc"))
+	fw, err := mw.CreateFormFile("file", "x")
+	require.NoError(t, err)
+	_, err = fw.Write([]byte("pwned"))
+	require.NoError(t, err)
+	require.NoError(t, mw.Close())
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/"+bucket, bytes.NewReader(buf.Bytes()))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", mw.FormDataContentType())
+	req.Header.Set("Sec-Fetch-Site", "cross-site")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusForbidden, resp.StatusCode)
+	_, err = os.Stat(filepath.Join(dir, "config", "dev-1.jsonc"))
+	require.ErrorIs(t, err, os.ErrNotExist)
 }
 
 func TestForeignHostRefused(t *testing.T) {

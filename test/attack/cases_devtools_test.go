@@ -10,6 +10,7 @@ func devToolCases() []attackCase {
 	return []attackCase{
 		{name: "dev-s3 answers a cross-origin preflight and GET without CORS headers", run: devS3NoCORS},
 		{name: "dev-s3 refuses a rebinding Host name (nothing read or written)", run: devS3RebindingHost},
+		{name: "dev-s3 refuses a cross-origin HTML form upload (a simple request, no preflight)", run: devS3FormUpload},
 		{name: "dev-k8s sends no CORS headers and refuses a rebinding Host name", run: k8s.run(devK8sCORSAndHost)},
 		{name: "dev-k8s stores Secrets 0600 in 0700 directories and tightens existing ones on start", run: k8s.run(devK8sSecretModes)},
 	}

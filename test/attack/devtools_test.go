@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"mime/multipart"
 	"net"
 	"net/http"
 	"os"
@@ -145,6 +146,48 @@ func devS3RebindingHost(ctx context.Context, e *env) error {
 	return nil
 }
 
+// devS3FormUpload is what a page's <form method=post enctype=multipart/form-data
+// action=http://127.0.0.1:8989/dev> sends: a "simple" request, which a browser
+// sends cross-origin without asking (no preflight, so no CORS), and which
+// gofakes3 turns into a PutObject of the form's key.
+func devS3FormUpload(ctx context.Context, e *env) error {
+	c := &http.Client{Timeout: refuseWithin}
+	key := "config/form-upload.jsonc"
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	if err := mw.WriteField("key", key); err != nil {
+		return err
+	}
+	fw, err := mw.CreateFormFile("file", "x.jsonc")
+	if err != nil {
+		return err
+	}
+	if _, err := fw.Write([]byte(`{"shard": {"infra": {"options": {"command": "touch /tmp/pwned"}}}}`)); err != nil {
+		return err
+	}
+	if err := mw.Close(); err != nil {
+		return err
+	}
+	for _, h := range []map[string]string{
+		{"Origin": evilOrigin, "Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"},
+		{"Origin": "http://127.0.0.1:3000", "Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "navigate"}, // another local dev server's page
+		{"Origin": "null"}, // a sandboxed frame, or an older browser without Sec-Fetch-*
+	} {
+		h["Content-Type"] = mw.FormDataContentType()
+		resp, _, err := devRequest(ctx, c, http.MethodPost, "http://"+e.s.s3Addr+"/"+bucket, "", "", buf.Bytes(), h)
+		if err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusForbidden {
+			return fmt.Errorf("form POST with Origin %s answered %d, want 403", h["Origin"], resp.StatusCode)
+		}
+		if _, err := e.s.get(ctx, key); err == nil {
+			return fmt.Errorf("a cross-origin form (Origin %s) wrote %s", h["Origin"], key)
+		}
+	}
+	return nil
+}
+
 // devK8s is a dev-k8s process on a temporary data directory.
 type devK8s struct {
 	addr, dir, token string
@@ -248,18 +291,26 @@ func devK8sCORSAndHost(ctx context.Context, e *env, k *devK8s) error {
 	rebound := net.JoinHostPort(evilName, port)
 	// Control: the address dialled and localhost work.
 	for _, h := range []string{"", net.JoinHostPort("localhost", port)} {
-		resp, _, err := devRequest(ctx, k.client, http.MethodGet, k.url("/api/v1/namespaces/default/secrets"), h, evilOrigin, nil, auth)
+		resp, _, err := devRequest(ctx, k.client, http.MethodGet, k.url("/api/v1/namespaces/default/secrets"), h, "", nil, auth)
 		if err != nil {
 			return err
 		}
 		if resp.StatusCode != http.StatusOK {
 			return fmt.Errorf("control: GET secrets with Host %q answered %d, want 200", h, resp.StatusCode)
 		}
-		if c := corsHeaders(resp.Header); len(c) > 0 {
-			return fmt.Errorf("GET with Origin %s answered with %v", evilOrigin, c)
-		}
 	}
-	resp, _, err := devRequest(ctx, k.client, http.MethodOptions, k.url("/api/v1/namespaces/default/secrets"), "", evilOrigin, nil,
+	// Another origin's page: no CORS headers, whatever the answer.
+	resp, body, err := devRequest(ctx, k.client, http.MethodGet, k.url("/api/v1/namespaces/default/secrets"), "", evilOrigin, nil, auth)
+	if err != nil {
+		return err
+	}
+	if c := corsHeaders(resp.Header); len(c) > 0 {
+		return fmt.Errorf("GET with Origin %s answered %d with %v", evilOrigin, resp.StatusCode, c)
+	}
+	if bytes.Contains(body, []byte("c2VjcmV0")) {
+		return fmt.Errorf("GET with Origin %s returned a Secret", evilOrigin)
+	}
+	resp, _, err = devRequest(ctx, k.client, http.MethodOptions, k.url("/api/v1/namespaces/default/secrets"), "", evilOrigin, nil,
 		map[string]string{"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization,content-type"})
 	if err != nil {
 		return err
