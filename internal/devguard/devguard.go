@@ -10,8 +10,9 @@
 //     requests (an HTML form's multipart POST, which gofakes3 turns into a
 //     PutObject) to any origin without asking. A request that a browser
 //     marks as coming from another page (Sec-Fetch-Site cross-site or
-//     same-site, i.e. another origin, whatever the port) or whose Origin is
-//     not the server's own is refused with 403. Programs (SDKs, the aws
+//     same-site, i.e. another origin, whatever the port) or, from a browser
+//     that sends no Sec-Fetch-Site, whose Origin is not the server's own is
+//     refused with 403. Programs (SDKs, the aws
 //     CLI, kubectl) send neither header; a URL typed into the browser is
 //     "Sec-Fetch-Site: none" and works.
 //   - A Host allow-list against DNS rebinding: a page served from a name the
@@ -151,10 +152,16 @@ func (g *Guard) Wrap(next http.Handler) http.Handler {
 }
 
 // foreignPage says why r comes from a web page of another origin, or "".
+// Sec-Fetch-Site, which a page cannot set, decides when present (so a
+// same-origin page behind a proxy such as kubectl proxy, whose Origin names
+// the proxy, still works); without it (older browsers) a foreign Origin
+// does.
 func foreignPage(r *http.Request) string {
 	switch site := r.Header.Get("Sec-Fetch-Site"); site {
 	case "cross-site", "same-site":
 		return "Sec-Fetch-Site: " + site
+	case "same-origin", "none":
+		return ""
 	}
 	if o := r.Header.Get("Origin"); o != "" && !strings.EqualFold(o, "http://"+r.Host) && !strings.EqualFold(o, "https://"+r.Host) {
 		return "Origin: " + o

@@ -95,6 +95,9 @@ func TestWrap(t *testing.T) {
 	for _, hdr := range []map[string]string{
 		{"Origin": "http://127.0.0.1:8989", "Sec-Fetch-Site": "same-origin"},
 		{"Sec-Fetch-Site": "none"}, // typed into the address bar
+		// A same-origin page behind a proxy (kubectl proxy): Origin names
+		// the proxy, Sec-Fetch-Site decides.
+		{"Origin": "http://127.0.0.1:8001", "Sec-Fetch-Site": "same-origin"},
 	} {
 		if w := do(http.MethodGet, "127.0.0.1:8989", hdr); w.Code != http.StatusNoContent {
 			t.Errorf("request with %v: %d %q", hdr, w.Code, w.Body.String())
