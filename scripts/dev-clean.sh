@@ -7,6 +7,9 @@
 #  3. PIDs recorded under temp/pids/ (Overmind itself, etcd/apiserver, ...),
 #     each checked to be alive first.
 # Nothing is looked up by process name.
+# Stopping needs no dev-s3 keys; do not generate them into a DEV_DIR that is
+# about to go.
+DEV_S3_NO_KEYS=1
 source "$(dirname "$0")/dev-common.sh"
 
 alive() { kill -0 "$1" 2>/dev/null; }

@@ -29,13 +29,45 @@ DEV_KUBE_DIR="$DEV_DIR/kube"
 DEV_FAKE_NODES="${NSTANCE_DEV_FAKE_NODES:-false}"
 DEV_NODE_CA_NAME=kubernetes
 
-# Object storage settings every Nstance binary reads (pkg/objstore/s3store).
-export AWS_ACCESS_KEY_ID=dev AWS_SECRET_ACCESS_KEY=dev AWS_REGION=us-east-1
+# Object storage settings every Nstance binary reads (pkg/objstore/s3store);
+# the access keys come from dev_s3_keys below.
+export AWS_REGION=us-east-1
 export AWS_ENDPOINT_URL="http://$DEV_S3_ADDR" AWS_S3_USE_PATH_STYLE=true
 export NSTANCE_ENCRYPTION_KEY="${NSTANCE_ENCRYPTION_KEY:-thisisatest32bytekey123456789012}"
+# dev-s3's access keys, in the aws CLI's credentials file format (mode 0600).
+DEV_S3_CREDENTIALS="$DEV_DIR/dev-s3.credentials"
 
 log() { printf '[%s] %s\n' "${PS:-$(basename "$0")}" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+
+# dev_s3_keys: dev-s3 requires signed requests, so that only the developer's
+# own processes can read and write the dev bucket (its config runs as shell
+# commands; cluster/secret/ holds the cluster's keys). The first script to
+# run generates random keys into $DEV_S3_CREDENTIALS (0600; a lock makes
+# the concurrent Procfile scripts agree); every script then exports them as
+# AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for the binaries it starts.
+dev_s3_keys() {
+	local f=$DEV_S3_CREDENTIALS
+	if [[ ! -s $f ]]; then
+		mkdir -p "$DEV_DIR"
+		(
+			flock 9
+			if [[ ! -s $f ]]; then
+				umask 077
+				printf '[default]\naws_access_key_id = dev-%s\naws_secret_access_key = %s\n' \
+					"$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')" "$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')" > "$f.tmp"
+				mv "$f.tmp" "$f"
+			fi
+		) 9>"$f.lock" || die "generating dev-s3 keys into $f failed"
+	fi
+	chmod 600 "$f"
+	AWS_ACCESS_KEY_ID=$(sed -n 's/^aws_access_key_id = //p' "$f")
+	AWS_SECRET_ACCESS_KEY=$(sed -n 's/^aws_secret_access_key = //p' "$f")
+	[[ -n $AWS_ACCESS_KEY_ID && -n $AWS_SECRET_ACCESS_KEY ]] ||
+		die "$f has no aws_access_key_id or aws_secret_access_key line (remove it: the next start generates new keys)"
+	export AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
+}
+[[ ${DEV_S3_NO_KEYS:-} == 1 ]] || dev_s3_keys
 # Long steps and waits report through scripts/lib/progress.sh, in log's format.
 source "$NSTANCE_ROOT/scripts/lib/progress.sh"
 progress_say() { log "$@"; }
@@ -120,7 +152,12 @@ node_ca() {
 # (built by scripts/envtest-assets.sh).
 hollow_kubelet() { echo "$(scripts/envtest-assets.sh --dir)/nstance-hollow-kubelet"; }
 
-# put_object KEY FILE: upload to the dev bucket through dev-s3.
+# put_object KEY FILE: upload to the dev bucket through dev-s3, signed with
+# the dev-s3 keys (passed on stdin, never in the command line; curl before 8
+# does not send the payload hash, so it is given).
 put_object() {
-	curl -fsS -X PUT --data-binary "@$2" -o /dev/null "http://$DEV_S3_ADDR/$DEV_BUCKET/$1"
+	curl -fsS -X PUT --aws-sigv4 "aws:amz:$AWS_REGION:s3" -K - \
+		-H "x-amz-content-sha256: $(sha256sum "$2" | cut -d' ' -f1)" -H "Content-Type: application/octet-stream" \
+		--data-binary "@$2" -o /dev/null "http://$DEV_S3_ADDR/$DEV_BUCKET/$1" \
+		<<<"user = \"$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY\""
 }

@@ -56,7 +56,7 @@ procs="s3, server#1..server#$DEV_SERVERS, status"
 summary=(
 	""
 	"===== nstance dev stack is up$took ====="
-	"dev-s3      http://$DEV_S3_ADDR  bucket $DEV_BUCKET, e.g. AWS_ACCESS_KEY_ID=dev AWS_SECRET_ACCESS_KEY=dev aws --endpoint-url http://$DEV_S3_ADDR s3 ls s3://$DEV_BUCKET/"
+	"dev-s3      http://$DEV_S3_ADDR  bucket $DEV_BUCKET, keys in $DEV_DIR_ABS/dev-s3.credentials, e.g. AWS_SHARED_CREDENTIALS_FILE=$DEV_DIR_ABS/dev-s3.credentials aws --endpoint-url http://$DEV_S3_ADDR --region us-east-1 s3 ls s3://$DEV_BUCKET/"
 	"servers     ${servers[*]}"
 	"status      $status_url  (live page: shards, leaders, groups, instances, errors; open ${status_url}?token=$(<"$status_token") once, API: Authorization: Bearer from $status_token)"
 )

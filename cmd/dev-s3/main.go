@@ -31,6 +31,7 @@ func main() {
 			&cli.StringFlag{Name: "dir", Value: devs3.DefaultDir, EnvVars: env("DIR"), Usage: "directory holding the objects (created when missing)"},
 			&cli.StringFlag{Name: "access-key", EnvVars: env("ACCESS_KEY"), Usage: "require AWS Signature V4 with this access key (with --secret-key); unset: any credentials work"},
 			&cli.StringFlag{Name: "secret-key", EnvVars: env("SECRET_KEY"), Usage: "secret key for --access-key"},
+			&cli.StringSliceFlag{Name: "allowed-host", EnvVars: env("ALLOWED_HOST"), Usage: "host name (or host:port) clients use besides IP addresses and localhost (repeatable; comma-separated in the variable); requests naming any other Host are refused (DNS rebinding)"},
 			&cli.DurationFlag{Name: "upload-expiry", Value: devs3.DefaultUploadExpiry, EnvVars: env("UPLOAD_EXPIRY"), Usage: "remove multipart uploads not completed within this time"},
 		}, logging.CLIFlags(envPrefix)...),
 		Action: run,
@@ -58,7 +59,7 @@ func run(c *cli.Context) error {
 	srv, err := devs3.New(devs3.Config{
 		Bucket: c.String("bucket"), Dir: c.String("dir"), Log: log,
 		AccessKey: c.String("access-key"), SecretKey: c.String("secret-key"),
-		UploadExpiry: c.Duration("upload-expiry"),
+		UploadExpiry: c.Duration("upload-expiry"), AllowedHosts: c.StringSlice("allowed-host"),
 	})
 	if err != nil {
 		return err

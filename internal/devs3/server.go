@@ -14,6 +14,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/johannesboyne/gofakes3"
 
+	"github.com/nstance-dev/nstance/internal/devguard"
 	"github.com/nstance-dev/nstance/pkg/objstore/fsbucket"
 )
 
@@ -50,6 +51,10 @@ type Config struct {
 	UploadExpiry time.Duration
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
+	// AllowedHosts are the host names (or host:port) clients may use in
+	// the Host header besides IP addresses and localhost; any other Host
+	// is refused with 421 (DNS rebinding, see internal/devguard).
+	AllowedHosts []string
 }
 
 // Server is a dev-s3 instance.
@@ -82,6 +87,10 @@ func New(cfg Config) (*Server, error) {
 	if (cfg.AccessKey == "") != (cfg.SecretKey == "") {
 		return nil, errors.New("dev-s3: give both an access key and a secret key, or neither")
 	}
+	guard, err := devguard.New(devguard.Options{Server: "dev-s3", Flag: "--allowed-host", AllowedHosts: cfg.AllowedHosts})
+	if err != nil {
+		return nil, fmt.Errorf("dev-s3: %w", err)
+	}
 	store, err := fsbucket.Open(cfg.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("dev-s3: %w", err)
@@ -98,14 +107,18 @@ func New(cfg Config) (*Server, error) {
 		gofakes3.WithLogger(gofakesLogger{cfg.Log}),
 		gofakes3.WithoutVersioning(),
 	)
-	s.handler = s.wrap(fake.Server())
+	// gofakes3 grants every origin CORS access (no option turns that
+	// off): its Access-Control-* headers are removed and the guard refuses
+	// preflights and foreign Host names before anything else runs.
+	s.handler = guard.Wrap(s.wrap(devguard.StripCORS(fake.Server())))
 	return s, nil
 }
 
 // Dir returns the absolute directory served.
 func (s *Server) Dir() string { return s.backend.store.Root() }
 
-// Handler returns the HTTP handler (S3 API plus /healthz).
+// Handler returns the HTTP handler (S3 API plus /healthz), behind the
+// Host check and without CORS.
 func (s *Server) Handler() http.Handler { return s.handler }
 
 // Serve answers requests on ln until ctx is cancelled, then stops

@@ -33,6 +33,7 @@ var leaves = []string{
 	"internal/atomicfile",  // write-to-temp-then-rename files
 	"internal/carotation",  // CA rotation steps, run by nstance-admin and test/chaos
 	"internal/config",      // the shard configuration schema: parse, defaults, validation
+	"internal/devguard",    // dev-s3 and dev-k8s: no CORS, no other origins' pages, Host check
 	"internal/importedca",  // CAs the admin imports: stored by nstance-admin, loaded by the server
 	"internal/keytype",     // key algorithm names shared by agent and server
 	"internal/layout",      // every object-storage key, ValidateID

@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/nstance-dev/nstance/internal/devguard"
 	"github.com/nstance-dev/nstance/internal/devk8s/apiserver"
 	"github.com/nstance-dev/nstance/internal/devk8s/certs"
 	"github.com/nstance-dev/nstance/internal/devk8s/store"
@@ -35,6 +36,10 @@ type Config struct {
 	// TLSSANs are extra host names or IPs for the serving certificate
 	// (needed when clients connect through a non-loopback address).
 	TLSSANs []string
+	// AllowedHosts are host names (or host:port) clients use in the Host
+	// header besides IP addresses, localhost and the TLSSANs; any other
+	// Host is refused with 421 (DNS rebinding, see internal/devguard).
+	AllowedHosts []string
 	// KubeconfigOut is an extra copy of the kubeconfig (the data directory
 	// always gets one).
 	KubeconfigOut string
@@ -89,6 +94,11 @@ func Start(ctx context.Context, log logr.Logger, cfg Config) (*Running, error) {
 		return nil, fmt.Errorf("data directory %q: %w", cfg.Dir, err)
 	}
 	cfg.Dir = dir
+	// The names in the serving certificate are names clients use.
+	guard, err := devguard.New(devguard.Options{Server: "dev-k8s", Flag: "--allowed-host (or --tls-san)", AllowedHosts: append(append([]string(nil), cfg.AllowedHosts...), cfg.TLSSANs...)})
+	if err != nil {
+		return nil, err
+	}
 	if cfg.ClientCAFile != "" {
 		if !cfg.TLS {
 			return nil, errors.New("a client CA file needs TLS: clients send certificates only in a TLS handshake")
@@ -107,7 +117,9 @@ func Start(ctx context.Context, log logr.Logger, cfg Config) (*Running, error) {
 		return nil, fmt.Errorf("listen on %s: %w", cfg.Addr, err)
 	}
 	host := clientHost(ln.Addr())
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	// dev-k8s sets no CORS headers; the guard refuses preflights and
+	// foreign Host names before the API server sees the request.
+	hs := &http.Server{Handler: guard.Wrap(srv), ReadHeaderTimeout: 10 * time.Second}
 	hs.RegisterOnShutdown(srv.StopWatches)
 	run := &Running{Server: srv, http: hs, done: make(chan error, 1), AdminToken: srv.AdminToken(), Kubeconfig: filepath.Join(cfg.Dir, KubeconfigName), Authenticators: srv.AuthMethods()}
 	scheme := "http"

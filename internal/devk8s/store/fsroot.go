@@ -19,6 +19,44 @@ import (
 // followed. Symlinks are not followed at all when scanning: objects are
 // regular files in real directories.
 
+// Objects (Secrets among them) are nobody else's business: the store
+// creates directories 0700 and files 0600, and at start takes group and
+// other permissions off everything already in the data directory.
+const (
+	dirMode  fs.FileMode = 0o700
+	fileMode fs.FileMode = 0o600
+)
+
+// tightenModes removes group and other permissions from every directory and
+// regular file under root (older dev-k8s versions wrote 0644 files in 0755
+// directories; scripts and editors create files with the umask's modes).
+// Symlinks are neither followed nor changed. It returns how many it changed.
+func tightenModes(root *os.Root) (int, error) {
+	n := 0
+	err := fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() && !d.Type().IsRegular() {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		perm := info.Mode().Perm()
+		if perm&0o077 == 0 {
+			return nil
+		}
+		if err := root.Chmod(p, perm&^0o077); err != nil {
+			return fmt.Errorf("restrict %s to its owner: %w", p, err)
+		}
+		n++
+		return nil
+	})
+	return n, err
+}
+
 // ErrInvalidName is returned for a namespace or name that cannot be a file
 // name under the data directory.
 var ErrInvalidName = errors.New("invalid name for a data directory file")
@@ -99,7 +137,7 @@ func (s *Store) mkdirAll(p string) error {
 	if err != nil {
 		return err
 	}
-	return s.root.MkdirAll(r, 0o755)
+	return s.root.MkdirAll(r, dirMode)
 }
 
 func (s *Store) remove(p string) error {
@@ -120,7 +158,7 @@ func (s *Store) writeAtomic(p, tmpDir string, data []byte) error {
 		return err
 	}
 	dir := filepath.Dir(target)
-	if err := s.root.MkdirAll(dir, 0o755); err != nil {
+	if err := s.root.MkdirAll(dir, dirMode); err != nil {
 		return fmt.Errorf("create %s: %w", filepath.Join(s.opts.Dir, dir), err)
 	}
 	tdir := dir
@@ -134,7 +172,7 @@ func (s *Store) writeAtomic(p, tmpDir string, data []byte) error {
 		return fmt.Errorf("temporary file name: %w", err)
 	}
 	tmp := filepath.Join(tdir, "."+filepath.Base(target)+".tmp"+hex.EncodeToString(rnd[:]))
-	f, err := s.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	f, err := s.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, fileMode)
 	if err != nil {
 		return fmt.Errorf("create temporary file for %s: %w", p, err)
 	}

@@ -146,12 +146,20 @@ func Open(ctx context.Context, log logr.Logger, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("data directory %q: %w", opts.Dir, err)
 	}
 	opts.Dir = abs
-	if err := os.MkdirAll(filepath.Join(opts.Dir, StateDirName, "tmp"), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Join(opts.Dir, StateDirName, "tmp"), dirMode); err != nil {
 		return nil, fmt.Errorf("create data directory: %w", err)
 	}
 	root, err := os.OpenRoot(opts.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("open data directory: %w", err)
+	}
+	n, err := tightenModes(root)
+	if err != nil {
+		_ = root.Close()
+		return nil, fmt.Errorf("data directory %s: %w", opts.Dir, err)
+	}
+	if n > 0 {
+		log.Info("removed group and other permissions in the data directory (objects, Secrets included, are the owner's only)", "dir", opts.Dir, "changed", n)
 	}
 	s := &Store{
 		log:      log,
