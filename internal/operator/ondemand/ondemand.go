@@ -35,9 +35,11 @@ import (
 const (
 	// AnnotationGroup names the Nstance group the pod's instance is created in.
 	AnnotationGroup = "on-demand.nstance.dev/group"
-	// AnnotationInstanceType optionally overrides the group's instance type.
+	// AnnotationInstanceType optionally overrides the group's instance
+	// type, with one its pool allows (Decide).
 	AnnotationInstanceType = "on-demand.nstance.dev/instance-type"
-	// AnnotationShard optionally picks the shard; default: the first configured shard.
+	// AnnotationShard optionally picks one of the pool's shards; default:
+	// the pool's first.
 	AnnotationShard = "on-demand.nstance.dev/shard"
 	// Finalizer on the pod: its Machine and NstanceMachine are deleted
 	// before the pod goes (they may live in another namespace, where an
