@@ -61,11 +61,51 @@ type NstanceMachinePoolSpec struct {
 	// +optional
 	JoinTimeout *metav1.Duration `json:"joinTimeout,omitempty"`
 
+	// onDemand opts the pool's group into on-demand pods (pods annotated
+	// on-demand.nstance.dev/group with this pool's group, each of which gets
+	// a dedicated instance). Unset: such pods are refused.
+	// +optional
+	OnDemand *OnDemandSpec `json:"onDemand,omitempty"`
+
 	// providerIDList holds the provider IDs of the pool's instances, as the
 	// Cluster API MachinePool contract requires.
 	// +optional
 	// +listType=atomic
 	ProviderIDList []string `json:"providerIDList,omitempty"`
+}
+
+// DefaultOnDemandMaxInstances is spec.onDemand.maxInstances when unset.
+const DefaultOnDemandMaxInstances = 10
+
+// OnDemandSpec says whether, and within which limits, pods may ask for
+// on-demand instances of a pool's group. The namespaces such pods may live in
+// are the operator's setting (on_demand_namespaces), not the pool's.
+type OnDemandSpec struct {
+	// enabled accepts on-demand pods for this pool's group. False (the
+	// default) refuses them.
+	// +optional
+	Enabled bool `json:"enabled,omitempty"`
+
+	// allowedInstanceTypes are the instance types a pod may ask for with
+	// on-demand.nstance.dev/instance-type. The pool's own spec.instanceType
+	// is always allowed; empty means no other type (a pod without the
+	// annotation gets the group's type).
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=128
+	AllowedInstanceTypes []string `json:"allowedInstanceTypes,omitempty"`
+
+	// maxInstances bounds the on-demand instances of this pool's group, over
+	// all its shards, counted as the operator's on-demand NstanceMachines of
+	// the group (pool replicas do not count). A pod beyond it is refused
+	// until one of them goes. Unset: 10; 0 refuses every pod.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000
+	// +kubebuilder:default=10
+	MaxInstances *int32 `json:"maxInstances,omitempty"`
 }
 
 // NstanceMachinePoolStatus is the observed state of an NstanceMachinePool.

@@ -380,7 +380,10 @@ func (f *fixture) createPool(t *testing.T, name string, replicas int32, drainTim
 	require.NoError(t, env.Client.Create(ctx, &infrav1.NstanceMachinePool{
 		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name, Labels: labels},
 		Spec: infrav1.NstanceMachinePoolSpec{Group: name, Shards: []string{shardID}, Template: "worker",
-			DrainTimeout: &metav1.Duration{Duration: drainTimeout}},
+			DrainTimeout: &metav1.Duration{Duration: drainTimeout},
+			// Every pool of these tests accepts on-demand pods (of the
+			// operator's namespace, the default).
+			OnDemand: &infrav1.OnDemandSpec{Enabled: true}},
 	}))
 	// Fields CAPI's defaulting webhook would set are given explicitly: the
 	// cluster-name label and the bootstrap data Secret (no bootstrap provider).

@@ -116,10 +116,10 @@ func TestManagementCluster(t *testing.T) {
 	})
 
 	t.Run("an on-demand pod in the workload cluster gets an instance", func(t *testing.T) {
-		apps := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "apps-"}}
-		require.NoError(t, wl.Create(ctx, apps))
+		// The operator's namespace, the one that may hold on-demand pods
+		// by default, of the workload cluster.
 		pod := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: apps.Name, GenerateName: "job-", Annotations: map[string]string{ondemand.AnnotationGroup: "solo"}},
+			ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, GenerateName: "job-", Annotations: map[string]string{ondemand.AnnotationGroup: "solo"}},
 			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/job"}}},
 		}
 		require.NoError(t, wl.Create(ctx, pod))

@@ -31,6 +31,11 @@ type Config struct {
 	Tenant string `json:"tenant"`
 	// Shards maps shard IDs to their endpoints.
 	Shards map[string]Shard `json:"shards"`
+	// OnDemandNamespaces are the namespaces (of the workload cluster) whose
+	// pods may ask for on-demand instances (on-demand.nstance.dev/group);
+	// pods elsewhere are refused with a Warning Event. Empty: only the
+	// operator's own namespace (NSTANCE_NAMESPACE).
+	OnDemandNamespaces []string `json:"on_demand_namespaces,omitempty"`
 }
 
 // dnsLabel is the shape of cluster, tenant and shard identifiers: the same
@@ -99,6 +104,11 @@ func (c *Config) Validate() error {
 			if err != nil || host == "" || port == "" {
 				errs = append(errs, fmt.Errorf("shards.%s.%s %q must be host:port", id, f.name, f.addr))
 			}
+		}
+	}
+	for i, ns := range c.OnDemandNamespaces {
+		if !dnsLabel.MatchString(ns) || len(ns) > 63 {
+			errs = append(errs, fmt.Errorf("on_demand_namespaces[%d] %q must be a namespace name (a DNS label)", i, ns))
 		}
 	}
 	return errors.Join(errs...)

@@ -28,6 +28,11 @@ func TestParseValid(t *testing.T) {
 	require.Equal(t, "default", cfg.Tenant)
 	require.Equal(t, []string{"us-east-1a", "us-west-2a"}, cfg.ShardIDs())
 	require.Equal(t, Shard{RegistrationAddr: "10.0.0.1:8992", OperatorAddr: "10.0.0.1:8993"}, cfg.Shards["us-west-2a"])
+	require.Empty(t, cfg.OnDemandNamespaces, "unset: the operator's namespace only")
+
+	cfg, err = Parse([]byte(validYAML + "on_demand_namespaces: [batch, team-a]\n"))
+	require.NoError(t, err)
+	require.Equal(t, []string{"batch", "team-a"}, cfg.OnDemandNamespaces)
 }
 
 func TestParseInvalid(t *testing.T) {
@@ -42,6 +47,8 @@ func TestParseInvalid(t *testing.T) {
 		{"bad cluster id", "cluster_id: Bad_ID\ntenant: t\nshards: {a: {registration_addr: 'h:1', operator_addr: 'h:2'}}", []string{"cluster_id \"Bad_ID\""}},
 		{"missing addr", "cluster_id: c\ntenant: t\nshards: {a: {registration_addr: 'h:1'}}", []string{"shards.a.operator_addr is required"}},
 		{"addr without port", "cluster_id: c\ntenant: t\nshards: {a: {registration_addr: 'h', operator_addr: 'h:2'}}", []string{"shards.a.registration_addr \"h\" must be host:port"}},
+		{"bad on-demand namespace", validYAML + "on_demand_namespaces: [ok, Not_A_Namespace, '*']\n",
+			[]string{`on_demand_namespaces[1] "Not_A_Namespace" must be a namespace name`, `on_demand_namespaces[2] "*"`}},
 		{"shard with separator", "cluster_id: c\ntenant: t\nshards: {a--b: {registration_addr: 'h:1', operator_addr: 'h:2'}}", []string{"shards.a--b: shard ID"}},
 	}
 	for _, tt := range tests {

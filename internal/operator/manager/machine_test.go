@@ -8,8 +8,10 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/operator/machine"
@@ -131,13 +133,17 @@ func TestMachineLifecycle(t *testing.T) {
 
 func TestOnDemandPod(t *testing.T) { forEachMode(t, testOnDemandPod) }
 
-// testOnDemandPod: annotated pods in the workload cluster get a Machine and
-// NstanceMachine in the operator's namespace, and with them an instance.
+// testOnDemandPod: annotated pods in an allowed namespace of the workload
+// cluster get a Machine and NstanceMachine in the operator's namespace, and
+// with them an instance, when their pool opts in; a pod of another namespace
+// gets a Warning Event and nothing else.
 func testOnDemandPod(t *testing.T, m clusterMode) {
 	f := newFixture(t, "shard-a", "shard-b")
 	f.putNonce(t)
 	o := f.options(t)
 	o.DrainRetryInterval, o.MachinePollInterval = 100*time.Millisecond, 100*time.Millisecond
+	apps := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "apps-" + utilrand.String(6)}}
+	o.Config.OnDemandNamespaces = []string{apps.Name}
 	f.prepare(t, m, &o, true)
 	r := startOperator(t, o)
 	f.started(t, m)
@@ -145,8 +151,33 @@ func testOnDemandPod(t *testing.T, m clusterMode) {
 	f.createPool(t, "burst", 0, "shard-a", "shard-b")
 	f.waitGroupOnShards(t, "burst", "shard-a", "shard-b")
 	ctx := context.Background()
-	apps := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "apps-"}}
+	pool, ok := get(t, f.ns, "burst", &infrav1.NstanceMachinePool{})
+	require.True(t, ok)
+	before := pool.DeepCopy()
+	pool.Spec.OnDemand = &infrav1.OnDemandSpec{Enabled: true, AllowedInstanceTypes: []string{"test.small"}}
+	require.NoError(t, env.Client.Patch(ctx, pool, client.MergeFrom(before)))
 	require.NoError(t, m.wl.Create(ctx, apps))
+
+	// A pod of a namespace that is not allowed: refused, with an Event.
+	other := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "other-"}}
+	require.NoError(t, m.wl.Create(ctx, other))
+	refused := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: other.Name, Name: "refused", Annotations: map[string]string{ondemand.AnnotationGroup: "burst"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/job"}}},
+	}
+	require.NoError(t, m.wl.Create(ctx, refused))
+	require.Eventually(t, func() bool {
+		var evs corev1.EventList
+		require.NoError(t, m.wl.List(ctx, &evs, client.InNamespace(other.Name)))
+		for _, ev := range evs.Items {
+			if ev.InvolvedObject.UID == refused.UID && ev.Reason == ondemand.ReasonRefused && ev.Type == corev1.EventTypeWarning {
+				return true
+			}
+		}
+		return false
+	}, waitLong, tick, "a refused pod gets a Warning Event")
+	_, ok = get(t, f.ns, ondemand.Name(refused), &infrav1.NstanceMachine{})
+	require.False(t, ok, "no NstanceMachine for a pod of a namespace that is not allowed")
 	var decoy *corev1.Pod
 	if m.management() {
 		// An annotated pod in A, the management cluster: not the workload

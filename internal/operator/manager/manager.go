@@ -125,6 +125,9 @@ type Options struct {
 	// an instance whose Node is not Ready that long after its agent's first
 	// health report is replaced. Zero disables it.
 	JoinTimeout time.Duration
+	// OnDemandRecheck is how often a refused on-demand pod is looked at
+	// again; zero means ondemand.DefaultRecheck.
+	OnDemandRecheck time.Duration
 	// JoinInterval separates join-deadline passes; zero means JoinTimeout/10
 	// within [1s, 10s].
 	JoinInterval time.Duration
@@ -321,8 +324,8 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	if err := mr.SetupWithManager(mgr, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up machine controller: %w", err)
 	}
-	od := &ondemand.Reconciler{Client: mgr.GetClient(), Workload: op.Workload, Namespace: ns, ClusterName: o.Config.ClusterID,
-		DefaultShard: defaultShard}
+	od := &ondemand.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Workload: op.Workload, Namespace: ns,
+		ClusterName: o.Config.ClusterID, Namespaces: o.Config.OnDemandNamespaces, Recheck: o.OnDemandRecheck, Log: o.Log.WithName("ondemand")}
 	if err := od.SetupWithManager(mgr, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up on-demand controller: %w", err)
 	}

@@ -49,10 +49,32 @@ type fixture struct {
 	recorder *record.FakeRecorder
 }
 
-// newFixture builds the operator's cluster (Cluster c1 in namespace ops)
-// and a workload cluster holding pods; local says whether the two are the
-// same cluster.
+// pool is an NstanceMachinePool in namespace ops.
+func pool(name, group string, od *infrav1.OnDemandSpec, shards ...string) *infrav1.NstanceMachinePool {
+	return &infrav1.NstanceMachinePool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ops", Name: name},
+		Spec:       infrav1.NstanceMachinePoolSpec{Group: group, Shards: shards, InstanceType: "m7i.large", OnDemand: od},
+	}
+}
+
+// defaultPools are the pools of newFixture: web and gpu opt in (gpu also
+// allows g5.xlarge), batch does not.
+func defaultPools() []client.Object {
+	return []client.Object{
+		pool("web", "web", &infrav1.OnDemandSpec{Enabled: true}, "s-default", "s-b"),
+		pool("gpu", "gpu", &infrav1.OnDemandSpec{Enabled: true, AllowedInstanceTypes: []string{"g5.xlarge"}}, "s-default", "s-b"),
+		pool("batch", "batch", nil, "s-default"),
+	}
+}
+
+// newFixture builds the operator's cluster (Cluster c1 and defaultPools in
+// namespace ops) and a workload cluster holding pods; local says whether
+// the two are the same cluster.
 func newFixture(t *testing.T, local, paused bool, pods ...*corev1.Pod) fixture {
+	return newFixtureWith(t, local, paused, defaultPools(), pods...)
+}
+
+func newFixtureWith(t *testing.T, local, paused bool, objs []client.Object, pods ...*corev1.Pod) fixture {
 	t.Helper()
 	s := runtime.NewScheme()
 	require.NoError(t, clientgoscheme.AddToScheme(s))
@@ -62,7 +84,7 @@ func newFixture(t *testing.T, local, paused bool, pods ...*corev1.Pod) fixture {
 	if paused {
 		cluster.Spec.Paused = ptr.To(true)
 	}
-	op := fake.NewClientBuilder().WithScheme(s).WithObjects(cluster).Build()
+	op := fake.NewClientBuilder().WithScheme(s).WithObjects(append(objs, cluster)...).Build()
 	b := fake.NewClientBuilder().WithScheme(s)
 	for _, p := range pods {
 		b = b.WithObjects(p)
@@ -71,7 +93,7 @@ func newFixture(t *testing.T, local, paused bool, pods ...*corev1.Pod) fixture {
 	rec := record.NewFakeRecorder(16)
 	return fixture{
 		r: &Reconciler{
-			Client: op, Namespace: "ops", ClusterName: "c1", DefaultShard: "s-default",
+			Client: op, Namespace: "ops", ClusterName: "c1", Namespaces: []string{"ops", "team-a"},
 			Workload: access{cl: &workload.Cluster{Client: wl, Reader: wl, Recorder: rec, Local: local}},
 		},
 		op: op, wl: wl, recorder: rec,
@@ -244,4 +266,134 @@ func TestWorkloadUnreachableIsAnError(t *testing.T) {
 	_, err := f.r.Reconcile(context.Background(), request(pod))
 	require.True(t, errors.Is(err, workload.ErrUnreachable), "%v", err)
 	f.requireNoPair(t, "od-1234-abcd")
+}
+
+// requireRefused checks the one Warning Event of a refused pod and that it
+// got nothing: no pair, no finalizer.
+func (f fixture) requireRefused(t *testing.T, pod *corev1.Pod, want string) {
+	t.Helper()
+	f.requireNoPair(t, Name(pod))
+	require.Len(t, f.recorder.Events, 1)
+	ev := <-f.recorder.Events
+	require.Contains(t, ev, corev1.EventTypeWarning+" "+ReasonRefused+" ")
+	require.Contains(t, ev, want)
+	var got corev1.Pod
+	require.NoError(t, f.wl.Get(context.Background(), request(pod).NamespacedName, &got))
+	require.NotContains(t, got.Finalizers, Finalizer, "a refused pod has nothing to clean up")
+}
+
+func TestRefusedPods(t *testing.T) {
+	for _, tt := range []struct {
+		name        string
+		ns          string
+		annotations map[string]string
+		want        string
+		recheck     bool
+	}{
+		{"namespace not allowed", "kube-public", map[string]string{AnnotationGroup: "web"}, `namespace "kube-public" may not ask`, false},
+		{"no pool for the group", "ops", map[string]string{AnnotationGroup: "other-tenant-group"}, `no NstanceMachinePool with group "other-tenant-group"`, true},
+		{"pool did not opt in", "ops", map[string]string{AnnotationGroup: "batch"}, "spec.onDemand.enabled is not true", true},
+		{"instance type not allowed", "team-a", map[string]string{AnnotationGroup: "web", AnnotationInstanceType: "p5.48xlarge"}, `instance type "p5.48xlarge" is not allowed`, true},
+		{"shard outside the pool's shards", "ops", map[string]string{AnnotationGroup: "web", AnnotationShard: "s-elsewhere"}, `shard "s-elsewhere" is not one of`, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			pod := annotatedPod(tt.ns, tt.annotations)
+			f := newFixture(t, true, false, pod)
+			f.r.Recheck = 7 * time.Second
+			res, err := f.r.Reconcile(context.Background(), request(pod))
+			require.NoError(t, err)
+			if tt.recheck {
+				require.Equal(t, reconcile.Result{RequeueAfter: 7 * time.Second}, res, "looked at again: the pool may change")
+			} else {
+				require.Equal(t, reconcile.Result{}, res)
+			}
+			f.requireRefused(t, pod, tt.want)
+		})
+	}
+}
+
+func TestDefaultNamespaceIsTheOperators(t *testing.T) {
+	ctx := context.Background()
+	inOps := annotatedPod("ops", map[string]string{AnnotationGroup: "web"})
+	elsewhere := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "job-2", UID: "5678", Annotations: map[string]string{AnnotationGroup: "web"}}}
+	f := newFixture(t, true, false, inOps, elsewhere)
+	f.r.Namespaces = nil
+	_, err := f.r.Reconcile(ctx, request(elsewhere))
+	require.NoError(t, err)
+	f.requireRefused(t, elsewhere, "(allowed namespaces: ops;")
+	_, err = f.r.Reconcile(ctx, request(inOps))
+	require.NoError(t, err)
+	f.pair(t, Name(inOps))
+}
+
+// onDemandMachine is an existing on-demand NstanceMachine of group.
+func onDemandMachine(name, group string) *infrav1.NstanceMachine {
+	return &infrav1.NstanceMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ops", Name: name,
+			Labels: map[string]string{clusterv1.ClusterNameLabel: "c1", LabelPodNamespace: "ops", LabelPodName: name}},
+		Spec: infrav1.NstanceMachineSpec{Group: group},
+	}
+}
+
+func TestMaxInstances(t *testing.T) {
+	ctx := context.Background()
+	objs := []client.Object{
+		pool("gpu", "gpu", &infrav1.OnDemandSpec{Enabled: true, MaxInstances: ptr.To[int32](2)}, "s-default", "s-b"),
+		// One on-demand instance of gpu on another shard already.
+		onDemandMachine("od-earlier", "gpu"),
+		// Neither another group's on-demand instance nor the pool's own
+		// replicas count.
+		onDemandMachine("od-other", "web"),
+		&infrav1.NstanceMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "ops", Name: "gpu-member",
+			Labels: map[string]string{clusterv1.ClusterNameLabel: "c1"}}, Spec: infrav1.NstanceMachineSpec{Group: "gpu"}},
+	}
+	first := annotatedPod("ops", map[string]string{AnnotationGroup: "gpu", AnnotationShard: "s-b"})
+	second := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ops", Name: "job-2", UID: "5678", Annotations: map[string]string{AnnotationGroup: "gpu"}}}
+	f := newFixtureWith(t, true, false, objs, first, second)
+
+	_, err := f.r.Reconcile(ctx, request(first))
+	require.NoError(t, err)
+	f.pair(t, Name(first))
+	require.Contains(t, <-f.recorder.Events, ReasonCreated)
+
+	res, err := f.r.Reconcile(ctx, request(second))
+	require.NoError(t, err)
+	require.Equal(t, DefaultRecheck, res.RequeueAfter)
+	f.requireRefused(t, second, "NstanceMachinePool gpu has 2 on-demand instances, spec.onDemand.maxInstances is 2")
+
+	// The first pod's own pair does not count against it.
+	_, err = f.r.Reconcile(ctx, request(first))
+	require.NoError(t, err)
+	require.Empty(t, f.recorder.Events)
+
+	// One goes: the refused pod gets its instance on the next look.
+	require.NoError(t, f.op.Delete(ctx, &infrav1.NstanceMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "ops", Name: "od-earlier"}}))
+	_, err = f.r.Reconcile(ctx, request(second))
+	require.NoError(t, err)
+	nm, _ := f.pair(t, Name(second))
+	require.Equal(t, "s-default", nm.Spec.Shard, "the pool's first shard")
+}
+
+func TestAdmittedPairKeepsWhatWasAdmitted(t *testing.T) {
+	ctx := context.Background()
+	pod := annotatedPod("ops", map[string]string{AnnotationGroup: "gpu", AnnotationInstanceType: "g5.xlarge"})
+	f := newFixture(t, true, false, pod)
+	_, err := f.r.Reconcile(ctx, request(pod))
+	require.NoError(t, err)
+	<-f.recorder.Events
+
+	// The pod's owner changes its mind after the admission.
+	var got corev1.Pod
+	require.NoError(t, f.wl.Get(ctx, request(pod).NamespacedName, &got))
+	got.Annotations[AnnotationInstanceType] = "p5.48xlarge"
+	require.NoError(t, f.wl.Update(ctx, &got))
+	// The Machine went missing meanwhile: it comes back, from the
+	// NstanceMachine's spec.
+	require.NoError(t, f.op.Delete(ctx, &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: "ops", Name: Name(pod)}}))
+	_, err = f.r.Reconcile(ctx, request(pod))
+	require.NoError(t, err)
+	nm, m := f.pair(t, Name(pod))
+	require.Equal(t, "g5.xlarge", nm.Spec.InstanceType)
+	require.Equal(t, "s-default", m.Spec.FailureDomain)
+	require.Empty(t, f.recorder.Events)
 }
