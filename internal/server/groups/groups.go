@@ -24,7 +24,8 @@ import (
 // Errors returned by the registry.
 var (
 	ErrNotFound = errors.New("group not found")
-	// ErrQuota: the tenant already has as many dynamic groups as allowed.
+	// ErrQuota: the tenant already has as many dynamic groups, or as many
+	// bytes of them, as allowed.
 	ErrQuota  = errors.New("group quota reached")
 	ErrStatic = errors.New("group is defined in the server config and cannot be changed through the API")
 	ErrETag   = errors.New("group etag does not match")
@@ -395,14 +396,35 @@ func (r *Registry) modify(ctx context.Context, fn func(d *document) error) error
 // Upsert creates or replaces a dynamic group. expectedETag, when set, must
 // match the stored group (and the group must exist).
 func (r *Registry) Upsert(ctx context.Context, k Key, spec Spec, expectedETag string) (*Group, bool, error) {
-	return r.UpsertWithin(ctx, k, spec, expectedETag, 0)
+	return r.UpsertWithin(ctx, k, spec, expectedETag, Quota{})
+}
+
+// Quota bounds the dynamic groups of one tenant (0: no limit).
+type Quota struct {
+	// Groups caps how many dynamic groups a tenant has
+	// (shard.limits.max_groups_per_tenant).
+	Groups int
+	// Bytes caps the stored size of a tenant's dynamic groups: every
+	// group's id and JSON entry in the shard's groups document
+	// (shard.limits.max_tenant_group_bytes).
+	Bytes int
+}
+
+// entryBytes is what group g, stored under id, takes in the document.
+func entryBytes(id string, g Group) int {
+	b, err := json.Marshal(g)
+	if err != nil {
+		return len(id)
+	}
+	return len(id) + len(b)
 }
 
 // UpsertWithin is Upsert refusing (ErrQuota) to create a group for a tenant
-// that already has maxPerTenant dynamic groups (0: no limit); replacing an
-// existing group is always allowed. The count is taken on the stored
-// document being written, so concurrent creates cannot overshoot.
-func (r *Registry) UpsertWithin(ctx context.Context, k Key, spec Spec, expectedETag string, maxPerTenant int) (*Group, bool, error) {
+// that already has q.Groups dynamic groups, or to grow a tenant's groups
+// beyond q.Bytes; replacing an existing group by one no larger is always
+// allowed (a lowered limit never blocks shrinking). Both are taken on the
+// stored document being written, so concurrent writes cannot overshoot.
+func (r *Registry) UpsertWithin(ctx context.Context, k Key, spec Spec, expectedETag string, q Quota) (*Group, bool, error) {
 	if _, ok := r.getStatic(k); ok {
 		return nil, false, fmt.Errorf("%s: %w", k, ErrStatic)
 	}
@@ -418,11 +440,27 @@ func (r *Registry) UpsertWithin(ctx context.Context, k Key, spec Spec, expectedE
 		if expectedETag != "" && (!exists || old.ETag != expectedETag) {
 			return fmt.Errorf("%s: %w (stored %q, expected %q)", k, ErrETag, old.ETag, expectedETag)
 		}
-		if !exists && maxPerTenant > 0 && len(gs) >= maxPerTenant {
+		if !exists && q.Groups > 0 && len(gs) >= q.Groups {
 			return fmt.Errorf("%w: tenant %s already has %d dynamic groups (shard.limits.max_groups_per_tenant); delete one first", ErrQuota, k.Tenant, len(gs))
 		}
-		created = !exists
-		out = Group{Tenant: k.Tenant, ID: k.ID, Spec: spec.clone(), ETag: newETag(), UpdatedAt: r.now().UTC()}
+		next := Group{Tenant: k.Tenant, ID: k.ID, Spec: spec.clone(), ETag: newETag(), UpdatedAt: r.now().UTC()}
+		if q.Bytes > 0 {
+			others := 0
+			for id, g := range gs {
+				if id != k.ID {
+					others += entryBytes(id, g)
+				}
+			}
+			size, was := entryBytes(k.ID, next), 0
+			if exists {
+				was = entryBytes(k.ID, old)
+			}
+			if others+size > q.Bytes && size > was {
+				return fmt.Errorf("%w: group %s of tenant %s takes %d bytes stored, the tenant's other groups %d: more than shard.limits.max_tenant_group_bytes (%d); make groups smaller or delete one first",
+					ErrQuota, k.ID, k.Tenant, size, others, q.Bytes)
+			}
+		}
+		created, out = !exists, next
 		gs[k.ID] = out
 		return nil
 	})
