@@ -14,7 +14,8 @@ import (
 // every call.
 type Limits struct {
 	// MaxConcurrentStreams caps concurrent RPCs on one HTTP/2 connection, on
-	// every listener (default 100).
+	// every listener (default 100; the anonymous Registration listener
+	// allows at most 8, with 64 KiB flow-control windows).
 	MaxConcurrentStreams int `json:"max_concurrent_streams"`
 	// MaxConnectionsPerSource caps open connections from one source IP
 	// address per listener (default 1024; agents behind one NAT address share it).
@@ -31,8 +32,9 @@ type Limits struct {
 	// before it is disconnected with ResourceExhausted (default 1024).
 	WatchBuffer int `json:"watch_buffer"`
 	// MaxMessageBytes is the largest gRPC message the server receives or
-	// sends on any listener (default 16 MiB, 4 MiB to 64 MiB; clients accept
-	// up to 64 MiB).
+	// sends on the Operator and Agent listeners, and sends on the
+	// Registration listener (default 16 MiB, 4 MiB to 64 MiB; clients
+	// accept up to 64 MiB).
 	MaxMessageBytes int `json:"max_message_bytes"`
 	// MaxRegistrationMessageBytes is the largest message the anonymous
 	// Registration listener receives (default 64 KiB, 16 KiB to 1 MiB); a
