@@ -78,11 +78,13 @@ type Limits struct {
 	// label value is at most 63 bytes, this leaves room for descriptions).
 	MaxLabelValueBytes int `json:"max_label_value_bytes"`
 	// MaxTenantGroupBytes caps the stored size (JSON) of all dynamic groups
-	// of one tenant on the shard (default 1 MiB). Every group write rewrites
-	// the shard's groups document, so this bounds what one tenant adds to
-	// every other tenant's writes. A tenant at the default count limit (256
-	// groups) with a few short vars each uses about 100 KiB; four groups
-	// with every var at max_var_value_bytes fill it.
+	// of one tenant on the shard (default 256 KiB: 1 KiB for each of the
+	// default 256 groups; a group with a few short vars takes 300-500 bytes,
+	// one with a PEM certificate in a var about 5 KiB). Every group write
+	// rewrites the shard's one groups document, so this bounds what one
+	// tenant adds to every other tenant's writes: on dev-s3, another
+	// tenant's UpsertGroup took 16 ms instead of 1.3 ms with one tenant at
+	// 256 KiB, 53 ms at 1 MiB (bench/tenantgroups, bench/RESULTS.md).
 	MaxTenantGroupBytes int `json:"max_tenant_group_bytes"`
 	// TenantCreateRate limits instance creations per tenant: on-demand
 	// CreateInstance calls beyond it are refused, group scale-ups wait.
@@ -110,7 +112,7 @@ const (
 	DefaultMaxVarValueBytes        = 4 << 10
 	DefaultMaxLabelKeyBytes        = 317
 	DefaultMaxLabelValueBytes      = 1 << 10
-	DefaultMaxTenantGroupBytes     = 1 << 20
+	DefaultMaxTenantGroupBytes     = 256 << 10
 	DefaultTenantCreatePerMinute   = 300
 	DefaultTenantCreateBurst       = 100
 

@@ -30,7 +30,7 @@ func limitCases() []attackCase {
 // Default shard.limits the cases run against (internal/config/limits.go).
 const (
 	defaultVarValueBytes    = 4 << 10
-	defaultTenantGroupBytes = 1 << 20
+	defaultTenantGroupBytes = 256 << 10
 )
 
 // refusedNaming checks err is code and its message names every one of words.
@@ -104,14 +104,15 @@ func bigInstanceLabel(ctx context.Context, e *env) error {
 	return nil
 }
 
-// tenantGroupBytes: tenant A upserts groups at the largest spec the value
-// limits allow (63 vars of 4 KiB) until the shard refuses one with
+// tenantGroupBytes: tenant A upserts groups of 24 vars at the largest value
+// (about 100 KiB each) until the shard refuses one with
 // ResourceExhausted naming max_tenant_group_bytes; at most the limit is
 // stored and the refused group is not. Tenant B can still upsert.
 func tenantGroupBytes(ctx context.Context, e *env) error {
 	c := nstancev1.NewOperatorServiceClient(e.connA)
 	vars := map[string]string{}
-	for i := range 63 {
+	const perGroup = 24
+	for i := range perGroup {
 		vars[fmt.Sprintf("v%02d", i)] = strings.Repeat("z", defaultVarValueBytes)
 	}
 	var made []string
@@ -134,13 +135,13 @@ func tenantGroupBytes(ctx context.Context, e *env) error {
 		made = append(made, id)
 	}
 	if refused == nil {
-		return fmt.Errorf("tenant A stored %d groups of %d KiB each, nothing refused", len(made), 63*defaultVarValueBytes>>10)
+		return fmt.Errorf("tenant A stored %d groups of %d KiB each, nothing refused", len(made), perGroup*defaultVarValueBytes>>10)
 	}
 	if err := refusedNaming("UpsertGroup", refused, codes.ResourceExhausted, "shard.limits.max_tenant_group_bytes", fmt.Sprint(defaultTenantGroupBytes)); err != nil {
 		return err
 	}
-	if len(made)*63*defaultVarValueBytes > defaultTenantGroupBytes || len(made) < 3 {
-		return fmt.Errorf("%d groups of %d KiB admitted before the refusal", len(made), 63*defaultVarValueBytes>>10)
+	if len(made)*perGroup*defaultVarValueBytes > defaultTenantGroupBytes || len(made) < 2 {
+		return fmt.Errorf("%d groups of %d KiB admitted before the refusal", len(made), perGroup*defaultVarValueBytes>>10)
 	}
 	b := nstancev1.NewOperatorServiceClient(e.connB)
 	if _, err := b.UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: "bsmall", Template: "svc", Size: 0}}); err != nil {
@@ -176,8 +177,8 @@ func registrationPartialMessages(ctx context.Context, e *env) error {
 		return err
 	}
 	grew := after - before
-	fmt.Printf("     registration flood: %d streams sent %d MiB, %d reset, %d answered; server RSS %d -> %d MiB (grew %.1f MiB)\n",
-		streams, r.sent>>20, r.resets, r.answered, before>>20, after>>20, float64(grew)/(1<<20))
+	fmt.Printf("     registration flood: %d streams sent %d KiB, %d reset, %d answered; server RSS %d -> %d MiB (grew %.1f MiB)\n",
+		streams, r.sent>>10, r.resets, r.answered, before>>20, after>>20, float64(grew)/(1<<20))
 	if grew > bound {
 		return fmt.Errorf("server RSS grew %.1f MiB (bound %d MiB) while one anonymous connection held %d partial messages (%d MiB sent)",
 			float64(grew)/(1<<20), bound>>20, streams, r.sent>>20)
