@@ -30,6 +30,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -63,11 +64,24 @@ func main() {
 	storeList := flag.String("stores", "dir,s3", "dir (directory store) and/or s3 (in-process dev-s3 over the AWS SDK)")
 	upserts := flag.Int("upserts", 200, "tenant B upserts per shard (the median is reported)")
 	total := flag.Int("max-tenant-group-bytes", 0, "shard.limits.max_tenant_group_bytes (0: the default)")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	ctx := context.Background()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "tenantgroups bench: -cpuprofile: %v\n", err)
+			os.Exit(2)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	for _, kind := range strings.Split(*storeList, ",") {
 		if err := bench(ctx, strings.TrimSpace(kind), *upserts, *total); err != nil {
 			fmt.Fprintf(os.Stderr, "tenantgroups bench (%s): %v\n", kind, err)
+			pprof.StopCPUProfile()
 			os.Exit(1)
 		}
 	}
