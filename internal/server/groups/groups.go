@@ -405,18 +405,23 @@ type Quota struct {
 	// (shard.limits.max_groups_per_tenant).
 	Groups int
 	// Bytes caps the stored size of a tenant's dynamic groups: every
-	// group's id and JSON entry in the shard's groups document
-	// (shard.limits.max_tenant_group_bytes).
+	// group's id, its spec as JSON and 100 bytes for the rest of its entry
+	// in the shard's groups document (shard.limits.max_tenant_group_bytes).
 	Bytes int
 }
 
-// entryBytes is what group g, stored under id, takes in the document.
-func entryBytes(id string, g Group) int {
-	b, err := json.Marshal(g)
+// entryOverhead stands for what a stored group holds besides its id and
+// spec (etag, update time, JSON punctuation), fixed so that a group's size
+// does not change with the digits of its timestamp.
+const entryOverhead = 100
+
+// entryBytes is what a group with id and spec takes in the document.
+func entryBytes(id string, spec Spec) int {
+	b, err := json.Marshal(spec)
 	if err != nil {
-		return len(id)
+		return len(id) + entryOverhead
 	}
-	return len(id) + len(b)
+	return len(id) + len(b) + entryOverhead
 }
 
 // UpsertWithin is Upsert refusing (ErrQuota) to create a group for a tenant
@@ -448,12 +453,12 @@ func (r *Registry) UpsertWithin(ctx context.Context, k Key, spec Spec, expectedE
 			others := 0
 			for id, g := range gs {
 				if id != k.ID {
-					others += entryBytes(id, g)
+					others += entryBytes(id, g.Spec)
 				}
 			}
-			size, was := entryBytes(k.ID, next), 0
+			size, was := entryBytes(k.ID, next.Spec), 0
 			if exists {
-				was = entryBytes(k.ID, old)
+				was = entryBytes(k.ID, old.Spec)
 			}
 			if others+size > q.Bytes && size > was {
 				return fmt.Errorf("%w: group %s of tenant %s takes %d bytes stored, the tenant's other groups %d: more than shard.limits.max_tenant_group_bytes (%d); make groups smaller or delete one first",
