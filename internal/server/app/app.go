@@ -613,6 +613,7 @@ func (a *App) cacheSources() []cache.Source {
 	return []cache.Source{
 		{Kind: KindInstance, Prefix: a.o.Keys.InstancePrefix(a.o.Shard)},
 		{Kind: KindGroups, Key: a.o.Keys.Groups(a.o.Shard)},
+		{Kind: cache.KindTenantGroups, Prefix: a.o.Keys.TenantGroupsPrefix(a.o.Shard)},
 	}
 }
 
