@@ -77,14 +77,13 @@ type Limits struct {
 	// MaxLabelValueBytes caps one label value (default 1 KiB; a Kubernetes
 	// label value is at most 63 bytes, this leaves room for descriptions).
 	MaxLabelValueBytes int `json:"max_label_value_bytes"`
-	// MaxTenantGroupBytes caps the stored size (JSON) of all dynamic groups
-	// of one tenant on the shard (default 256 KiB: 1 KiB for each of the
-	// default 256 groups; a group with a few short vars takes 300-500 bytes,
-	// one with a PEM certificate in a var about 5 KiB). Every group write
-	// rewrites the shard's one groups document, so this bounds what one
-	// tenant adds to every other tenant's writes: on dev-s3, another
-	// tenant's UpsertGroup took 16 ms instead of 1.3 ms with one tenant at
-	// 256 KiB, 53 ms at 1 MiB (bench/tenantgroups, bench/RESULTS.md).
+	// MaxTenantGroupBytes caps the stored size of all dynamic groups of one
+	// tenant on the shard (default 1 MiB: 4 KiB for each of the default 256
+	// groups; a group with a few short vars takes 300-500 bytes, one with a
+	// PEM certificate in a var about 5 KiB). It bounds the tenant's groups
+	// document, which each of the tenant's group writes rewrites, and what
+	// the tenant's groups cost the server's memory; other tenants' writes
+	// do not see it (each tenant has its own document; bench/tenantgroups).
 	MaxTenantGroupBytes int `json:"max_tenant_group_bytes"`
 	// TenantCreateRate limits instance creations per tenant: on-demand
 	// CreateInstance calls beyond it are refused, group scale-ups wait.
@@ -112,7 +111,7 @@ const (
 	DefaultMaxVarValueBytes        = 4 << 10
 	DefaultMaxLabelKeyBytes        = 317
 	DefaultMaxLabelValueBytes      = 1 << 10
-	DefaultMaxTenantGroupBytes     = 256 << 10
+	DefaultMaxTenantGroupBytes     = 1 << 20
 	DefaultTenantCreatePerMinute   = 300
 	DefaultTenantCreateBurst       = 100
 

@@ -29,7 +29,7 @@ func TestLimitsDefaults(t *testing.T) {
 	require.Equal(t, 128, l.MaxVarKeyBytes)
 	require.Equal(t, 317, l.MaxLabelKeyBytes)
 	require.Equal(t, 1<<10, l.MaxLabelValueBytes)
-	require.Equal(t, 256<<10, l.MaxTenantGroupBytes)
+	require.Equal(t, 1<<20, l.MaxTenantGroupBytes)
 	require.Equal(t, RateLimit{PerMinute: DefaultRegistrationPerMinute, Burst: DefaultRegistrationBurst}, l.RegistrationRate)
 	require.Equal(t, RateLimit{PerMinute: DefaultTenantCreatePerMinute, Burst: DefaultTenantCreateBurst}, l.TenantCreateRate)
 	require.Equal(t, l, Limits{}.WithDefaults())

@@ -30,7 +30,7 @@ func limitCases() []attackCase {
 // Default shard.limits the cases run against (internal/config/limits.go).
 const (
 	defaultVarValueBytes    = 4 << 10
-	defaultTenantGroupBytes = 256 << 10
+	defaultTenantGroupBytes = 1 << 20
 )
 
 // refusedNaming checks err is code and its message names every one of words.
@@ -104,14 +104,14 @@ func bigInstanceLabel(ctx context.Context, e *env) error {
 	return nil
 }
 
-// tenantGroupBytes: tenant A upserts groups of 24 vars at the largest value
-// (about 100 KiB each) until the shard refuses one with
+// tenantGroupBytes: tenant A upserts groups of 63 vars at the largest value
+// (about 252 KiB each) until the shard refuses one with
 // ResourceExhausted naming max_tenant_group_bytes; at most the limit is
 // stored and the refused group is not. Tenant B can still upsert.
 func tenantGroupBytes(ctx context.Context, e *env) error {
 	c := nstancev1.NewOperatorServiceClient(e.connA)
 	vars := map[string]string{}
-	const perGroup = 24
+	const perGroup = 63
 	for i := range perGroup {
 		vars[fmt.Sprintf("v%02d", i)] = strings.Repeat("z", defaultVarValueBytes)
 	}
@@ -140,7 +140,7 @@ func tenantGroupBytes(ctx context.Context, e *env) error {
 	if err := refusedNaming("UpsertGroup", refused, codes.ResourceExhausted, "shard.limits.max_tenant_group_bytes", fmt.Sprint(defaultTenantGroupBytes)); err != nil {
 		return err
 	}
-	if len(made)*perGroup*defaultVarValueBytes > defaultTenantGroupBytes || len(made) < 2 {
+	if len(made)*perGroup*defaultVarValueBytes > defaultTenantGroupBytes || len(made) < 3 {
 		return fmt.Errorf("%d groups of %d KiB admitted before the refusal", len(made), perGroup*defaultVarValueBytes>>10)
 	}
 	b := nstancev1.NewOperatorServiceClient(e.connB)
