@@ -212,7 +212,7 @@ func TestSlowWatcherIsDisconnectedNotBuffered(t *testing.T) {
 // connection, and a var within the limit is delivered again.
 func TestOversizedFilesReportedToTheTenant(t *testing.T) {
 	cfg := strings.Replace(agentConfig("worker"), `"default_drain_timeout": "30s",`,
-		`"default_drain_timeout": "30s", "limits": {"max_file_bytes": 4096},`, 1)
+		`"default_drain_timeout": "30s", "limits": {"max_file_bytes": 4096, "max_var_value_bytes": 8192},`, 1)
 	a := startAgentShardWith(t, cfg)
 	a.upsert(t, 1, "")
 	waitGroup(t, a.c, "workers", 1)
