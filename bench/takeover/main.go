@@ -312,6 +312,7 @@ func bench(kind string, n int, markers []int, runs int, modes []bool) error {
 		// The cache as a standby has it: filled at its start.
 		if _, err := e.cacheDB.Rebuild(ctx, e.store, []cache.Source{
 			{Kind: cache.KindInstance, Prefix: layout.New("").InstancePrefix(shard)}, {Kind: cache.KindGroups, Key: layout.New("").Groups(shard)},
+			{Kind: cache.KindTenantGroups, Prefix: layout.New("").TenantGroupsPrefix(shard)},
 		}, time.Now()); err != nil {
 			return err
 		}

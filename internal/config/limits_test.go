@@ -24,6 +24,12 @@ func TestLimitsDefaults(t *testing.T) {
 	require.Equal(t, DefaultMaxStreamsPerAgent, l.MaxStreamsPerAgent)
 	require.Equal(t, DefaultMaxMessageBytes, l.MaxMessageBytes)
 	require.Equal(t, DefaultMaxFileBytes, l.MaxFileBytes)
+	require.Equal(t, 64<<10, l.MaxRegistrationMessageBytes)
+	require.Equal(t, 4<<10, l.MaxVarValueBytes)
+	require.Equal(t, 128, l.MaxVarKeyBytes)
+	require.Equal(t, 317, l.MaxLabelKeyBytes)
+	require.Equal(t, 1<<10, l.MaxLabelValueBytes)
+	require.Equal(t, 1<<20, l.MaxTenantGroupBytes)
 	require.Equal(t, RateLimit{PerMinute: DefaultRegistrationPerMinute, Burst: DefaultRegistrationBurst}, l.RegistrationRate)
 	require.Equal(t, RateLimit{PerMinute: DefaultTenantCreatePerMinute, Burst: DefaultTenantCreateBurst}, l.TenantCreateRate)
 	require.Equal(t, l, Limits{}.WithDefaults())
@@ -48,6 +54,14 @@ func TestLimitsValidation(t *testing.T) {
 		{`"max_groups_per_tenant": -1`, "shard.limits.max_groups_per_tenant", "must be between 1"},
 		{`"max_vars": 5000`, "shard.limits.max_vars", "must be between 1 and 4096"},
 		{`"max_labels": -2`, "shard.limits.max_labels", "got -2"},
+		{`"max_registration_message_bytes": 1024`, "shard.limits.max_registration_message_bytes", "must be between 16384 and 1048576, got 1024"},
+		{`"max_registration_message_bytes": 16777216`, "shard.limits.max_registration_message_bytes", "must be between 16384 and 1048576"},
+		{`"max_var_key_bytes": -1`, "shard.limits.max_var_key_bytes", "must be between 1 and 4096, got -1"},
+		{`"max_var_value_bytes": 1048576`, "shard.limits.max_var_value_bytes", "must be between 1 and 262144"},
+		{`"max_label_key_bytes": 5000`, "shard.limits.max_label_key_bytes", "must be between 1 and 4096"},
+		{`"max_label_value_bytes": -3`, "shard.limits.max_label_value_bytes", "got -3"},
+		{`"max_tenant_group_bytes": 1000`, "shard.limits.max_tenant_group_bytes", "must be between 4096 and 67108864, got 1000"},
+		{`"max_tenant_group_bytes": 134217728`, "shard.limits.max_tenant_group_bytes", "must be between 4096 and 67108864"},
 		{`"tenant_create_rate": {"burst": -1}`, "shard.limits.tenant_create_rate.burst", "must be between 1"},
 		{`"max_vars": "many"`, "shard.limits.max_vars", "want integer, got string"},
 		{`"max_streams": 5`, "shard.limits.max_streams", "unknown key"},
@@ -62,6 +76,11 @@ func TestLimitsValidation(t *testing.T) {
 	cfg, err := withLimits(t, `"max_message_bytes": 67108864, "max_file_bytes": 66060288, "max_watches_per_operator": 3`)
 	require.NoError(t, err)
 	require.Equal(t, 63<<20, cfg.Shard.Limits.MaxFileBytes)
+	// The bounds themselves are accepted.
+	cfg, err = withLimits(t, `"max_registration_message_bytes": 16384, "max_var_key_bytes": 4096, "max_var_value_bytes": 262144, `+
+		`"max_label_key_bytes": 1, "max_label_value_bytes": 262144, "max_tenant_group_bytes": 67108864`)
+	require.NoError(t, err)
+	require.Equal(t, 64<<20, cfg.Shard.Limits.MaxTenantGroupBytes)
 }
 
 func TestTemplateFilesAboveMaxFileBytesRefused(t *testing.T) {

@@ -144,8 +144,19 @@ func (k Keys) Config(shard string) string { return k.join("config", shard+".json
 // ConfigPrefix lists every shard's configuration.
 func (k Keys) ConfigPrefix() string { return k.join("config") + "/" }
 
-// Groups holds the dynamic groups of one shard.
+// Groups held the dynamic groups of every tenant of one shard; servers
+// still read it (a tenant without its own document keeps its groups there)
+// but write TenantGroups.
 func (k Keys) Groups(shard string) string { return k.join("groups", shard+".jsonc") }
+
+// TenantGroups holds the dynamic groups of one tenant of a shard, so that a
+// tenant's writes never rewrite another tenant's groups.
+func (k Keys) TenantGroups(shard, tenant string) string {
+	return k.join("groups", shard, tenant+".jsonc")
+}
+
+// TenantGroupsPrefix lists every tenant's groups document of a shard.
+func (k Keys) TenantGroupsPrefix(shard string) string { return k.join("groups", shard) + "/" }
 
 // Instance is the record of one instance.
 func (k Keys) Instance(shard, id string) string {

@@ -57,7 +57,7 @@ func TestTemplateObjectKeys(t *testing.T) {
 	}
 	for _, bad := range []string{"", "/files/a", "files/", "files//a", "./cluster/ca.key", "files/../cluster/secret/ca.key", "a\x00b",
 		"cluster/secret/ca.key", "cluster/ca.crt", "Cluster/secret/files/db", "shard/dev-1/instances/i-1.json", "shard/dev-1/nonces/x",
-		"shard/dev-1/leader.json", "config/dev-1.jsonc", "groups/dev-1.jsonc", "cluster"} {
+		"shard/dev-1/leader.json", "config/dev-1.jsonc", "groups/dev-1.jsonc", "groups/dev-1/acme.jsonc", "cluster"} {
 		if err := CheckTemplateObject(bad); err == nil {
 			t.Errorf("CheckTemplateObject(%q) = nil, want an error", bad)
 		}

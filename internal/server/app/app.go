@@ -81,6 +81,10 @@ type Options struct {
 	Log    logr.Logger
 	// Registry receives the server metrics; a fresh one when nil.
 	Registry *prometheus.Registry
+	// MetricsTokenFile holds the bearer token a /metrics scrape presents to
+	// see tenant and group labels; without it every scrape gets the
+	// aggregated series (health.Metrics).
+	MetricsTokenFile string
 	// Provider replaces the provider shard.infra.provider names (tests pass
 	// one they inspect); otherwise Providers (default DefaultProviders)
 	// builds it, with Local's overrides for the development kinds, and
@@ -260,7 +264,7 @@ func (a *App) Run(ctx context.Context) error {
 		return fmt.Errorf("binding health port %s: %w", healthAddr, err)
 	}
 	a.setAddr(func(ad *Addrs) { ad.Health = healthLn.Addr().String() })
-	stopHealth := serveHTTP(&bg, log, "health", healthLn, health.Handler(&a.ready, a.reg, health.Check{Name: "storage", Func: a.storageAnswers}), nil)
+	stopHealth := serveHTTP(&bg, log, "health", healthLn, health.Handler(&a.ready, health.Metrics{Full: a.reg, Public: metrics.Public(a.reg), TokenFile: a.o.MetricsTokenFile}, health.Check{Name: "storage", Func: a.storageAnswers}), nil)
 	defer stopHealth()
 	log.Info("health port listening", "addr", healthLn.Addr().String())
 
@@ -611,6 +615,7 @@ func (a *App) cacheSources() []cache.Source {
 	return []cache.Source{
 		{Kind: KindInstance, Prefix: a.o.Keys.InstancePrefix(a.o.Shard)},
 		{Kind: KindGroups, Key: a.o.Keys.Groups(a.o.Shard)},
+		{Kind: cache.KindTenantGroups, Prefix: a.o.Keys.TenantGroupsPrefix(a.o.Shard)},
 	}
 }
 

@@ -113,7 +113,8 @@ func TestTakeoverFromStaleCache(t *testing.T) {
 	db, err := cache.Open(ctx, filepath.Join(t.TempDir(), "db", "s1.sqlite"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	sources := []cache.Source{{Kind: cache.KindInstance, Prefix: keys.InstancePrefix("s1")}, {Kind: cache.KindGroups, Key: keys.Groups("s1")}}
+	sources := []cache.Source{{Kind: cache.KindInstance, Prefix: keys.InstancePrefix("s1")}, {Kind: cache.KindGroups, Key: keys.Groups("s1")},
+		{Kind: cache.KindTenantGroups, Prefix: keys.TenantGroupsPrefix("s1")}}
 	_, err = db.Rebuild(ctx, mem, sources, time.Now()) // as nstance-server does at start
 	require.NoError(t, err)
 
@@ -252,7 +253,8 @@ func (s *countingStore) reset() (gets int, listed []string) {
 
 // TestWarmTakeoverReadsOnlyChanges is the small version of the takeover
 // benchmark (bench/takeover): a term that starts from a fresh cache reads
-// from storage one listing of the records plus the groups document,
+// from storage one listing of the records and one of the tenants' groups
+// documents plus the shared groups document,
 // whatever the history in the bucket (used nonce markers), and a record
 // changed since costs one read.
 func TestWarmTakeoverReadsOnlyChanges(t *testing.T) {
@@ -263,7 +265,8 @@ func TestWarmTakeoverReadsOnlyChanges(t *testing.T) {
 	db, err := cache.Open(ctx, filepath.Join(t.TempDir(), "db", "s1.sqlite"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	_, err = db.Rebuild(ctx, store, []cache.Source{{Kind: cache.KindInstance, Prefix: keys.InstancePrefix("s1")}, {Kind: cache.KindGroups, Key: keys.Groups("s1")}}, time.Now())
+	_, err = db.Rebuild(ctx, store, []cache.Source{{Kind: cache.KindInstance, Prefix: keys.InstancePrefix("s1")}, {Kind: cache.KindGroups, Key: keys.Groups("s1")},
+		{Kind: cache.KindTenantGroups, Prefix: keys.TenantGroupsPrefix("s1")}}, time.Now())
 	require.NoError(t, err)
 	p := mock.New()
 	first := newCachedFleet(t, store, p, db)
@@ -305,8 +308,9 @@ func TestWarmTakeoverReadsOnlyChanges(t *testing.T) {
 		require.Eventually(t, next.Reconciler.Verified, 5*time.Second, time.Millisecond)
 		gets, listed := store.reset()
 		stopNext()
-		require.Equal(t, []string{keys.InstancePrefix("s1")}, listed, "round %d: one listing, of the records only", round)
-		want := 1 // the groups document
+		require.ElementsMatch(t, []string{keys.InstancePrefix("s1"), keys.TenantGroupsPrefix("s1")}, listed,
+			"round %d: two listings, of the records and of the tenants' groups documents", round)
+		want := 1 // the shared groups document; the tenant's own is unchanged, known by its listed etag
 		if change {
 			want++
 		}

@@ -171,8 +171,12 @@ func (c *Cache) Wipe(ctx context.Context) error {
 const (
 	// KindInstance holds the shard's instance records (shard/{shard}/instances/{id}.json).
 	KindInstance = "instance"
-	// KindGroups holds the shard's dynamic groups document (groups/{shard}.jsonc).
+	// KindGroups holds the shard's shared dynamic groups document
+	// (groups/{shard}.jsonc, read for tenants without their own).
 	KindGroups = "groups"
+	// KindTenantGroups holds each tenant's dynamic groups document
+	// (groups/{shard}/{tenant}.jsonc).
+	KindTenantGroups = "tenant-groups"
 )
 
 // ETags returns key -> etag of every entry of a kind.

@@ -56,6 +56,7 @@ func App() *ucli.App {
 			&ucli.StringFlag{Name: "bind-registration", Usage: "override shard.bind.registration_addr", EnvVars: []string{"NSTANCE_BIND_REGISTRATION"}},
 			&ucli.StringFlag{Name: "bind-operator", Usage: "override shard.bind.operator_addr", EnvVars: []string{"NSTANCE_BIND_OPERATOR"}},
 			&ucli.StringFlag{Name: "bind-agent", Usage: "override shard.bind.agent_addr", EnvVars: []string{"NSTANCE_BIND_AGENT"}},
+			&ucli.StringFlag{Name: "metrics-token-file", Usage: "file holding the bearer token a /metrics scrape presents to see tenant and group labels (without it: aggregated series only)", EnvVars: []string{"NSTANCE_METRICS_TOKEN_FILE"}},
 			&ucli.StringFlag{Name: "pprof-addr", Usage: "serve net/http/pprof on this address, e.g. 127.0.0.1:6060 (default off; keep it on loopback)", EnvVars: []string{"NSTANCE_PPROF_ADDR"}},
 			&ucli.BoolFlag{Name: "validate", Usage: "validate the shard config (from storage, or --config-file) and exit"},
 			&ucli.StringFlag{Name: "config-file", Usage: "with --validate: check this local file instead of storage"},
@@ -118,7 +119,8 @@ func run(c *ucli.Context) error {
 			PortOffset: c.Int("port-offset"), Health: c.String("bind-health"), Election: c.String("bind-election"),
 			Registration: c.String("bind-registration"), Operator: c.String("bind-operator"), Agent: c.String("bind-agent"),
 		},
-		Log: log.WithValues("server", id, "shard", c.String("shard")),
+		Log:              log.WithValues("server", id, "shard", c.String("shard")),
+		MetricsTokenFile: c.String("metrics-token-file"),
 		Local: provider.Local{
 			Command: c.String("agent-command"), StateDir: c.String("agent-state-dir"), NodeDir: c.String("node-dir"),
 			Session: c.String("tmux-session"), Socket: c.String("tmux-socket"),

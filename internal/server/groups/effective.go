@@ -3,6 +3,7 @@ package groups
 import (
 	"fmt"
 	"maps"
+	"slices"
 	"time"
 
 	"github.com/nstance-dev/nstance/internal/config"
@@ -126,7 +127,7 @@ func Validate(cfg *config.Config, tenant, id string, s Spec) []FieldError {
 			add("vars", "empty variable name")
 		}
 	}
-	errs = append(errs, CheckCounts(cfg, s.Vars, s.Labels)...)
+	errs = append(errs, CheckMaps(cfg, s.Vars, s.Labels)...)
 	if len(errs) == 0 {
 		if eff, err := Resolve(cfg, &s, Overrides{}); err == nil {
 			errs = append(errs, CheckCertificateNames(cfg, tenant, id, eff)...)
@@ -152,9 +153,13 @@ func CheckTenantVars(cfg *config.Config, tenant, group string, eff Effective, te
 	return errs
 }
 
-// CheckCounts refuses more vars or labels than shard.limits.max_vars and
-// max_labels allow (for a group, or an on-demand instance's own).
-func CheckCounts(cfg *config.Config, vars, labels map[string]string) []FieldError {
+// CheckMaps refuses tenant vars and labels (of a group, or an on-demand
+// instance's own merged with its group's) beyond shard.limits: more entries
+// than max_vars and max_labels, or a key or value longer than
+// max_var_key_bytes, max_var_value_bytes, max_label_key_bytes or
+// max_label_value_bytes. Each reason names the key, its length, the limit
+// and its value; at most a few offending keys per map are listed.
+func CheckMaps(cfg *config.Config, vars, labels map[string]string) []FieldError {
 	lim := cfg.Shard.Limits.WithDefaults()
 	var errs []FieldError
 	if len(vars) > lim.MaxVars {
@@ -162,6 +167,38 @@ func CheckCounts(cfg *config.Config, vars, labels map[string]string) []FieldErro
 	}
 	if len(labels) > lim.MaxLabels {
 		errs = append(errs, FieldError{Key: "labels", Reason: fmt.Sprintf("%d entries, more than shard.limits.max_labels (%d)", len(labels), lim.MaxLabels)})
+	}
+	errs = append(errs, checkLengths("vars", "var", vars, lim.MaxVarKeyBytes, lim.MaxVarValueBytes)...)
+	errs = append(errs, checkLengths("labels", "label", labels, lim.MaxLabelKeyBytes, lim.MaxLabelValueBytes)...)
+	return errs
+}
+
+// maxLengthErrors is how many too-long entries of one map are named.
+const maxLengthErrors = 5
+
+// checkLengths refuses keys and values of m longer than maxKey and maxValue
+// bytes (the limits shard.limits.max_{kind}_key_bytes and _value_bytes).
+func checkLengths(field, kind string, m map[string]string, maxKey, maxValue int) []FieldError {
+	var errs []FieldError
+	more := 0
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		var reasons []string
+		if len(k) > maxKey {
+			reasons = append(reasons, fmt.Sprintf("%s name %.32q... of %d bytes, more than shard.limits.max_%s_key_bytes (%d)", kind, k, len(k), kind, maxKey))
+		}
+		if v := m[k]; len(v) > maxValue {
+			reasons = append(reasons, fmt.Sprintf("%s %.64q: value of %d bytes, more than shard.limits.max_%s_value_bytes (%d)", kind, k, len(v), kind, maxValue))
+		}
+		for _, r := range reasons {
+			if len(errs) == maxLengthErrors {
+				more++
+				continue
+			}
+			errs = append(errs, FieldError{Key: field, Reason: r})
+		}
+	}
+	if more > 0 {
+		errs = append(errs, FieldError{Key: field, Reason: fmt.Sprintf("%d more %ss too long", more, kind)})
 	}
 	return errs
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"maps"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,7 +25,8 @@ import (
 // Errors returned by the registry.
 var (
 	ErrNotFound = errors.New("group not found")
-	// ErrQuota: the tenant already has as many dynamic groups as allowed.
+	// ErrQuota: the tenant already has as many dynamic groups, or as many
+	// bytes of them, as allowed.
 	ErrQuota  = errors.New("group quota reached")
 	ErrStatic = errors.New("group is defined in the server config and cannot be changed through the API")
 	ErrETag   = errors.New("group etag does not match")
@@ -71,10 +73,25 @@ func (k Key) String() string { return k.Tenant + "/" + k.ID }
 // Key returns the group's key.
 func (g *Group) Key() Key { return Key{g.Tenant, g.ID} }
 
+// document is the shared groups document of a shard (groups/{shard}.jsonc),
+// which held every tenant's groups before each tenant had its own. Servers
+// still read it: a tenant without its own document keeps its groups there
+// until its first write moves them.
 type document struct {
 	Version int                         `json:"version"`
 	Tenants map[string]map[string]Group `json:"tenants"`
 }
+
+// tenantDocument is one tenant's groups (groups/{shard}/{tenant}.jsonc).
+// Every group write rewrites only its tenant's document, so one tenant's
+// groups never make another tenant's writes slower.
+type tenantDocument struct {
+	Version int              `json:"version"`
+	Groups  map[string]Group `json:"groups"`
+}
+
+// tenantDocVersion is the version of tenant documents.
+const tenantDocVersion = 2
 
 // Registry holds the static and dynamic groups of one shard.
 type Registry struct {
@@ -87,24 +104,36 @@ type Registry struct {
 	mu      sync.RWMutex
 	static  map[Key]*Group
 	dynamic map[Key]*Group
-	docETag string
-	// loaded is true once dynamic reflects the stored document at docETag,
-	// so writes can start from memory instead of re-reading storage (a
+	// shared holds the tenants of the shared document; a tenant with its
+	// own document (an entry in tenantETags) is served from that instead.
+	shared map[string]map[string]Group
+	// tenantETags are the etags of the tenants' own documents.
+	tenantETags map[string]string
+	// loaded is true once dynamic reflects storage at the etags above, so
+	// writes can start from memory instead of re-reading storage (a
 	// document from the cache may be stale: the conditional write then
 	// fails and the write re-reads storage).
 	loaded bool
-	// mirror, when set, keeps a local copy of the document (SQLite cache).
+	// mirror, when set, keeps a local copy of the documents (SQLite cache).
 	mirror Mirror
 }
 
-// Mirror is a local copy of the dynamic groups document that a new leader
+// Mirror is a local copy of the dynamic groups documents that a new leader
 // starts from.
 type Mirror interface {
-	// LoadDoc returns the mirrored document and its etag (nil body: storage
-	// had none); ErrNoMirror when the mirror was never filled from storage.
-	LoadDoc(ctx context.Context) (body []byte, etag string, err error)
-	// PutDoc records the document as storage holds it (nil body: none).
-	PutDoc(ctx context.Context, body []byte, etag string) error
+	// LoadDocs returns every mirrored document (the shared one under
+	// layout.Keys.Groups, tenants' under TenantGroups); ErrNoMirror when
+	// the mirror was never filled from storage.
+	LoadDocs(ctx context.Context) ([]MirroredDoc, error)
+	// PutDoc records a document as storage holds it (nil body: none).
+	PutDoc(ctx context.Context, key string, body []byte, etag string) error
+}
+
+// MirroredDoc is one document of a Mirror.
+type MirroredDoc struct {
+	Key  string
+	Body []byte
+	ETag string
 }
 
 // ErrNoMirror reports a mirror that holds nothing usable.
@@ -116,7 +145,8 @@ func (r *Registry) SetMirror(m Mirror) { r.mirror = m }
 
 // NewRegistry returns an empty registry.
 func NewRegistry(obj objstore.Store, keys layout.Keys, shard string) *Registry {
-	return &Registry{obj: obj, keys: keys, shard: shard, now: time.Now, static: map[Key]*Group{}, dynamic: map[Key]*Group{}}
+	return &Registry{obj: obj, keys: keys, shard: shard, now: time.Now, static: map[Key]*Group{}, dynamic: map[Key]*Group{},
+		shared: map[string]map[string]Group{}, tenantETags: map[string]string{}}
 }
 
 func staticETag(k Key, s Spec) string {
@@ -173,56 +203,145 @@ func sortKeys(ks []Key) {
 	})
 }
 
-func (r *Registry) readDoc(ctx context.Context) (*document, string, error) {
-	d, etag, _, err := r.readDocBody(ctx)
-	return d, etag, err
+// stored is what storage (or the mirror) holds: the shared document and
+// each tenant's own.
+type stored struct {
+	shared  map[string]map[string]Group
+	tenants map[string]tenantStored
 }
 
-func (r *Registry) readDocBody(ctx context.Context) (*document, string, []byte, error) {
-	o, err := r.obj.Get(ctx, r.keys.Groups(r.shard))
-	if errors.Is(err, objstore.ErrNotFound) {
-		return emptyDoc(), "", nil, nil
-	}
-	if err != nil {
-		return nil, "", nil, fmt.Errorf("reading dynamic groups: %w", err)
-	}
-	d, err := r.parseDoc(o.Body)
-	if err != nil {
-		return nil, "", nil, err
-	}
-	return d, o.ETag, o.Body, nil
+type tenantStored struct {
+	groups map[string]Group
+	etag   string
 }
 
-func emptyDoc() *document {
-	return &document{Version: 1, Tenants: map[string]map[string]Group{}}
-}
-
-func (r *Registry) parseDoc(body []byte) (*document, error) {
+func (r *Registry) parseShared(body []byte) (map[string]map[string]Group, error) {
 	std, err := hujson.Standardize(body)
 	if err != nil {
 		return nil, fmt.Errorf("dynamic groups %s are not valid JSONC: %w", r.keys.Groups(r.shard), err)
 	}
 	var d document
 	if err := json.Unmarshal(std, &d); err != nil {
-		return nil, fmt.Errorf("decoding dynamic groups: %w", err)
+		return nil, fmt.Errorf("decoding dynamic groups %s: %w", r.keys.Groups(r.shard), err)
 	}
 	if d.Tenants == nil {
 		d.Tenants = map[string]map[string]Group{}
 	}
-	return &d, nil
+	return d.Tenants, nil
 }
 
-func (r *Registry) install(d *document, etag string) []Key {
+func (r *Registry) parseTenant(key string, body []byte) (map[string]Group, error) {
+	std, err := hujson.Standardize(body)
+	if err != nil {
+		return nil, fmt.Errorf("dynamic groups %s are not valid JSONC: %w", key, err)
+	}
+	var d tenantDocument
+	if err := json.Unmarshal(std, &d); err != nil {
+		return nil, fmt.Errorf("decoding dynamic groups %s: %w", key, err)
+	}
+	if d.Groups == nil {
+		d.Groups = map[string]Group{}
+	}
+	return d.Groups, nil
+}
+
+// tenantOf returns the tenant whose document key is, if it is one.
+func (r *Registry) tenantOf(key string) (string, bool) {
+	rest, ok := strings.CutPrefix(key, r.keys.TenantGroupsPrefix(r.shard))
+	if !ok || strings.Contains(rest, "/") {
+		return "", false
+	}
+	return strings.CutSuffix(rest, ".jsonc")
+}
+
+// readShared reads the shared document (none: empty) and returns its body
+// (nil: none) for the mirror.
+func (r *Registry) readShared(ctx context.Context) (map[string]map[string]Group, []byte, string, error) {
+	o, err := r.obj.Get(ctx, r.keys.Groups(r.shard))
+	if errors.Is(err, objstore.ErrNotFound) {
+		return map[string]map[string]Group{}, nil, "", nil
+	}
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("reading dynamic groups: %w", err)
+	}
+	shared, err := r.parseShared(o.Body)
+	return shared, o.Body, o.ETag, err
+}
+
+// readTenant reads one tenant's groups from storage: its own document, or
+// (own false) its part of the shared document.
+func (r *Registry) readTenant(ctx context.Context, tenant string) (gs map[string]Group, etag string, own bool, err error) {
+	key := r.keys.TenantGroups(r.shard, tenant)
+	o, err := r.obj.Get(ctx, key)
+	if err == nil {
+		gs, err = r.parseTenant(key, o.Body)
+		return gs, o.ETag, true, err
+	}
+	if !errors.Is(err, objstore.ErrNotFound) {
+		return nil, "", false, fmt.Errorf("reading dynamic groups: %w", err)
+	}
+	shared, _, _, err := r.readShared(ctx)
+	if err != nil {
+		return nil, "", false, err
+	}
+	gs = shared[tenant]
+	if gs == nil {
+		gs = map[string]Group{}
+	}
+	return gs, "", false, nil
+}
+
+// install makes memory equal to st and returns the changed keys.
+func (r *Registry) install(st stored) []Key {
 	next := map[Key]*Group{}
-	for tenant, gs := range d.Tenants {
+	add := func(tenant string, gs map[string]Group) {
 		for id, g := range gs {
 			g := g
 			g.Tenant, g.ID = tenant, id
 			next[Key{tenant, id}] = &g
 		}
 	}
+	etags := map[string]string{}
+	for tenant, gs := range st.shared {
+		if _, own := st.tenants[tenant]; !own {
+			add(tenant, gs)
+		}
+	}
+	for tenant, t := range st.tenants {
+		add(tenant, t.groups)
+		etags[tenant] = t.etag
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	changed := r.swap(next, func(Key) bool { return true })
+	r.shared, r.tenantETags, r.loaded = st.shared, etags, true
+	return changed
+}
+
+// installTenant replaces one tenant's groups in memory: from its own
+// document at etag, or (own false) from the shared document.
+func (r *Registry) installTenant(tenant string, gs map[string]Group, etag string, own bool) []Key {
+	next := map[Key]*Group{}
+	for id, g := range gs {
+		g := g
+		g.Tenant, g.ID = tenant, id
+		next[Key{tenant, id}] = &g
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	changed := r.swap(next, func(k Key) bool { return k.Tenant == tenant })
+	if own {
+		r.tenantETags[tenant] = etag
+	} else {
+		delete(r.tenantETags, tenant)
+		r.shared[tenant] = gs
+	}
+	return changed
+}
+
+// swap replaces the dynamic groups that match with next and returns the
+// keys that appeared, changed or disappeared. r.mu is held.
+func (r *Registry) swap(next map[Key]*Group, match func(Key) bool) []Key {
 	var changed []Key
 	for k, g := range next {
 		if old, ok := r.dynamic[k]; !ok || old.ETag != g.ETag {
@@ -230,48 +349,87 @@ func (r *Registry) install(d *document, etag string) []Key {
 		}
 	}
 	for k := range r.dynamic {
+		if !match(k) {
+			continue
+		}
 		if _, ok := next[k]; !ok {
 			changed = append(changed, k)
+			delete(r.dynamic, k)
 		}
 	}
-	r.dynamic, r.docETag, r.loaded = next, etag, true
+	for k, g := range next {
+		r.dynamic[k] = g
+	}
 	sortKeys(changed)
 	return changed
 }
 
-// cachedDoc rebuilds the document from memory; ok is false before the first load.
-func (r *Registry) cachedDoc() (*document, string, bool) {
+// cachedTenant copies one tenant's groups from memory; ok is false before
+// the first load.
+func (r *Registry) cachedTenant(tenant string) (gs map[string]Group, etag string, own, ok bool) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	if !r.loaded {
-		return nil, "", false
+		return nil, "", false, false
 	}
-	d := &document{Version: 1, Tenants: map[string]map[string]Group{}}
+	gs = map[string]Group{}
 	for k, g := range r.dynamic {
-		gs := d.Tenants[k.Tenant]
-		if gs == nil {
-			gs = map[string]Group{}
-			d.Tenants[k.Tenant] = gs
+		if k.Tenant == tenant {
+			c := *g
+			c.Spec = g.Spec.clone()
+			gs[k.ID] = c
 		}
-		c := *g
-		c.Spec = g.Spec.clone()
-		gs[k.ID] = c
 	}
-	return d, r.docETag, true
+	etag, own = r.tenantETags[tenant]
+	return gs, etag, own, true
 }
 
-// Load reads the dynamic groups from storage and returns the changed keys.
+// Load reads the dynamic groups from storage and returns the changed keys:
+// the shared document and a listing of the tenants' documents, reading
+// only those whose etag differs from what memory holds.
 func (r *Registry) Load(ctx context.Context) ([]Key, error) {
 	r.writeMu.Lock()
 	defer r.writeMu.Unlock()
-	d, etag, body, err := r.readDocBody(ctx)
+	shared, sharedBody, sharedETag, err := r.readShared(ctx)
 	if err != nil {
 		return nil, err
 	}
-	changed := r.install(d, etag)
+	infos, err := r.obj.List(ctx, r.keys.TenantGroupsPrefix(r.shard))
+	if err != nil {
+		return nil, fmt.Errorf("listing dynamic groups: %w", err)
+	}
+	st := stored{shared: shared, tenants: map[string]tenantStored{}}
+	var read []MirroredDoc
+	for _, info := range infos {
+		tenant, ok := r.tenantOf(info.Key)
+		if !ok {
+			continue
+		}
+		if gs, etag, own, ok := r.cachedTenant(tenant); ok && own && etag == info.ETag && etag != "" {
+			st.tenants[tenant] = tenantStored{groups: gs, etag: etag}
+			continue
+		}
+		o, err := r.obj.Get(ctx, info.Key)
+		if errors.Is(err, objstore.ErrNotFound) {
+			continue // deleted since the listing
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading dynamic groups: %w", err)
+		}
+		gs, err := r.parseTenant(info.Key, o.Body)
+		if err != nil {
+			return nil, err
+		}
+		st.tenants[tenant] = tenantStored{groups: gs, etag: o.ETag}
+		read = append(read, MirroredDoc{Key: info.Key, Body: o.Body, ETag: o.ETag})
+	}
+	changed := r.install(st)
 	if r.mirror != nil {
-		if err := r.mirror.PutDoc(ctx, body, etag); err != nil {
-			return changed, fmt.Errorf("caching dynamic groups: %w", err)
+		read = append(read, MirroredDoc{Key: r.keys.Groups(r.shard), Body: sharedBody, ETag: sharedETag})
+		for _, d := range read {
+			if err := r.mirror.PutDoc(ctx, d.Key, d.Body, d.ETag); err != nil {
+				return changed, fmt.Errorf("caching dynamic groups: %w", err)
+			}
 		}
 	}
 	return changed, nil
@@ -286,20 +444,32 @@ func (r *Registry) LoadCached(ctx context.Context) (changed []Key, ok bool, err 
 	}
 	r.writeMu.Lock()
 	defer r.writeMu.Unlock()
-	body, etag, err := r.mirror.LoadDoc(ctx)
+	docs, err := r.mirror.LoadDocs(ctx)
 	if errors.Is(err, ErrNoMirror) {
 		return nil, false, nil
 	}
 	if err != nil {
 		return nil, false, fmt.Errorf("reading cached groups: %w", err)
 	}
-	d := emptyDoc()
-	if body != nil {
-		if d, err = r.parseDoc(body); err != nil {
-			return nil, false, nil // a bad cached copy is ignored; Load reads storage
+	st := stored{shared: map[string]map[string]Group{}, tenants: map[string]tenantStored{}}
+	for _, d := range docs {
+		if d.Key == r.keys.Groups(r.shard) {
+			if st.shared, err = r.parseShared(d.Body); err != nil {
+				return nil, false, nil // a bad cached copy is ignored; Load reads storage
+			}
+			continue
 		}
+		tenant, ok := r.tenantOf(d.Key)
+		if !ok {
+			continue
+		}
+		gs, err := r.parseTenant(d.Key, d.Body)
+		if err != nil {
+			return nil, false, nil
+		}
+		st.tenants[tenant] = tenantStored{groups: gs, etag: d.ETag}
 	}
-	return r.install(d, etag), true, nil
+	return r.install(st), true, nil
 }
 
 // Get returns a copy of one group. A static group hides a dynamic one of the same name.
@@ -344,47 +514,49 @@ func (r *Registry) List(tenant string) []*Group {
 	return out
 }
 
-// modify runs fn over the stored document with optimistic concurrency,
-// retrying when another server wrote in between.
-func (r *Registry) modify(ctx context.Context, fn func(d *document) error) error {
+// modify runs fn over one tenant's groups and writes the tenant's document
+// with optimistic concurrency, retrying when another server wrote in
+// between. Other tenants' documents are neither read nor written.
+func (r *Registry) modify(ctx context.Context, tenant string, fn func(gs map[string]Group) error) error {
 	r.writeMu.Lock()
 	defer r.writeMu.Unlock()
+	key := r.keys.TenantGroups(r.shard, tenant)
 	for attempt := 0; ; attempt++ {
 		// First try from memory; after a conflict, re-read storage.
-		d, etag, ok := r.cachedDoc()
+		gs, etag, own, ok := r.cachedTenant(tenant)
 		if !ok || attempt > 0 {
 			var err error
-			if d, etag, err = r.readDoc(ctx); err != nil {
+			if gs, etag, own, err = r.readTenant(ctx, tenant); err != nil {
 				return err
 			}
 		}
-		if err := fn(d); err != nil {
+		if err := fn(gs); err != nil {
 			if ok && attempt == 0 {
 				continue // confirm against storage before refusing
 			}
-			r.install(d, etag)
+			r.installTenant(tenant, gs, etag, own)
 			return err
 		}
 		var buf bytes.Buffer
 		enc := json.NewEncoder(&buf)
 		enc.SetIndent("", "  ")
-		if err := enc.Encode(d); err != nil {
+		if err := enc.Encode(tenantDocument{Version: tenantDocVersion, Groups: gs}); err != nil {
 			return fmt.Errorf("encoding dynamic groups: %w", err)
 		}
 		opts := objstore.PutOptions{IfMatch: etag}
-		if etag == "" {
+		if !own {
 			opts = objstore.PutOptions{IfNoneMatch: true}
 		}
-		newTag, err := r.obj.Put(ctx, r.keys.Groups(r.shard), buf.Bytes(), opts)
+		newTag, err := r.obj.Put(ctx, key, buf.Bytes(), opts)
 		if errors.Is(err, objstore.ErrPreconditionFailed) && attempt < 5 {
 			continue
 		}
 		if err != nil {
 			return fmt.Errorf("writing dynamic groups: %w", err)
 		}
-		r.install(d, newTag)
+		r.installTenant(tenant, gs, newTag, true)
 		if r.mirror != nil {
-			if err := r.mirror.PutDoc(ctx, buf.Bytes(), newTag); err != nil {
+			if err := r.mirror.PutDoc(ctx, key, buf.Bytes(), newTag); err != nil {
 				return fmt.Errorf("caching dynamic groups: %w", err)
 			}
 		}
@@ -395,34 +567,72 @@ func (r *Registry) modify(ctx context.Context, fn func(d *document) error) error
 // Upsert creates or replaces a dynamic group. expectedETag, when set, must
 // match the stored group (and the group must exist).
 func (r *Registry) Upsert(ctx context.Context, k Key, spec Spec, expectedETag string) (*Group, bool, error) {
-	return r.UpsertWithin(ctx, k, spec, expectedETag, 0)
+	return r.UpsertWithin(ctx, k, spec, expectedETag, Quota{})
+}
+
+// Quota bounds the dynamic groups of one tenant (0: no limit).
+type Quota struct {
+	// Groups caps how many dynamic groups a tenant has
+	// (shard.limits.max_groups_per_tenant).
+	Groups int
+	// Bytes caps the stored size of a tenant's dynamic groups: every
+	// group's id, its spec as JSON and 100 bytes for the rest of its entry
+	// in the shard's groups document (shard.limits.max_tenant_group_bytes).
+	Bytes int
+}
+
+// entryOverhead stands for what a stored group holds besides its id and
+// spec (etag, update time, JSON punctuation), fixed so that a group's size
+// does not change with the digits of its timestamp.
+const entryOverhead = 100
+
+// entryBytes is what a group with id and spec takes in the document.
+func entryBytes(id string, spec Spec) int {
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return len(id) + entryOverhead
+	}
+	return len(id) + len(b) + entryOverhead
 }
 
 // UpsertWithin is Upsert refusing (ErrQuota) to create a group for a tenant
-// that already has maxPerTenant dynamic groups (0: no limit); replacing an
-// existing group is always allowed. The count is taken on the stored
-// document being written, so concurrent creates cannot overshoot.
-func (r *Registry) UpsertWithin(ctx context.Context, k Key, spec Spec, expectedETag string, maxPerTenant int) (*Group, bool, error) {
+// that already has q.Groups dynamic groups, or to grow a tenant's groups
+// beyond q.Bytes; replacing an existing group by one no larger is always
+// allowed (a lowered limit never blocks shrinking). Both are taken on the
+// tenant's stored document being written, so concurrent writes cannot
+// overshoot.
+func (r *Registry) UpsertWithin(ctx context.Context, k Key, spec Spec, expectedETag string, q Quota) (*Group, bool, error) {
 	if _, ok := r.getStatic(k); ok {
 		return nil, false, fmt.Errorf("%s: %w", k, ErrStatic)
 	}
 	var out Group
 	created := false
-	err := r.modify(ctx, func(d *document) error {
-		gs := d.Tenants[k.Tenant]
-		if gs == nil {
-			gs = map[string]Group{}
-			d.Tenants[k.Tenant] = gs
-		}
+	err := r.modify(ctx, k.Tenant, func(gs map[string]Group) error {
 		old, exists := gs[k.ID]
 		if expectedETag != "" && (!exists || old.ETag != expectedETag) {
 			return fmt.Errorf("%s: %w (stored %q, expected %q)", k, ErrETag, old.ETag, expectedETag)
 		}
-		if !exists && maxPerTenant > 0 && len(gs) >= maxPerTenant {
+		if !exists && q.Groups > 0 && len(gs) >= q.Groups {
 			return fmt.Errorf("%w: tenant %s already has %d dynamic groups (shard.limits.max_groups_per_tenant); delete one first", ErrQuota, k.Tenant, len(gs))
 		}
-		created = !exists
-		out = Group{Tenant: k.Tenant, ID: k.ID, Spec: spec.clone(), ETag: newETag(), UpdatedAt: r.now().UTC()}
+		next := Group{Tenant: k.Tenant, ID: k.ID, Spec: spec.clone(), ETag: newETag(), UpdatedAt: r.now().UTC()}
+		if q.Bytes > 0 {
+			others := 0
+			for id, g := range gs {
+				if id != k.ID {
+					others += entryBytes(id, g.Spec)
+				}
+			}
+			size, was := entryBytes(k.ID, next.Spec), 0
+			if exists {
+				was = entryBytes(k.ID, old.Spec)
+			}
+			if others+size > q.Bytes && size > was {
+				return fmt.Errorf("%w: group %s of tenant %s takes %d bytes stored, the tenant's other groups %d: more than shard.limits.max_tenant_group_bytes (%d); make groups smaller or delete one first",
+					ErrQuota, k.ID, k.Tenant, size, others, q.Bytes)
+			}
+		}
+		created, out = !exists, next
 		gs[k.ID] = out
 		return nil
 	})
@@ -445,8 +655,8 @@ func (r *Registry) Delete(ctx context.Context, k Key, expectedETag string) (*Gro
 		return nil, fmt.Errorf("%s: %w", k, ErrStatic)
 	}
 	var out Group
-	err := r.modify(ctx, func(d *document) error {
-		old, ok := d.Tenants[k.Tenant][k.ID]
+	err := r.modify(ctx, k.Tenant, func(gs map[string]Group) error {
+		old, ok := gs[k.ID]
 		if !ok {
 			return fmt.Errorf("%s: %w", k, ErrNotFound)
 		}
@@ -455,10 +665,9 @@ func (r *Registry) Delete(ctx context.Context, k Key, expectedETag string) (*Gro
 		}
 		out = old
 		out.Tenant, out.ID = k.Tenant, k.ID
-		delete(d.Tenants[k.Tenant], k.ID)
-		if len(d.Tenants[k.Tenant]) == 0 {
-			delete(d.Tenants, k.Tenant)
-		}
+		// The tenant's document stays, empty: it replaces the tenant's part
+		// of the shared document.
+		delete(gs, k.ID)
 		return nil
 	})
 	if err != nil {

@@ -173,7 +173,8 @@ func TestLoadCachedThenWriteOverStaleDocument(t *testing.T) {
 	_, ok, err = r.LoadCached(ctx)
 	require.NoError(t, err)
 	require.False(t, ok, "a cache never synced is not used")
-	_, err = db.Rebuild(ctx, obj, []cache.Source{{Kind: cache.KindGroups, Key: keys.Groups("s1")}}, time.Now())
+	_, err = db.Rebuild(ctx, obj, []cache.Source{{Kind: cache.KindGroups, Key: keys.Groups("s1")},
+		{Kind: cache.KindTenantGroups, Prefix: keys.TenantGroupsPrefix("s1")}}, time.Now())
 	require.NoError(t, err)
 	_, err = r.Load(ctx)
 	require.NoError(t, err)
@@ -198,9 +199,9 @@ func TestLoadCachedThenWriteOverStaleDocument(t *testing.T) {
 		ids = append(ids, g.ID)
 	}
 	require.Equal(t, []string{"a", "b", "c"}, ids, "b kept: the stale write re-read storage")
-	stored, err := obj.Get(ctx, keys.Groups("s1"))
+	stored, err := obj.Get(ctx, keys.TenantGroups("s1", "acme"))
 	require.NoError(t, err)
-	cached, err := db.Get(ctx, cache.KindGroups, keys.Groups("s1"))
+	cached, err := db.Get(ctx, cache.KindTenantGroups, keys.TenantGroups("s1", "acme"))
 	require.NoError(t, err)
 	require.Equal(t, stored.ETag, cached.ETag)
 	require.Equal(t, stored.Body, cached.Body)

@@ -128,8 +128,9 @@ func Start(cfg Config, ls Listeners) (*Servers, error) {
 			return nil, errors.New("grpcserve: registration listener without a service")
 		}
 		rl := limits.NewKeyedRate(lim.RegistrationRate.PerMinute, lim.RegistrationRate.Burst, lim.RegistrationSources, nil)
-		g := newServer(pki.ServerTLS(cfg.ServerCert, nil, false),
+		regOpts := append(registrationTransport(lim),
 			grpc.ChainUnaryInterceptor(limits.RatePerSource(rl, "shard.limits.registration_rate")))
+		g := newServer(pki.ServerTLS(cfg.ServerCert, nil, false), regOpts...)
 		nstancev1.RegisterRegistrationServiceServer(g, cfg.Registration)
 		cfg.registered(g)
 		s.serve("registration", g, s.limitSources(cfg.Log, "registration", ls.Registration, lim.MaxConnectionsPerSource))
@@ -184,6 +185,52 @@ func transportOptions(lim config.Limits) []grpc.ServerOption {
 		grpc.MaxConcurrentStreams(uint32(lim.MaxConcurrentStreams)),
 		grpc.MaxRecvMsgSize(lim.MaxMessageBytes),
 		grpc.MaxSendMsgSize(lim.MaxMessageBytes),
+	}
+}
+
+// Transport bounds of the anonymous Registration listener. A client may
+// hold open at most registrationStreams streams per connection, each with at
+// most registrationWindow bytes in flight beyond the message being read.
+const (
+	registrationStreams = 8
+	// registrationWindow is both the stream and the connection window: the
+	// HTTP/2 minimum (smaller values are ignored by grpc-go). Setting it
+	// turns off grpc-go's bandwidth-delay estimate, which would otherwise
+	// grow every window to 16 MiB for a client that sends fast.
+	registrationWindow = 64 << 10
+	// registrationHeaderBytes bounds a request's header list (grpc-go
+	// accepts 16 MiB by default); a registration sends a few hundred bytes.
+	registrationHeaderBytes = 16 << 10
+	// registrationHandshake bounds the TLS and HTTP/2 handshake (grpc-go
+	// waits 120 s by default).
+	registrationHandshake = 10 * time.Second
+	// A registration is one short call: an idle connection is closed after
+	// a minute, any connection after five (a stream whose message never
+	// completes ends with it).
+	registrationIdle     = time.Minute
+	registrationMaxAge   = 5 * time.Minute
+	registrationAgeGrace = 30 * time.Second
+)
+
+// registrationTransport overrides transportOptions on the anonymous
+// Registration listener so that what one connection makes the server hold
+// stays small. grpc-go reads a message's 5-byte header, checks the length
+// against the receive limit and then grants the stream flow-control window
+// for the whole announced length (rpc_util.go recvMsg, inFlow.maybeAdjust):
+// with max_message_bytes, a client announcing 15 MiB may send, and have the
+// server buffer, 15 MiB per stream, all before any interceptor (the rate
+// limit) runs. max_registration_message_bytes refuses such a header at
+// once; the static windows bound a stream that never announces a length.
+func registrationTransport(lim config.Limits) []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(lim.MaxRegistrationMessageBytes),
+		grpc.MaxConcurrentStreams(uint32(min(lim.MaxConcurrentStreams, registrationStreams))),
+		grpc.InitialWindowSize(registrationWindow),
+		grpc.InitialConnWindowSize(registrationWindow),
+		grpc.MaxHeaderListSize(registrationHeaderBytes),
+		grpc.ConnectionTimeout(registrationHandshake),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second,
+			MaxConnectionIdle: registrationIdle, MaxConnectionAge: registrationMaxAge, MaxConnectionAgeGrace: registrationAgeGrace}),
 	}
 }
 

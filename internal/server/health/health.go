@@ -1,8 +1,12 @@
 package health
 
 import (
+	"bytes"
+	"crypto/subtle"
 	"encoding/json"
 	"net/http"
+	"os"
+	"strings"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,6 +42,22 @@ type Check struct {
 	Func func() error
 }
 
+// Metrics is what GET /metrics serves. The health port is reachable by
+// whatever may probe the server (a load balancer's health check, the
+// cluster's Prometheus), so a scrape without credentials gets Public: the
+// same series with no tenant or group named. A scrape presenting the bearer
+// token in TokenFile gets Full.
+type Metrics struct {
+	// Full is every series, tenant and group labels included.
+	Full prometheus.Gatherer
+	// Public is what a scrape without an Authorization header gets.
+	Public prometheus.Gatherer
+	// TokenFile names a file holding the bearer token of a full scrape,
+	// read at each such scrape (so it can be rotated in place); empty: a
+	// scrape with credentials is refused.
+	TokenFile string
+}
+
 // Handler serves the probes and /metrics:
 //
 //	GET /healthz   liveness: 200 while the process serves HTTP at all; it
@@ -48,7 +68,11 @@ type Check struct {
 //	               for the leader and a standby alike; 503 otherwise
 //	GET /health    the config and cache conditions alone (the first
 //	               probe; kept for the dev scripts and older manifests)
-func Handler(r *Readiness, gatherer prometheus.Gatherer, checks ...Check) http.Handler {
+//	GET /metrics   m.Public without credentials; m.Full with
+//	               "Authorization: Bearer <the token in m.TokenFile>";
+//	               401 with any other credentials (never the public view
+//	               instead, so a wrong token shows)
+func Handler(r *Readiness, m Metrics, checks ...Check) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		rep := report{Status: "ok", ConfigLoaded: r.configLoaded.Load(), CacheSynced: r.cacheSynced.Load()}
@@ -77,10 +101,37 @@ func Handler(r *Readiness, gatherer prometheus.Gatherer, checks ...Check) http.H
 		}
 		writeJSON(w, code, rep)
 	})
-	if gatherer != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	if m.Public != nil && m.Full != nil {
+		public := promhttp.HandlerFor(m.Public, promhttp.HandlerOpts{})
+		full := promhttp.HandlerFor(m.Full, promhttp.HandlerOpts{})
+		mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, req *http.Request) {
+			auth := req.Header.Get("Authorization")
+			switch {
+			case auth == "":
+				public.ServeHTTP(w, req)
+			case m.bearerOK(auth):
+				full.ServeHTTP(w, req)
+			default:
+				w.Header().Set("WWW-Authenticate", `Bearer realm="nstance-server metrics"`)
+				http.Error(w, "metrics: bearer token not accepted (omit credentials for the public series)", http.StatusUnauthorized)
+			}
+		})
 	}
 	return mux
+}
+
+// bearerOK reports whether auth carries the token of m.TokenFile.
+func (m Metrics) bearerOK(auth string) bool {
+	got, ok := strings.CutPrefix(auth, "Bearer ")
+	if !ok || m.TokenFile == "" {
+		return false
+	}
+	want, err := os.ReadFile(m.TokenFile)
+	if err != nil {
+		return false
+	}
+	want = bytes.TrimSpace(want)
+	return len(want) > 0 && subtle.ConstantTimeCompare(want, []byte(strings.TrimSpace(got))) == 1
 }
 
 // ElectionState is what the election port reports.

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 
@@ -29,7 +31,7 @@ func TestHealth(t *testing.T) {
 	reg.MustRegister(c)
 	c.Inc()
 	var r Readiness
-	srv := httptest.NewServer(Handler(&r, reg))
+	srv := httptest.NewServer(Handler(&r, Metrics{Full: reg, Public: reg}))
 	t.Cleanup(srv.Close)
 
 	steps := []struct {
@@ -80,7 +82,7 @@ func TestProbes(t *testing.T) {
 		}
 		return nil
 	}
-	srv := httptest.NewServer(Handler(&r, nil, Check{Name: "storage", Func: check}))
+	srv := httptest.NewServer(Handler(&r, Metrics{}, Check{Name: "storage", Func: check}))
 	defer srv.Close()
 
 	code, _ := get(t, srv.URL+"/healthz")
@@ -103,4 +105,62 @@ func TestProbes(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, "liveness does not follow readiness checks")
 	code, _ = get(t, srv.URL+"/health")
 	require.Equal(t, http.StatusOK, code, "/health keeps its config-and-cache meaning")
+}
+
+// TestMetricsViews: without credentials /metrics serves the public view;
+// the bearer token of the token file gets the full one; any other
+// credentials get 401, and so does every bearer without a token file.
+func TestMetricsViews(t *testing.T) {
+	full, public := prometheus.NewRegistry(), prometheus.NewRegistry()
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nstance_test_instances", Help: "test"}, []string{"tenant"})
+	g.WithLabelValues("acme").Set(3)
+	full.MustRegister(g)
+	public.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: "nstance_test_instances", Help: "test"}))
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(tokenFile, []byte("s3cret\n"), 0o600))
+	var r Readiness
+	srv := httptest.NewServer(Handler(&r, Metrics{Full: full, Public: public, TokenFile: tokenFile}))
+	t.Cleanup(srv.Close)
+	scrape := func(auth string) (int, string) {
+		req, err := http.NewRequest(http.MethodGet, srv.URL+"/metrics", nil)
+		require.NoError(t, err)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(b)
+	}
+	code, body := scrape("")
+	require.Equal(t, 200, code)
+	require.Contains(t, body, "nstance_test_instances 0")
+	require.NotContains(t, body, "acme")
+	code, body = scrape("Bearer s3cret")
+	require.Equal(t, 200, code)
+	require.Contains(t, body, `nstance_test_instances{tenant="acme"} 3`)
+	for _, bad := range []string{"Bearer wrong", "Bearer ", "Basic czNjcmV0", "s3cret"} {
+		code, body = scrape(bad)
+		require.Equal(t, 401, code, bad)
+		require.NotContains(t, body, "acme", bad)
+	}
+	// The file is read at each scrape: a rotated token takes effect at once.
+	require.NoError(t, os.WriteFile(tokenFile, []byte("next"), 0o600))
+	code, _ = scrape("Bearer s3cret")
+	require.Equal(t, 401, code)
+	code, _ = scrape("Bearer next")
+	require.Equal(t, 200, code)
+
+	// Without a token file only the public view exists.
+	srv2 := httptest.NewServer(Handler(&r, Metrics{Full: full, Public: public}))
+	t.Cleanup(srv2.Close)
+	req, err := http.NewRequest(http.MethodGet, srv2.URL+"/metrics", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer next")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, 401, resp.StatusCode)
 }

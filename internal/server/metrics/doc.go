@@ -4,7 +4,9 @@
 // only events (RPCs, registrations, provider calls, reconciles, leadership
 // changes, handshake failures) are counted as they happen. Labels stay
 // bounded: tenant and group come from the shard's group registry, never an
-// instance id.
+// instance id. An anonymous scrape gets Public: the same series without
+// tenant and group labels (merged); the full view needs the bearer token of
+// --metrics-token-file (health.Metrics).
 //
 // gRPC, from grpc-ecosystem's middleware on every gRPC server (labels
 // grpc_type, grpc_service, grpc_method, grpc_code):

@@ -81,7 +81,21 @@ type samples map[string]float64
 
 func scrape(t *testing.T, addr string) samples {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
+	return scrapeAs(t, addr, scrapeToken)
+}
+
+// scrapeToken is the bearer token of the test server's full /metrics view.
+const scrapeToken = "scrape-token"
+
+// scrapeAs scrapes with the bearer token ("": anonymously).
+func scrapeAs(t *testing.T, addr, token string) samples {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, "http://"+addr+"/metrics", nil)
+	require.NoError(t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
@@ -148,8 +162,10 @@ func TestScrapeDuringScaleUpAndDrain(t *testing.T) {
 			_ = p.Delete(context.Background(), inst.InstanceID)
 		}
 	})
+	tokenFile := filepath.Join(t.TempDir(), "metrics-token")
+	require.NoError(t, os.WriteFile(tokenFile, []byte(scrapeToken), 0o600))
 	a, err := app.New(app.Options{
-		ServerID: "srv-a", Shard: "s1", Store: store, Keys: keys, CacheDir: t.TempDir(),
+		ServerID: "srv-a", Shard: "s1", Store: store, Keys: keys, CacheDir: t.TempDir(), MetricsTokenFile: tokenFile,
 		Bind:           app.BindOverrides{Health: "127.0.0.1:0"},
 		Getenv:         func(k string) string { return map[string]string{"NSTANCE_ENCRYPTION_KEY": testKey}[k] },
 		Log:            testr.NewWithOptions(t, testr.Options{Verbosity: 0}),
@@ -224,6 +240,14 @@ func TestScrapeDuringScaleUpAndDrain(t *testing.T) {
 	require.Equal(t, registered, mid[`grpc_server_handled_total{grpc_code="OK",grpc_method="RegisterAgent",grpc_service="nstance.v1.RegistrationService",grpc_type="unary"}`],
 		"the registration counter and the gRPC middleware agree")
 	require.GreaterOrEqual(t, mid[`grpc_server_handling_seconds_count{grpc_method="RegisterAgent",grpc_service="nstance.v1.RegistrationService",grpc_type="unary"}`], registered)
+	// An anonymous scrape sees the same fleet without tenants or groups.
+	anon := scrapeAs(t, health, "")
+	require.Equal(t, 3.0, anon[`nstance_server_instances{state="running"}`])
+	require.Equal(t, 3.0, anon["nstance_server_group_desired_instances"])
+	for k := range anon {
+		require.NotContains(t, k, "tenant=", k)
+		require.NotContains(t, k, "group=", k)
+	}
 
 	// Scale down to 2: one member drains, in pending deletion until its
 	// drain is acknowledged.

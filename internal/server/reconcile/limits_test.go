@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -126,4 +127,45 @@ func TestTenantCreateRatePacesGroupScaleUp(t *testing.T) {
 		require.Equal(t, want, s.insts.Len())
 	}
 	require.Len(t, s.running("web"), 5)
+}
+
+func TestVarAndLabelLengthsAndTenantGroupBytes(t *testing.T) {
+	s := newShard(t, newShardConfig(t).limits(func(l *config.Limits) {
+		l.MaxVarValueBytes, l.MaxLabelKeyBytes, l.MaxTenantGroupBytes = 100, 10, 4096
+	}).build(t), shardOptions{})
+	ctx := context.Background()
+	var inv *tenantops.InvalidError
+	_, _, err := s.ops.UpsertGroup(ctx, "t", &nstancev1.GroupSpec{GroupId: "g", Template: "worker", Vars: map[string]string{"blob": strings.Repeat("x", 101)}}, "")
+	require.ErrorAs(t, err, &inv)
+	require.Contains(t, err.Error(), `vars: var "blob": value of 101 bytes, more than shard.limits.max_var_value_bytes (100)`)
+	require.Empty(t, s.ops.ListGroups("t"), "nothing stored")
+	// On demand: the instance's own labels are measured too; no record is made.
+	_, err = s.ops.CreateInstance(ctx, "t", tenantops.CreateInstanceRequest{Template: "worker", Labels: map[string]string{"team.example/x": "1"}})
+	require.ErrorAs(t, err, &inv)
+	require.Contains(t, err.Error(), `labels: label name "team.example/x"... of 14 bytes, more than shard.limits.max_label_key_bytes (10)`)
+	_, err = s.ops.CreateInstance(ctx, "t", tenantops.CreateInstanceRequest{Template: "worker", Vars: map[string]string{"blob": strings.Repeat("x", 101)}})
+	require.ErrorAs(t, err, &inv)
+	require.Equal(t, 0, s.insts.Len(), "refused requests leave no record")
+
+	// 100-byte values, 10 vars: about 1.3 KiB a group; the fourth is beyond 4 KiB.
+	vars := map[string]string{}
+	for i := range 10 {
+		vars[fmt.Sprint("v", i)] = strings.Repeat("v", 100)
+	}
+	var quota error
+	for i := range 5 {
+		_, _, err := s.ops.UpsertGroup(ctx, "t", &nstancev1.GroupSpec{GroupId: fmt.Sprint("g", i), Template: "worker", Vars: vars}, "")
+		if err != nil {
+			quota = err
+			require.Equal(t, 3, i)
+			break
+		}
+	}
+	require.ErrorIs(t, quota, tenantops.ErrQuota)
+	require.Contains(t, quota.Error(), "group g3 of tenant t takes")
+	require.Contains(t, quota.Error(), "shard.limits.max_tenant_group_bytes (4096)")
+	require.Len(t, s.ops.ListGroups("t"), 3)
+	// Another tenant has its own.
+	_, _, err = s.ops.UpsertGroup(ctx, "u", &nstancev1.GroupSpec{GroupId: "g0", Template: "worker", Vars: vars}, "")
+	require.NoError(t, err)
 }

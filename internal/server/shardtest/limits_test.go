@@ -123,6 +123,35 @@ func TestTenantQuotasOverGRPC(t *testing.T) {
 	require.Len(t, groups.GetGroups(), 2)
 }
 
+// TestValueLengthsAndTenantGroupBytesOverGRPC: the new limits reach a
+// client as InvalidArgument (a value too long) and ResourceExhausted (a
+// tenant's groups too large), each naming its shard.limits key.
+func TestValueLengthsAndTenantGroupBytesOverGRPC(t *testing.T) {
+	cfg := strings.Replace(shardtest.Config("test-cluster", "test-1", "mock"), `"default_drain_timeout": "30s",`,
+		`"default_drain_timeout": "30s", "limits": {"max_var_value_bytes": 2000, "max_tenant_group_bytes": 4096},`, 1)
+	sh := shardtest.Start(t, shardtest.Options{ConfigJSONC: cfg})
+	c := sh.Client(t, "acme")
+	ctx := ctxT(t)
+	_, err := c.UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: "a", Template: "worker",
+		Vars: map[string]string{"big": strings.Repeat("x", 2001)}}})
+	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+	require.Contains(t, status.Convert(err).Message(), `var "big": value of 2001 bytes, more than shard.limits.max_var_value_bytes (2000)`)
+	_, err = c.CreateInstance(ctx, &nstancev1.CreateInstanceRequest{Template: "worker", Vars: map[string]string{"big": strings.Repeat("x", 2001)}})
+	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+
+	vars := map[string]string{"v1": strings.Repeat("x", 1500)}
+	_, err = c.UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: "a", Template: "worker", Vars: vars}})
+	require.NoError(t, err)
+	_, err = c.UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: "b", Template: "worker", Vars: vars}})
+	require.NoError(t, err)
+	_, err = c.UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: "c", Template: "worker", Vars: vars}})
+	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	require.Contains(t, status.Convert(err).Message(), "shard.limits.max_tenant_group_bytes (4096)")
+	groups, err := c.ListGroups(ctx, &nstancev1.ListGroupsRequest{})
+	require.NoError(t, err)
+	require.Len(t, groups.GetGroups(), 2)
+}
+
 func liveHeap() int64 {
 	runtime.GC()
 	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
@@ -183,7 +212,7 @@ func TestSlowWatcherIsDisconnectedNotBuffered(t *testing.T) {
 // connection, and a var within the limit is delivered again.
 func TestOversizedFilesReportedToTheTenant(t *testing.T) {
 	cfg := strings.Replace(agentConfig("worker"), `"default_drain_timeout": "30s",`,
-		`"default_drain_timeout": "30s", "limits": {"max_file_bytes": 4096},`, 1)
+		`"default_drain_timeout": "30s", "limits": {"max_file_bytes": 4096, "max_var_value_bytes": 8192},`, 1)
 	a := startAgentShardWith(t, cfg)
 	a.upsert(t, 1, "")
 	waitGroup(t, a.c, "workers", 1)

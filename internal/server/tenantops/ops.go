@@ -118,7 +118,8 @@ func (o *Ops) UpsertGroup(ctx context.Context, tenant string, p *nstancev1.Group
 		p.GetUserDataFormat(), p.GetUserDataSha256(), held); err != nil {
 		return nil, false, err
 	}
-	g, created, err := o.o.Groups.UpsertWithin(ctx, k, spec, expectedETag, o.o.Config().Shard.Limits.WithDefaults().MaxGroupsPerTenant)
+	lim := o.o.Config().Shard.Limits.WithDefaults()
+	g, created, err := o.o.Groups.UpsertWithin(ctx, k, spec, expectedETag, groups.Quota{Groups: lim.MaxGroupsPerTenant, Bytes: lim.MaxTenantGroupBytes})
 	if err != nil {
 		return nil, false, mapGroupErr(err)
 	}
@@ -226,6 +227,18 @@ func (o *Ops) CreateInstance(ctx context.Context, tenant string, req CreateInsta
 	if req.DrainTimeout < 0 {
 		return nil, invalid(config.FieldError{Key: "drain_timeout", Reason: "must not be negative"})
 	}
+	labels, vars := map[string]string{}, map[string]string{}
+	if spec != nil {
+		maps.Copy(labels, spec.Labels)
+		maps.Copy(vars, spec.Vars)
+	}
+	maps.Copy(labels, req.Labels)
+	maps.Copy(vars, req.Vars)
+	// The tenant's vars and labels are counted and measured (the config's
+	// own are not) before anything renders them or any user data is stored.
+	if fes := groups.CheckMaps(o.o.Config(), vars, labels); len(fes) > 0 {
+		return nil, invalid(fes...)
+	}
 	var udSum, udFormat string
 	if len(req.UserData) > 0 {
 		what := "on-demand instance"
@@ -248,18 +261,7 @@ func (o *Ops) CreateInstance(ctx context.Context, tenant string, req CreateInsta
 	if fes := groups.CheckCertificateNames(o.o.Config(), tenant, req.GroupID, eff); len(fes) > 0 {
 		return nil, invalid(fes...)
 	}
-	labels, vars := map[string]string{}, map[string]string{}
-	if spec != nil {
-		maps.Copy(labels, spec.Labels)
-		maps.Copy(vars, spec.Vars)
-	}
-	maps.Copy(labels, req.Labels)
-	maps.Copy(vars, req.Vars)
 	if fes := groups.CheckTenantVars(o.o.Config(), tenant, req.GroupID, eff, vars); len(fes) > 0 {
-		return nil, invalid(fes...)
-	}
-	// The tenant's vars and labels are counted; the config's own are not.
-	if fes := groups.CheckCounts(o.o.Config(), vars, labels); len(fes) > 0 {
 		return nil, invalid(fes...)
 	}
 	// The tenant's create rate is charged last, so a refused request costs nothing.
