@@ -308,7 +308,9 @@ func (s *stack) up(ctx context.Context) {
 		}
 		env := append(s.awsEnv(), "NSTANCE_ENCRYPTION_KEY="+encryptionKey, panicHookEnv+"=1")
 		sv.proc = s.start("server-"+sv.shard, "nstance-server", env, "--shard", sv.shard, "--id", sv.shard+"-attack",
-			"--bucket", bucket, "--cache-dir", filepath.Join(s.dir, "cache-"+sv.shard), "--bind-health", sv.health)
+			"--bucket", bucket, "--cache-dir", filepath.Join(s.dir, "cache-"+sv.shard), "--bind-health", sv.health,
+			// Nonce markers are swept every 2s, so a case can watch a sweep (cases_identity_test.go).
+			"--nonce-sweep-interval", "2s")
 	}
 	for _, sv := range s.servers {
 		if err := waitFor(sv.shard+" /health 200", 120*time.Second, func() bool { return httpOK("http://" + sv.health + "/health") }); err != nil {

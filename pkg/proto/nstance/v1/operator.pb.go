@@ -2526,7 +2526,9 @@ type RevokeRequest struct {
 	//	*RevokeRequest_Serial
 	Target isRevokeRequest_Target `protobuf_oneof:"target"`
 	// Why; recorded with the entry.
-	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Tenant of operator_id: operator ids are scoped to their tenant, so one id may be registered in several tenants. Required when operator_id has records in more than one tenant or in none; otherwise the tenant that has it.
+	Tenant        string `protobuf:"bytes,5,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2598,6 +2600,13 @@ func (x *RevokeRequest) GetSerial() string {
 func (x *RevokeRequest) GetReason() string {
 	if x != nil {
 		return x.Reason
+	}
+	return ""
+}
+
+func (x *RevokeRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
 	}
 	return ""
 }
@@ -2835,14 +2844,15 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"\x06reason\x18\v \x01(\tR\x06reason\"\x18\n" +
 	"\x16ListRevocationsRequest\"S\n" +
 	"\x17ListRevocationsResponse\x128\n" +
-	"\vrevocations\x18\x01 \x03(\v2\x16.nstance.v1.RevocationR\vrevocations\"\x91\x01\n" +
+	"\vrevocations\x18\x01 \x03(\v2\x16.nstance.v1.RevocationR\vrevocations\"\xa9\x01\n" +
 	"\rRevokeRequest\x12!\n" +
 	"\voperator_id\x18\x01 \x01(\tH\x00R\n" +
 	"operatorId\x12!\n" +
 	"\vinstance_id\x18\x02 \x01(\tH\x00R\n" +
 	"instanceId\x12\x18\n" +
 	"\x06serial\x18\x03 \x01(\tH\x00R\x06serial\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reasonB\b\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06tenant\x18\x05 \x01(\tR\x06tenantB\b\n" +
 	"\x06target\"H\n" +
 	"\x0eRevokeResponse\x126\n" +
 	"\n" +
