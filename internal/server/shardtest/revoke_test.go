@@ -101,10 +101,10 @@ func TestRevokedOperatorIsRefusedAtOnce(t *testing.T) {
 	a, b := openOperator(t, sh, "op-a"), openOperator(t, sh, "op-b")
 	watchA, watchB := openWatch(t, a.c), openWatch(t, b.c)
 
-	e, err := sh.Revocations.RevokeOperator(ctxT(t), "op-a", "test")
+	e, err := sh.Revocations.RevokeOperator(ctxT(t), "acme", "op-a", "test")
 	require.NoError(t, err)
 	require.Equal(t, "spiffe://test-cluster/tenant/acme/operator/op-a", e.URI)
-	_, err = sh.Store.Head(ctxT(t), sh.Keys.Operator("op-a"))
+	_, err = sh.Store.Head(ctxT(t), sh.Keys.Operator("acme", "op-a"))
 	require.Error(t, err, "the record is deleted")
 	requireRefused(t, sh, a, watchA)
 	requireWorks(t, sh, b)
@@ -134,7 +134,7 @@ func TestDeletedOperatorRecord(t *testing.T) {
 			if seen {
 				require.NoError(t, sh.Revocations.Sync(ctxT(t)))
 			}
-			require.NoError(t, sh.Store.Delete(ctxT(t), sh.Keys.Operator("op-a")))
+			require.NoError(t, sh.Store.Delete(ctxT(t), sh.Keys.Operator("acme", "op-a")))
 			// At once: RenewCertificate and the next handshake read the record.
 			_, err := a.c.RenewCertificate(ctxT(t), &nstancev1.RenewCertificateRequest{})
 			require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)

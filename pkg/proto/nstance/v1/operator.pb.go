@@ -2319,7 +2319,9 @@ type Revocation struct {
 	// Who revoked: the admin's identity URI, or the server id for revocations the server made itself.
 	RevokedBy string `protobuf:"bytes,10,opt,name=revoked_by,json=revokedBy,proto3" json:"revoked_by,omitempty"`
 	// Why, as given by the admin or the server.
-	Reason        string `protobuf:"bytes,11,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,11,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Tenant of the operator (kind operator); empty on entries of versions before operator ids were scoped to their tenant, which deny the id in every tenant.
+	Tenant        string `protobuf:"bytes,12,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2427,6 +2429,13 @@ func (x *Revocation) GetRevokedBy() string {
 func (x *Revocation) GetReason() string {
 	if x != nil {
 		return x.Reason
+	}
+	return ""
+}
+
+func (x *Revocation) GetTenant() string {
+	if x != nil {
+		return x.Tenant
 	}
 	return ""
 }
@@ -2824,7 +2833,7 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"\rregistered_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\fregisteredAt\x12#\n" +
 	"\rregistered_by\x18\b \x01(\tR\fregisteredBy\"W\n" +
 	"\x15ListOperatorsResponse\x12>\n" +
-	"\toperators\x18\x01 \x03(\v2 .nstance.v1.OperatorRegistrationR\toperators\"\x94\x03\n" +
+	"\toperators\x18\x01 \x03(\v2 .nstance.v1.OperatorRegistrationR\toperators\"\xac\x03\n" +
 	"\n" +
 	"Revocation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
@@ -2841,7 +2850,8 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"\n" +
 	"revoked_by\x18\n" +
 	" \x01(\tR\trevokedBy\x12\x16\n" +
-	"\x06reason\x18\v \x01(\tR\x06reason\"\x18\n" +
+	"\x06reason\x18\v \x01(\tR\x06reason\x12\x16\n" +
+	"\x06tenant\x18\f \x01(\tR\x06tenant\"\x18\n" +
 	"\x16ListRevocationsRequest\"S\n" +
 	"\x17ListRevocationsResponse\x128\n" +
 	"\vrevocations\x18\x01 \x03(\v2\x16.nstance.v1.RevocationR\vrevocations\"\xa9\x01\n" +
