@@ -6,7 +6,10 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
+	"fmt"
 	"time"
+
+	"google.golang.org/grpc/status"
 
 	"github.com/nstance-dev/nstance/internal/keytype"
 	"github.com/nstance-dev/nstance/internal/pki"
@@ -100,6 +103,13 @@ func (s *Server) renewIdentity(ctx context.Context, ref Ref, k *nstancev1.Public
 	st := s.identityStatus(ctx, ref)
 	if st.issued != nil && st.issued.PublicKeyPEM == k.GetPublicKeyPem() {
 		return true, "" // already issued for this key (a repeated submission)
+	}
+	if renewed, _ := s.renewedIdentity(ctx, ref); superseded(st.leaf, renewed) {
+		// The identity was renewed for another key, and the holder of the
+		// certificate it superseded renews too: two holders (holders.go).
+		err := s.twoHolders(ctx, ref, fmt.Sprintf("a renewal was submitted from the superseded identity certificate %s for another key than the renewed one %s",
+			st.leaf.SerialNumber, renewed.SerialNumber))
+		return false, status.Convert(err).Message()
 	}
 	if st.leaf == nil || !st.due(now) {
 		return false, "identity renewal is not due"

@@ -75,13 +75,18 @@ type Options struct {
 	// key the agent has not submitted (default 1m; shorter for short-lived
 	// certificates).
 	IdentityRetry time.Duration
+	// RevokeInstance revokes the agent certificates of an instance issued
+	// so far; it is called when two holders of one identity show up (see
+	// holders.go). Nil: the caller is only refused.
+	RevokeInstance func(ctx context.Context, instanceID, reason string) error
 }
 
 // Server implements nstancev1.AgentServiceServer.
 type Server struct {
 	nstancev1.UnimplementedAgentServiceServer
-	o   Options
-	hub hub
+	o       Options
+	hub     hub
+	holders holders
 }
 
 var _ nstancev1.AgentServiceServer = (*Server)(nil)
@@ -150,7 +155,11 @@ func (s *Server) refFrom(ctx context.Context) (Ref, error) {
 		s.o.Log.Info("agent of another shard refused", "instance", id.ClientID, "tenant", id.Tenant, "certificate_shard", id.Shard)
 		return Ref{}, status.Error(codes.PermissionDenied, "the agent certificate was not issued for this shard")
 	}
-	return Ref{InstanceID: id.ClientID, Tenant: id.Tenant, Shard: id.Shard, Group: id.Group}, nil
+	ref := Ref{InstanceID: id.ClientID, Tenant: id.Tenant, Shard: id.Shard, Group: id.Group}
+	if err := s.checkHolder(ctx, ref); err != nil {
+		return Ref{}, err
+	}
+	return ref, nil
 }
 
 func (s *Server) plan(ctx context.Context, ref Ref) (*Plan, error) {

@@ -265,6 +265,12 @@ func Assemble(p Parts) (*Assembly, error) {
 		if p.Issuer != nil {
 			ao.RenewIdentity = p.Issuer.RenewAgentPEM
 		}
+		if p.Revocations != nil {
+			ao.RevokeInstance = func(ctx context.Context, id, reason string) error {
+				_, err := p.Revocations.RevokeAgent(ctx, id, reason)
+				return err
+			}
+		}
 		srv, err := agentapi.New(ao)
 		if err != nil {
 			return nil, fmt.Errorf("assembling the Agent service: %w", err)

@@ -170,7 +170,7 @@ type Gate struct {
 	// legacyTenants caches the tenant named by each legacy record
 	// (key -> etag and tenant), so a Sync reads each version once.
 	legacyTenants map[string]legacyTenant
-	streams   map[*tracked]struct{}
+	streams       map[*tracked]struct{}
 	// syncedAt is when the last successful Sync started (zero before).
 	syncedAt time.Time
 }

@@ -73,6 +73,9 @@ type Shard struct {
 	HandshakesAborted atomic.Int64
 	// Refused counts deliveries the Agent service refused to send (OnRefused).
 	Refused atomic.Int64
+	// Revoked counts instances whose agent certificates the Agent service
+	// revoked (RevokeInstance: two holders of one identity).
+	Revoked atomic.Int64
 
 	mu        sync.Mutex
 	instances map[string]*Instance
@@ -164,6 +167,10 @@ func (s *Shard) Start() error {
 		Health: s.Health, Log: s.log.WithName("agentapi"), RepushInterval: s.RepushInterval,
 		OnRefused:     func(agentapi.Ref, error) { s.Refused.Add(1) },
 		RenewIdentity: issuer.RenewAgentPEM,
+		RevokeInstance: func(context.Context, string, string) error {
+			s.Revoked.Add(1)
+			return nil
+		},
 	})
 	if err != nil {
 		return err

@@ -1,0 +1,142 @@
+package agentapi
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"sync"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/server/authz"
+)
+
+// Two holders of one agent identity. An agent certificate and its key,
+// copied off an instance, let a thief renew the identity for a key of its
+// own, and the real agent, whose copy is then superseded, could no longer
+// renew: it was locked out when its certificate expired while the thief
+// kept renewing. The server cannot tell which holder is genuine (both hold
+// the same key), so it does not pick one: once the identity was renewed,
+// any sign of a second holder of the superseded certificate cuts the
+// instance off and tells its tenant, and the instance is replaced like any
+// other whose agent stops reporting:
+//
+//   - a renewal submitted from a superseded certificate for a key other than
+//     the one the identity was renewed for (both holders renewing), or
+//   - a call presenting a superseded certificate after the renewed one has
+//     been presented (the genuine agent switches to its renewed
+//     certificate and reconnects, never going back).
+//
+// The instance's agent certificates issued so far, the renewed one
+// included, are revoked (Options.RevokeInstance) and the caller is refused.
+// What the server knows about renewals lives with the key store (the
+// leader's memory): after a leader change a superseded certificate is
+// simply valid until it expires, as before.
+
+// errTwoHolders is the refusal of a caller once two holders were seen.
+var errTwoHolders = errors.New("the agent identity of this instance is held twice (a copied certificate and key); its certificates are revoked")
+
+// holders remembers, per instance, the serial of the renewed identity
+// certificate once a caller presented it.
+type holders struct {
+	mu    sync.Mutex
+	inUse map[string]string // instance id -> serial
+}
+
+func (h *holders) markInUse(id, serial string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.inUse == nil {
+		h.inUse = map[string]string{}
+	}
+	h.inUse[id] = serial
+}
+
+func (h *holders) renewedInUse(id, serial string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.inUse[id] == serial
+}
+
+func (h *holders) forget(id string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.inUse, id)
+}
+
+// renewedIdentity is the identity certificate renewed for an instance, if
+// any.
+func (s *Server) renewedIdentity(ctx context.Context, ref Ref) (*x509.Certificate, *StoredKey) {
+	stored, err := s.o.Keys.Keys(ctx, ref)
+	if err != nil {
+		return nil, nil
+	}
+	sk, ok := stored[pki.AgentIdentityKeyName]
+	if !ok || len(sk.CertPEM) == 0 {
+		return nil, nil
+	}
+	c, err := pki.ParseCertificatePEM(sk.CertPEM)
+	if err != nil {
+		return nil, nil
+	}
+	return c, &sk
+}
+
+func sameKey(a, b *x509.Certificate) bool {
+	ka, ok := a.PublicKey.(ed25519.PublicKey)
+	kb, ok2 := b.PublicKey.(ed25519.PublicKey)
+	return ok && ok2 && ka.Equal(kb)
+}
+
+// superseded reports whether leaf is an identity certificate of the
+// instance older than its renewed one, for another key.
+func superseded(leaf, renewed *x509.Certificate) bool {
+	return leaf != nil && renewed != nil && !sameKey(leaf, renewed) && leaf.NotBefore.Before(renewed.NotBefore)
+}
+
+// checkHolder is run at the start of every call: it records that the
+// renewed certificate is in use, and cuts the instance off when a
+// superseded one shows up after that.
+func (s *Server) checkHolder(ctx context.Context, ref Ref) error {
+	if s.o.RenewIdentity == nil {
+		return nil
+	}
+	leaf, ok := authz.PeerCertificate(ctx)
+	if !ok {
+		return nil
+	}
+	renewed, _ := s.renewedIdentity(ctx, ref)
+	switch {
+	case renewed == nil:
+		return nil
+	case sameKey(leaf, renewed):
+		s.holders.markInUse(ref.InstanceID, renewed.SerialNumber.String())
+		return nil
+	case superseded(leaf, renewed) && s.holders.renewedInUse(ref.InstanceID, renewed.SerialNumber.String()):
+		return s.twoHolders(ctx, ref, fmt.Sprintf("a call presented the superseded identity certificate %s after the renewed one %s was in use",
+			leaf.SerialNumber, renewed.SerialNumber))
+	}
+	return nil
+}
+
+// twoHolders revokes the instance's agent certificates, tells the tenant
+// and returns the caller's refusal.
+func (s *Server) twoHolders(ctx context.Context, ref Ref, why string) error {
+	err := fmt.Errorf("%w: %s", errTwoHolders, why)
+	s.o.Log.Error(err, "!!! two holders of one agent identity: revoking the instance's agent certificates; the instance will be replaced",
+		"instance", ref.InstanceID, "tenant", ref.Tenant, "group", ref.Group)
+	if s.o.RevokeInstance != nil {
+		if rerr := s.o.RevokeInstance(context.WithoutCancel(ctx), ref.InstanceID, "two holders of one agent identity: "+why); rerr != nil {
+			s.o.Log.Error(rerr, "revoking the agent certificates of an instance with two holders", "instance", ref.InstanceID)
+		}
+	}
+	s.holders.forget(ref.InstanceID)
+	if s.o.OnRefused != nil {
+		s.o.OnRefused(ref, err)
+	}
+	return status.Error(codes.PermissionDenied, errTwoHolders.Error())
+}
