@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -27,9 +28,10 @@ import (
 //
 //   - a renewal submitted from a superseded certificate for a key other than
 //     the one the identity was renewed for (both holders renewing), or
-//   - a call presenting a superseded certificate after the renewed one has
-//     been presented (the genuine agent switches to its renewed
-//     certificate and reconnects, never going back).
+//   - a call presenting a superseded certificate more than TwoHolderGrace
+//     after the renewed one was first presented (the genuine agent
+//     switches to its renewed certificate and reconnects, never going
+//     back; the grace covers calls of its old connection still in flight).
 //
 // The instance's agent certificates issued so far, the renewed one
 // included, are revoked (Options.RevokeInstance) and the caller is refused.
@@ -40,26 +42,42 @@ import (
 // errTwoHolders is the refusal of a caller once two holders were seen.
 var errTwoHolders = errors.New("the agent identity of this instance is held twice (a copied certificate and key); its certificates are revoked")
 
-// holders remembers, per instance, the serial of the renewed identity
-// certificate once a caller presented it.
+// holders remembers, per instance, the renewed identity certificate
+// (serial) once a caller presented it, and when that was first.
 type holders struct {
 	mu    sync.Mutex
-	inUse map[string]string // instance id -> serial
+	inUse map[string]inUse // instance id -> renewed certificate in use
 }
 
-func (h *holders) markInUse(id, serial string) {
+type inUse struct {
+	serial string
+	since  time.Time
+}
+
+func (h *holders) markInUse(id, serial string, now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.inUse == nil {
-		h.inUse = map[string]string{}
+		h.inUse = map[string]inUse{}
 	}
-	h.inUse[id] = serial
+	if h.inUse[id].serial != serial {
+		h.inUse[id] = inUse{serial: serial, since: now}
+	}
 }
 
-func (h *holders) renewedInUse(id, serial string) bool {
+// inUseSince is when the renewed certificate serial was first presented
+// (ok false: not yet).
+func (h *holders) inUseSince(id, serial string) (time.Time, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.inUse[id] == serial
+	u, ok := h.inUse[id]
+	return u.since, ok && u.serial == serial
+}
+
+func (h *holders) reset() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.inUse = nil
 }
 
 func (h *holders) forget(id string) {
@@ -110,15 +128,19 @@ func (s *Server) checkHolder(ctx context.Context, ref Ref) error {
 		return nil
 	}
 	renewed, _ := s.renewedIdentity(ctx, ref)
+	now := s.o.Now()
 	switch {
 	case renewed == nil:
 		return nil
 	case sameKey(leaf, renewed):
-		s.holders.markInUse(ref.InstanceID, renewed.SerialNumber.String())
+		s.holders.markInUse(ref.InstanceID, renewed.SerialNumber.String(), now)
 		return nil
-	case superseded(leaf, renewed) && s.holders.renewedInUse(ref.InstanceID, renewed.SerialNumber.String()):
-		return s.twoHolders(ctx, ref, fmt.Sprintf("a call presented the superseded identity certificate %s after the renewed one %s was in use",
-			leaf.SerialNumber, renewed.SerialNumber))
+	case superseded(leaf, renewed):
+		since, ok := s.holders.inUseSince(ref.InstanceID, renewed.SerialNumber.String())
+		if ok && now.Sub(since) > s.o.TwoHolderGrace {
+			return s.twoHolders(ctx, ref, fmt.Sprintf("a call presented the superseded identity certificate %s %s after the renewed one %s was in use",
+				leaf.SerialNumber, now.Sub(since).Round(time.Second), renewed.SerialNumber))
+		}
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -144,7 +145,13 @@ func TestTwoHoldersOfOneIdentity(t *testing.T) {
 		require.Equal(t, int64(1), s.Refused.Load(), "the tenant is told")
 	})
 	t.Run("superseded certificate after the renewed one", func(t *testing.T) {
-		s := newShard(t, config.Template{})
+		s, err := agenttest.New(logr.Discard())
+		require.NoError(t, err)
+		s.TwoHolderGrace = 300 * time.Millisecond
+		require.NoError(t, s.Start())
+		t.Cleanup(s.Stop)
+		_, err = s.Add(agenttest.Instance{ID: "i-1", Group: "g"}, t.TempDir())
+		require.NoError(t, err)
 		due := agentLeaf(t, s.CA, time.Now().Add(-41*time.Minute), time.Hour)
 		key, _ := identityKey(t)
 		require.Equal(t, []string{pki.AgentIdentityKeyName}, submitIdentity(t, s, presenting(due), key).GetAccepted())
@@ -154,9 +161,14 @@ func TestTwoHoldersOfOneIdentity(t *testing.T) {
 		require.NoError(t, err)
 		_, err = s.Agent.SubmitPublicKeys(presenting(due), &nstancev1.SubmitPublicKeysRequest{})
 		require.NoError(t, err, "until the renewed certificate is in use")
+		used := time.Now()
 		_, err = s.Agent.SubmitPublicKeys(presenting(renewed), &nstancev1.SubmitPublicKeysRequest{})
 		require.NoError(t, err)
-		require.Zero(t, s.Revoked.Load(), "an ordinary renewal")
+		if _, err = s.Agent.SubmitPublicKeys(presenting(due), &nstancev1.SubmitPublicKeysRequest{}); time.Since(used) < 300*time.Millisecond {
+			require.NoError(t, err, "the old connection's last calls, within the grace")
+			require.Zero(t, s.Revoked.Load(), "an ordinary renewal")
+		}
+		require.Eventually(t, func() bool { return time.Since(used) > 350*time.Millisecond }, 5*time.Second, 10*time.Millisecond)
 		_, err = s.Agent.SubmitPublicKeys(presenting(due), &nstancev1.SubmitPublicKeysRequest{})
 		require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
 		require.Contains(t, err.Error(), "held twice")

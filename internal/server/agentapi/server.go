@@ -79,6 +79,10 @@ type Options struct {
 	// so far; it is called when two holders of one identity show up (see
 	// holders.go). Nil: the caller is only refused.
 	RevokeInstance func(ctx context.Context, instanceID, reason string) error
+	// TwoHolderGrace is how long after a renewed identity certificate was
+	// first presented a call with the certificate it superseded is still
+	// taken for the same agent's old connection (default 30s; holders.go).
+	TwoHolderGrace time.Duration
 }
 
 // Server implements nstancev1.AgentServiceServer.
@@ -114,8 +118,17 @@ func New(o Options) (*Server, error) {
 	if o.IdentityRetry <= 0 {
 		o.IdentityRetry = time.Minute
 	}
+	if o.TwoHolderGrace <= 0 {
+		o.TwoHolderGrace = 30 * time.Second
+	}
 	return &Server{o: o, hub: hub{byID: map[string]*instanceState{}}}, nil
 }
+
+// EndTerm drops what the service learnt about its agents during a
+// leadership term (which renewed identities are in use); call it once the
+// term's streams have ended. The key store and health tracker are the
+// caller's (see app.Assembly.EndTerm).
+func (s *Server) EndTerm() { s.holders.reset() }
 
 // Notify makes the open streams of the given instances re-plan and push
 // whatever changed (template or var change). With no ids, every connected

@@ -749,6 +749,12 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, gcfg grpcserve
 	}
 	releaseAddr()
 	<-leadDone
+	a.mu.Lock()
+	built := a.built
+	a.mu.Unlock()
+	if built != nil {
+		built.EndTerm()
+	}
 	log.Info("stopped serving gRPC")
 }
 
