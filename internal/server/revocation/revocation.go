@@ -674,13 +674,14 @@ func (g *Gate) RevokeOperatorBy(ctx context.Context, tenant, id, reason, by stri
 	if err != nil {
 		return Entry{}, err
 	}
-	keys := []string{g.o.Keys.Operator(tenant, id)}
-	if st != nil && st.Legacy {
-		keys = append(keys, st.Key)
+	// The tenant's record, and a record of an older version naming the
+	// tenant that a record at the tenant's key may have shadowed.
+	if err := g.o.Store.Delete(ctx, g.o.Keys.Operator(tenant, id)); err != nil && !errors.Is(err, objstore.ErrNotFound) {
+		return e, fmt.Errorf("deleting %s: %w", g.o.Keys.Operator(tenant, id), err)
 	}
-	for _, key := range keys {
-		if err := g.o.Store.Delete(ctx, key); err != nil && !errors.Is(err, objstore.ErrNotFound) {
-			return e, fmt.Errorf("deleting %s: %w", key, err)
+	if legacy, err := registration.ReadOperatorRecord(ctx, g.o.Store, g.o.Keys, tenant, id); err == nil && legacy.Legacy {
+		if err := g.o.Store.Delete(ctx, legacy.Key); err != nil && !errors.Is(err, objstore.ErrNotFound) {
+			return e, fmt.Errorf("deleting %s: %w", legacy.Key, err)
 		}
 	}
 	g.mu.Lock()

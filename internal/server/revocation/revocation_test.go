@@ -404,6 +404,17 @@ func TestLegacyOperatorRecords(t *testing.T) {
 	require.NoError(t, g.Sync(ctx(t)))
 	require.ErrorIs(t, g.Admit(acmeM, ident(acmeM)), revocation.ErrRevoked)
 
+	// acme re-registered op-m after the upgrade while the legacy record
+	// stayed: revoking deletes both.
+	f.putRecord(t, f.keys.LegacyOperator("op-n"), "acme", "op-n")
+	f.putRecord(t, f.keys.Operator("acme", "op-n"), "acme", "op-n")
+	_, err = g.RevokeOperator(ctx(t), "acme", "op-n", "")
+	require.NoError(t, err)
+	for _, k := range []string{f.keys.LegacyOperator("op-n"), f.keys.Operator("acme", "op-n")} {
+		_, err = f.store.Head(ctx(t), k)
+		require.ErrorIs(t, err, objstore.ErrNotFound, k)
+	}
+
 	// Revoking acme's op-l deletes the legacy record, not beta's.
 	_, err = g.RevokeOperator(ctx(t), "acme", "op-l", "")
 	require.NoError(t, err)
