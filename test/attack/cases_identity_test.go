@@ -274,9 +274,10 @@ func foreignSweep(ctx context.Context, e *env) error {
 // identity: the server cannot tell which is genuine, so it must not leave
 // the thief holding the identity while the real agent is refused (before
 // the fix the real agent's renewal was refused as "not due" and the
-// thief's renewed certificate kept working). Now the instance's agent
-// certificates, the thief's renewed one included, are revoked and the
-// tenant is told; the group replaces the instance.
+// thief's renewed certificate kept working). Now, once past the grace the
+// server gives the genuine agent's old connection after a renewal (30s),
+// the instance's agent certificates, the thief's renewed one included, are
+// revoked and the tenant is told; the group replaces the instance.
 func thiefRenewal(ctx context.Context, e *env) error {
 	b := nstancev1.NewOperatorServiceClient(e.connB)
 	ci, err := b.CreateInstance(ctx, &nstancev1.CreateInstanceRequest{Template: "svc", ClientToken: "b-thief"})
@@ -323,9 +324,21 @@ func thiefRenewal(ctx context.Context, e *env) error {
 	if err := agentServed(ctx, e, &thiefCert); err != nil {
 		return fmt.Errorf("control: the thief's renewed certificate: %w", err)
 	}
-	// The real agent renews from the same certificate with its own key.
-	_, realErr := renewAgentIdentity(ctx, e, &due)
-	// Whatever the real agent was told, the thief must not keep the identity.
+	// The real agent renews from the same certificate with its own key,
+	// asked again every few seconds as its certificate is due. For
+	// TwoHolderGrace (30s) after the thief's renewal the server takes it
+	// for the renewing agent's own old connection and only refuses it;
+	// after that, whatever the real agent is told, the thief must not keep
+	// the identity.
+	var realErr error
+	if err := waitFor("the thief's renewed certificate refused after the real agent's renewal", 50*time.Second, func() bool {
+		if _, realErr = renewAgentIdentity(ctx, e, &due); realErr == nil {
+			return true // renewed for the real agent: checked below
+		}
+		return agentServed(ctx, e, &thiefCert) != nil
+	}); err != nil {
+		return fmt.Errorf("%w (the real agent's renewal got: %v)", err, realErr)
+	}
 	if err := agentServed(ctx, e, &thiefCert); err == nil {
 		return fmt.Errorf("the thief's renewed certificate is still served after the real agent's renewal (which got: %v)", realErr)
 	}

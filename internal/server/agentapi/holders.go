@@ -24,10 +24,15 @@ import (
 // the same key), so it does not pick one: once the identity was renewed,
 // any sign of a second holder of the superseded certificate cuts the
 // instance off and tells its tenant, and the instance is replaced like any
-// other whose agent stops reporting:
+// other whose agent stops reporting. A caller presenting a superseded
+// certificate is asked to renew on that certificate's own schedule (not the
+// renewed one's), so the second holder speaks up when its renewal comes
+// due. The signs:
 //
 //   - a renewal submitted from a superseded certificate for a key other than
-//     the one the identity was renewed for (both holders renewing), or
+//     the one the identity was renewed for, more than TwoHolderGrace after
+//     that renewal (both holders renewing; within the grace it is the
+//     genuine agent's old connection, refused without consequence), or
 //   - a call presenting a superseded certificate more than TwoHolderGrace
 //     after the renewed one was first presented (the genuine agent
 //     switches to its renewed certificate and reconnects, never going

@@ -60,6 +60,14 @@ func (s *Server) identityStatus(ctx context.Context, ref Ref) identityStatus {
 	}
 	if s.o.RenewIdentity != nil && st.leaf != nil && newest != nil {
 		st.renewAt = pki.RenewAt(newest, s.o.IdentityRenewAfter)
+		if st.issued != nil && superseded(st.leaf, newest) {
+			// The identity was renewed for another key, yet this caller
+			// presents the certificate it superseded: it is asked on that
+			// certificate's own schedule, so a second holder (the real
+			// agent, when a thief renewed first) is heard from rather than
+			// left to expire (holders.go).
+			st.renewAt = pki.RenewAt(st.leaf, s.o.IdentityRenewAfter)
+		}
 	}
 	return st
 }
@@ -105,6 +113,10 @@ func (s *Server) renewIdentity(ctx context.Context, ref Ref, k *nstancev1.Public
 		return true, "" // already issued for this key (a repeated submission)
 	}
 	if renewed, _ := s.renewedIdentity(ctx, ref); superseded(st.leaf, renewed) {
+		if age := now.Sub(pki.IssuedAt(renewed)); age <= s.o.TwoHolderGrace {
+			// The agent's old connection, moments after its own renewal.
+			return false, "the identity was just renewed for another key; present the renewed certificate"
+		}
 		// The identity was renewed for another key, and the holder of the
 		// certificate it superseded renews too: two holders (holders.go).
 		err := s.twoHolders(ctx, ref, fmt.Sprintf("a renewal was submitted from the superseded identity certificate %s for another key than the renewed one %s",

@@ -125,6 +125,19 @@ func TestIdentityRenewal(t *testing.T) {
 	require.Zero(t, s.Revoked.Load())
 }
 
+// graceShard is newShard with another TwoHolderGrace.
+func graceShard(t *testing.T, grace time.Duration) *agenttest.Shard {
+	t.Helper()
+	s, err := agenttest.New(logr.Discard())
+	require.NoError(t, err)
+	s.TwoHolderGrace = grace
+	require.NoError(t, s.Start())
+	t.Cleanup(s.Stop)
+	_, err = s.Add(agenttest.Instance{ID: "i-1", Group: "g"}, t.TempDir())
+	require.NoError(t, err)
+	return s
+}
+
 // TestTwoHoldersOfOneIdentity: a copy of an agent certificate and key
 // renewed by one holder must not leave the other locked out while the
 // first keeps the identity. A renewal from the superseded certificate for
@@ -133,25 +146,29 @@ func TestIdentityRenewal(t *testing.T) {
 // renews first" of the trust review).
 func TestTwoHoldersOfOneIdentity(t *testing.T) {
 	t.Run("both renew", func(t *testing.T) {
-		s := newShard(t, config.Template{})
+		// The grace is counted from the renewed certificate's issuance,
+		// which certificates record to the second.
+		s := graceShard(t, 1500*time.Millisecond)
 		due := agentLeaf(t, s.CA, time.Now().Add(-41*time.Minute), time.Hour)
 		first, _ := identityKey(t)
 		require.Equal(t, []string{pki.AgentIdentityKeyName}, submitIdentity(t, s, presenting(due), first).GetAccepted())
+		renewedAt := time.Now()
 		second, _ := identityKey(t)
 		resp := submitIdentity(t, s, presenting(due), second)
+		require.Len(t, resp.GetRejected(), 1)
+		if time.Since(renewedAt) < 500*time.Millisecond {
+			require.Contains(t, resp.GetRejected()[0].GetReason(), "just renewed", "the agent's old connection after its own renewal")
+			require.Zero(t, s.Revoked.Load())
+		}
+		require.Eventually(t, func() bool { return time.Since(renewedAt) > 2600*time.Millisecond }, 5*time.Second, 10*time.Millisecond)
+		resp = submitIdentity(t, s, presenting(due), second)
 		require.Len(t, resp.GetRejected(), 1)
 		require.Contains(t, resp.GetRejected()[0].GetReason(), "held twice")
 		require.Equal(t, int64(1), s.Revoked.Load())
 		require.Equal(t, int64(1), s.Refused.Load(), "the tenant is told")
 	})
 	t.Run("superseded certificate after the renewed one", func(t *testing.T) {
-		s, err := agenttest.New(logr.Discard())
-		require.NoError(t, err)
-		s.TwoHolderGrace = 300 * time.Millisecond
-		require.NoError(t, s.Start())
-		t.Cleanup(s.Stop)
-		_, err = s.Add(agenttest.Instance{ID: "i-1", Group: "g"}, t.TempDir())
-		require.NoError(t, err)
+		s := graceShard(t, 300*time.Millisecond)
 		due := agentLeaf(t, s.CA, time.Now().Add(-41*time.Minute), time.Hour)
 		key, _ := identityKey(t)
 		require.Equal(t, []string{pki.AgentIdentityKeyName}, submitIdentity(t, s, presenting(due), key).GetAccepted())
