@@ -93,20 +93,20 @@ func (h *holders) forget(id string) {
 
 // renewedIdentity is the identity certificate renewed for an instance, if
 // any.
-func (s *Server) renewedIdentity(ctx context.Context, ref Ref) (*x509.Certificate, *StoredKey) {
+func (s *Server) renewedIdentity(ctx context.Context, ref Ref) *x509.Certificate {
 	stored, err := s.o.Keys.Keys(ctx, ref)
 	if err != nil {
-		return nil, nil
+		return nil
 	}
 	sk, ok := stored[pki.AgentIdentityKeyName]
 	if !ok || len(sk.CertPEM) == 0 {
-		return nil, nil
+		return nil
 	}
 	c, err := pki.ParseCertificatePEM(sk.CertPEM)
 	if err != nil {
-		return nil, nil
+		return nil
 	}
-	return c, &sk
+	return c
 }
 
 func sameKey(a, b *x509.Certificate) bool {
@@ -132,7 +132,7 @@ func (s *Server) checkHolder(ctx context.Context, ref Ref) error {
 	if !ok {
 		return nil
 	}
-	renewed, _ := s.renewedIdentity(ctx, ref)
+	renewed := s.renewedIdentity(ctx, ref)
 	now := s.o.Now()
 	switch {
 	case renewed == nil:

@@ -112,7 +112,7 @@ func (s *Server) renewIdentity(ctx context.Context, ref Ref, k *nstancev1.Public
 	if st.issued != nil && st.issued.PublicKeyPEM == k.GetPublicKeyPem() {
 		return true, "" // already issued for this key (a repeated submission)
 	}
-	if renewed, _ := s.renewedIdentity(ctx, ref); superseded(st.leaf, renewed) {
+	if renewed := s.renewedIdentity(ctx, ref); superseded(st.leaf, renewed) {
 		if age := now.Sub(pki.IssuedAt(renewed)); age <= s.o.TwoHolderGrace {
 			// The agent's old connection, moments after its own renewal.
 			return false, "the identity was just renewed for another key; present the renewed certificate"
