@@ -275,7 +275,9 @@ type Certificates struct {
 	OperatorValidity Duration `json:"operator_validity"`
 	AgentNonceTTL    Duration `json:"agent_nonce_ttl"`
 	// NonceMaxLifetime is the longest lifetime (exp - iat) of a registration
-	// nonce the server accepts, agent or operator (default 24h).
+	// nonce the server accepts, agent or operator (default 24h, at most
+	// 720h). Shards may differ: each nonce's used-marker carries the
+	// nonce's own expiry, which every sweep honours.
 	NonceMaxLifetime Duration `json:"nonce_max_lifetime"`
 	// RevocationSyncInterval is how often the shard leader re-reads the
 	// revocation entries and operator records from storage (default 10s):

@@ -28,6 +28,10 @@ const (
 	// DefaultNonceMaxLifetime bounds every registration nonce (exp - iat);
 	// operator nonces are minted for 3h by default and 24h at most is common.
 	DefaultNonceMaxLifetime = 24 * time.Hour
+	// MaxNonceMaxLifetime is the longest certificates.nonce_max_lifetime
+	// a config may set. Nonce markers written by versions that recorded no
+	// expiry are kept this long (plus allowances) after they were written.
+	MaxNonceMaxLifetime = 30 * 24 * time.Hour
 	// DefaultRevocationSyncInterval is how often revocations are re-read.
 	DefaultRevocationSyncInterval = 10 * time.Second
 	DefaultStorageTimeout         = 10 * time.Second
@@ -274,6 +278,9 @@ func (c *Config) Validate() error {
 		if kv.d <= 0 {
 			ch.add(kv.key, "must be positive")
 		}
+	}
+	if ce.NonceMaxLifetime.D() > MaxNonceMaxLifetime {
+		ch.add("certificates.nonce_max_lifetime", "must be at most %s, got %s", MaxNonceMaxLifetime, ce.NonceMaxLifetime.D())
 	}
 	if ce.NonceMaxLifetime > 0 && ce.AgentNonceTTL > ce.NonceMaxLifetime {
 		ch.add("certificates.agent_nonce_ttl", "must not be longer than certificates.nonce_max_lifetime (%s), got %s", ce.NonceMaxLifetime.D(), ce.AgentNonceTTL.D())

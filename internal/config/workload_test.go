@@ -62,6 +62,8 @@ func TestWorkloadNamesAtValidation(t *testing.T) {
 			"certificates.agent_nonce_ttl", "must not be longer than certificates.nonce_max_lifetime (10m0s)"},
 		{"negative nonce lifetime", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1"}, "certificates": {"nonce_max_lifetime": "-1h"}`},
 			"certificates.nonce_max_lifetime", "must be positive"},
+		{"nonce lifetime over 30 days", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1"}, "certificates": {"nonce_max_lifetime": "721h"}`},
+			"certificates.nonce_max_lifetime", "must be at most 720h0m0s"},
 		{"negative revocation sync", [2]string{`"cluster": {"id": "c1"}`, `"cluster": {"id": "c1"}, "certificates": {"revocation_sync_interval": "-1s"}`},
 			"certificates.revocation_sync_interval", "must be positive"},
 	}

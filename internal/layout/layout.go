@@ -174,11 +174,42 @@ func (k Keys) ShardNonce(shard, jti string) string { return k.join("shard", shar
 // every shard.
 func (k Keys) ClusterNonce(jti string) string { return k.join("cluster", "nonces", jti) }
 
-// Operator is the registration record of one operator.
-func (k Keys) Operator(id string) string { return k.join("cluster", "operators", id+".json") }
+// Operator is the registration record of operator id of tenant: operator
+// ids are scoped to their tenant (as in their SPIFFE URI), so tenants may
+// use the same id without touching each other's record.
+func (k Keys) Operator(tenant, id string) string {
+	return k.join("cluster", "operators", tenant, id+".json")
+}
 
-// OperatorPrefix lists every operator registration record.
+// LegacyOperator is where versions before tenant-scoped operator ids kept
+// the record of operator id (whatever its tenant; the record names it).
+// Such records are still read (see registration.ReadOperatorRecord).
+func (k Keys) LegacyOperator(id string) string { return k.join("cluster", "operators", id+".json") }
+
+// OperatorPrefix lists every operator registration record (both layouts).
 func (k Keys) OperatorPrefix() string { return k.join("cluster", "operators") + "/" }
+
+// ParseOperatorKey tells an operator record key apart: {tenant}/{id}.json
+// below OperatorPrefix, or {id}.json of the legacy layout (tenant empty,
+// legacy true). ok is false for any other key.
+func (k Keys) ParseOperatorKey(key string) (tenant, id string, legacy, ok bool) {
+	rest, found := strings.CutPrefix(key, k.OperatorPrefix())
+	if !found {
+		return "", "", false, false
+	}
+	rest, found = strings.CutSuffix(rest, ".json")
+	if !found {
+		return "", "", false, false
+	}
+	switch parts := strings.Split(rest, "/"); len(parts) {
+	case 1:
+		return "", parts[0], true, ValidateID("operator id", parts[0]) == nil
+	case 2:
+		ok := ValidateID("tenant", parts[0]) == nil && ValidateID("operator id", parts[1]) == nil
+		return parts[0], parts[1], false, ok
+	}
+	return "", "", false, false
+}
 
 // ClusterRevocation is one revocation entry that holds on every shard
 // (operator and admin certificates, serials).

@@ -22,11 +22,34 @@ func TestKeys(t *testing.T) {
 		{"cluster revocation", "p", func(k Keys) string { return k.ClusterRevocation("ab12") }, "p/cluster/revocations/ab12.json"},
 		{"shard revocation", "", func(k Keys) string { return k.ShardRevocation("s", "ab12") }, "shard/s/revocations/ab12.json"},
 		{"operator prefix", "", func(k Keys) string { return k.OperatorPrefix() }, "cluster/operators/"},
+		{"operator", "p", func(k Keys) string { return k.Operator("tenant-b", "op") }, "p/cluster/operators/tenant-b/op.json"},
+		{"legacy operator", "p", func(k Keys) string { return k.LegacyOperator("op") }, "p/cluster/operators/op.json"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Equal(t, tc.want, tc.got(New(tc.prefix)))
 		})
+	}
+}
+
+func TestParseOperatorKey(t *testing.T) {
+	k := New("p")
+	for _, tc := range []struct {
+		key, tenant, id string
+		legacy, ok      bool
+	}{
+		{k.Operator("tenant-b", "op"), "tenant-b", "op", false, true},
+		{k.LegacyOperator("op"), "", "op", true, true},
+		{"p/cluster/operators/a/b/c.json", "", "", false, false},
+		{"p/cluster/operators/a/op.txt", "", "", false, false},
+		{"cluster/operators/a/op.json", "", "", false, false},
+		{"p/cluster/operators/-a/op.json", "-a", "op", false, false},
+	} {
+		tenant, id, legacy, ok := k.ParseOperatorKey(tc.key)
+		require.Equal(t, tc.ok, ok, tc.key)
+		if ok {
+			require.Equal(t, []any{tc.tenant, tc.id, tc.legacy}, []any{tenant, id, legacy}, tc.key)
+		}
 	}
 }
 

@@ -5,6 +5,8 @@
 // by creating a marker object with If-None-Match in object storage, so a
 // replay fails on every server even after a cache wipe; the marker holds the
 // registering key's fingerprint and the certificate issued, so the same key
-// retrying gets that certificate back. Sweep deletes markers once every nonce
-// they record has expired.
+// retrying gets that certificate back. A Sweeper deletes each marker once its
+// own nonce has expired (the marker's expires_at, whatever lifetime the
+// sweeping server accepts); markers without one are kept for a fixed
+// maximum lifetime.
 package nonce

@@ -12,6 +12,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -217,11 +219,14 @@ type Ledger struct {
 // that retries with the same key after a lost reply gets the same
 // certificate, while any other key is refused.
 type Marker struct {
-	JTI       string    `json:"jti"`
-	Kind      Kind      `json:"kind"`
-	Subject   string    `json:"sub"`
-	Tenant    string    `json:"tenant"`
-	UsedAt    time.Time `json:"used_at"`
+	JTI     string    `json:"jti"`
+	Kind    Kind      `json:"kind"`
+	Subject string    `json:"sub"`
+	Tenant  string    `json:"tenant"`
+	UsedAt  time.Time `json:"used_at"`
+	// ExpiresAt is the nonce's exp: after it (and the verifiers' leeway)
+	// no server accepts the nonce, whatever its own nonce_max_lifetime,
+	// and the marker may be swept (see Sweeper).
 	ExpiresAt time.Time `json:"expires_at"`
 	UsedBy    string    `json:"used_by,omitempty"`
 	// KeySHA256 is KeyFingerprint of the public key the nonce registered.
@@ -307,40 +312,130 @@ func (l *Ledger) Consume(ctx context.Context, c *Claims, u Use) (*Marker, error)
 // SweepStats says what one Sweep did.
 type SweepStats struct {
 	Listed, Deleted int
-	// More is true when old markers remain beyond the per-pass limit.
+	// Kept counts the markers old enough to look at that are still needed.
+	Kept int
+	// More is true when expired markers remain beyond the per-pass limit.
 	More bool
 }
 
-// Sweep deletes the markers under prefix whose last write is older than
-// cutoff, at most limit of them (0: no limit). A marker is only needed while
-// its nonce could still verify; callers pass a cutoff of now minus the
-// longest nonce lifetime and the clock allowances, after which every nonce
-// it records has expired. Errors deleting one marker are returned after the
-// others were tried.
-func (l *Ledger) Sweep(ctx context.Context, prefix string, cutoff time.Time, limit int) (SweepStats, error) {
+// Sweeper deletes nonce markers once the nonce they record can no longer
+// verify anywhere. Each marker carries its own expiry (ExpiresAt, the
+// nonce's exp): a sweep honours that, never the sweeping server's own
+// nonce lifetime, so a cluster leader whose shard accepts only short-lived
+// nonces does not delete the marker of a longer nonce another shard still
+// accepts. A marker without a readable expiry (written by an older
+// version) is kept until LegacyKeep after it was written. A Sweeper
+// remembers the expiry it read per marker version, so a long-lived marker
+// is read once, not at every pass; keep one per leadership term.
+type Sweeper struct {
+	Store objstore.Store
+	// Grace is added to every expiry: the verifiers' leeway on exp and the
+	// skew between the clocks of servers and storage.
+	Grace time.Duration
+	// LegacyKeep is how long a marker without an expiry is kept after its
+	// last write: the longest nonce lifetime any configuration may allow.
+	LegacyKeep time.Duration
+	// Log hears about markers whose expiry cannot be read; optional.
+	Log func(key string, err error)
+
+	mu    sync.Mutex
+	known map[string]markerExpiry
+}
+
+// markerExpiry is what a marker's body said, per version (ETag).
+type markerExpiry struct {
+	etag string
+	// at is the marker's expiry; zero when it names none.
+	at time.Time
+}
+
+// keepUntil is when the marker may go: its expiry plus the grace, or, for
+// a marker without one, its last write plus LegacyKeep and the grace.
+func (w *Sweeper) keepUntil(info objstore.ObjectInfo, exp time.Time) time.Time {
+	if exp.IsZero() {
+		return info.LastModified.Add(w.LegacyKeep + w.Grace)
+	}
+	return exp.Add(w.Grace)
+}
+
+// expiry reads (or recalls) the expiry recorded in a marker.
+func (w *Sweeper) expiry(ctx context.Context, info objstore.ObjectInfo) (time.Time, error) {
+	w.mu.Lock()
+	m, ok := w.known[info.Key]
+	w.mu.Unlock()
+	if ok && info.ETag != "" && m.etag == info.ETag {
+		return m.at, nil
+	}
+	obj, err := w.Store.Get(ctx, info.Key)
+	if err != nil {
+		return time.Time{}, err
+	}
+	var mk Marker
+	if err := json.Unmarshal(obj.Body, &mk); err != nil && w.Log != nil {
+		// Unreadable: treated like a marker without an expiry.
+		w.Log(info.Key, fmt.Errorf("nonce marker is unreadable; kept as one without an expiry: %w", err))
+	}
+	m = markerExpiry{etag: obj.ETag, at: mk.ExpiresAt}
+	w.mu.Lock()
+	if w.known == nil {
+		w.known = map[string]markerExpiry{}
+	}
+	w.known[info.Key] = m
+	w.mu.Unlock()
+	return m.at, nil
+}
+
+// Sweep deletes the markers under prefix that are no longer needed at now,
+// at most limit of them (0: no limit). Markers written within Grace of now
+// are not even read: their nonce was valid when they were written. Errors
+// on one marker are returned after the others were tried.
+func (w *Sweeper) Sweep(ctx context.Context, prefix string, now time.Time, limit int) (SweepStats, error) {
 	var st SweepStats
-	infos, err := l.Store.List(ctx, prefix)
+	infos, err := w.Store.List(ctx, prefix)
 	if err != nil {
 		return st, fmt.Errorf("listing nonce markers under %s: %w", prefix, err)
 	}
 	st.Listed = len(infos)
+	listed := make(map[string]bool, len(infos))
 	var errs []error
 	for _, info := range infos {
-		if !info.LastModified.Before(cutoff) {
+		listed[info.Key] = true
+		if now.Sub(info.LastModified) < w.Grace {
 			continue
-		}
-		if limit > 0 && st.Deleted >= limit {
-			st.More = true
-			break
 		}
 		if err := ctx.Err(); err != nil {
 			return st, err
 		}
-		if err := l.Store.Delete(ctx, info.Key); err != nil {
+		exp, err := w.expiry(ctx, info)
+		if errors.Is(err, objstore.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("reading nonce marker %s: %w", info.Key, err))
+			continue
+		}
+		if !now.After(w.keepUntil(info, exp)) {
+			st.Kept++
+			continue
+		}
+		if limit > 0 && st.Deleted >= limit {
+			st.More = true
+			continue
+		}
+		if err := w.Store.Delete(ctx, info.Key); err != nil && !errors.Is(err, objstore.ErrNotFound) {
 			errs = append(errs, fmt.Errorf("deleting nonce marker %s: %w", info.Key, err))
 			continue
 		}
 		st.Deleted++
+		delete(listed, info.Key)
 	}
+	// Forget markers that are gone (swept here or elsewhere).
+	w.mu.Lock()
+	for k := range w.known {
+		if strings.HasPrefix(k, prefix) && !listed[k] {
+			delete(w.known, k)
+		}
+	}
+	w.mu.Unlock()
 	return st, errors.Join(errs...)
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -236,30 +237,120 @@ func TestKeyFingerprint(t *testing.T) {
 	require.NotEqual(t, a, c)
 }
 
-// TestSweep deletes markers written before the cutoff, at most the limit
-// per pass, and leaves younger ones.
-func TestSweep(t *testing.T) {
-	ctx := context.Background()
-	mem := memstore.New()
-	l := &Ledger{Store: mem, Keys: layout.New("")}
-	for i := range 5 {
-		_, err := mem.Put(ctx, fmt.Sprintf("shard/s1/nonces/old-%d", i), []byte("{}"), objstore.PutOptions{})
+// putMarker writes a marker whose nonce expires at exp (zero: a marker of
+// an older version without an expiry).
+func putMarker(t *testing.T, mem objstore.Store, key string, exp time.Time) {
+	t.Helper()
+	body := []byte(`{"jti":"x"}`)
+	if !exp.IsZero() {
+		var err error
+		body, err = json.Marshal(Marker{JTI: "x", ExpiresAt: exp})
 		require.NoError(t, err)
 	}
-	_, err := mem.Put(ctx, "shard/s2/nonces/other", []byte("{}"), objstore.PutOptions{})
+	_, err := mem.Put(context.Background(), key, body, objstore.PutOptions{})
 	require.NoError(t, err)
-	prefix := l.Keys.ShardNonce("s1", "")
-	st, err := l.Sweep(ctx, prefix, time.Now().Add(-time.Hour), 0)
+}
+
+// TestSweepHonoursEachMarkersExpiry: a marker goes once its own nonce has
+// expired (plus the grace), however long ago it was written and whatever
+// lifetime the sweeping server accepts; at most limit per pass; another
+// prefix is not touched (finding 8 of the trust review).
+func TestSweepHonoursEachMarkersExpiry(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New()
+	keys := layout.New("")
+	written := time.Now()
+	for i := range 4 {
+		putMarker(t, mem, keys.ClusterNonce(fmt.Sprintf("short-%d", i)), written.Add(time.Hour))
+	}
+	// Minted for 20 days by a shard that accepts that long.
+	putMarker(t, mem, keys.ClusterNonce("long"), written.Add(20*24*time.Hour))
+	putMarker(t, mem, keys.ShardNonce("s1", "agent"), written.Add(time.Minute))
+	w := &Sweeper{Store: mem, Grace: 5 * time.Minute, LegacyKeep: 30 * 24 * time.Hour}
+	prefix := keys.ClusterNonce("")
+
+	st, err := w.Sweep(ctx, prefix, written.Add(time.Minute), 0)
 	require.NoError(t, err)
-	require.Equal(t, SweepStats{Listed: 5}, st, "nothing is old enough")
-	cutoff := time.Now().Add(time.Second)
-	st, err = l.Sweep(ctx, prefix, cutoff, 3)
+	require.Equal(t, SweepStats{Listed: 5}, st, "written within the grace: not even read")
+	st, err = w.Sweep(ctx, prefix, written.Add(time.Hour+4*time.Minute), 0)
 	require.NoError(t, err)
-	require.Equal(t, SweepStats{Listed: 5, Deleted: 3, More: true}, st)
-	st, err = l.Sweep(ctx, prefix, cutoff, 3)
+	require.Equal(t, SweepStats{Listed: 5, Kept: 5}, st, "expired, but within the grace")
+
+	// Two hours later: a sweeper whose own lifetime is 1h (what the cluster
+	// leader used before) would delete them all; the long nonce's stays.
+	later := written.Add(2 * time.Hour)
+	st, err = w.Sweep(ctx, prefix, later, 3)
+	require.NoError(t, err)
+	require.Equal(t, SweepStats{Listed: 5, Deleted: 3, Kept: 1, More: true}, st)
+	st, err = w.Sweep(ctx, prefix, later, 3)
+	require.NoError(t, err)
+	require.Equal(t, SweepStats{Listed: 2, Deleted: 1, Kept: 1}, st)
+	_, err = mem.Head(ctx, keys.ClusterNonce("long"))
+	require.NoError(t, err, "the 20-day nonce can still verify on its shard")
+	_, err = mem.Head(ctx, keys.ShardNonce("s1", "agent"))
+	require.NoError(t, err, "another prefix is not touched")
+
+	st, err = w.Sweep(ctx, prefix, written.Add(20*24*time.Hour+6*time.Minute), 0)
+	require.NoError(t, err)
+	require.Equal(t, SweepStats{Listed: 1, Deleted: 1}, st, "gone once it expired")
+}
+
+// TestSweepKeepsMarkersWithoutExpiry: markers of older versions carry no
+// expiry (or cannot be read): they are kept until the longest lifetime any
+// configuration allows has passed since they were written, then swept
+// (a clock 29 and 31 days later).
+func TestSweepKeepsMarkersWithoutExpiry(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New()
+	keys := layout.New("p")
+	written := time.Now()
+	putMarker(t, mem, keys.ShardNonce("s1", "legacy"), time.Time{})
+	_, err := mem.Put(ctx, keys.ShardNonce("s1", "junk"), []byte("not json"), objstore.PutOptions{})
+	require.NoError(t, err)
+	var logged []string
+	w := &Sweeper{Store: mem, Grace: 5 * time.Minute, LegacyKeep: 30 * 24 * time.Hour,
+		Log: func(key string, err error) { logged = append(logged, key) }}
+	prefix := keys.ShardNonce("s1", "")
+	st, err := w.Sweep(ctx, prefix, written.Add(29*24*time.Hour), 0)
+	require.NoError(t, err)
+	require.Equal(t, SweepStats{Listed: 2, Kept: 2}, st)
+	require.Equal(t, []string{keys.ShardNonce("s1", "junk")}, logged)
+	st, err = w.Sweep(ctx, prefix, written.Add(29*24*time.Hour+time.Hour), 0)
+	require.NoError(t, err)
+	require.Equal(t, SweepStats{Listed: 2, Kept: 2}, st)
+	require.Len(t, logged, 1, "a marker version is read once")
+	st, err = w.Sweep(ctx, prefix, written.Add(31*24*time.Hour), 0)
 	require.NoError(t, err)
 	require.Equal(t, SweepStats{Listed: 2, Deleted: 2}, st)
-	left, err := mem.List(ctx, "shard/")
+}
+
+// countingStore counts Gets.
+type countingStore struct {
+	objstore.Store
+	gets int
+}
+
+func (s *countingStore) Get(ctx context.Context, key string) (*objstore.Object, error) {
+	s.gets++
+	return s.Store.Get(ctx, key)
+}
+
+// TestSweepReadsEachMarkerVersionOnce: a kept marker is not read again at
+// the next pass; a rewritten one is.
+func TestSweepReadsEachMarkerVersionOnce(t *testing.T) {
+	ctx := context.Background()
+	mem := &countingStore{Store: memstore.New()}
+	keys := layout.New("")
+	written := time.Now()
+	putMarker(t, mem, keys.ClusterNonce("a"), written.Add(24*time.Hour))
+	w := &Sweeper{Store: mem, Grace: time.Minute, LegacyKeep: time.Hour}
+	for i := range 3 {
+		_, err := w.Sweep(ctx, keys.ClusterNonce(""), written.Add(time.Duration(i+1)*time.Hour), 0)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1, mem.gets)
+	putMarker(t, mem, keys.ClusterNonce("a"), written.Add(time.Hour))
+	st, err := w.Sweep(ctx, keys.ClusterNonce(""), written.Add(5*time.Hour), 0)
 	require.NoError(t, err)
-	require.Len(t, left, 1, "another shard's markers are not touched")
+	require.Equal(t, 1, st.Deleted, "the new version is read (mem dates it now: %v)", st)
 }

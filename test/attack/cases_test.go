@@ -1018,7 +1018,7 @@ func revokedOperator(ctx context.Context, e *env) error {
 	if err != nil {
 		return fmt.Errorf("control: the new operator was refused: %v", err)
 	}
-	if err := e.s.store.Delete(ctx, e.s.keys.Operator("doomed-op")); err != nil {
+	if err := e.s.store.Delete(ctx, e.s.keys.Operator(tenantA, "doomed-op")); err != nil {
 		return err
 	}
 	for _, sv := range []*server{e.dev1, e.dev2} {

@@ -234,7 +234,7 @@ func (s *stack) shardConfig(sv *server) []byte {
     "subnet_pools": { "default": { "subnets": ["dev-subnet-a"] } },
   },
   "tenants": [%[10]q, %[11]q],
-  "certificates": { "agent_validity": "24h", "operator_validity": "24h", "agent_nonce_ttl": "15m", "nonce_max_lifetime": "24h" },
+  "certificates": { "agent_validity": "24h", "operator_validity": "24h", "agent_nonce_ttl": "15m", "nonce_max_lifetime": %[12]q },
   "defaults": {
     "vars": { "san_dns": "svc.workload.test", "san_ip": "10.20.30.40", "san_uri": "spiffe://workload.test/svc" },
   },
@@ -263,7 +263,18 @@ func (s *stack) shardConfig(sv *server) []byte {
   },
   "groups": {},
 }
-`, clusterID, bucket, sv.shard, options, sv.health, sv.election, sv.registration, sv.operator, sv.agent, tenantA, tenantB))
+`, clusterID, bucket, sv.shard, options, sv.health, sv.election, sv.registration, sv.operator, sv.agent, tenantA, tenantB, nonceMaxLifetime(sv.shard)))
+}
+
+// nonceMaxLifetime is 1h on dev-1, the cluster leader, and 24h on dev-2:
+// a case checks that the leader's sweep of the cluster's nonce markers
+// honours each marker's own expiry, not its shard's lifetime
+// (cases_identity_test.go).
+func nonceMaxLifetime(shard string) string {
+	if shard == "dev-1" {
+		return "1h"
+	}
+	return "24h"
 }
 
 func httpOK(url string) bool {
@@ -312,7 +323,18 @@ func (s *stack) up(ctx context.Context) {
 		}
 		env := append(s.awsEnv(), "NSTANCE_ENCRYPTION_KEY="+encryptionKey, panicHookEnv+"=1")
 		sv.proc = s.start("server-"+sv.shard, "nstance-server", env, "--shard", sv.shard, "--id", sv.shard+"-attack",
-			"--bucket", bucket, "--cache-dir", filepath.Join(s.dir, "cache-"+sv.shard), "--bind-health", sv.health)
+			"--bucket", bucket, "--cache-dir", filepath.Join(s.dir, "cache-"+sv.shard), "--bind-health", sv.health,
+			// Nonce markers are swept every 2s, so a case can watch a sweep (cases_identity_test.go).
+			"--nonce-sweep-interval", "2s")
+		if sv == s.servers[0] {
+			// dev-1 leads the cluster: it runs alone until it holds the lease.
+			if err := waitFor(sv.shard+" holding the cluster lease", 120*time.Second, func() bool {
+				b, err := s.get(ctx, s.keys.ClusterLeader())
+				return err == nil && strings.Contains(string(b), `"`+sv.shard+`-attack"`)
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	for _, sv := range s.servers {
 		if err := waitFor(sv.shard+" /health 200", 120*time.Second, func() bool { return httpOK("http://" + sv.health + "/health") }); err != nil {

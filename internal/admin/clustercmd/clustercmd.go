@@ -85,7 +85,7 @@ func identityFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "cluster-id", Usage: "Nstance cluster id", Required: true, EnvVars: []string{"NSTANCE_CLUSTER_ID"}},
 		&cli.StringFlag{Name: "tenant", Value: "default", Usage: "tenant the operator acts for"},
-		&cli.StringFlag{Name: "operator-id", Value: "nstance-operator", Usage: "operator id (certificate CN)"},
+		&cli.StringFlag{Name: "operator-id", Value: "nstance-operator", Usage: "operator id (certificate CN), scoped to --tenant: the same id in another tenant is another operator"},
 		&cli.StringFlag{Name: "role", Value: "operator", Usage: "operator, or admin (may also RefreshConfig)"},
 	}
 }

@@ -72,8 +72,8 @@ func operatorCommand() *cli.Command {
 				},
 			},
 			{
-				Name: "revoke", Usage: "revoke an operator or admin: its record is deleted and its certificates are refused on every shard from the next handshake and call",
-				ArgsUsage: "OPERATOR", Flags: flags(false, reasonFlag),
+				Name: "revoke", Usage: "revoke an operator or admin of one tenant: its record is deleted and its certificates are refused on every shard from the next handshake and call (the same id in another tenant is someone else)",
+				ArgsUsage: "OPERATOR", Flags: flags(false, reasonFlag, &cli.StringFlag{Name: "tenant", Usage: "tenant of OPERATOR; required when the id is registered in several tenants or none"}),
 				Action: func(c *cli.Context) error {
 					id, err := oneArg(c, "OPERATOR")
 					if err != nil {
@@ -81,7 +81,7 @@ func operatorCommand() *cli.Command {
 					}
 					return run(c, false, func(s *session) error {
 						return s.clusterCall(func(ctx context.Context, n string, oc nstancev1.OperatorServiceClient) error {
-							resp, err := oc.Revoke(ctx, &nstancev1.RevokeRequest{Target: &nstancev1.RevokeRequest_OperatorId{OperatorId: id}, Reason: c.String("reason")})
+							resp, err := oc.Revoke(ctx, &nstancev1.RevokeRequest{Target: &nstancev1.RevokeRequest_OperatorId{OperatorId: id}, Tenant: c.String("tenant"), Reason: c.String("reason")})
 							if err != nil {
 								return err
 							}
@@ -172,6 +172,9 @@ func revocationRow(n string, r *nstancev1.Revocation) []string {
 	subject := r.GetSubject()
 	if r.GetShard() != "" {
 		subject = r.GetShard() + "/" + subject
+	}
+	if r.GetTenant() != "" {
+		subject = r.GetTenant() + "/" + subject
 	}
 	return []string{n, kindName(r.GetKind()), orDash(subject), orDash(r.GetSerial()), timeString(r.GetRevokedAt()),
 		timeString(r.GetExpiresAt()), orDash(r.GetRevokedBy()), orDash(r.GetReason())}

@@ -17,6 +17,9 @@ type fakeIMDS struct {
 	body     string
 	// failFirst makes the first reads answer 500.
 	failFirst int
+	// tokenStatus, when set, is the answer to every token request (an IMDS
+	// without IMDSv2, or one refusing tokens).
+	tokenStatus int
 
 	mu     sync.Mutex
 	tokens int
@@ -49,6 +52,10 @@ func (f *fakeIMDS) serve(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("X-Aws-Ec2-Metadata-Token-Ttl-Seconds") == "" {
 			f.errs = append(f.errs, "token request without a TTL header")
 			http.Error(w, "missing ttl", http.StatusBadRequest)
+			return
+		}
+		if f.tokenStatus != 0 {
+			w.WriteHeader(f.tokenStatus)
 			return
 		}
 		f.tokens++

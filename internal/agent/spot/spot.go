@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 	"github.com/go-logr/logr"
@@ -31,10 +32,17 @@ type MetadataAPI interface {
 }
 
 // NewClient returns an IMDS client; endpoint overrides the metadata
-// address (empty: the SDK's default, 169.254.169.254).
+// address (empty: the SDK's default, 169.254.169.254). It speaks IMDSv2
+// only: when no session token can be had it fails rather than falling back
+// to tokenless IMDSv1 reads (instances are launched with HttpTokens
+// required and a hop limit of 1, so nothing on the node but its host
+// network namespace gets a token).
 func NewClient(endpoint string) *imds.Client {
-	return imds.New(imds.Options{Endpoint: endpoint})
+	return imds.New(imds.Options{Endpoint: endpoint, EnableFallback: imdsV1Fallback})
 }
+
+// imdsV1Fallback is off: tokenless reads are never made.
+const imdsV1Fallback = aws.FalseTernary
 
 // Watcher polls the notice until it appears, then keeps it.
 type Watcher struct {

@@ -73,3 +73,20 @@ func TestWatcherRejectsGarbage(t *testing.T) {
 		require.Nil(t, w.Notice())
 	}
 }
+
+// Without a session token (IMDSv2 unavailable: 403, 404 or 405 to the token
+// request, which the SDK would take as a cue to fall back) the client
+// never reads metadata tokenless (IMDSv1); fakeIMDS fails the test on such
+// a read.
+func TestClientNeverFallsBackToIMDSv1(t *testing.T) {
+	for _, code := range []int{403, 404, 405} {
+		f := newFakeIMDS(t, 0, notice)
+		f.tokenStatus = code
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := NewClient(f.URL).GetMetadata(ctx, &imds.GetMetadataInput{Path: InstanceActionPath})
+		cancel()
+		require.Error(t, err, "token answer %d", code)
+		_, polls := f.counts()
+		require.Zero(t, polls, "token answer %d", code)
+	}
+}

@@ -121,6 +121,13 @@ func (t *Tracker) LastReport(instanceID string) (time.Time, bool) {
 	return rec.received, true
 }
 
+// Reset drops every record (the leadership term that gathered them ended).
+func (t *Tracker) Reset() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	clear(t.last)
+}
+
 // Forget drops an instance.
 func (t *Tracker) Forget(instanceID string) {
 	t.mu.Lock()

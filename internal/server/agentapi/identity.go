@@ -6,7 +6,10 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
+	"fmt"
 	"time"
+
+	"google.golang.org/grpc/status"
 
 	"github.com/nstance-dev/nstance/internal/keytype"
 	"github.com/nstance-dev/nstance/internal/pki"
@@ -57,6 +60,14 @@ func (s *Server) identityStatus(ctx context.Context, ref Ref) identityStatus {
 	}
 	if s.o.RenewIdentity != nil && st.leaf != nil && newest != nil {
 		st.renewAt = pki.RenewAt(newest, s.o.IdentityRenewAfter)
+		if st.issued != nil && superseded(st.leaf, newest) {
+			// The identity was renewed for another key, yet this caller
+			// presents the certificate it superseded: it is asked on that
+			// certificate's own schedule, so a second holder (the real
+			// agent, when a thief renewed first) is heard from rather than
+			// left to expire (holders.go).
+			st.renewAt = pki.RenewAt(st.leaf, s.o.IdentityRenewAfter)
+		}
 	}
 	return st
 }
@@ -100,6 +111,17 @@ func (s *Server) renewIdentity(ctx context.Context, ref Ref, k *nstancev1.Public
 	st := s.identityStatus(ctx, ref)
 	if st.issued != nil && st.issued.PublicKeyPEM == k.GetPublicKeyPem() {
 		return true, "" // already issued for this key (a repeated submission)
+	}
+	if renewed := s.renewedIdentity(ctx, ref); superseded(st.leaf, renewed) {
+		if age := now.Sub(pki.IssuedAt(renewed)); age <= s.o.TwoHolderGrace {
+			// The agent's old connection, moments after its own renewal.
+			return false, "the identity was just renewed for another key; present the renewed certificate"
+		}
+		// The identity was renewed for another key, and the holder of the
+		// certificate it superseded renews too: two holders (holders.go).
+		err := s.twoHolders(ctx, ref, fmt.Sprintf("a renewal was submitted from the superseded identity certificate %s for another key than the renewed one %s",
+			st.leaf.SerialNumber, renewed.SerialNumber))
+		return false, status.Convert(err).Message()
 	}
 	if st.leaf == nil || !st.due(now) {
 		return false, "identity renewal is not due"

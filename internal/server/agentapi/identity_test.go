@@ -9,9 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/pki"
@@ -110,14 +113,84 @@ func TestIdentityRenewal(t *testing.T) {
 	require.True(t, renewed.NotAfter.After(old.NotAfter))
 	require.Contains(t, string(files[0].GetContent()), string(s.CA.CertPEM), "the CA chain follows the certificate")
 
-	// The same key again (a retried submission) is fine; another key is
-	// refused now that a fresh certificate is issued.
+	// The same key again (a retried submission) is fine.
 	require.Equal(t, []string{pki.AgentIdentityKeyName}, submitIdentity(t, s, ctx, keyPEM).GetAccepted())
-	other, _ := identityKey(t)
-	require.Contains(t, submitIdentity(t, s, ctx, other).GetRejected()[0].GetReason(), "not due")
 
-	// Once the agent presents the renewed certificate the delivery is stable.
-	require.Len(t, identityFiles(t, s, presenting(renewed)), 1)
+	// Once the agent presents the renewed certificate the delivery is stable,
+	// and its renewal is not due.
+	rctx := presenting(renewed)
+	require.Len(t, identityFiles(t, s, rctx), 1)
+	other, _ := identityKey(t)
+	require.Contains(t, submitIdentity(t, s, rctx, other).GetRejected()[0].GetReason(), "not due")
+	require.Zero(t, s.Revoked.Load())
+}
+
+// graceShard is newShard with another TwoHolderGrace.
+func graceShard(t *testing.T, grace time.Duration) *agenttest.Shard {
+	t.Helper()
+	s, err := agenttest.New(logr.Discard())
+	require.NoError(t, err)
+	s.TwoHolderGrace = grace
+	require.NoError(t, s.Start())
+	t.Cleanup(s.Stop)
+	_, err = s.Add(agenttest.Instance{ID: "i-1", Group: "g"}, t.TempDir())
+	require.NoError(t, err)
+	return s
+}
+
+// TestTwoHoldersOfOneIdentity: a copy of an agent certificate and key
+// renewed by one holder must not leave the other locked out while the
+// first keeps the identity. A renewal from the superseded certificate for
+// another key, or a call with it once the renewed one is in use, revokes
+// the instance's agent certificates and tells the tenant (finding "thief
+// renews first" of the trust review).
+func TestTwoHoldersOfOneIdentity(t *testing.T) {
+	t.Run("both renew", func(t *testing.T) {
+		// The grace is counted from the renewed certificate's issuance,
+		// which certificates record to the second.
+		s := graceShard(t, 1500*time.Millisecond)
+		due := agentLeaf(t, s.CA, time.Now().Add(-41*time.Minute), time.Hour)
+		first, _ := identityKey(t)
+		require.Equal(t, []string{pki.AgentIdentityKeyName}, submitIdentity(t, s, presenting(due), first).GetAccepted())
+		renewedAt := time.Now()
+		second, _ := identityKey(t)
+		resp := submitIdentity(t, s, presenting(due), second)
+		require.Len(t, resp.GetRejected(), 1)
+		if time.Since(renewedAt) < 500*time.Millisecond {
+			require.Contains(t, resp.GetRejected()[0].GetReason(), "just renewed", "the agent's old connection after its own renewal")
+			require.Zero(t, s.Revoked.Load())
+		}
+		require.Eventually(t, func() bool { return time.Since(renewedAt) > 2600*time.Millisecond }, 5*time.Second, 10*time.Millisecond)
+		resp = submitIdentity(t, s, presenting(due), second)
+		require.Len(t, resp.GetRejected(), 1)
+		require.Contains(t, resp.GetRejected()[0].GetReason(), "held twice")
+		require.Equal(t, int64(1), s.Revoked.Load())
+		require.Equal(t, int64(1), s.Refused.Load(), "the tenant is told")
+	})
+	t.Run("superseded certificate after the renewed one", func(t *testing.T) {
+		s := graceShard(t, 300*time.Millisecond)
+		due := agentLeaf(t, s.CA, time.Now().Add(-41*time.Minute), time.Hour)
+		key, _ := identityKey(t)
+		require.Equal(t, []string{pki.AgentIdentityKeyName}, submitIdentity(t, s, presenting(due), key).GetAccepted())
+		files := identityFiles(t, s, presenting(due))
+		require.Len(t, files, 1, "the holder of the old certificate may fetch the renewed one")
+		renewed, err := pki.ParseCertificatePEM(files[0].GetContent())
+		require.NoError(t, err)
+		_, err = s.Agent.SubmitPublicKeys(presenting(due), &nstancev1.SubmitPublicKeysRequest{})
+		require.NoError(t, err, "until the renewed certificate is in use")
+		used := time.Now()
+		_, err = s.Agent.SubmitPublicKeys(presenting(renewed), &nstancev1.SubmitPublicKeysRequest{})
+		require.NoError(t, err)
+		if _, err = s.Agent.SubmitPublicKeys(presenting(due), &nstancev1.SubmitPublicKeysRequest{}); time.Since(used) < 300*time.Millisecond {
+			require.NoError(t, err, "the old connection's last calls, within the grace")
+			require.Zero(t, s.Revoked.Load(), "an ordinary renewal")
+		}
+		require.Eventually(t, func() bool { return time.Since(used) > 350*time.Millisecond }, 5*time.Second, 10*time.Millisecond)
+		_, err = s.Agent.SubmitPublicKeys(presenting(due), &nstancev1.SubmitPublicKeysRequest{})
+		require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+		require.Contains(t, err.Error(), "held twice")
+		require.Equal(t, int64(1), s.Revoked.Load())
+	})
 }
 
 func TestRenewAtIgnoresBackdating(t *testing.T) {

@@ -75,13 +75,22 @@ type Options struct {
 	// key the agent has not submitted (default 1m; shorter for short-lived
 	// certificates).
 	IdentityRetry time.Duration
+	// RevokeInstance revokes the agent certificates of an instance issued
+	// so far; it is called when two holders of one identity show up (see
+	// holders.go). Nil: the caller is only refused.
+	RevokeInstance func(ctx context.Context, instanceID, reason string) error
+	// TwoHolderGrace is how long after a renewed identity certificate was
+	// first presented a call with the certificate it superseded is still
+	// taken for the same agent's old connection (default 30s; holders.go).
+	TwoHolderGrace time.Duration
 }
 
 // Server implements nstancev1.AgentServiceServer.
 type Server struct {
 	nstancev1.UnimplementedAgentServiceServer
-	o   Options
-	hub hub
+	o       Options
+	hub     hub
+	holders holders
 }
 
 var _ nstancev1.AgentServiceServer = (*Server)(nil)
@@ -109,8 +118,17 @@ func New(o Options) (*Server, error) {
 	if o.IdentityRetry <= 0 {
 		o.IdentityRetry = time.Minute
 	}
+	if o.TwoHolderGrace <= 0 {
+		o.TwoHolderGrace = 30 * time.Second
+	}
 	return &Server{o: o, hub: hub{byID: map[string]*instanceState{}}}, nil
 }
+
+// EndTerm drops what the service learnt about its agents during a
+// leadership term (which renewed identities are in use); call it once the
+// term's streams have ended. The key store and health tracker are the
+// caller's (see app.Assembly.EndTerm).
+func (s *Server) EndTerm() { s.holders.reset() }
 
 // Notify makes the open streams of the given instances re-plan and push
 // whatever changed (template or var change). With no ids, every connected
@@ -150,7 +168,11 @@ func (s *Server) refFrom(ctx context.Context) (Ref, error) {
 		s.o.Log.Info("agent of another shard refused", "instance", id.ClientID, "tenant", id.Tenant, "certificate_shard", id.Shard)
 		return Ref{}, status.Error(codes.PermissionDenied, "the agent certificate was not issued for this shard")
 	}
-	return Ref{InstanceID: id.ClientID, Tenant: id.Tenant, Shard: id.Shard, Group: id.Group}, nil
+	ref := Ref{InstanceID: id.ClientID, Tenant: id.Tenant, Shard: id.Shard, Group: id.Group}
+	if err := s.checkHolder(ctx, ref); err != nil {
+		return Ref{}, err
+	}
+	return ref, nil
 }
 
 func (s *Server) plan(ctx context.Context, ref Ref) (*Plan, error) {

@@ -66,6 +66,21 @@ func (m *MemKeyStore) Keys(_ context.Context, ref Ref) (map[string]StoredKey, er
 	return out, nil
 }
 
+// Len is the number of instances with stored keys.
+func (m *MemKeyStore) Len() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.keys)
+}
+
+// Reset drops everything stored (the leadership term that gathered it
+// ended).
+func (m *MemKeyStore) Reset() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.keys = map[string]map[string]StoredKey{}
+}
+
 // Forget drops everything stored for an instance (call on deletion).
 func (m *MemKeyStore) Forget(instanceID string) {
 	m.mu.Lock()

@@ -756,6 +756,12 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, gcfg grpcserve
 	}
 	releaseAddr()
 	<-leadDone
+	a.mu.Lock()
+	built := a.built
+	a.mu.Unlock()
+	if built != nil {
+		built.EndTerm()
+	}
 	log.Info("stopped serving gRPC")
 }
 
@@ -808,10 +814,11 @@ func (a *App) loadRevocations(lctx context.Context) error {
 	return storage.Retry(lctx, a.log(), "loading revocations", a.o.StorageBackoff, a.revocations.Sync)
 }
 
-// Nonce marker housekeeping. A marker is needed while its nonce could still
-// verify: a nonce verified at time t expires at most MaxLifetime + leeway
-// later, and a replay is refused as expired after another leeway; the skew
-// allowance covers the storage clock that stamped the marker.
+// Nonce marker housekeeping. A marker is needed until its nonce has
+// expired: its own exp (recorded in the marker), never this shard's
+// nonce_max_lifetime, since another shard may accept longer nonces. A
+// replay is refused as expired after the verifiers' leeway; the skew
+// allowance covers the clocks of other servers and of storage.
 const (
 	nonceLeeway        = registration.NonceLeeway
 	nonceSkewAllowance = 5 * time.Minute
@@ -820,10 +827,12 @@ const (
 	nonceSweepLimit = 2000
 )
 
-// sweepNonces deletes old nonce markers for the length of a shard
+// sweepNonces deletes expired nonce markers for the length of a shard
 // leadership term: the shard's agent-nonce markers, and, while this server
-// also leads the cluster, the cluster-wide operator-nonce markers. The first
-// pass waits one interval, so a takeover never waits for it.
+// also leads the cluster, the cluster-wide operator-nonce markers. Each
+// marker goes once its own expiry has passed; markers of older versions
+// without one are kept for config.MaxNonceMaxLifetime after their write.
+// The first pass waits one interval, so a takeover never waits for it.
 func (a *App) sweepNonces(ctx context.Context, log logr.Logger) {
 	every := a.o.NonceSweepInterval
 	if every <= 0 {
@@ -831,6 +840,8 @@ func (a *App) sweepNonces(ctx context.Context, log logr.Logger) {
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
+	sw := &nonce.Sweeper{Store: a.leaderStore(), Grace: 2*nonceLeeway + nonceSkewAllowance, LegacyKeep: config.MaxNonceMaxLifetime,
+		Log: func(key string, err error) { log.Error(err, "nonce marker without a readable expiry", "key", key) }}
 	for {
 		select {
 		case <-ctx.Done():
@@ -838,25 +849,19 @@ func (a *App) sweepNonces(ctx context.Context, log logr.Logger) {
 		case <-t.C:
 		}
 		a.mu.Lock()
-		cfg, ce := a.cfg, a.clusterEl
+		ce := a.clusterEl
 		a.mu.Unlock()
-		maxLife := nonce.DefaultMaxLifetime
-		if cfg != nil && cfg.Certificates.NonceMaxLifetime > 0 {
-			maxLife = cfg.Certificates.NonceMaxLifetime.D()
-		}
-		cutoff := time.Now().Add(-(maxLife + 2*nonceLeeway + nonceSkewAllowance))
-		ledger := &nonce.Ledger{Store: a.leaderStore(), Keys: a.o.Keys}
 		prefixes := []string{a.o.Keys.ShardNonce(a.o.Shard, "")}
 		if ce != nil && ce.Leading() {
 			prefixes = append(prefixes, a.o.Keys.ClusterNonce(""))
 		}
 		for _, p := range prefixes {
-			st, err := ledger.Sweep(ctx, p, cutoff, nonceSweepLimit)
+			st, err := sw.Sweep(ctx, p, time.Now(), nonceSweepLimit)
 			if err != nil && ctx.Err() == nil {
 				log.Error(err, "sweeping nonce markers", "prefix", p)
 			}
 			if st.Deleted > 0 || st.More {
-				log.V(1).Info("swept nonce markers", "prefix", p, "listed", st.Listed, "deleted", st.Deleted, "more", st.More)
+				log.V(1).Info("swept nonce markers", "prefix", p, "listed", st.Listed, "deleted", st.Deleted, "kept", st.Kept, "more", st.More)
 			}
 		}
 	}

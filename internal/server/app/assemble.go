@@ -145,6 +145,21 @@ type Assembly struct {
 // (the term) ends.
 func (s *Assembly) Lead(ctx context.Context) error { return s.Reconciler.Run(ctx) }
 
+// EndTerm releases the per-instance state the Agent service gathered in a
+// leadership term (submitted keys and issued certificates, health reports,
+// identity renewals in use): once the term's gRPC servers have stopped
+// nothing reads it, nothing would forget it (instances are forgotten by
+// the leader that deletes them), and a later term starts like a fresh
+// leader, from what the agents submit again when they reconnect.
+func (s *Assembly) EndTerm() {
+	if s.Agent == nil {
+		return
+	}
+	s.AgentKeys.Reset()
+	s.Health.Reset()
+	s.Agent.EndTerm()
+}
+
 // Assemble builds every service of a shard server and its leadership work
 // from the config, in this order: live config, provider, instance records,
 // groups and events, the registration gate, the Agent service, the
@@ -276,6 +291,12 @@ func Assemble(p Parts) (*Assembly, error) {
 		}
 		if p.Issuer != nil {
 			ao.RenewIdentity = p.Issuer.RenewAgentPEM
+		}
+		if p.Revocations != nil {
+			ao.RevokeInstance = func(ctx context.Context, id, reason string) error {
+				_, err := p.Revocations.RevokeAgent(ctx, id, reason)
+				return err
+			}
 		}
 		srv, err := agentapi.New(ao)
 		if err != nil {

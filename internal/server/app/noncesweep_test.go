@@ -51,7 +51,10 @@ func runWithSweep(t *testing.T, store objstore.Store, every time.Duration) *runn
 
 // TestNonceMarkersAreSweptNotListedAtTakeover: taking over the shard lists
 // no nonce markers; the background sweep deletes the agent and operator
-// markers older than the longest nonce lifetime and keeps younger ones.
+// markers whose nonce has expired and keeps the others: young ones, one
+// written long ago for a nonce that another shard's longer
+// nonce_max_lifetime still accepts, and one of an older version that
+// records no expiry (kept for config.MaxNonceMaxLifetime).
 func TestNonceMarkersAreSweptNotListedAtTakeover(t *testing.T) {
 	dir := t.TempDir()
 	ds, err := dirstore.Open(dir)
@@ -62,13 +65,26 @@ func TestNonceMarkersAreSweptNotListedAtTakeover(t *testing.T) {
 	ctx := context.Background()
 	old := []string{keys.ShardNonce("s1", "old-agent"), keys.ClusterNonce("old-operator")}
 	young := []string{keys.ShardNonce("s1", "young-agent"), keys.ClusterNonce("young-operator"), keys.ShardNonce("s2", "other-shard")}
-	for _, k := range append(append([]string{}, old...), young...) {
-		_, err := store.Put(ctx, k, []byte(`{}`), objstore.PutOptions{IfNoneMatch: true})
+	long, legacy := keys.ClusterNonce("long-operator"), keys.ClusterNonce("legacy-operator")
+	past := time.Now().Add(-25 * time.Hour)
+	expires := map[string]time.Time{long: time.Now().Add(5 * 24 * time.Hour)}
+	for _, k := range old {
+		expires[k] = past.Add(time.Hour)
+	}
+	for _, k := range young {
+		expires[k] = time.Now().Add(time.Hour)
+	}
+	for _, k := range append(append([]string{long, legacy}, old...), young...) {
+		body := []byte(`{}`)
+		if exp, ok := expires[k]; ok {
+			body = []byte(`{"expires_at":"` + exp.UTC().Format(time.RFC3339) + `"}`)
+		}
+		_, err := store.Put(ctx, k, body, objstore.PutOptions{IfNoneMatch: true})
 		require.NoError(t, err)
 	}
-	// Used 25 hours ago: past the default 24h lifetime and the allowances.
-	past := time.Now().Add(-25 * time.Hour)
-	for _, k := range append(append([]string{}, old...), keys.ShardNonce("s2", "other-shard")) {
+	// Used 25 hours ago: the old ones expired 24 hours ago; the long one
+	// (minted for 6 days, accepted by a shard that allows that) has not.
+	for _, k := range append(append([]string{long, legacy}, old...), keys.ShardNonce("s2", "other-shard")) {
 		require.NoError(t, os.Chtimes(filepath.Join(dir, filepath.FromSlash(k)), past, past))
 	}
 
@@ -87,8 +103,8 @@ func TestNonceMarkersAreSweptNotListedAtTakeover(t *testing.T) {
 		}
 		return true
 	}, 30*time.Second, 50*time.Millisecond, "old markers are swept")
-	for _, k := range young {
+	for _, k := range append(young, long, legacy) {
 		_, err := store.Head(ctx, k)
-		require.NoError(t, err, "%s stays (young, or another shard's)", k)
+		require.NoError(t, err, "%s stays (not expired, no expiry recorded, or another shard's)", k)
 	}
 }

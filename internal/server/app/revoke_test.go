@@ -59,7 +59,7 @@ func TestDeletedOperatorRecordAcrossLeaders(t *testing.T) {
 	standby := startApp(t, store, "srv-b", "s1")
 	require.Eventually(t, func() bool { return healthCode(t, standby.app.Addrs().Health) == 200 }, 30*time.Second, 20*time.Millisecond)
 
-	require.NoError(t, store.Delete(ctx, layout.New("").Operator("op-a")))
+	require.NoError(t, store.Delete(ctx, layout.New("").Operator("default", "op-a")))
 	_, err = opA.RenewCertificate(ctx, &nstancev1.RenewCertificateRequest{})
 	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
 	require.ErrorContains(t, refusedHandshake(t, ca, leader.app.Addrs().Operator, certA), "bad certificate", "a new connection at once")

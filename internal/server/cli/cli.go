@@ -61,6 +61,7 @@ func App() *ucli.App {
 			&ucli.BoolFlag{Name: "validate", Usage: "validate the shard config (from storage, or --config-file) and exit"},
 			&ucli.StringFlag{Name: "config-file", Usage: "with --validate: check this local file instead of storage"},
 			&ucli.BoolFlag{Name: "debug", Usage: "deprecated: use --log-level debug", EnvVars: []string{"NSTANCE_DEBUG"}, Hidden: true},
+			&ucli.DurationFlag{Name: "nonce-sweep-interval", Usage: "how often the leader deletes expired nonce markers (default 10m; tests use seconds)", EnvVars: []string{"NSTANCE_NONCE_SWEEP_INTERVAL"}, Hidden: true},
 			&ucli.StringFlag{Name: "agent-command", Usage: "tmux/process providers: command each instance runs (overrides shard.infra.options.command)", EnvVars: []string{"NSTANCE_AGENT_COMMAND"}},
 			&ucli.StringFlag{Name: "agent-state-dir", Usage: "tmux/process providers: per-instance identity directories (default temp/agents)", EnvVars: []string{"NSTANCE_AGENT_STATE_DIR"}},
 			&ucli.StringFlag{Name: "node-dir", Usage: "tmux/process providers: fake Node JSON directory (default temp/dev-k8s/nodes; - disables)", EnvVars: []string{"NSTANCE_NODE_DIR"}},
@@ -115,6 +116,7 @@ func run(c *ucli.Context) error {
 	a, err := app.New(app.Options{
 		ServerID: id, Shard: c.String("shard"), Store: store, Keys: keys, CacheDir: c.String("cache-dir"),
 		AdvertiseHosts: c.StringSlice("advertise-host"), LeaderInterfaceID: c.String("leader-interface"),
+		NonceSweepInterval: c.Duration("nonce-sweep-interval"),
 		Bind: app.BindOverrides{
 			PortOffset: c.Int("port-offset"), Health: c.String("bind-health"), Election: c.String("bind-election"),
 			Registration: c.String("bind-registration"), Operator: c.String("bind-operator"), Agent: c.String("bind-agent"),

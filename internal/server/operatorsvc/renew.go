@@ -22,38 +22,41 @@ type OperatorRecords struct {
 	Keys  layout.Keys
 }
 
-// check returns the caller's record and its ETag, or PermissionDenied.
-func (o *OperatorRecords) check(ctx context.Context, id pki.Identity) (*registration.OperatorRecord, string, error) {
-	obj, err := o.Store.Get(ctx, o.Keys.Operator(id.ClientID))
-	if errors.Is(err, objstore.ErrNotFound) {
-		return nil, "", status.Errorf(codes.PermissionDenied, "operator %q is not registered (its record was deleted or never written)", id.ClientID)
+// check returns the caller's record, read from its tenant's key (or a
+// record of an older version that names the caller's tenant), or
+// PermissionDenied. Another tenant's operator of the same id is never
+// the caller's record.
+func (o *OperatorRecords) check(ctx context.Context, id pki.Identity) (*registration.StoredOperator, error) {
+	st, err := registration.ReadOperatorRecord(ctx, o.Store, o.Keys, id.Tenant, id.ClientID)
+	switch {
+	case errors.Is(err, objstore.ErrNotFound):
+		return nil, status.Errorf(codes.PermissionDenied, "operator %q of tenant %q is not registered (its record was deleted or never written)", id.ClientID, id.Tenant)
+	case errors.Is(err, registration.ErrOperatorUnreadable):
+		return nil, status.Errorf(codes.PermissionDenied, "operator %q: its record is unreadable: %v", id.ClientID, err)
+	case err != nil:
+		return nil, status.Errorf(codes.Unavailable, "reading the operator record: %v", err)
 	}
-	if err != nil {
-		return nil, "", status.Errorf(codes.Unavailable, "reading the operator record: %v", err)
-	}
-	var rec registration.OperatorRecord
-	if err := json.Unmarshal(obj.Body, &rec); err != nil {
-		return nil, "", status.Errorf(codes.PermissionDenied, "operator %q: its record is unreadable: %v", id.ClientID, err)
-	}
-	role := rec.Role
+	role := st.Record.Role
 	if role == "" {
 		role = string(pki.RoleOperator)
 	}
-	if rec.Tenant != id.Tenant || role != string(id.Role) {
-		return nil, "", status.Errorf(codes.PermissionDenied, "operator %q: the certificate's tenant or role does not match its record", id.ClientID)
+	if st.Record.Tenant != id.Tenant || role != string(id.Role) {
+		return nil, status.Errorf(codes.PermissionDenied, "operator %q: the certificate's tenant or role does not match its record", id.ClientID)
 	}
-	return &rec, obj.ETag, nil
+	return st, nil
 }
 
-// renewed records the serial and expiry of a renewed certificate; losing
-// the race with another write only loses bookkeeping.
-func (o *OperatorRecords) renewed(ctx context.Context, rec *registration.OperatorRecord, etag string, issued *registration.Issued) error {
+// renewed records the serial and expiry of a renewed certificate where the
+// record was read; losing the race with another write only loses
+// bookkeeping.
+func (o *OperatorRecords) renewed(ctx context.Context, st *registration.StoredOperator, issued *registration.Issued) error {
+	rec := st.Record
 	rec.Serial, rec.ExpiresAt = issued.Serial, issued.NotAfter
 	body, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
-	_, err = o.Store.Put(ctx, o.Keys.Operator(rec.ID), body, objstore.PutOptions{IfMatch: etag})
+	_, err = o.Store.Put(ctx, st.Key, body, objstore.PutOptions{IfMatch: st.ETag})
 	return err
 }
 
@@ -71,11 +74,10 @@ func (s *Service) RenewCertificate(ctx context.Context, req *nstancev1.RenewCert
 	if !ok {
 		return nil, status.Error(codes.Unauthenticated, "no verified client certificate")
 	}
-	var rec *registration.OperatorRecord
-	var etag string
+	var rec *registration.StoredOperator
 	if s.o.Operators != nil {
 		var err error
-		if rec, etag, err = s.o.Operators.check(ctx, id); err != nil {
+		if rec, err = s.o.Operators.check(ctx, id); err != nil {
 			return nil, err
 		}
 	}
@@ -84,7 +86,7 @@ func (s *Service) RenewCertificate(ctx context.Context, req *nstancev1.RenewCert
 		return nil, err
 	}
 	if rec != nil {
-		if err := s.o.Operators.renewed(ctx, rec, etag, issued); err != nil {
+		if err := s.o.Operators.renewed(ctx, rec, issued); err != nil {
 			s.o.Log.Error(err, "recording the renewed operator certificate", "operator", id.ClientID, "serial", issued.Serial)
 		}
 	}

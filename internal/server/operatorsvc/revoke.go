@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"sort"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/authz"
 	"github.com/nstance-dev/nstance/internal/server/revocation"
@@ -77,7 +79,11 @@ func (s *Service) Revoke(ctx context.Context, req *nstancev1.RevokeRequest) (*ns
 	var e revocation.Entry
 	switch t := req.GetTarget().(type) {
 	case *nstancev1.RevokeRequest_OperatorId:
-		e, err = g.RevokeOperatorBy(ctx, t.OperatorId, req.GetReason(), by)
+		tenant, terr := operatorTenant(ctx, g, t.OperatorId, req.GetTenant())
+		if terr != nil {
+			return nil, terr
+		}
+		e, err = g.RevokeOperatorBy(ctx, tenant, t.OperatorId, req.GetReason(), by)
 	case *nstancev1.RevokeRequest_InstanceId:
 		e, err = g.Revoke(ctx, revocation.Entry{Kind: revocation.KindAgent, Subject: t.InstanceId, Shard: s.o.Shard, Reason: req.GetReason(), RevokedBy: by})
 	case *nstancev1.RevokeRequest_Serial:
@@ -94,6 +100,33 @@ func (s *Service) Revoke(ctx context.Context, req *nstancev1.RevokeRequest) (*ns
 	return &nstancev1.RevokeResponse{Revocation: RevocationProto(e)}, nil
 }
 
+// operatorTenant is the tenant whose operator id a Revoke names: the one
+// given, else the only tenant with a record of that id. Operator ids are
+// scoped to their tenant, so naming none when several (or no) tenants have
+// the id is refused rather than guessed.
+func operatorTenant(ctx context.Context, g *revocation.Gate, id, tenant string) (string, error) {
+	if tenant != "" {
+		if err := layout.ValidateID("tenant", tenant); err != nil {
+			return "", status.Errorf(codes.InvalidArgument, "tenant: %v", err)
+		}
+		return tenant, nil
+	}
+	if err := layout.ValidateID("operator id", id); err != nil {
+		return "", status.Errorf(codes.InvalidArgument, "operator_id: %v", err)
+	}
+	tenants, err := g.OperatorTenants(ctx, id)
+	if err != nil {
+		return "", status.Errorf(codes.Unavailable, "finding the tenant of operator %q: %v", id, err)
+	}
+	switch len(tenants) {
+	case 1:
+		return tenants[0], nil
+	case 0:
+		return "", status.Errorf(codes.InvalidArgument, "tenant: required: operator %q has no record in any tenant, so name the tenant whose certificates to revoke", id)
+	}
+	return "", status.Errorf(codes.InvalidArgument, "tenant: required: operator %q is registered in tenants %s; name one", id, strings.Join(tenants, ", "))
+}
+
 // RevocationProto converts an entry to its wire form.
 func RevocationProto(e revocation.Entry) *nstancev1.Revocation {
 	kind := nstancev1.RevocationKind_REVOCATION_KIND_UNSPECIFIED
@@ -106,7 +139,7 @@ func RevocationProto(e revocation.Entry) *nstancev1.Revocation {
 		kind = nstancev1.RevocationKind_REVOCATION_KIND_SERIAL
 	}
 	return &nstancev1.Revocation{
-		Id: e.ID, Kind: kind, Subject: e.Subject, Shard: e.Shard, Serial: e.Serial, Uri: e.URI,
+		Id: e.ID, Kind: kind, Subject: e.Subject, Tenant: e.Tenant, Shard: e.Shard, Serial: e.Serial, Uri: e.URI,
 		IssuedBefore: optTime(e.IssuedBefore), ExpiresAt: optTime(e.ExpiresAt), RevokedAt: optTime(e.RevokedAt),
 		RevokedBy: e.RevokedBy, Reason: e.Reason,
 	}

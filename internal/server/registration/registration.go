@@ -5,7 +5,6 @@ import (
 	"crypto"
 	"crypto/ed25519"
 	"crypto/x509"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -403,7 +402,8 @@ func (s *Service) RegisterAgent(ctx context.Context, req *nstancev1.RegisterAgen
 	}, nil
 }
 
-// OperatorRecord is stored at cluster/operators/{id}.json for each registration.
+// OperatorRecord is stored at cluster/operators/{tenant}/{id}.json for each
+// registration (see ReadOperatorRecord for records of older versions).
 type OperatorRecord struct {
 	ID           string    `json:"id"`
 	Tenant       string    `json:"tenant"`
@@ -427,18 +427,15 @@ func (s *Service) RegisterOperator(ctx context.Context, req *nstancev1.RegisterO
 		ID: claims.Subject, Tenant: claims.Tenant, Role: string(claims.Kind), URI: issued.Identity.GetUri(), Serial: issued.Serial,
 		ExpiresAt: issued.NotAfter, RegisteredAt: s.Issuer.now().UTC(), RegisteredBy: s.ServerID, NonceID: claims.ID,
 	}
-	body, err := json.Marshal(rec)
-	if err != nil {
-		s.Log.Error(err, "encoding the operator record", "operator", claims.Subject)
-		return nil, status.Error(codes.Internal, "internal error")
-	}
 	if s.Objects != nil {
 		// Operator certificates are admitted only while their record exists,
 		// so the record is part of the registration: without it the caller
 		// retries with the same key and gets the same certificate (the
-		// nonce marker holds it), written then.
-		if _, err := s.Objects.Put(ctx, s.Keys.Operator(claims.Subject), body, objstore.PutOptions{}); err != nil {
-			s.Log.Error(err, "recording operator registration; the caller retries", "operator", claims.Subject)
+		// nonce marker holds it), written then. The record is the tenant's
+		// own (cluster/operators/{tenant}/{id}.json): another tenant's
+		// operator of the same id is not touched.
+		if err := WriteOperatorRecord(ctx, s.Objects, s.Keys, rec); err != nil {
+			s.Log.Error(err, "recording operator registration; the caller retries", "operator", claims.Subject, "tenant", claims.Tenant)
 			return nil, status.Error(codes.Unavailable, "registration is unavailable right now; retry later")
 		}
 	}

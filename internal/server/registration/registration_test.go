@@ -22,6 +22,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/nonce"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/instances"
+	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -164,7 +165,7 @@ func TestRegisterOperatorRecordsRegistration(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, nstancev1.ClientRole_CLIENT_ROLE_OPERATOR, resp.GetIdentity().GetRole())
 	require.WithinDuration(t, time.Now().Add(2*time.Hour), resp.GetExpiresAt().AsTime(), time.Minute)
-	rec, err := f.store.Get(ctx, "cluster/operators/op.json")
+	rec, err := f.store.Get(ctx, "cluster/operators/acme/op.json")
 	require.NoError(t, err)
 	require.Contains(t, string(rec.Body), `"tenant":"acme"`)
 	// An operator nonce is refused by RegisterAgent for its kind.
@@ -182,7 +183,7 @@ func TestRegisterAdmin(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, nstancev1.ClientRole_CLIENT_ROLE_ADMIN, resp.GetIdentity().GetRole())
 	require.Equal(t, "spiffe://c1/tenant/acme/admin/adm", resp.GetIdentity().GetUri())
-	rec, err := f.store.Get(ctx, "cluster/operators/adm.json")
+	rec, err := f.store.Get(ctx, "cluster/operators/acme/adm.json")
 	require.NoError(t, err)
 	require.Contains(t, string(rec.Body), `"role":"admin"`)
 }
@@ -241,4 +242,56 @@ func TestRefusalsAreGeneric(t *testing.T) {
 			require.Contains(t, logged[len(logged)-1], tc.log, "the reason is in the server log")
 		})
 	}
+}
+
+// TestOperatorIDsArePerTenant: tenant beta registering operator "op"
+// leaves tenant acme's record of "op" as it was (finding 7).
+func TestOperatorIDsArePerTenant(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	for _, tenant := range []string{"acme", "beta"} {
+		tok, err := nonce.Mint(f.nonceKey, nonce.Claims{Kind: nonce.KindOperator, ClusterID: "c1", Tenant: tenant, RegisteredClaims: jwt.RegisteredClaims{Subject: "op"}}, time.Hour, time.Now())
+		require.NoError(t, err)
+		_, err = f.svc.RegisterOperator(ctx, &nstancev1.RegisterOperatorRequest{Nonce: tok, PublicKeyPem: pubPEM(t)})
+		require.NoError(t, err)
+	}
+	for _, tenant := range []string{"acme", "beta"} {
+		st, err := ReadOperatorRecord(ctx, f.store, f.svc.Keys, tenant, "op")
+		require.NoError(t, err)
+		require.Equal(t, tenant, st.Record.Tenant)
+		require.Equal(t, "spiffe://c1/tenant/"+tenant+"/operator/op", st.Record.URI)
+		require.False(t, st.Legacy)
+	}
+	_, err := ReadOperatorRecord(ctx, f.store, f.svc.Keys, "gamma", "op")
+	require.ErrorIs(t, err, objstore.ErrNotFound)
+}
+
+// TestReadOperatorRecordLegacy: a record of an older version
+// (cluster/operators/{id}.json) is read for the tenant it names only, and
+// a record at the tenant's own key wins over it.
+func TestReadOperatorRecordLegacy(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	keys := f.svc.Keys
+	_, err := f.store.Put(ctx, keys.LegacyOperator("op"), []byte(`{"id":"op","tenant":"acme","serial":"1"}`), objstore.PutOptions{})
+	require.NoError(t, err)
+	st, err := ReadOperatorRecord(ctx, f.store, keys, "acme", "op")
+	require.NoError(t, err)
+	require.True(t, st.Legacy)
+	require.Equal(t, keys.LegacyOperator("op"), st.Key)
+	_, err = ReadOperatorRecord(ctx, f.store, keys, "beta", "op")
+	require.ErrorIs(t, err, objstore.ErrNotFound, "the legacy record is acme's")
+
+	require.NoError(t, WriteOperatorRecord(ctx, f.store, keys, OperatorRecord{ID: "op", Tenant: "acme", Serial: "2"}))
+	st, err = ReadOperatorRecord(ctx, f.store, keys, "acme", "op")
+	require.NoError(t, err)
+	require.False(t, st.Legacy)
+	require.Equal(t, "2", st.Record.Serial)
+
+	_, err = f.store.Put(ctx, keys.LegacyOperator("junk"), []byte(`{`), objstore.PutOptions{})
+	require.NoError(t, err)
+	_, err = ReadOperatorRecord(ctx, f.store, keys, "acme", "junk")
+	require.ErrorIs(t, err, objstore.ErrNotFound, "an unreadable legacy record is nobody's")
+	_, err = ReadOperatorRecord(ctx, f.store, keys, "acme", "../x")
+	require.Error(t, err)
 }

@@ -24,7 +24,9 @@ import (
 // Entry kinds.
 const (
 	// KindOperator denies the operator and admin certificates of one
-	// operator id issued up to IssuedBefore (every shard).
+	// operator id of one tenant issued up to IssuedBefore (every shard).
+	// Entries of versions before tenant-scoped operator ids name no tenant
+	// and deny the id in every tenant until they expire.
 	KindOperator = "operator"
 	// KindAgent denies the agent certificates of one instance of a shard
 	// issued up to IssuedBefore.
@@ -49,6 +51,9 @@ type Entry struct {
 	Kind string `json:"kind"`
 	// Subject is the operator or instance id (KindOperator, KindAgent).
 	Subject string `json:"subject,omitempty"`
+	// Tenant is the operator's tenant (KindOperator): operator ids are
+	// scoped to their tenant.
+	Tenant string `json:"tenant,omitempty"`
 	// Shard is the instance's shard (KindAgent).
 	Shard string `json:"shard,omitempty"`
 	// Serial is the certificate serial in decimal (KindSerial).
@@ -71,7 +76,8 @@ func (e Entry) Matches(cert *x509.Certificate, id pki.Identity) bool {
 	case KindSerial:
 		return cert.SerialNumber != nil && cert.SerialNumber.String() == e.Serial
 	case KindOperator:
-		return (id.Role == pki.RoleOperator || id.Role == pki.RoleAdmin) && id.ClientID == e.Subject && !pki.IssuedAt(cert).After(e.IssuedBefore)
+		return (id.Role == pki.RoleOperator || id.Role == pki.RoleAdmin) && id.ClientID == e.Subject &&
+			(e.Tenant == "" || e.Tenant == id.Tenant) && !pki.IssuedAt(cert).After(e.IssuedBefore)
 	case KindAgent:
 		return id.Role == pki.RoleAgent && id.ClientID == e.Subject && id.Shard == e.Shard && !pki.IssuedAt(cert).After(e.IssuedBefore)
 	}
@@ -94,6 +100,11 @@ const MaxReason = 1024
 func (e Entry) check() error {
 	switch e.Kind {
 	case KindOperator:
+		if e.Tenant != "" {
+			if err := layout.ValidateID("tenant", e.Tenant); err != nil {
+				return err
+			}
+		}
 		return layout.ValidateID("operator id", e.Subject)
 	case KindAgent:
 		if err := layout.ValidateID("instance id", e.Subject); err != nil {
@@ -122,7 +133,9 @@ type Options struct {
 	// IssuedBefore (a serial entry the longer of the two).
 	OperatorValidity, AgentValidity time.Duration
 	// RequireOperatorRecords admits operator and admin certificates only
-	// while their operator record (cluster/operators/{id}.json) exists: as
+	// while their tenant's operator record exists
+	// (cluster/operators/{tenant}/{id}.json, or a record of an older
+	// version naming the tenant, see registration.ReadOperatorRecord): as
 	// seen by the last Sync, or read on a miss (the answer is kept until the
 	// next Sync). A record deleted by hand is then refused within one Sync
 	// even if no Sync ever saw it.
@@ -148,12 +161,16 @@ type Gate struct {
 	entries map[string]Entry // by storage key
 	serials map[string]bool
 	ids     map[string][]Entry // by index key (kind/shard/subject)
-	// operators are the operator records seen at the last Sync (id -> etag),
-	// plus those read since on a miss; nil before the first Sync. absent are
-	// the ids found without a record since the last Sync.
+	// operators are the operator records seen at the last Sync
+	// (operatorKey(tenant, id) -> etag), plus those read since on a miss;
+	// nil before the first Sync. absent are the operators found without a
+	// record since the last Sync.
 	operators map[string]string
 	absent    map[string]bool
-	streams   map[*tracked]struct{}
+	// legacyTenants caches the tenant named by each legacy record
+	// (key -> etag and tenant), so a Sync reads each version once.
+	legacyTenants map[string]legacyTenant
+	streams       map[*tracked]struct{}
 	// syncedAt is when the last successful Sync started (zero before).
 	syncedAt time.Time
 }
@@ -172,7 +189,15 @@ func New(o Options) *Gate {
 	return &Gate{o: o, entries: map[string]Entry{}, serials: map[string]bool{}, ids: map[string][]Entry{}, streams: map[*tracked]struct{}{}}
 }
 
-func indexKey(kind, shard, subject string) string { return kind + "/" + shard + "/" + subject }
+// indexKey indexes entries by kind, scope (the tenant of operator
+// entries, empty for entries of older versions; the shard of agent
+// entries) and subject.
+func indexKey(kind, scope, subject string) string { return kind + "/" + scope + "/" + subject }
+
+// operatorKey names one operator: ids are scoped to their tenant.
+func operatorKey(tenant, id string) string { return tenant + "/" + id }
+
+type legacyTenant struct{ etag, tenant string }
 
 func (g *Gate) match(cert *x509.Certificate, id pki.Identity) (Entry, bool) {
 	if cert.SerialNumber != nil && g.serials[cert.SerialNumber.String()] {
@@ -181,7 +206,7 @@ func (g *Gate) match(cert *x509.Certificate, id pki.Identity) (Entry, bool) {
 	var keys []string
 	switch id.Role {
 	case pki.RoleOperator, pki.RoleAdmin:
-		keys = []string{indexKey(KindOperator, "", id.ClientID)}
+		keys = []string{indexKey(KindOperator, id.Tenant, id.ClientID), indexKey(KindOperator, "", id.ClientID)}
 	case pki.RoleAgent:
 		keys = []string{indexKey(KindAgent, id.Shard, id.ClientID)}
 	}
@@ -220,31 +245,33 @@ func (g *Gate) admit(cert *x509.Certificate, id pki.Identity, fresh bool) error 
 		return fmt.Errorf("%w: %s %s", ErrRevoked, e.Kind, e.Subject)
 	}
 	if g.o.RequireOperatorRecords && (id.Role == pki.RoleOperator || id.Role == pki.RoleAdmin) {
-		return g.recordExists(id.ClientID, fresh)
+		return g.recordExists(id.Tenant, id.ClientID, fresh)
 	}
 	return nil
 }
 
 // recordExists answers from what the last Sync (or an earlier read) found,
-// and reads storage on a miss or when fresh.
-func (g *Gate) recordExists(id string, fresh bool) error {
+// and reads storage on a miss or when fresh. Only the tenant's own record
+// counts: another tenant's operator of the same id is someone else.
+func (g *Gate) recordExists(tenant, id string, fresh bool) error {
+	op := operatorKey(tenant, id)
 	g.mu.RLock()
-	_, known := g.operators[id]
-	absent := g.absent[id]
+	_, known := g.operators[op]
+	absent := g.absent[op]
 	g.mu.RUnlock()
 	switch {
 	case fresh:
 	case absent:
-		return fmt.Errorf("%w: operator %s has no record", ErrRevoked, id)
+		return fmt.Errorf("%w: operator %s of tenant %s has no record", ErrRevoked, id, tenant)
 	case known:
 		return nil
 	}
-	if layout.ValidateID("operator id", id) != nil {
-		return fmt.Errorf("%w: operator id %q", ErrRevoked, id)
+	if layout.ValidateID("operator id", id) != nil || layout.ValidateID("tenant", tenant) != nil {
+		return fmt.Errorf("%w: operator id %q of tenant %q", ErrRevoked, id, tenant)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	info, err := g.o.Store.Head(ctx, g.o.Keys.Operator(id))
+	st, err := registration.ReadOperatorRecord(ctx, g.o.Store, g.o.Keys, tenant, id)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	switch {
@@ -252,24 +279,24 @@ func (g *Gate) recordExists(id string, fresh bool) error {
 		if g.operators == nil {
 			g.operators = map[string]string{}
 		}
-		g.operators[id] = info.ETag
-		delete(g.absent, id)
+		g.operators[op] = st.ETag
+		delete(g.absent, op)
 		return nil
-	case errors.Is(err, objstore.ErrNotFound):
+	case errors.Is(err, objstore.ErrNotFound), errors.Is(err, registration.ErrOperatorUnreadable):
 		if g.absent == nil {
 			g.absent = map[string]bool{}
 		}
-		// g.operators keeps the id, so the next Sync writes the entry
+		// g.operators keeps the operator, so the next Sync writes the entry
 		// that keeps these certificates refused should the id register again.
-		g.absent[id] = true
-		return fmt.Errorf("%w: operator %s has no record", ErrRevoked, id)
+		g.absent[op] = true
+		return fmt.Errorf("%w: operator %s of tenant %s has no record", ErrRevoked, id, tenant)
 	}
 	if known && !absent {
 		// Storage is unavailable: keep what the last Sync knew rather than
 		// refusing every operator until it is back.
 		return nil
 	}
-	return fmt.Errorf("operator %s: reading its record: %w", id, err)
+	return fmt.Errorf("operator %s of tenant %s: reading its record: %w", id, tenant, err)
 }
 
 // Track returns a context that is cancelled with ErrRevoked as soon as an
@@ -299,7 +326,8 @@ func (g *Gate) rebuildLocked() {
 		case KindSerial:
 			g.serials[e.Serial] = true
 		case KindOperator:
-			g.ids[indexKey(KindOperator, "", e.Subject)] = append(g.ids[indexKey(KindOperator, "", e.Subject)], e)
+			k := indexKey(KindOperator, e.Tenant, e.Subject)
+			g.ids[k] = append(g.ids[k], e)
 		case KindAgent:
 			g.ids[indexKey(KindAgent, e.Shard, e.Subject)] = append(g.ids[indexKey(KindAgent, e.Shard, e.Subject)], e)
 		}
@@ -365,7 +393,7 @@ func (g *Gate) revoke(ctx context.Context, e Entry, seed string) (Entry, error) 
 		}
 	}
 	if seed == "" {
-		seed = strings.Join([]string{e.Kind, e.Shard, e.Subject, e.Serial, e.IssuedBefore.Format(time.RFC3339Nano), e.RevokedAt.Format(time.RFC3339Nano)}, "|")
+		seed = strings.Join([]string{e.Kind, e.Shard, e.Tenant, e.Subject, e.Serial, e.IssuedBefore.Format(time.RFC3339Nano), e.RevokedAt.Format(time.RFC3339Nano)}, "|")
 	}
 	e.ID = entryID(seed)
 	key := g.key(e)
@@ -388,7 +416,7 @@ func (g *Gate) revoke(ctx context.Context, e Entry, seed string) (Entry, error) 
 	g.entries[key] = e
 	g.rebuildLocked()
 	g.mu.Unlock()
-	g.o.Log.Info("certificate revoked", "kind", e.Kind, "subject", e.Subject, "shard", e.Shard, "serial", e.Serial, "reason", e.Reason, "key", key)
+	g.o.Log.Info("certificate revoked", "kind", e.Kind, "subject", e.Subject, "tenant", e.Tenant, "shard", e.Shard, "serial", e.Serial, "reason", e.Reason, "key", key)
 	return e, nil
 }
 
@@ -492,20 +520,72 @@ func (g *Gate) SyncedAt() time.Time {
 	return g.syncedAt
 }
 
-// syncOperators revokes every operator whose record existed at the previous
-// Sync and is gone now.
-func (g *Gate) syncOperators(ctx context.Context, readOnly bool) error {
+// listOperators lists the operator records of the cluster:
+// operatorKey(tenant, id) -> where it lives. A record at the tenant-scoped
+// key hides a legacy record of the same operator. The tenant of a legacy
+// record is read from it (once per version).
+func (g *Gate) listOperators(ctx context.Context) (map[string]objstore.ObjectInfo, error) {
 	prefix := g.o.Keys.OperatorPrefix()
 	infos, err := g.o.Store.List(ctx, prefix)
 	if err != nil {
-		return fmt.Errorf("listing %s: %w", prefix, err)
+		return nil, fmt.Errorf("listing %s: %w", prefix, err)
+	}
+	out := map[string]objstore.ObjectInfo{}
+	var legacy []objstore.ObjectInfo
+	for _, info := range infos {
+		tenant, id, isLegacy, ok := g.o.Keys.ParseOperatorKey(info.Key)
+		switch {
+		case !ok:
+		case isLegacy:
+			legacy = append(legacy, info)
+		default:
+			out[operatorKey(tenant, id)] = info
+		}
+	}
+	g.mu.RLock()
+	cached := g.legacyTenants
+	g.mu.RUnlock()
+	seen := map[string]legacyTenant{}
+	for _, info := range legacy {
+		_, id, _, _ := g.o.Keys.ParseOperatorKey(info.Key)
+		lt, ok := cached[info.Key]
+		if !ok || lt.etag != info.ETag || info.ETag == "" {
+			obj, err := g.o.Store.Get(ctx, info.Key)
+			if errors.Is(err, objstore.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return nil, fmt.Errorf("reading %s: %w", info.Key, err)
+			}
+			var rec registration.OperatorRecord
+			if err := json.Unmarshal(obj.Body, &rec); err != nil || layout.ValidateID("tenant", rec.Tenant) != nil {
+				g.o.Log.Error(err, "an operator record of an older version names no valid tenant; it admits no one", "key", info.Key)
+				continue
+			}
+			lt = legacyTenant{etag: obj.ETag, tenant: rec.Tenant}
+			info.ETag = obj.ETag
+		}
+		seen[info.Key] = lt
+		if _, ok := out[operatorKey(lt.tenant, id)]; !ok {
+			out[operatorKey(lt.tenant, id)] = info
+		}
+	}
+	g.mu.Lock()
+	g.legacyTenants = seen
+	g.mu.Unlock()
+	return out, nil
+}
+
+// syncOperators revokes every operator whose record existed at the previous
+// Sync and is gone now.
+func (g *Gate) syncOperators(ctx context.Context, readOnly bool) error {
+	listed, err := g.listOperators(ctx)
+	if err != nil {
+		return err
 	}
 	now := map[string]string{}
-	for _, info := range infos {
-		id, ok := strings.CutSuffix(strings.TrimPrefix(info.Key, prefix), ".json")
-		if ok && !strings.Contains(id, "/") {
-			now[id] = info.ETag
-		}
+	for op, info := range listed {
+		now[op] = info.ETag
 	}
 	g.mu.Lock()
 	prev := g.operators
@@ -521,8 +601,8 @@ func (g *Gate) syncOperators(ctx context.Context, readOnly bool) error {
 			if t.id.Role != pki.RoleOperator && t.id.Role != pki.RoleAdmin {
 				continue
 			}
-			if _, ok := now[t.id.ClientID]; !ok {
-				if err := g.recordExists(t.id.ClientID, false); errors.Is(err, ErrRevoked) {
+			if _, ok := now[operatorKey(t.id.Tenant, t.id.ClientID)]; !ok {
+				if err := g.recordExists(t.id.Tenant, t.id.ClientID, false); errors.Is(err, ErrRevoked) {
 					g.mu.Lock()
 					delete(g.streams, t)
 					g.mu.Unlock()
@@ -532,73 +612,81 @@ func (g *Gate) syncOperators(ctx context.Context, readOnly bool) error {
 		}
 	}
 	var errs []error
-	for id, etag := range prev {
-		if _, ok := now[id]; ok {
+	for op, etag := range prev {
+		if _, ok := now[op]; ok {
 			continue
 		}
 		if readOnly {
 			// Revoked by a Sync that may write.
 			g.mu.Lock()
-			g.operators[id] = etag
+			g.operators[op] = etag
 			g.mu.Unlock()
 			continue
 		}
-		e := Entry{Kind: KindOperator, Subject: id, Reason: "operator record deleted"}
-		if _, err := g.revoke(ctx, e, OperatorSeed(id, etag)); err != nil {
-			errs = append(errs, fmt.Errorf("revoking operator %s: %w", id, err))
+		tenant, id, _ := strings.Cut(op, "/")
+		e := Entry{Kind: KindOperator, Tenant: tenant, Subject: id, Reason: "operator record deleted"}
+		if _, err := g.revoke(ctx, e, OperatorSeed(tenant, id, etag)); err != nil {
+			errs = append(errs, fmt.Errorf("revoking operator %s of tenant %s: %w", id, tenant, err))
 			// Try again at the next Sync.
 			g.mu.Lock()
-			g.operators[id] = etag
+			g.operators[op] = etag
 			g.mu.Unlock()
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// OperatorSeed names the revocation of the operator record id at etag, so
-// every server that sees that record go derives the same entry.
-func OperatorSeed(id, etag string) string { return KindOperator + "|" + id + "|" + etag }
+// OperatorSeed names the revocation of operator id of tenant whose record
+// was at etag, so every server that sees that record go derives the same
+// entry.
+func OperatorSeed(tenant, id, etag string) string {
+	return KindOperator + "|" + tenant + "|" + id + "|" + etag
+}
 
-// RevokeOperator revokes operator id's certificates issued until now and
-// deletes its record. A missing record is no error (the entry still holds).
-func (g *Gate) RevokeOperator(ctx context.Context, id, reason string) (Entry, error) {
-	return g.RevokeOperatorBy(ctx, id, reason, "")
+// RevokeOperator revokes the certificates of operator id of tenant issued
+// until now and deletes its record. A missing record is no error (the
+// entry still holds). Another tenant's operator of the same id is not
+// touched.
+func (g *Gate) RevokeOperator(ctx context.Context, tenant, id, reason string) (Entry, error) {
+	return g.RevokeOperatorBy(ctx, tenant, id, reason, "")
 }
 
 // RevokeOperatorBy is RevokeOperator recording who revoked (default: the
 // server id).
-func (g *Gate) RevokeOperatorBy(ctx context.Context, id, reason, by string) (Entry, error) {
+func (g *Gate) RevokeOperatorBy(ctx context.Context, tenant, id, reason, by string) (Entry, error) {
+	if err := layout.ValidateID("tenant", tenant); err != nil {
+		return Entry{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
 	if err := layout.ValidateID("operator id", id); err != nil {
 		return Entry{}, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	g.writeMu.Lock()
 	defer g.writeMu.Unlock()
-	key := g.o.Keys.Operator(id)
-	seed := ""
-	uri := ""
-	obj, err := g.o.Store.Get(ctx, key)
+	seed, uri := "", ""
+	st, err := registration.ReadOperatorRecord(ctx, g.o.Store, g.o.Keys, tenant, id)
 	switch {
 	case err == nil:
-		seed = OperatorSeed(id, obj.ETag)
-		var rec struct {
-			URI string `json:"uri"`
-		}
-		if json.Unmarshal(obj.Body, &rec) == nil {
-			uri = rec.URI
-		}
-	case !errors.Is(err, objstore.ErrNotFound):
-		return Entry{}, fmt.Errorf("reading %s: %w", key, err)
+		seed, uri = OperatorSeed(tenant, id, st.ETag), st.Record.URI
+	case !errors.Is(err, objstore.ErrNotFound) && !errors.Is(err, registration.ErrOperatorUnreadable):
+		return Entry{}, fmt.Errorf("reading the record of operator %s of tenant %s: %w", id, tenant, err)
 	}
-	e, err := g.revoke(ctx, Entry{Kind: KindOperator, Subject: id, URI: uri, Reason: reason, RevokedBy: by}, seed)
+	e, err := g.revoke(ctx, Entry{Kind: KindOperator, Tenant: tenant, Subject: id, URI: uri, Reason: reason, RevokedBy: by}, seed)
 	if err != nil {
 		return Entry{}, err
 	}
-	if err := g.o.Store.Delete(ctx, key); err != nil {
-		return e, fmt.Errorf("deleting %s: %w", key, err)
+	// The tenant's record, and a record of an older version naming the
+	// tenant that a record at the tenant's key may have shadowed.
+	if err := g.o.Store.Delete(ctx, g.o.Keys.Operator(tenant, id)); err != nil && !errors.Is(err, objstore.ErrNotFound) {
+		return e, fmt.Errorf("deleting %s: %w", g.o.Keys.Operator(tenant, id), err)
+	}
+	if legacy, err := registration.ReadOperatorRecord(ctx, g.o.Store, g.o.Keys, tenant, id); err == nil && legacy.Legacy {
+		if err := g.o.Store.Delete(ctx, legacy.Key); err != nil && !errors.Is(err, objstore.ErrNotFound) {
+			return e, fmt.Errorf("deleting %s: %w", legacy.Key, err)
+		}
 	}
 	g.mu.Lock()
 	if g.operators != nil {
-		delete(g.operators, id)
+		delete(g.operators, operatorKey(tenant, id))
 	}
 	g.mu.Unlock()
 	return e, nil
@@ -610,20 +698,22 @@ func (g *Gate) RevokeAgent(ctx context.Context, id, reason string) (Entry, error
 	return g.Revoke(ctx, Entry{Kind: KindAgent, Subject: id, Shard: g.o.Shard, Reason: reason})
 }
 
-// Operators returns the operator records of the cluster, sorted by id. An
-// unreadable record is returned with only its id.
+// Operators returns the operator records of the cluster, sorted by tenant
+// and id (records of older versions included, under the tenant they name).
+// An unreadable record is returned with only its tenant and id.
 func (g *Gate) Operators(ctx context.Context) ([]registration.OperatorRecord, error) {
-	prefix := g.o.Keys.OperatorPrefix()
-	infos, err := g.o.Store.List(ctx, prefix)
+	listed, err := g.listOperators(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("listing %s: %w", prefix, err)
+		return nil, err
 	}
+	ops := make([]string, 0, len(listed))
+	for op := range listed {
+		ops = append(ops, op)
+	}
+	sort.Strings(ops)
 	var out []registration.OperatorRecord
-	for _, info := range infos {
-		id, ok := strings.CutSuffix(strings.TrimPrefix(info.Key, prefix), ".json")
-		if !ok || strings.Contains(id, "/") {
-			continue
-		}
+	for _, op := range ops {
+		info := listed[op]
 		obj, err := g.o.Store.Get(ctx, info.Key)
 		if errors.Is(err, objstore.ErrNotFound) {
 			continue
@@ -635,9 +725,26 @@ func (g *Gate) Operators(ctx context.Context) ([]registration.OperatorRecord, er
 		if err := json.Unmarshal(obj.Body, &rec); err != nil {
 			g.o.Log.Error(err, "unreadable operator record", "key", info.Key)
 		}
-		rec.ID = id
+		rec.Tenant, rec.ID, _ = strings.Cut(op, "/")
 		out = append(out, rec)
 	}
+	return out, nil
+}
+
+// OperatorTenants returns the tenants that have a record of operator id,
+// sorted.
+func (g *Gate) OperatorTenants(ctx context.Context, id string) ([]string, error) {
+	listed, err := g.listOperators(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for op := range listed {
+		if tenant, oid, _ := strings.Cut(op, "/"); oid == id {
+			out = append(out, tenant)
+		}
+	}
+	sort.Strings(out)
 	return out, nil
 }
 

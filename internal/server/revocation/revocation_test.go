@@ -175,14 +175,14 @@ func TestVanishedOperatorRecordIsRevokedOnce(t *testing.T) {
 	g1, g2 := f.gate("s1"), f.gate("s2")
 	c := f.cert(t, pki.Identity{Tenant: "acme", Role: pki.RoleOperator, ClientID: "op-a"}, f.clock.Now())
 	for _, id := range []string{"op-a", "op-b"} {
-		_, err := f.store.Put(ctx(t), f.keys.Operator(id), []byte(`{"id":"`+id+`"}`), objstore.PutOptions{})
+		_, err := f.store.Put(ctx(t), f.keys.Operator("acme", id), []byte(`{"id":"`+id+`"}`), objstore.PutOptions{})
 		require.NoError(t, err)
 	}
 	require.NoError(t, g1.Sync(ctx(t)))
 	require.NoError(t, g2.Sync(ctx(t)))
 	require.NoError(t, g1.Admit(c, ident(c)))
 
-	require.NoError(t, f.store.Delete(ctx(t), f.keys.Operator("op-a")))
+	require.NoError(t, f.store.Delete(ctx(t), f.keys.Operator("acme", "op-a")))
 	require.NoError(t, g1.Sync(ctx(t)))
 	require.NoError(t, g2.Sync(ctx(t)))
 	for _, g := range []*revocation.Gate{g1, g2} {
@@ -196,22 +196,24 @@ func TestVanishedOperatorRecordIsRevokedOnce(t *testing.T) {
 func TestRevokeOperatorDeletesItsRecord(t *testing.T) {
 	f := newFixture(t)
 	g := f.gate("s1")
-	_, err := f.store.Put(ctx(t), f.keys.Operator("op-a"), []byte(`{"id":"op-a","uri":"spiffe://c1/tenant/acme/operator/op-a"}`), objstore.PutOptions{})
+	_, err := f.store.Put(ctx(t), f.keys.Operator("acme", "op-a"), []byte(`{"id":"op-a","uri":"spiffe://c1/tenant/acme/operator/op-a"}`), objstore.PutOptions{})
 	require.NoError(t, err)
 	require.NoError(t, g.Sync(ctx(t)))
-	e, err := g.RevokeOperator(ctx(t), "op-a", "test")
+	e, err := g.RevokeOperator(ctx(t), "acme", "op-a", "test")
 	require.NoError(t, err)
 	require.Equal(t, "spiffe://c1/tenant/acme/operator/op-a", e.URI)
-	_, err = f.store.Head(ctx(t), f.keys.Operator("op-a"))
+	_, err = f.store.Head(ctx(t), f.keys.Operator("acme", "op-a"))
 	require.ErrorIs(t, err, objstore.ErrNotFound)
 	// Its own Sync does not write a second entry for the vanished record.
 	require.NoError(t, g.Sync(ctx(t)))
 	require.Len(t, g.Entries(), 1)
 	// An unknown operator can be revoked too (its certificates outlive a lost record).
-	_, err = g.RevokeOperator(ctx(t), "op-never", "")
+	_, err = g.RevokeOperator(ctx(t), "acme", "op-never", "")
 	require.NoError(t, err)
-	_, err = g.RevokeOperator(ctx(t), "bad/id", "")
-	require.Error(t, err)
+	_, err = g.RevokeOperator(ctx(t), "acme", "bad/id", "")
+	require.ErrorIs(t, err, revocation.ErrInvalid)
+	_, err = g.RevokeOperator(ctx(t), "", "op-a", "")
+	require.ErrorIs(t, err, revocation.ErrInvalid, "the tenant is required")
 }
 
 func TestTrackedStreamsEndOnRevocation(t *testing.T) {
@@ -246,7 +248,7 @@ func TestRequireOperatorRecords(t *testing.T) {
 	require.ErrorIs(t, g.Admit(op, ident(op)), revocation.ErrRevoked, "no record")
 	require.NoError(t, g.Admit(agent, ident(agent)), "agents have no operator record")
 
-	_, err := f.store.Put(ctx(t), f.keys.Operator("op-a"), []byte(`{"id":"op-a"}`), objstore.PutOptions{})
+	_, err := f.store.Put(ctx(t), f.keys.Operator("acme", "op-a"), []byte(`{"id":"op-a"}`), objstore.PutOptions{})
 	require.NoError(t, err)
 	require.ErrorIs(t, g.Admit(op, ident(op)), revocation.ErrRevoked, "a miss is remembered until the next Sync")
 	require.NoError(t, g.Sync(ctx(t)))
@@ -254,7 +256,7 @@ func TestRequireOperatorRecords(t *testing.T) {
 
 	streamCtx, done := g.Track(ctx(t), op, ident(op))
 	defer done()
-	require.NoError(t, f.store.Delete(ctx(t), f.keys.Operator("op-a")))
+	require.NoError(t, f.store.Delete(ctx(t), f.keys.Operator("acme", "op-a")))
 	require.NoError(t, g.Admit(op, ident(op)), "an RPC answers from the last Sync")
 	require.ErrorIs(t, g.AdmitHandshake(op, ident(op)), revocation.ErrRevoked, "a handshake reads the record")
 	require.ErrorIs(t, g.Admit(op, ident(op)), revocation.ErrRevoked, "and RPCs follow what it found")
@@ -280,14 +282,14 @@ func TestStandbySyncOnlyReads(t *testing.T) {
 	require.True(t, g.SyncedAt().IsZero())
 	e, err := f.gate("s1").RevokeAgent(ctx(t), "i-1", "")
 	require.NoError(t, err)
-	_, err = f.store.Put(ctx(t), f.keys.Operator("op-a"), []byte(`{"id":"op-a"}`), objstore.PutOptions{})
+	_, err = f.store.Put(ctx(t), f.keys.Operator("acme", "op-a"), []byte(`{"id":"op-a"}`), objstore.PutOptions{})
 	require.NoError(t, err)
 	c := f.cert(t, pki.Identity{Tenant: "acme", Role: pki.RoleAgent, ClientID: "i-1", Shard: "s1"}, f.clock.Now())
 	require.NoError(t, g.Sync(ctx(t)))
 	require.ErrorIs(t, g.Admit(c, ident(c)), revocation.ErrRevoked, "a standby loads the list")
 	require.Equal(t, f.clock.Now(), g.SyncedAt())
 
-	require.NoError(t, f.store.Delete(ctx(t), f.keys.Operator("op-a")))
+	require.NoError(t, f.store.Delete(ctx(t), f.keys.Operator("acme", "op-a")))
 	f.clock.add(time.Hour + 2*time.Minute)
 	require.NoError(t, g.Sync(ctx(t)))
 	require.NoError(t, g.Admit(c, ident(c)), "the expired entry is out of memory")
@@ -304,4 +306,127 @@ func TestStandbySyncOnlyReads(t *testing.T) {
 	infos, err = f.store.List(ctx(t), f.keys.ClusterRevocationPrefix())
 	require.NoError(t, err)
 	require.Len(t, infos, 1, "and revokes the operator whose record vanished")
+}
+
+// requireGate is a gate that admits operators only with a record.
+func (f *fixture) requireGate(shard string) *revocation.Gate {
+	return revocation.New(revocation.Options{Store: f.store, Keys: f.keys, ClusterID: "c1", Shard: shard, ServerID: "srv",
+		OperatorValidity: 2 * time.Hour, AgentValidity: time.Hour, RequireOperatorRecords: true, Now: f.clock.Now})
+}
+
+func (f *fixture) putRecord(t *testing.T, key, tenant, id string) {
+	t.Helper()
+	_, err := f.store.Put(ctx(t), key, []byte(`{"id":"`+id+`","tenant":"`+tenant+`","uri":"spiffe://c1/tenant/`+tenant+`/operator/`+id+`"}`), objstore.PutOptions{})
+	require.NoError(t, err)
+}
+
+// TestOperatorIDsAreScopedToTheirTenant: tenants acme and beta both have
+// operator "op-x". Revoking beta's, or deleting beta's record, leaves
+// acme's admitted (finding 7 of the trust review).
+func TestOperatorIDsAreScopedToTheirTenant(t *testing.T) {
+	f := newFixture(t)
+	g1, g2 := f.requireGate("s1"), f.requireGate("s2")
+	f.putRecord(t, f.keys.Operator("acme", "op-x"), "acme", "op-x")
+	f.putRecord(t, f.keys.Operator("beta", "op-x"), "beta", "op-x")
+	f.putRecord(t, f.keys.Operator("beta", "op-y"), "beta", "op-y")
+	acme := f.cert(t, pki.Identity{Tenant: "acme", Role: pki.RoleOperator, ClientID: "op-x"}, f.clock.Now())
+	beta := f.cert(t, pki.Identity{Tenant: "beta", Role: pki.RoleOperator, ClientID: "op-x"}, f.clock.Now())
+	betaY := f.cert(t, pki.Identity{Tenant: "beta", Role: pki.RoleAdmin, ClientID: "op-y"}, f.clock.Now())
+	acmeY := f.cert(t, pki.Identity{Tenant: "acme", Role: pki.RoleOperator, ClientID: "op-y"}, f.clock.Now())
+	for _, g := range []*revocation.Gate{g1, g2} {
+		require.NoError(t, g.Sync(ctx(t)))
+		require.NoError(t, g.AdmitHandshake(acme, ident(acme)))
+		require.NoError(t, g.AdmitHandshake(beta, ident(beta)))
+		require.ErrorIs(t, g.AdmitHandshake(acmeY, ident(acmeY)), revocation.ErrRevoked, "beta's record is not acme's")
+	}
+	tenants, err := g1.OperatorTenants(ctx(t), "op-x")
+	require.NoError(t, err)
+	require.Equal(t, []string{"acme", "beta"}, tenants)
+
+	e, err := g1.RevokeOperator(ctx(t), "beta", "op-x", "beta's only")
+	require.NoError(t, err)
+	require.Equal(t, "beta", e.Tenant)
+	_, err = f.store.Head(ctx(t), f.keys.Operator("acme", "op-x"))
+	require.NoError(t, err, "acme's record stays")
+	// Someone deletes beta's op-y record by hand: revoked for beta only.
+	require.NoError(t, f.store.Delete(ctx(t), f.keys.Operator("beta", "op-y")))
+	for _, g := range []*revocation.Gate{g1, g2} {
+		require.NoError(t, g.Sync(ctx(t)))
+		require.ErrorIs(t, g.AdmitHandshake(beta, ident(beta)), revocation.ErrRevoked)
+		require.ErrorIs(t, g.Admit(betaY, ident(betaY)), revocation.ErrRevoked)
+		require.NoError(t, g.AdmitHandshake(acme, ident(acme)), "acme's op-x is someone else")
+		require.NoError(t, g.Admit(acme, ident(acme)))
+	}
+	for _, e := range g2.Entries() {
+		require.Equal(t, "beta", e.Tenant, "%+v", e)
+	}
+	// A new beta op-x registered later is not denied by the entry.
+	later := f.cert(t, pki.Identity{Tenant: "beta", Role: pki.RoleOperator, ClientID: "op-x"}, f.clock.Now().Add(time.Minute))
+	f.putRecord(t, f.keys.Operator("beta", "op-x"), "beta", "op-x")
+	require.NoError(t, g2.AdmitHandshake(later, ident(later)))
+}
+
+// TestLegacyOperatorRecords: a record of an older version
+// (cluster/operators/{id}.json) is honoured for the tenant it names, and
+// only for it; deleting it revokes that tenant's operator; revoking deletes
+// it; an entry of an older version (no tenant) still denies the id
+// everywhere until it expires.
+func TestLegacyOperatorRecords(t *testing.T) {
+	f := newFixture(t)
+	g := f.requireGate("s1")
+	f.putRecord(t, f.keys.LegacyOperator("op-l"), "acme", "op-l")
+	f.putRecord(t, f.keys.LegacyOperator("op-m"), "acme", "op-m")
+	_, err := f.store.Put(ctx(t), f.keys.LegacyOperator("op-bad"), []byte(`not json`), objstore.PutOptions{})
+	require.NoError(t, err)
+	acmeL := f.cert(t, pki.Identity{Tenant: "acme", Role: pki.RoleOperator, ClientID: "op-l"}, f.clock.Now())
+	betaL := f.cert(t, pki.Identity{Tenant: "beta", Role: pki.RoleOperator, ClientID: "op-l"}, f.clock.Now())
+	acmeM := f.cert(t, pki.Identity{Tenant: "acme", Role: pki.RoleOperator, ClientID: "op-m"}, f.clock.Now())
+	bad := f.cert(t, pki.Identity{Tenant: "acme", Role: pki.RoleOperator, ClientID: "op-bad"}, f.clock.Now())
+
+	require.NoError(t, g.Sync(ctx(t)))
+	require.NoError(t, g.AdmitHandshake(acmeL, ident(acmeL)), "read through")
+	require.NoError(t, g.Admit(acmeL, ident(acmeL)), "listed by Sync")
+	require.ErrorIs(t, g.AdmitHandshake(betaL, ident(betaL)), revocation.ErrRevoked, "the legacy record names acme")
+	require.ErrorIs(t, g.AdmitHandshake(bad, ident(bad)), revocation.ErrRevoked, "an unreadable legacy record is nobody's")
+	ops, err := g.Operators(ctx(t))
+	require.NoError(t, err)
+	require.Len(t, ops, 2)
+	require.Equal(t, []string{"acme", "op-l"}, []string{ops[0].Tenant, ops[0].ID})
+
+	// beta registers op-l: its own record; acme's legacy one is untouched.
+	f.putRecord(t, f.keys.Operator("beta", "op-l"), "beta", "op-l")
+	require.NoError(t, g.Sync(ctx(t)))
+	require.NoError(t, g.Admit(acmeL, ident(acmeL)))
+	require.NoError(t, g.Admit(betaL, ident(betaL)))
+
+	// The legacy record of op-m deleted by hand: acme's op-m is revoked.
+	require.NoError(t, f.store.Delete(ctx(t), f.keys.LegacyOperator("op-m")))
+	require.NoError(t, g.Sync(ctx(t)))
+	require.ErrorIs(t, g.Admit(acmeM, ident(acmeM)), revocation.ErrRevoked)
+
+	// acme re-registered op-m after the upgrade while the legacy record
+	// stayed: revoking deletes both.
+	f.putRecord(t, f.keys.LegacyOperator("op-n"), "acme", "op-n")
+	f.putRecord(t, f.keys.Operator("acme", "op-n"), "acme", "op-n")
+	_, err = g.RevokeOperator(ctx(t), "acme", "op-n", "")
+	require.NoError(t, err)
+	for _, k := range []string{f.keys.LegacyOperator("op-n"), f.keys.Operator("acme", "op-n")} {
+		_, err = f.store.Head(ctx(t), k)
+		require.ErrorIs(t, err, objstore.ErrNotFound, k)
+	}
+
+	// Revoking acme's op-l deletes the legacy record, not beta's.
+	_, err = g.RevokeOperator(ctx(t), "acme", "op-l", "")
+	require.NoError(t, err)
+	_, err = f.store.Head(ctx(t), f.keys.LegacyOperator("op-l"))
+	require.ErrorIs(t, err, objstore.ErrNotFound)
+	require.NoError(t, g.Sync(ctx(t)))
+	require.ErrorIs(t, g.Admit(acmeL, ident(acmeL)), revocation.ErrRevoked)
+	require.NoError(t, g.Admit(betaL, ident(betaL)))
+
+	// An entry of an older version names no tenant: it denies the id in
+	// every tenant, as it did when it was written.
+	_, err = g.Revoke(ctx(t), revocation.Entry{Kind: revocation.KindOperator, Subject: "op-l"})
+	require.NoError(t, err)
+	require.ErrorIs(t, g.Admit(betaL, ident(betaL)), revocation.ErrRevoked)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/agent/identity"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
+	"github.com/nstance-dev/nstance/pkg/objstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -30,7 +31,12 @@ type operatorConn struct {
 
 func openOperator(t *testing.T, sh *shardtest.Shard, id string) operatorConn {
 	t.Helper()
-	tc, err := sh.OperatorTLS("acme", pki.RoleOperator, id)
+	return openOperatorOf(t, sh, "acme", id)
+}
+
+func openOperatorOf(t *testing.T, sh *shardtest.Shard, tenant, id string) operatorConn {
+	t.Helper()
+	tc, err := sh.OperatorTLS(tenant, pki.RoleOperator, id)
 	require.NoError(t, err)
 	conn, err := grpc.NewClient(sh.OperatorAddr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
 	require.NoError(t, err)
@@ -101,10 +107,10 @@ func TestRevokedOperatorIsRefusedAtOnce(t *testing.T) {
 	a, b := openOperator(t, sh, "op-a"), openOperator(t, sh, "op-b")
 	watchA, watchB := openWatch(t, a.c), openWatch(t, b.c)
 
-	e, err := sh.Revocations.RevokeOperator(ctxT(t), "op-a", "test")
+	e, err := sh.Revocations.RevokeOperator(ctxT(t), "acme", "op-a", "test")
 	require.NoError(t, err)
 	require.Equal(t, "spiffe://test-cluster/tenant/acme/operator/op-a", e.URI)
-	_, err = sh.Store.Head(ctxT(t), sh.Keys.Operator("op-a"))
+	_, err = sh.Store.Head(ctxT(t), sh.Keys.Operator("acme", "op-a"))
 	require.Error(t, err, "the record is deleted")
 	requireRefused(t, sh, a, watchA)
 	requireWorks(t, sh, b)
@@ -134,7 +140,7 @@ func TestDeletedOperatorRecord(t *testing.T) {
 			if seen {
 				require.NoError(t, sh.Revocations.Sync(ctxT(t)))
 			}
-			require.NoError(t, sh.Store.Delete(ctxT(t), sh.Keys.Operator("op-a")))
+			require.NoError(t, sh.Store.Delete(ctxT(t), sh.Keys.Operator("acme", "op-a")))
 			// At once: RenewCertificate and the next handshake read the record.
 			_, err := a.c.RenewCertificate(ctxT(t), &nstancev1.RenewCertificateRequest{})
 			require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
@@ -279,4 +285,29 @@ func TestAdminRevocationRPCs(t *testing.T) {
 	ops, err = admin.ListOperators(ctxT(t), &nstancev1.ListOperatorsRequest{})
 	require.NoError(t, err)
 	require.Len(t, ops.GetOperators(), 2, "op-a's record is gone")
+}
+
+// TestLegacyOperatorRecordAfterUpgrade: an operator registered by a version
+// before tenant-scoped ids has its record at cluster/operators/{id}.json;
+// after the upgrade it keeps working and renewing (the renewal is recorded
+// where the record is), and nothing is revoked.
+func TestLegacyOperatorRecordAfterUpgrade(t *testing.T) {
+	sh := shardtest.Start(t, shardtest.Options{RequireOperatorRecords: true})
+	a := openOperator(t, sh, "op-a")
+	obj, err := sh.Store.Get(ctxT(t), sh.Keys.Operator("acme", "op-a"))
+	require.NoError(t, err)
+	_, err = sh.Store.Put(ctxT(t), sh.Keys.LegacyOperator("op-a"), obj.Body, objstore.PutOptions{})
+	require.NoError(t, err)
+	require.NoError(t, sh.Store.Delete(ctxT(t), sh.Keys.Operator("acme", "op-a")))
+	require.NoError(t, sh.Revocations.Sync(ctxT(t)))
+	requireWorks(t, sh, a)
+	require.NoError(t, sh.Revocations.Sync(ctxT(t)))
+	require.Empty(t, sh.Revocations.Entries())
+	after, err := sh.Store.Get(ctxT(t), sh.Keys.LegacyOperator("op-a"))
+	require.NoError(t, err)
+	require.NotEqual(t, string(obj.Body), string(after.Body), "the renewal is recorded in the legacy record")
+	// Another tenant's operator of that id is not admitted by it.
+	other := openOperatorOf(t, sh, "beta", "op-a")
+	require.NoError(t, sh.Store.Delete(ctxT(t), sh.Keys.Operator("beta", "op-a")))
+	require.ErrorContains(t, clientHandshake(t, sh.OperatorAddr, other.tc), "bad certificate")
 }

@@ -355,7 +355,7 @@ func (s *Shard) OperatorTLS(tenant string, role pki.Role, id string) (*tls.Confi
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.Store.Put(context.Background(), s.Keys.Operator(id), rec, objstore.PutOptions{}); err != nil {
+	if _, err := s.Store.Put(context.Background(), s.Keys.Operator(tenant, id), rec, objstore.PutOptions{}); err != nil {
 		return nil, fmt.Errorf("writing operator record: %w", err)
 	}
 	tc := tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: priv, Leaf: cert}

@@ -73,6 +73,11 @@ type Shard struct {
 	HandshakesAborted atomic.Int64
 	// Refused counts deliveries the Agent service refused to send (OnRefused).
 	Refused atomic.Int64
+	// Revoked counts instances whose agent certificates the Agent service
+	// revoked (RevokeInstance: two holders of one identity).
+	Revoked atomic.Int64
+	// TwoHolderGrace is passed to agentapi (set before Start).
+	TwoHolderGrace time.Duration
 
 	mu        sync.Mutex
 	instances map[string]*Instance
@@ -163,7 +168,11 @@ func (s *Shard) Start() error {
 		Shard: ShardID, Source: src, Keys: s.Keys, Signer: &agentapi.WorkloadSigner{CA: s.WorkloadCA, MaxValidity: time.Hour, Policy: policy},
 		Health: s.Health, Log: s.log.WithName("agentapi"), RepushInterval: s.RepushInterval,
 		OnRefused:     func(agentapi.Ref, error) { s.Refused.Add(1) },
-		RenewIdentity: issuer.RenewAgentPEM,
+		RenewIdentity: issuer.RenewAgentPEM, TwoHolderGrace: s.TwoHolderGrace,
+		RevokeInstance: func(context.Context, string, string) error {
+			s.Revoked.Add(1)
+			return nil
+		},
 	})
 	if err != nil {
 		return err

@@ -202,7 +202,7 @@ func NewENI(ctx context.Context, c ENIConfig, extra ...func(*awsconfig.LoadOptio
 	}
 	md := c.IMDS
 	if md == nil && (c.Region == "" || c.InstanceID == "") {
-		md = imds.New(imds.Options{})
+		md = imds.New(imds.Options{EnableFallback: awssdk.FalseTernary}) // IMDSv2 only
 	}
 	if c.InstanceID == "" || c.Region == "" {
 		doc, err := md.GetInstanceIdentityDocument(ctx, &imds.GetInstanceIdentityDocumentInput{})

@@ -202,8 +202,13 @@ func (p *Provider) runInput(req provider.CreateRequest) (*ec2.RunInstancesInput,
 			{ResourceType: types.ResourceTypeInstance, Tags: tags},
 			{ResourceType: types.ResourceTypeVolume, Tags: tags},
 		},
-		// IMDSv2 only: the agent reads the spot notice with a session token.
-		MetadataOptions:  &types.InstanceMetadataOptionsRequest{HttpTokens: types.HttpTokensStateRequired, HttpEndpoint: types.InstanceMetadataEndpointStateEnabled},
+		// IMDSv2 only (the agent reads the spot notice with a session
+		// token), and a token's PUT response travels one hop: processes of
+		// the node's own network namespace get one, pods behind it (one
+		// hop more) do not, so they cannot read the user data (the agent's
+		// nonce) or the instance's role credentials.
+		MetadataOptions: &types.InstanceMetadataOptionsRequest{HttpTokens: types.HttpTokensStateRequired,
+			HttpPutResponseHopLimit: awssdk.Int32(1), HttpEndpoint: types.InstanceMetadataEndpointStateEnabled},
 		SecurityGroupIds: spec.securityGroups,
 	}
 	if spec.imageID != "" {

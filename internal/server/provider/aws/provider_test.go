@@ -103,6 +103,7 @@ func TestCreateListStatusDelete(t *testing.T) {
 	in := h.ec2.RunInputs()[0]
 	require.Equal(t, "web-00000002", awssdk.ToString(in.ClientToken), "the instance id is the client token")
 	require.Equal(t, types.HttpTokensStateRequired, in.MetadataOptions.HttpTokens, "IMDSv2 only")
+	require.Equal(t, int32(1), awssdk.ToInt32(in.MetadataOptions.HttpPutResponseHopLimit), "one hop: pods get no IMDS token")
 	require.Equal(t, []string{"sg-1"}, in.SecurityGroupIds)
 	require.Nil(t, in.InstanceMarketOptions, "on-demand by default")
 	require.Len(t, in.TagSpecifications, 2, "instance and volumes are tagged")

@@ -264,6 +264,8 @@ func TestWire(t *testing.T) {
 			assert.Equal(t, []string{"sg-1", "sg-2"}, params(f, "SecurityGroupId"))
 			assert.Equal(t, "nstance-agent", f.Get("IamInstanceProfile.Name"))
 			assert.Equal(t, "required", f.Get("MetadataOptions.HttpTokens"))
+			assert.Equal(t, "1", f.Get("MetadataOptions.HttpPutResponseHopLimit"), "pods get no IMDS token")
+			assert.Equal(t, "enabled", f.Get("MetadataOptions.HttpEndpoint"))
 			assert.Equal(t, "spot", f.Get("InstanceMarketOptions.MarketType"))
 			assert.Equal(t, "0.05", f.Get("InstanceMarketOptions.SpotOptions.MaxPrice"))
 			assert.Equal(t, "one-time", f.Get("InstanceMarketOptions.SpotOptions.SpotInstanceType"))

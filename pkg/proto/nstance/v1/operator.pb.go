@@ -2319,7 +2319,9 @@ type Revocation struct {
 	// Who revoked: the admin's identity URI, or the server id for revocations the server made itself.
 	RevokedBy string `protobuf:"bytes,10,opt,name=revoked_by,json=revokedBy,proto3" json:"revoked_by,omitempty"`
 	// Why, as given by the admin or the server.
-	Reason        string `protobuf:"bytes,11,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,11,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Tenant of the operator (kind operator); empty on entries of versions before operator ids were scoped to their tenant, which deny the id in every tenant.
+	Tenant        string `protobuf:"bytes,12,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2431,6 +2433,13 @@ func (x *Revocation) GetReason() string {
 	return ""
 }
 
+func (x *Revocation) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
 // ListRevocationsRequest asks for the enforced revocations.
 type ListRevocationsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2526,7 +2535,9 @@ type RevokeRequest struct {
 	//	*RevokeRequest_Serial
 	Target isRevokeRequest_Target `protobuf_oneof:"target"`
 	// Why; recorded with the entry.
-	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Tenant of operator_id: operator ids are scoped to their tenant, so one id may be registered in several tenants. Required when operator_id has records in more than one tenant or in none; otherwise the tenant that has it.
+	Tenant        string `protobuf:"bytes,5,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2598,6 +2609,13 @@ func (x *RevokeRequest) GetSerial() string {
 func (x *RevokeRequest) GetReason() string {
 	if x != nil {
 		return x.Reason
+	}
+	return ""
+}
+
+func (x *RevokeRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
 	}
 	return ""
 }
@@ -2815,7 +2833,7 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"\rregistered_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\fregisteredAt\x12#\n" +
 	"\rregistered_by\x18\b \x01(\tR\fregisteredBy\"W\n" +
 	"\x15ListOperatorsResponse\x12>\n" +
-	"\toperators\x18\x01 \x03(\v2 .nstance.v1.OperatorRegistrationR\toperators\"\x94\x03\n" +
+	"\toperators\x18\x01 \x03(\v2 .nstance.v1.OperatorRegistrationR\toperators\"\xac\x03\n" +
 	"\n" +
 	"Revocation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
@@ -2832,17 +2850,19 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"\n" +
 	"revoked_by\x18\n" +
 	" \x01(\tR\trevokedBy\x12\x16\n" +
-	"\x06reason\x18\v \x01(\tR\x06reason\"\x18\n" +
+	"\x06reason\x18\v \x01(\tR\x06reason\x12\x16\n" +
+	"\x06tenant\x18\f \x01(\tR\x06tenant\"\x18\n" +
 	"\x16ListRevocationsRequest\"S\n" +
 	"\x17ListRevocationsResponse\x128\n" +
-	"\vrevocations\x18\x01 \x03(\v2\x16.nstance.v1.RevocationR\vrevocations\"\x91\x01\n" +
+	"\vrevocations\x18\x01 \x03(\v2\x16.nstance.v1.RevocationR\vrevocations\"\xa9\x01\n" +
 	"\rRevokeRequest\x12!\n" +
 	"\voperator_id\x18\x01 \x01(\tH\x00R\n" +
 	"operatorId\x12!\n" +
 	"\vinstance_id\x18\x02 \x01(\tH\x00R\n" +
 	"instanceId\x12\x18\n" +
 	"\x06serial\x18\x03 \x01(\tH\x00R\x06serial\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reasonB\b\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06tenant\x18\x05 \x01(\tR\x06tenantB\b\n" +
 	"\x06target\"H\n" +
 	"\x0eRevokeResponse\x126\n" +
 	"\n" +
