@@ -226,12 +226,14 @@ type countingStore struct {
 	objstore.Store
 	mu     sync.Mutex
 	gets   int
+	got    []string // the keys read, for a failure's message
 	listed []string
 }
 
 func (s *countingStore) Get(ctx context.Context, key string) (*objstore.Object, error) {
 	s.mu.Lock()
 	s.gets++
+	s.got = append(s.got, key)
 	s.mu.Unlock()
 	return s.Store.Get(ctx, key)
 }
@@ -247,7 +249,7 @@ func (s *countingStore) reset() (gets int, listed []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	gets, listed = s.gets, s.listed
-	s.gets, s.listed = 0, nil
+	s.gets, s.got, s.listed = 0, nil, nil
 	return gets, listed
 }
 
@@ -306,6 +308,9 @@ func TestWarmTakeoverReadsOnlyChanges(t *testing.T) {
 		next := newCachedFleet(t, store, p, db)
 		stopNext := runFleet(t, next)
 		require.Eventually(t, next.Reconciler.Verified, 5*time.Second, time.Millisecond)
+		store.mu.Lock()
+		got := append([]string(nil), store.got...)
+		store.mu.Unlock()
 		gets, listed := store.reset()
 		stopNext()
 		require.ElementsMatch(t, []string{keys.InstancePrefix("s1"), keys.TenantGroupsPrefix("s1")}, listed,
@@ -314,7 +319,7 @@ func TestWarmTakeoverReadsOnlyChanges(t *testing.T) {
 		if change {
 			want++
 		}
-		require.Equal(t, want, gets, "round %d: storage reads at takeover", round)
+		require.Equal(t, want, gets, "round %d: storage reads at takeover: %q", round, got)
 		require.Len(t, next.Instances.List(nil), 30)
 	}
 }
