@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -26,6 +27,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/secrets"
 	"github.com/nstance-dev/nstance/internal/server/app"
+	"github.com/nstance-dev/nstance/internal/workloadca"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -333,9 +335,17 @@ func TestRotateEncryptionKey(t *testing.T) {
 	require.NoError(t, err)
 	newOnly, err := secrets.NewKeyring(newK)
 	require.NoError(t, err)
+	oldOnly, err := secrets.NewKeyring(oldK)
+	require.NoError(t, err)
+	// A tenant's workload CA, as a shard leader creates it on first use: its
+	// key is one more envelope the rotation re-seals.
+	wca := &workloadca.Store{Objects: a.store, Secrets: &secrets.Store{Objects: a.store, Ring: oldOnly}, Keys: keys,
+		ClusterID: "example-cluster", Validity: 24 * time.Hour, Log: logr.Discard()}
+	_, err = wca.CA(ctx, "default")
+	require.NoError(t, err)
 	envelopes, err := a.store.List(ctx, keys.SecretPrefix())
 	require.NoError(t, err)
-	require.Len(t, envelopes, 3, "CA key, workload CA key, nonce-signing key")
+	require.Len(t, envelopes, 3, "CA key, tenant default's workload CA key, nonce-signing key")
 	before := map[string][]byte{}
 	for _, e := range envelopes {
 		pt, err := (&secrets.Store{Objects: a.store, Ring: both}).Get(ctx, e.Key)
