@@ -309,14 +309,15 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	for _, kv := range append(append([]string{}, p.cfg.Env...), localagent.Env(p.cfg.StateDir, req)...) {
 		opts = append(opts, "-e", kv)
 	}
-	// remain-on-exit is switched on right after creation so an exited agent
-	// shows as a dead pane (stopped); one that exits before that leaves no
-	// window, which reads as gone. Both lead to a replacement.
+	// remain-on-exit is switched on in the same tmux command list that makes
+	// the window (tmux runs a list before it handles the child's exit), so
+	// an agent that exits at once still shows as a dead pane (stopped)
+	// rather than as no window (gone).
 	opts = append(opts, p.cfg.Command)
 	target := "=" + p.cfg.Session + ":=" + name
 	// The shard marker is set in the same tmux command list as the window
 	// is made, so no other client sees the window without it.
-	mark := []string{";", "set-option", "-w", "-t", target, ShardOption, p.cfg.Shard}
+	mark := []string{";", "set-option", "-w", "-t", target, ShardOption, p.cfg.Shard, ";", "set-option", "-w", "-t", target, "remain-on-exit", "on"}
 	newWindow := append(append([]string{"new-window", "-d", "-t", "=" + p.cfg.Session + ":", "-n", name}, opts...), mark...)
 	if p.sessionExists(ctx) {
 		_, err = p.tmux(ctx, newWindow...)
@@ -332,7 +333,6 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 		_ = localagent.Cleanup(p.cfg.StateDir, req.InstanceID)
 		return provider.Instance{}, fmt.Errorf("tmux create %s: %w", req.InstanceID, err)
 	}
-	_, _ = p.tmux(ctx, "set-option", "-w", "-t", target, "remain-on-exit", "on")
 	_, _ = p.tmux(ctx, "set-environment", "-t", "="+p.cfg.Session, localagent.EnvProviderID+"_"+strings.ReplaceAll(req.InstanceID, "-", "_"), req.ProviderID)
 	p.pmu.Lock()
 	p.providerIDs[req.InstanceID] = req.ProviderID

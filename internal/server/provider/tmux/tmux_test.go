@@ -97,7 +97,7 @@ func socketOf(t *testing.T, p *tmux.Provider) string {
 
 func TestExitedCommandIsStopped(t *testing.T) {
 	ctx := context.Background()
-	p, _, _, _ := newProvider(t, "sleep 0.5; exit 3")
+	p, _, _, _ := newProvider(t, "exit 3")
 	_, err := p.Create(ctx, provider.CreateRequest{InstanceID: "x-1", ProviderID: "nstance://c/s/x-1"})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {

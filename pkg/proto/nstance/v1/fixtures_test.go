@@ -281,9 +281,9 @@ func fixtures() []fixture {
 			ExpiresAt: ts(90 * 24 * time.Hour), RegisteredAt: ts(-time.Hour), RegisteredBy: "server-a",
 		}}}},
 		{"ListRevocationsResponse", &nstancev1.ListRevocationsResponse{Revocations: []*nstancev1.Revocation{revocation()}}},
-		{"RevokeRequest", &nstancev1.RevokeRequest{Target: &nstancev1.RevokeRequest_InstanceId{InstanceId: "web-0a1b2c3d"}, Reason: "compromised"}},
-		{"RevokeRequestOperator", &nstancev1.RevokeRequest{Target: &nstancev1.RevokeRequest_OperatorId{OperatorId: "op-1"}, Reason: "left"}},
-		{"RevokeRequestSerial", &nstancev1.RevokeRequest{Target: &nstancev1.RevokeRequest_Serial{Serial: "42"}, Reason: "key lost"}},
+		{"RevokeRequest", &nstancev1.RevokeRequest{Target: &nstancev1.RevokeRequest_InstanceId{InstanceId: "web-0a1b2c3d"}, Reason: "compromised", Tenant: "acme"}},
+		{"RevokeRequestOperator", &nstancev1.RevokeRequest{Target: &nstancev1.RevokeRequest_OperatorId{OperatorId: "op-1"}, Reason: "left", Tenant: "acme"}},
+		{"RevokeRequestSerial", &nstancev1.RevokeRequest{Target: &nstancev1.RevokeRequest_Serial{Serial: "42"}, Reason: "key lost", Tenant: "acme"}},
 		{"RevokeResponse", &nstancev1.RevokeResponse{Revocation: revocation()}},
 	}
 }
@@ -293,5 +293,6 @@ func revocation() *nstancev1.Revocation {
 		Id: "9f86d081884c7d659a2feaa0c55ad015", Kind: nstancev1.RevocationKind_REVOCATION_KIND_AGENT, Subject: "web-0a1b2c3d",
 		Shard: "dev-1", Serial: "42", Uri: "spiffe://cluster-7/tenant/acme/agent/web-0a1b2c3d", IssuedBefore: ts(0),
 		ExpiresAt: ts(30 * 24 * time.Hour), RevokedAt: ts(time.Second), RevokedBy: "server-a", Reason: "compromised",
+		Tenant: "acme",
 	}
 }
