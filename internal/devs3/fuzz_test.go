@@ -22,6 +22,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	"github.com/go-logr/logr"
+	"golang.org/x/net/http/httpguts"
 )
 
 var (
@@ -154,11 +155,17 @@ func signedPair(t *testing.T, method, target, hdrName, hdrValue string, body []b
 		return nil, false
 	}
 	if hdrName != "" {
+		if !httpguts.ValidHeaderFieldName(hdrName) || !httpguts.ValidHeaderFieldValue(hdrValue) {
+			return nil, false // an HTTP server refuses such a header line
+		}
 		req.Header.Set(hdrName, hdrValue)
 	}
 	req.Header.Set("X-Amz-Content-Sha256", payload)
 	signer := v4.NewSigner(func(o *v4.SignerOptions) { o.DisableURIPathEscaping = true })
 	if presign {
+		q := req.URL.Query() // as the SDK's presign client: the lifetime is in the query
+		q.Set("X-Amz-Expires", "900")
+		req.URL.RawQuery = q.Encode()
 		u, _, err := signer.PresignHTTP(context.Background(), fuzzCreds, req, payload, "s3", "us-east-1", fuzzAt)
 		if err != nil {
 			return nil, false
