@@ -4,9 +4,10 @@
 # its CPU time (user+sys of the fuzzing process and its workers).
 #
 #   FUZZTIME          how long one run of a target fuzzes (go's -fuzztime; default 1m)
-#   FUZZ_CPU_MINUTES  when set, a target is run again and again (FUZZTIME each)
-#                     until its cumulative CPU time reaches this many minutes;
-#                     the corpus Go keeps in GOCACHE/fuzz carries over
+#   FUZZ_CPU_MINUTES  when set, targets run in rounds (each one FUZZTIME per
+#                     round) until each one's cumulative CPU time reaches this
+#                     many minutes; the corpus Go keeps in GOCACHE/fuzz carries
+#                     over
 #   FUZZ_PARALLEL     fuzzing workers per target (go's -parallel; default 2)
 #   FUZZ_TARGETS      extended regexp selecting targets by "<package dir>.<FuzzName>"
 #
@@ -95,57 +96,80 @@ fi
 echo "fuzz: ${#selected[@]} targets, FUZZTIME=$FUZZTIME per run, -parallel $FUZZ_PARALLEL${FUZZ_CPU_MINUTES:+, until $FUZZ_CPU_MINUTES CPU-minutes each}"
 
 failed=()
-summary=()
+names=() dirs=() pkgs=() bins=() cpu_total=() wall_total=() runs=() outcome=()
 for t in "${selected[@]}"; do
 	dir=${t% *}
 	name=${t#* }
 	pkg=$(cd "$dir" && $GO list -f '{{.ImportPath}}' .)
 	bin="$work/$(echo "$dir" | tr / _).test"
+	state=running
 	if [[ ! -x $bin ]]; then
 		echo "fuzz: building $pkg"
 		if ! $GO test -c -fuzz "^$name\$" -o "$bin" "./$dir"; then
 			failed+=("$name ($dir): build failed")
-			summary+=("$(printf '%-40s %-36s build failed' "$name" "$dir")")
-			continue
+			state="build failed"
 		fi
 	fi
-	cpu_total=0 wall_total=0 runs=0 outcome=ok
-	while :; do
-		runs=$((runs + 1))
-		log="$work/$name.$runs.log"
-		children_cpu
-		cpu0=$CHILDREN_CPU_MS
-		wall0=$(now_ms)
-		rc=0
-		(cd "$dir" && "$bin" -test.run '^$' -test.fuzz "^$name\$" -test.fuzztime "$FUZZTIME" \
-			-test.parallel "$FUZZ_PARALLEL" -test.fuzzcachedir "$cache/$pkg") >"$log" 2>&1 || rc=$?
-		children_cpu
-		cpu=$((CHILDREN_CPU_MS - cpu0))
-		wall=$(($(now_ms) - wall0))
-		cpu_total=$((cpu_total + cpu))
-		wall_total=$((wall_total + wall))
-		last=$(grep -E '^fuzz: elapsed' "$log" | tail -n 1 || true)
-		echo "fuzz: $name ($dir) run $runs: wall $(fmt_s "$wall")s cpu $(fmt_s "$cpu")s (total cpu $(fmt_s "$cpu_total")s) ${last#fuzz: }"
-		if [[ $rc -ne 0 ]]; then
-			cat "$log"
-			crash=$(grep -oE 'testdata/fuzz/[^ ]+' "$log" | grep "/$name/" | tail -n 1 || true)
-			if [[ -n $crash ]]; then
-				outcome="CRASH $dir/$crash"
-				failed+=("$name ($dir): crashed; input written to $dir/$crash (go test -run '$name/${crash##*/}' ./$dir reproduces it)")
-			else
-				outcome="FAILED (exit $rc)"
-				failed+=("$name ($dir): exited $rc without a crash file (see the output above)")
-			fi
-			break
+	names+=("$name") dirs+=("$dir") pkgs+=("$pkg") bins+=("$bin")
+	cpu_total+=(0) wall_total+=(0) runs+=(0) outcome+=("$state")
+done
+
+# run_once i fuzzes target i for FUZZTIME and adds its wall and CPU time.
+run_once() {
+	local i=$1 name=${names[$1]} dir=${dirs[$1]} rc=0 cpu0 wall0 cpu wall log last crash
+	runs[i]=$((runs[i] + 1))
+	log="$work/$name.${runs[i]}.log"
+	children_cpu
+	cpu0=$CHILDREN_CPU_MS
+	wall0=$(now_ms)
+	(cd "$dir" && "${bins[i]}" -test.run '^$' -test.fuzz "^$name\$" -test.fuzztime "$FUZZTIME" \
+		-test.parallel "$FUZZ_PARALLEL" -test.fuzzcachedir "$cache/${pkgs[i]}") >"$log" 2>&1 || rc=$?
+	children_cpu
+	cpu=$((CHILDREN_CPU_MS - cpu0))
+	wall=$(($(now_ms) - wall0))
+	cpu_total[i]=$((cpu_total[i] + cpu))
+	wall_total[i]=$((wall_total[i] + wall))
+	last=$(grep -E '^fuzz: elapsed' "$log" | tail -n 1 || true)
+	echo "fuzz: $name ($dir) run ${runs[i]}: wall $(fmt_s "$wall")s cpu $(fmt_s "$cpu")s" \
+		"(total cpu $(fmt_s "${cpu_total[i]}")s = $(cpu_min "${cpu_total[i]}") CPU-min) ${last#fuzz: }"
+	if [[ $rc -ne 0 ]]; then
+		cat "$log"
+		crash=$(grep -oE 'testdata/fuzz/[^ ]+' "$log" | grep "/$name/" | tail -n 1 || true)
+		if [[ -n $crash ]]; then
+			outcome[i]="CRASH $dir/$crash"
+			failed+=("$name ($dir): crashed; input written to $dir/$crash (go test -run '$name/${crash##*/}' ./$dir reproduces it)")
+		else
+			outcome[i]="FAILED (exit $rc)"
+			failed+=("$name ($dir): exited $rc without a crash file (see the output above)")
 		fi
-		if [[ $goal_ms -eq 0 || $cpu_total -ge $goal_ms ]]; then
-			break
+	elif [[ $goal_ms -eq 0 || ${cpu_total[i]} -ge $goal_ms ]]; then
+		outcome[i]=ok
+	fi
+}
+
+cpu_min() { awk -v ms="$1" 'BEGIN { printf "%.2f", ms / 60000 }'; }
+
+# Rounds: each target still short of its CPU goal runs once per round, so
+# an interrupted campaign has spread its time over every target.
+while :; do
+	active=0
+	for i in "${!names[@]}"; do
+		if [[ ${outcome[i]} == running ]]; then
+			run_once "$i"
+			if [[ ${outcome[i]} == running ]]; then
+				active=1
+			fi
 		fi
 	done
-	cpu_min=$(awk -v ms="$cpu_total" 'BEGIN { printf "%.2f", ms / 60000 }')
-	summary+=("$(printf '%-40s %-36s runs %3d  wall %8ss  cpu %8ss = %6s CPU-min  %s' "$name" "$dir" "$runs" \
-		"$(fmt_s "$wall_total")" "$(fmt_s "$cpu_total")" "$cpu_min" "$outcome")")
-	echo "fuzz: ${summary[-1]}"
+	if [[ $active -eq 0 ]]; then
+		break
+	fi
+done
+
+summary=()
+for i in "${!names[@]}"; do
+	summary+=("$(printf '%-22s %-30s runs %3d  wall %8ss  cpu %8ss = %6s CPU-min  %s' "${names[i]}" "${dirs[i]}" \
+		"${runs[i]}" "$(fmt_s "${wall_total[i]}")" "$(fmt_s "${cpu_total[i]}")" "$(cpu_min "${cpu_total[i]}")" "${outcome[i]}")")
 done
 
 echo
