@@ -443,3 +443,28 @@ func FuzzMultipart(f *testing.F) {
 		}
 	})
 }
+
+// TestKeyNotUTF8Refused is the regression test of the FuzzMultipart finding
+// testdata/fuzz/FuzzMultipart/bee2bd67d289c8a0: a key of invalid UTF-8 was
+// accepted by CreateMultipartUpload, stored in upload.json as U+FFFD, and
+// every UploadPart for it then answered NoSuchUpload. Such keys are now
+// refused up front (objstore.ValidateKey), for every operation.
+func TestKeyNotUTF8Refused(t *testing.T) {
+	s, err := New(Config{Dir: t.TempDir(), Log: logr.Discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ method, target string }{
+		{http.MethodPost, "/dev/%E2?uploads"},
+		{http.MethodPut, "/dev/a/%FF.txt"},
+		{http.MethodGet, "/dev/%C3%28"},
+	} {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(c.method, c.target, strings.NewReader("x"))
+		req.Header.Set("Content-Length", "1")
+		s.Handler().ServeHTTP(rec, req)
+		if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), "InvalidArgument") {
+			t.Errorf("%s %s: %d %s, want 400 InvalidArgument", c.method, c.target, rec.Code, rec.Body.String())
+		}
+	}
+}
