@@ -118,6 +118,12 @@ chaos: ## Long fault-injection runs (test/chaos): 20 leader handovers, a 20 s SI
 test-attack: ## The black-box attack suite alone (test/attack, also part of test-go), one line per case.
 	$(GO) test -count=1 -v -run TestAttack ./test/attack
 
+FUZZTIME ?= 1m
+FUZZ_PARALLEL ?= 2
+.PHONY: fuzz
+fuzz: ## Run every Go fuzz target for FUZZTIME each (default 1m); FUZZ_CPU_MINUTES=10 repeats each until 10 CPU-minutes; FUZZ_TARGETS=regexp selects. Prints wall and CPU time per target; fails on a crash.
+	FUZZTIME='$(FUZZTIME)' FUZZ_CPU_MINUTES='$(FUZZ_CPU_MINUTES)' FUZZ_PARALLEL='$(FUZZ_PARALLEL)' FUZZ_TARGETS='$(FUZZ_TARGETS)' scripts/fuzz.sh
+
 .PHONY: lint
 lint: ## gofmt and go vet.
 	@files=$$(git ls-files '*.go' | grep -v '^scripts/envtest/'); \

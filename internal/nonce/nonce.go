@@ -113,11 +113,19 @@ func checkClaims(c *Claims) error {
 	if err := layout.ValidateID("tenant", c.Tenant); err != nil {
 		return fmt.Errorf("%w: %v", ErrClaims, err)
 	}
-	if c.ClusterID == "" {
-		return fmt.Errorf("%w: cluster is empty", ErrClaims)
+	// Cluster, shard and group are IDs too (config validates them so): a
+	// value that is not, e.g. invalid UTF-8, which JSON encoding replaces,
+	// would verify as a different value than Mint was given.
+	if err := layout.ValidateID("cluster", c.ClusterID); err != nil {
+		return fmt.Errorf("%w: %v", ErrClaims, err)
 	}
-	if c.Kind == KindAgent {
+	if c.Kind == KindAgent || c.Shard != "" {
 		if err := layout.ValidateID("shard", c.Shard); err != nil {
+			return fmt.Errorf("%w: %v", ErrClaims, err)
+		}
+	}
+	if c.Group != "" {
+		if err := layout.ValidateID("group", c.Group); err != nil {
 			return fmt.Errorf("%w: %v", ErrClaims, err)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // MaxKeyLength is the longest key, in bytes, that any backend accepts.
@@ -80,6 +81,9 @@ func ValidateKey(key string) error {
 		return fmt.Errorf("%w: %q contains an empty segment", ErrInvalidKey, key)
 	case strings.ContainsRune(key, 0):
 		return fmt.Errorf("%w: %q contains a NUL byte", ErrInvalidKey, key)
+	case !utf8.ValidString(key):
+		// S3 keys are UTF-8; JSON and XML would carry another key.
+		return fmt.Errorf("%w: %q is not valid UTF-8", ErrInvalidKey, key)
 	}
 	for _, seg := range strings.Split(key, "/") {
 		if seg == ".." {
