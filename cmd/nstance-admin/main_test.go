@@ -124,7 +124,9 @@ func TestBinary(t *testing.T) {
 			url := await(t, lines, regexp.MustCompile(`"msg":"serving the status page and the HTTP API".*"url":"http://([0-9.:]+)"`))[1]
 			tok, err := os.ReadFile(tokenFile)
 			require.NoError(t, err)
-			// The new token is printed once, in the page's URL, on stdout.
+			// The new token is printed once, in the page's URL, on stdout
+			// (copied from the pipe apart from stderr: wait for the line).
+			require.Eventually(t, func() bool { return strings.Contains(out.String(), "?token=") }, 10*time.Second, 10*time.Millisecond)
 			require.Equal(t, 1, strings.Count(out.String(), strings.TrimSpace(string(tok))), out.String())
 			require.Contains(t, out.String(), "http://"+url+"/?token="+strings.TrimSpace(string(tok)))
 			get := func(path string) *http.Response {
