@@ -17,7 +17,7 @@ import (
 // fuzzServer is one dev-k8s API server per fuzzing process, with the
 // NstanceMachine CRD installed and a ConfigMap "cm", a Pod "p" and an
 // NstanceMachine "m" to update and patch.
-func fuzzServer(f *testing.F) (*Server, string) {
+func fuzzServer(f testing.TB) (*Server, string) {
 	dir := f.TempDir()
 	crd := filepath.Join("..", "..", "..", "config", "crd", "bases", "infrastructure.cluster.x-k8s.io_nstancemachines.yaml")
 	ctx, cancel := context.WithCancel(context.Background())
