@@ -132,10 +132,14 @@ func TestUnreadableNonceIsDefinite(t *testing.T) {
 func TestNotYetValidIsBoundedBySkewAllowance(t *testing.T) {
 	s, o := start(t, status.Error(codes.FailedPrecondition, "not valid yet"))
 	o.SkewAllowance = 150 * time.Millisecond
+	start := time.Now()
 	err := Ensure(context.Background(), o)
 	require.ErrorIs(t, err, ErrRefused)
 	require.ErrorContains(t, err, "clock")
-	require.Greater(t, s.calls, 2)
+	// Retried (not refused at the first answer) until the allowance passed;
+	// how many calls fit in it depends on the machine's load.
+	require.GreaterOrEqual(t, s.calls, 2)
+	require.GreaterOrEqual(t, time.Since(start), o.SkewAllowance)
 }
 
 func TestClassify(t *testing.T) {
