@@ -69,13 +69,15 @@ now_ms() {
 fmt_s() { printf '%d.%01d' $(($1 / 1000)) $((($1 % 1000) / 100)); }
 
 # Targets as "<package dir> <FuzzName>", sorted.
-mapfile -t targets < <(
+# (captured first: a process substitution would lose a failure's status)
+found=$(
 	git ls-files --cached --others --exclude-standard -- '*_test.go' |
 		grep -v '^scripts/' |
 		xargs grep -HoE '^func Fuzz[A-Za-z0-9_]*\(f \*testing\.F\)' |
 		sed -E 's#^(.*)/[^/]*_test\.go:func (Fuzz[A-Za-z0-9_]*)\(.*#\1 \2#' |
 		sort -u
 )
+mapfile -t targets <<<"$found"
 selected=()
 for t in "${targets[@]}"; do
 	if [[ -z $FUZZ_TARGETS ]] || [[ "${t% *}.${t#* }" =~ $FUZZ_TARGETS ]]; then
