@@ -91,7 +91,7 @@ func (s *Server) applyPatch(res *registry.Resource, pt types.PatchType, cur map[
 		if err != nil {
 			return nil, apierrors.NewBadRequest(err.Error())
 		}
-		if out, err = p.Apply(curJSON); err != nil {
+		if out, err = applyJSONPatch(p, curJSON); err != nil {
 			return nil, unprocessable(err.Error())
 		}
 	case types.MergePatchType:
@@ -222,4 +222,16 @@ func (s *Server) patch(w http.ResponseWriter, r *http.Request, rq request) {
 		code = http.StatusCreated
 	}
 	s.writeEntry(w, r, code, rq.res, result.Entry)
+}
+
+// applyJSONPatch applies p to doc. json-patch v4 dereferences nil on some
+// operations without a value (a replace of the whole document): that
+// panic is an error about the patch, not about the server.
+func applyJSONPatch(p jsonpatch.Patch, doc []byte) (out []byte, err error) {
+	defer func() {
+		if rec := recover(); rec != nil {
+			out, err = nil, fmt.Errorf("the JSON patch cannot be applied (an operation lacks a value it needs): %v", rec)
+		}
+	}()
+	return p.Apply(doc)
 }

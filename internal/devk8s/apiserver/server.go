@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -225,7 +226,8 @@ func (s *Server) kickGC() {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		if rec := recover(); rec != nil {
-			s.log.Error(fmt.Errorf("%v", rec), "panic serving request", "method", r.Method, "path", r.URL.Path)
+			s.log.Error(fmt.Errorf("%v", rec), "panic serving request", "method", r.Method, "path", r.URL.Path,
+				"stack", string(debug.Stack()))
 			writeError(w, apierrors.NewInternalError(fmt.Errorf("%v", rec)))
 		}
 	}()

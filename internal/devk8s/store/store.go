@@ -539,13 +539,27 @@ type Result struct {
 }
 
 // Mutate applies fn atomically to one object, assigns a resourceVersion,
-// writes or removes the file and emits the watch event.
+// writes or removes the file and emits the watch event. A panic in fn
+// propagates to the caller with the store unlocked.
 func (s *Store) Mutate(res, ns, name string, fn MutateFunc) (Result, error) {
+	ev, out, op, err := s.mutateLocked(res, ns, name, fn)
+	if err == nil && op != nil {
+		err = s.applyFileOp(op)
+	}
+	if ev != nil {
+		s.notify([]Event{*ev})
+	}
+	return out, err
+}
+
+// mutateLocked is Mutate's decision, taken under the store lock (released
+// by defer, so that a panicking fn cannot leave it held).
+func (s *Store) mutateLocked(res, ns, name string, fn MutateFunc) (*Event, Result, *fileOp, error) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	t := s.tables[res]
 	if t == nil {
-		s.mu.Unlock()
-		return Result{}, fmt.Errorf("%s: %w", res, ErrNotRegistered)
+		return nil, Result{}, nil, fmt.Errorf("%s: %w", res, ErrNotRegistered)
 	}
 	k := key(ns, name)
 	cur := t.objs[k]
@@ -559,18 +573,9 @@ func (s *Store) Mutate(res, ns, name string, fn MutateFunc) (Result, error) {
 		err = checkSegments(ns, name)
 	}
 	if err != nil {
-		s.mu.Unlock()
-		return Result{}, err
+		return nil, Result{}, nil, err
 	}
-	ev, res2, op, err := s.commitLocked(res, t, ns, name, cur, m)
-	s.mu.Unlock()
-	if err == nil && op != nil {
-		err = s.applyFileOp(op)
-	}
-	if ev != nil {
-		s.notify([]Event{*ev})
-	}
-	return res2, err
+	return s.commitLocked(res, t, ns, name, cur, m)
 }
 
 // fileOp is a file write or removal decided under the store lock and

@@ -289,3 +289,37 @@ func TestInitialEvents(t *testing.T) {
 		start.Watcher.Stop()
 	}
 }
+
+// TestMutatePanicReleasesLock: a MutateFunc that panics (the API server
+// recovers it into a 500) leaves the store usable and the object as it
+// was; before, the store lock stayed held and every later request hung.
+func TestMutatePanicReleasesLock(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := Open(ctx, logr.Discard(), Options{Dir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		cancel()
+		if !t.Failed() { // Close would wait for the lock a failure left held
+			_ = s.Close()
+		}
+	})
+	require.NoError(t, s.Register("configmaps", true))
+	put(t, s, "configmaps", "default", "a", map[string]any{"k": "v"})
+	require.Panics(t, func() {
+		_, _ = s.Mutate("configmaps", "default", "a", func(map[string]any) (Mutation, error) {
+			var m map[string]any
+			m["boom"] = 1 // assignment to a nil map
+			return Mutation{}, nil
+		})
+	})
+	done := make(chan Result, 1)
+	go func() { done <- put(t, s, "configmaps", "default", "b", map[string]any{"k": "w"}) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the store stayed locked after a panicking MutateFunc")
+	}
+	e, ok := s.Get("configmaps", "default", "a")
+	require.True(t, ok)
+	require.Equal(t, map[string]any{"k": "v"}, e.Object["data"])
+}
