@@ -8,12 +8,11 @@ import (
 	"net/http"
 	"os/exec"
 	"strings"
-	"time"
 
 	"github.com/chromedp/chromedp"
 
 	"github.com/nstance-dev/nstance/internal/testing/hosttools"
-	"github.com/nstance-dev/nstance/internal/testing/portpick"
+	"github.com/nstance-dev/nstance/test/browser"
 )
 
 // evilHost is the attacker's name; Chromium resolves it to 127.0.0.1
@@ -51,17 +50,6 @@ window.attack = async (target) => {
 };
 </script>`
 
-// pageServer serves one HTML page on a listener until closed.
-func pageServer(ln net.Listener, page string) *http.Server {
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		w.Header().Set("Cache-Control", "no-store")
-		_, _ = w.Write([]byte(page))
-	}), ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	return srv
-}
-
 // adminServeChromium: headless Chromium, with evil.test mapped to
 // 127.0.0.1. The victim has opened the status page with its token URL
 // (cookie set). (1) A page of http://evil.test:Q posts a text/plain
@@ -71,7 +59,7 @@ func pageServer(ln net.Listener, page string) *http.Server {
 // stopped and serve took port P, fetches its "own" origin: serve sees Host
 // evil.test:P and refuses.
 func adminServeChromium(ctx context.Context, e *env) error {
-	browser, err := exec.LookPath("chromium")
+	chromium, err := exec.LookPath("chromium")
 	if err != nil {
 		return fmt.Errorf("chromium is required: %s", hosttools.Hint("chromium"))
 	}
@@ -79,36 +67,31 @@ func adminServeChromium(ctx context.Context, e *env) error {
 		return err
 	}
 	// The attacker's two servers; P is later serve's port.
-	rebindAddr, csrfAddr := portpick.Addr(e.s.t), portpick.Addr(e.s.t)
+	rebindAddr, csrfAddr := browser.Addr(e.s.t), browser.Addr(e.s.t)
 	_, rebindPort, _ := net.SplitHostPort(rebindAddr)
 	_, csrfPort, _ := net.SplitHostPort(csrfAddr)
 	rebindLn, err := net.Listen("tcp", rebindAddr)
 	if err != nil {
 		return err
 	}
-	rebindSrv := pageServer(rebindLn, rebindPage)
+	rebindSrv := browser.ServePage(rebindLn, rebindPage)
 	defer rebindSrv.Close()
 	csrfLn, err := net.Listen("tcp", csrfAddr)
 	if err != nil {
 		return err
 	}
-	csrfSrv := pageServer(csrfLn, fmt.Sprintf(csrfPage, adminGroup))
+	csrfSrv := browser.ServePage(csrfLn, fmt.Sprintf(csrfPage, adminGroup))
 	defer csrfSrv.Close()
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
-		chromedp.Flag("disable-dev-shm-usage", true), chromedp.Flag("host-resolver-rules", "MAP "+evilHost+" 127.0.0.1"))
-	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
-	defer cancelAlloc()
-	rebindTab, cancelBrowser := chromedp.NewContext(actx)
-	defer cancelBrowser()
+	rebindTab, stopBrowser, err := browser.Launch(ctx, chromium, browser.Options{HostResolverRules: "MAP " + evilHost + " 127.0.0.1"}, nil)
+	if err != nil {
+		return err
+	}
+	defer stopBrowser()
 	if _, err := chromedp.Run(rebindTab, chromedp.Navigate("http://"+evilHost+":"+rebindPort+"/")); err != nil {
-		return fmt.Errorf("loading the rebinding page in %s: %w", browser, err)
+		return fmt.Errorf("loading the rebinding page in %s: %w", chromium, err)
 	}
-	probe := func(tab context.Context, expr string) (string, error) {
-		pctx, cancel := shortCtx(tab, 20*time.Second)
-		defer cancel()
-		return chromedp.Run(pctx, chromedp.Evaluate[string](expr, chromedp.EvalAwaitPromise))
-	}
+	probe := func(tab context.Context, expr string) (string, error) { return browser.Evaluate[string](tab, expr) }
 	// The attacker's server answers the page's own origin until it stops.
 	if got, err := probe(rebindTab, `probe("/")`); err != nil || !strings.Contains(got, "rebind") {
 		return fmt.Errorf("the rebinding page cannot fetch its own server: %q %v", got, err)

@@ -7,12 +7,17 @@ package browser
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
 
 	"github.com/nstance-dev/nstance/internal/testing/hosttools"
+	"github.com/nstance-dev/nstance/internal/testing/portpick"
 )
 
 // Options are the Chromium command-line switches a test may set.
@@ -29,21 +34,38 @@ type Options struct {
 func Start(t testing.TB, opts Options) context.Context {
 	t.Helper()
 	path := hosttools.Require(t, "chromium")
+	tab, stop, err := Launch(context.Background(), path, opts, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return tab
+}
+
+// Launch runs headless Chromium at path and returns the context of its
+// first tab (at about:blank) and the function that stops the browser. It is
+// Start for callers that report errors rather than failing a test; logf
+// receives chromedp's log lines (nil: dropped).
+func Launch(ctx context.Context, path string, opts Options, logf func(string, ...any)) (context.Context, func(), error) {
 	// No sandbox: CI runs as root, where Chromium refuses its sandbox.
 	flags := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox,
 		chromedp.Flag("disable-dev-shm-usage", true))
 	if opts.HostResolverRules != "" {
 		flags = append(flags, chromedp.Flag("host-resolver-rules", opts.HostResolverRules))
 	}
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), flags...)
-	bctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
-	t.Cleanup(func() { cancelBrowser(); cancelAlloc() })
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, flags...)
+	bctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithLogf(logf))
+	stop := func() { cancelBrowser(); cancelAlloc() }
 	// The first Run starts the browser, which lives as long as the context
 	// of that Run: bctx itself, not one with a deadline.
 	if _, err := chromedp.Run(bctx, chromedp.Navigate("about:blank")); err != nil {
-		t.Fatalf("starting %s: %v", path, err)
+		stop()
+		return nil, nil, fmt.Errorf("starting %s: %w", path, err)
 	}
-	return bctx
+	return bctx, stop, nil
 }
 
 // NewTab opens another tab of the browser of ctx, closed when t ends.
@@ -75,13 +97,63 @@ func Navigate(t testing.TB, ctx context.Context, url string) {
 // returns and decodes the result into T.
 func Eval[T any](t testing.TB, ctx context.Context, js string) T {
 	t.Helper()
+	v, err := Evaluate[T](ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// Evaluate is Eval returning its error; it gives up after 30 seconds.
+func Evaluate[T any](ctx context.Context, js string) (T, error) {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	v, err := chromedp.Run(cctx, chromedp.Evaluate[T](js, chromedp.EvalAwaitPromise))
 	if err != nil {
-		t.Fatalf("running script in the page: %v", err)
+		return v, fmt.Errorf("running script in the page: %w", err)
 	}
-	return v
+	return v, nil
+}
+
+// ServePage serves page as HTML (never cached) to every request on ln
+// until the returned server is closed.
+func ServePage(ln net.Listener, page string) *http.Server {
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		_, _ = w.Write([]byte(page))
+	}), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return srv
+}
+
+// Port is a loopback port from portpick that Chromium agrees to load: it
+// refuses its "restricted" ports (net/base/port_util.cc), some of which lie
+// in portpick's range.
+func Port(t testing.TB) int {
+	t.Helper()
+	for {
+		if p := portpick.Port(t); !restricted(p) {
+			return p
+		}
+	}
+}
+
+// Addr is "127.0.0.1:<Port>".
+func Addr(t testing.TB) string {
+	t.Helper()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(Port(t)))
+}
+
+// restricted reports whether Chromium refuses to fetch from port p (its
+// restricted ports above 1023).
+func restricted(p int) bool {
+	switch p {
+	case 1719, 1720, 1723, 2049, 3659, 4045, 4190, 5060, 5061, 6000, 6566, 6665, 6666, 6667, 6668, 6669, 6679, 6697,
+		10080:
+		return true
+	}
+	return false
 }
 
 // mustJSON encodes v for a script (values the test chose; never fails).

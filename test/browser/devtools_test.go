@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/devk8s/app"
 	"github.com/nstance-dev/nstance/internal/devs3"
-	"github.com/nstance-dev/nstance/internal/testing/portpick"
 )
 
 // A web page the developer opens must not read or change what dev-s3 and
@@ -79,16 +77,6 @@ func fetchScript(reqs []map[string]any) string {
 	return b.String()
 }
 
-// pickPort is a free loopback port Chromium agrees to use (it refuses a
-// few "unsafe" ports, 10080 among those portpick may give).
-func pickPort(t *testing.T) int {
-	for {
-		if p := portpick.Port(t); p != 10080 {
-			return p
-		}
-	}
-}
-
 // serveAttacker serves the attacker's page on 127.0.0.1:port until the
 // returned function stops it (and drops its connections).
 func serveAttacker(t *testing.T, port int) (stop func()) {
@@ -97,16 +85,10 @@ func serveAttacker(t *testing.T, port int) (stop func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/html")
-		w.Header().Set("Cache-Control", "no-store")
-		_, _ = w.Write([]byte(attackerPage))
-	}))
-	srv.Listener.Close()
-	srv.Listener = ln
-	srv.Start()
-	t.Cleanup(srv.Close)
-	return srv.Close
+	srv := ServePage(ln, attackerPage)
+	stop = func() { _ = srv.Close() }
+	t.Cleanup(stop)
+	return stop
 }
 
 // startDevS3 serves dir on 127.0.0.1:port (0: any) without access keys
@@ -211,8 +193,8 @@ func TestCrossOriginPage(t *testing.T) {
 	s3dir := t.TempDir()
 	objs := seedS3(t, s3dir)
 	s3 := startDevS3(t, s3dir, 0)
-	k8s := startDevK8s(t, t.TempDir(), pickPort(t))
-	page := pickPort(t)
+	k8s := startDevK8s(t, t.TempDir(), Port(t))
+	page := Port(t)
 	serveAttacker(t, page)
 	tab := NewTab(t, ctx)
 	Navigate(t, tab, fmt.Sprintf("http://%s:%d/", evilName, page))
@@ -244,7 +226,7 @@ func TestDNSRebinding(t *testing.T) {
 	ctx := Start(t, Options{HostResolverRules: "MAP " + evilName + " 127.0.0.1"})
 
 	t.Run("dev-s3", func(t *testing.T) {
-		port := pickPort(t)
+		port := Port(t)
 		stop := serveAttacker(t, port)
 		tab := NewTab(t, ctx)
 		Navigate(t, tab, fmt.Sprintf("http://%s:%d/", evilName, port))
@@ -265,7 +247,7 @@ func TestDNSRebinding(t *testing.T) {
 	})
 
 	t.Run("dev-k8s", func(t *testing.T) {
-		port := pickPort(t)
+		port := Port(t)
 		stop := serveAttacker(t, port)
 		tab := NewTab(t, ctx)
 		Navigate(t, tab, fmt.Sprintf("http://%s:%d/", evilName, port))
