@@ -27,17 +27,12 @@ import (
 	"flag"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
-	"github.com/go-logr/logr"
 	"github.com/golang-jwt/jwt/v5"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -45,7 +40,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/nstance-dev/nstance/internal/devs3"
+	"github.com/nstance-dev/nstance/internal/devs3/devs3test"
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/nonce"
 	"github.com/nstance-dev/nstance/internal/pki"
@@ -54,7 +49,6 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
-	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -98,24 +92,11 @@ func openStore(ctx context.Context, kind string) (objstore.Store, func(), error)
 		if err != nil {
 			return nil, nil, err
 		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		st, stop, err := devs3test.Serve(ctx, dir, 64)
 		if err != nil {
 			return nil, nil, err
 		}
-		srv, err := devs3.Start(ctx, ln, devs3.Config{Bucket: "dev", Dir: dir, Log: logr.Discard()})
-		if err != nil {
-			return nil, nil, err
-		}
-		client := s3.New(s3.Options{
-			BaseEndpoint: aws.String(srv.URL), Region: "us-east-1", UsePathStyle: true,
-			Credentials: credentials.NewStaticCredentialsProvider("dev", "dev", ""),
-			HTTPClient:  &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
-		})
-		st, err := s3store.NewWithClient(client, "dev", "")
-		if err != nil {
-			return nil, nil, err
-		}
-		return st, func() { _ = srv.Stop(); _ = os.RemoveAll(dir) }, nil
+		return st, func() { stop(); _ = os.RemoveAll(dir) }, nil
 	}
 	return nil, nil, fmt.Errorf("unknown storage %q", kind)
 }

@@ -22,8 +22,6 @@ import (
 	"crypto/rand"
 	"flag"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -34,13 +32,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
-	"github.com/go-logr/logr"
-
 	"github.com/nstance-dev/nstance/internal/config"
-	"github.com/nstance-dev/nstance/internal/devs3"
+	"github.com/nstance-dev/nstance/internal/devs3/devs3test"
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/server/app"
 	"github.com/nstance-dev/nstance/internal/server/cache"
@@ -51,7 +44,6 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/dirstore"
-	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
 )
 
 const (
@@ -134,23 +126,9 @@ func open(ctx context.Context, kind string) (*env, error) {
 	case "dir":
 		e.store = seed
 	case "s3":
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
+		if e.store, e.stop, err = devs3test.Serve(ctx, bucket, 64); err != nil {
 			return nil, err
 		}
-		srv, err := devs3.Start(ctx, ln, devs3.Config{Bucket: "dev", Dir: bucket, Log: logr.Discard()})
-		if err != nil {
-			return nil, err
-		}
-		client := s3.New(s3.Options{
-			BaseEndpoint: aws.String(srv.URL), Region: "us-east-1", UsePathStyle: true,
-			Credentials: credentials.NewStaticCredentialsProvider("dev", "dev", ""),
-			HTTPClient:  &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
-		})
-		if e.store, err = s3store.NewWithClient(client, "dev", ""); err != nil {
-			return nil, err
-		}
-		e.stop = func() { _ = srv.Stop() }
 	default:
 		return nil, fmt.Errorf("unknown store %q (want dir or s3)", kind)
 	}

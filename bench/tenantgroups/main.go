@@ -26,8 +26,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
@@ -35,13 +33,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
-	"github.com/go-logr/logr"
-
 	"github.com/nstance-dev/nstance/internal/config"
-	"github.com/nstance-dev/nstance/internal/devs3"
+	"github.com/nstance-dev/nstance/internal/devs3/devs3test"
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/server/app"
 	"github.com/nstance-dev/nstance/internal/server/cache"
@@ -50,7 +43,6 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/tenantops"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/dirstore"
-	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -120,23 +112,12 @@ func open(ctx context.Context, kind, name string, cfg *config.Config) (*env, err
 			return nil, err
 		}
 	case "s3":
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		st, stop, err := devs3test.Serve(ctx, bucket, 16)
 		if err != nil {
 			return nil, err
 		}
-		srv, err := devs3.Start(ctx, ln, devs3.Config{Bucket: "dev", Dir: bucket, Log: logr.Discard()})
-		if err != nil {
-			return nil, err
-		}
-		e.stop = append(e.stop, func() { _ = srv.Stop() })
-		client := s3.New(s3.Options{
-			BaseEndpoint: aws.String(srv.URL), Region: "us-east-1", UsePathStyle: true,
-			Credentials: credentials.NewStaticCredentialsProvider("dev", "dev", ""),
-			HTTPClient:  &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}},
-		})
-		if e.store, err = s3store.NewWithClient(client, "dev", ""); err != nil {
-			return nil, err
-		}
+		e.store = st
+		e.stop = append(e.stop, stop)
 	default:
 		return nil, fmt.Errorf("unknown store %q (want dir or s3)", kind)
 	}

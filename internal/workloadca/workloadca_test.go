@@ -129,14 +129,19 @@ func TestRefusedCAs(t *testing.T) {
 	_, err := s.CA(ctx, "../x")
 	require.ErrorContains(t, err, "invalid tenant")
 
+	// plant stores ca (certificate and sealed key) as tenant's workload CA.
+	plant := func(tenant string, ca *pki.CA) {
+		key, err := pki.MarshalPrivateKeyPEM(ca.Key)
+		require.NoError(t, err)
+		require.NoError(t, s.Secrets.Put(ctx, "cluster/secret/tenants/"+tenant+"/workload-ca.key", key, objstore.PutOptions{}))
+		_, err = objs.Put(ctx, "cluster/tenants/"+tenant+"/workload-ca.crt", ca.CertPEM, objstore.PutOptions{})
+		require.NoError(t, err)
+	}
+
 	// Tenant A's CA copied over tenant B's is refused.
 	caA, err := s.CA(ctx, "acme")
 	require.NoError(t, err)
-	keyA, err := pki.MarshalPrivateKeyPEM(caA.Key)
-	require.NoError(t, err)
-	require.NoError(t, s.Secrets.Put(ctx, "cluster/secret/tenants/globex/workload-ca.key", keyA, objstore.PutOptions{}))
-	_, err = objs.Put(ctx, "cluster/tenants/globex/workload-ca.crt", caA.CertPEM, objstore.PutOptions{})
-	require.NoError(t, err)
+	plant("globex", caA)
 	_, err = newStore(t, objs, clk).CA(ctx, "globex")
 	require.ErrorContains(t, err, "another tenant's or cluster's CA")
 
@@ -145,11 +150,7 @@ func TestRefusedCAs(t *testing.T) {
 	require.NoError(t, err)
 	cluster, err := pki.SelfSignCA("c1", priv, time.Hour, clk.now())
 	require.NoError(t, err)
-	keyC, err := pki.MarshalPrivateKeyPEM(cluster.Key)
-	require.NoError(t, err)
-	require.NoError(t, s.Secrets.Put(ctx, "cluster/secret/tenants/initech/workload-ca.key", keyC, objstore.PutOptions{}))
-	_, err = objs.Put(ctx, "cluster/tenants/initech/workload-ca.crt", cluster.CertPEM, objstore.PutOptions{})
-	require.NoError(t, err)
+	plant("initech", cluster)
 	_, err = newStore(t, objs, clk).CA(ctx, "initech")
 	require.ErrorContains(t, err, "names trust domain")
 }

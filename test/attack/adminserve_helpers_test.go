@@ -231,20 +231,25 @@ func bearer(token string) map[string]string {
 	return map[string]string{"Authorization": "Bearer " + token}
 }
 
-// adminGroupSize ensures tenant A's group adminGroup exists (created with
-// size 1 when missing) and returns its size, read over gRPC from dev-1.
-func adminGroupSize(ctx context.Context, e *env) (uint32, error) {
+// adminGroupKept is nil when tenant A's group adminGroup still has the
+// size 1 resetAdminGroup gave it (read over gRPC from dev-1), else an error
+// naming what came before: after.
+func adminGroupKept(ctx context.Context, e *env, after string) error {
 	a := nstancev1.NewOperatorServiceClient(e.connA)
 	list, err := a.ListGroups(ctx, &nstancev1.ListGroupsRequest{})
 	if err != nil {
-		return 0, fmt.Errorf("listing tenant A's groups: %w", err)
+		return fmt.Errorf("listing tenant A's groups: %w", err)
 	}
 	for _, g := range list.GetGroups() {
-		if g.GetSpec().GetGroupId() == adminGroup {
-			return g.GetSpec().GetSize(), nil
+		if g.GetSpec().GetGroupId() != adminGroup {
+			continue
 		}
+		if size := g.GetSpec().GetSize(); size != 1 {
+			return fmt.Errorf("group %s has size %d after %s, want 1", adminGroup, size, after)
+		}
+		return nil
 	}
-	return 0, fmt.Errorf("tenant A has no group %s", adminGroup)
+	return fmt.Errorf("tenant A has no group %s after %s", adminGroup, after)
 }
 
 // resetAdminGroup upserts adminGroup with size 1 (template svc).

@@ -130,14 +130,7 @@ func adminServeCrossSite(ctx context.Context, e *env) error {
 	if a.code != 415 || !a.jsonError() {
 		return fmt.Errorf("text/plain POST %s with the token answered %s, want 415 with a JSON error", path, a)
 	}
-	size, err := adminGroupSize(ctx, e)
-	if err != nil {
-		return err
-	}
-	if size != 1 {
-		return fmt.Errorf("group %s has size %d after the refused posts, want 1", adminGroup, size)
-	}
-	return nil
+	return adminGroupKept(ctx, e, "the refused posts")
 }
 
 // adminServeRebindingHost: a request whose Host is not serve's own (a
@@ -327,14 +320,7 @@ func adminServeStrictBodies(ctx context.Context, e *env) error {
 			return fmt.Errorf("%s %s (Content-Type %q, body %q) answered %s, want %v with a JSON error", c.method, c.path, c.ct, body, a, c.want)
 		}
 	}
-	size, err := adminGroupSize(ctx, e)
-	if err != nil {
-		return err
-	}
-	if size != 1 {
-		return fmt.Errorf("group %s has size %d after the refused bodies, want 1", adminGroup, size)
-	}
-	return nil
+	return adminGroupKept(ctx, e, "the refused bodies")
 }
 
 // tmuxShardsShareSession: providers of dev-1 and dev-2 built the way the

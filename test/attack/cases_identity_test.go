@@ -91,18 +91,26 @@ func (l *loot) operatorWorks(ctx context.Context, e *env, cert *tls.Certificate,
 // overwritten with tenant B and A's renewal was refused).
 func twinRegistration(ctx context.Context, e *env) error {
 	const id = "twin-reg"
-	a, err := e.l.registerOperator(ctx, e.dev1, nonce.KindOperator, tenantA, id)
+	a, b, err := registerTwins(ctx, e, id, e.dev2)
 	if err != nil {
-		return fmt.Errorf("registering tenant A's %s: %w", id, err)
-	}
-	b, err := e.l.registerOperator(ctx, e.dev2, nonce.KindOperator, tenantB, id)
-	if err != nil {
-		return fmt.Errorf("registering tenant B's %s: %w", id, err)
+		return err
 	}
 	if err := e.l.operatorWorks(ctx, e, &a.cert, tenantA); err != nil {
 		return err
 	}
 	return e.l.operatorWorks(ctx, e, &b.cert, tenantB)
+}
+
+// registerTwins registers operator id for tenant A on dev-1 and for tenant
+// B on svB.
+func registerTwins(ctx context.Context, e *env, id string, svB *server) (a, b *registration, err error) {
+	if a, err = e.l.registerOperator(ctx, e.dev1, nonce.KindOperator, tenantA, id); err != nil {
+		return nil, nil, fmt.Errorf("registering tenant A's %s: %w", id, err)
+	}
+	if b, err = e.l.registerOperator(ctx, svB, nonce.KindOperator, tenantB, id); err != nil {
+		return nil, nil, fmt.Errorf("registering tenant B's %s: %w", id, err)
+	}
+	return a, b, nil
 }
 
 // twinRevocation: tenants A and B both register operator "twin-rev"; an
@@ -112,13 +120,9 @@ func twinRegistration(ctx context.Context, e *env) error {
 // only, and A's operator was revoked too).
 func twinRevocation(ctx context.Context, e *env) error {
 	const id = "twin-rev"
-	a, err := e.l.registerOperator(ctx, e.dev1, nonce.KindOperator, tenantA, id)
+	a, b, err := registerTwins(ctx, e, id, e.dev1)
 	if err != nil {
-		return fmt.Errorf("registering tenant A's %s: %w", id, err)
-	}
-	b, err := e.l.registerOperator(ctx, e.dev1, nonce.KindOperator, tenantB, id)
-	if err != nil {
-		return fmt.Errorf("registering tenant B's %s: %w", id, err)
+		return err
 	}
 	admin, err := e.l.dial(e.dev1.operator, &e.adminA)
 	if err != nil {

@@ -4,7 +4,9 @@ package devs3test
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"net/http"
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -15,6 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nstance-dev/nstance/internal/devs3"
+	"github.com/nstance-dev/nstance/pkg/objstore"
+	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
 )
 
 // Bucket is the bucket name the helpers use.
@@ -68,3 +72,28 @@ func ClientWith(endpoint, accessKey, secretKey string) *s3.Client {
 // Client returns an SDK client for endpoint with static dev credentials,
 // path-style addressing and no shared config files.
 func Client(endpoint string) *s3.Client { return ClientWith(endpoint, "dev", "dev") }
+
+// Serve is for programs that are not tests (the benchmarks): it runs
+// dev-s3 over dir on 127.0.0.1:0 until stop is called and returns an
+// object store on it whose client keeps up to conns idle connections (the
+// load's concurrency). Stopping ctx stops dev-s3 as well.
+func Serve(ctx context.Context, dir string, conns int) (st objstore.Store, stop func(), err error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, fmt.Errorf("dev-s3 listener: %w", err)
+	}
+	srv, err := devs3.Start(ctx, ln, devs3.Config{Bucket: Bucket, Dir: dir, Log: logr.Discard()})
+	if err != nil {
+		return nil, nil, fmt.Errorf("starting dev-s3 over %s: %w", dir, err)
+	}
+	client := s3.New(s3.Options{
+		BaseEndpoint: aws.String(srv.URL), Region: "us-east-1", UsePathStyle: true,
+		Credentials: credentials.NewStaticCredentialsProvider("dev", "dev", ""),
+		HTTPClient:  &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conns}},
+	})
+	if st, err = s3store.NewWithClient(client, Bucket, ""); err != nil {
+		_ = srv.Stop()
+		return nil, nil, err
+	}
+	return st, func() { _ = srv.Stop() }, nil
+}

@@ -85,17 +85,7 @@ func readMetric(name string) uint64 {
 // open until the test ends, so the accepted streams stay open too.
 func rawStreams(t *testing.T, f limitFixture, n int) (accepted, refused int) {
 	t.Helper()
-	tcfg := pki.ClientTLS(f.ca.Pool(), clientCert(t, f.ca, pki.RoleOperator, time.Now()), "127.0.0.1").Clone()
-	tcfg.NextProtos = []string{"h2"}
-	conn, err := tls.Dial("tcp", f.addr, tcfg)
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close() })
-	_, err = conn.Write([]byte(http2.ClientPreface))
-	require.NoError(t, err)
-	fr := http2.NewFramer(conn, conn)
-	var wmu sync.Mutex
-	write := func(fn func() error) error { wmu.Lock(); defer wmu.Unlock(); return fn() }
-	require.NoError(t, write(func() error { return fr.WriteSettings() }))
+	c := dialRawH2(t, f.addr, pki.ClientTLS(f.ca.Pool(), clientCert(t, f.ca, pki.RoleOperator, time.Now()), "127.0.0.1"))
 
 	type answer struct{ accepted, refused int }
 	answers := make(chan answer, 1)
@@ -104,20 +94,13 @@ func rawStreams(t *testing.T, f limitFixture, n int) (accepted, refused int) {
 		seen := map[uint32]bool{}
 		var a answer
 		for {
-			frame, err := fr.ReadFrame()
+			frame, err := c.fr.ReadFrame()
 			if err != nil {
 				readErr <- err
 				return
 			}
+			c.control(frame)
 			switch fm := frame.(type) {
-			case *http2.SettingsFrame:
-				if !fm.IsAck() {
-					_ = write(func() error { return fr.WriteSettingsAck() })
-				}
-			case *http2.PingFrame:
-				if !fm.IsAck() {
-					_ = write(func() error { return fr.WritePing(true, fm.Data) })
-				}
 			case *http2.HeadersFrame:
 				if !seen[fm.StreamID] {
 					seen[fm.StreamID] = true
@@ -136,9 +119,11 @@ func rawStreams(t *testing.T, f limitFixture, n int) (accepted, refused int) {
 				answers <- a
 				// Keep answering pings and settings while the test measures.
 				for {
-					if _, err := fr.ReadFrame(); err != nil {
+					frame, err := c.fr.ReadFrame()
+					if err != nil {
 						return
 					}
+					c.control(frame)
 				}
 			}
 		}
@@ -149,13 +134,9 @@ func rawStreams(t *testing.T, f limitFixture, n int) (accepted, refused int) {
 	empty := []byte{0, 0, 0, 0, 0} // an empty gRPC message: no compression, length 0
 	for i := 0; i < n; i++ {
 		id := uint32(2*i + 1)
-		hb.Reset()
-		for _, kv := range [][2]string{{":method", "POST"}, {":scheme", "https"}, {":path", "/nstance.v1.OperatorService/WatchGroups"},
-			{":authority", "127.0.0.1"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
-			require.NoError(t, enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]}))
-		}
-		require.NoError(t, write(func() error {
-			if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
+		headers := grpcHeaders(t, enc, &hb, "/nstance.v1.OperatorService/WatchGroups")
+		require.NoError(t, c.write(func(fr *http2.Framer) error {
+			if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: headers, EndHeaders: true}); err != nil {
 				return err
 			}
 			return fr.WriteData(id, true, empty)

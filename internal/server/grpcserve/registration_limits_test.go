@@ -63,16 +63,8 @@ type h2Result struct {
 // the connection can make it hold at most its initial windows.
 func TestRegistrationPartialMessagesHoldLittle(t *testing.T) {
 	f := startLimited(t, config.Limits{}, &countingRegistration{})
-	conn, err := tls.Dial("tcp", f.addr, &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: f.ca.Pool(), ServerName: "127.0.0.1", NextProtos: []string{"h2"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close() })
-	_, err = conn.Write([]byte(http2.ClientPreface))
-	require.NoError(t, err)
-	fr := http2.NewFramer(conn, conn)
-	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	var wmu sync.Mutex
-	write := func(fn func() error) error { wmu.Lock(); defer wmu.Unlock(); return fn() }
-	require.NoError(t, write(func() error { return fr.WriteSettings() }))
+	c := dialRawH2(t, f.addr, &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: f.ca.Pool(), ServerName: "127.0.0.1"})
+	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 
 	const streams = 8
 	var mu sync.Mutex
@@ -81,16 +73,16 @@ func TestRegistrationPartialMessagesHoldLittle(t *testing.T) {
 	go func() {
 		defer close(done)
 		for {
-			frame, err := fr.ReadFrame()
+			frame, err := c.fr.ReadFrame()
 			if err != nil {
 				return
 			}
+			c.control(frame)
 			mu.Lock()
 			switch fm := frame.(type) {
 			case *http2.SettingsFrame:
 				if !fm.IsAck() {
 					_ = fm.ForeachSetting(func(s http2.Setting) error { res.settings[s.ID] = s.Val; return nil })
-					_ = write(func() error { return fr.WriteSettingsAck() })
 				}
 			case *http2.WindowUpdateFrame:
 				if fm.StreamID != 0 {
@@ -106,11 +98,6 @@ func TestRegistrationPartialMessagesHoldLittle(t *testing.T) {
 				}
 			case *http2.RSTStreamFrame:
 				res.reset[fm.StreamID] = true
-			case *http2.PingFrame:
-				if !fm.IsAck() {
-					data := fm.Data
-					_ = write(func() error { return fr.WritePing(true, data) })
-				}
 			}
 			n := len(res.status)
 			mu.Unlock()
@@ -121,19 +108,17 @@ func TestRegistrationPartialMessagesHoldLittle(t *testing.T) {
 	}()
 
 	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	for _, kv := range [][2]string{{":method", "POST"}, {":scheme", "https"}, {":path", nstancev1.RegistrationService_RegisterAgent_FullMethodName},
-		{":authority", "127.0.0.1"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
-		require.NoError(t, enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]}))
-	}
+	headers := grpcHeaders(t, hpack.NewEncoder(&hb), &hb, nstancev1.RegistrationService_RegisterAgent_FullMethodName)
 	msg := make([]byte, 16<<10)
 	binary.BigEndian.PutUint32(msg[1:5], 15<<20)
 	for i := range streams {
 		id := uint32(2*i + 1)
-		require.NoError(t, write(func() error {
-			return fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true})
+		require.NoError(t, c.write(func(fr *http2.Framer) error {
+			if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: headers, EndHeaders: true}); err != nil {
+				return err
+			}
+			return fr.WriteData(id, false, msg)
 		}))
-		require.NoError(t, write(func() error { return fr.WriteData(id, false, msg) }))
 	}
 	select {
 	case <-done:
