@@ -102,16 +102,22 @@ func TestCreateOnceAndReload(t *testing.T) {
 	// Two servers racing for the same tenant end with one CA.
 	var wg sync.WaitGroup
 	got := make([]*pki.CA, 4)
+	errs := make([]error, len(got))
+	stores := make([]*Store, len(got))
+	for i := range got {
+		stores[i] = newStore(t, objs, clk) // newStore may fail t: in this goroutine
+	}
 	for i := range got {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ca, err := newStore(t, objs, clk).CA(ctx, "acme")
-			require.NoError(t, err)
-			got[i] = ca
+			got[i], errs[i] = stores[i].CA(ctx, "acme")
 		}()
 	}
 	wg.Wait()
+	for i := range got {
+		require.NoError(t, errs[i], "server %d", i)
+	}
 	for _, ca := range got[1:] {
 		require.True(t, got[0].Cert.Equal(ca.Cert))
 	}

@@ -53,11 +53,15 @@ window.attack = async (target) => {
 // adminServeChromium: headless Chromium, with evil.test mapped to
 // 127.0.0.1. The victim has opened the status page with its token URL
 // (cookie set). (1) A page of http://evil.test:Q posts a text/plain
-// {"size":0} to serve's scale endpoint with the victim's cookies: the group
-// keeps its size, read over gRPC; it cannot read the API either. (2) DNS
-// rebinding: a page loaded from http://evil.test:P, after its server
-// stopped and serve took port P, fetches its "own" origin: serve sees Host
-// evil.test:P and refuses.
+// {"size":0} to serve's scale endpoint: the group keeps its size, read over
+// gRPC (serve without a token scaled it to 0). The browser does not send
+// the SameSite=Strict cookie cross-site, so here the token check refuses
+// it; the Origin and Content-Type checks behind it are exercised by the
+// plain-HTTP cases of cases_adminserve_test.go. That the page cannot read
+// the answer follows from serve sending no CORS headers (true before the
+// fix too). (2) DNS rebinding: a page loaded from http://evil.test:P, after
+// its server stopped and serve took port P, fetches its "own" origin:
+// serve sees Host evil.test:P and refuses (421).
 func adminServeChromium(ctx context.Context, e *env) error {
 	chromium, err := exec.LookPath("chromium")
 	if err != nil {

@@ -55,17 +55,6 @@ func TestAttack(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a stack of real binaries")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-	start := time.Now()
-	s := newStack(t)
-	s.up(ctx)
-	e, err := setup(ctx, s)
-	if err != nil {
-		t.Fatalf("setting up the attack: %v", err)
-	}
-	t.Logf("stack up and tenant B's instance %s running after %s", e.instB, time.Since(start).Round(time.Second))
-
 	// NSTANCE_ATTACK_ALL=1 runs the cases that require features of other
 	// branches too (to check them after a merge, before removing requires).
 	all := os.Getenv("NSTANCE_ATTACK_ALL") == "1"
@@ -77,7 +66,27 @@ func TestAttack(t *testing.T) {
 		if only, err = regexp.Compile(re); err != nil {
 			t.Fatalf("NSTANCE_ATTACK_CASES: %v", err)
 		}
+		matched := 0
+		for _, c := range cases() {
+			if only.MatchString(c.name) {
+				matched++
+			}
+		}
+		if matched == 0 {
+			t.Fatalf("NSTANCE_ATTACK_CASES=%q matches no case name", re)
+		}
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	start := time.Now()
+	s := newStack(t)
+	s.up(ctx)
+	e, err := setup(ctx, s)
+	if err != nil {
+		t.Fatalf("setting up the attack: %v", err)
+	}
+	t.Logf("stack up and tenant B's instance %s running after %s", e.instB, time.Since(start).Round(time.Second))
+
 	var passed, failed, skipped int
 	for _, c := range cases() {
 		if only != nil && !only.MatchString(c.name) {

@@ -86,19 +86,19 @@ func TestTokenConcurrentStarts(t *testing.T) {
 	const n = 8
 	toks := make([]string, n)
 	created := make([]bool, n)
+	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var err error
-			toks[i], created[i], err = adminserve.LoadOrCreateToken(path)
-			require.NoError(t, err)
+			toks[i], created[i], errs[i] = adminserve.LoadOrCreateToken(path)
 		}()
 	}
 	wg.Wait()
 	nCreated := 0
 	for i := range n {
+		require.NoError(t, errs[i], "start %d", i)
 		require.Equal(t, toks[0], toks[i])
 		if created[i] {
 			nCreated++

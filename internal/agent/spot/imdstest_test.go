@@ -23,7 +23,8 @@ type fakeIMDS struct {
 
 	mu     sync.Mutex
 	tokens int
-	polls  int
+	polls  int // reads with the session token
+	reads  int // every read of instance-action
 	errs   []string
 }
 
@@ -62,6 +63,7 @@ func (f *fakeIMDS) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Aws-Ec2-Metadata-Token-Ttl-Seconds", "21600")
 		_, _ = w.Write([]byte(f.token(f.tokens)))
 	case r.Method == http.MethodGet && r.URL.Path == "/latest/meta-data/spot/instance-action":
+		f.reads++
 		if f.tokens == 0 || r.Header.Get("X-Aws-Ec2-Metadata-Token") != f.token(f.tokens) {
 			f.errs = append(f.errs, "metadata read without the session token (IMDSv1)")
 			w.WriteHeader(http.StatusUnauthorized)
@@ -82,6 +84,13 @@ func (f *fakeIMDS) serve(w http.ResponseWriter, r *http.Request) {
 		f.errs = append(f.errs, "unexpected request "+r.Method+" "+r.URL.Path)
 		http.NotFound(w, r)
 	}
+}
+
+// readCount is the number of metadata reads, with or without a token.
+func (f *fakeIMDS) readCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.reads
 }
 
 func (f *fakeIMDS) counts() (tokens, polls int) {

@@ -312,10 +312,17 @@ func TestMutatePanicReleasesLock(t *testing.T) {
 			return Mutation{}, nil
 		})
 	})
-	done := make(chan Result, 1)
-	go func() { done <- put(t, s, "configmaps", "default", "b", map[string]any{"k": "w"}) }()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Mutate("configmaps", "default", "b", func(map[string]any) (Mutation, error) {
+			return Mutation{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
+				"metadata": map[string]any{"name": "b", "namespace": "default"}}}, nil
+		})
+		done <- err
+	}()
 	select {
-	case <-done:
+	case err := <-done:
+		require.NoError(t, err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("the store stayed locked after a panicking MutateFunc")
 	}

@@ -35,7 +35,8 @@ func TestDecide(t *testing.T) {
 		req     Request
 		count   int
 		want    Decision
-		message string // part of the refusal message
+		message string   // part of the refusal message
+		untold  []string // never in the refusal message
 	}{
 		{name: "operator's namespace, group's type, first shard", policy: operatorOnly,
 			req: Request{Namespace: "ops", Group: "web"}, want: Decision{Pool: "web", Shard: "a"}},
@@ -77,12 +78,15 @@ func TestDecide(t *testing.T) {
 		{name: "maxInstances 0", policy: operatorOnly, req: Request{Namespace: "ops", Group: "none"},
 			want: Decision{Refused: RefusedMaxInstances}, message: "maxInstances is 0"},
 		{name: "namespace first: nothing about the pool is told", policy: operatorOnly, req: Request{Namespace: "x", Group: "plain", InstanceType: "p5.48xlarge"},
-			want: Decision{Refused: RefusedNamespace}, message: `namespace "x"`},
+			want: Decision{Refused: RefusedNamespace}, message: `namespace "x"`, untold: []string{"plain", "p5.48xlarge", "onDemand"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := Decide(tt.policy, tt.req, pools, tt.count)
 			require.Contains(t, got.Message, tt.message)
+			for _, u := range tt.untold {
+				require.NotContains(t, got.Message, u)
+			}
 			got.Message = ""
 			require.Equal(t, tt.want, got)
 		})
