@@ -169,11 +169,27 @@ func mirroredApplyError(contentType string, resp []byte) bool {
 		st.Code == http.StatusInternalServerError && st.Reason == "" && st.Message != ""
 }
 
+// sameStrings reports whether the JSON value file (a map of strings, or
+// absent) holds the same entries as served.
+func sameStrings(file any, served map[string]string) bool {
+	m, _ := file.(map[string]any)
+	if len(m) != len(served) {
+		return false
+	}
+	for k, v := range m {
+		if s, ok := v.(string); !ok || served[k] != s {
+			return false
+		}
+	}
+	return true
+}
+
 // FuzzHandEditedFile writes arbitrary bytes over the file of a stored
 // object (a ConfigMap, a Pod, a cluster-scoped Node or an NstanceMachine)
 // and has the store read it, as after a hand edit. It must never panic or
 // make the server fail; the object is then either the last good one or the
-// file's, served under the file's name and namespace.
+// file's (its labels, and a ConfigMap's data, as written), served under the
+// file's name and namespace.
 func FuzzHandEditedFile(f *testing.F) {
 	f.Add(uint8(0), []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"cm","namespace":"default"},"data":{"k":"edited"}}`))
 	f.Add(uint8(0), []byte(`{"metadata":{"name":"other","namespace":"kube-system","resourceVersion":"99999999999999999999"},"data":{"k":1}}`))
@@ -200,6 +216,7 @@ func FuzzHandEditedFile(f *testing.F) {
 	f.Fuzz(func(t *testing.T, which uint8, data []byte) {
 		c := files[int(which)%len(files)]
 		path := filepath.Join(dir, filepath.FromSlash(c.file))
+		_, before := fuzzDo(s, http.MethodGet, c.api, "", nil)
 		if err := os.WriteFile(path, data, 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -211,7 +228,11 @@ func FuzzHandEditedFile(f *testing.F) {
 			return
 		}
 		var obj struct {
-			Metadata struct{ Name, Namespace string }
+			Metadata struct {
+				Name, Namespace string
+				Labels          map[string]string
+			}
+			Data map[string]string
 		}
 		if code != http.StatusOK || json.Unmarshal(resp, &obj) != nil || obj.Metadata.Name != filepath.Base(c.api) {
 			t.Fatalf("after writing %q to %s: GET: %d %s", data, c.file, code, resp)
@@ -222,6 +243,26 @@ func FuzzHandEditedFile(f *testing.F) {
 		}
 		if obj.Metadata.Namespace != wantNS {
 			t.Fatalf("after writing %q to %s: served in namespace %q", data, c.file, obj.Metadata.Namespace)
+		}
+		if bytes.Equal(before, resp) {
+			return // the last good object, kept
+		}
+		// Otherwise the served object is the file's: its labels (and a
+		// ConfigMap's data) are the file's. (A metadata that is not an
+		// object is replaced: the file name gives name and namespace.)
+		var file map[string]any
+		if err := json.Unmarshal(data, &file); err != nil || file == nil {
+			t.Fatalf("after writing %q to %s, which is not a JSON object (%v), the served object changed to %s", data, c.file, err, resp)
+		}
+		var labels any
+		if md, ok := file["metadata"].(map[string]any); ok {
+			labels = md["labels"]
+		}
+		if !sameStrings(labels, obj.Metadata.Labels) {
+			t.Fatalf("after writing %q to %s: served labels %v, the file's %v", data, c.file, obj.Metadata.Labels, labels)
+		}
+		if c.file == "configmaps/default/cm.json" && !sameStrings(file["data"], obj.Data) {
+			t.Fatalf("after writing %q to %s: served data %v, the file's %v", data, c.file, obj.Data, file["data"])
 		}
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
@@ -13,18 +14,28 @@ import (
 // against the previous object (so CEL transition rules such as immutability
 // hold) or as a new object. A file that fails keeps the last valid object
 // served; the store logs the error with the path, and a Warning Event on
-// the object names the file and the fields.
+// the object names the file and the fields. A hand-edited built-in object
+// must fit its Go type (a ConfigMap's data values are strings) and pass the
+// validation API writes get; it is then served as written.
 
 const invalidFileReason = "InvalidFile"
 
 // admitFileObject is the store's Admit hook (called with the store locked).
 func (s *Server) admitFileObject(storage, path string, old, obj map[string]any) error {
 	res, ok := s.reg.ByStorageName(storage)
-	if !ok || res.Schema == nil {
+	if !ok || (res.Schema == nil && !res.BuiltIn) {
 		return nil
 	}
-	v := res.Schema.ForObject(obj)
 	err := func() error {
+		if res.Schema == nil {
+			// A copy goes through the Go type: the file is served as written.
+			typed, err := s.roundTrip(res, runtime.DeepCopyJSON(obj))
+			if err != nil {
+				return err
+			}
+			return s.validate(res, old, typed)
+		}
+		v := res.Schema.ForObject(obj)
 		if _, err := v.Decode(obj, false); err != nil {
 			return crDecodeError(res, err)
 		}

@@ -105,3 +105,37 @@ func TestHandEditedCustomResourceValidated(t *testing.T) {
 	require.NoError(t, json.Unmarshal(data, &stored))
 	require.False(t, strings.Contains(string(data), "bogus"), "pruned field written back: %s", data)
 }
+
+// TestHandEditedBuiltInChecked: a hand-edited ConfigMap whose data holds a
+// number (which no client can decode into a ConfigMap) keeps the last good
+// object served, with a Warning Event naming the file; a valid edit is
+// served as written.
+func TestHandEditedBuiltInChecked(t *testing.T) {
+	dir := t.TempDir()
+	_, hs := startServer(t, Options{Dir: dir})
+	base := hs.URL + "/api/v1/namespaces/default/configmaps"
+	code, obj := call(t, http.MethodPost, base, `{"metadata":{"name":"cm"},"data":{"k":"v"}}`)
+	require.Equal(t, http.StatusCreated, code, "%v", obj)
+	path := filepath.Join(dir, "configmaps", "default", "cm.json")
+
+	require.NoError(t, os.WriteFile(path, []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"cm"},"data":{"k":1}}`), 0o644))
+	require.Eventually(t, func() bool {
+		_, list := call(t, http.MethodGet, hs.URL+"/api/v1/namespaces/default/events", "")
+		items, _ := list["items"].([]any)
+		for _, it := range items {
+			m := it.(map[string]any)
+			if m["reason"] == invalidFileReason && strings.Contains(m["message"].(string), path) {
+				return true
+			}
+		}
+		return false
+	}, 5*time.Second, 20*time.Millisecond, "a Warning Event names the file")
+	_, got := call(t, http.MethodGet, base+"/cm", "")
+	require.Equal(t, map[string]any{"k": "v"}, got["data"], "last good object")
+
+	require.NoError(t, os.WriteFile(path, []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"cm"},"data":{"k":"edited"}}`), 0o644))
+	require.Eventually(t, func() bool {
+		_, got := call(t, http.MethodGet, base+"/cm", "")
+		return got["data"].(map[string]any)["k"] == "edited"
+	}, 5*time.Second, 20*time.Millisecond)
+}

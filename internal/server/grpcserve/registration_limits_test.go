@@ -148,9 +148,10 @@ func TestRegistrationHandshakeTimeout(t *testing.T) {
 	conn, err := net.Dial("tcp", f.addr)
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
-	start := time.Now()
+	// The read deadline (30 s) lies between the registration handshake
+	// timeout (10 s) and grpc-go's default (120 s): only the former closes
+	// the connection before it.
 	require.NoError(t, conn.SetReadDeadline(time.Now().Add(30*time.Second)))
 	_, err = io.Copy(io.Discard, conn)
 	require.NoError(t, err, "closed by the server, not by the read deadline")
-	require.Less(t, time.Since(start), 20*time.Second)
 }

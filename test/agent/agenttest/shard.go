@@ -78,6 +78,9 @@ type Shard struct {
 	Revoked atomic.Int64
 	// TwoHolderGrace is passed to agentapi (set before Start).
 	TwoHolderGrace time.Duration
+	// Now, when set before Start, is agentapi's clock (tests that step
+	// through a grace period); certificates are still issued at real time.
+	Now func() time.Time
 
 	mu        sync.Mutex
 	instances map[string]*Instance
@@ -168,7 +171,7 @@ func (s *Shard) Start() error {
 		Shard: ShardID, Source: src, Keys: s.Keys, Signer: &agentapi.WorkloadSigner{CA: s.WorkloadCA, MaxValidity: time.Hour, Policy: policy},
 		Health: s.Health, Log: s.log.WithName("agentapi"), RepushInterval: s.RepushInterval,
 		OnRefused:     func(agentapi.Ref, error) { s.Refused.Add(1) },
-		RenewIdentity: issuer.RenewAgentPEM, TwoHolderGrace: s.TwoHolderGrace,
+		RenewIdentity: issuer.RenewAgentPEM, TwoHolderGrace: s.TwoHolderGrace, Now: s.Now,
 		RevokeInstance: func(context.Context, string, string) error {
 			s.Revoked.Add(1)
 			return nil
