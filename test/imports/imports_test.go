@@ -41,6 +41,7 @@ var leaves = []string{
 	"internal/msgsize",     // gRPC message size limits
 	"internal/nonce",       // registration JWTs and the used-nonce ledger
 	"internal/pki",         // CAs, certificates, TLS configs
+	"internal/regoutcome",  // what a Registration error means to a client (agent, operator)
 	"internal/secrets",     // sealed envelopes and keyrings
 	"internal/storage",     // opening the object store, retries, conditional writes
 	"internal/version",     // the build version
