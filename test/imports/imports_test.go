@@ -44,6 +44,7 @@ var leaves = []string{
 	"internal/regoutcome",  // what a Registration error means to a client (agent, operator)
 	"internal/secrets",     // sealed envelopes and keyrings
 	"internal/storage",     // opening the object store, retries, conditional writes
+	"internal/streamloop",  // following a server stream: reopen with backoff, count reopenings
 	"internal/version",     // the build version
 	"internal/workloadca",  // each tenant's workload CA: created by the shard leader, refused as an import by nstance-admin
 	"internal/testing/...", // test helpers (bind, host tools, envtest, processes)
