@@ -338,7 +338,7 @@ func (c *Coordinator) Reconcile(ctx context.Context, key Key) (reconcile.Result,
 	resp, err := cl.GetInstanceStatus(ctx, &nstancev1.GetInstanceStatusRequest{Lookup: &nstancev1.GetInstanceStatusRequest_InstanceId{InstanceId: id}})
 	if status.Code(err) == codes.NotFound {
 		c.update(key, func(s *drainState) { s.deleted = true })
-		return reconcile.Result{Requeue: true}, nil
+		return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
 	}
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("get status of instance %s on shard %s: %w", id, shard, err)
