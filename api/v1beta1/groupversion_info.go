@@ -14,7 +14,7 @@ var (
 	GroupVersion = schema.GroupVersion{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta1"}
 
 	// SchemeBuilder registers the Nstance kinds with a runtime.Scheme.
-	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion} //nolint:staticcheck // the kubebuilder layout every provider's api package uses (CAPI's too)
 
 	// AddToScheme adds the Nstance kinds to a runtime.Scheme.
 	AddToScheme = SchemeBuilder.AddToScheme

@@ -38,13 +38,14 @@ func main() {
 	flag.Parse()
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
-		if err == nil && pprof.StartCPUProfile(f) == nil {
-			defer pprof.StopCPUProfile()
+		if err == nil {
+			_ = pprof.StartCPUProfile(f)
 		}
 	}
-	if err := run(*objects, *runs, *edits, *workers); err != nil {
+	err := run(*objects, *runs, *edits, *workers)
+	pprof.StopCPUProfile() // a no-op without -cpuprofile
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench devk8s:", err)
-		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }

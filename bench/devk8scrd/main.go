@@ -39,13 +39,14 @@ func main() {
 	flag.Parse()
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
-		if err == nil && pprof.StartCPUProfile(f) == nil {
-			defer pprof.StopCPUProfile()
+		if err == nil {
+			_ = pprof.StartCPUProfile(f)
 		}
 	}
-	if err := run(*creates, *runs, *slice); err != nil {
+	err := run(*creates, *runs, *slice)
+	pprof.StopCPUProfile() // a no-op without -cpuprofile
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench devk8scrd:", err)
-		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
@@ -144,12 +145,6 @@ func median(ds []time.Duration) time.Duration {
 	s := append([]time.Duration(nil), ds...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[len(s)/2]
-}
-
-func pct(ds []time.Duration, p float64) time.Duration {
-	s := append([]time.Duration(nil), ds...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return s[int(float64(len(s)-1)*p)]
 }
 
 func run(creates, runs, slice int) error {

@@ -60,7 +60,7 @@ func run(d time.Duration, runs, workers, size int, cpuprofile string) error {
 	if err != nil {
 		return err
 	}
-	defer srv.Stop()
+	defer func() { _ = srv.Stop() }()
 
 	bareDir := filepath.Join(tmp, "bare")
 	bareLn, err := net.Listen("tcp", "127.0.0.1:0")
@@ -68,7 +68,7 @@ func run(d time.Duration, runs, workers, size int, cpuprofile string) error {
 		return err
 	}
 	bare := &http.Server{Handler: bareHandler(bareDir)}
-	go bare.Serve(bareLn)
+	go func() { _ = bare.Serve(bareLn) }()
 	defer bare.Close()
 
 	body := bytes.Repeat([]byte("x"), size)

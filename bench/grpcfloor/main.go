@@ -267,7 +267,6 @@ func runChild(name string, mtls bool, settle time.Duration) error {
 	opts := []grpc.ServerOption{grpc.Creds(credentials.NewTLS(tc)), grpc.ForceServerCodec(rawCodec{})}
 	if v.lean {
 		opts = append(opts,
-			grpc.SharedWriteBuffer(true),
 			grpc.ReadBufferSize(v.bufs),
 			grpc.WriteBufferSize(v.bufs),
 			grpc.InitialWindowSize(64<<10),
@@ -497,7 +496,6 @@ func measure(v variant, n int, mtls bool, par int, settle time.Duration) (res re
 		// Keep the load side light; these do not change the server's buffers.
 		grpc.WithReadBufferSize(4 << 10),
 		grpc.WithWriteBufferSize(4 << 10),
-		grpc.WithSharedWriteBuffer(true),
 	}
 
 	conns := make([]*grpc.ClientConn, n)

@@ -171,12 +171,18 @@ func run(n, conc, nconns int, storageKind string, storm time.Duration, why *reas
 		return runStorm(ctx, a.Addrs().Registration, pool, nonceKey, ids[:n], storm, storageKind)
 	}
 	clients := make([]nstancev1.RegistrationServiceClient, nconns)
+	conns := make([]*grpc.ClientConn, 0, nconns)
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
 	for i := range clients {
 		conn, err := grpc.NewClient(a.Addrs().Registration, grpc.WithTransportCredentials(grpccreds.NewTLS(pki.ClientTLS(pool, nil, "127.0.0.1"))))
 		if err != nil {
 			return err
 		}
-		defer conn.Close()
+		conns = append(conns, conn)
 		clients[i] = nstancev1.NewRegistrationServiceClient(conn)
 	}
 

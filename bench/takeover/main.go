@@ -271,14 +271,18 @@ func (e *env) term(ctx context.Context, n int, cached bool) (sample, error) {
 // on the machine hits every case alike.
 func bench(kind string, n int, markers []int, runs int, modes []bool) error {
 	ctx := context.Background()
-	envs := make([]*env, len(markers))
+	envs := make([]*env, 0, len(markers))
+	defer func() {
+		for _, e := range envs {
+			e.close()
+		}
+	}()
 	for i, m := range markers {
 		e, err := open(ctx, kind)
 		if err != nil {
 			return err
 		}
-		defer e.close()
-		envs[i] = e
+		envs = append(envs, e)
 		t0 := time.Now()
 		if err := e.populate(ctx, n); err != nil {
 			return err

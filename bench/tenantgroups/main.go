@@ -68,14 +68,18 @@ func main() {
 			fmt.Fprintf(os.Stderr, "tenantgroups bench: -cpuprofile: %v\n", err)
 			os.Exit(2)
 		}
-		defer pprof.StopCPUProfile()
 	}
+	failed := false
 	for _, kind := range strings.Split(*storeList, ",") {
 		if err := bench(ctx, strings.TrimSpace(kind), *upserts, *total); err != nil {
 			fmt.Fprintf(os.Stderr, "tenantgroups bench (%s): %v\n", kind, err)
-			pprof.StopCPUProfile()
-			os.Exit(1)
+			failed = true
+			break
 		}
+	}
+	pprof.StopCPUProfile() // a no-op without -cpuprofile
+	if failed {
+		os.Exit(1)
 	}
 }
 

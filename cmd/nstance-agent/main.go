@@ -28,29 +28,33 @@ variables, normally set by the provider that started the instance:
 The full list is in internal/agent/config and docs/architecture.md.
 `
 
-func main() {
+func main() { os.Exit(run()) }
+
+// run is the agent's life; its result is the exit code (deferred calls run
+// before the process exits).
+func run() int {
 	if len(os.Args) > 1 {
 		switch os.Args[1] {
 		case "--version", "-version", "-v":
 			fmt.Println("nstance-agent", version.Version)
-			return
+			return 0
 		case "--help", "-help", "-h":
 			fmt.Print(usage)
-			return
+			return 0
 		default:
 			fmt.Fprintf(os.Stderr, "nstance-agent: unknown argument %q (configuration comes from NSTANCE_* variables)\n\n%s", os.Args[1], usage)
-			os.Exit(2)
+			return 2
 		}
 	}
 	cfg, err := config.Load(os.LookupEnv)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
+		return 2
 	}
 	base, flush, err := logging.New(cfg.Log, nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "nstance-agent:", err)
-		os.Exit(2)
+		return 2
 	}
 	defer flush()
 	log := base.WithValues("instance", cfg.InstanceID)
@@ -60,8 +64,8 @@ func main() {
 	defer stop()
 	if err := app.Run(ctx, cfg, version.Version, log); err != nil {
 		log.Error(err, "agent stopped")
-		flush()
-		os.Exit(1)
+		return 1
 	}
 	log.Info("agent stopped")
+	return 0
 }

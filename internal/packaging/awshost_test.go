@@ -188,7 +188,7 @@ esac
 	t.Run("installs and starts", func(t *testing.T) {
 		dir, rootDir, env := setup(t)
 		cmd := exec.Command(bash, script)
-		cmd.Env = append(env, "NSTANCE_KEY_SECRET_ID=nstance/prod/encryption-key")
+		cmd.Env = append(slices.Clone(env), "NSTANCE_KEY_SECRET_ID=nstance/prod/encryption-key")
 		out, err := cmd.CombinedOutput()
 		require.NoError(t, err, "user data:\n%s", out)
 		got, err := os.ReadFile(filepath.Join(rootDir, "usr/local/bin/nstance-server"))
@@ -227,7 +227,7 @@ esac
 	t.Run("refuses a wrong checksum", func(t *testing.T) {
 		dir, rootDir, env := setup(t)
 		cmd := exec.Command(bash, script)
-		cmd.Env = append(env, "NSTANCE_SHA256_AMD64="+strings.Repeat("0", 64), "NSTANCE_SHA256_ARM64="+strings.Repeat("0", 64))
+		cmd.Env = append(slices.Clone(env), "NSTANCE_SHA256_AMD64="+strings.Repeat("0", 64), "NSTANCE_SHA256_ARM64="+strings.Repeat("0", 64))
 		out, err := cmd.CombinedOutput()
 		require.Error(t, err)
 		require.Contains(t, string(out), "want 0000")

@@ -131,14 +131,6 @@ func TestChartCopiesMatchConfig(t *testing.T) {
 	require.Equal(t, string(want), string(got), "chart RBAC differs from config/rbac/role.yaml: run `make helm-sync`")
 }
 
-// generatedRules reads the operator's marker-generated ClusterRole as the
-// chart uses it.
-func generatedRules(t *testing.T) []rbacv1.PolicyRule {
-	t.Helper()
-	cluster, _ := generatedRoles(t)
-	return cluster
-}
-
 // generatedRoles reads the operator's marker-generated RBAC as the chart
 // uses it: the ClusterRole's rules and the rules of the Role generated from
 // the markers with namespace=, which apply in the operator's namespace.

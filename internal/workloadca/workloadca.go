@@ -71,7 +71,6 @@ type sharedEntry struct {
 	// cert is the shared CA while it is still trusted (nil: none, or its
 	// transition is over).
 	cert *x509.Certificate
-	pem  []byte
 	at   time.Time
 }
 

@@ -208,7 +208,7 @@ func TestAgentEndToEnd(t *testing.T) {
 	e.shard.Stop()
 	time.Sleep(300 * time.Millisecond)
 	require.NoError(t, e.shard.Start())
-	r = e.waitConverged(t, "node-a", 5)
+	e.waitConverged(t, "node-a", 5)
 	again, err := os.ReadFile(ks.Path("kubelet"))
 	require.NoError(t, err)
 	require.Equal(t, kubeletKey, again, "keys survive reconnects")

@@ -430,8 +430,3 @@ func tmuxShardsShareSession(ctx context.Context, e *env) error {
 	}
 	return nil
 }
-
-// shortCtx is ctx bounded by d.
-func shortCtx(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, d)
-}

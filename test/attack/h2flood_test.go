@@ -94,7 +94,7 @@ func (f *partialFlood) read() {
 					}
 				}
 				f.mu.Unlock()
-				f.write(func() error { return f.fr.WriteSettingsAck() })
+				_ = f.write(func() error { return f.fr.WriteSettingsAck() })
 				f.mu.Lock()
 			}
 		case *http2.WindowUpdateFrame:
@@ -117,7 +117,7 @@ func (f *partialFlood) read() {
 			if !x.IsAck() {
 				data := x.Data
 				f.mu.Unlock()
-				f.write(func() error { return f.fr.WritePing(true, data) })
+				_ = f.write(func() error { return f.fr.WritePing(true, data) })
 				f.mu.Lock()
 			}
 		case *http2.GoAwayFrame:

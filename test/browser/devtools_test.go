@@ -77,6 +77,19 @@ func fetchScript(reqs []map[string]any) string {
 	return b.String()
 }
 
+// rebindingTab loads the attacker's page from http://evilName:port/ in a
+// new tab of ctx's browser and then stops the attacker's server, leaving
+// port free for the tool the page will reach as its "own" origin.
+func rebindingTab(t *testing.T, ctx context.Context) (context.Context, int) {
+	t.Helper()
+	port := Port(t)
+	stop := serveAttacker(t, port)
+	tab := NewTab(t, ctx)
+	Navigate(t, tab, fmt.Sprintf("http://%s:%d/", evilName, port))
+	stop()
+	return tab, port
+}
+
 // serveAttacker serves the attacker's page on 127.0.0.1:port until the
 // returned function stops it (and drops its connections).
 func serveAttacker(t *testing.T, port int) (stop func()) {
@@ -226,11 +239,7 @@ func TestDNSRebinding(t *testing.T) {
 	ctx := Start(t, Options{HostResolverRules: "MAP " + evilName + " 127.0.0.1"})
 
 	t.Run("dev-s3", func(t *testing.T) {
-		port := Port(t)
-		stop := serveAttacker(t, port)
-		tab := NewTab(t, ctx)
-		Navigate(t, tab, fmt.Sprintf("http://%s:%d/", evilName, port))
-		stop()
+		tab, port := rebindingTab(t, ctx)
 		dir := t.TempDir()
 		objs := seedS3(t, dir)
 		startDevS3(t, dir, port)
@@ -247,11 +256,7 @@ func TestDNSRebinding(t *testing.T) {
 	})
 
 	t.Run("dev-k8s", func(t *testing.T) {
-		port := Port(t)
-		stop := serveAttacker(t, port)
-		tab := NewTab(t, ctx)
-		Navigate(t, tab, fmt.Sprintf("http://%s:%d/", evilName, port))
-		stop()
+		tab, port := rebindingTab(t, ctx)
 		dir := t.TempDir()
 		secret := filepath.Join(dir, "secrets", "default", "operator-key.json")
 		const secretJSON = `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"operator-key","namespace":"default"},"data":{"tls.key":"T1JJR0lOQUw="}}`

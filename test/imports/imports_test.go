@@ -41,8 +41,10 @@ var leaves = []string{
 	"internal/msgsize",     // gRPC message size limits
 	"internal/nonce",       // registration JWTs and the used-nonce ledger
 	"internal/pki",         // CAs, certificates, TLS configs
+	"internal/regoutcome",  // what a Registration error means to a client (agent, operator)
 	"internal/secrets",     // sealed envelopes and keyrings
 	"internal/storage",     // opening the object store, retries, conditional writes
+	"internal/streamloop",  // following a server stream: reopen with backoff, count reopenings
 	"internal/version",     // the build version
 	"internal/workloadca",  // each tenant's workload CA: created by the shard leader, refused as an import by nstance-admin
 	"internal/testing/...", // test helpers (bind, host tools, envtest, processes)

@@ -16,7 +16,7 @@ var (
 	GroupVersion = schema.GroupVersion{Group: "controlplane.cluster.x-k8s.io", Version: "v1beta1"}
 
 	// SchemeBuilder registers the control plane kinds with a runtime.Scheme.
-	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion} //nolint:staticcheck // the kubebuilder layout every provider's api package uses (CAPI's too)
 
 	// AddToScheme adds the control plane kinds to a runtime.Scheme.
 	AddToScheme = SchemeBuilder.AddToScheme

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
 
+	"github.com/nstance-dev/nstance/internal/streamloop"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -211,25 +212,16 @@ func (c *Collector) list(ctx context.Context, cl nstancev1.OperatorServiceClient
 // ctx ends. A stream that ends pokes the refresh loop, so a shard that went
 // away shows as unreachable without waiting for the next tick.
 func (c *Collector) watch(ctx context.Context, shard, what string, poke func(), run func(context.Context) error) {
-	b := wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 8, Cap: 10 * time.Second}
-	for ctx.Err() == nil {
-		start := c.o.Clock.Now()
+	_ = streamloop.Loop{
+		Name: what, Backoff: wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 8, Cap: 10 * time.Second},
+		Healthy: time.Minute, Clock: c.o.Clock, Log: c.o.Log.V(1).WithValues("shard", shard),
+	}.Run(ctx, func(ctx context.Context) error {
 		err := run(ctx)
-		if ctx.Err() != nil {
-			return
+		if ctx.Err() == nil {
+			poke()
 		}
-		poke()
-		if c.o.Clock.Since(start) > time.Minute {
-			b = wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 8, Cap: 10 * time.Second}
-		}
-		d := b.Step()
-		c.o.Log.V(1).Info("watch ended; reconnecting", "shard", shard, "watch", what, "reason", fmt.Sprint(err), "after", d.String())
-		select {
-		case <-ctx.Done():
-			return
-		case <-c.o.Clock.After(d):
-		}
-	}
+		return err
+	})
 }
 
 func watchGroups(ctx context.Context, cl nstancev1.OperatorServiceClient, poke func()) error {

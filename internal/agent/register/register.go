@@ -9,9 +9,10 @@ import (
 
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
+
+	"github.com/nstance-dev/nstance/internal/regoutcome"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/nstance-dev/nstance/internal/agent/identity"
@@ -111,11 +112,11 @@ func Ensure(ctx context.Context, o Options) error {
 				"group", resp.GetIdentity().GetGroupId(), "expires", resp.GetExpiresAt().AsTime(), "attempts", attempt)
 			return nil
 		}
-		switch Classify(err) {
-		case Definite:
+		switch regoutcome.Classify(err) {
+		case regoutcome.Definite:
 			return fmt.Errorf("%w by %s: %s (%s); this nonce cannot register the instance, which needs a new one",
 				ErrRefused, o.Addr, status.Convert(err).Message(), status.Code(err))
-		case NotYetValid:
+		case regoutcome.NotYetValid:
 			if earlySince.IsZero() {
 				earlySince = now()
 			}
@@ -150,31 +151,4 @@ func call(ctx context.Context, o Options, req *nstancev1.RegisterAgentRequest) (
 	actx, cancel := context.WithTimeout(ctx, o.AttemptTimeout)
 	defer cancel()
 	return nstancev1.NewRegistrationServiceClient(conn).RegisterAgent(actx, req)
-}
-
-// Outcome is how a registration error is treated.
-type Outcome int
-
-// Outcomes of Classify.
-const (
-	// Transient: retry with backoff (server unreachable or busy, storage
-	// trouble, a lost reply).
-	Transient Outcome = iota
-	// NotYetValid: retry, but only within the clock-skew allowance.
-	NotYetValid
-	// Definite: the server refused for good; retrying cannot help.
-	Definite
-)
-
-// Classify maps a RegisterAgent error to what the agent does about it,
-// following the codes the Registration service documents.
-func Classify(err error) Outcome {
-	switch status.Code(err) {
-	case codes.FailedPrecondition:
-		return NotYetValid
-	case codes.InvalidArgument, codes.Unauthenticated, codes.PermissionDenied, codes.AlreadyExists,
-		codes.NotFound, codes.Unimplemented, codes.OutOfRange:
-		return Definite
-	}
-	return Transient
 }

@@ -141,11 +141,3 @@ func TestNotYetValidIsBoundedBySkewAllowance(t *testing.T) {
 	require.GreaterOrEqual(t, s.calls, 2)
 	require.GreaterOrEqual(t, time.Since(start), o.SkewAllowance)
 }
-
-func TestClassify(t *testing.T) {
-	require.Equal(t, Transient, Classify(context.DeadlineExceeded))
-	require.Equal(t, Transient, Classify(status.Error(codes.Unavailable, "")))
-	require.Equal(t, Transient, Classify(status.Error(codes.Internal, "")))
-	require.Equal(t, NotYetValid, Classify(status.Error(codes.FailedPrecondition, "")))
-	require.Equal(t, Definite, Classify(status.Error(codes.AlreadyExists, "")))
-}

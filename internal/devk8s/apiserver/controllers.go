@@ -102,12 +102,6 @@ func (s *Server) cleanupCRDs() {
 	}
 }
 
-type ownerKey struct {
-	res       *registry.Resource
-	namespace string
-	name      string
-}
-
 // ownerState looks an owner reference up: alive (same uid) and its entry.
 func (s *Server) ownerState(ns string, ref metav1.OwnerReference) (*store.Entry, *registry.Resource, bool) {
 	gv, err := schema.ParseGroupVersion(ref.APIVersion)

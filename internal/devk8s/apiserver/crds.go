@@ -110,7 +110,7 @@ func validateCRD(obj map[string]any) error {
 	gk := schemaGK("apiextensions.k8s.io", "CustomResourceDefinition")
 	var errs field.ErrorList
 	if want := crd.Spec.Names.Plural + "." + crd.Spec.Group; crd.Name != want {
-		errs = append(errs, field.Invalid(field.NewPath("metadata", "name"), crd.Name, fmt.Sprintf("must be spec.names.plural+\".\"+spec.group")))
+		errs = append(errs, field.Invalid(field.NewPath("metadata", "name"), crd.Name, "must be spec.names.plural+\".\"+spec.group"))
 	}
 	storage := 0
 	for _, v := range crd.Spec.Versions {

@@ -293,11 +293,6 @@ func (s *Server) writeEntry(w http.ResponseWriter, r *http.Request, code int, re
 	writeRaw(w, code, entryBytes(res, e))
 }
 
-func (s *Server) writeObject(w http.ResponseWriter, code int, res *registry.Resource, obj map[string]any) {
-	obj["apiVersion"] = res.APIVersion()
-	writeJSON(w, code, obj)
-}
-
 func (s *Server) get(w http.ResponseWriter, r *http.Request, rq request) {
 	e, ok := s.store.Get(rq.res.StorageName(), rq.namespace, rq.name)
 	if !ok {

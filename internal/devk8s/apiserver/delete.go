@@ -44,7 +44,7 @@ func (s *Server) deleteOptions(r *http.Request) (metav1.DeleteOptions, error) {
 	}
 	if v := q.Get("orphanDependents"); v != "" {
 		b := isTrue(v)
-		opts.OrphanDependents = &b
+		opts.OrphanDependents = &b //nolint:staticcheck // deprecated, still served by kube-apiserver
 	}
 	if isDryRun(r) {
 		opts.DryRun = []string{metav1.DryRunAll}
@@ -179,7 +179,7 @@ func validPolicy(opts metav1.DeleteOptions) error {
 	default:
 		return apierrors.NewInvalid(schema.GroupKind{Group: "meta.k8s.io", Kind: "DeleteOptions"}, "", field.ErrorList{field.NotSupported(field.NewPath("propagationPolicy"), *opts.PropagationPolicy, []string{"Foreground", "Background", "Orphan", "nil"})})
 	}
-	if opts.OrphanDependents != nil {
+	if opts.OrphanDependents != nil { //nolint:staticcheck // deprecated, still served by kube-apiserver
 		return apierrors.NewInvalid(schema.GroupKind{Group: "meta.k8s.io", Kind: "DeleteOptions"}, "", field.ErrorList{field.Invalid(field.NewPath("propagationPolicy"), *opts.PropagationPolicy, "orphanDependents and deletionPropagation cannot be both set")})
 	}
 	return nil
@@ -187,8 +187,8 @@ func validPolicy(opts metav1.DeleteOptions) error {
 
 // propagation returns the finalizer the delete options ask for, or "".
 func propagation(opts metav1.DeleteOptions) string {
-	if opts.OrphanDependents != nil {
-		if *opts.OrphanDependents {
+	if opts.OrphanDependents != nil { //nolint:staticcheck // deprecated, still served by kube-apiserver
+		if *opts.OrphanDependents { //nolint:staticcheck // as above
 			return metav1.FinalizerOrphanDependents
 		}
 		return ""

@@ -437,7 +437,7 @@ func (v *Version) BeforeUpdate(ctx context.Context, sub string, obj, old map[str
 	}
 	// rest.BeforeUpdate's common checks come first, then the strategy's.
 	path := field.NewPath("metadata")
-	errs := metavalidation.ValidateObjectMetaAccessor(u, v.namespaced, apipath.ValidatePathSegmentName, path)
+	errs := metavalidation.ValidateObjectMetaAccessor(u, v.namespaced, apipath.ValidatePathSegmentName, path) //nolint:staticcheck // the name rule kube-apiserver's custom resource strategy applies
 	errs = append(errs, metavalidation.ValidateObjectMetaAccessorUpdate(u, uOld, path)...)
 	return append(errs, st.ValidateUpdate(ctx, u, uOld)...)
 }

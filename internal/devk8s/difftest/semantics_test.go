@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -376,13 +377,11 @@ func semanticCases() []diffCase {
 	add("conflict/rv-monotonic", func(c *tc) any {
 		a := c.must(c.post(cmPath, cm("a", nil, nil))).Obj
 		b := c.must(c.post(cmPath, cm("b", nil, nil))).Obj
-		var ra, rb int
-		fmt.Sscan(rvOf(a), &ra)
-		fmt.Sscan(rvOf(b), &rb)
 		l := c.must(c.get(cmPath)).Obj
-		var rl int
-		fmt.Sscan(rvOf(l), &rl)
-		return []bool{rb > ra, rl >= rb}
+		ra, errA := strconv.Atoi(rvOf(a))
+		rb, errB := strconv.Atoi(rvOf(b))
+		rl, errL := strconv.Atoi(rvOf(l))
+		return []bool{errA == nil && errB == nil && errL == nil, rb > ra, rl >= rb}
 	})
 	add("conflict/noop-update-keeps-rv", func(c *tc) any {
 		o := c.must(c.post(cmPath, cm("a", nil, map[string]any{"x": "1"}))).Obj

@@ -213,7 +213,7 @@ func TestDaemonSetController(t *testing.T) {
 	_, err = cs.CoreV1().Nodes().Update(ctx, n1, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	require.NoError(t, cs.CoreV1().Nodes().Delete(ctx, "n4", metav1.DeleteOptions{}))
-	got = waitNodes("n2,n3")
+	waitNodes("n2,n3")
 	waitStatus("gen=2 observed=2 desired=2 current=2 misscheduled=0 ready=1 available=1 unavailable=1 updated=2")
 
 	// kubectl sees the kind by its short name, with the controller's counts.

@@ -3,6 +3,7 @@ package registry
 import (
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -275,10 +276,10 @@ func versionKey(v string) [4]int {
 	switch {
 	case strings.HasPrefix(tail, "beta"):
 		stage = 2
-		fmt.Sscanf(strings.TrimPrefix(tail, "beta"), "%d", &minor)
+		minor, _ = strconv.Atoi(strings.TrimPrefix(tail, "beta")) // 0 when absent
 	case strings.HasPrefix(tail, "alpha"):
 		stage = 1
-		fmt.Sscanf(strings.TrimPrefix(tail, "alpha"), "%d", &minor)
+		minor, _ = strconv.Atoi(strings.TrimPrefix(tail, "alpha")) // 0 when absent
 	case tail != "":
 		stage = 0
 	}

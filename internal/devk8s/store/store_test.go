@@ -308,7 +308,7 @@ func TestMutatePanicReleasesLock(t *testing.T) {
 	require.Panics(t, func() {
 		_, _ = s.Mutate("configmaps", "default", "a", func(map[string]any) (Mutation, error) {
 			var m map[string]any
-			m["boom"] = 1 // assignment to a nil map
+			m["boom"] = 1 //nolint:staticcheck // assignment to a nil map: the panic is the point
 			return Mutation{}, nil
 		})
 	})

@@ -3,7 +3,6 @@ package store
 import (
 	"errors"
 	"fmt"
-	"sync"
 )
 
 // ExpiredError reports a watch start older than the kept history.
@@ -27,7 +26,6 @@ type Watcher struct {
 	namespace string
 	ch        chan Event
 	s         *Store
-	once      sync.Once
 	overflow  bool
 }
 

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -22,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/regoutcome"
 )
 
 // Keys inside the ConfigMap and Secrets.
@@ -341,26 +341,6 @@ var DefaultBackoff = wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1,
 // yet" (their clocks behind the clock it was minted with) is retried.
 const DefaultSkewAllowance = 5 * time.Minute
 
-type outcome int
-
-const (
-	transient outcome = iota
-	notYetValid
-	definite
-)
-
-// classify follows the codes the Registration service documents.
-func classify(err error) outcome {
-	switch status.Code(err) {
-	case codes.FailedPrecondition:
-		return notYetValid
-	case codes.InvalidArgument, codes.Unauthenticated, codes.PermissionDenied, codes.AlreadyExists,
-		codes.NotFound, codes.Unimplemented, codes.OutOfRange:
-		return definite
-	}
-	return transient
-}
-
 // register tries every shard in order, in rounds spaced by o.Backoff, until
 // one registers the operator. A retry after a lost reply is safe: the server
 // answers the same key with the certificate it issued first. A definite
@@ -396,12 +376,12 @@ func register(ctx context.Context, o Options, roots *x509.CertPool, nonce string
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			switch classify(err) {
-			case definite:
+			switch regoutcome.Classify(err) {
+			case regoutcome.Definite:
 				return nil, fmt.Errorf("%w: shard %s (%s) refused it for good: %s (%s); the nonce in Secret %s/%s cannot register this "+
 					"operator: mint a new one with `nstance-admin cluster nonce`", ErrRegistrationFailed, s.ID, s.Addr,
 					status.Convert(err).Message(), status.Code(err), o.Namespace, o.NonceSecret)
-			case notYetValid:
+			case regoutcome.NotYetValid:
 				early = true
 			}
 			o.Log.Error(err, "registration attempt failed", "shard", s.ID, "addr", s.Addr, "round", round)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -39,6 +38,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/paused"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 	"github.com/nstance-dev/nstance/internal/operator/workload"
+	"github.com/nstance-dev/nstance/internal/streamloop"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -182,30 +182,25 @@ func (c *Coordinator) Start(ctx context.Context) {
 	}
 }
 
+// StreamInstances names the instance stream in logs and metrics.
+const StreamInstances = "instances"
+
+// loop keeps the shard's instance stream open (streamloop), counting each
+// reopening.
 func (c *Coordinator) loop(ctx context.Context, shard string) {
-	log := c.Log.WithValues("shard", shard)
-	maxDelay := cmp.Or(c.MaxBackoff, 5*time.Second)
-	delay := 100 * time.Millisecond
-	for {
-		if err := c.Conns.WaitReady(ctx, shard); err != nil {
-			return
-		}
-		opened := time.Now()
-		err := c.watchOnce(ctx, shard)
-		if ctx.Err() != nil {
-			return
-		}
-		log.Error(err, "instance stream ended; reopening")
-		if time.Since(opened) > 30*time.Second {
-			delay = 100 * time.Millisecond
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(delay/2 + time.Duration(rand.Int64N(int64(delay)))):
-		}
-		delay = min(delay*2, maxDelay)
+	bo := streamloop.DefaultBackoff()
+	if c.MaxBackoff > 0 {
+		bo.Cap = c.MaxBackoff
 	}
+	_ = streamloop.Loop{
+		Name: StreamInstances, Backoff: bo, Log: c.Log.WithValues("shard", shard),
+		Ready: func(ctx context.Context) error { return c.Conns.WaitReady(ctx, shard) },
+		OnReopen: func(error) {
+			if c.Metrics != nil {
+				c.Metrics.StreamReconnected(shard, StreamInstances)
+			}
+		},
+	}.Run(ctx, func(ctx context.Context) error { return c.watchOnce(ctx, shard) })
 }
 
 // watchOnce follows one stream. On connect the server re-announces every
@@ -343,7 +338,7 @@ func (c *Coordinator) Reconcile(ctx context.Context, key Key) (reconcile.Result,
 	resp, err := cl.GetInstanceStatus(ctx, &nstancev1.GetInstanceStatusRequest{Lookup: &nstancev1.GetInstanceStatusRequest_InstanceId{InstanceId: id}})
 	if status.Code(err) == codes.NotFound {
 		c.update(key, func(s *drainState) { s.deleted = true })
-		return reconcile.Result{Requeue: true}, nil
+		return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
 	}
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("get status of instance %s on shard %s: %w", id, shard, err)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -20,6 +19,7 @@ import (
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/operator/metrics"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
+	"github.com/nstance-dev/nstance/internal/streamloop"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -63,41 +63,24 @@ func (w *Watcher) Start(ctx context.Context) {
 	}
 }
 
-// loop keeps one stream open, reopening it with jittered exponential backoff.
+// loop keeps one stream open, reopening it with jittered exponential
+// backoff (streamloop) and counting each reopening.
 func (w *Watcher) loop(ctx context.Context, shard, stream string, once func(context.Context, string) error) {
-	log := w.Log.WithValues("shard", shard, "stream", stream)
-	maxDelay := w.MaxBackoff
-	if maxDelay <= 0 {
-		maxDelay = 5 * time.Second
+	bo := streamloop.DefaultBackoff()
+	if w.MaxBackoff > 0 {
+		bo.Cap = w.MaxBackoff
 	}
-	delay := 100 * time.Millisecond
-	for attempt := 0; ; attempt++ {
-		if err := w.Conns.WaitReady(ctx, shard); err != nil {
-			return
-		}
-		if attempt > 0 {
-			w.Metrics.StreamReconnected(shard, stream)
-		}
-		opened := time.Now()
+	_ = streamloop.Loop{
+		Name: stream, Backoff: bo, Log: w.Log.WithValues("shard", shard),
+		Ready:    func(ctx context.Context) error { return w.Conns.WaitReady(ctx, shard) },
+		OnReopen: func(error) { w.Metrics.StreamReconnected(shard, stream) },
+	}.Run(ctx, func(ctx context.Context) error {
 		err := once(ctx, shard)
-		if ctx.Err() != nil {
-			return
-		}
-		if stream == StreamGroups {
+		if stream == StreamGroups && ctx.Err() == nil {
 			w.Cache.Unsync(shard)
 		}
-		log.Error(err, "stream ended; reopening")
-		if time.Since(opened) > 30*time.Second {
-			delay = 100 * time.Millisecond
-		}
-		sleep := delay/2 + time.Duration(rand.Int64N(int64(delay)))
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(sleep):
-		}
-		delay = min(delay*2, maxDelay)
-	}
+		return err
+	})
 }
 
 // groupsOnce opens WatchGroups, resyncs the whole shard with ListGroups and

@@ -9,6 +9,7 @@ import (
 )
 
 func TestParseMode(t *testing.T) {
+	//nolint:gocritic // the spaces around " management " are the case: ParseMode trims them
 	for in, want := range map[string]Mode{"": InCluster, "in-cluster": InCluster, " management ": Management} {
 		got, err := ParseMode(in)
 		require.NoError(t, err, in)

@@ -56,7 +56,7 @@ type Cache struct {
 
 // Open opens (creating) the cache at path; an empty path keeps it in memory.
 func Open(ctx context.Context, path string) (*Cache, error) {
-	dsn := "file::memory:?cache=shared"
+	var dsn string
 	if path == "" {
 		// A private in-memory database per Cache: a unique name.
 		dsn = fmt.Sprintf("file:nstance-%d?mode=memory&cache=shared", time.Now().UnixNano())

@@ -236,7 +236,8 @@ func registrationTransport(lim config.Limits) []grpc.ServerOption {
 
 // agentBuffers are the agent listener's per-connection buffer options.
 func agentBuffers() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.SharedWriteBuffer(true), grpc.ReadBufferSize(4 << 10), grpc.WriteBufferSize(4 << 10)}
+	// (grpc-go shares its write buffers by default.)
+	return []grpc.ServerOption{grpc.ReadBufferSize(4 << 10), grpc.WriteBufferSize(4 << 10)}
 }
 
 // AgentTransportOptions are the gRPC transport options of the agent

@@ -148,8 +148,6 @@ type Reconciler struct {
 	statusMu   sync.Mutex
 	lastStatus map[groups.Key]string
 
-	createMu sync.Mutex
-
 	orphans map[string]time.Time // provider instances without a record: first seen
 	// lastPrune is when unused user data was last pruned (the term's loop only).
 	lastPrune time.Time

@@ -198,10 +198,7 @@ func TestTmuxProviderWindowsAndNodes(t *testing.T) {
 	c := sh.Client(t, "default")
 	windows := func() []string {
 		out, _ := exec.Command("tmux", "-L", socket, "list-windows", "-t", session, "-F", "#{window_name}").Output()
-		var ws []string
-		for _, l := range strings.Fields(string(out)) {
-			ws = append(ws, l)
-		}
+		ws := strings.Fields(string(out))
 		sort.Strings(ws)
 		return ws
 	}

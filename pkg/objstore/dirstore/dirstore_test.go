@@ -215,6 +215,6 @@ func readOnlyDir(t *testing.T, base string) string {
 	}
 	dir := filepath.Join(base, "ro")
 	require.NoError(t, os.Mkdir(dir, 0o555))
-	t.Cleanup(func() { os.Chmod(dir, 0o755) })
+	t.Cleanup(func() { _ = os.Chmod(dir, 0o755) })
 	return dir
 }
