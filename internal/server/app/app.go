@@ -17,6 +17,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/nstance-dev/nstance/internal/carotation"
 	"github.com/nstance-dev/nstance/internal/config"
@@ -838,16 +839,9 @@ func (a *App) sweepNonces(ctx context.Context, log logr.Logger) {
 	if every <= 0 {
 		every = 10 * time.Minute
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
 	sw := &nonce.Sweeper{Store: a.leaderStore(), Grace: 2*nonceLeeway + nonceSkewAllowance, LegacyKeep: config.MaxNonceMaxLifetime,
 		Log: func(key string, err error) { log.Error(err, "nonce marker without a readable expiry", "key", key) }}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	_ = wait.PollUntilContextCancel(ctx, every, false, func(ctx context.Context) (bool, error) {
 		a.mu.Lock()
 		ce := a.clusterEl
 		a.mu.Unlock()
@@ -864,7 +858,8 @@ func (a *App) sweepNonces(ctx context.Context, log logr.Logger) {
 				log.V(1).Info("swept nonce markers", "prefix", p, "listed", st.Listed, "deleted", st.Deleted, "kept", st.Kept, "more", st.More)
 			}
 		}
-	}
+		return false, nil // every interval until ctx ends
+	})
 }
 
 // listenGRPC binds the three gRPC listeners. A port chosen by the kernel
