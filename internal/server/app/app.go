@@ -137,18 +137,17 @@ type App struct {
 	revocations *revocation.Gate
 	revSync     time.Duration
 
-	mu         sync.Mutex
-	addrs      Addrs
-	cfg        *config.Config
-	cfgETag    string
-	cfgMod     time.Time
-	clusterEl  *election.Elector
-	shardEl    *election.Elector
-	cacheDB    *cache.Cache
-	built      *Assembly
-	grpcActive bool
+	mu        sync.Mutex
+	addrs     Addrs
+	cfg       *config.Config
+	cfgETag   string
+	cfgMod    time.Time
+	clusterEl *election.Elector
+	shardEl   *election.Elector
+	cacheDB   *cache.Cache
+	built     *Assembly
 	// servingSince is when this server began serving gRPC as shard leader
-	// in the current term (zero while it does not).
+	// in the current term (zero while it does not: ServingGRPC).
 	servingSince time.Time
 
 	// cacheMu orders the standby's cache refreshes with leadership: while
@@ -205,7 +204,7 @@ func (a *App) Ready() bool { return a.ready.Ready() }
 func (a *App) ServingGRPC() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.grpcActive
+	return !a.servingSince.IsZero()
 }
 
 // Leadership names this server and when its current term of serving as
@@ -702,7 +701,7 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, gcfg grpcserve
 		return
 	}
 	a.mu.Lock()
-	a.grpcActive, a.servingSince = true, time.Now()
+	a.servingSince = time.Now()
 	a.mu.Unlock()
 	ad := a.Addrs()
 	log.Info("serving gRPC as shard leader", "registration", ad.Registration, "operator", ad.Operator, "agent", ad.Agent)
@@ -739,7 +738,7 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, gcfg grpcserve
 	// lctx when this server may no longer act, and a standby may take over
 	// soon after.
 	a.mu.Lock()
-	a.grpcActive, a.servingSince = false, time.Time{}
+	a.servingSince = time.Time{}
 	a.mu.Unlock()
 	if appCtx.Err() != nil {
 		// Shutting down while still leading: let RPCs finish, but never
