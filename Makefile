@@ -130,7 +130,7 @@ lint: $(BIN)/golangci-lint ## gofmt, then golangci-lint (.golangci.yml: govet, e
 	@files=$$(git ls-files '*.go' | grep -v '^scripts/envtest/'); \
 	unformatted=$$(gofmt -l $$files) || { echo "gofmt failed (see above)"; exit 1; }; \
 	if [ -n "$$unformatted" ]; then echo "not gofmt-ed:"; echo "$$unformatted"; exit 1; fi
-	@source scripts/lib/progress.sh; PROGRESS_TAG=lint; progress_run "golangci-lint run ./..." $(BIN)/golangci-lint run ./...
+	@source scripts/lib/progress.sh; PROGRESS_TAG=lint; progress_run "golangci-lint run ./..." $(BIN)/golangci-lint run --allow-parallel-runners ./...
 
 .PHONY: bench
 bench: ## Run every benchmark and print the figures (see bench/RESULTS.md).

@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/johannesboyne/gofakes3"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/nstance-dev/nstance/internal/devguard"
 	"github.com/nstance-dev/nstance/pkg/objstore/fsbucket"
@@ -167,16 +168,10 @@ func (s *Server) expireUploads() {
 // ctx ends.
 func (s *Server) sweepUploads(ctx context.Context) {
 	every := min(max(s.cfg.UploadExpiry/4, time.Second), time.Hour)
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.expireUploads()
-		}
-	}
+	_ = wait.PollUntilContextCancel(ctx, every, false, func(context.Context) (bool, error) {
+		s.expireUploads()
+		return false, nil // every interval until ctx ends
+	})
 }
 
 // wrap puts health, logging, signatures, key safety and multipart

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/util/wait"
 	x509request "k8s.io/apiserver/pkg/authentication/request/x509"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 )
@@ -43,25 +44,18 @@ func startClientCA(ctx context.Context, log logr.Logger, file string, poll time.
 	}
 	log.Info("client CA file does not exist yet; client certificates are not accepted until it does", "file", file)
 	go func() {
-		t := time.NewTicker(poll)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
+		_ = wait.PollUntilContextCancel(ctx, poll, false, func(ctx context.Context) (bool, error) {
 			if _, err := os.Stat(file); err != nil {
-				continue
+				return false, nil
 			}
 			if err := c.load(ctx); err != nil {
 				// Half written, or not PEM yet: try again on the next tick.
 				log.V(1).Info("client CA file not usable yet", "file", file, "reason", err.Error())
-				continue
+				return false, nil
 			}
 			log.Info("client CA file loaded", "file", file)
-			return
-		}
+			return true, nil
+		})
 	}()
 	return c, nil
 }

@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -101,18 +102,13 @@ func (r *Runner) Start(ctx context.Context) error {
 	if r.Timeout <= 0 {
 		return nil
 	}
-	t := time.NewTicker(r.interval())
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	_ = wait.PollUntilContextCancel(ctx, r.interval(), false, func(ctx context.Context) (bool, error) {
 		if err := r.Pass(ctx); err != nil && ctx.Err() == nil {
 			r.Log.Error(err, "join deadline pass")
 		}
-	}
+		return false, nil // every interval until ctx ends
+	})
+	return nil
 }
 
 // Pass makes one pass: read every shard's instances and the workload

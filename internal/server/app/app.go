@@ -17,6 +17,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/nstance-dev/nstance/internal/carotation"
 	"github.com/nstance-dev/nstance/internal/config"
@@ -136,18 +137,17 @@ type App struct {
 	revocations *revocation.Gate
 	revSync     time.Duration
 
-	mu         sync.Mutex
-	addrs      Addrs
-	cfg        *config.Config
-	cfgETag    string
-	cfgMod     time.Time
-	clusterEl  *election.Elector
-	shardEl    *election.Elector
-	cacheDB    *cache.Cache
-	built      *Assembly
-	grpcActive bool
+	mu        sync.Mutex
+	addrs     Addrs
+	cfg       *config.Config
+	cfgETag   string
+	cfgMod    time.Time
+	clusterEl *election.Elector
+	shardEl   *election.Elector
+	cacheDB   *cache.Cache
+	built     *Assembly
 	// servingSince is when this server began serving gRPC as shard leader
-	// in the current term (zero while it does not).
+	// in the current term (zero while it does not: ServingGRPC).
 	servingSince time.Time
 
 	// cacheMu orders the standby's cache refreshes with leadership: while
@@ -204,7 +204,7 @@ func (a *App) Ready() bool { return a.ready.Ready() }
 func (a *App) ServingGRPC() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.grpcActive
+	return !a.servingSince.IsZero()
 }
 
 // Leadership names this server and when its current term of serving as
@@ -701,7 +701,7 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, gcfg grpcserve
 		return
 	}
 	a.mu.Lock()
-	a.grpcActive, a.servingSince = true, time.Now()
+	a.servingSince = time.Now()
 	a.mu.Unlock()
 	ad := a.Addrs()
 	log.Info("serving gRPC as shard leader", "registration", ad.Registration, "operator", ad.Operator, "agent", ad.Agent)
@@ -738,7 +738,7 @@ func (a *App) leadShard(lctx, appCtx context.Context, term int64, gcfg grpcserve
 	// lctx when this server may no longer act, and a standby may take over
 	// soon after.
 	a.mu.Lock()
-	a.grpcActive, a.servingSince = false, time.Time{}
+	a.servingSince = time.Time{}
 	a.mu.Unlock()
 	if appCtx.Err() != nil {
 		// Shutting down while still leading: let RPCs finish, but never
@@ -838,16 +838,9 @@ func (a *App) sweepNonces(ctx context.Context, log logr.Logger) {
 	if every <= 0 {
 		every = 10 * time.Minute
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
 	sw := &nonce.Sweeper{Store: a.leaderStore(), Grace: 2*nonceLeeway + nonceSkewAllowance, LegacyKeep: config.MaxNonceMaxLifetime,
 		Log: func(key string, err error) { log.Error(err, "nonce marker without a readable expiry", "key", key) }}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	_ = wait.PollUntilContextCancel(ctx, every, false, func(ctx context.Context) (bool, error) {
 		a.mu.Lock()
 		ce := a.clusterEl
 		a.mu.Unlock()
@@ -864,7 +857,8 @@ func (a *App) sweepNonces(ctx context.Context, log logr.Logger) {
 				log.V(1).Info("swept nonce markers", "prefix", p, "listed", st.Listed, "deleted", st.Deleted, "kept", st.Kept, "more", st.More)
 			}
 		}
-	}
+		return false, nil // every interval until ctx ends
+	})
 }
 
 // listenGRPC binds the three gRPC listeners. A port chosen by the kernel

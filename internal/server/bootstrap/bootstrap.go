@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/pki"
@@ -126,14 +127,7 @@ func LoadTrust(ctx context.Context, o Options) (*pki.CA, []byte, error) {
 // step between its two writes), leaves the trust as it was until the next
 // read.
 func WatchTrust(ctx context.Context, o Options, trust *pki.Trust, interval time.Duration, onSignerChange func()) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	_ = wait.PollUntilContextCancel(ctx, interval, false, func(ctx context.Context) (bool, error) {
 		ca, bundle, err := LoadTrust(ctx, o)
 		if err == nil {
 			var changed bool
@@ -146,13 +140,14 @@ func WatchTrust(ctx context.Context, o Options, trust *pki.Trust, interval time.
 				if changed && onSignerChange != nil {
 					onSignerChange()
 				}
-				continue
+				return false, nil
 			}
 		}
 		if ctx.Err() == nil {
 			o.Log.Error(err, "re-reading the cluster CA; keeping the current trust")
 		}
-	}
+		return false, nil // every interval until ctx ends
+	})
 }
 
 // caKind describes a CA bootstrap creates (the cluster CA).

@@ -50,6 +50,18 @@ func StartTestTerm(tb testing.TB, ctx context.Context, r *Reconciler, clk *clock
 	return t
 }
 
+// End finishes the term (as leadership loss does); a later StartTestTerm
+// begins the next one.
+func (t *TestTerm) End() { t.r.end(t.q) }
+
+// TermMemory counts what the current term remembers about agents and
+// orphans.
+func (r *Reconciler) TermMemory() (reporting, notices, versions, orphans int) {
+	r.healthMu.Lock()
+	defer r.healthMu.Unlock()
+	return len(r.reporting), len(r.notices), len(r.versions), len(r.orphans)
+}
+
 // maxSteps bounds RunUntilIdle: a key that requeues itself at once forever
 // is a bug the test must see, not a hang.
 const maxSteps = 100000

@@ -120,12 +120,12 @@ func (it item) String() string {
 //     and API handlers (on-demand admission).
 //   - statusMu: the last group status published per group, so workers and
 //     API handlers publish a change once.
-//   - createMu: CreateInstance's client-token lookup and record creation,
-//     so two calls with one token make one instance.
 //   - healthMu: the per-term health memory, written by agent report
 //     handlers, workers and the health pass.
 //
-// orphans needs no lock: only the term's loop (resync) touches it.
+// orphans and lastPrune need no lock: only the term's loop touches them.
+// Everything a term remembers starts empty in begin (resetTerm), so a
+// server that leads again behaves as a fresh one would.
 type Reconciler struct {
 	o   Options
 	log logr.Logger
@@ -278,13 +278,8 @@ func (r *Reconciler) begin(ctx context.Context) (workqueue.TypedRateLimitingInte
 	tm := newTerm()
 	r.queue, r.running, r.term = q, true, tm
 	r.qMu.Unlock()
-	r.statusMu.Lock()
-	r.lastStatus = map[groups.Key]string{}
-	r.statusMu.Unlock()
+	r.resetTerm()
 	termStart := r.o.Now()
-	r.healthMu.Lock()
-	r.reporting, r.wasReady, r.checked = map[string]bool{}, map[string]bool{}, map[string]int{}
-	r.healthMu.Unlock()
 	warm := r.loadCached(ctx)
 	if warm {
 		close(tm.loaded)
@@ -298,6 +293,24 @@ func (r *Reconciler) begin(ctx context.Context) (workqueue.TypedRateLimitingInte
 	}
 	close(tm.verified)
 	return q, termStart, nil
+}
+
+// resetTerm empties what a term remembers: published statuses, agent
+// reports, readiness, provider checks, termination notices, agent
+// versions, orphans' first sightings and the last user-data prune. (A
+// notice or version carried into a later term would make this server act
+// unlike a fresh leader, which learns them again from the agents' next
+// reports; an orphan's first sighting carried over would delete it before
+// its grace period as a fresh leader counts it.)
+func (r *Reconciler) resetTerm() {
+	r.statusMu.Lock()
+	r.lastStatus = map[groups.Key]string{}
+	r.statusMu.Unlock()
+	r.healthMu.Lock()
+	r.reporting, r.wasReady, r.checked = map[string]bool{}, map[string]bool{}, map[string]int{}
+	r.notices, r.versions = map[string]string{}, map[string]string{}
+	r.healthMu.Unlock()
+	r.orphans, r.lastPrune = map[string]time.Time{}, time.Time{}
 }
 
 // end finishes the term of q: its queue stops and waiters are released.

@@ -11,6 +11,8 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/provider"
+	"github.com/nstance-dev/nstance/internal/server/reconcile"
+	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
 // TestNoHealthVerdictsDuringReconnectGrace: a new leader takes over running
@@ -70,4 +72,32 @@ func TestNoHealthVerdictsDuringReconnectGrace(t *testing.T) {
 	require.Equal(t, instances.StateRunning, state(steady))
 	require.Equal(t, instances.StateUnhealthy, state(flaky), "judged once the grace is over")
 	require.Equal(t, instances.StateUnhealthy, state(absent), "judged once the grace is over")
+}
+
+// TestLeadingAgainStartsWithEmptyMemory: what one term learned from agents
+// (reports, a termination notice, the agent version) and from the provider
+// (an orphan's first sighting) is gone when the same reconciler leads
+// again, as it would be for a fresh leader. Before, notices, versions and
+// orphans outlived the term.
+func TestLeadingAgainStartsWithEmptyMemory(t *testing.T) {
+	s := newShard(t, newShardConfig(t).build(t), shardOptions{monitor: true})
+	ctx := context.Background()
+	s.r.AgentReported("i-1", &nstancev1.TerminationNotice{Kind: nstancev1.TerminationKind_TERMINATION_KIND_SPOT}, "v1")
+	orphan, err := instances.NewID("web")
+	require.NoError(t, err)
+	_, err = s.p.Create(ctx, provider.CreateRequest{InstanceID: orphan, ProviderID: provider.ID("c1", "s1", orphan), Cluster: "c1", Shard: "s1"})
+	require.NoError(t, err)
+	s.term.Resync(t)
+	reporting, notices, versions, orphans := s.r.TermMemory()
+	require.Equal(t, [4]int{1, 1, 1, 1}, [4]int{reporting, notices, versions, orphans}, "the first term's memory")
+	require.Equal(t, "v1", s.r.ReportedVersion("i-1"))
+
+	s.term.End()
+	s.term = reconcile.StartTestTerm(t, ctx, s.r, s.clk)
+	reporting, notices, versions, _ = s.r.TermMemory()
+	require.Equal(t, [3]int{0, 0, 0}, [3]int{reporting, notices, versions}, "the second term starts without the first's agent memory")
+	require.Empty(t, s.r.ReportedVersion("i-1"))
+	// The orphan is seen again, as new: its first sighting is this term's.
+	_, _, _, orphans = s.r.TermMemory()
+	require.Equal(t, 1, orphans)
 }

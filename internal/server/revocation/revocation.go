@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/pki"
@@ -750,16 +751,10 @@ func (g *Gate) OperatorTenants(ctx context.Context, id string) ([]string, error)
 
 // Run calls Sync every interval until ctx ends; errors are logged.
 func (g *Gate) Run(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := g.Sync(ctx); err != nil && ctx.Err() == nil {
-				g.o.Log.Error(err, "syncing revocations")
-			}
+	_ = wait.PollUntilContextCancel(ctx, interval, false, func(ctx context.Context) (bool, error) {
+		if err := g.Sync(ctx); err != nil && ctx.Err() == nil {
+			g.o.Log.Error(err, "syncing revocations")
 		}
-	}
+		return false, nil // every interval until ctx ends
+	})
 }
