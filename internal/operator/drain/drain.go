@@ -38,7 +38,6 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/paused"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 	"github.com/nstance-dev/nstance/internal/operator/workload"
-	"github.com/nstance-dev/nstance/internal/streamloop"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -188,19 +187,11 @@ const StreamInstances = "instances"
 // loop keeps the shard's instance stream open (streamloop), counting each
 // reopening.
 func (c *Coordinator) loop(ctx context.Context, shard string) {
-	bo := streamloop.DefaultBackoff()
-	if c.MaxBackoff > 0 {
-		bo.Cap = c.MaxBackoff
-	}
-	_ = streamloop.Loop{
-		Name: StreamInstances, Backoff: bo, Log: c.Log.WithValues("shard", shard),
-		Ready: func(ctx context.Context) error { return c.Conns.WaitReady(ctx, shard) },
-		OnReopen: func(error) {
-			if c.Metrics != nil {
-				c.Metrics.StreamReconnected(shard, StreamInstances)
-			}
-		},
-	}.Run(ctx, func(ctx context.Context) error { return c.watchOnce(ctx, shard) })
+	c.Conns.Follow(ctx, shard, StreamInstances, c.MaxBackoff, c.Log, func() {
+		if c.Metrics != nil {
+			c.Metrics.StreamReconnected(shard, StreamInstances)
+		}
+	}, func(ctx context.Context) error { return c.watchOnce(ctx, shard) })
 }
 
 // watchOnce follows one stream. On connect the server re-announces every

@@ -19,7 +19,6 @@ import (
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/operator/metrics"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
-	"github.com/nstance-dev/nstance/internal/streamloop"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -66,15 +65,7 @@ func (w *Watcher) Start(ctx context.Context) {
 // loop keeps one stream open, reopening it with jittered exponential
 // backoff (streamloop) and counting each reopening.
 func (w *Watcher) loop(ctx context.Context, shard, stream string, once func(context.Context, string) error) {
-	bo := streamloop.DefaultBackoff()
-	if w.MaxBackoff > 0 {
-		bo.Cap = w.MaxBackoff
-	}
-	_ = streamloop.Loop{
-		Name: stream, Backoff: bo, Log: w.Log.WithValues("shard", shard),
-		Ready:    func(ctx context.Context) error { return w.Conns.WaitReady(ctx, shard) },
-		OnReopen: func(error) { w.Metrics.StreamReconnected(shard, stream) },
-	}.Run(ctx, func(ctx context.Context) error {
+	w.Conns.Follow(ctx, shard, stream, w.MaxBackoff, w.Log, func() { w.Metrics.StreamReconnected(shard, stream) }, func(ctx context.Context) error {
 		err := once(ctx, shard)
 		if stream == StreamGroups && ctx.Err() == nil {
 			w.Cache.Unsync(shard)
