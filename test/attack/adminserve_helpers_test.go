@@ -252,6 +252,15 @@ func adminGroupKept(ctx context.Context, e *env, after string) error {
 	return fmt.Errorf("tenant A has no group %s after %s", adminGroup, after)
 }
 
+// serveWithAdminGroup resets adminGroup to size 1 and starts serve on a
+// port of its own; the caller stops it.
+func serveWithAdminGroup(ctx context.Context, e *env) (*adminServe, error) {
+	if err := resetAdminGroup(ctx, e); err != nil {
+		return nil, err
+	}
+	return startAdminServe(ctx, e, "")
+}
+
 // resetAdminGroup upserts adminGroup with size 1 (template svc).
 func resetAdminGroup(ctx context.Context, e *env) error {
 	a := nstancev1.NewOperatorServiceClient(e.connA)

@@ -33,10 +33,7 @@ func adminServeCases() []attackCase {
 // token, or with a wrong one, answers 401 with a JSON error; the token
 // opens them.
 func adminServeNoCredential(ctx context.Context, e *env) error {
-	if err := resetAdminGroup(ctx, e); err != nil {
-		return err
-	}
-	s, err := startAdminServe(ctx, e, "")
+	s, err := serveWithAdminGroup(ctx, e)
 	if err != nil {
 		return err
 	}
@@ -94,10 +91,7 @@ func adminServeNoCredential(ctx context.Context, e *env) error {
 // preflight (text/plain POST with the browser's cookie and its Origin) is
 // refused before the handler; the group keeps its size.
 func adminServeCrossSite(ctx context.Context, e *env) error {
-	if err := resetAdminGroup(ctx, e); err != nil {
-		return err
-	}
-	s, err := startAdminServe(ctx, e, "")
+	s, err := serveWithAdminGroup(ctx, e)
 	if err != nil {
 		return err
 	}
@@ -277,10 +271,7 @@ func adminServeTokenFile(ctx context.Context, e *env) error {
 // with unknown fields, over the size limit or of the wrong JSON type, are
 // refused with a JSON error; the group keeps its size.
 func adminServeStrictBodies(ctx context.Context, e *env) error {
-	if err := resetAdminGroup(ctx, e); err != nil {
-		return err
-	}
-	s, err := startAdminServe(ctx, e, "")
+	s, err := serveWithAdminGroup(ctx, e)
 	if err != nil {
 		return err
 	}
