@@ -25,7 +25,7 @@ variables, normally set by the provider that started the instance:
   required: NSTANCE_INSTANCE_ID, NSTANCE_IDENTITY_DIR, NSTANCE_REGISTRATION_ADDR, NSTANCE_AGENT_ADDR
   logging:  NSTANCE_LOG_LEVEL (debug, info, warn, error or a verbosity N),
             NSTANCE_LOG_FORMAT (json, text, or auto: text on a terminal)
-The full list is in internal/agent/config and docs/architecture.md.
+The full list is in internal/agent/config and docs/agent.md.
 `
 
 func main() { os.Exit(run()) }

@@ -1,5 +1,5 @@
 // Package importedca stores and loads the CAs an admin imports into a
-// cluster: the third trust root (docs/architecture.md, "Trust model").
+// cluster: the third trust root (docs/certificates.md, "Trust model").
 // Such a CA belongs to someone else, typically the workload Kubernetes
 // cluster whose API server trusts it for kubelet client certificates, and
 // Nstance only signs with it what a template names and the subject rules of
