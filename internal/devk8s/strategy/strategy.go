@@ -42,7 +42,7 @@ type BuiltIn interface {
 // them (the core group first).
 func Builtins() []BuiltIn {
 	return []BuiltIn{
-		Namespaces{}, Nodes{}, Pods{}, Secrets{}, ConfigMaps{}, ServiceAccounts{}, Events{}, Services{},
+		Namespaces{}, Nodes{}, Pods{}, Secrets{}, ConfigMaps{}, ServiceAccounts{}, Events{}, Services{}, LimitRanges{},
 		CSINodes{}, CSIDrivers{}, RuntimeClasses{}, Leases{}, PodDisruptionBudgets{},
 		Deployments{}, ReplicaSets{}, StatefulSets{}, DaemonSets{}, CustomResourceDefinitions{},
 	}
