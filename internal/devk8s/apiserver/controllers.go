@@ -4,25 +4,23 @@ import (
 	"context"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
+	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/nstance-dev/nstance/internal/devk8s/object"
 	"github.com/nstance-dev/nstance/internal/devk8s/registry"
 	"github.com/nstance-dev/nstance/internal/devk8s/store"
+	"github.com/nstance-dev/nstance/internal/devk8s/strategy"
 )
 
 // collector runs the background work that a real control plane does in
 // kube-controller-manager and the kubelet: CRD cleanup always; with
-// Options.Controllers also ownerReference garbage collection, namespace
-// deletion, finishing graceful pod deletion, PodDisruptionBudget status and
-// DaemonSet pods (daemonset.go).
+// Options.Controllers also ownerReference garbage collection and the
+// controllers the built-in strategies bring (namespace deletion, finishing
+// graceful pod deletion, PodDisruptionBudget status, DaemonSet pods), in
+// the order of strategy.Builtins.
 func (s *Server) collector(ctx context.Context) {
 	defer s.wg.Done()
 	t := time.NewTicker(time.Second)
@@ -49,11 +47,67 @@ func (s *Server) collect() {
 		return
 	}
 	s.collectGarbage()
-	s.finishNamespaces()
-	s.reapPods()
-	s.syncPDBs()
-	s.syncDaemonSets()
+	c := cluster{s}
+	for _, ctl := range s.controllers {
+		if res, ok := s.reg.Lookup(ctl.gvr); ok {
+			ctl.Controller.Sync(c, res)
+		}
+	}
 }
+
+// controller is a built-in strategy's controller and its resource.
+type controller struct {
+	strategy.Controller
+	gvr schema.GroupVersionResource
+}
+
+// controllerWakes reports a change some controller reacts to at once.
+func (s *Server) controllerWakes(ev store.Event) bool {
+	if !s.opts.Controllers {
+		return false
+	}
+	for _, ctl := range s.controllers {
+		if ctl.Wakes(ev) {
+			return true
+		}
+	}
+	return false
+}
+
+// cluster is the Server as the strategies' controllers see it: reads and
+// writes go through the same paths as requests from dev-k8s itself (no
+// user, no field manager).
+type cluster struct{ s *Server }
+
+func (c cluster) Lookup(gvr schema.GroupVersionResource) (*registry.Resource, bool) {
+	return c.s.reg.Lookup(gvr)
+}
+
+func (c cluster) Resources() []*registry.Resource { return c.s.reg.All() }
+
+func (c cluster) List(res *registry.Resource, ns string) []*store.Entry {
+	entries, _ := c.s.store.List(res.StorageName(), ns)
+	return entries
+}
+
+func (c cluster) Mutate(res *registry.Resource, ns, name string, fn store.MutateFunc) error {
+	_, err := c.s.store.Mutate(res.StorageName(), ns, name, fn)
+	return err
+}
+
+func (c cluster) Create(res *registry.Resource, ns string, obj map[string]any) error {
+	_, _, err := c.s.createObject(request{res: res, namespace: ns}, obj, false)
+	return err
+}
+
+func (c cluster) Delete(res *registry.Resource, ns, name string, opts metav1.DeleteOptions) error {
+	_, _, err := c.s.deleteObject(res, ns, name, opts)
+	return err
+}
+
+func (c cluster) Log() logr.Logger { return c.s.log }
+
+func (c cluster) LogErr(err error, msg string, kv ...any) { c.s.logErr(err, msg, kv...) }
 
 func (s *Server) logErr(err error, msg string, kv ...any) {
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
@@ -81,7 +135,7 @@ func (s *Server) cleanupCRDs() {
 	entries, _ := s.store.List(crdStorage, "")
 	for _, e := range entries {
 		md := metaOf(e.Object)
-		if !hasDeletionTimestamp(e.Object) || !contains(finalizers(md), crdFinalizer) {
+		if !hasDeletionTimestamp(e.Object) || !contains(finalizers(md), strategy.CRDFinalizer) {
 			continue
 		}
 		group := nestedString(e.Object, "spec", "group")
@@ -98,7 +152,7 @@ func (s *Server) cleanupCRDs() {
 				continue
 			}
 		}
-		s.logErr(s.removeFinalizer(res, "", str(md, "name"), crdFinalizer), "finish CRD deletion")
+		s.logErr(s.removeFinalizer(res, "", str(md, "name"), strategy.CRDFinalizer), "finish CRD deletion")
 	}
 }
 
@@ -122,22 +176,6 @@ func (s *Server) ownerState(ns string, ref metav1.OwnerReference) (*store.Entry,
 	return e, res, true
 }
 
-func ownerRefs(obj map[string]any) []metav1.OwnerReference {
-	raw := asList(metaOf(obj)["ownerReferences"])
-	if len(raw) == 0 {
-		return nil
-	}
-	var refs []metav1.OwnerReference
-	for _, r := range raw {
-		m, _ := r.(map[string]any)
-		var ref metav1.OwnerReference
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m, &ref); err == nil {
-			refs = append(refs, ref)
-		}
-	}
-	return refs
-}
-
 func (s *Server) collectGarbage() {
 	dependents := map[string]int{}
 	for _, res := range s.reg.All() {
@@ -146,7 +184,7 @@ func (s *Server) collectGarbage() {
 		}
 		entries, _ := s.store.List(res.StorageName(), "")
 		for _, e := range entries {
-			refs := ownerRefs(e.Object)
+			refs := object.OwnerRefs(e.Object)
 			if len(refs) == 0 {
 				continue
 			}
@@ -235,154 +273,4 @@ func (s *Server) dropOwnerRefs(res *registry.Resource, ns, name string, uids []s
 		return store.Mutation{Object: cur}, nil
 	})
 	return err
-}
-
-func (s *Server) finishNamespaces() {
-	nsRes, _ := s.reg.Lookup(schema.GroupVersionResource{Version: "v1", Resource: "namespaces"})
-	entries, _ := s.store.List("namespaces", "")
-	for _, e := range entries {
-		if !hasDeletionTimestamp(e.Object) {
-			continue
-		}
-		ns := str(metaOf(e.Object), "name")
-		remaining := 0
-		for _, res := range s.reg.All() {
-			if !res.Namespaced || !res.Storage {
-				continue
-			}
-			items, _ := s.store.List(res.StorageName(), ns)
-			for _, it := range items {
-				remaining++
-				if !hasDeletionTimestamp(it.Object) {
-					_, _, err := s.deleteObject(res, ns, str(metaOf(it.Object), "name"), metav1.DeleteOptions{})
-					s.logErr(err, "delete namespace content")
-				}
-			}
-		}
-		if remaining > 0 {
-			continue
-		}
-		_, err := s.store.Mutate("namespaces", "", ns, func(cur map[string]any) (store.Mutation, error) {
-			if cur == nil {
-				return store.Mutation{}, apierrors.NewNotFound(nsRes.GroupResource(), ns)
-			}
-			if spec, _ := cur["spec"].(map[string]any); spec != nil {
-				delete(spec, "finalizers")
-			}
-			if len(finalizers(metaOf(cur))) == 0 {
-				return store.Mutation{Delete: true}, nil
-			}
-			return store.Mutation{Object: cur}, nil
-		})
-		s.logErr(err, "finish namespace deletion")
-	}
-}
-
-// reapPods ends graceful pod deletions whose deadline passed, standing in
-// for the kubelet.
-func (s *Server) reapPods() {
-	res, _ := s.reg.Lookup(schema.GroupVersionResource{Version: "v1", Resource: "pods"})
-	entries, _ := s.store.List("pods", "")
-	now := timeNow()
-	for _, e := range entries {
-		md := metaOf(e.Object)
-		ts, err := time.Parse(time.RFC3339, str(md, "deletionTimestamp"))
-		if err != nil || now.Before(ts) {
-			continue
-		}
-		if g, _ := int64Of(md["deletionGracePeriodSeconds"]); g == 0 {
-			continue
-		}
-		name, ns := str(md, "name"), str(md, "namespace")
-		_, err = s.store.Mutate(res.StorageName(), ns, name, func(cur map[string]any) (store.Mutation, error) {
-			if cur == nil {
-				return store.Mutation{}, apierrors.NewNotFound(res.GroupResource(), name)
-			}
-			cmd := metaOf(cur)
-			cmd["deletionGracePeriodSeconds"] = int64(0)
-			if len(finalizers(cmd)) == 0 {
-				return store.Mutation{Delete: true}, nil
-			}
-			return store.Mutation{Object: cur}, nil
-		})
-		s.logErr(err, "finish pod deletion")
-	}
-}
-
-// syncPDBs computes PodDisruptionBudget status as the disruption controller
-// does, from the Ready condition of the selected pods.
-func (s *Server) syncPDBs() {
-	pdbRes, _ := s.reg.Lookup(schema.GroupVersionResource{Group: "policy", Version: "v1", Resource: "poddisruptionbudgets"})
-	entries, _ := s.store.List(pdbRes.StorageName(), "")
-	for _, e := range entries {
-		var pdb policyv1.PodDisruptionBudget
-		if err := toTyped(e.Object, &pdb); err != nil {
-			continue
-		}
-		sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
-		if err != nil {
-			continue
-		}
-		pods, _ := s.store.List("pods", pdb.Namespace)
-		expected, healthy := int32(0), int32(0)
-		alive := map[string]bool{}
-		for _, pe := range pods {
-			var pod corev1.Pod
-			if err := toTyped(pe.Object, &pod); err != nil || !sel.Matches(labels.Set(pod.Labels)) {
-				continue
-			}
-			if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
-				continue
-			}
-			alive[pod.Name] = true
-			expected++
-			if _, disrupted := pdb.Status.DisruptedPods[pod.Name]; podReadyCond(&pod) && !disrupted {
-				healthy++
-			}
-		}
-		desired := expected
-		switch {
-		case pdb.Spec.MinAvailable != nil:
-			v, err := intstr.GetScaledValueFromIntOrPercent(pdb.Spec.MinAvailable, int(expected), true)
-			if err == nil {
-				desired = int32(v)
-			}
-		case pdb.Spec.MaxUnavailable != nil:
-			v, err := intstr.GetScaledValueFromIntOrPercent(pdb.Spec.MaxUnavailable, int(expected), true)
-			if err == nil {
-				desired = expected - int32(v)
-			}
-		}
-		allowed := healthy - desired
-		if allowed < 0 {
-			allowed = 0
-		}
-		st := pdb.Status.DeepCopy()
-		for p := range st.DisruptedPods {
-			if !alive[p] {
-				delete(st.DisruptedPods, p)
-			}
-		}
-		if len(st.DisruptedPods) == 0 {
-			st.DisruptedPods = nil
-		}
-		st.ObservedGeneration, st.ExpectedPods, st.CurrentHealthy, st.DesiredHealthy, st.DisruptionsAllowed = pdb.Generation, expected, healthy, desired, allowed
-		cond := metav1.Condition{Type: policyv1.DisruptionAllowedCondition, Status: metav1.ConditionTrue, Reason: policyv1.SufficientPodsReason, ObservedGeneration: pdb.Generation}
-		if allowed == 0 {
-			cond.Status, cond.Reason = metav1.ConditionFalse, policyv1.InsufficientPodsReason
-		}
-		meta.SetStatusCondition(&st.Conditions, cond)
-		out, err := runtime.DefaultUnstructuredConverter.ToUnstructured(st)
-		if err != nil {
-			continue
-		}
-		_, err = s.store.Mutate(pdbRes.StorageName(), pdb.Namespace, pdb.Name, func(cur map[string]any) (store.Mutation, error) {
-			if cur == nil {
-				return store.Mutation{}, apierrors.NewNotFound(pdbRes.GroupResource(), pdb.Name)
-			}
-			cur["status"] = out
-			return store.Mutation{Object: cur}, nil
-		})
-		s.logErr(err, "update PodDisruptionBudget status")
-	}
 }

@@ -394,7 +394,7 @@ func (s *Server) createObject(rq request, obj map[string]any, dryRun bool) (int,
 			return 0, nil, err
 		}
 	} else {
-		if err := validateNewMeta(rq.res, obj); err != nil {
+		if err := s.validateNewMeta(rq.res, obj); err != nil {
 			return 0, nil, err
 		}
 		if obj, err = s.roundTrip(rq.res, obj); err != nil {
@@ -473,7 +473,7 @@ func (s *Server) update(w http.ResponseWriter, r *http.Request, rq request) {
 				return store.Mutation{}, nsErr
 			}
 			s.prepareCreate(rq.res, obj, time.Now())
-			if err := validateNewMeta(rq.res, obj); err != nil {
+			if err := s.validateNewMeta(rq.res, obj); err != nil {
 				return store.Mutation{}, err
 			}
 			created = true
@@ -498,7 +498,7 @@ func (s *Server) update(w http.ResponseWriter, r *http.Request, rq request) {
 		if rv != "" && rv != rvOf(cur) {
 			return store.Mutation{}, conflict(rq.res, rq.name)
 		}
-		return s.finishUpdate(rq, cur, prepareUpdate(rq.res, rq.sub, cur, obj))
+		return s.finishUpdate(rq, cur, s.prepareUpdate(rq.res, rq.sub, cur, obj))
 	}))
 	if err != nil {
 		writeError(w, err)

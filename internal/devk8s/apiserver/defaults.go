@@ -1,124 +1,31 @@
 package apiserver
 
 import (
+	"fmt"
 	"reflect"
-	"strings"
-
-	"k8s.io/apimachinery/pkg/util/uuid"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apimachinery/pkg/util/uuid"
 
 	"github.com/nstance-dev/nstance/internal/devk8s/registry"
+	"github.com/nstance-dev/nstance/internal/devk8s/strategy"
 )
 
-// defaultCreate applies the defaults kube-apiserver gives new built-in
-// objects that clients commonly rely on.
-func (s *Server) defaultCreate(res *registry.Resource, obj map[string]any) {
-	if !res.BuiltIn {
-		return
-	}
-	appsPrepareCreate(res, obj)
-	switch res.Resource {
-	case "namespaces":
-		md := metaOf(obj)
-		lbls, _ := md["labels"].(map[string]any)
-		if lbls == nil {
-			lbls = map[string]any{}
-			md["labels"] = lbls
-		}
-		lbls["kubernetes.io/metadata.name"] = str(md, "name")
-		obj["spec"] = map[string]any{"finalizers": []any{"kubernetes"}}
-		obj["status"] = map[string]any{"phase": "Active"}
-	case "pods":
-		obj["status"] = map[string]any{"phase": "Pending", "qosClass": "BestEffort"}
-	case "customresourcedefinitions":
-		defaultCRD(obj)
-	case "poddisruptionbudgets":
-		obj["status"] = map[string]any{"disruptionsAllowed": int64(0), "currentHealthy": int64(0), "desiredHealthy": int64(0), "expectedPods": int64(0)}
-	case "nodes":
-		spec, _ := obj["spec"].(map[string]any)
-		if spec == nil {
-			spec = map[string]any{}
-			obj["spec"] = spec
-		}
-		// The TaintNodesByCondition admission plugin marks new nodes not ready.
-		taints := asList(spec["taints"])
-		found := false
-		for _, t := range taints {
-			if m, _ := t.(map[string]any); str(m, "key") == "node.kubernetes.io/not-ready" {
-				found = true
-			}
-		}
-		if !found {
-			spec["taints"] = append(taints, map[string]any{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"})
+// strategy returns the rules of a resource: its built-in strategy, or the
+// generic one for custom resources.
+func (s *Server) strategy(res *registry.Resource) strategy.Strategy {
+	if res.BuiltIn {
+		if st, ok := s.strategies[res.GroupResource()]; ok {
+			return st
 		}
 	}
-}
-
-func setDefault(m map[string]any, k string, v any) {
-	if _, ok := m[k]; !ok {
-		m[k] = v
-	}
-}
-
-func defaultPod(obj map[string]any) {
-	spec, _ := obj["spec"].(map[string]any)
-	if spec == nil {
-		spec = map[string]any{}
-		obj["spec"] = spec
-	}
-	setDefault(spec, "restartPolicy", "Always")
-	setDefault(spec, "terminationGracePeriodSeconds", int64(30))
-	setDefault(spec, "dnsPolicy", "ClusterFirst")
-	setDefault(spec, "securityContext", map[string]any{})
-	setDefault(spec, "schedulerName", "default-scheduler")
-	setDefault(spec, "enableServiceLinks", true)
-	setDefault(spec, "priority", int64(0))
-	setDefault(spec, "preemptionPolicy", "PreemptLowerPriority")
-	for _, c := range asList(spec["containers"]) {
-		m, _ := c.(map[string]any)
-		if m == nil {
-			continue
-		}
-		setDefault(m, "terminationMessagePath", "/dev/termination-log")
-		setDefault(m, "terminationMessagePolicy", "File")
-		setDefault(m, "resources", map[string]any{})
-		image := str(m, "image")
-		policy := "IfNotPresent"
-		if !strings.Contains(image[strings.LastIndex(image, "/")+1:], ":") || strings.HasSuffix(image, ":latest") {
-			policy = "Always"
-		}
-		setDefault(m, "imagePullPolicy", policy)
-	}
-}
-
-// decodeDefaults are the defaults kube-apiserver applies whenever it decodes
-// a built-in object (create, update and patch alike).
-func decodeDefaults(res *registry.Resource, obj map[string]any) {
-	appsDefaults(res, obj)
-	switch res.Resource {
-	case "pods":
-		defaultPod(obj)
-	case "secrets":
-		if str(obj, "type") == "" {
-			obj["type"] = "Opaque"
-		}
-	case "nodes":
-		if spec, _ := obj["spec"].(map[string]any); spec != nil {
-			if cidr := str(spec, "podCIDR"); cidr != "" {
-				if _, ok := spec["podCIDRs"]; !ok {
-					spec["podCIDRs"] = []any{cidr}
-				}
-			}
-		}
-	}
+	return strategy.Generic{}
 }
 
 // roundTrip passes a built-in object through its Go type, as
-// kube-apiserver's decoding and encoding do: unknown fields go, and fields
-// the type always writes appear.
+// kube-apiserver's decoding and encoding do: defaults first, then unknown
+// fields go, and fields the type always writes appear.
 func (s *Server) roundTrip(res *registry.Resource, obj map[string]any) (map[string]any, error) {
 	if !res.BuiltIn {
 		return obj, nil
@@ -127,9 +34,13 @@ func (s *Server) roundTrip(res *registry.Resource, obj map[string]any) (map[stri
 	if err != nil {
 		return obj, nil
 	}
-	decodeDefaults(res, obj)
+	st := s.strategy(res)
+	st.Default(res, obj)
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj, typed); err != nil {
-		return nil, decodeError(res, obj, err)
+		if de, ok := st.(strategy.DecodeErrorer); ok {
+			return nil, de.DecodeError(res, obj, err)
+		}
+		return nil, apierrors.NewBadRequest(fmt.Sprintf("decode %s: %v", res.Kind, err))
 	}
 	out, err := runtime.DefaultUnstructuredConverter.ToUnstructured(typed)
 	if err != nil {
@@ -139,60 +50,31 @@ func (s *Server) roundTrip(res *registry.Resource, obj map[string]any) (map[stri
 	return out, nil
 }
 
-// validate applies the few validation rules clients run into.
+// validate applies the resource's validation rules.
 func (s *Server) validate(res *registry.Resource, old, obj map[string]any) error {
 	if !res.BuiltIn {
 		return nil
 	}
-	name := str(metaOf(obj), "name")
-	gk := res.GVK().GroupKind()
-	if isApps(res) {
-		return s.validateApps(res, old, obj)
-	}
-	switch res.Resource {
-	case "customresourcedefinitions":
-		return validateCRD(obj)
-	case "pods":
-		containers := asList(nestedMap(obj, "spec")["containers"])
-		if len(containers) == 0 {
-			return apierrors.NewInvalid(gk, name, field.ErrorList{field.Required(field.NewPath("spec", "containers"), "")})
-		}
-		var errs field.ErrorList
-		for i, c := range containers {
-			m, _ := c.(map[string]any)
-			if str(m, "name") == "" {
-				errs = append(errs, field.Required(field.NewPath("spec", "containers").Index(i).Child("name"), ""))
-			}
-			if str(m, "image") == "" && old == nil {
-				errs = append(errs, field.Required(field.NewPath("spec", "containers").Index(i).Child("image"), ""))
-			}
-		}
-		if len(errs) > 0 {
-			return apierrors.NewInvalid(gk, name, errs)
-		}
-	case "configmaps", "secrets":
-		if old != nil && old["immutable"] == true && !mapsEqual(old, obj, "data", "binaryData") {
-			return apierrors.NewInvalid(gk, name, field.ErrorList{field.Forbidden(field.NewPath("data"), "field is immutable when `immutable` is set")})
-		}
-	}
-	return nil
+	return s.strategy(res).Validate(res, old, obj)
 }
 
-func mapsEqual(a, b map[string]any, keys ...string) bool {
-	for _, k := range keys {
-		if !jsonEqual(a[k], b[k]) {
-			return false
-		}
-	}
-	return true
-}
-
-// normalizeFileObject fills server-managed fields of a hand-edited file.
-func (s *Server) normalizeFileObject(storage string, old, obj map[string]any) {
+// normalizeFile prepares a hand-edited object for the store: the
+// resource's own preparation (an apps object gets the defaults and type
+// pruning an API write gets, before the generic part compares specs for
+// its generation), then the generic server-managed fields.
+func (s *Server) normalizeFile(storage string, old, obj map[string]any) {
 	res, ok := s.reg.ByStorageName(storage)
 	if !ok {
 		return
 	}
+	if fn, ok := s.strategy(res).(strategy.FileNormalizer); ok {
+		fn.NormalizeFile(res, old, obj)
+	}
+	normalizeFileObject(res, old, obj)
+}
+
+// normalizeFileObject fills server-managed fields of a hand-edited file.
+func normalizeFileObject(res *registry.Resource, old, obj map[string]any) {
 	if str(obj, "apiVersion") == "" {
 		obj["apiVersion"] = res.APIVersion()
 	}
@@ -216,22 +98,15 @@ func (s *Server) normalizeFileObject(storage string, old, obj map[string]any) {
 		}
 		return
 	}
-	if str(md, "uid") == "" || str(md, "creationTimestamp") == "" {
-		if str(md, "uid") == "" {
-			md["uid"] = string(uuid.NewUUID())
-		}
-		if str(md, "creationTimestamp") == "" {
-			md["creationTimestamp"] = timestamp(timeNow())
-		}
+	if str(md, "uid") == "" {
+		md["uid"] = string(uuid.NewUUID())
+	}
+	if str(md, "creationTimestamp") == "" {
+		md["creationTimestamp"] = timestamp(timeNow())
 	}
 	if res.Generation {
 		if _, ok := int64Of(md["generation"]); !ok {
 			md["generation"] = int64(1)
-		}
-	}
-	if res.Resource == "customresourcedefinitions" && res.Group == "apiextensions.k8s.io" {
-		if _, ok := obj["status"]; !ok {
-			defaultCRD(obj)
 		}
 	}
 }

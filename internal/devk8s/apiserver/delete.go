@@ -16,6 +16,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/devk8s/registry"
 	"github.com/nstance-dev/nstance/internal/devk8s/store"
+	"github.com/nstance-dev/nstance/internal/devk8s/strategy"
 )
 
 // deleteOptions reads DeleteOptions from the body or the query.
@@ -78,7 +79,10 @@ func (s *Server) deleteObject(res *registry.Resource, ns, name string, opts meta
 	if err := validPolicy(opts); err != nil {
 		return nil, false, err
 	}
-	deleted, stampPodDeletion := false, false
+	deleted, stampDeletion := false, false
+	st := s.strategy(res)
+	gd, _ := st.(strategy.GracefulDeleter)
+	fd, _ := st.(strategy.FinalizingDeleter)
 	result, err := s.store.Mutate(res.StorageName(), ns, name, dryRunFunc(len(opts.DryRun) > 0, func(cur map[string]any) (store.Mutation, error) {
 		if cur == nil {
 			return store.Mutation{}, apierrors.NewNotFound(res.GroupResource(), name)
@@ -105,13 +109,18 @@ func (s *Server) deleteObject(res *registry.Resource, ns, name string, opts meta
 				}
 			}
 		}
-		grace, graceful := s.gracePeriod(res, cur, opts)
-		if len(fs) == 0 && !graceful && !specFinalizers(res, cur) {
+		var grace int64
+		graceful := false
+		if gd != nil {
+			grace, graceful = gd.GracePeriod(cur, opts)
+		}
+		if len(fs) == 0 && !graceful && (fd == nil || !fd.SpecFinalizers(cur)) {
 			deleted = true
-			if isPod(res) && !hasDeletionTimestamp(cur) {
-				// Pods are deleted gracefully even with no grace period:
-				// the deletion timestamp is recorded first.
-				stampPodDeletion = true
+			if gd != nil && !hasDeletionTimestamp(cur) {
+				// Graceful kinds (pods) are deleted gracefully even with
+				// no grace period: the deletion timestamp is recorded
+				// first.
+				stampDeletion = true
 				md["deletionTimestamp"] = timestamp(timeNow())
 				md["deletionGracePeriodSeconds"] = int64(0)
 				md["generation"] = generationOf(md) + 1
@@ -139,13 +148,8 @@ func (s *Server) deleteObject(res *registry.Resource, ns, name string, opts meta
 			if res.Generation {
 				md["generation"] = generationOf(md) + 1
 			}
-			if res.Resource == "namespaces" && res.Group == "" {
-				st, _ := cur["status"].(map[string]any)
-				if st == nil {
-					st = map[string]any{}
-					cur["status"] = st
-				}
-				st["phase"] = "Terminating"
+			if fd != nil {
+				fd.PrepareForDelete(cur)
 			}
 		}
 		return store.Mutation{Object: cur}, nil
@@ -153,7 +157,7 @@ func (s *Server) deleteObject(res *registry.Resource, ns, name string, opts meta
 	if err != nil {
 		return nil, false, err
 	}
-	if stampPodDeletion && len(opts.DryRun) == 0 {
+	if stampDeletion && len(opts.DryRun) == 0 {
 		final, err := s.store.Mutate(res.StorageName(), ns, name, func(cur map[string]any) (store.Mutation, error) {
 			if cur == nil {
 				return store.Mutation{}, apierrors.NewNotFound(res.GroupResource(), name)
@@ -167,8 +171,6 @@ func (s *Server) deleteObject(res *registry.Resource, ns, name string, opts meta
 	}
 	return result.Entry, deleted, nil
 }
-
-func isPod(res *registry.Resource) bool { return res.Group == "" && res.Resource == "pods" }
 
 func validPolicy(opts metav1.DeleteOptions) error {
 	if opts.PropagationPolicy == nil {
@@ -227,53 +229,12 @@ func without(xs []string, drop ...string) []string {
 	return out
 }
 
-// specFinalizers reports finalizers that live in the spec (namespaces).
-func specFinalizers(res *registry.Resource, obj map[string]any) bool {
-	if res.Group != "" || res.Resource != "namespaces" {
-		return false
-	}
-	fs, _ := nested(obj, "spec", "finalizers")
-	list, _ := fs.([]any)
-	return len(list) > 0
-}
-
-// gracePeriod says whether deleting obj must wait (pods bound to a node,
-// as a kubelet would finish them) and for how long.
-func (s *Server) gracePeriod(res *registry.Resource, obj map[string]any, opts metav1.DeleteOptions) (int64, bool) {
-	if res.Group != "" || res.Resource != "pods" {
-		return 0, false
-	}
-	if nestedString(obj, "spec", "nodeName") == "" {
-		return 0, false
-	}
-	switch nestedString(obj, "status", "phase") {
-	case "Succeeded", "Failed":
-		return 0, false
-	}
-	grace := int64(30)
-	if v, ok := nested(obj, "spec", "terminationGracePeriodSeconds"); ok {
-		if n, ok := int64Of(v); ok {
-			grace = n
-		}
-	}
-	if opts.GracePeriodSeconds != nil {
-		grace = *opts.GracePeriodSeconds
-	}
-	if grace <= 0 {
-		return 0, false
-	}
-	return grace, true
-}
-
-// waitsForGracePeriod: a pod whose deletion deadline has not passed stays
-// even after its last finalizer goes.
+// waitsForGracePeriod: an object of a graceful kind (a pod) whose
+// deletion deadline has not passed stays even after its last finalizer
+// goes.
 func (s *Server) waitsForGracePeriod(res *registry.Resource, obj map[string]any) bool {
-	if res.Group != "" || res.Resource != "pods" {
-		return false
-	}
-	md := metaOf(obj)
-	g, _ := int64Of(md["deletionGracePeriodSeconds"])
-	return g > 0
+	gd, ok := s.strategy(res).(strategy.GracefulDeleter)
+	return ok && gd.WaitsForGracePeriod(obj)
 }
 
 func (s *Server) deleteCollection(w http.ResponseWriter, r *http.Request, rq request) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/devk8s/registry"
 	"github.com/nstance-dev/nstance/internal/devk8s/store"
+	"github.com/nstance-dev/nstance/internal/devk8s/strategy"
 )
 
 func toTyped(obj map[string]any, out any) error {
@@ -59,15 +60,6 @@ func (s *Server) evict(w http.ResponseWriter, r *http.Request, rq request) {
 	writeJSON(w, int(status.Code), status)
 }
 
-func podReadyCond(pod *corev1.Pod) bool {
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
 // evictPod follows kube-apiserver's eviction rules: terminal, pending or
 // terminating pods go without a budget check; otherwise exactly one
 // matching PodDisruptionBudget must allow a disruption, which is then used up.
@@ -93,7 +85,7 @@ func (s *Server) evictPod(res *registry.Resource, ns, name string, opts metav1.D
 		if len(pdbs) == 1 {
 			pdb := pdbs[0]
 			unhealthyOK := false
-			if !podReadyCond(&pod) {
+			if !strategy.PodReady(&pod) {
 				if p := pdb.Spec.UnhealthyPodEvictionPolicy; p != nil && *p == policyv1.AlwaysAllow {
 					unhealthyOK = true
 				} else if pdb.Status.CurrentHealthy >= pdb.Status.DesiredHealthy && pdb.Status.DesiredHealthy > 0 {

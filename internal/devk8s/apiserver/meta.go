@@ -4,69 +4,29 @@ import (
 	"crypto/rand"
 	"fmt"
 	"math/big"
-	"reflect"
 	"strconv"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/uuid"
 
+	"github.com/nstance-dev/nstance/internal/devk8s/object"
 	"github.com/nstance-dev/nstance/internal/devk8s/registry"
+	"github.com/nstance-dev/nstance/internal/devk8s/strategy"
 )
 
-// Helpers over unstructured (map) objects.
+// Helpers over unstructured (map) objects; the object package has them
+// for the strategies too.
 
-func metaOf(obj map[string]any) map[string]any {
-	md, ok := obj["metadata"].(map[string]any)
-	if !ok {
-		md = map[string]any{}
-		obj["metadata"] = md
-	}
-	return md
-}
+func metaOf(obj map[string]any) map[string]any { return object.Meta(obj) }
 
-func str(m map[string]any, k string) string {
-	v, _ := m[k].(string)
-	return v
-}
-
-func nested(obj map[string]any, path ...string) (any, bool) {
-	var cur any = obj
-	for _, p := range path {
-		m, ok := cur.(map[string]any)
-		if !ok {
-			return nil, false
-		}
-		cur, ok = m[p]
-		if !ok {
-			return nil, false
-		}
-	}
-	return cur, true
-}
+func str(m map[string]any, k string) string { return object.Str(m, k) }
 
 func nestedString(obj map[string]any, path ...string) string {
-	v, _ := nested(obj, path...)
-	s, _ := v.(string)
-	return s
+	return object.NestedString(obj, path...)
 }
 
-func nestedMap(obj map[string]any, path ...string) map[string]any {
-	v, _ := nested(obj, path...)
-	m, _ := v.(map[string]any)
-	return m
-}
-
-func stringMap(v any) map[string]string {
-	m, _ := v.(map[string]any)
-	out := make(map[string]string, len(m))
-	for k, val := range m {
-		if s, ok := val.(string); ok {
-			out[k] = s
-		}
-	}
-	return out
-}
+func stringMap(v any) map[string]string { return object.StringMap(v) }
 
 func finalizers(md map[string]any) []string {
 	raw, _ := md["finalizers"].([]any)
@@ -91,29 +51,11 @@ func setFinalizers(md map[string]any, fs []string) {
 	md["finalizers"] = raw
 }
 
-func hasDeletionTimestamp(obj map[string]any) bool {
-	if obj == nil {
-		return false
-	}
-	md, _ := obj["metadata"].(map[string]any)
-	return str(md, "deletionTimestamp") != ""
-}
+func hasDeletionTimestamp(obj map[string]any) bool { return object.HasDeletionTimestamp(obj) }
 
-func int64Of(v any) (int64, bool) {
-	switch n := v.(type) {
-	case int64:
-		return n, true
-	case float64:
-		return int64(n), true
-	case int:
-		return int64(n), true
-	}
-	return 0, false
-}
+func int64Of(v any) (int64, bool) { return object.Int64(v) }
 
-func timestamp(t time.Time) string {
-	return t.UTC().Format(time.RFC3339)
-}
+func timestamp(t time.Time) string { return object.Timestamp(t) }
 
 const nameChars = "bcdfghjklmnpqrstvwxz2456789"
 
@@ -133,28 +75,9 @@ func generateName(base string) string {
 	return base + string(b)
 }
 
-// withoutMetaStatus returns the parts of an object that count as its spec
-// for generation tracking.
-func specPart(obj map[string]any) map[string]any {
-	out := make(map[string]any, len(obj))
-	for k, v := range obj {
-		switch k {
-		case "metadata", "status", "apiVersion", "kind":
-			continue
-		}
-		out[k] = v
-	}
-	return out
-}
+func specChanged(a, b map[string]any) bool { return object.SpecChanged(a, b) }
 
-func specChanged(a, b map[string]any) bool {
-	return !reflect.DeepEqual(specPart(a), specPart(b))
-}
-
-func generationOf(md map[string]any) int64 {
-	g, _ := int64Of(md["generation"])
-	return g
-}
+func generationOf(md map[string]any) int64 { return object.Generation(md) }
 
 // tidyMeta drops empty metadata collections, as encoding ObjectMeta does.
 func tidyMeta(obj map[string]any) {
@@ -195,25 +118,19 @@ func (s *Server) prepareCreate(res *registry.Resource, obj map[string]any, now t
 	if res.Status && !res.BuiltIn {
 		delete(obj, "status")
 	}
-	s.defaultCreate(res, obj)
+	s.strategy(res).PrepareForCreate(res, obj)
 }
 
 // prepareUpdate computes the stored object for an update of cur to obj
 // through the main resource (sub "") or the status subresource.
-func prepareUpdate(res *registry.Resource, sub string, cur, obj map[string]any) map[string]any {
+func (s *Server) prepareUpdate(res *registry.Resource, sub string, cur, obj map[string]any) map[string]any {
 	var next map[string]any
 	bump := false
+	st := s.strategy(res)
+	su, statusStrategy := st.(strategy.StatusUpdater)
 	switch {
-	case sub == "status" && isNodes(res):
-		// kube-apiserver's Node status strategy resets only the spec: a
-		// status write may change labels and annotations (the kubelet
-		// sets its default labels on an existing Node that way).
-		next = obj
-		if sp, ok := cur["spec"]; ok {
-			next["spec"] = sp
-		} else {
-			delete(next, "spec")
-		}
+	case sub == "status" && statusStrategy:
+		next = su.PrepareForStatusUpdate(cur, obj)
 	case sub == "status":
 		next = deepCopy(cur)
 		if st, ok := obj["status"]; ok {
@@ -223,7 +140,9 @@ func prepareUpdate(res *registry.Resource, sub string, cur, obj map[string]any) 
 		}
 		return next
 	default:
-		bump = appsPrepareUpdate(res, sub, cur, obj)
+		if sub == "" {
+			bump = st.PrepareForUpdate(res, cur, obj)
+		}
 		next = obj
 		if res.Status {
 			if st, ok := cur["status"]; ok {
@@ -253,11 +172,6 @@ func prepareUpdate(res *registry.Resource, sub string, cur, obj map[string]any) 
 		md["generation"] = generationOf(cmd) + 1
 	}
 	return next
-}
-
-// isNodes reports whether res is the core Node resource.
-func isNodes(res *registry.Resource) bool {
-	return res.BuiltIn && res.Group == "" && res.Resource == "nodes"
 }
 
 func rvOf(obj map[string]any) string {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/devk8s/registry"
 	"github.com/nstance-dev/nstance/internal/devk8s/store"
+	"github.com/nstance-dev/nstance/internal/devk8s/strategy"
 )
 
 // Names follow kube-apiserver's rules, checked where it checks them:
@@ -28,25 +29,23 @@ import (
 //     segment fails the namespace lookup: 500 "invalid resource name";
 //   - a new object's metadata is validated with apimachinery's
 //     ValidateObjectMeta: namespaces are DNS-1123 labels, everything else
-//     served here a DNS-1123 subdomain, except core v1 Events, which keep
-//     their legacy leniency (path segments only).
+//     served here a DNS-1123 subdomain unless the kind's strategy names
+//     another rule (StatefulSets: DNS-1123 labels), except core v1 Events,
+//     which keep their legacy leniency (path segments only).
 //
 // Together with the store's own checks no namespace or name can reach the
 // file system as anything but one plain file name inside the data
 // directory.
 
-// legacyEvents reports whether res is core v1 Events (no name rule).
-func legacyEvents(res *registry.Resource) bool { return res.Group == "" && res.Resource == "events" }
-
-// nameFunc is the kind's metadata.name rule.
-func nameFunc(res *registry.Resource) apimachineryvalidation.ValidateNameFunc {
-	if res.Group == "" && res.Resource == "namespaces" {
-		return apimachineryvalidation.ValidateNamespaceName
+// nameRule is the kind's metadata.name rule: DNS-1123 subdomains unless
+// its strategy says otherwise; ok is false for a kind with no rule of its
+// own (core v1 Events).
+func (s *Server) nameRule(res *registry.Resource) (rule apimachineryvalidation.ValidateNameFunc, ok bool) {
+	if n, isNamer := s.strategy(res).(strategy.Namer); isNamer {
+		rule := n.NameRule()
+		return rule, rule != nil
 	}
-	if res.Group == "apps" && res.Resource == "statefulsets" {
-		return apimachineryvalidation.NameIsDNSLabel
-	}
-	return apimachineryvalidation.NameIsDNSSubdomain
+	return apimachineryvalidation.NameIsDNSSubdomain, true
 }
 
 // checkURLNames applies the URL rules above to a parsed request.
@@ -94,7 +93,7 @@ func storageKeyPrefix(res *registry.Resource) string {
 // validateNewMeta validates the metadata of an object about to be created
 // (after prepareCreate, so with the defaults the server adds) in kube's two
 // steps: the kind's own rules, then the generic ones with path-segment names.
-func validateNewMeta(res *registry.Resource, obj map[string]any) error {
+func (s *Server) validateNewMeta(res *registry.Resource, obj map[string]any) error {
 	md := metaOf(obj)
 	name := str(md, "name")
 	gk := res.GVK().GroupKind()
@@ -103,8 +102,8 @@ func validateNewMeta(res *registry.Resource, obj map[string]any) error {
 		return apierrors.NewBadRequest(fmt.Sprintf("decode metadata: %v", err))
 	}
 	path := field.NewPath("metadata")
-	if !legacyEvents(res) {
-		if errs := apimachineryvalidation.ValidateObjectMetaAccessor(&om, res.Namespaced, nameFunc(res), path); len(errs) > 0 {
+	if rule, ok := s.nameRule(res); ok {
+		if errs := apimachineryvalidation.ValidateObjectMetaAccessor(&om, res.Namespaced, rule, path); len(errs) > 0 {
 			return apierrors.NewInvalid(gk, name, errs)
 		}
 	}
@@ -144,10 +143,11 @@ func (s *Server) validFileName(storage, ns, name string) error {
 			return fmt.Errorf("namespace %q: %s", ns, strings.Join(msgs, "; "))
 		}
 	}
-	if name == "" || legacyEvents(res) {
+	rule, ok := s.nameRule(res)
+	if name == "" || !ok {
 		return nil
 	}
-	if msgs := nameFunc(res)(name, false); len(msgs) > 0 {
+	if msgs := rule(name, false); len(msgs) > 0 {
 		return fmt.Errorf("%s name %q: %s", res.Kind, name, strings.Join(msgs, "; "))
 	}
 	return nil

@@ -70,10 +70,10 @@ func (s *Server) admitNodeCreate(r *http.Request, rq request, obj map[string]any
 // admitNodeUpdate runs NodeRestriction's checks of a kubelet's update of
 // its own Node (taints, ownerReferences, labels).
 func admitNodeUpdate(rq request, cur, next map[string]any) error {
-	if rq.user == nil || !nodeauthz.Applies(rq.user) || !isNodes(rq.res) {
+	if rq.user == nil || !nodeauthz.Applies(rq.user) || !rq.res.BuiltIn {
 		return nil
 	}
-	return nodeauthz.AdmitNodeWrite(rq.user, cur, next)
+	return nodeauthz.AdmitUpdate(rq.user, nodeauthz.Attributes{ResourceRequest: true, Verb: "update", APIGroup: rq.res.Group, Resource: rq.res.Resource, Namespace: rq.namespace}, cur, next)
 }
 
 // nodeObjects answers the node rules' questions from the store.

@@ -211,7 +211,7 @@ func (s *Server) patch(w http.ResponseWriter, r *http.Request, rq request) {
 		if rv := str(md, "resourceVersion"); rv != "" && rv != rvOf(cur) {
 			return store.Mutation{}, conflict(rq.res, rq.name)
 		}
-		return s.finishUpdate(urq, cur, prepareUpdate(rq.res, rq.sub, cur, obj))
+		return s.finishUpdate(urq, cur, s.prepareUpdate(rq.res, rq.sub, cur, obj))
 	}))
 	if err != nil {
 		writeError(w, err)

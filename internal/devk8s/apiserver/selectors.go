@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/nstance-dev/nstance/internal/devk8s/registry"
+	"github.com/nstance-dev/nstance/internal/devk8s/strategy"
 )
 
 // selector is a parsed label and field selector pair.
@@ -19,32 +20,22 @@ type selector struct {
 	res    *registry.Resource
 	labels labels.Selector
 	fields fields.Selector
+	// kindFields are the resource's field selector keys beyond
+	// metadata.name and metadata.namespace.
+	kindFields []strategy.Field
 }
 
-// fieldLabels lists the field selector keys each kind supports beyond
+// kindFields lists the field selectors a resource supports beyond
 // metadata.name and metadata.namespace.
-func fieldLabels(resource string) []string {
-	switch resource {
-	case "pods":
-		return []string{"spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName", "spec.hostNetwork", "status.phase", "status.podIP", "status.nominatedNodeName"}
-	case "nodes":
-		return []string{"spec.unschedulable"}
-	case "secrets":
-		return []string{"type"}
-	case "events":
-		return []string{"involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid", "involvedObject.apiVersion",
-			"involvedObject.resourceVersion", "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type"}
-	case "namespaces":
-		return []string{"status.phase"}
-	case "services":
-		// The kubelet's Service informer lists spec.clusterIP!=None.
-		return []string{"spec.clusterIP", "spec.type"}
+func (s *Server) kindFields(res *registry.Resource) []strategy.Field {
+	if fs, ok := s.strategy(res).(strategy.FieldSelectable); ok {
+		return fs.Fields()
 	}
 	return nil
 }
 
 func (s *Server) parseSelectors(res *registry.Resource, label, field string) (*selector, error) {
-	sel := &selector{res: res, labels: labels.Everything(), fields: fields.Everything()}
+	sel := &selector{res: res, labels: labels.Everything(), fields: fields.Everything(), kindFields: s.kindFields(res)}
 	if label != "" {
 		ls, err := labels.Parse(label)
 		if err != nil {
@@ -58,10 +49,8 @@ func (s *Server) parseSelectors(res *registry.Resource, label, field string) (*s
 			return nil, apierrors.NewBadRequest(err.Error())
 		}
 		allowed := map[string]bool{"metadata.name": true, "metadata.namespace": true}
-		if res.BuiltIn {
-			for _, f := range fieldLabels(res.Resource) {
-				allowed[f] = true
-			}
+		for _, f := range sel.kindFields {
+			allowed[f.Name] = true
 		}
 		for _, req := range fs.Requirements() {
 			if allowed[req.Field] {
@@ -71,8 +60,8 @@ func (s *Server) parseSelectors(res *registry.Resource, label, field string) (*s
 				return nil, apierrors.NewBadRequest(fmt.Sprintf("field label not supported: %s", req.Field))
 			}
 			known := []string{`"metadata.name"`, `"metadata.namespace"`}
-			for _, f := range fieldLabels(res.Resource) {
-				known = append(known, strconv.Quote(f))
+			for _, f := range sel.kindFields {
+				known = append(known, strconv.Quote(f.Name))
 			}
 			return nil, apierrors.NewBadRequest(fmt.Sprintf("%q is not a known field selector: only %s", req.Field, strings.Join(known, ", ")))
 		}
@@ -100,26 +89,10 @@ func (sel *selector) matches(obj map[string]any) bool {
 	if sel.res.Namespaced {
 		set["metadata.namespace"] = str(md, "namespace")
 	}
-	for _, f := range fieldLabels(sel.res.Resource) {
-		set[f] = fieldValue(obj, f)
+	for _, f := range sel.kindFields {
+		set[f.Name] = f.Value(obj)
 	}
 	return sel.fields.Matches(set)
-}
-
-func fieldValue(obj map[string]any, path string) string {
-	switch path {
-	case "source":
-		return nestedString(obj, "source", "component")
-	case "spec.unschedulable", "spec.hostNetwork":
-		v, _ := nested(obj, strings.Split(path, ".")...)
-		b, _ := v.(bool)
-		return strconv.FormatBool(b)
-	}
-	v, ok := nested(obj, strings.Split(path, ".")...)
-	if !ok {
-		return ""
-	}
-	return fmt.Sprint(v)
 }
 
 type continueToken struct {

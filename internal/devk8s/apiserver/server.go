@@ -24,6 +24,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/devk8s/auth"
 	"github.com/nstance-dev/nstance/internal/devk8s/registry"
 	"github.com/nstance-dev/nstance/internal/devk8s/store"
+	"github.com/nstance-dev/nstance/internal/devk8s/strategy"
 )
 
 // versionInfo is what /version reports.
@@ -89,6 +90,11 @@ type Server struct {
 	// requestInfo reads verbs and resources for the node rules.
 	requestInfo *genericrequest.RequestInfoFactory
 
+	// strategies are the built-in resources' rules; controllers those of
+	// them that bring a controller, in strategy.Builtins order.
+	strategies  map[schema.GroupResource]strategy.Strategy
+	controllers []controller
+
 	// gcMu serialises garbage collection passes.
 	gcMu   sync.Mutex
 	gcKick chan struct{}
@@ -105,10 +111,18 @@ func New(ctx context.Context, log logr.Logger, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{log: log, reg: registry.New(), opts: opts, ctx: ctx, gcKick: make(chan struct{}, 1), scheme: scheme, codecs: serializer.NewCodecFactory(scheme),
+	s := &Server{log: log, reg: registry.New(strategy.Resources()...), opts: opts, ctx: ctx, gcKick: make(chan struct{}, 1), scheme: scheme, codecs: serializer.NewCodecFactory(scheme),
 		fieldManagers: map[string]*managedfields.FieldManager{}, requestInfo: newRequestInfoFactory()}
 	if opts.IgnoreCRDSchemas {
 		s.reg.IgnoreSchemas()
+	}
+	s.strategies = map[schema.GroupResource]strategy.Strategy{}
+	for _, b := range strategy.Builtins() {
+		res := b.Resource()
+		s.strategies[res.GroupResource()] = b
+		if c, ok := b.(strategy.Controller); ok {
+			s.controllers = append(s.controllers, controller{Controller: c, gvr: res.GVR()})
+		}
 	}
 	authn, err := auth.New(ctx, auth.Options{
 		StateDir:        filepath.Join(opts.Dir, store.StateDirName, "auth"),
@@ -209,7 +223,7 @@ func (s *Server) onChange(ev store.Event) {
 	if ev.Resource == crdStorage {
 		s.crdChanged(ev)
 	}
-	if ev.Type == "DELETED" || hasDeletionTimestamp(ev.Object.Object) || s.daemonSetInput(ev) {
+	if ev.Type == "DELETED" || hasDeletionTimestamp(ev.Object.Object) || s.controllerWakes(ev) {
 		s.kickGC()
 	}
 }

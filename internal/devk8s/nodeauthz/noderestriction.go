@@ -68,6 +68,16 @@ func forbiddenLabels(next, prev map[string]any) []string {
 	return out
 }
 
+// AdmitUpdate runs NodeRestriction's checks of an update by a kubelet: of
+// the resources it restricts, only a Node's own updates are checked here
+// (AdmitNodeWrite).
+func AdmitUpdate(u user.Info, a Attributes, cur, next map[string]any) error {
+	if (schema.GroupResource{Group: a.APIGroup, Resource: a.Resource}) != (schema.GroupResource{Resource: "nodes"}) {
+		return nil
+	}
+	return AdmitNodeWrite(u, cur, next)
+}
+
 // AdmitNodeWrite checks what a kubelet writes to its own Node as
 // NodeRestriction does: on create (prev nil) no configSource and only
 // kubelet labels; on update no new configSource, no change of taints or

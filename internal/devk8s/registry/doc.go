@@ -1,4 +1,5 @@
-// Package registry describes the resources dev-k8s serves: a fixed table of
-// built-in kinds plus entries derived from CustomResourceDefinitions, and the
+// Package registry describes the resources dev-k8s serves: the built-in
+// kinds it is given (the strategy package declares them, each with its
+// rules) plus entries derived from CustomResourceDefinitions, and the
 // discovery documents built from them.
 package registry

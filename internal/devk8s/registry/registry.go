@@ -109,15 +109,16 @@ func (r *Registry) IgnoreSchemas() {
 	r.noSchemas = true
 }
 
-// New returns a registry holding the built-in resources.
-func New() *Registry {
+// New returns a registry holding the given built-in resources (the
+// strategy package declares them), in discovery order.
+func New(builtins ...Resource) *Registry {
 	r := &Registry{resources: map[schema.GroupVersionResource]*Resource{}, crdOwned: map[string][]schema.GroupVersionResource{}, core: map[string]bool{}}
-	for _, res := range builtins() {
+	for _, res := range builtins {
 		if res.Group == "" {
 			r.core[res.Resource] = true
 		}
 	}
-	for _, res := range builtins() {
+	for _, res := range builtins {
 		res := res
 		r.add(&res)
 	}

@@ -9,6 +9,18 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
+// builtins is a small table of built-in kinds for these tests (the real
+// one is strategy.Resources, which imports this package).
+func builtins() []Resource {
+	return []Resource{
+		{Version: "v1", Resource: "nodes", Kind: "Node", BuiltIn: true, Storage: true},
+		{Version: "v1", Resource: "secrets", Kind: "Secret", Namespaced: true, BuiltIn: true, Storage: true},
+		{Version: "v1", Resource: "events", Kind: "Event", Namespaced: true, BuiltIn: true, Storage: true},
+		{Group: "coordination.k8s.io", Version: "v1", Resource: "leases", Kind: "Lease", Namespaced: true, BuiltIn: true, Storage: true},
+		{Group: "policy", Version: "v1", Resource: "poddisruptionbudgets", Kind: "PodDisruptionBudget", Namespaced: true, BuiltIn: true, Storage: true},
+	}
+}
+
 func crd(versions ...apiextensionsv1.CustomResourceDefinitionVersion) *apiextensionsv1.CustomResourceDefinition {
 	return &apiextensionsv1.CustomResourceDefinition{
 		ObjectMeta: metav1.ObjectMeta{Name: "things.example.com"},
@@ -36,7 +48,7 @@ func TestVersionOrder(t *testing.T) {
 }
 
 func TestCRDLifecycle(t *testing.T) {
-	r := New()
+	r := New(builtins()...)
 	require.NoError(t, r.AddCRD(crd(
 		apiextensionsv1.CustomResourceDefinitionVersion{Name: "v1beta1", Served: true},
 		apiextensionsv1.CustomResourceDefinitionVersion{Name: "v1", Served: true, Storage: true,
@@ -69,11 +81,11 @@ func TestCRDLifecycle(t *testing.T) {
 func TestInvalidCRD(t *testing.T) {
 	c := crd()
 	c.Spec.Names.Plural = ""
-	require.Error(t, New().AddCRD(c))
+	require.Error(t, New(builtins()...).AddCRD(c))
 }
 
 func TestStorageDirs(t *testing.T) {
-	r := New()
+	r := New(builtins()...)
 	cases := []struct {
 		group, resource, want string
 	}{

@@ -1,7 +1,8 @@
-package apiserver
+package strategy
 
 import (
 	"encoding/json"
+	"github.com/go-logr/logr"
 	"hash/fnv"
 	"strconv"
 
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/rand"
 
+	"github.com/nstance-dev/nstance/internal/devk8s/object"
 	"github.com/nstance-dev/nstance/internal/devk8s/registry"
 	"github.com/nstance-dev/nstance/internal/devk8s/store"
 )
@@ -75,7 +77,7 @@ func withTolerations(spec *corev1.PodSpec) []corev1.Toleration {
 }
 
 // nodeShouldRun reports whether a DaemonSet's pod belongs on a Node.
-func (s *Server) nodeShouldRun(spec *corev1.PodSpec, tolerations []corev1.Toleration, node *corev1.Node) bool {
+func nodeShouldRun(log logr.Logger, spec *corev1.PodSpec, tolerations []corev1.Toleration, node *corev1.Node) bool {
 	if len(spec.NodeSelector) > 0 && !labels.SelectorFromSet(spec.NodeSelector).Matches(labels.Set(node.Labels)) {
 		return false
 	}
@@ -91,7 +93,7 @@ func (s *Server) nodeShouldRun(spec *corev1.PodSpec, tolerations []corev1.Tolera
 		}
 		tolerated := false
 		for j := range tolerations {
-			if tolerations[j].ToleratesTaint(s.log, taint, false) {
+			if tolerations[j].ToleratesTaint(log, taint, false) {
 				tolerated = true
 				break
 			}
@@ -195,39 +197,43 @@ func isControlledBy(pod *corev1.Pod, ds *appsv1.DaemonSet) bool {
 	return ref != nil && ref.UID == ds.UID && ref.Kind == "DaemonSet"
 }
 
-func (s *Server) syncDaemonSets() {
-	dsRes, ok := s.reg.Lookup(schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "daemonsets"})
+// Sync runs the DaemonSet controller over every DaemonSet.
+func (DaemonSets) Sync(c Cluster, dsRes *registry.Resource) {
+	podRes, ok := c.Lookup(schema.GroupVersionResource{Version: "v1", Resource: "pods"})
 	if !ok {
 		return
 	}
-	podRes, _ := s.reg.Lookup(schema.GroupVersionResource{Version: "v1", Resource: "pods"})
-	entries, _ := s.store.List(dsRes.StorageName(), "")
+	nodeRes, ok := c.Lookup(schema.GroupVersionResource{Version: "v1", Resource: "nodes"})
+	if !ok {
+		return
+	}
+	entries := c.List(dsRes, "")
 	if len(entries) == 0 {
 		return
 	}
-	nodeEntries, _ := s.store.List("nodes", "")
+	nodeEntries := c.List(nodeRes, "")
 	nodes := make([]*corev1.Node, 0, len(nodeEntries))
 	for _, e := range nodeEntries {
 		var n corev1.Node
-		if err := toTyped(e.Object, &n); err == nil {
+		if err := object.ToTyped(e.Object, &n); err == nil {
 			nodes = append(nodes, &n)
 		}
 	}
 	for _, e := range entries {
 		var ds appsv1.DaemonSet
-		if err := toTyped(e.Object, &ds); err != nil || ds.DeletionTimestamp != nil {
+		if err := object.ToTyped(e.Object, &ds); err != nil || ds.DeletionTimestamp != nil {
 			continue
 		}
-		s.syncDaemonSet(dsRes, podRes, &ds, nodes)
+		syncDaemonSet(c, dsRes, podRes, &ds, nodes)
 	}
 }
 
-func (s *Server) syncDaemonSet(dsRes, podRes *registry.Resource, ds *appsv1.DaemonSet, nodes []*corev1.Node) {
-	podEntries, _ := s.store.List("pods", ds.Namespace)
+func syncDaemonSet(c Cluster, dsRes, podRes *registry.Resource, ds *appsv1.DaemonSet, nodes []*corev1.Node) {
+	podEntries := c.List(podRes, ds.Namespace)
 	byNode := map[string][]*corev1.Pod{}
 	for _, pe := range podEntries {
 		var p corev1.Pod
-		if err := toTyped(pe.Object, &p); err == nil && isControlledBy(&p, ds) {
+		if err := object.ToTyped(pe.Object, &p); err == nil && isControlledBy(&p, ds) {
 			byNode[p.Spec.NodeName] = append(byNode[p.Spec.NodeName], &p)
 		}
 	}
@@ -239,14 +245,14 @@ func (s *Server) syncDaemonSet(dsRes, podRes *registry.Resource, ds *appsv1.Daem
 	seen := map[string]bool{}
 	deletePod := func(p *corev1.Pod) {
 		if p.DeletionTimestamp == nil {
-			_, _, err := s.deleteObject(podRes, p.Namespace, p.Name, metav1.DeleteOptions{})
-			s.logErr(err, "delete DaemonSet pod", "daemonset", ds.Name, "pod", p.Name)
+			err := c.Delete(podRes, p.Namespace, p.Name, metav1.DeleteOptions{})
+			c.LogErr(err, "delete DaemonSet pod", "daemonset", ds.Name, "pod", p.Name)
 		}
 	}
 	for _, node := range nodes {
 		seen[node.Name] = true
 		pods := byNode[node.Name]
-		if !s.nodeShouldRun(&ds.Spec.Template.Spec, tolerations, node) {
+		if !nodeShouldRun(c.Log(), &ds.Spec.Template.Spec, tolerations, node) {
 			if len(pods) > 0 {
 				st.NumberMisscheduled++
 			}
@@ -270,9 +276,9 @@ func (s *Server) syncDaemonSet(dsRes, podRes *registry.Resource, ds *appsv1.Daem
 			if len(pods) == 0 {
 				obj, err := daemonPod(ds, node.Name)
 				if err == nil {
-					_, _, err = s.createObject(request{res: podRes, namespace: ds.Namespace}, obj, false)
+					err = c.Create(podRes, ds.Namespace, obj)
 				}
-				s.logErr(err, "create DaemonSet pod", "daemonset", ds.Name, "node", node.Name)
+				c.LogErr(err, "create DaemonSet pod", "daemonset", ds.Name, "node", node.Name)
 			}
 			unavailable++
 			continue
@@ -290,7 +296,7 @@ func (s *Server) syncDaemonSet(dsRes, podRes *registry.Resource, ds *appsv1.Daem
 			}
 		}
 		st.CurrentNumberScheduled++
-		if podReadyCond(oldest) {
+		if PodReady(oldest) {
 			st.NumberReady++
 			st.NumberAvailable++
 		} else {
@@ -321,12 +327,12 @@ func (s *Server) syncDaemonSet(dsRes, podRes *registry.Resource, ds *appsv1.Daem
 		// goes at once; available ones while fewer than maxUnavailable
 		// Nodes lack an available pod.
 		for _, p := range outdated {
-			if !podReadyCond(p) {
+			if !PodReady(p) {
 				deletePod(p)
 			}
 		}
 		for _, p := range outdated {
-			if !podReadyCond(p) {
+			if !PodReady(p) {
 				continue
 			}
 			if unavailable >= maxUnavailable {
@@ -340,39 +346,36 @@ func (s *Server) syncDaemonSet(dsRes, podRes *registry.Resource, ds *appsv1.Daem
 	st.ObservedGeneration = ds.Generation
 	st.CollisionCount = ds.Status.CollisionCount
 	st.Conditions = ds.Status.Conditions
-	s.writeDaemonSetStatus(dsRes, ds, &st)
+	writeDaemonSetStatus(c, dsRes, ds, &st)
 }
 
 // writeDaemonSetStatus stores the computed status.
-func (s *Server) writeDaemonSetStatus(dsRes *registry.Resource, ds *appsv1.DaemonSet, st *appsv1.DaemonSetStatus) {
+func writeDaemonSetStatus(c Cluster, dsRes *registry.Resource, ds *appsv1.DaemonSet, st *appsv1.DaemonSetStatus) {
 	out, err := runtime.DefaultUnstructuredConverter.ToUnstructured(st)
 	if err != nil {
 		return
 	}
-	_, err = s.store.Mutate(dsRes.StorageName(), ds.Namespace, ds.Name, func(cur map[string]any) (store.Mutation, error) {
-		if cur == nil || str(metaOf(cur), "uid") != string(ds.UID) {
+	err = c.Mutate(dsRes, ds.Namespace, ds.Name, func(cur map[string]any) (store.Mutation, error) {
+		if cur == nil || object.Str(object.Meta(cur), "uid") != string(ds.UID) {
 			return store.Mutation{}, apierrors.NewNotFound(dsRes.GroupResource(), ds.Name)
 		}
 		cur["status"] = out // an equal status is a no-op for the store
 		return store.Mutation{Object: cur}, nil
 	})
-	s.logErr(err, "update DaemonSet status", "daemonset", ds.Name)
+	c.LogErr(err, "update DaemonSet status", "daemonset", ds.Name)
 }
 
-// daemonSetInput reports changes the DaemonSet controller acts on: its
-// DaemonSets (but not their status, which it writes itself), Nodes, and
-// pods a DaemonSet controls.
-func (s *Server) daemonSetInput(ev store.Event) bool {
-	if !s.opts.Controllers {
-		return false
-	}
+// Wakes reports changes the DaemonSet controller acts on: its DaemonSets
+// (but not their status, which it writes itself), Nodes, and pods a
+// DaemonSet controls.
+func (DaemonSets) Wakes(ev store.Event) bool {
 	switch ev.Resource {
 	case "nodes":
 		return true
 	case "daemonsets":
-		return ev.Type != "MODIFIED" || ev.Old == nil || specChanged(ev.Old.Object, ev.Object.Object)
+		return ev.Type != "MODIFIED" || ev.Old == nil || object.SpecChanged(ev.Old.Object, ev.Object.Object)
 	case "pods":
-		for _, ref := range ownerRefs(ev.Object.Object) {
+		for _, ref := range object.OwnerRefs(ev.Object.Object) {
 			if ref.Controller != nil && *ref.Controller && ref.Kind == "DaemonSet" {
 				return true
 			}
