@@ -67,9 +67,11 @@ type recTB struct {
 	cleanups []func()
 }
 
-func (r *recTB) Failed() bool                    { return r.failed }
-func (r *recTB) Cleanup(f func())                { r.cleanups = append(r.cleanups, f) }
-func (r *recTB) Logf(format string, args ...any) { r.logs = append(r.logs, fmt.Sprintf(format, args...)) }
+func (r *recTB) Failed() bool     { return r.failed }
+func (r *recTB) Cleanup(f func()) { r.cleanups = append(r.cleanups, f) }
+func (r *recTB) Logf(format string, args ...any) {
+	r.logs = append(r.logs, fmt.Sprintf(format, args...))
+}
 
 func TestGroupStopsInReverseOrderAndPrintsLogsOnFailure(t *testing.T) {
 	dir := t.TempDir()
