@@ -191,7 +191,8 @@ type stack struct {
 	net      string
 	s3URL    string
 	servers  []*server
-	// procs are the servers' processes, killed when the test ends.
+	// procs are the servers' processes, killed when the test ends; each
+	// gets its whole environment from env.
 	procs *proctest.Group
 }
 
@@ -236,10 +237,7 @@ func newStackWith(t testing.TB, servers int, cfg string, extraEnv []string) *sta
 
 // newEmptyStack is a stack without storage or servers yet.
 func newEmptyStack(t testing.TB) *stack {
-	s := &stack{t: t, bin: binaries(t), dir: t.TempDir(), net: loopbackNet(t)}
-	// Servers are killed at once (SIGKILL); their logs are dir/{id}.log.
-	s.procs = proctest.NewGroup(t, proctest.Options{Bin: s.bin, LogDir: s.dir, TailLines: 60})
-	return s
+	return &stack{t: t, bin: binaries(t), dir: t.TempDir(), net: loopbackNet(t)}
 }
 
 // env is the environment of a child process that reaches dev-s3 at
@@ -256,6 +254,13 @@ func (s *stack) startServer(id, host string) *server {
 	u := strings.TrimPrefix(s.s3URL, "http://")
 	p := startProxy(t, net.JoinHostPort(host, "8989"), u)
 	srv := &server{id: id, host: host, proxy: p, log: filepath.Join(s.dir, id+".log")}
+	if s.procs == nil {
+		// Created with the first server, so that its cleanup kills the
+		// servers before dev-s3 (started earlier) stops (cleanups run
+		// last-in first-out). Servers are killed at once (SIGKILL); their
+		// logs are dir/{id}.log.
+		s.procs = proctest.NewGroup(t, proctest.Options{Bin: s.bin, LogDir: s.dir, Env: []string{}, TailLines: 60})
+	}
 	bind := func(port int) string { return srv.addr(port) }
 	var err error
 	srv.proc, err = s.procs.Start(id, "nstance-server", s.env("http://"+srv.proxy.Addr()), "--id", srv.id, "--shard", shard, "--bucket", "dev",

@@ -16,8 +16,8 @@ type Options struct {
 	Dir string
 	// LogDir holds each process's log, <name>.log (default Dir/logs).
 	LogDir string
-	// Env is the environment every process starts with (default
-	// os.Environ()); Start appends its own.
+	// Env is the environment every process starts with: nil means
+	// os.Environ(), an empty slice nothing; Start appends its own.
 	Env []string
 	// Grace is how long Close waits after SIGTERM before SIGKILL; 0 kills at
 	// once.
