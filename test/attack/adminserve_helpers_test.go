@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -33,23 +32,6 @@ func adminDir(e *env) string { return filepath.Join(e.s.dir, "admin") }
 // adminTokenPath is the default token file of `nstance-admin serve` for the
 // context file in adminDir.
 func adminTokenPath(e *env) string { return filepath.Join(adminDir(e), "serve.token") }
-
-// adminBinary builds nstance-admin once per stack (the first case that
-// needs it) into the stack's directory.
-func adminBinary(e *env) (string, error) {
-	dir := filepath.Join(e.s.dir, "admin-bin")
-	bin := filepath.Join(dir, "nstance-admin")
-	if _, err := os.Stat(bin); err == nil {
-		return bin, nil
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
-	if err := proctest.Build(e.s.root, dir, "nstance-admin"); err != nil {
-		return "", err
-	}
-	return bin, nil
-}
 
 // writeAdminFiles writes tenant A's admin certificate, its key and the
 // cluster CA, and a context file naming both shards' Operator endpoints.
@@ -106,8 +88,8 @@ func startAdminServe(ctx context.Context, e *env, addr string, args ...string) (
 	if err := writeAdminFiles(ctx, e); err != nil {
 		return nil, err
 	}
-	bin, err := adminBinary(e)
-	if err != nil {
+	// Built on the first case that needs it, beside the stack's binaries.
+	if _, err := bins.Build("nstance-admin"); err != nil {
 		return nil, err
 	}
 	if addr == "" {
@@ -115,36 +97,20 @@ func startAdminServe(ctx context.Context, e *env, addr string, args ...string) (
 	}
 	name := fmt.Sprintf("admin-serve-%d", time.Now().UnixNano())
 	all := append([]string{"serve", "--admin-config", filepath.Join(adminDir(e), "admin.yaml"), "--listen", addr}, args...)
-	p, err := proctest.Start(name, filepath.Join(e.s.dir, "logs", name+".log"), e.s.dir, os.Environ(), bin, all...)
+	p, err := e.s.procs.Start(name, "nstance-admin", nil, all...)
 	if err != nil {
 		return nil, err
 	}
-	e.s.mu.Lock()
-	e.s.procs = append(e.s.procs, p)
-	e.s.mu.Unlock()
 	s := &adminServe{addr: addr, proc: p}
-	if err := waitFor("nstance-admin serve listening on "+addr, 30*time.Second, func() bool {
-		if p.Exited() {
-			return true
-		}
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err != nil {
-			return false
-		}
-		c.Close()
-		return true
-	}); err != nil {
+	if err := p.WaitFor(ctx, "nstance-admin serve listening on "+addr, 30*time.Second, func() bool { return proctest.Dialable(addr) }); err != nil {
 		s.stop()
 		return nil, err
-	}
-	if p.Exited() {
-		return nil, fmt.Errorf("nstance-admin serve exited: %s", tail(p.Log, 10))
 	}
 	return s, nil
 }
 
 // stop ends the serve process by its PID (process group).
-func (s *adminServe) stop() { stopProc(s.proc) }
+func (s *adminServe) stop() { s.proc.Stop(stopGrace) }
 
 // output is what serve has printed so far.
 func (s *adminServe) output() string {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/nonce"
 	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/testing/proctest"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -145,7 +146,7 @@ func setup(ctx context.Context, s *stack) (*env, error) {
 		return nil, fmt.Errorf("tenant B creating group %s: %w", groupB, err)
 	}
 	var inst *nstancev1.InstanceStatus
-	if err := waitFor("tenant B's instance running with its certificates", 90*time.Second, func() bool {
+	if err := proctest.Wait(ctx, "tenant B's instance running with its certificates", 90*time.Second, func() bool {
 		resp, err := b.ListInstances(ctx, &nstancev1.ListInstancesRequest{GroupIds: []string{groupB}})
 		if err != nil || len(resp.Instances) != 1 {
 			return false

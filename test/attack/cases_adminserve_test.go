@@ -14,6 +14,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/provider/tmux"
 	"github.com/nstance-dev/nstance/internal/testing/hosttools"
+	"github.com/nstance-dev/nstance/internal/testing/proctest"
 )
 
 // adminServeCases are the cases of issue 29 about nstance-admin serve: credential, Origin, Host, Content-Type (finding 2); tmux windows per shard (finding 6).
@@ -212,7 +213,7 @@ func adminServeTokenFile(ctx context.Context, e *env) error {
 		s.stop()
 		return fmt.Errorf("token file mode %o, want 600", mode)
 	}
-	if err := waitFor("serve printing the status page URL with the token", 10*time.Second, func() bool {
+	if err := proctest.Wait(ctx, "serve printing the status page URL with the token", 10*time.Second, func() bool {
 		return strings.Contains(s.output(), "http://"+s.addr+"/?token="+tok)
 	}); err != nil {
 		s.stop()
@@ -228,7 +229,7 @@ func adminServeTokenFile(ctx context.Context, e *env) error {
 		return err
 	}
 	// The second start logs its URL (without the token) once it serves.
-	if err := waitFor("serve logging its URL", 10*time.Second, func() bool { return strings.Contains(s.output(), s.addr) }); err != nil {
+	if err := proctest.Wait(ctx, "serve logging its URL", 10*time.Second, func() bool { return strings.Contains(s.output(), s.addr) }); err != nil {
 		s.stop()
 		return fmt.Errorf("%w; output: %s", err, s.output())
 	}

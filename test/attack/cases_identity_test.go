@@ -19,6 +19,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/nonce"
 	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/testing/proctest"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -141,7 +142,7 @@ func twinRevocation(ctx context.Context, e *env) error {
 		return err
 	}
 	defer admin2.Close()
-	if err := waitFor("dev-2 enforcing the revocation", 45*time.Second, func() bool {
+	if err := proctest.Wait(ctx, "dev-2 enforcing the revocation", 45*time.Second, func() bool {
 		r, err := nstancev1.NewOperatorServiceClient(admin2).ListRevocations(ctx, &nstancev1.ListRevocationsRequest{})
 		if err != nil {
 			return false
@@ -250,7 +251,7 @@ func foreignSweep(ctx context.Context, e *env) error {
 	if err := os.Chtimes(e.s.markerFile(sentinel), old, old); err != nil {
 		return fmt.Errorf("dating the sentinel back: %w", err)
 	}
-	if err := waitFor(leader.shard+" sweeping the expired sentinel marker", 30*time.Second, func() bool {
+	if err := proctest.Wait(ctx, leader.shard+" sweeping the expired sentinel marker", 30*time.Second, func() bool {
 		_, err := e.s.get(ctx, sentinel)
 		return errors.Is(err, objstore.ErrNotFound)
 	}); err != nil {
@@ -294,7 +295,7 @@ func thiefRenewal(ctx context.Context, e *env) error {
 	}()
 	dir := filepath.Join(e.s.stateDir(e.dev1), id, "identity")
 	var stolen tls.Certificate
-	if err := waitFor("the new agent's certificate", 60*time.Second, func() bool {
+	if err := proctest.Wait(ctx, "the new agent's certificate", 60*time.Second, func() bool {
 		var err error
 		stolen, err = tls.LoadX509KeyPair(filepath.Join(dir, "agent.crt"), filepath.Join(dir, "agent.key"))
 		return err == nil
@@ -335,7 +336,7 @@ func thiefRenewal(ctx context.Context, e *env) error {
 	// after that, whatever the real agent is told, the thief must not keep
 	// the identity.
 	var realErr error
-	if err := waitFor("the thief's renewed certificate refused after the real agent's renewal", 50*time.Second, func() bool {
+	if err := proctest.Wait(ctx, "the thief's renewed certificate refused after the real agent's renewal", 50*time.Second, func() bool {
 		if _, realErr = renewAgentIdentity(ctx, e, &due); realErr == nil {
 			return true // renewed for the real agent: checked below
 		}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nstance-dev/nstance/internal/testing/proctest"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -68,7 +69,7 @@ func crossTenantWorkloadTrust(ctx context.Context, e *env) error {
 		_, _ = a.DeleteInstance(context.WithoutCancel(ctx), &nstancev1.DeleteInstanceRequest{InstanceId: id, SkipDrain: true})
 	}()
 	var certPEM []byte
-	if err := waitFor("tenant A's instance "+id+" holding files/svc.crt", 45*time.Second, func() bool {
+	if err := proctest.Wait(ctx, "tenant A's instance "+id+" holding files/svc.crt", 45*time.Second, func() bool {
 		certPEM, err = e.instanceFile(id, "files/svc.crt")
 		return err == nil && len(certPEM) > 0
 	}); err != nil {

@@ -29,6 +29,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/nonce"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
+	"github.com/nstance-dev/nstance/internal/testing/proctest"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -703,12 +704,12 @@ func victimAgent(ctx context.Context, e *env, imp impostor, caPEM []byte) error 
 	if err := os.WriteFile(filepath.Join(id, "ca.crt"), caPEM, 0o644); err != nil {
 		return err
 	}
-	p := e.s.start(filepath.Base(dir), "nstance-agent", []string{
+	p := e.s.procs.MustStart(filepath.Base(dir), "nstance-agent", []string{
 		"NSTANCE_INSTANCE_ID=svc-0f0f0f0f", "NSTANCE_PROVIDER_ID=nstance://" + clusterID + "/dev-1/svc-0f0f0f0f", "NSTANCE_SHARD=dev-1",
 		"NSTANCE_IDENTITY_DIR=" + id, "NSTANCE_REGISTRATION_ADDR=" + addr, "NSTANCE_AGENT_ADDR=" + addr,
 		"NSTANCE_SERVER_NAME=" + imp.serverName,
 	})
-	defer stopProc(p)
+	defer p.Stop(stopGrace)
 	select {
 	case err := <-first:
 		if imp.refusal == "" {
@@ -724,16 +725,16 @@ func victimAgent(ctx context.Context, e *env, imp impostor, caPEM []byte) error 
 			return fmt.Errorf("the handshake failed without the agent refusing the certificate: %v", err)
 		}
 	case <-p.Done:
-		return fmt.Errorf("the agent exited before connecting:\n%s", tail(p.Log, 10))
+		return fmt.Errorf("the agent exited before connecting:\n%s", proctest.Tail(p.Log, 10))
 	case <-ctx.Done():
 		return errors.New("the agent never connected to the fake server")
 	}
 	// The agent logs why it refused; it must be the check under test.
-	if err := waitFor("the agent's refusal in its log", refuseWithin, func() bool {
+	if err := proctest.Wait(ctx, "the agent's refusal in its log", refuseWithin, func() bool {
 		b, _ := os.ReadFile(p.Log)
 		return strings.Contains(string(b), imp.refusal)
 	}); err != nil {
-		return fmt.Errorf("%v:\n%s", err, tail(p.Log, 5))
+		return fmt.Errorf("%v:\n%s", err, proctest.Tail(p.Log, 5))
 	}
 	if _, err := os.Stat(filepath.Join(id, "nonce.jwt")); err != nil {
 		return fmt.Errorf("the agent's nonce: %v", err)
@@ -807,7 +808,7 @@ func handlerPanic(ctx context.Context, e *env) error {
 			return fmt.Errorf("%s exited", sv.shard)
 		default:
 		}
-		if !httpOK("http://" + sv.health + "/health") {
+		if !proctest.HTTPOK("http://" + sv.health + "/health") {
 			return fmt.Errorf("%s: /health not 200 after the panic", sv.shard)
 		}
 	}
@@ -895,8 +896,8 @@ func (c *collector[T]) snapshot() ([]T, error) {
 }
 
 // waitSeen waits until a collected message satisfies match.
-func waitSeen[T any](c *collector[T], what string, match func(T) bool) error {
-	return waitFor(what, 30*time.Second, func() bool {
+func waitSeen[T any](ctx context.Context, c *collector[T], what string, match func(T) bool) error {
+	return proctest.Wait(ctx, what, 30*time.Second, func() bool {
 		msgs, _ := c.snapshot()
 		return slices.ContainsFunc(msgs, match)
 	})
@@ -932,12 +933,12 @@ func crossTenantEvents(ctx context.Context, e *env) error {
 	if _, err := b.DeleteInstance(ctx, &nstancev1.DeleteInstanceRequest{InstanceId: bID, SkipDrain: true}); err != nil {
 		return fmt.Errorf("tenant B deleting %s: %w", bID, err)
 	}
-	if err := waitSeen(bGroups, "tenant B's group event", func(m *nstancev1.GroupEvent) bool {
+	if err := waitSeen(ctx, bGroups, "tenant B's group event", func(m *nstancev1.GroupEvent) bool {
 		return m.GroupId == groupB && m.GetGroup().GetSpec().GetLabels()["touched"] == "yes"
 	}); err != nil {
 		return err
 	}
-	if err := waitSeen(bInst, "tenant B's instance event", func(m *nstancev1.InstanceEvent) bool { return m.InstanceId == bID }); err != nil {
+	if err := waitSeen(ctx, bInst, "tenant B's instance event", func(m *nstancev1.InstanceEvent) bool { return m.InstanceId == bID }); err != nil {
 		return err
 	}
 
@@ -953,10 +954,10 @@ func crossTenantEvents(ctx context.Context, e *env) error {
 	if _, err := a.DeleteInstance(ctx, &nstancev1.DeleteInstanceRequest{InstanceId: aID, SkipDrain: true}); err != nil {
 		return fmt.Errorf("tenant A deleting %s: %w", aID, err)
 	}
-	if err := waitSeen(aGroups, "tenant A's marker group event", func(m *nstancev1.GroupEvent) bool { return m.GroupId == "amark" }); err != nil {
+	if err := waitSeen(ctx, aGroups, "tenant A's marker group event", func(m *nstancev1.GroupEvent) bool { return m.GroupId == "amark" }); err != nil {
 		return err
 	}
-	if err := waitSeen(aInst, "tenant A's instance event", func(m *nstancev1.InstanceEvent) bool { return m.InstanceId == aID }); err != nil {
+	if err := waitSeen(ctx, aInst, "tenant A's instance event", func(m *nstancev1.InstanceEvent) bool { return m.InstanceId == aID }); err != nil {
 		return err
 	}
 
@@ -1045,7 +1046,7 @@ func revokedAgent(ctx context.Context, e *env) error {
 	}
 	id := ci.Instance.InstanceId
 	dir := filepath.Join(e.s.stateDir(e.dev1), id, "identity")
-	if err := waitFor("the new agent's certificate", 60*time.Second, func() bool {
+	if err := proctest.Wait(ctx, "the new agent's certificate", 60*time.Second, func() bool {
 		_, err := os.Stat(filepath.Join(dir, "agent.crt"))
 		return err == nil
 	}); err != nil {
@@ -1058,7 +1059,7 @@ func revokedAgent(ctx context.Context, e *env) error {
 	if _, err := b.DeleteInstance(ctx, &nstancev1.DeleteInstanceRequest{InstanceId: id, SkipDrain: true}); err != nil {
 		return err
 	}
-	if err := waitFor("the instance deleted", 60*time.Second, func() bool {
+	if err := proctest.Wait(ctx, "the instance deleted", 60*time.Second, func() bool {
 		_, err := b.GetInstanceStatus(ctx, &nstancev1.GetInstanceStatusRequest{Lookup: &nstancev1.GetInstanceStatusRequest_InstanceId{InstanceId: id}})
 		return status.Code(err) == codes.NotFound
 	}); err != nil {

@@ -204,7 +204,7 @@ const preSecret = `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"pre","
 func (o *devK8sOnce) run(f func(context.Context, *env, *devK8s) error) func(context.Context, *env) error {
 	return func(ctx context.Context, e *env) error {
 		started := false
-		o.once.Do(func() { o.k, o.err = startDevK8s(e.s); started = true })
+		o.once.Do(func() { o.k, o.err = startDevK8s(context.WithoutCancel(ctx), e.s); started = true })
 		if o.err != nil {
 			return fmt.Errorf("starting dev-k8s: %w", o.err)
 		}
@@ -219,10 +219,10 @@ func (o *devK8sOnce) run(f func(context.Context, *env, *devK8s) error) func(cont
 	}
 }
 
-func startDevK8s(s *stack) (*devK8s, error) {
+func startDevK8s(ctx context.Context, s *stack) (*devK8s, error) {
 	t := s.t
-	bin := t.TempDir()
-	if err := proctest.Build(s.root, bin, "dev-k8s"); err != nil {
+	bin, err := bins.Build("dev-k8s")
+	if err != nil {
 		return nil, err
 	}
 	base := t.TempDir()
@@ -247,23 +247,17 @@ func startDevK8s(s *stack) (*devK8s, error) {
 		}
 	}
 	k := &devK8s{addr: portpick.Addr(t), dir: dir}
-	p, err := proctest.Start("dev-k8s", filepath.Join(base, "dev-k8s.log"), base, os.Environ(), filepath.Join(bin, "dev-k8s"),
-		"--addr", k.addr, "--dir", dir, "--controllers=false")
+	procs := proctest.NewGroup(t, proctest.Options{Bin: bin, Dir: base, LogDir: base, Grace: stopGrace})
+	p, err := procs.Start("dev-k8s", "dev-k8s", nil, "--addr", k.addr, "--dir", dir, "--controllers=false")
 	if err != nil {
 		return nil, err
 	}
-	t.Cleanup(func() {
-		p.Stop(10 * time.Second)
-		if t.Failed() {
-			t.Logf("---- dev-k8s (%s), last lines:\n%s", p.Log, tail(p.Log, 40))
-		}
-	})
 	var ca []byte
-	if err := waitFor("dev-k8s's admin token and CA", 60*time.Second, func() bool {
+	if err := p.WaitFor(ctx, "dev-k8s's admin token and CA", 60*time.Second, func() bool {
 		tok, err1 := os.ReadFile(filepath.Join(dir, ".dev-k8s", "auth", "admin.token"))
 		c, err2 := os.ReadFile(filepath.Join(dir, ".dev-k8s", "tls", "ca.crt"))
 		k.token, ca = strings.TrimSpace(string(tok)), c
-		return err1 == nil && err2 == nil && k.token != "" && len(ca) > 0 && !p.Exited()
+		return err1 == nil && err2 == nil && k.token != "" && len(ca) > 0
 	}); err != nil {
 		return nil, fmt.Errorf("%w (log %s)", err, p.Log)
 	}
@@ -272,7 +266,7 @@ func startDevK8s(s *stack) (*devK8s, error) {
 		return nil, errors.New("dev-k8s CA: no certificate")
 	}
 	k.client = &http.Client{Timeout: refuseWithin, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}}}
-	if err := waitFor("dev-k8s /readyz", 60*time.Second, func() bool {
+	if err := proctest.Wait(ctx, "dev-k8s /readyz", 60*time.Second, func() bool {
 		resp, err := k.client.Get(k.url("/readyz"))
 		if err != nil {
 			return false

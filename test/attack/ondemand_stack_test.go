@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -23,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nstance-dev/nstance/internal/nonce"
+	"github.com/nstance-dev/nstance/internal/testing/portpick"
 	"github.com/nstance-dev/nstance/internal/testing/proctest"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -71,7 +70,7 @@ func (od *onDemandStack) start(ctx context.Context, e *env) error {
 		// The build takes what it takes on a loaded machine (the test's
 		// own timeout bounds it); starting then gets its own deadline,
 		// longer than one case's budget.
-		if err := proctest.Build(e.s.root, e.s.bin, "dev-k8s", "nstance-operator"); err != nil {
+		if _, err := bins.Build("dev-k8s", "nstance-operator"); err != nil {
 			od.err = err
 			return err
 		}
@@ -85,19 +84,6 @@ func (od *onDemandStack) start(ctx context.Context, e *env) error {
 	return od.err
 }
 
-// startProc runs a built binary as a child of the stack, stopped by PID with
-// the stack's other processes.
-func (s *stack) startProc(name, binary string, env []string, args ...string) (*proc, error) {
-	p, err := proctest.Start(name, filepath.Join(s.dir, "logs", name+".log"), s.dir, append(os.Environ(), env...), filepath.Join(s.bin, binary), args...)
-	if err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	s.procs = append(s.procs, p)
-	s.mu.Unlock()
-	return p, nil
-}
-
 func (od *onDemandStack) up(ctx context.Context, e *env) error {
 	s := e.s
 	// Tenant A's groups, before the operator starts: its startup import
@@ -108,24 +94,22 @@ func (od *onDemandStack) up(ctx context.Context, e *env) error {
 			return fmt.Errorf("tenant A creating group %s: %w", g, err)
 		}
 	}
-	capi, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/cluster-api").Output()
-	if err != nil {
-		return fmt.Errorf("locating the Cluster API module: %w", err)
-	}
-	dir := filepath.Join(s.dir, "dev-k8s")
-	k8sAddr := freeAddr(s.t)
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	k8s, err := s.startProc("dev-k8s", "dev-k8s", nil, "--addr", k8sAddr, "--dir", dir, "--log-level", "warn",
-		"--crd-dir", filepath.Join(s.root, "config", "crd", "bases"),
-		"--crd-dir", filepath.Join(strings.TrimSpace(string(capi)), "core", "config", "crd", "bases"))
+	crds, err := proctest.CRDDirs(ctx, s.root)
 	if err != nil {
 		return err
 	}
-	if err := waitFor("dev-k8s kubeconfig", 30*time.Second, func() bool {
-		_, err := os.Stat(kubeconfig)
-		return err == nil || k8s.Exited()
-	}); err != nil || k8s.Exited() {
-		return errors.Join(err, fmt.Errorf("dev-k8s: %s", tail(k8s.Log, 10)))
+	dir := filepath.Join(s.dir, "dev-k8s")
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	args := []string{"--addr", portpick.Addr(s.t), "--dir", dir, "--log-level", "warn"}
+	for _, d := range crds {
+		args = append(args, "--crd-dir", d)
+	}
+	k8s, err := s.procs.Start("dev-k8s", "dev-k8s", nil, args...)
+	if err != nil {
+		return err
+	}
+	if err := k8s.WaitFor(ctx, "dev-k8s kubeconfig", 30*time.Second, func() bool { return proctest.Exists(kubeconfig) }); err != nil {
+		return err
 	}
 	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
@@ -138,7 +122,7 @@ func (od *onDemandStack) up(ctx context.Context, e *env) error {
 	if od.k8s, err = client.New(rc, client.Options{Scheme: scheme}); err != nil {
 		return err
 	}
-	if err := waitFor("dev-k8s serving", 30*time.Second, func() bool {
+	if err := proctest.Wait(ctx, "dev-k8s serving", 30*time.Second, func() bool {
 		return od.k8s.List(ctx, &corev1.NamespaceList{}) == nil
 	}); err != nil {
 		return err
@@ -161,33 +145,29 @@ func (od *onDemandStack) up(ctx context.Context, e *env) error {
 			return fmt.Errorf("creating %T %s: %w", o, o.GetName(), err)
 		}
 	}
-	cfg := fmt.Sprintf("cluster_id: %s\ntenant: %s\nshards:\n  %s:\n    registration_addr: %q\n    operator_addr: %q\n",
-		clusterID, tenantA, e.dev1.shard, e.dev1.registration, e.dev1.operator)
 	cfgPath := filepath.Join(s.dir, "operator", "config.yaml")
-	if err := os.MkdirAll(filepath.Dir(cfgPath), 0o755); err != nil {
+	cfg := proctest.OperatorConfig(clusterID, tenantA, proctest.OperatorShard{Name: e.dev1.shard, Registration: e.dev1.registration, Operator: e.dev1.operator})
+	if err := proctest.WriteFile(cfgPath, cfg, 0o644); err != nil {
 		return err
 	}
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
-		return err
-	}
-	op, err := s.startProc("nstance-operator", "nstance-operator", []string{"NSTANCE_NAMESPACE=" + odNamespace, "NSTANCE_K8S_JSON=true"},
-		"--kubeconfig", kubeconfig, "--config", cfgPath, "--health-probe-bind-address", freeAddr(s.t),
+	op, err := s.procs.Start("nstance-operator", "nstance-operator", []string{"NSTANCE_NAMESPACE=" + odNamespace, "NSTANCE_K8S_JSON=true"},
+		"--kubeconfig", kubeconfig, "--config", cfgPath, "--health-probe-bind-address", portpick.Addr(s.t),
 		"--disable-webhooks", "--join-timeout", "0", "--log-format", "json")
 	if err != nil {
 		return err
 	}
 	// Registered, connected and imported: the three groups are pools.
-	if err := waitFor("the operator importing tenant A's groups as NstanceMachinePools", 120*time.Second, func() bool {
+	if err := op.WaitFor(ctx, "the operator importing tenant A's groups as NstanceMachinePools", 120*time.Second, func() bool {
 		for _, g := range []string{odOpen, odClosed, odQuota} {
 			p := &unstructured.Unstructured{}
 			p.SetGroupVersionKind(nstancePoolGVK)
 			if od.k8s.Get(ctx, client.ObjectKey{Namespace: odNamespace, Name: g}, p) != nil {
-				return op.Exited()
+				return false
 			}
 		}
 		return true
-	}); err != nil || op.Exited() {
-		return errors.Join(err, fmt.Errorf("operator log: %s", tail(op.Log, 10)))
+	}); err != nil {
+		return err
 	}
 	// What an administrator opts in (an old operator's CRD prunes the
 	// field; its operator ignored it anyway).
@@ -253,7 +233,7 @@ func (od *onDemandStack) refusal(ctx context.Context, pod *corev1.Pod) (*corev1.
 func waitLaunch(ctx context.Context, e *env, group string, before int, timeout time.Duration) ([]string, error) {
 	var ids []string
 	var lastErr error
-	err := waitFor(fmt.Sprintf("an instance of %s launched", group), timeout, func() bool {
+	err := proctest.Wait(ctx, fmt.Sprintf("an instance of %s launched", group), timeout, func() bool {
 		ids, lastErr = odInstances(ctx, e, group)
 		return lastErr == nil && len(ids) > before
 	})
@@ -275,7 +255,7 @@ func (od *onDemandStack) expectRefused(ctx context.Context, e *env, ns, group st
 	var ev *corev1.Event
 	var launched []string
 	var lastErr error
-	werr := waitFor("the pod refused or an instance launched", 45*time.Second, func() bool {
+	werr := proctest.Wait(ctx, "the pod refused or an instance launched", 45*time.Second, func() bool {
 		if launched, lastErr = odInstances(ctx, e, group); lastErr != nil || len(launched) > len(before) {
 			return true
 		}

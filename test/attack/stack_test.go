@@ -5,13 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -31,6 +27,15 @@ const (
 	panicHookEnv = "NSTANCE_TEST_PANIC_HOOK"
 )
 
+// stopGrace is how long a stopped process of the stack may take to exit
+// after SIGTERM before it is killed.
+const stopGrace = 10 * time.Second
+
+// bins holds the binaries of the suite, built once per test binary.
+var bins proctest.Binaries
+
+func TestMain(m *testing.M) { os.Exit(bins.Main(m)) }
+
 // stack is dev-s3 and two nstance-servers (shards dev-1 and dev-2, process
 // provider), each a child process of the test in its own process group,
 // every port picked free on 127.0.0.1.
@@ -43,9 +48,8 @@ type stack struct {
 	servers []*server
 	store   objstore.Store
 	keys    layout.Keys
-
-	mu    sync.Mutex
-	procs []*proc
+	// procs are the stack's processes, logs in dir/logs/{name}.log.
+	procs *proctest.Group
 }
 
 type server struct {
@@ -56,147 +60,25 @@ type server struct {
 
 type proc = proctest.Proc
 
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	root, err := proctest.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return root
-}
-
-// buildBinaries compiles the three binaries the stack runs with one `go
-// build` (packages compile once, in parallel).
-func buildBinaries(t *testing.T, root string) string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := proctest.Build(root, dir, "dev-s3", "nstance-server", "nstance-agent"); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
-// freeAddr returns a 127.0.0.1 address no other test gets while this one
-// runs (the stack's processes are told their addresses before binding).
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	return portpick.Addr(t)
-}
-
 func newStack(t *testing.T) *stack {
 	t.Helper()
-	root := repoRoot(t)
-	s := &stack{t: t, root: root, dir: t.TempDir(), bin: buildBinaries(t, root), s3Addr: freeAddr(t)}
+	s := &stack{t: t, root: proctest.Root(t), dir: t.TempDir(), bin: bins.Dir(t, "dev-s3", "nstance-server", "nstance-agent"), s3Addr: portpick.Addr(t)}
 	for n := 1; n <= 2; n++ {
 		s.servers = append(s.servers, &server{
-			shard: fmt.Sprintf("dev-%d", n), health: freeAddr(t), election: freeAddr(t),
-			registration: freeAddr(t), operator: freeAddr(t), agent: freeAddr(t),
+			shard: fmt.Sprintf("dev-%d", n), health: portpick.Addr(t), election: portpick.Addr(t),
+			registration: portpick.Addr(t), operator: portpick.Addr(t), agent: portpick.Addr(t),
 		})
 	}
-	t.Cleanup(s.stop)
+	// Cleanups run last-in first-out: the group's processes stop first,
+	// then the agent process groups the servers started for this stack (by
+	// the PIDs the process provider recorded in this stack's state
+	// directories; nothing else is touched).
+	t.Cleanup(func() { proctest.StopRecorded(filepath.Join(s.dir, "agents-*", "*", "process.json"), stopGrace) })
+	s.procs = proctest.NewGroup(t, proctest.Options{Bin: s.bin, Dir: s.dir, Grace: stopGrace})
 	return s
 }
 
-func (s *stack) awsEnv() []string {
-	return []string{"AWS_ACCESS_KEY_ID=dev", "AWS_SECRET_ACCESS_KEY=dev", "AWS_REGION=us-east-1",
-		"AWS_ENDPOINT_URL=http://" + s.s3Addr, "AWS_S3_USE_PATH_STYLE=true"}
-}
-
-// start runs a binary of the build directory with its output in
-// dir/logs/{name}.log.
-func (s *stack) start(name, binary string, env []string, args ...string) *proc {
-	s.t.Helper()
-	p, err := proctest.Start(name, filepath.Join(s.dir, "logs", name+".log"), s.dir, append(os.Environ(), env...), filepath.Join(s.bin, binary), args...)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	s.mu.Lock()
-	s.procs = append(s.procs, p)
-	s.mu.Unlock()
-	return p
-}
-
-// stopProc ends one process group: SIGTERM, then SIGKILL after 10s.
-func stopProc(p *proc) { p.Stop(10 * time.Second) }
-
-// agentRecord is what the process provider records per instance
-// ({state_dir}/{id}/process.json).
-type agentRecord struct {
-	PID        int    `json:"pid"`
-	StartTicks uint64 `json:"start_ticks"`
-}
-
-// startTicks is the kernel start time of a process (field 22 of
-// /proc/<pid>/stat), which tells a recorded agent from a later process that
-// reused its PID.
-func startTicks(pid int) (uint64, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, false
-	}
-	// The command name (field 2) may hold spaces; count after its ')'.
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return 0, false
-	}
-	var v uint64
-	if _, err := fmt.Sscanf(f[19], "%d", &v); err != nil {
-		return 0, false
-	}
-	return v, true
-}
-
-// stop tears down in reverse start order, then ends the agent process groups
-// the servers started for this stack (by the PIDs the process provider
-// recorded in this stack's state directories; nothing else is touched).
-func (s *stack) stop() {
-	s.mu.Lock()
-	procs := append([]*proc(nil), s.procs...)
-	s.mu.Unlock()
-	for i := len(procs) - 1; i >= 0; i-- {
-		stopProc(procs[i])
-	}
-	recs, _ := filepath.Glob(filepath.Join(s.dir, "agents-*", "*", "process.json"))
-	for _, r := range recs {
-		b, err := os.ReadFile(r)
-		var rec agentRecord
-		if err != nil || json.Unmarshal(b, &rec) != nil || rec.PID <= 0 {
-			continue
-		}
-		if st, ok := startTicks(rec.PID); !ok || st != rec.StartTicks {
-			continue // gone, or the PID now belongs to another process
-		}
-		if syscall.Kill(-rec.PID, syscall.SIGTERM) != nil {
-			continue
-		}
-		deadline := time.Now().Add(10 * time.Second)
-		for syscall.Kill(rec.PID, 0) == nil && time.Now().Before(deadline) {
-			time.Sleep(50 * time.Millisecond)
-		}
-		_ = syscall.Kill(-rec.PID, syscall.SIGKILL)
-	}
-	if s.t.Failed() {
-		for _, p := range procs {
-			s.t.Logf("---- %s (%s), last lines:\n%s", p.Name, p.Log, tail(p.Log, 40))
-		}
-	}
-}
-
-func tail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+func (s *stack) awsEnv() []string { return proctest.S3Env("http://" + s.s3Addr) }
 
 // stateDir is where server N's process provider keeps its instances.
 func (s *stack) stateDir(sv *server) string { return filepath.Join(s.dir, "agents-"+sv.shard) }
@@ -277,34 +159,12 @@ func nonceMaxLifetime(shard string) string {
 	return "24h"
 }
 
-func httpOK(url string) bool {
-	c := http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get(url)
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
-}
-
-// waitFor polls cond every 100ms until it holds or timeout passes.
-func waitFor(what string, timeout time.Duration, cond func() bool) error {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return nil
-}
-
 // up starts dev-s3 and both servers and waits until both serve.
 func (s *stack) up(ctx context.Context) {
 	t := s.t
 	t.Helper()
-	s.start("dev-s3", "dev-s3", nil, "--addr", s.s3Addr, "--bucket", bucket, "--dir", filepath.Join(s.dir, "dev-s3"))
-	if err := waitFor("dev-s3 /healthz", 30*time.Second, func() bool { return httpOK("http://" + s.s3Addr + "/healthz") }); err != nil {
+	s.procs.MustStart("dev-s3", "dev-s3", nil, "--addr", s.s3Addr, "--bucket", bucket, "--dir", filepath.Join(s.dir, "dev-s3"))
+	if err := proctest.Wait(ctx, "dev-s3 /healthz", 30*time.Second, func() bool { return proctest.HTTPOK("http://" + s.s3Addr + "/healthz") }); err != nil {
 		t.Fatal(err)
 	}
 	// The S3 client reads the standard AWS variables.
@@ -322,13 +182,13 @@ func (s *stack) up(ctx context.Context) {
 			t.Fatalf("uploading the config of %s: %v", sv.shard, err)
 		}
 		env := append(s.awsEnv(), "NSTANCE_ENCRYPTION_KEY="+encryptionKey, panicHookEnv+"=1")
-		sv.proc = s.start("server-"+sv.shard, "nstance-server", env, "--shard", sv.shard, "--id", sv.shard+"-attack",
+		sv.proc = s.procs.MustStart("server-"+sv.shard, "nstance-server", env, "--shard", sv.shard, "--id", sv.shard+"-attack",
 			"--bucket", bucket, "--cache-dir", filepath.Join(s.dir, "cache-"+sv.shard), "--bind-health", sv.health,
 			// Nonce markers are swept every 2s, so a case can watch a sweep (cases_identity_test.go).
 			"--nonce-sweep-interval", "2s")
 		if sv == s.servers[0] {
 			// dev-1 leads the cluster: it runs alone until it holds the lease.
-			if err := waitFor(sv.shard+" holding the cluster lease", 120*time.Second, func() bool {
+			if err := proctest.Wait(ctx, sv.shard+" holding the cluster lease", 120*time.Second, func() bool {
 				b, err := s.get(ctx, s.keys.ClusterLeader())
 				return err == nil && strings.Contains(string(b), `"`+sv.shard+`-attack"`)
 			}); err != nil {
@@ -337,20 +197,13 @@ func (s *stack) up(ctx context.Context) {
 		}
 	}
 	for _, sv := range s.servers {
-		if err := waitFor(sv.shard+" /health 200", 120*time.Second, func() bool { return httpOK("http://" + sv.health + "/health") }); err != nil {
+		if err := proctest.Wait(ctx, sv.shard+" /health 200", 120*time.Second, func() bool { return proctest.HTTPOK("http://" + sv.health + "/health") }); err != nil {
 			t.Fatal(err)
 		}
 		// /health is 200 once the cache is synced; the listeners come with
 		// shard leadership.
-		if err := waitFor(sv.shard+" listeners", 60*time.Second, func() bool {
-			for _, a := range []string{sv.registration, sv.operator, sv.agent} {
-				c, err := net.DialTimeout("tcp", a, time.Second)
-				if err != nil {
-					return false
-				}
-				c.Close()
-			}
-			return true
+		if err := proctest.Wait(ctx, sv.shard+" listeners", 60*time.Second, func() bool {
+			return proctest.Dialable(sv.registration, sv.operator, sv.agent)
 		}); err != nil {
 			t.Fatal(err)
 		}

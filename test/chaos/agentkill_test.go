@@ -1,14 +1,10 @@
 package chaos
 
 import (
-	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,60 +14,9 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/agent/identity"
 	"github.com/nstance-dev/nstance/internal/config"
+	"github.com/nstance-dev/nstance/internal/testing/proctest"
 	"github.com/nstance-dev/nstance/test/agent/agenttest"
 )
-
-// agentProc is one nstance-agent process the test supervises, as systemd
-// would on a VM: the test kills it and starts it again with the same
-// environment and directories.
-type agentProc struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	log  *lockedBuffer
-}
-
-// lockedBuffer collects a child's output while the test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func startAgent(t *testing.T, bin string, env []string) *agentProc {
-	t.Helper()
-	p := &agentProc{done: make(chan struct{}), log: &lockedBuffer{}}
-	p.cmd = exec.Command(bin)
-	p.cmd.Env = append(os.Environ(), env...)
-	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	require.NoError(t, p.cmd.Start())
-	go func() { _ = p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		_ = p.cmd.Process.Kill()
-		<-p.done
-		if t.Failed() {
-			t.Logf("--- agent pid %d output ---\n%s", p.cmd.Process.Pid, tail([]byte(p.log.String()), 4000))
-		}
-	})
-	return p
-}
-
-func (p *agentProc) kill(t *testing.T) {
-	t.Helper()
-	require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
-	<-p.done
-}
 
 // killMoment names the file event at which the agent is killed: a file of
 // the identity directory whose name starts with prefix is created.
@@ -132,20 +77,25 @@ func killAfterRegistration(t *testing.T, shard *agenttest.Shard, bin string, tmp
 	require.NoError(t, err)
 	defer w.Close()
 	require.NoError(t, w.Add(idDir))
-	a := startAgent(t, bin, env)
+	// The agents are killed when the test ends, as systemd would on a VM;
+	// the test kills one and starts it again with the same environment
+	// and directories.
+	agents := proctest.NewGroup(t, proctest.Options{LogDir: dir, TailLines: 60})
+	a, err := agents.Start(id+"-agent", bin, env)
+	require.NoError(t, err)
 	killed := false
 	deadline := time.After(60 * time.Second)
 	for !killed {
 		select {
 		case ev := <-w.Events:
 			if ev.Has(fsnotify.Create) && strings.HasPrefix(filepath.Base(ev.Name), m.prefix) {
-				a.kill(t)
+				a.Kill()
 				killed = true
 			}
 		case err := <-w.Errors:
 			t.Fatalf("%s: watching %s: %v", id, idDir, err)
-		case <-a.done:
-			t.Fatalf("%s: the agent exited before it registered:\n%s", id, a.log.String())
+		case <-a.Done:
+			t.Fatalf("%s: the agent exited before it registered:\n%s", id, proctest.Tail(a.Log, 60))
 		case <-deadline:
 			t.Fatalf("%s: no %s* was written in 60s", id, m.prefix)
 		}
@@ -154,11 +104,12 @@ func killAfterRegistration(t *testing.T, shard *agenttest.Shard, bin string, tmp
 	key, err := os.ReadFile(filepath.Join(idDir, identity.KeyFile))
 	require.NoError(t, err, "%s: the agent key exists before registration", id)
 
-	b := startAgent(t, bin, env)
+	b, err := agents.Start(id+"-agent-restarted", bin, env)
+	require.NoError(t, err)
 	exited := false
 	require.Eventually(t, func() bool {
 		select {
-		case <-b.done:
+		case <-b.Done:
 			exited = true
 			return true
 		default:
@@ -166,7 +117,7 @@ func killAfterRegistration(t *testing.T, shard *agenttest.Shard, bin string, tmp
 		rec, ok := shard.Health.Get(id)
 		return ok && rec.Last != nil && rec.Last.GetConfigHash() != ""
 	}, 30*time.Second, 50*time.Millisecond, "%s: the restarted agent reconnects and reports", id)
-	require.False(t, exited, "%s: the restarted agent exited:\n%s", id, b.log.String())
+	require.False(t, exited, "%s: the restarted agent exited:\n%s", id, proctest.Tail(b.Log, 60))
 	require.Greater(t, shard.FileStreams.Load(), streams)
 	d, err := identity.Open(idDir)
 	require.NoError(t, err)
@@ -179,7 +130,7 @@ func killAfterRegistration(t *testing.T, shard *agenttest.Shard, bin string, tmp
 	require.NoError(t, err)
 	require.Equal(t, key, after, "%s: the same key before and after the kill", id)
 	if m.stored {
-		require.NotContains(t, b.log.String(), "registered", "%s: the restarted agent did not register again", id)
+		require.False(t, proctest.LogContains(b.Log, "registered"), "%s: the restarted agent did not register again", id)
 	}
-	b.kill(t)
+	b.Kill()
 }

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/nstance-dev/nstance/internal/agent/session"
+	"github.com/nstance-dev/nstance/internal/testing/proctest"
 )
 
 // fleetEnv names the spec file of an agent fleet: the test binary started
@@ -94,8 +95,7 @@ func startFleet(t testing.TB, spec fleetSpec, within time.Duration) *fleet {
 		case l, ok := <-lines:
 			if !ok {
 				<-f.done
-				log, _ := os.ReadFile(filepath.Join(spec.Dir, "fleet.log"))
-				t.Fatalf("the agent fleet exited before registering: %s\n%s", f.cmd.ProcessState, tail(log, 4000))
+				t.Fatalf("the agent fleet exited before registering: %s\n%s", f.cmd.ProcessState, proctest.Tail(filepath.Join(spec.Dir, "fleet.log"), 40))
 			}
 			if d, ok := strings.CutPrefix(l, "registered "); ok {
 				f.registered, err = time.ParseDuration(d)

@@ -12,7 +12,6 @@ import (
 	"math/big"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -42,43 +41,21 @@ const (
 	encryptionKey = "thisisatest32bytekey123456789012"
 )
 
-var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
-)
+// bins holds the binaries of the suite, built once per test binary.
+var bins proctest.Binaries
 
 // binaries builds nstance-server, nstance-admin and nstance-agent once per
-// test binary.
+// test binary and returns their directory.
 func binaries(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "nstance-chaos-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		buildDir = dir
-		root, err := proctest.RepoRoot()
-		if err != nil {
-			buildErr = err
-			return
-		}
-		buildErr = proctest.Build(root, dir, "nstance-server", "nstance-admin", "nstance-agent")
-	})
-	require.NoError(t, buildErr)
-	return buildDir
+	return bins.Dir(t, "nstance-server", "nstance-admin", "nstance-agent")
 }
 
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(fleetEnv); spec != "" {
 		os.Exit(runFleet(spec))
 	}
-	code := m.Run()
-	if buildDir != "" {
-		_ = os.RemoveAll(buildDir)
-	}
-	os.Exit(code)
+	os.Exit(bins.Main(m))
 }
 
 // loopbackNet picks 127.X.Y.0/24 for one test: its hosts .1, .2, ... bind
@@ -186,9 +163,8 @@ func (p *proxy) Heal() { p.blackhole.Store(false); p.closeAll() }
 // server is one nstance-server child process with its own loopback address.
 type server struct {
 	id, host string
-	cmd      *exec.Cmd
+	proc     *proctest.Proc // the current run (launch replaces it)
 	log      string
-	done     chan struct{}
 	proxy    *proxy
 }
 
@@ -202,7 +178,7 @@ func (s *server) Registration() string { return s.addr(8992) }
 
 func (s *server) signal(t testing.TB, sig syscall.Signal) {
 	t.Helper()
-	require.NoError(t, s.cmd.Process.Signal(sig))
+	require.NoError(t, s.proc.Signal(sig))
 }
 
 // stack is dev-s3 (in-process) and nstance-servers of one shard, each
@@ -215,6 +191,9 @@ type stack struct {
 	net      string
 	s3URL    string
 	servers  []*server
+	// procs are the servers' processes, killed when the test ends; each
+	// gets its whole environment from env.
+	procs *proctest.Group
 }
 
 // leaseConfig is the shard config with short leases: lease 3s, renew 1s,
@@ -244,7 +223,8 @@ func newStack(t testing.TB, servers int) *stack {
 // every server's environment (and so to the processes it starts).
 func newStackWith(t testing.TB, servers int, cfg string, extraEnv []string) *stack {
 	t.Helper()
-	s := &stack{t: t, bin: binaries(t), dir: t.TempDir(), net: loopbackNet(t), extraEnv: extraEnv}
+	s := newEmptyStack(t)
+	s.extraEnv = extraEnv
 	s3 := devs3test.Start(t, filepath.Join(s.dir, "dev-s3"))
 	s.s3URL = s3.URL
 	_, err := devs3test.Client(s3.URL).PutObject(context.Background(), putInput("config/"+shard+".jsonc", []byte(cfg)))
@@ -255,12 +235,15 @@ func newStackWith(t testing.TB, servers int, cfg string, extraEnv []string) *sta
 	return s
 }
 
+// newEmptyStack is a stack without storage or servers yet.
+func newEmptyStack(t testing.TB) *stack {
+	return &stack{t: t, bin: binaries(t), dir: t.TempDir(), net: loopbackNet(t)}
+}
+
+// env is the environment of a child process that reaches dev-s3 at
+// endpoint, followed by the stack's extraEnv.
 func (s *stack) env(endpoint string) []string {
-	return append(append(os.Environ(),
-		"AWS_ACCESS_KEY_ID=dev", "AWS_SECRET_ACCESS_KEY=dev", "AWS_REGION=us-east-1",
-		"AWS_ENDPOINT_URL="+endpoint, "AWS_S3_USE_PATH_STYLE=true",
-		"NSTANCE_ENCRYPTION_KEY="+encryptionKey,
-	), s.extraEnv...)
+	return append(append(append(os.Environ(), proctest.S3Env(endpoint)...), "NSTANCE_ENCRYPTION_KEY="+encryptionKey), s.extraEnv...)
 }
 
 // startServer starts nstance-server id on its own loopback host, reaching
@@ -271,57 +254,37 @@ func (s *stack) startServer(id, host string) *server {
 	u := strings.TrimPrefix(s.s3URL, "http://")
 	p := startProxy(t, net.JoinHostPort(host, "8989"), u)
 	srv := &server{id: id, host: host, proxy: p, log: filepath.Join(s.dir, id+".log")}
-	s.launch(srv)
-	t.Cleanup(func() {
-		// A stopped process must be continued to die of SIGKILL promptly.
-		_ = srv.cmd.Process.Signal(syscall.SIGCONT)
-		_ = srv.cmd.Process.Kill()
-		<-srv.done
-		if t.Failed() {
-			if b, err := os.ReadFile(srv.log); err == nil {
-				t.Logf("--- %s log (last 6000 bytes) ---\n%s", id, tail(b, 6000))
-			}
-		}
-	})
+	if s.procs == nil {
+		// Created with the first server, so that its cleanup kills the
+		// servers before dev-s3 (started earlier) stops (cleanups run
+		// last-in first-out). Servers are killed at once (SIGKILL); their
+		// logs are dir/{id}.log.
+		s.procs = proctest.NewGroup(t, proctest.Options{Bin: s.bin, LogDir: s.dir, Env: []string{}, TailLines: 60})
+	}
+	bind := func(port int) string { return srv.addr(port) }
+	var err error
+	srv.proc, err = s.procs.Start(id, "nstance-server", s.env("http://"+srv.proxy.Addr()), "--id", srv.id, "--shard", shard, "--bucket", "dev",
+		"--advertise-host", srv.host, "--bind-health", bind(8990), "--bind-election", bind(8991),
+		"--bind-registration", bind(8992), "--bind-operator", bind(8993), "--bind-agent", bind(8994))
+	require.NoError(t, err)
 	s.servers = append(s.servers, srv)
 	return srv
 }
 
-// launch (re)starts srv's process; its output is appended to srv.log.
+// launch starts srv's process again after it exited; its output is
+// appended to srv.log.
 func (s *stack) launch(srv *server) {
-	t := s.t
-	t.Helper()
-	f, err := os.OpenFile(srv.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	require.NoError(t, err)
-	bind := func(port int) string { return srv.addr(port) }
-	srv.cmd = exec.Command(filepath.Join(s.bin, "nstance-server"), "--id", srv.id, "--shard", shard, "--bucket", "dev",
-		"--advertise-host", srv.host, "--bind-health", bind(8990), "--bind-election", bind(8991),
-		"--bind-registration", bind(8992), "--bind-operator", bind(8993), "--bind-agent", bind(8994))
-	srv.cmd.Env = s.env("http://" + srv.proxy.Addr())
-	srv.cmd.Stdout, srv.cmd.Stderr = f, f
-	srv.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	require.NoError(t, srv.cmd.Start())
-	done := make(chan struct{})
-	srv.done = done
-	cmd := srv.cmd
-	go func() { _ = cmd.Wait(); _ = f.Close(); close(done) }()
+	s.t.Helper()
+	var err error
+	srv.proc, err = s.procs.Restart(srv.proc)
+	require.NoError(s.t, err)
 }
 
 // kill9 kills srv with SIGKILL and waits for it to be gone.
-func (s *stack) kill9(srv *server) {
-	require.NoError(s.t, srv.cmd.Process.Kill())
-	<-srv.done
-}
+func (s *stack) kill9(srv *server) { srv.proc.Kill() }
 
 func putInput(key string, body []byte) *s3.PutObjectInput {
 	return &s3.PutObjectInput{Bucket: aws.String(devs3test.Bucket), Key: aws.String(key), Body: bytes.NewReader(body)}
-}
-
-func tail(b []byte, n int) []byte {
-	if len(b) > n {
-		return b[len(b)-n:]
-	}
-	return b
 }
 
 // registerOperator registers an operator with a nonce minted by
@@ -346,13 +309,9 @@ func (s *stack) registerOperator() (*x509.CertPool, tls.Certificate) {
 	roots := x509.NewCertPool()
 	require.True(t, roots.AppendCertsFromPEM(caPEM))
 
-	admin := exec.Command(filepath.Join(s.bin, "nstance-admin"), "cluster", "nonce", "--cluster-id", clusterID,
+	nonce, err := proctest.Output(context.Background(), s.env(s.s3URL), filepath.Join(s.bin, "nstance-admin"), "cluster", "nonce", "--cluster-id", clusterID,
 		"--storage-bucket", "dev", "--key-provider", "env", "--expiry", "1h", "--output", "-")
-	admin.Env = s.env(s.s3URL)
-	var stderr bytes.Buffer
-	admin.Stderr = &stderr
-	nonce, err := admin.Output()
-	require.NoError(t, err, "nstance-admin cluster nonce: %s", stderr.String())
+	require.NoError(t, err)
 
 	pub, key, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)

@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -27,6 +26,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/agent/identity"
 	"github.com/nstance-dev/nstance/internal/devs3/devs3test"
 	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/testing/proctest"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -85,7 +85,7 @@ func renewalConfig(host string, validity time.Duration, agent, agentDir string) 
 // loopback host, dev-s3 in-process.
 func startRenewalStack(t *testing.T, validity time.Duration, agent, agentDir string) *stack {
 	t.Helper()
-	st := &stack{t: t, bin: binaries(t), dir: t.TempDir(), net: loopbackNet(t)}
+	st := newEmptyStack(t)
 	s3 := devs3test.Start(t, filepath.Join(st.dir, "dev-s3"))
 	st.s3URL = s3.URL
 	host := st.net + "1"
@@ -96,43 +96,11 @@ func startRenewalStack(t *testing.T, validity time.Duration, agent, agentDir str
 	return st
 }
 
-// killRecordedAgents ends the agent process groups the process provider
-// recorded under dir ({id}/process.json), checking each PID still belongs
-// to the recorded process (kernel start time); nothing else is touched.
+// killRecordedAgents kills the agent process groups the process provider
+// recorded under dir ({id}/process.json); nothing else is touched
+// (proctest.StopRecorded).
 func killRecordedAgents(dir string) {
-	recs, _ := filepath.Glob(filepath.Join(dir, "*", "process.json"))
-	for _, r := range recs {
-		b, err := os.ReadFile(r)
-		var rec struct {
-			PID        int    `json:"pid"`
-			StartTicks uint64 `json:"start_ticks"`
-		}
-		if err != nil || json.Unmarshal(b, &rec) != nil || rec.PID <= 0 {
-			continue
-		}
-		if st, ok := procStartTicks(rec.PID); !ok || st != rec.StartTicks {
-			continue
-		}
-		_ = syscall.Kill(-rec.PID, syscall.SIGKILL)
-	}
-}
-
-// procStartTicks is field 22 of /proc/<pid>/stat.
-func procStartTicks(pid int) (uint64, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, false
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return 0, false
-	}
-	v, err := strconv.ParseUint(f[19], 10, 64)
-	return v, err == nil
+	proctest.StopRecorded(filepath.Join(dir, "*", "process.json"), 0)
 }
 
 // countLines counts the lines of a file containing sub.
@@ -244,8 +212,7 @@ func TestCertificatesRenewedUnderTraffic(t *testing.T) {
 		if t.Failed() {
 			logs, _ := filepath.Glob(filepath.Join(agentDir, "*", "agent.log"))
 			for _, l := range logs {
-				b, _ := os.ReadFile(l)
-				t.Logf("--- %s (last 3000 bytes) ---\n%s", l, tail(b, 3000))
+				t.Logf("--- %s, last lines:\n%s", l, proctest.Tail(l, 30))
 			}
 		}
 	})

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -29,6 +28,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/bootstrap"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/secrets"
+	"github.com/nstance-dev/nstance/internal/testing/proctest"
 	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -91,15 +91,7 @@ func (c *rotClient) handshake(host, addr string, readReply bool) (*x509.Certific
 
 func (s *stack) admin(t *testing.T, args ...string) ([]byte, error) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(s.bin, "nstance-admin"), append(args, "--cluster-id", clusterID, "--bucket", "dev")...)
-	cmd.Env = s.env(s.s3URL)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return out, fmt.Errorf("nstance-admin %v: %w: %s", args, err, stderr.String())
-	}
-	return out, nil
+	return proctest.Output(context.Background(), s.env(s.s3URL), filepath.Join(s.bin, "nstance-admin"), append(args, "--cluster-id", clusterID, "--bucket", "dev")...)
 }
 
 // TestRotateCAWithoutFailedHandshakes rotates the cluster CA of two real

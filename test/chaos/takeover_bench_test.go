@@ -73,7 +73,7 @@ func BenchmarkTakeover(b *testing.B) {
 				require.Eventually(b, func() bool { return p.servedSince(standby, began) }, 60*time.Second, 5*time.Millisecond)
 				took = append(took, time.Since(began))
 				b.StopTimer()
-				<-leader.done
+				<-leader.proc.Done
 				st.launch(leader)
 				b.StartTimer()
 			}

@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/devs3/devs3test"
 	"github.com/nstance-dev/nstance/internal/testing/netnstest"
+	"github.com/nstance-dev/nstance/internal/testing/proctest"
 )
 
 // vipConfig is a shard whose leader holds vip on eth0; its one instance
@@ -64,9 +64,7 @@ func vipConfig(vip netip.Prefix, agentCmd, agentDir string) string {
 type vipServer struct {
 	id    string
 	host  *netnstest.Host
-	cmd   *exec.Cmd
-	done  chan struct{}
-	log   string
+	proc  *proctest.Proc
 	proxy *proxy
 }
 
@@ -88,8 +86,12 @@ type vipStack struct {
 // set, none otherwise) and starts both servers.
 func startVIPStack(t *testing.T, agent bool) *vipStack {
 	netnstest.RequireRoot(t)
-	if _, err := exec.LookPath("ip"); err != nil {
+	ipCmd, err := exec.LookPath("ip")
+	if err != nil {
 		t.Skip("skipping: the ip command (iproute2) is needed to start processes inside the namespaces")
+	}
+	if ipCmd, err = filepath.Abs(ipCmd); err != nil {
+		t.Fatal(err)
 	}
 	st := &vipStack{t: t, bin: binaries(t), dir: t.TempDir(), vip: netip.MustParsePrefix("10.78.0.100/24"), servers: map[*netnstest.Host]*vipServer{}}
 	n := netnstest.New(t, netip.MustParsePrefix("10.78.0.0/24"))
@@ -109,39 +111,22 @@ func startVIPStack(t *testing.T, agent bool) *vipStack {
 	if !agent {
 		cfg = strings.Replace(cfg, `"groups": {"default": {"g": {"template": "svc", "size": 1}}}`, `"groups": {}`, 1)
 	}
-	_, err := st.s3c.PutObject(context.Background(), putInput("config/"+shard+".jsonc", []byte(cfg)))
+	_, err = st.s3c.PutObject(context.Background(), putInput("config/"+shard+".jsonc", []byte(cfg)))
 	require.NoError(t, err)
 
+	// The servers are killed when the test ends; logs are dir/{id}.log.
+	procs := proctest.NewGroup(t, proctest.Options{LogDir: st.dir, TailLines: 60})
 	for i, h := range st.hosts {
 		ln, err := n.Hub.Listen(net.JoinHostPort(n.Hub.Addr.String(), strconv.Itoa(8980+i)))
 		require.NoError(t, err)
-		s := &vipServer{id: fmt.Sprintf("srv-%d", i+1), host: h, log: filepath.Join(st.dir, fmt.Sprintf("srv-%d.log", i+1)), done: make(chan struct{}),
-			proxy: startProxyOn(t, ln, strings.TrimPrefix(s3srv.URL, "http://"))}
-		f, err := os.Create(s.log)
-		require.NoError(t, err)
-		s.cmd = exec.Command("ip", "netns", "exec", h.Name, filepath.Join(st.bin, "nstance-server"),
-			"--id", s.id, "--shard", shard, "--bucket", "dev")
-		s.cmd.Env = append(os.Environ(),
-			"AWS_ACCESS_KEY_ID=dev", "AWS_SECRET_ACCESS_KEY=dev", "AWS_REGION=us-east-1",
-			"AWS_ENDPOINT_URL=http://"+ln.Addr().String(), "AWS_S3_USE_PATH_STYLE=true",
+		s := &vipServer{id: fmt.Sprintf("srv-%d", i+1), host: h, proxy: startProxyOn(t, ln, strings.TrimPrefix(s3srv.URL, "http://"))}
+		s.proc, err = procs.Start(s.id, ipCmd, append(proctest.S3Env("http://"+ln.Addr().String()),
 			"NSTANCE_ENCRYPTION_KEY="+encryptionKey,
 			// Inherited by the agent the process provider starts.
 			"NSTANCE_METRICS_INTERVAL=200ms", "NSTANCE_RECONNECT_MIN=50ms", "NSTANCE_RECONNECT_MAX=500ms",
 			"NSTANCE_TERMINATION_FILE="+st.termFile,
-		)
-		s.cmd.Stdout, s.cmd.Stderr = f, f
-		s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		require.NoError(t, s.cmd.Start())
-		go func() { _ = s.cmd.Wait(); _ = f.Close(); close(s.done) }()
-		t.Cleanup(func() {
-			_ = s.cmd.Process.Kill()
-			<-s.done
-			if t.Failed() {
-				if b, err := os.ReadFile(s.log); err == nil {
-					t.Logf("--- %s log (last 6000 bytes) ---\n%s", s.id, tail(b, 6000))
-				}
-			}
-		})
+		), "netns", "exec", h.Name, filepath.Join(st.bin, "nstance-server"), "--id", s.id, "--shard", shard, "--bucket", "dev")
+		require.NoError(t, err)
 		st.servers[h] = s
 	}
 	return st
@@ -190,7 +175,7 @@ func TestVIPMovesToStandbyWhenLeaderKilled(t *testing.T) {
 	leader, standby := st.leader()
 	// The exec'd `ip netns exec` became the server itself: killing the
 	// PID kills the server.
-	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", servers[leader].cmd.Process.Pid))
+	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", servers[leader].proc.Pid()))
 	require.NoError(t, err)
 	require.Equal(t, "nstance-server", strings.TrimSpace(string(comm)))
 
@@ -209,9 +194,7 @@ func TestVIPMovesToStandbyWhenLeaderKilled(t *testing.T) {
 	agentLog := filepath.Join(agentDir, instID, "agent.log")
 	t.Cleanup(func() {
 		if t.Failed() {
-			if b, err := os.ReadFile(agentLog); err == nil {
-				t.Logf("--- agent log (last 6000 bytes) ---\n%s", tail(b, 6000))
-			}
+			t.Logf("--- agent log, last lines:\n%s", proctest.Tail(agentLog, 60))
 			out, _ := exec.Command("ip", "-n", agentHost.Name, "neigh").CombinedOutput()
 			t.Logf("agent neighbours:\n%s", out)
 		}
@@ -228,8 +211,7 @@ func TestVIPMovesToStandbyWhenLeaderKilled(t *testing.T) {
 	require.Contains(t, strings.Split(string(environ), "\x00"), "NSTANCE_AGENT_ADDR="+net.JoinHostPort(vip.Addr().String(), "8994"))
 
 	killedAt := time.Now()
-	require.NoError(t, servers[leader].cmd.Process.Kill())
-	<-servers[leader].done
+	servers[leader].proc.Kill()
 	require.Eventually(t, func() bool {
 		hs := holders()
 		return len(hs) == 1 && hs[0] == standby
@@ -320,7 +302,7 @@ func TestVIPLeavesLeaderPartitionedFromStorage(t *testing.T) {
 		return len(hs) == 1 && hs[0] == standby
 	}, 60*time.Second, 20*time.Millisecond, "the VIP moves to the standby")
 	moved := time.Since(cut)
-	require.False(t, exited(st.servers[leader]), "the partitioned leader is still running")
+	require.False(t, st.servers[leader].proc.Exited(), "the partitioned leader is still running")
 	st.servers[leader].proxy.Heal()
 	// The old leader rejoins as a standby and never takes the address.
 	deadline := time.Now().Add(5 * time.Second)
@@ -336,13 +318,4 @@ func TestVIPLeavesLeaderPartitionedFromStorage(t *testing.T) {
 	default:
 	}
 	t.Logf("leader %s cut off from storage: VIP only on %s after %s", st.servers[leader].id, st.servers[standby].id, moved.Round(time.Millisecond))
-}
-
-func exited(s *vipServer) bool {
-	select {
-	case <-s.done:
-		return true
-	default:
-		return false
-	}
 }

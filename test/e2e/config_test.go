@@ -7,14 +7,16 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/nstance-dev/nstance/internal/testing/proctest"
 )
 
 // TestDevShardConfigs: the configs scripts/dev-server.sh uploads (derived
 // from examples/config-tmux.jsonc) pass nstance-server --validate, and carry
 // the shifted advertised ports of their instance.
 func TestDevShardConfigs(t *testing.T) {
-	root := repoRoot(t)
-	bin := buildBinaries(t, root)
+	root := proctest.Root(t)
+	bin := bins.Dir(t, binaries...)
 	for n := 1; n <= 2; n++ {
 		shard := "dev-" + strconv.Itoa(n)
 		cmd := exec.Command("bash", "-c", `source scripts/dev-common.sh && shard_config "$1"`, "shard_config", strconv.Itoa(n))

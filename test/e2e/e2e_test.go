@@ -30,6 +30,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/nstance-dev/nstance/internal/testing/proctest"
 )
 
 // example loads one of examples/dev-k8s/*.json.
@@ -84,17 +86,17 @@ func TestPoolLifecycle(t *testing.T) {
 	created := time.Now()
 
 	// Two instances, one per shard: agents in tmux windows register, Nodes appear.
-	s.eventually("two agent windows", 60*time.Second, func() bool { return len(s.agentWindows()) == 2 })
-	s.eventually("first agent registered", 60*time.Second, func() bool {
+	proctest.Eventually(s.t, "two agent windows", 60*time.Second, func() bool { return len(s.agentWindows()) == 2 })
+	proctest.Eventually(s.t, "first agent registered", 60*time.Second, func() bool {
 		return slices.ContainsFunc(s.agentWindows(), s.registered)
 	})
 	t.Logf("first agent registered %s after the pool files were written", time.Since(created).Round(100*time.Millisecond))
-	s.eventually("both agents registered", 60*time.Second, func() bool {
+	proctest.Eventually(s.t, "both agents registered", 60*time.Second, func() bool {
 		ids := s.agentWindows()
 		return len(ids) == 2 && s.registered(ids[0]) && s.registered(ids[1])
 	})
 	ids := s.agentWindows()
-	s.eventually("two Node files", 30*time.Second, func() bool {
+	proctest.Eventually(s.t, "two Node files", 30*time.Second, func() bool {
 		n := s.nodes()
 		slices.Sort(n)
 		slices.Sort(ids)
@@ -114,12 +116,12 @@ func TestPoolLifecycle(t *testing.T) {
 	}
 	slices.Sort(providerIDs)
 	for _, shard := range []string{"dev-1", "dev-2"} {
-		s.eventually("shard group "+pool+"--"+shard, 30*time.Second, func() bool {
+		proctest.Eventually(s.t, "shard group "+pool+"--"+shard, 30*time.Second, func() bool {
 			_, ok := s.get(resShardGroups, namespace, pool+"--"+shard)
 			return ok
 		})
 	}
-	s.eventually("pool JSON lists both provider IDs and is ready", 60*time.Second, func() bool {
+	proctest.Eventually(s.t, "pool JSON lists both provider IDs and is ready", 60*time.Second, func() bool {
 		obj, ok := s.get(resNstancePools, namespace, pool)
 		if !ok {
 			return false
@@ -142,13 +144,13 @@ func TestPoolLifecycle(t *testing.T) {
 	s.create(gvrDaemonSets, s.example("daemonset.json"))
 	var agentPods map[string]string
 	for _, id := range ids {
-		s.eventually("pods on "+id+" stored with a uid", 10*time.Second, func() bool {
+		proctest.Eventually(s.t, "pods on "+id+" stored with a uid", 10*time.Second, func() bool {
 			w, ok := s.get("pods", namespace, "work-"+id)
 			agentPods = s.daemonSetPods("node-agent")
 			return ok && field(w, "metadata", "uid") != nil && agentPods[id] != ""
 		})
 	}
-	s.eventually("DaemonSet node-agent status counts both Nodes", 10*time.Second, func() bool {
+	proctest.Eventually(s.t, "DaemonSet node-agent status counts both Nodes", 10*time.Second, func() bool {
 		ds, ok := s.get("daemonsets", namespace, "node-agent")
 		return ok && field(ds, "status", "desiredNumberScheduled") == float64(2) && field(ds, "status", "currentNumberScheduled") == float64(2)
 	})
@@ -163,7 +165,7 @@ func TestPoolLifecycle(t *testing.T) {
 	// whenever the pod file is gone in the same round.
 	cordoned := map[string]bool{}
 	var gone, kept string
-	s.eventually("one agent window left, well before the drain deadline", drainTimeout/2, func() bool {
+	proctest.Eventually(s.t, "one agent window left, well before the drain deadline", drainTimeout/2, func() bool {
 		windows := s.agentWindows()
 		for _, id := range ids {
 			if node, ok := s.get("nodes", "", id); ok && field(node, "spec", "unschedulable") == true {
@@ -184,14 +186,14 @@ func TestPoolLifecycle(t *testing.T) {
 	require.Contains(t, ids, kept)
 	require.True(t, cordoned[gone], "Node %s was never seen with spec.unschedulable: true before it went", gone)
 	require.False(t, cordoned[kept], "the surviving Node %s was cordoned", kept)
-	s.eventually("a Drained Event on Node "+gone, 10*time.Second, func() bool {
+	proctest.Eventually(s.t, "a Drained Event on Node "+gone, 10*time.Second, func() bool {
 		return slices.Contains(s.nodeEventReasons(gone), "Drained")
 	})
 	require.NotContains(t, s.nodeEventReasons(gone), "DrainDeadlineExceeded")
 	require.Empty(t, evicted(), "the drain evicted DaemonSet pods")
 	// The Node is gone, and with it (through the DaemonSet controller, not
 	// the drain) its node-agent pod; the surviving Node keeps its own.
-	s.eventually("node-agent pod only on "+kept, 30*time.Second, func() bool {
+	proctest.Eventually(s.t, "node-agent pod only on "+kept, 30*time.Second, func() bool {
 		now := s.daemonSetPods("node-agent")
 		return len(now) == 1 && now[kept] == agentPods[kept]
 	})
@@ -202,12 +204,12 @@ func TestPoolLifecycle(t *testing.T) {
 	require.True(t, ok, "the surviving Node %s vanished", kept)
 	require.NotEqual(t, true, field(node, "spec", "unschedulable"), "the surviving Node %s is cordoned", kept)
 
-	s.eventually("removed instance's Node file and state gone", 30*time.Second, func() bool {
+	proctest.Eventually(s.t, "removed instance's Node file and state gone", 30*time.Second, func() bool {
 		_, node := s.get("nodes", "", gone)
 		_, err := os.Stat(filepath.Join(s.dir, "agents", gone))
 		return !node && os.IsNotExist(err)
 	})
-	s.eventually("pool JSON lists one provider ID", 60*time.Second, func() bool {
+	proctest.Eventually(s.t, "pool JSON lists one provider ID", 60*time.Second, func() bool {
 		obj, ok := s.get(resNstancePools, namespace, pool)
 		return ok && len(strs(field(obj, "spec", "providerIDList"))) == 1 && field(obj, "status", "ready") == true
 	})
@@ -222,7 +224,7 @@ func TestPoolLifecycle(t *testing.T) {
 	// Delete the pool (through the API, as kubectl delete would: finalizers run).
 	s.delete(schema.GroupVersionResource{Group: "cluster.x-k8s.io", Version: "v1beta2", Resource: "machinepools"}, pool)
 	s.delete(schema.GroupVersionResource{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta1", Resource: "nstancemachinepools"}, pool)
-	s.eventually("pool, shard groups, agents and Nodes gone", 90*time.Second, func() bool {
+	proctest.Eventually(s.t, "pool, shard groups, agents and Nodes gone", 90*time.Second, func() bool {
 		_, p := s.get(resNstancePools, namespace, pool)
 		_, g1 := s.get(resShardGroups, namespace, pool+"--dev-1")
 		_, g2 := s.get(resShardGroups, namespace, pool+"--dev-2")
@@ -382,7 +384,7 @@ func (s *stack) watchEvictions(selector string) func() []string {
 		}
 		delete(marker["spec"].(map[string]any), "nodeName")
 		s.create(gvrPods, marker)
-		s.eventually("the eviction watch saw "+name, 10*time.Second, func() bool {
+		proctest.Eventually(s.t, "the eviction watch saw "+name, 10*time.Second, func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			return seen[name]
@@ -443,13 +445,13 @@ func (s *stack) onDemand(poolInstance string) {
 	s.put("pods", name, pod)
 
 	var uid string
-	s.eventually("pod "+name+" stored with a uid", 10*time.Second, func() bool {
+	proctest.Eventually(s.t, "pod "+name+" stored with a uid", 10*time.Second, func() bool {
 		obj, ok := s.get("pods", namespace, name)
 		uid, _ = field(obj, "metadata", "uid").(string)
 		return ok && uid != ""
 	})
 	od := "od-" + uid
-	s.eventually("Machine and NstanceMachine "+od, 30*time.Second, func() bool {
+	proctest.Eventually(s.t, "Machine and NstanceMachine "+od, 30*time.Second, func() bool {
 		_, m := s.get(resMachines, namespace, od)
 		_, nm := s.get(resNstanceMachines, namespace, od)
 		return m && nm
@@ -460,7 +462,7 @@ func (s *stack) onDemand(poolInstance string) {
 	require.Equal(t, od, field(m, "spec", "infrastructureRef", "name"))
 
 	var id string
-	s.eventually("an agent window for the on-demand instance", 60*time.Second, func() bool {
+	proctest.Eventually(s.t, "an agent window for the on-demand instance", 60*time.Second, func() bool {
 		for _, w := range s.agentWindows() {
 			if w != poolInstance {
 				id = w
@@ -468,14 +470,14 @@ func (s *stack) onDemand(poolInstance string) {
 		}
 		return id != ""
 	})
-	s.eventually("on-demand agent "+id+" registered and its Node file", 60*time.Second, func() bool {
+	proctest.Eventually(s.t, "on-demand agent "+id+" registered and its Node file", 60*time.Second, func() bool {
 		_, ok := s.get("nodes", "", id)
 		return ok && s.registered(id)
 	})
 	node, _ := s.get("nodes", "", id)
 	providerID, _ := field(node, "spec", "providerID").(string)
 	require.NotEmpty(t, providerID, "Node %s has no spec.providerID", id)
-	s.eventually("NstanceMachine "+od+" has the Node's providerID and is ready", 30*time.Second, func() bool {
+	proctest.Eventually(s.t, "NstanceMachine "+od+" has the Node's providerID and is ready", 30*time.Second, func() bool {
 		nm, ok := s.get(resNstanceMachines, namespace, od)
 		return ok && field(nm, "spec", "providerID") == providerID && field(nm, "status", "ready") == true
 	})
@@ -485,7 +487,7 @@ func (s *stack) onDemand(poolInstance string) {
 
 	removed := time.Now()
 	require.NoError(t, os.Remove(s.path("pods", namespace, name)))
-	s.eventually("on-demand Machine, NstanceMachine, agent window and Node gone", 30*time.Second, func() bool {
+	proctest.Eventually(s.t, "on-demand Machine, NstanceMachine, agent window and Node gone", 30*time.Second, func() bool {
 		_, m := s.get(resMachines, namespace, od)
 		_, nm := s.get(resNstanceMachines, namespace, od)
 		_, n := s.get("nodes", "", id)
@@ -508,7 +510,7 @@ func (s *stack) single(poolInstance string) {
 	s.put(resNstanceMachines, name, nm)
 	s.put(resMachines, name, s.example("machine.json"))
 	var id string
-	s.eventually("NstanceMachine "+name+" ready with the providerID of its Node", 60*time.Second, func() bool {
+	proctest.Eventually(s.t, "NstanceMachine "+name+" ready with the providerID of its Node", 60*time.Second, func() bool {
 		obj, ok := s.get(resNstanceMachines, namespace, name)
 		id, _ = field(obj, "status", "instanceID").(string)
 		if !ok || id == "" || field(obj, "status", "ready") != true {
@@ -522,7 +524,7 @@ func (s *stack) single(poolInstance string) {
 
 	s.delete(schema.GroupVersionResource{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta1", Resource: "nstancemachines"}, name)
 	s.delete(schema.GroupVersionResource{Group: "cluster.x-k8s.io", Version: "v1beta2", Resource: "machines"}, name)
-	s.eventually("NstanceMachine "+name+", its agent window and Node gone", 30*time.Second, func() bool {
+	proctest.Eventually(s.t, "NstanceMachine "+name+", its agent window and Node gone", 30*time.Second, func() bool {
 		_, obj := s.get(resNstanceMachines, namespace, name)
 		_, node := s.get("nodes", "", id)
 		return !obj && !node && !slices.Contains(s.agentWindows(), id)

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nstance-dev/nstance/internal/testing/hosttools"
+	"github.com/nstance-dev/nstance/internal/testing/proctest"
 )
 
 // TestMakeDevTmuxK8s runs the human path, `make dev-tmux-k8s` under Overmind
@@ -30,7 +32,7 @@ func TestMakeDevTmuxK8s(t *testing.T) {
 	for _, tool := range []string{"make", "tmux", "curl", "ps", "git"} {
 		hosttools.Require(t, tool)
 	}
-	root := repoRoot(t)
+	root := proctest.Root(t)
 	logDir := t.TempDir()
 	dir := filepath.Join(t.TempDir(), "temp") // DEV_DIR: removed by clean-dev
 	base := 20990 + 100*(os.Getpid()%50)
@@ -111,30 +113,34 @@ func TestMakeDevTmuxK8s(t *testing.T) {
 	}
 	defer func() {
 		if t.Failed() {
-			t.Logf("make dev-tmux-k8s output (tail):\n%s", tail(logPath, 60))
+			t.Logf("make dev-tmux-k8s output (tail):\n%s", proctest.Tail(logPath, 60))
 		}
 	}()
 
 	wait := func(what string, d time.Duration, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(d)
-		for !cond() {
+		exited := false
+		err := proctest.Wait(context.Background(), what, d, func() bool {
 			select {
 			case <-done:
-				clean()
-				t.Fatalf("make dev-tmux-k8s exited while waiting for %s", what)
+				exited = true
+				return true
 			default:
+				return cond()
 			}
-			if time.Now().After(deadline) {
-				clean()
-				t.Fatalf("timed out after %s waiting for %s", d, what)
-			}
-			time.Sleep(500 * time.Millisecond)
+		})
+		switch {
+		case exited:
+			clean()
+			t.Fatalf("make dev-tmux-k8s exited while waiting for %s", what)
+		case err != nil:
+			clean()
+			t.Fatal(err)
 		}
 	}
 	for n := 0; n < 2; n++ {
 		url := fmt.Sprintf("http://127.0.0.1:%d/health", base+10*n)
-		wait(url, 5*time.Minute, func() bool { return httpOK(url) })
+		wait(url, 5*time.Minute, func() bool { return proctest.HTTPOK(url) })
 	}
 	wait("start-up summary", 10*time.Minute, func() bool { return summary() != nil })
 	upTo := summary()
@@ -231,7 +237,7 @@ func TestMakeDevTmuxK8s(t *testing.T) {
 		t.Errorf("clean-dev left %s behind", dir)
 	}
 	for n := 0; n < 2; n++ {
-		if httpOK(fmt.Sprintf("http://127.0.0.1:%d/health", base+10*n)) {
+		if proctest.HTTPOK(fmt.Sprintf("http://127.0.0.1:%d/health", base+10*n)) {
 			t.Errorf("server %d still answers after clean-dev", n+1)
 		}
 	}

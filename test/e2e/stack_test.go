@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -50,8 +49,8 @@ type stack struct {
 	s3Addr, k8sAddr, probeAddr string
 	servers                    []serverPorts
 
-	mu    sync.Mutex
-	procs []*proc
+	// procs are the stack's processes, logs in dir/logs/{name}.log.
+	procs *proctest.Group
 }
 
 type serverPorts struct {
@@ -59,104 +58,44 @@ type serverPorts struct {
 	health, election, registration, operator, agent string
 }
 
-type proc = proctest.Proc
+// bins holds the binaries of the suite, built once per test binary.
+var bins proctest.Binaries
 
-var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
-)
-
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	root, err := proctest.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return root
-}
-
-// buildBinaries compiles every binary into one shared directory (one `go
-// build` call, so packages compile once and in parallel).
-func buildBinaries(t *testing.T, root string) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		buildDir, buildErr = os.MkdirTemp("", "nstance-e2e-bin-")
-		if buildErr != nil {
-			return
-		}
-		buildErr = proctest.Build(root, buildDir, binaries...)
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return buildDir
-}
-
-// freeAddr returns a 127.0.0.1 address no other test gets while this one
-// runs (the stack's processes are told their addresses before binding).
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	return portpick.Addr(t)
-}
+func TestMain(m *testing.M) { os.Exit(bins.Main(m)) }
 
 func newStack(t *testing.T) *stack {
 	t.Helper()
 	hosttools.Require(t, "tmux")
-	root := repoRoot(t)
 	dir := t.TempDir()
 	s := &stack{
-		t: t, root: root, dir: dir, bin: buildBinaries(t, root),
+		t: t, root: proctest.Root(t), dir: dir, bin: bins.Dir(t, binaries...),
 		k8sDir:  filepath.Join(dir, "dev-k8s"),
 		socket:  fmt.Sprintf("nstance-e2e-%d-%d", os.Getpid(), time.Now().UnixNano()%100000),
 		session: "nstance-e2e-agents",
-		s3Addr:  freeAddr(t), k8sAddr: freeAddr(t), probeAddr: freeAddr(t),
+		s3Addr:  portpick.Addr(t), k8sAddr: portpick.Addr(t), probeAddr: portpick.Addr(t),
 	}
 	for n := 1; n <= 2; n++ {
 		s.servers = append(s.servers, serverPorts{
-			shard: fmt.Sprintf("dev-%d", n), health: freeAddr(t), election: freeAddr(t),
-			registration: freeAddr(t), operator: freeAddr(t), agent: freeAddr(t),
+			shard: fmt.Sprintf("dev-%d", n), health: portpick.Addr(t), election: portpick.Addr(t),
+			registration: portpick.Addr(t), operator: portpick.Addr(t), agent: portpick.Addr(t),
 		})
 	}
-	t.Cleanup(s.stop)
+	s.procs = proctest.NewGroup(t, proctest.Options{Bin: s.bin, Dir: s.root, LogDir: filepath.Join(dir, "logs"), Env: s.env(),
+		Grace: 10 * time.Second, TailLines: 30})
+	t.Cleanup(s.stop) // before the group's own cleanup (last-in first-out)
 	return s
 }
 
 func (s *stack) env() []string {
-	return append(os.Environ(),
-		"AWS_ACCESS_KEY_ID=dev", "AWS_SECRET_ACCESS_KEY=dev", "AWS_REGION=us-east-1",
-		"AWS_ENDPOINT_URL=http://"+s.s3Addr, "AWS_S3_USE_PATH_STYLE=true",
-		"NSTANCE_ENCRYPTION_KEY="+encryptionKey, "TMUX=",
-	)
+	return append(append(os.Environ(), proctest.S3Env("http://"+s.s3Addr)...),
+		"NSTANCE_ENCRYPTION_KEY="+encryptionKey, "TMUX=")
 }
 
-// start runs a binary from the build directory; its output goes to
-// dir/logs/{name}.log.
-func (s *stack) start(name, binary string, extraEnv []string, args ...string) *proc {
-	s.t.Helper()
-	p, err := proctest.Start(name, filepath.Join(s.dir, "logs", name+".log"), s.root, append(s.env(), extraEnv...), filepath.Join(s.bin, binary), args...)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	s.mu.Lock()
-	s.procs = append(s.procs, p)
-	s.mu.Unlock()
-	return p
-}
-
-// stopProc ends one process group: SIGTERM, then SIGKILL after 10s.
-func stopProc(p *proc) { p.Stop(10 * time.Second) }
-
-// stop tears everything down in reverse start order, then the private tmux
-// server; on failure it prints the tail of every log.
+// stop tears everything down in reverse start order (printing the tail of
+// every log on failure), then the private tmux server.
 func (s *stack) stop() {
 	agentPIDs := s.panePIDs()
-	s.mu.Lock()
-	procs := append([]*proc(nil), s.procs...)
-	s.mu.Unlock()
-	for i := len(procs) - 1; i >= 0; i-- {
-		stopProc(procs[i])
-	}
+	s.procs.Close()
 	_, _ = s.tmux("kill-server")
 	// tmux leaves the socket file of a server that exited behind.
 	_ = os.Remove(tmux.SocketPath(s.socket))
@@ -170,23 +109,6 @@ func (s *stack) stop() {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
-	if s.t.Failed() {
-		for _, p := range procs {
-			s.t.Logf("---- %s (%s), last lines:\n%s", p.Name, p.Log, tail(p.Log, 30))
-		}
-	}
-}
-
-func tail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
 
 // tmux runs a command against the stack's private tmux server.
@@ -281,34 +203,12 @@ func (s *stack) putObject(key string, body []byte) {
 	}
 }
 
-func httpOK(url string) bool {
-	c := http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get(url)
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
-}
-
-// eventually polls cond every 200ms until it holds or the timeout passes.
-func (s *stack) eventually(what string, timeout time.Duration, cond func() bool) {
-	s.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			s.t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
 // up starts the whole stack and waits until the operator is registered.
 func (s *stack) up() {
 	t := s.t
 	t.Helper()
-	s.start("dev-s3", "dev-s3", nil, "--addr", s.s3Addr, "--bucket", bucket, "--dir", filepath.Join(s.dir, "dev-s3"))
-	s.eventually("dev-s3 /healthz", 20*time.Second, func() bool { return httpOK("http://" + s.s3Addr + "/healthz") })
+	s.procs.MustStart("dev-s3", "dev-s3", nil, "--addr", s.s3Addr, "--bucket", bucket, "--dir", filepath.Join(s.dir, "dev-s3"))
+	proctest.Eventually(s.t, "dev-s3 /healthz", 20*time.Second, func() bool { return proctest.HTTPOK("http://" + s.s3Addr + "/healthz") })
 	// The worker template's user data (examples/dev/node-userdata.sh), as
 	// the dev stack uploads it.
 	userdata, err := os.ReadFile(filepath.Join(s.root, "examples", "dev", "node-userdata.sh"))
@@ -318,36 +218,31 @@ func (s *stack) up() {
 	s.putObject("dev/node-userdata.sh", userdata)
 	for n := 1; n <= 2; n++ {
 		sp := s.servers[n-1]
-		req, _ := http.NewRequest(http.MethodPut, "http://"+s.s3Addr+"/"+bucket+"/config/"+sp.shard+".jsonc", bytes.NewReader(s.shardConfig(n)))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil || resp.StatusCode != http.StatusOK {
-			t.Fatalf("uploading config/%s.jsonc: %v %v", sp.shard, err, resp)
-		}
-		resp.Body.Close()
-		s.start("server-"+sp.shard, "nstance-server", nil, "--shard", sp.shard, "--id", sp.shard+"-e2e",
+		s.putObject("config/"+sp.shard+".jsonc", s.shardConfig(n))
+		s.procs.MustStart("server-"+sp.shard, "nstance-server", nil, "--shard", sp.shard, "--id", sp.shard+"-e2e",
 			"--bucket", bucket, "--cache-dir", filepath.Join(s.dir, "cache"), "--bind-health", sp.health)
 	}
 
-	ns := filepath.Join(s.k8sDir, "namespaces")
-	if err := os.MkdirAll(ns, 0o755); err != nil {
+	if err := proctest.WriteJSON(s.path("namespaces", "", namespace), map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": namespace}}); err != nil {
 		t.Fatal(err)
 	}
-	writeJSON(t, filepath.Join(ns, namespace+".json"), map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": namespace}})
-	capi, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/cluster-api").Output()
+	crds, err := proctest.CRDDirs(context.Background(), s.root)
 	if err != nil {
-		t.Fatalf("locating the Cluster API module: %v", err)
+		t.Fatal(err)
 	}
 	kubeconfig := filepath.Join(s.dir, "operator", "kubeconfig")
-	s.start("dev-k8s", "dev-k8s", nil, "--addr", s.k8sAddr, "--dir", s.k8sDir, "--kubeconfig-out", kubeconfig,
-		"--crd-dir", filepath.Join(s.root, "config", "crd", "bases"),
-		"--crd-dir", filepath.Join(strings.TrimSpace(string(capi)), "core", "config", "crd", "bases"))
+	k8sArgs := []string{"--addr", s.k8sAddr, "--dir", s.k8sDir, "--kubeconfig-out", kubeconfig}
+	for _, d := range crds {
+		k8sArgs = append(k8sArgs, "--crd-dir", d)
+	}
+	s.procs.MustStart("dev-k8s", "dev-k8s", nil, k8sArgs...)
 
 	for _, sp := range s.servers {
-		s.eventually(sp.shard+" /health 200", 120*time.Second, func() bool { return httpOK("http://" + sp.health + "/health") })
+		proctest.Eventually(s.t, sp.shard+" /health 200", 120*time.Second, func() bool { return proctest.HTTPOK("http://" + sp.health + "/health") })
 	}
 	ca := filepath.Join(s.dir, "dev-s3", "cluster", "ca.crt")
-	s.eventually("cluster CA in dev-s3", 30*time.Second, func() bool { _, err := os.Stat(ca); return err == nil })
-	s.eventually("dev-k8s kubeconfig", 30*time.Second, func() bool { _, err := os.Stat(kubeconfig); return err == nil })
+	proctest.Eventually(s.t, "cluster CA in dev-s3", 30*time.Second, func() bool { return proctest.Exists(ca) })
+	proctest.Eventually(s.t, "dev-k8s kubeconfig", 30*time.Second, func() bool { return proctest.Exists(kubeconfig) })
 
 	caPEM, err := os.ReadFile(ca)
 	if err != nil {
@@ -355,31 +250,26 @@ func (s *stack) up() {
 	}
 	s.put("configmaps", "nstance-cluster-ca", map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
 		"metadata": map[string]any{"name": "nstance-cluster-ca", "namespace": namespace}, "data": map[string]any{"ca.crt": string(caPEM)}})
-	admin := exec.Command(filepath.Join(s.bin, "nstance-admin"), "cluster", "nonce", "--cluster-id", clusterID,
+	nonce, err := proctest.Output(context.Background(), s.env(), filepath.Join(s.bin, "nstance-admin"), "cluster", "nonce", "--cluster-id", clusterID,
 		"--storage-bucket", bucket, "--key-provider", "env", "--expiry", "1h", "--output", "-")
-	admin.Env = s.env()
-	var stderr bytes.Buffer
-	admin.Stderr = &stderr
-	nonce, err := admin.Output()
 	if err != nil {
-		t.Fatalf("nstance-admin cluster nonce: %v: %s", err, stderr.String())
+		t.Fatal(err)
 	}
 	s.put("secrets", "nstance-operator-nonce", map[string]any{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
 		"metadata": map[string]any{"name": "nstance-operator-nonce", "namespace": namespace},
 		"data":     map[string]any{"nonce.jwt": base64.StdEncoding.EncodeToString(bytes.TrimSpace(nonce))}})
 
-	var cfg strings.Builder
-	fmt.Fprintf(&cfg, "cluster_id: %s\ntenant: default\nshards:\n", clusterID)
+	var shards []proctest.OperatorShard
 	for _, sp := range s.servers {
-		fmt.Fprintf(&cfg, "  %s:\n    registration_addr: %q\n    operator_addr: %q\n", sp.shard, sp.registration, sp.operator)
+		shards = append(shards, proctest.OperatorShard{Name: sp.shard, Registration: sp.registration, Operator: sp.operator})
 	}
 	opCfg := filepath.Join(s.dir, "operator", "config.yaml")
-	if err := os.WriteFile(opCfg, []byte(cfg.String()), 0o644); err != nil {
+	if err := proctest.WriteFile(opCfg, proctest.OperatorConfig(clusterID, "default", shards...), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s.start("operator", "nstance-operator", []string{"NSTANCE_NAMESPACE=" + namespace, "NSTANCE_K8S_JSON=true"},
+	s.procs.MustStart("operator", "nstance-operator", []string{"NSTANCE_NAMESPACE=" + namespace, "NSTANCE_K8S_JSON=true"},
 		"--kubeconfig", kubeconfig, "--config", opCfg, "--health-probe-bind-address", s.probeAddr, "--disable-webhooks")
-	s.eventually("operator registered (Secret nstance-operator-cert)", 120*time.Second, func() bool {
+	proctest.Eventually(s.t, "operator registered (Secret nstance-operator-cert)", 120*time.Second, func() bool {
 		_, err := os.Stat(s.path("secrets", namespace, "nstance-operator-cert"))
 		return err == nil
 	})
@@ -406,24 +296,8 @@ const (
 // put writes an object as its JSON file, the way a developer edits one.
 func (s *stack) put(resource, name string, obj map[string]any) {
 	s.t.Helper()
-	writeJSON(s.t, s.path(resource, namespace, name), obj)
-}
-
-func writeJSON(t *testing.T, path string, obj any) {
-	t.Helper()
-	b, err := json.MarshalIndent(obj, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		t.Fatal(err)
+	if err := proctest.WriteJSON(s.path(resource, namespace, name), obj); err != nil {
+		s.t.Fatal(err)
 	}
 }
 

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,6 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nstance-dev/nstance/internal/testing/hosttools"
+	"github.com/nstance-dev/nstance/internal/testing/portpick"
+	"github.com/nstance-dev/nstance/internal/testing/proctest"
 )
 
 // pageState is what the status page's DOM shows, read in the browser.
@@ -64,7 +65,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 
 	// Every shard leader serves (up() waits for one registration only).
 	for _, sp := range s.servers {
-		s.eventually(sp.shard+" serves gRPC", time.Minute, func() bool { return tcpOpen(sp.registration) && tcpOpen(sp.operator) })
+		proctest.Eventually(s.t, sp.shard+" serves gRPC", time.Minute, func() bool { return proctest.Dialable(sp.registration, sp.operator) })
 	}
 	// An admin identity for the page, registered the way the dev stack does it.
 	creds := filepath.Join(s.dir, "status")
@@ -78,14 +79,14 @@ func TestStatusPageInBrowser(t *testing.T) {
 	for _, sp := range s.servers {
 		servers = append(servers, sp.shard+"="+sp.operator)
 	}
-	addr := freeAddr(t)
+	addr := portpick.Addr(t)
 	tokenFile := filepath.Join(creds, "serve.token")
-	s.start("status", "nstance-admin", nil, "serve", "--listen", addr, "--servers", strings.Join(servers, ","),
+	s.procs.MustStart("status", "nstance-admin", nil, "serve", "--listen", addr, "--servers", strings.Join(servers, ","),
 		"--ca-cert", filepath.Join(creds, "ca.crt"), "--cert", filepath.Join(creds, "operator.crt"), "--key", filepath.Join(creds, "operator.key"),
 		"--token-file", tokenFile)
 	// serve creates its token on the first start; every request carries it.
 	var token string
-	s.eventually("status page answers with its token", 30*time.Second, func() bool {
+	proctest.Eventually(s.t, "status page answers with its token", 30*time.Second, func() bool {
 		b, err := os.ReadFile(tokenFile)
 		if err != nil {
 			return false
@@ -151,14 +152,14 @@ func TestStatusPageInBrowser(t *testing.T) {
 			return n == 2
 		}
 	}
-	s.eventually("page: the pool's group on each shard, 1 desired and 1 ready", 3*time.Minute, perShard("1", "1"))
+	proctest.Eventually(s.t, "page: the pool's group on each shard, 1 desired and 1 ready", 3*time.Minute, perShard("1", "1"))
 
 	mp, ok := s.get(resPools, namespace, pool)
 	require.True(t, ok)
 	mp["spec"].(map[string]any)["replicas"] = 4
 	s.put(resPools, pool, mp)
-	s.eventually("page: 2 desired per shard after the edit", time.Minute, perShard("2", ""))
-	s.eventually("page: 2 ready per shard and 4 running instances", 3*time.Minute, func() bool {
+	proctest.Eventually(s.t, "page: 2 desired per shard after the edit", time.Minute, perShard("2", ""))
+	proctest.Eventually(s.t, "page: 2 ready per shard and 4 running instances", 3*time.Minute, func() bool {
 		return perShard("2", "2")() && st.Running == 4
 	})
 	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
@@ -175,13 +176,4 @@ func TestStatusPageInBrowser(t *testing.T) {
 		require.NotEqual(t, "—", v, "every instance row shows the agent version its reports carry")
 	}
 	require.False(t, st.Overflows, "the page is wider than a phone's screen (see the screenshot)")
-}
-
-func tcpOpen(addr string) bool {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return false
-	}
-	c.Close()
-	return true
 }
