@@ -52,6 +52,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/agentapi"
+	"github.com/nstance-dev/nstance/internal/server/agentlive"
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -277,9 +278,7 @@ func runServer() error {
 	if err != nil {
 		return err
 	}
-	var reports atomic.Uint64
-	tracker := agentapi.NewTracker()
-	tracker.OnReport = func(context.Context, agentapi.Ref, *nstancev1.HealthReport, time.Time) { reports.Add(1) }
+	live := agentlive.New()
 	tmpl := config.Template{Files: map[string]config.TemplateFile{"node.env": {Kind: "env", Content: "NODE={{ .InstanceID }}\n"}}}
 	src := &agentapi.TemplateSource{Lookup: func(_ context.Context, ref agentapi.Ref) (*agentapi.TemplateInput, error) {
 		return &agentapi.TemplateInput{Template: tmpl, Data: agentapi.TemplateData{InstanceID: ref.InstanceID}}, nil
@@ -291,7 +290,7 @@ func runServer() error {
 	signer := &agentapi.WorkloadSigner{CA: wca, MaxValidity: time.Hour, Policy: func() pki.WorkloadPolicy {
 		return pki.WorkloadPolicy{TrustDomain: clusterID, ServerHosts: []string{"127.0.0.1"}}
 	}}
-	api, err := agentapi.New(agentapi.Options{Shard: "bench", Source: src, Keys: agentapi.NewMemKeyStore(), Signer: signer, Health: tracker, Log: logr.Discard()})
+	api, err := agentapi.New(agentapi.Options{Shard: "bench", Source: src, Keys: agentapi.NewMemKeyStore(), Signer: signer, Live: live, Log: logr.Discard()})
 	if err != nil {
 		return err
 	}
@@ -306,7 +305,7 @@ func runServer() error {
 		return err
 	}
 	defer srv.Stop()
-	return childLoop(ln.Addr().String(), ca, keyPEM, func() (uint64, int) { return reports.Load(), api.Connected() })
+	return childLoop(ln.Addr().String(), ca, keyPEM, func() (uint64, int) { return live.Reports(), live.Connected() })
 }
 
 type child struct {

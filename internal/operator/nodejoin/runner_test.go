@@ -57,7 +57,11 @@ func reportHealth(ctx context.Context, sh *shardtest.Shard) {
 	defer t.Stop()
 	for {
 		for _, r := range sh.Assembly.Instances.List(func(r *instances.Record) bool { return r.State.Active() }) {
-			_ = sh.Assembly.Health.RecordHealth(ctx, agentapi.Ref{InstanceID: r.ID, Tenant: r.Tenant, Shard: r.Shard, Group: r.GroupID},
+			term := sh.Assembly.Term()
+			if term == nil {
+				break // not leading (yet)
+			}
+			_ = term.Agents.RecordHealth(ctx, agentapi.Ref{InstanceID: r.ID, Tenant: r.Tenant, Shard: r.Shard, Group: r.GroupID},
 				&nstancev1.HealthReport{AgentVersion: "test"}, time.Now())
 		}
 		select {

@@ -199,22 +199,6 @@ func TestHashFiles(t *testing.T) {
 	require.NotEqual(t, h, agentapi.HashFiles([]*nstancev1.DeliveredFile{a}))
 }
 
-func TestTrackerOverdue(t *testing.T) {
-	tr := agentapi.NewTracker()
-	t0 := time.Unix(1000, 0)
-	require.NoError(t, tr.RecordHealth(context.Background(), agentapi.Ref{InstanceID: "a"}, &nstancev1.HealthReport{
-		Files: []*nstancev1.FileStatus{{Path: "x", State: nstancev1.FileState_FILE_STATE_ERROR}},
-	}, t0.Add(10*time.Second)))
-	got := tr.Overdue([]string{"a", "b"}, t0, t0.Add(35*time.Second), 10*time.Second)
-	require.Equal(t, map[string]int{"a": 2, "b": 3}, got)
-	rec, ok := tr.Get("a")
-	require.True(t, ok)
-	require.Equal(t, 1, rec.FileErrors)
-	require.Equal(t, uint64(1), rec.Reports)
-	tr.Forget("a")
-	require.Empty(t, tr.IDs())
-}
-
 func TestWorkloadSigner(t *testing.T) {
 	wca, err := pki.GenerateWorkloadCA("c", time.Hour, time.Now())
 	require.NoError(t, err)

@@ -15,6 +15,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/secrets"
 	"github.com/nstance-dev/nstance/internal/server/agentapi"
+	"github.com/nstance-dev/nstance/internal/server/agentlive"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -262,7 +263,7 @@ func TestDeliveryLeavesFailedSourcesPending(t *testing.T) {
 		"plain": {Kind: "string", Path: "plain.txt", Content: "x"},
 	})
 	srv, err := agentapi.New(agentapi.Options{Shard: "s1", Source: e.src, Keys: agentapi.NewMemKeyStore(), Signer: &agentapi.WorkloadSigner{},
-		Health: agentapi.NewTracker(), Log: logr.Discard()})
+		Live: agentlive.New(), Log: logr.Discard()})
 	require.NoError(t, err)
 	d, err := srv.Delivery(context.Background(), agentapi.Ref{InstanceID: "i-1"})
 	require.NoError(t, err)

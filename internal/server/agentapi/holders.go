@@ -79,12 +79,6 @@ func (h *holders) inUseSince(id, serial string) (time.Time, bool) {
 	return u.since, ok && u.serial == serial
 }
 
-func (h *holders) reset() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.inUse = nil
-}
-
 func (h *holders) forget(id string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -162,8 +156,8 @@ func (s *Server) twoHolders(ctx context.Context, ref Ref, why string) error {
 		}
 	}
 	s.holders.forget(ref.InstanceID)
-	if s.o.OnRefused != nil {
-		s.o.OnRefused(ref, err)
+	if s.o.Refusals != nil {
+		s.o.Refusals.ReportInstanceError(ref.Tenant, ref.Group, ref.InstanceID, err)
 	}
 	return status.Error(codes.PermissionDenied, errTwoHolders.Error())
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/keytype"
 	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/server/agentlive"
 	"github.com/nstance-dev/nstance/internal/server/authz"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -44,8 +45,10 @@ type Options struct {
 	Source Source
 	Keys   KeyStore
 	Signer Signer
-	Health HealthSink
-	Log    logr.Logger
+	// Live is the term's live table: every accepted health report and
+	// every open stream is recorded there.
+	Live *agentlive.Table
+	Log  logr.Logger
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 	// RepushInterval is the shortest gap between two drift-triggered pushes
@@ -57,14 +60,14 @@ type Options struct {
 	RenewFraction float64
 	// MaxFileBytes caps the total file content of one delivery
 	// (shard.limits.max_file_bytes; default config.DefaultMaxFileBytes). A
-	// larger delivery is not sent: the server logs why, tells OnRefused,
+	// larger delivery is not sent: the server logs why, tells Refusals,
 	// and the agent keeps its stream and its current files.
 	MaxFileBytes int
-	// OnRefused, when set, hears once per file set why a delivery was not
+	// Refusals, when set, hears once per file set why a delivery was not
 	// sent, and once per change of the set of files whose source (secret
 	// store, AWS, storage object) failed or is stale (the fleet reports it
 	// to the instance's tenant).
-	OnRefused func(ref Ref, err error)
+	Refusals Refusals
 	// RenewIdentity, when set, renews agents' identity certificates
 	// through the streams (see identity.go); nil turns renewal off.
 	RenewIdentity RenewIdentityFunc
@@ -97,8 +100,8 @@ var _ nstancev1.AgentServiceServer = (*Server)(nil)
 
 // New checks the options and returns a Server.
 func New(o Options) (*Server, error) {
-	if o.Shard == "" || o.Source == nil || o.Keys == nil || o.Signer == nil || o.Health == nil {
-		return nil, errors.New("agentapi: shard, source, key store, signer and health sink are required")
+	if o.Shard == "" || o.Source == nil || o.Keys == nil || o.Signer == nil || o.Live == nil {
+		return nil, errors.New("agentapi: shard, source, key store, signer and live table are required")
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -124,11 +127,15 @@ func New(o Options) (*Server, error) {
 	return &Server{o: o, hub: hub{byID: map[string]*instanceState{}}}, nil
 }
 
-// EndTerm drops what the service learnt about its agents during a
-// leadership term (which renewed identities are in use); call it once the
-// term's streams have ended. The key store and health tracker are the
-// caller's (see app.Assembly.EndTerm).
-func (s *Server) EndTerm() { s.holders.reset() }
+// Forget drops what the service holds for a deleted instance: its
+// submitted keys and issued certificates, and which renewed identity it
+// uses. (The live table is forgotten by its owner.)
+func (s *Server) Forget(instanceID string) {
+	if f, ok := s.o.Keys.(interface{ Forget(string) }); ok {
+		f.Forget(instanceID)
+	}
+	s.holders.forget(instanceID)
+}
 
 // Notify makes the open streams of the given instances re-plan and push
 // whatever changed (template or var change). With no ids, every connected
@@ -141,19 +148,6 @@ func (s *Server) Notify(instanceIDs ...string) {
 	for _, id := range instanceIDs {
 		s.hub.notify(id, false)
 	}
-}
-
-// Connected reports how many instances have at least one open stream.
-func (s *Server) Connected() int {
-	s.hub.mu.Lock()
-	defer s.hub.mu.Unlock()
-	n := 0
-	for _, st := range s.hub.byID {
-		if len(st.watchers) > 0 {
-			n++
-		}
-	}
-	return n
 }
 
 func (s *Server) refFrom(ctx context.Context) (Ref, error) {
@@ -195,6 +189,7 @@ func (s *Server) KeyGenRequests(req *nstancev1.KeyGenRequestsRequest, stream nst
 	}
 	w := s.hub.add(ref.InstanceID)
 	defer s.hub.remove(ref.InstanceID, w)
+	defer s.o.Live.Connect(ref)()
 	last := ""
 	var asked time.Time
 	for {
@@ -453,6 +448,7 @@ func (s *Server) ReceiveFiles(req *nstancev1.ReceiveFilesRequest, stream nstance
 	}
 	w := s.hub.add(ref.InstanceID)
 	defer s.hub.remove(ref.InstanceID, w)
+	defer s.o.Live.Connect(ref)()
 	last, refusing, reported := req.GetConfigHash(), false, ""
 	for {
 		var (
@@ -478,8 +474,8 @@ func (s *Server) ReceiveFiles(req *nstancev1.ReceiveFilesRequest, stream nstance
 				err := fmt.Errorf("files of instance %s total %d bytes, more than shard.limits.max_file_bytes (%d); not delivered, the agent keeps its current files",
 					ref.InstanceID, size, s.o.MaxFileBytes)
 				s.o.Log.Error(err, "file delivery refused", "instance", ref.InstanceID, "tenant", ref.Tenant, "hash", h)
-				if s.o.OnRefused != nil {
-					s.o.OnRefused(ref, err)
+				if s.o.Refusals != nil {
+					s.o.Refusals.ReportInstanceError(ref.Tenant, ref.Group, ref.InstanceID, err)
 				}
 			}
 		} else {
@@ -535,7 +531,7 @@ func (s *Server) ReportHealth(stream nstancev1.AgentService_ReportHealthServer) 
 			return status.Errorf(codes.InvalidArgument, "files: more than %d entries", maxReportFiles)
 		}
 		last = s.o.Now()
-		if err := s.o.Health.RecordHealth(ctx, ref, r, last); err != nil {
+		if err := s.o.Live.RecordHealth(ctx, ref, r, last); err != nil {
 			return status.Errorf(codes.Unavailable, "recording health: %v", err)
 		}
 		n++

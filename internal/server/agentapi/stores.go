@@ -73,14 +73,6 @@ func (m *MemKeyStore) Len() int {
 	return len(m.keys)
 }
 
-// Reset drops everything stored (the leadership term that gathered it
-// ended).
-func (m *MemKeyStore) Reset() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.keys = map[string]map[string]StoredKey{}
-}
-
 // Forget drops everything stored for an instance (call on deletion).
 func (m *MemKeyStore) Forget(instanceID string) {
 	m.mu.Lock()

@@ -58,7 +58,7 @@ func (s *TemplateSource) storageFile(ctx context.Context, key string, f config.T
 	fs.Content = []byte(out)
 }
 
-// reportFileProblems logs and tells OnRefused about the files of an
+// reportFileProblems logs and tells Refusals about the files of an
 // instance whose source failed or is stale, once each time the set of
 // problems changes (reported is what was said last; the new value is
 // returned). The other files are delivered regardless.
@@ -74,8 +74,8 @@ func (s *Server) reportFileProblems(ref Ref, problems []error, reported string) 
 		return reported
 	}
 	s.o.Log.Error(err, "files not delivered or stale", "instance", ref.InstanceID, "tenant", ref.Tenant, "files", len(problems))
-	if s.o.OnRefused != nil {
-		s.o.OnRefused(ref, err)
+	if s.o.Refusals != nil {
+		s.o.Refusals.ReportInstanceError(ref.Tenant, ref.Group, ref.InstanceID, err)
 	}
 	return err.Error()
 }

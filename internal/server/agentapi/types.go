@@ -6,6 +6,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/nstance-dev/nstance/internal/server/agentlive"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -13,12 +14,7 @@ import (
 var ErrUnknownInstance = errors.New("unknown instance")
 
 // Ref identifies the calling agent's instance, taken from its certificate.
-type Ref struct {
-	InstanceID string
-	Tenant     string
-	Shard      string
-	Group      string
-}
+type Ref = agentlive.Ref
 
 // FileSpec is one file an instance should hold. Either Content is set, or Key
 // names a generated key whose issued certificate is the content.
@@ -73,7 +69,8 @@ type Signer interface {
 	Sign(ctx context.Context, ref Ref, spec *nstancev1.CertificateSpec, pub crypto.PublicKey) (certPEM []byte, notBefore, notAfter time.Time, err error)
 }
 
-// HealthSink receives every accepted health report.
-type HealthSink interface {
-	RecordHealth(ctx context.Context, ref Ref, report *nstancev1.HealthReport, received time.Time) error
+// Refusals hears what the service refused an instance, for its tenant
+// (the reconciler reports it as the instance's error).
+type Refusals interface {
+	ReportInstanceError(tenant, group, instanceID string, err error)
 }

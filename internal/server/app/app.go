@@ -31,7 +31,6 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/election"
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
 	"github.com/nstance-dev/nstance/internal/server/health"
-	"github.com/nstance-dev/nstance/internal/server/leaderaddr"
 	"github.com/nstance-dev/nstance/internal/server/metrics"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/registration"
@@ -149,11 +148,12 @@ type App struct {
 	// servingSince is when this server began serving gRPC as shard leader
 	// in the current term (zero while it does not: ServingGRPC).
 	servingSince time.Time
+	// term is the running leadership term (nil while standing by).
+	term *leaderTerm
 
-	// cacheMu orders the standby's cache refreshes with leadership: while
-	// cacheLeading, the term's record store writes the cache, nobody else.
-	cacheMu      sync.Mutex
-	cacheLeading bool
+	// standby refreshes the cache from storage while this server does not
+	// lead (while it leads, the term's record store writes the cache).
+	standby *standbyJob
 	// serverCerts and trust are read by the certificate expiry metrics.
 	serverCerts *pki.RenewingCert
 	trust       *pki.Trust
@@ -300,8 +300,6 @@ func (a *App) Run(ctx context.Context) error {
 		return err
 	}
 	defer db.Close()
-	var cacheWG sync.WaitGroup
-	defer cacheWG.Wait() // before db.Close
 	a.mu.Lock()
 	a.cacheDB = db
 	a.mu.Unlock()
@@ -358,11 +356,9 @@ func (a *App) Run(ctx context.Context) error {
 		}()
 	}
 	campaign(clusterEl)
-	cacheWG.Add(1)
-	go func() {
-		defer cacheWG.Done()
-		a.refreshCache(runCtx, db)
-	}()
+	a.standby = &standbyJob{parent: runCtx, job: func(ctx context.Context) { a.refreshCache(ctx, db) }}
+	a.standby.start()
+	defer a.standby.close() // before db.Close
 
 	bootOpts := bootstrap.Options{
 		ClusterID: cfg.Cluster.ID, Objects: a.o.Store, Secrets: &secrets.Store{Objects: a.o.Store, Ring: ring}, Keys: a.o.Keys,
@@ -453,7 +449,7 @@ func (a *App) Run(ctx context.Context) error {
 	a.mu.Unlock()
 	gcfg := grpcserve.Config{
 		ClusterID: cfg.Cluster.ID, ServerCert: serverCert, GetCertificate: serverCerts.GetCertificate, ClientCAsFunc: trust.Pool,
-		Registration: built.Registration, Operator: built.Operator, Agent: built.Agent, Log: log.WithName("grpc"), Limits: cfg.Shard.Limits,
+		Registration: built.Registration, Operator: built.Operator, Log: log.WithName("grpc"), Limits: cfg.Shard.Limits,
 		ServerOptions: append(a.metrics.ServerOptions(), fence.grpcOptions()...), OnServer: a.metrics.InitializeGRPC,
 		PanicHook: a.o.Getenv(grpcserve.PanicHookEnv) == "1",
 		OnHandshakeError: func(listener string, err error) {
@@ -471,8 +467,9 @@ func (a *App) Run(ctx context.Context) error {
 		return err
 	}
 	releaseLeaderAddress(leaderAddr, log)
+	lead := &leading{grpc: gcfg, built: built, bind: &bind, shutdown: cfg.Shard.Timeouts.Shutdown.D(), addr: leaderAddr}
 	shardEl, err := newElector(a.o.Keys.ShardLeader(a.o.Shard), a.metrics.Leading(metrics.ElectionShard, func(lctx context.Context, term int64) {
-		a.leadShard(lctx, ctx, term, gcfg, built.Lead, &bind, cfg.Shard.Timeouts.Shutdown.D(), leaderAddr)
+		a.leadShard(lctx, ctx, term, lead)
 	}))
 	if err != nil {
 		return err
@@ -631,138 +628,23 @@ func (a *App) syncCache(ctx context.Context, db *cache.Cache) error {
 
 // refreshCache brings a standby's cache up to date with storage every
 // Options.CacheRefresh (incremental: one listing, reads of changed objects
-// only). A shard leader's cache is written by its record store instead.
+// only) until ctx ends: it runs as the standby job, stopped while this
+// server leads (the term's record store writes the cache then).
 func (a *App) refreshCache(ctx context.Context, db *cache.Cache) {
 	every := a.o.CacheRefresh
 	if every <= 0 {
 		every = 30 * time.Second
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		a.cacheMu.Lock()
-		if !a.cacheLeading {
-			if st, err := db.Rebuild(ctx, a.o.Store, a.cacheSources(), time.Now()); err != nil {
-				if ctx.Err() == nil {
-					a.log().Error(err, "refreshing the cache")
-				}
-			} else if st.Fetched > 0 || st.Removed > 0 {
-				a.log().V(1).Info("cache refreshed", "listed", st.Listed, "read", st.Fetched, "removed", st.Removed)
+	_ = wait.PollUntilContextCancel(ctx, every, false, func(ctx context.Context) (bool, error) {
+		if st, err := db.Rebuild(ctx, a.o.Store, a.cacheSources(), time.Now()); err != nil {
+			if ctx.Err() == nil {
+				a.log().Error(err, "refreshing the cache")
 			}
+		} else if st.Fetched > 0 || st.Removed > 0 {
+			a.log().V(1).Info("cache refreshed", "listed", st.Listed, "read", st.Fetched, "removed", st.Removed)
 		}
-		a.cacheMu.Unlock()
-	}
-}
-
-// leadShard runs while this server holds the shard lease.
-func (a *App) leadShard(lctx, appCtx context.Context, term int64, gcfg grpcserve.Config, lead func(context.Context) error, bind *config.Bind, shutdown time.Duration,
-	leaderAddr leaderaddr.Holder) {
-	log := a.log().WithValues("term", term)
-	// The term starts from the cache as it is (the reconciler checks it
-	// against storage in the background); from now on only the term's
-	// record store writes it.
-	a.cacheMu.Lock()
-	a.cacheLeading = true
-	a.cacheMu.Unlock()
-	defer func() {
-		a.cacheMu.Lock()
-		a.cacheLeading = false
-		a.cacheMu.Unlock()
-	}()
-	if err := a.loadRevocations(lctx); err != nil {
-		log.Error(err, "loading revocations on leadership; stepping down")
-		return
-	}
-	gcfg.Gate = a.revocations
-	// The shard's fixed address is held before serving and given up when
-	// the term ends (the elector ends lctx before the lease could pass to
-	// a standby; a VIP's kernel lifetime also ends with the lease).
-	if err := leaderAddr.Acquire(lctx); err != nil {
-		log.Error(err, "acquiring the leader address; stepping down")
-		releaseLeaderAddress(leaderAddr, log)
-		return
-	}
-	var releaseOnce sync.Once
-	releaseAddr := func() { releaseOnce.Do(func() { releaseLeaderAddress(leaderAddr, log) }) }
-	defer releaseAddr()
-	ls, err := a.listenGRPC(bind)
-	if err != nil {
-		log.Error(err, "binding gRPC listeners; stepping down")
-		return
-	}
-	srv, err := grpcserve.Start(gcfg, ls)
-	if err != nil {
-		log.Error(err, "starting gRPC servers; stepping down")
-		return
-	}
-	a.mu.Lock()
-	a.servingSince = time.Now()
-	a.mu.Unlock()
-	ad := a.Addrs()
-	log.Info("serving gRPC as shard leader", "registration", ad.Registration, "operator", ad.Operator, "agent", ad.Agent)
-	sweepDone := make(chan struct{})
-	go func() {
-		defer close(sweepDone)
-		a.sweepNonces(lctx, log)
-	}()
-	defer func() { <-sweepDone }()
-	leadDone := make(chan struct{})
-	go func() {
-		defer close(leadDone)
-		if lead == nil {
-			return
-		}
-		// The term's work (loading state, reconciling) is retried until the
-		// term ends: a storage hiccup must not leave a leader that serves
-		// gRPC but never converges.
-		for {
-			err := lead(lctx)
-			if lctx.Err() != nil {
-				return
-			}
-			log.Error(err, "shard leadership work stopped; restarting it")
-			select {
-			case <-lctx.Done():
-				return
-			case <-time.After(2 * time.Second):
-			}
-		}
-	}()
-	<-lctx.Done()
-	// Stop serving before waiting for the term's work: the elector cancels
-	// lctx when this server may no longer act, and a standby may take over
-	// soon after.
-	a.mu.Lock()
-	a.servingSince = time.Time{}
-	a.mu.Unlock()
-	if appCtx.Err() != nil {
-		// Shutting down while still leading: let RPCs finish, but never
-		// beyond the time this server may act.
-		grace := shutdown
-		if st := (leaderFence{a: a}).elector().Status(); st.Leading {
-			grace = min(grace, time.Until(st.ValidUntil))
-		} else {
-			grace = 0
-		}
-		srv.GracefulStop(max(grace, 0))
-	} else {
-		// Leadership lost: another server may already serve; stop at once.
-		srv.Stop()
-	}
-	releaseAddr()
-	<-leadDone
-	a.mu.Lock()
-	built := a.built
-	a.mu.Unlock()
-	if built != nil {
-		built.EndTerm()
-	}
-	log.Info("stopped serving gRPC")
+		return false, nil // every interval until the server leads or stops
+	})
 }
 
 // newRevocations builds the deny list the mTLS listeners consult.

@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"fmt"
 	"maps"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -15,6 +16,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/secrets"
 	"github.com/nstance-dev/nstance/internal/server/agentapi"
+	"github.com/nstance-dev/nstance/internal/server/agentlive"
 	"github.com/nstance-dev/nstance/internal/server/cache"
 	"github.com/nstance-dev/nstance/internal/server/events"
 	"github.com/nstance-dev/nstance/internal/server/groups"
@@ -30,7 +32,6 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/userdata"
 	"github.com/nstance-dev/nstance/internal/workloadca"
 	"github.com/nstance-dev/nstance/pkg/objstore"
-	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
 // Parts is what Assemble builds a shard server from: the loaded config and
@@ -105,15 +106,15 @@ type Tuning struct {
 	MonitorMock bool
 	// RepushInterval is how often the Agent service re-sends files.
 	RepushInterval time.Duration
-	// OnReport also sees every accepted health report (after the reconciler).
-	OnReport func(ctx context.Context, ref agentapi.Ref, report *nstancev1.HealthReport, received time.Time)
 	// Now is the reconciler's clock (default time.Now).
 	Now func() time.Time
 }
 
 // Assembly is everything one shard server serves and runs, built once by
-// Assemble. The shard leader serves Registration, Operator and Agent and
-// runs Lead for each term.
+// Assemble for the life of the process. What lives for one leadership term
+// (the Agent service with its live table and keys; the reconciler's queue)
+// is built by NewTerm each time: the shard leader serves Registration,
+// Operator and the term's Agent service and runs LeadTerm for each term.
 type Assembly struct {
 	Config     *liveconfig.Holder
 	Provider   provider.Provider
@@ -126,11 +127,12 @@ type Assembly struct {
 	// Registration is nil without Parts.Issuer and Parts.NonceKey.
 	Registration *registration.Service
 	Operator     *operatorsvc.Service
-	// Agent is the Agent service (nil without Parts.WorkloadCAs or WorkloadCA), with its
-	// key store and health tracker.
-	Agent     *agentapi.Server
-	AgentKeys *agentapi.MemKeyStore
-	Health    *agentapi.Tracker
+	// agentOptions are the Agent service's options but the per-term
+	// parts (nil without Parts.WorkloadCAs or WorkloadCA: no Agent service).
+	agentOptions *agentapi.Options
+	// cur is the term LeadTerm runs (nil between terms).
+	curMu sync.Mutex
+	cur   *Term
 	// Gate admits agent registrations against the instance records, the
 	// provider's addresses and shard.registration of the live config.
 	Gate *registration.InstanceGate
@@ -141,23 +143,72 @@ type Assembly struct {
 	keys  layout.Keys
 }
 
-// Lead is the shard leader's work for one term: the reconciler, until ctx
-// (the term) ends.
-func (s *Assembly) Lead(ctx context.Context) error { return s.Reconciler.Run(ctx) }
+// Term is what one leadership term serves agents with, built by NewTerm
+// and dropped with the term: a server that leads again starts from empty
+// ones, as a fresh leader would, and learns the fleet again from what the
+// agents report and submit when they reconnect.
+type Term struct {
+	// Agents is the term's live table of agents (reports, versions,
+	// notices, open streams); the reconciler reads it.
+	Agents *agentlive.Table
+	// Keys holds the keys agents submitted and the certificates issued.
+	Keys *agentapi.MemKeyStore
+	// Agent is the term's Agent service (nil: the assembly has none).
+	Agent *agentapi.Server
+}
 
-// EndTerm releases the per-instance state the Agent service gathered in a
-// leadership term (submitted keys and issued certificates, health reports,
-// identity renewals in use): once the term's gRPC servers have stopped
-// nothing reads it, nothing would forget it (instances are forgotten by
-// the leader that deletes them), and a later term starts like a fresh
-// leader, from what the agents submit again when they reconnect.
-func (s *Assembly) EndTerm() {
-	if s.Agent == nil {
-		return
+// NewTerm builds the per-term parts of the Agent service.
+func (s *Assembly) NewTerm() (*Term, error) {
+	t := &Term{}
+	if s.agentOptions == nil {
+		return t, nil
 	}
-	s.AgentKeys.Reset()
-	s.Health.Reset()
-	s.Agent.EndTerm()
+	t.Agents, t.Keys = agentlive.New(), agentapi.NewMemKeyStore()
+	o := *s.agentOptions
+	o.Live, o.Keys = t.Agents, t.Keys
+	srv, err := agentapi.New(o)
+	if err != nil {
+		return nil, fmt.Errorf("building the Agent service: %w", err)
+	}
+	t.Agent = srv
+	return t, nil
+}
+
+// LeadTerm is the shard leader's work for term t: the reconciler, until
+// ctx (the term) ends.
+func (s *Assembly) LeadTerm(ctx context.Context, t *Term) error {
+	s.curMu.Lock()
+	s.cur = t
+	s.curMu.Unlock()
+	defer func() {
+		s.curMu.Lock()
+		if s.cur == t {
+			s.cur = nil
+		}
+		s.curMu.Unlock()
+	}()
+	ag := reconcile.Agents{Live: t.Agents}
+	if t.Agent != nil {
+		ag.Files = t.Agent
+	}
+	return s.Reconciler.Run(ctx, ag)
+}
+
+// Lead runs one term with new per-term parts (tests and benchmarks that
+// lead without elections and gRPC).
+func (s *Assembly) Lead(ctx context.Context) error {
+	t, err := s.NewTerm()
+	if err != nil {
+		return err
+	}
+	return s.LeadTerm(ctx, t)
+}
+
+// Term returns the term LeadTerm runs (nil between terms).
+func (s *Assembly) Term() *Term {
+	s.curMu.Lock()
+	defer s.curMu.Unlock()
+	return s.cur
 }
 
 // Assemble builds every service of a shard server and its leadership work
@@ -263,7 +314,6 @@ func Assemble(p Parts) (*Assembly, error) {
 	// The mock provider runs no agents, so there is nothing to monitor.
 	monitor := cfg.Shard.Infra.Provider != "mock" || t.MonitorMock
 	if p.WorkloadCAs != nil || p.WorkloadCA != nil {
-		s.AgentKeys, s.Health = agentapi.NewMemKeyStore(), agentapi.NewTracker()
 		files := fileSources(p, holder, lim.MaxFileBytes, log)
 		src := &agentapi.TemplateSource{Lookup: s.templateInput, Secret: files.Secret, Storage: files.Object}
 		policy := func() pki.WorkloadPolicy { return holder.Current().WorkloadPolicy(p.ServerHosts...) }
@@ -283,11 +333,8 @@ func Assemble(p Parts) (*Assembly, error) {
 				Alive:        s.instanceAlive}
 		}
 		ao := agentapi.Options{
-			Shard: shard, Source: src, Keys: s.AgentKeys, Signer: signer,
-			Health: s.Health, Log: log.WithName("agentapi"), RepushInterval: t.RepushInterval, MaxFileBytes: lim.MaxFileBytes,
-			OnRefused: func(ref agentapi.Ref, err error) {
-				s.Reconciler.ReportInstanceError(ref.Tenant, ref.Group, ref.InstanceID, err)
-			},
+			Shard: shard, Source: src, Signer: signer,
+			Log: log.WithName("agentapi"), RepushInterval: t.RepushInterval, MaxFileBytes: lim.MaxFileBytes,
 		}
 		if p.Issuer != nil {
 			ao.RenewIdentity = p.Issuer.RenewAgentPEM
@@ -298,31 +345,22 @@ func Assemble(p Parts) (*Assembly, error) {
 				return err
 			}
 		}
-		srv, err := agentapi.New(ao)
-		if err != nil {
-			return nil, fmt.Errorf("assembling the Agent service: %w", err)
-		}
-		s.Agent = srv
-		ro.Agents = agentHooks{s}
-		if monitor {
-			ro.Health = s.Health
-		}
+		s.agentOptions = &ao
+		ro.MonitorAgents = monitor
 	}
 
-	// The reconciler: the shard leader's work (Lead).
+	// The reconciler: the shard leader's work (LeadTerm).
 	if p.Metrics != nil {
 		ro.QueueMetrics = p.Metrics.QueueMetrics()
 	}
 	s.Reconciler = reconcile.New(ro)
-	if s.Health != nil {
-		r, observe := s.Reconciler, t.OnReport
-		s.Health.OnReport = func(ctx context.Context, ref agentapi.Ref, rep *nstancev1.HealthReport, at time.Time) {
-			if monitor {
-				r.AgentReported(ref.InstanceID, rep.GetTermination(), rep.GetAgentVersion())
-			}
-			if observe != nil {
-				observe(ctx, ref, rep, at)
-			}
+	if s.agentOptions != nil {
+		// What the Agent service refuses an instance is reported as the
+		// instance's error.
+		s.agentOptions.Refusals = s.Reconciler
+		// Built once here to check the options: every term builds its own.
+		if _, err := s.NewTerm(); err != nil {
+			return nil, fmt.Errorf("assembling the Agent service: %w", err)
 		}
 	}
 	holder.OnChange(func(old, cur *config.Config) { s.Reconciler.ConfigChanged() })
@@ -345,16 +383,6 @@ func Assemble(p Parts) (*Assembly, error) {
 		})
 	}
 	return s, nil
-}
-
-// agentHooks connects the reconciler to the Agent service.
-type agentHooks struct{ s *Assembly }
-
-func (h agentHooks) Notify(ids ...string) { h.s.Agent.Notify(ids...) }
-
-func (h agentHooks) Forget(id string) {
-	h.s.AgentKeys.Forget(id)
-	h.s.Health.Forget(id)
 }
 
 // templateInput resolves what an agent's files are rendered from: the

@@ -1,6 +1,8 @@
 package app
 
 import (
+	"time"
+
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/metrics"
@@ -16,11 +18,20 @@ func fleetMetrics(f *Assembly) metrics.Fleet {
 			return int(f.Reconciler.GroupStatus(g).GetReadyCount())
 		},
 	}
-	if f.Agent != nil {
-		m.AgentsConnected = f.Agent.Connected
-	}
-	if f.Health != nil {
-		m.LastReport = f.Health.LastReport
+	if f.agentOptions != nil {
+		// The running term's agents; none between terms.
+		m.AgentsConnected = func() int {
+			if t := f.Term(); t != nil && t.Agents != nil {
+				return t.Agents.Connected()
+			}
+			return 0
+		}
+		m.LastReport = func(id string) (time.Time, bool) {
+			if t := f.Term(); t != nil && t.Agents != nil {
+				return t.Agents.LastReport(id)
+			}
+			return time.Time{}, false
+		}
 	}
 	return m
 }

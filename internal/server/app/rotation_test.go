@@ -90,8 +90,10 @@ func rollingRotation(tb testing.TB, groupsN, size int, limit time.Duration) rota
 					due = append(due, agentapi.Ref{InstanceID: r.ID, Tenant: r.Tenant, Shard: r.Shard, Group: r.GroupID})
 				}
 			})
-			for _, ref := range due {
-				_ = f.Health.RecordHealth(ctx, ref, &nstancev1.HealthReport{AgentVersion: "bench"}, now)
+			if term := f.Term(); term != nil {
+				for _, ref := range due {
+					_ = term.Agents.RecordHealth(ctx, ref, &nstancev1.HealthReport{AgentVersion: "bench"}, now)
+				}
 			}
 			time.Sleep(50 * time.Millisecond)
 		}

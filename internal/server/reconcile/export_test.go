@@ -18,48 +18,62 @@ import (
 // past their time. The queue is the production one (coalescing,
 // exponential retry); only its delays wait for the fake clock.
 type TestTerm struct {
-	r     *Reconciler
-	ctx   context.Context
-	q     workqueue.TypedRateLimitingInterface[item]
-	d     *syncDelaying
-	clk   *clocktesting.FakeClock
-	start time.Time
+	r   *Reconciler
+	ctx context.Context
+	tm  *term
+	q   workqueue.TypedRateLimitingInterface[item]
+	d   *syncDelaying
+	clk *clocktesting.FakeClock
 
 	nextResync, nextHealth time.Time
 }
 
-// StartTestTerm begins a term of r, whose Options.Clock must be clk, and
-// runs the first resync (as Run does); it ends with the test.
-func StartTestTerm(tb testing.TB, ctx context.Context, r *Reconciler, clk *clocktesting.FakeClock) *TestTerm {
+// StartTestTerm begins a term of r with the term's agents, whose
+// Options.Clock must be clk, and runs the first resync (as Run does); it
+// ends with the test.
+func StartTestTerm(tb testing.TB, ctx context.Context, r *Reconciler, clk *clocktesting.FakeClock, agents Agents) *TestTerm {
 	tb.Helper()
 	t := &TestTerm{r: r, ctx: ctx, clk: clk}
 	r.delaying = func() workqueue.TypedDelayingInterface[item] {
 		t.d = &syncDelaying{TypedInterface: workqueue.NewTyped[item](), clk: clk}
 		return t.d
 	}
-	q, start, err := r.begin(ctx)
+	tm, err := r.begin(ctx, agents)
 	r.delaying = nil
 	if err != nil {
 		tb.Fatalf("starting the term: %v", err)
 	}
-	t.q, t.start = q, start
-	tb.Cleanup(func() { r.end(q) })
+	t.tm, t.q = tm, tm.queue
+	tb.Cleanup(func() { r.end(tm) })
 	r.resync(ctx)
-	t.nextResync = start.Add(r.o.ResyncInterval)
-	t.nextHealth = start.Add(r.tuning().HealthInterval / 2)
+	t.nextResync = tm.start.Add(r.o.ResyncInterval)
+	t.nextHealth = tm.start.Add(r.tuning().HealthInterval / 2)
 	return t
 }
 
 // End finishes the term (as leadership loss does); a later StartTestTerm
 // begins the next one.
-func (t *TestTerm) End() { t.r.end(t.q) }
+func (t *TestTerm) End() { t.r.end(t.tm) }
 
-// TermMemory counts what the current term remembers about agents and
-// orphans.
+// TermMemory counts what the running term knows about agents (reported,
+// with a notice, with a version; from its live table) and orphans.
 func (r *Reconciler) TermMemory() (reporting, notices, versions, orphans int) {
-	r.healthMu.Lock()
-	defer r.healthMu.Unlock()
-	return len(r.reporting), len(r.notices), len(r.versions), len(r.orphans)
+	tm := r.curTerm()
+	if tm == nil {
+		return 0, 0, 0, 0
+	}
+	if tm.health != nil {
+		for _, id := range tm.health.IDs() {
+			reporting++
+			if tm.health.Notice(id) != "" {
+				notices++
+			}
+			if tm.health.Version(id) != "" {
+				versions++
+			}
+		}
+	}
+	return reporting, notices, versions, len(tm.orphans)
 }
 
 // maxSteps bounds RunUntilIdle: a key that requeues itself at once forever
@@ -105,7 +119,7 @@ func (t *TestTerm) Advance(tb testing.TB, d time.Duration) int {
 			t.nextResync = next.Add(t.r.o.ResyncInterval)
 		}
 		if !t.nextHealth.After(next) {
-			t.r.healthPass(t.ctx, t.start)
+			t.r.healthPass(t.ctx, t.tm)
 			t.nextHealth = next.Add(t.r.tuning().HealthInterval / 2)
 		}
 		n += t.RunUntilIdle(tb)
@@ -125,7 +139,7 @@ func (t *TestTerm) Resync(tb testing.TB) int {
 // HealthPass runs the health pass now and the queue until idle.
 func (t *TestTerm) HealthPass(tb testing.TB) int {
 	tb.Helper()
-	t.r.healthPass(t.ctx, t.start)
+	t.r.healthPass(t.ctx, t.tm)
 	return t.RunUntilIdle(tb)
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/layout"
+	"github.com/nstance-dev/nstance/internal/server/agentlive"
 	"github.com/nstance-dev/nstance/internal/server/events"
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
@@ -126,19 +127,27 @@ func newShard(t *testing.T, cfg *config.Config, o shardOptions) *shard {
 		Instances: s.insts, Provider: s.p, Events: s.events, Log: logr.Discard(), ResyncInterval: o.resync,
 		RetryBase: 20 * time.Millisecond, Clock: s.clk}
 	if o.monitor {
-		s.agents = &agents{clk: s.clk, last: map[string]time.Time{}, silent: map[string]bool{}, version: map[string]string{}}
-		ro.Health, ro.Agents = s.agents, s.agents
+		s.agents = &agents{clk: s.clk, silent: map[string]bool{}, version: map[string]string{}}
+		ro.MonitorAgents = true
 	}
 	s.r = reconcile.New(ro)
 	s.ops = tenantops.New(tenantops.Options{Shard: "s1", Config: ro.Config, Groups: s.groups, Instances: s.insts, Reconciler: s.r, Now: s.clk.Now})
-	if s.agents != nil {
-		s.agents.r = s.r
-	}
 	if o.prepare != nil {
 		o.prepare(s)
 	}
-	s.term = reconcile.StartTestTerm(t, context.Background(), s.r, s.clk)
+	s.startTerm(t)
 	return s
+}
+
+// startTerm begins a leadership term of the shard's reconciler (with a
+// fresh live table of agents when health is monitored).
+func (s *shard) startTerm(t *testing.T) {
+	t.Helper()
+	var ag reconcile.Agents
+	if s.agents != nil {
+		ag = s.agents.newTerm()
+	}
+	s.term = reconcile.StartTestTerm(t, context.Background(), s.r, s.clk, ag)
 }
 
 // run processes the queue until idle.
@@ -208,33 +217,40 @@ func drain[T any](ch <-chan T) []T {
 	}
 }
 
-// agents stands in for the Agent service's health tracker: the test
-// decides which instances report, and when.
+// agents plays the Agent service for the reconciler: each term gets a real
+// live table, and the test decides which instances report, and when.
 type agents struct {
 	clk *clocktesting.FakeClock
-	r   *reconcile.Reconciler
 
 	mu     sync.Mutex
-	last   map[string]time.Time
+	live   *agentlive.Table
 	silent map[string]bool
 	// version is the agent version each instance reports (none when unset).
 	version map[string]string
 	forgot  []string
 }
 
-func (a *agents) LastReport(id string) (time.Time, bool) {
+// newTerm returns the agents of a new term: an empty live table.
+func (a *agents) newTerm() reconcile.Agents {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	at, ok := a.last[id]
-	return at, ok
+	a.live = agentlive.New()
+	return reconcile.Agents{Live: a.live, Files: a}
 }
+
+func (a *agents) table() *agentlive.Table {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.live
+}
+
+func (a *agents) LastReport(id string) (time.Time, bool) { return a.table().LastReport(id) }
 
 func (a *agents) Notify(...string) {}
 
 func (a *agents) Forget(id string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	delete(a.last, id)
 	a.forgot = append(a.forgot, id)
 }
 
@@ -247,10 +263,12 @@ func (a *agents) silence(id string) {
 // report sends one report for id now, with notice when given.
 func (a *agents) report(id string, notice *nstancev1.TerminationNotice) {
 	a.mu.Lock()
-	a.last[id] = a.clk.Now()
-	agentVersion := a.version[id]
+	rep := &nstancev1.HealthReport{AgentVersion: a.version[id], Termination: notice}
+	live := a.live
 	a.mu.Unlock()
-	a.r.AgentReported(id, notice, agentVersion)
+	if err := live.RecordHealth(context.Background(), agentlive.Ref{InstanceID: id}, rep, a.clk.Now()); err != nil {
+		panic(err) // encoding a report built here cannot fail
+	}
 }
 
 // reportAll reports for every active instance that is not silenced.

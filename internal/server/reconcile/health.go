@@ -17,20 +17,6 @@ import (
 // healthPersistEvery bounds how often LastHealthAt is written to storage.
 const healthPersistEvery = time.Minute
 
-// HealthSource tells when an instance's agent last reported (on this
-// server; the tracker is in memory and starts empty each term).
-type HealthSource interface {
-	LastReport(instanceID string) (time.Time, bool)
-}
-
-// AgentHooks lets the reconciler tell the Agent service about changes.
-type AgentHooks interface {
-	// Notify re-plans the files of the given instances (all when none).
-	Notify(instanceIDs ...string)
-	// Forget drops what is held for a deleted instance.
-	Forget(instanceID string)
-}
-
 // tuning is the health and surge tuning of the running config (the shard
 // config is its only source), so a RefreshConfig applies it.
 func (r *Reconciler) tuning() config.Tuning { return r.cfg().Shard.Tuning() }
@@ -38,18 +24,18 @@ func (r *Reconciler) tuning() config.Tuning { return r.cfg().Shard.Tuning() }
 // member is rec as the planner sees it, with its agent's last report.
 func (r *Reconciler) member(rec *instances.Record) planner.Member {
 	m := planner.Member{Record: rec}
-	if r.o.Health != nil {
-		if last, ok := r.o.Health.LastReport(rec.ID); ok {
+	if live := r.monitored(); live != nil {
+		if last, ok := live.LastReport(rec.ID); ok {
 			m.LastReport = last
 		}
 	}
 	return m
 }
 
-// healthTuning is the readiness rule of the running config.
+// healthTuning is the readiness rule of the running config and term.
 func (r *Reconciler) healthTuning() planner.Health {
 	t := r.tuning()
-	return planner.Health{Monitor: r.o.Health != nil, Interval: t.HealthInterval, Misses: t.HealthMisses}
+	return planner.Health{Monitor: r.monitored() != nil, Interval: t.HealthInterval, Misses: t.HealthMisses}
 }
 
 // ready reports whether an instance serves (see planner.Health.Ready).
@@ -57,49 +43,15 @@ func (r *Reconciler) ready(rec *instances.Record, now time.Time) bool {
 	return r.healthTuning().Ready(r.member(rec), now)
 }
 
-// AgentReported is called for every health report an agent sends. The
-// first report of an instance in a term, and a termination notice, wake the
-// instance (and through it its group).
-func (r *Reconciler) AgentReported(instanceID string, notice *nstancev1.TerminationNotice, agentVersion string) {
-	if notice != nil {
-		kind := "unspecified"
-		switch notice.GetKind() {
-		case nstancev1.TerminationKind_TERMINATION_KIND_SPOT:
-			kind = "spot"
-		case nstancev1.TerminationKind_TERMINATION_KIND_MAINTENANCE:
-			kind = "maintenance"
-		case nstancev1.TerminationKind_TERMINATION_KIND_SHUTDOWN:
-			kind = "shutdown"
-		}
-		r.healthMu.Lock()
-		seen := r.notices[instanceID] == kind
-		r.notices[instanceID] = kind
-		r.healthMu.Unlock()
-		if !seen {
-			r.EnqueueInstance(instanceID)
-		}
-	}
-	r.healthMu.Lock()
-	first := !r.reporting[instanceID]
-	r.reporting[instanceID] = true
-	newVersion := agentVersion != "" && r.versions[instanceID] != agentVersion
-	if newVersion {
-		r.versions[instanceID] = agentVersion
-	}
-	r.healthMu.Unlock()
-	if first || newVersion {
-		r.EnqueueInstance(instanceID)
-	}
-}
-
 // healthPass checks every created instance's report age: a missed report
 // triggers a provider check, HealthMisses missed reports (or no report at
 // all within StartupGrace) mark it unhealthy. Instances whose readiness
 // changed wake their group.
-func (r *Reconciler) healthPass(ctx context.Context, termStart time.Time) {
-	if r.o.Health == nil {
+func (r *Reconciler) healthPass(ctx context.Context, tm *term) {
+	if tm.health == nil {
 		return
 	}
+	termStart := tm.start
 	now := r.o.Now()
 	tun := r.tuning()
 	interval := tun.HealthInterval
@@ -107,13 +59,13 @@ func (r *Reconciler) healthPass(ctx context.Context, termStart time.Time) {
 	for _, rec := range r.o.Instances.List(func(x *instances.Record) bool {
 		return x.State == instances.StateRunning || x.State == instances.StateCreating
 	}) {
-		last, ok := r.o.Health.LastReport(rec.ID)
+		last, ok := tm.health.LastReport(rec.ID)
 		rdy := r.ready(rec, now)
-		r.healthMu.Lock()
-		prevReady, known := r.wasReady[rec.ID]
-		r.wasReady[rec.ID] = rdy
-		checked := r.checked[rec.ID]
-		r.healthMu.Unlock()
+		tm.healthMu.Lock()
+		prevReady, known := tm.wasReady[rec.ID]
+		tm.wasReady[rec.ID] = rdy
+		checked := tm.checked[rec.ID]
+		tm.healthMu.Unlock()
 		if rec.GroupID != "" && known && prevReady != rdy {
 			wake[groups.Key{Tenant: rec.Tenant, ID: rec.GroupID}] = true
 		}
@@ -143,9 +95,9 @@ func (r *Reconciler) healthPass(ctx context.Context, termStart time.Time) {
 		case missed >= tun.HealthMisses && inGrace:
 			// No verdict yet; ask the provider whether it still runs.
 			if missed > checked {
-				r.healthMu.Lock()
-				r.checked[rec.ID] = missed
-				r.healthMu.Unlock()
+				tm.healthMu.Lock()
+				tm.checked[rec.ID] = missed
+				tm.healthMu.Unlock()
 				r.EnqueueInstance(rec.ID)
 			}
 		case missed >= tun.HealthMisses:
@@ -160,14 +112,14 @@ func (r *Reconciler) healthPass(ctx context.Context, termStart time.Time) {
 			r.markUnhealthy(ctx, rec, fmt.Sprintf("agent missed %d health reports (last %s ago)", missed, now.Sub(last).Round(time.Millisecond)))
 		case missed > checked:
 			// A missed report: ask the provider whether the instance still runs.
-			r.healthMu.Lock()
-			r.checked[rec.ID] = missed
-			r.healthMu.Unlock()
+			tm.healthMu.Lock()
+			tm.checked[rec.ID] = missed
+			tm.healthMu.Unlock()
 			r.EnqueueInstance(rec.ID)
 		case missed == 0 && checked > 0:
-			r.healthMu.Lock()
-			delete(r.checked, rec.ID)
-			r.healthMu.Unlock()
+			tm.healthMu.Lock()
+			delete(tm.checked, rec.ID)
+			tm.healthMu.Unlock()
 		}
 		if rec.LastHealthAt == nil || last.Sub(*rec.LastHealthAt) >= healthPersistEvery {
 			r.EnqueueInstance(rec.ID)
@@ -207,21 +159,21 @@ func (r *Reconciler) markUnhealthy(ctx context.Context, rec *instances.Record, m
 // this term ("" before one): readiness comes from the same reports, while
 // the record's AgentVersion is written a queue pass later.
 func (r *Reconciler) ReportedVersion(id string) string {
-	r.healthMu.Lock()
-	defer r.healthMu.Unlock()
-	return r.versions[id]
+	if live := r.monitored(); live != nil {
+		return live.Version(id)
+	}
+	return ""
 }
 
 // noteHealth persists the last report time (throttled) and a termination
 // notice on the record of an active instance.
 func (r *Reconciler) noteHealth(ctx context.Context, rec *instances.Record) error {
-	if r.o.Health == nil {
+	live := r.monitored()
+	if live == nil {
 		return nil
 	}
-	last, ok := r.o.Health.LastReport(rec.ID)
-	r.healthMu.Lock()
-	notice, version := r.notices[rec.ID], r.versions[rec.ID]
-	r.healthMu.Unlock()
+	last, ok := live.LastReport(rec.ID)
+	notice, version := live.Notice(rec.ID), live.Version(rec.ID)
 	persist := ok && (rec.LastHealthAt == nil || last.Sub(*rec.LastHealthAt) >= healthPersistEvery)
 	if !persist && (notice == "" || rec.TerminationNotice == notice) && (version == "" || rec.AgentVersion == version) {
 		return nil
@@ -253,17 +205,23 @@ func (r *Reconciler) noteHealth(ctx context.Context, rec *instances.Record) erro
 	return err
 }
 
-// forget drops the per-instance health state of a removed instance.
+// forget drops what the term holds for a removed instance: the health
+// pass's memory, its row of the live table, its keys and certificates in
+// the Agent service.
 func (r *Reconciler) forget(id string) {
-	r.healthMu.Lock()
-	delete(r.reporting, id)
-	delete(r.wasReady, id)
-	delete(r.checked, id)
-	delete(r.notices, id)
-	delete(r.versions, id)
-	r.healthMu.Unlock()
-	if r.o.Agents != nil {
-		r.o.Agents.Forget(id)
+	tm := r.curTerm()
+	if tm == nil {
+		return
+	}
+	tm.healthMu.Lock()
+	delete(tm.wasReady, id)
+	delete(tm.checked, id)
+	tm.healthMu.Unlock()
+	if tm.live != nil {
+		tm.live.Forget(id)
+	}
+	if tm.files != nil {
+		tm.files.Forget(id)
 	}
 }
 

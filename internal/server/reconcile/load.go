@@ -25,26 +25,12 @@ import (
 // errNotLeading is returned to callers waiting for a term that ended.
 var errNotLeading = errors.New("the reconciler is not running (not the shard leader)")
 
-// term tracks the start of one Run.
-type term struct {
-	loaded   chan struct{} // reads are served (from the cache or storage)
-	verified chan struct{} // the index equals storage; the reconciler acts
-	done     chan struct{} // Run returned
-}
-
-func newTerm() *term {
-	return &term{loaded: make(chan struct{}), verified: make(chan struct{}), done: make(chan struct{})}
-}
-
-func (r *Reconciler) curTerm() *term {
-	r.qMu.Lock()
-	defer r.qMu.Unlock()
-	return r.term
-}
-
 func (r *Reconciler) await(ctx context.Context, pick func(*term) chan struct{}) error {
-	t := r.curTerm()
+	t, ended := r.termOrEnded()
 	if t == nil {
+		if ended {
+			return errNotLeading
+		}
 		return nil // never run: nothing was loaded that could be stale
 	}
 	select {

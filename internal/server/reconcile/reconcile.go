@@ -68,15 +68,15 @@ type Options struct {
 	// Now reads the time of records, deadlines and ages (default Clock.Now).
 	Now func() time.Time
 
-	// Health, when set, turns on agent health monitoring: an instance is
-	// ready only while its agent reports, and is marked unhealthy (then
-	// replaced first and drained) after shard.health_misses missed reports,
-	// or when no report came within shard.agent_startup_grace of its creation
-	// (or of the term's start). Nil (providers without agents, e.g. mock)
-	// means provider state alone. The tuning comes from the shard config only.
-	Health HealthSource
-	// Agents is told about config and group changes and removed instances.
-	Agents AgentHooks
+	// MonitorAgents turns on agent health monitoring, from each term's
+	// live table (Agents.Live): an instance is ready only while its agent
+	// reports, and is marked unhealthy (then replaced first and drained)
+	// after shard.health_misses missed reports, or when no report came
+	// within shard.agent_startup_grace of its creation (or of the term's
+	// start). Off (providers without agents, e.g. mock), or in a term
+	// without a live table, readiness is provider state alone. The tuning
+	// comes from the shard config only.
+	MonitorAgents bool
 	// RevokeAgent, when set, revokes the agent certificates of an instance
 	// before its record is deleted (a failure keeps the record and retries),
 	// so a deleted instance's agent is refused at its next handshake and RPC.
@@ -112,30 +112,21 @@ func (it item) String() string {
 // planner (groups) or compares with the provider (instances) and applies
 // the result. Decisions live in package planner.
 //
-// Locks, each guarding what goroutines other than the term's own loop
-// touch (workers, API handlers, agent streams):
-//   - qMu: the queue of the current term and whether one runs (swapped per
-//     term while API handlers enqueue).
-//   - limMu: the create rate limiters, charged by workers (group creates)
-//     and API handlers (on-demand admission).
-//   - statusMu: the last group status published per group, so workers and
-//     API handlers publish a change once.
-//   - healthMu: the per-term health memory, written by agent report
-//     handlers, workers and the health pass.
-//
-// orphans and lastPrune need no lock: only the term's loop touches them.
-// Everything a term remembers starts empty in begin (resetTerm), so a
-// server that leads again behaves as a fresh one would.
+// Everything one leadership term has (its queue, the agents' live table,
+// what it published and observed) lives in a term value that Run builds
+// and drops (term.go): a server that leads again starts as a fresh one
+// would, with nothing to reset. The Reconciler itself keeps the options,
+// the current term and the create rate limiters (limMu: charged by
+// workers for group creates and by API handlers for on-demand admission).
 type Reconciler struct {
 	o   Options
 	log logr.Logger
 
-	qMu     sync.Mutex
-	queue   workqueue.TypedRateLimitingInterface[item]
-	running bool
+	termMu sync.Mutex
+	cur    *term         // the running term (nil between terms)
+	ended  chan struct{} // the done channel of the last term that ended
 	// delaying, when set (tests), supplies the queue's delaying layer.
 	delaying func() workqueue.TypedDelayingInterface[item]
-	term     *term // the current (or last) Run's start-up state
 
 	limMu   sync.Mutex
 	limiter *rate.Limiter
@@ -144,23 +135,10 @@ type Reconciler struct {
 	// group scale-ups, both per tenant (shard.limits.tenant_create_rate).
 	tenantAdmit, tenantPace *limits.KeyedRate
 	tenantCfg               config.RateLimit
-
-	statusMu   sync.Mutex
-	lastStatus map[groups.Key]string
-
-	orphans map[string]time.Time // provider instances without a record: first seen
-	// lastPrune is when unused user data was last pruned (the term's loop only).
-	lastPrune time.Time
-
-	healthMu  sync.Mutex
-	reporting map[string]bool   // instances that reported this term
-	wasReady  map[string]bool   // readiness seen by the last health pass
-	checked   map[string]int    // missed reports already checked with the provider
-	notices   map[string]string // termination notices from agents
-	versions  map[string]string // agent versions last reported
 }
 
-// New builds a reconciler. Keys may be enqueued before Run.
+// New builds a reconciler. Keys enqueued while no term runs are dropped:
+// a term starts with a full resync.
 func New(o Options) *Reconciler {
 	if o.Workers <= 0 {
 		o.Workers = 4
@@ -183,10 +161,7 @@ func New(o Options) *Reconciler {
 	if o.Events == nil {
 		o.Events = events.NewHubs(0)
 	}
-	r := &Reconciler{o: o, log: o.Log.WithName("reconcile"), lastStatus: map[groups.Key]string{}, orphans: map[string]time.Time{},
-		reporting: map[string]bool{}, wasReady: map[string]bool{}, checked: map[string]int{}, notices: map[string]string{}, versions: map[string]string{}}
-	r.queue = r.newQueue()
-	return r
+	return &Reconciler{o: o, log: o.Log.WithName("reconcile")}
 }
 
 func (r *Reconciler) newQueue() workqueue.TypedRateLimitingInterface[item] {
@@ -198,36 +173,26 @@ func (r *Reconciler) newQueue() workqueue.TypedRateLimitingInterface[item] {
 		workqueue.NewTypedItemExponentialFailureRateLimiter[item](r.o.RetryBase, r.o.RetryMax), cfg)
 }
 
-// q returns the queue of the current run.
-func (r *Reconciler) q() workqueue.TypedRateLimitingInterface[item] {
-	r.qMu.Lock()
-	defer r.qMu.Unlock()
-	return r.queue
-}
-
-// Running reports whether Run is active (the server leads its shard).
-func (r *Reconciler) Running() bool {
-	r.qMu.Lock()
-	defer r.qMu.Unlock()
-	return r.running
-}
+// Running reports whether a term runs (the server leads its shard).
+func (r *Reconciler) Running() bool { return r.curTerm() != nil }
 
 // Events returns the hubs the reconciler publishes to.
 func (r *Reconciler) Events() *events.Hubs { return r.o.Events }
 
-// Run starts a leadership term: it serves reads from the cached state,
-// makes that state equal to storage, then converges until ctx ends and
-// stops its workers (see load.go). Run it for each leadership term; it must
-// not run twice at once.
-func (r *Reconciler) Run(ctx context.Context) error {
-	q, termStart, err := r.begin(ctx)
+// Run runs one leadership term with the term's agents: it serves reads
+// from the cached state, makes that state equal to storage, then converges
+// until ctx ends and stops its workers (see load.go). Run it for each
+// leadership term; it must not run twice at once.
+func (r *Reconciler) Run(ctx context.Context, agents Agents) error {
+	tm, err := r.begin(ctx, agents)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // the term ended while loading
 		}
 		return err
 	}
-	defer r.end(q)
+	defer r.end(tm)
+	q := tm.queue
 	var wg sync.WaitGroup
 	for i := 0; i < r.o.Workers; i++ {
 		wg.Add(1)
@@ -253,7 +218,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		case <-t.C():
 			r.resync(ctx)
 		case <-ht.C():
-			r.healthPass(ctx, termStart)
+			r.healthPass(ctx, tm)
 			if cur := r.tuning().HealthInterval; cur != hi {
 				// clock.Ticker has no Reset.
 				ht.Stop()
@@ -264,68 +229,51 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	}
 }
 
-// begin starts a term: a fresh queue, the per-term status and health
-// memory cleared, reads served from the cache and the state then checked
-// against storage (load.go). It returns the term's queue and start time;
-// when it fails it has ended the term itself, otherwise end must follow.
-func (r *Reconciler) begin(ctx context.Context) (workqueue.TypedRateLimitingInterface[item], time.Time, error) {
-	r.qMu.Lock()
-	if r.running {
-		r.qMu.Unlock()
-		return nil, time.Time{}, errors.New("reconciler is already running")
+// begin starts a term: a new term value (fresh queue, nothing published
+// or observed yet), reads served from the cache and the state then checked
+// against storage (load.go). When it fails it has ended the term itself,
+// otherwise end must follow.
+func (r *Reconciler) begin(ctx context.Context, agents Agents) (*term, error) {
+	tm := r.newTerm(agents)
+	r.termMu.Lock()
+	if r.cur != nil {
+		r.termMu.Unlock()
+		return nil, errors.New("reconciler is already running")
 	}
-	q := r.newQueue()
-	tm := newTerm()
-	r.queue, r.running, r.term = q, true, tm
-	r.qMu.Unlock()
-	r.resetTerm()
-	termStart := r.o.Now()
+	r.cur = tm
+	r.termMu.Unlock()
 	warm := r.loadCached(ctx)
 	if warm {
 		close(tm.loaded)
 	}
 	if err := r.verify(ctx, warm); err != nil {
-		r.end(q)
-		return nil, time.Time{}, err
+		r.end(tm)
+		return nil, err
 	}
 	if !warm {
 		close(tm.loaded)
 	}
 	close(tm.verified)
-	return q, termStart, nil
+	return tm, nil
 }
 
-// resetTerm empties what a term remembers: published statuses, agent
-// reports, readiness, provider checks, termination notices, agent
-// versions, orphans' first sightings and the last user-data prune. (A
-// notice or version carried into a later term would make this server act
-// unlike a fresh leader, which learns them again from the agents' next
-// reports; an orphan's first sighting carried over would delete it before
-// its grace period as a fresh leader counts it.)
-func (r *Reconciler) resetTerm() {
-	r.statusMu.Lock()
-	r.lastStatus = map[groups.Key]string{}
-	r.statusMu.Unlock()
-	r.healthMu.Lock()
-	r.reporting, r.wasReady, r.checked = map[string]bool{}, map[string]bool{}, map[string]int{}
-	r.notices, r.versions = map[string]string{}, map[string]string{}
-	r.healthMu.Unlock()
-	r.orphans, r.lastPrune = map[string]time.Time{}, time.Time{}
-}
-
-// end finishes the term of q: its queue stops and waiters are released.
-func (r *Reconciler) end(q workqueue.TypedRateLimitingInterface[item]) {
-	q.ShutDown()
-	r.qMu.Lock()
-	r.running = false
-	if r.term != nil {
-		select {
-		case <-r.term.done:
-		default:
-			close(r.term.done)
-		}
+// end finishes tm: its queue stops, waiters are released and nothing of it
+// stays reachable from the Reconciler.
+func (r *Reconciler) end(tm *term) {
+	tm.queue.ShutDown()
+	if tm.health != nil {
+		tm.health.Subscribe(nil)
 	}
-	r.qMu.Unlock()
+	r.termMu.Lock()
+	defer r.termMu.Unlock()
+	select {
+	case <-tm.done:
+	default:
+		close(tm.done)
+	}
+	if r.cur == tm {
+		r.cur, r.ended = nil, tm.done
+	}
 }
 
 // Load makes the record index and dynamic groups equal to object storage
@@ -341,8 +289,8 @@ func (r *Reconciler) ConfigChanged() {
 	for _, g := range r.o.Groups.List("") {
 		r.EnqueueGroup(g.Key())
 	}
-	if r.o.Agents != nil {
-		r.o.Agents.Notify()
+	if tm := r.curTerm(); tm != nil && tm.files != nil {
+		tm.files.Notify()
 	}
 }
 
@@ -352,22 +300,24 @@ func (r *Reconciler) GroupChanged(k groups.Key) {
 	if g, ok := r.o.Groups.Get(k); ok {
 		r.publishGroup(g, true)
 	} else {
-		r.statusMu.Lock()
-		delete(r.lastStatus, k)
-		r.statusMu.Unlock()
+		if tm := r.curTerm(); tm != nil {
+			tm.statusMu.Lock()
+			delete(tm.lastStatus, k)
+			tm.statusMu.Unlock()
+		}
 		r.o.Events.Groups.Publish(k.Tenant, &nstancev1.GroupEvent{
 			Type: nstancev1.GroupEventType_GROUP_EVENT_TYPE_DELETE, GroupId: k.ID,
 			OccurredAt: timestamppb.New(r.o.Now()), Shard: r.o.Shard,
 		})
 	}
-	if r.o.Agents != nil {
+	if tm := r.curTerm(); tm != nil && tm.files != nil {
 		// Group vars feed the members' files.
 		var ids []string
 		for _, rec := range r.o.Instances.ListGroup(k.Tenant, k.ID) {
 			ids = append(ids, rec.ID)
 		}
 		if len(ids) > 0 {
-			r.o.Agents.Notify(ids...)
+			tm.files.Notify(ids...)
 		}
 	}
 	r.EnqueueGroup(k)
@@ -375,17 +325,28 @@ func (r *Reconciler) GroupChanged(k groups.Key) {
 
 // EnqueueGroup schedules a group for reconciliation.
 func (r *Reconciler) EnqueueGroup(k groups.Key) {
-	r.q().Add(item{kind: kindGroup, tenant: k.Tenant, id: k.ID})
+	r.enqueue(item{kind: kindGroup, tenant: k.Tenant, id: k.ID})
 }
 
 // EnqueueInstance schedules an instance for reconciliation.
-func (r *Reconciler) EnqueueInstance(id string) { r.q().Add(item{kind: kindInst, id: id}) }
+func (r *Reconciler) EnqueueInstance(id string) { r.enqueue(item{kind: kindInst, id: id}) }
+
+// enqueue adds it to the running term's queue (dropped between terms).
+func (r *Reconciler) enqueue(it item) {
+	if tm := r.curTerm(); tm != nil {
+		tm.queue.Add(it)
+	}
+}
 
 // resync enqueues every group, and every instance whose record disagrees
 // with what the provider reports or that has pending work. Provider
 // instances without a record are deleted when garbage collection is enabled
 // and they stay orphaned for the grace period.
 func (r *Reconciler) resync(ctx context.Context) {
+	tm := r.curTerm()
+	if tm == nil {
+		return
+	}
 	for _, g := range r.o.Groups.List("") {
 		r.EnqueueGroup(g.Key())
 	}
@@ -429,21 +390,21 @@ func (r *Reconciler) resync(ctx context.Context) {
 		}
 	}
 	if err == nil {
-		r.collectOrphans(ctx, listed, known)
+		r.collectOrphans(ctx, tm, listed, known)
 	}
-	r.pruneUserData(ctx, recs)
+	r.pruneUserData(ctx, tm, recs)
 }
 
 // pruneUserData deletes stored bootstrap data that no group and no
 // instance record names any more, once it is older than the grace period
 // (at most every garbage_collection.interval, when collection is enabled).
-func (r *Reconciler) pruneUserData(ctx context.Context, recs []*instances.Record) {
+func (r *Reconciler) pruneUserData(ctx context.Context, tm *term, recs []*instances.Record) {
 	gc := r.o.Config().Shard.GarbageCollection
 	now := r.o.Now()
-	if r.o.PruneUserData == nil || !gc.Enabled || now.Sub(r.lastPrune) < gc.Interval.D() {
+	if r.o.PruneUserData == nil || !gc.Enabled || now.Sub(tm.lastPrune) < gc.Interval.D() {
 		return
 	}
-	r.lastPrune = now
+	tm.lastPrune = now
 	used := map[[2]string]bool{}
 	for _, g := range r.o.Groups.List("") {
 		if g.Spec.UserDataSHA256 != "" {
@@ -464,7 +425,7 @@ func (r *Reconciler) pruneUserData(ctx context.Context, recs []*instances.Record
 	}
 }
 
-func (r *Reconciler) collectOrphans(ctx context.Context, listed []provider.Instance, known map[string]bool) {
+func (r *Reconciler) collectOrphans(ctx context.Context, tm *term, listed []provider.Instance, known map[string]bool) {
 	gc := r.o.Config().Shard.GarbageCollection
 	now := r.o.Now()
 	current := map[string]time.Time{}
@@ -472,7 +433,7 @@ func (r *Reconciler) collectOrphans(ctx context.Context, listed []provider.Insta
 		if known[inst.InstanceID] {
 			continue
 		}
-		first, ok := r.orphans[inst.InstanceID]
+		first, ok := tm.orphans[inst.InstanceID]
 		if !ok {
 			first = now
 		}
@@ -490,7 +451,7 @@ func (r *Reconciler) collectOrphans(ctx context.Context, listed []provider.Insta
 			delete(current, inst.InstanceID)
 		}
 	}
-	r.orphans = current
+	tm.orphans = current
 }
 
 func (r *Reconciler) processNext(ctx context.Context, q workqueue.TypedRateLimitingInterface[item]) bool {
@@ -1061,10 +1022,13 @@ func statusSignature(st *nstancev1.GroupStatus) string {
 func (r *Reconciler) publishGroup(g *groups.Group, force bool) {
 	st := r.GroupStatus(g)
 	sig := statusSignature(st)
-	r.statusMu.Lock()
-	same := r.lastStatus[g.Key()] == sig
-	r.lastStatus[g.Key()] = sig
-	r.statusMu.Unlock()
+	same := false
+	if tm := r.curTerm(); tm != nil {
+		tm.statusMu.Lock()
+		same = tm.lastStatus[g.Key()] == sig
+		tm.lastStatus[g.Key()] = sig
+		tm.statusMu.Unlock()
+	}
 	if same && !force {
 		return
 	}

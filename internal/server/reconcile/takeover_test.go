@@ -11,7 +11,6 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/provider"
-	"github.com/nstance-dev/nstance/internal/server/reconcile"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -82,7 +81,8 @@ func TestNoHealthVerdictsDuringReconnectGrace(t *testing.T) {
 func TestLeadingAgainStartsWithEmptyMemory(t *testing.T) {
 	s := newShard(t, newShardConfig(t).build(t), shardOptions{monitor: true})
 	ctx := context.Background()
-	s.r.AgentReported("i-1", &nstancev1.TerminationNotice{Kind: nstancev1.TerminationKind_TERMINATION_KIND_SPOT}, "v1")
+	s.agents.version["i-1"] = "v1"
+	s.agents.report("i-1", &nstancev1.TerminationNotice{Kind: nstancev1.TerminationKind_TERMINATION_KIND_SPOT})
 	orphan, err := instances.NewID("web")
 	require.NoError(t, err)
 	_, err = s.p.Create(ctx, provider.CreateRequest{InstanceID: orphan, ProviderID: provider.ID("c1", "s1", orphan), Cluster: "c1", Shard: "s1"})
@@ -93,7 +93,7 @@ func TestLeadingAgainStartsWithEmptyMemory(t *testing.T) {
 	require.Equal(t, "v1", s.r.ReportedVersion("i-1"))
 
 	s.term.End()
-	s.term = reconcile.StartTestTerm(t, ctx, s.r, s.clk)
+	s.startTerm(t)
 	reporting, notices, versions, _ = s.r.TermMemory()
 	require.Equal(t, [3]int{0, 0, 0}, [3]int{reporting, notices, versions}, "the second term starts without the first's agent memory")
 	require.Empty(t, s.r.ReportedVersion("i-1"))

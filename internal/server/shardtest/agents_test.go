@@ -80,9 +80,6 @@ type agentShard struct {
 	p        *process.Provider
 	c        nstancev1.OperatorServiceClient
 	stateDir string
-
-	mu    sync.Mutex
-	first map[string]time.Time // first health report per instance (server clock)
 }
 
 func startAgentShard(t *testing.T) *agentShard {
@@ -95,7 +92,7 @@ func startAgentShardWith(t *testing.T, cfg string, opts ...func(*shardtest.Optio
 	t.Helper()
 	bin, err := agentBinary()
 	require.NoError(t, err)
-	a := &agentShard{stateDir: t.TempDir(), first: map[string]time.Time{}}
+	a := &agentShard{stateDir: t.TempDir()}
 	a.p, err = process.New(process.Config{
 		Command: []string{bin}, StateDir: a.stateDir, StopTimeout: time.Second,
 		Env: []string{"NSTANCE_METRICS_INTERVAL=" + reportEvery.String(), "NSTANCE_RECONNECT_MIN=100ms", "NSTANCE_RECONNECT_MAX=1s"},
@@ -114,13 +111,6 @@ func startAgentShardWith(t *testing.T, cfg string, opts ...func(*shardtest.Optio
 		ConfigJSONC: cfg, Provider: a.p,
 		Agent: app.Tuning{
 			RepushInterval: 500 * time.Millisecond,
-			OnReport: func(_ context.Context, ref agentapi.Ref, _ *nstancev1.HealthReport, at time.Time) {
-				a.mu.Lock()
-				if _, ok := a.first[ref.InstanceID]; !ok {
-					a.first[ref.InstanceID] = at
-				}
-				a.mu.Unlock()
-			},
 		},
 	}
 	for _, opt := range opts {
@@ -131,11 +121,14 @@ func startAgentShardWith(t *testing.T, cfg string, opts ...func(*shardtest.Optio
 	return a
 }
 
+// firstReport is when id first reported in the running term (server clock).
 func (a *agentShard) firstReport(id string) (time.Time, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	at, ok := a.first[id]
-	return at, ok
+	t := a.sh.Assembly.Term()
+	if t == nil {
+		return time.Time{}, false
+	}
+	rec, ok := t.Agents.Get(id)
+	return rec.First, ok && rec.Reports > 0
 }
 
 func (a *agentShard) upsert(t *testing.T, size uint32, instanceType string) {
@@ -162,7 +155,11 @@ func (a *agentShard) file(id, name string) string {
 
 // agentHash is the config hash the instance's agent last reported.
 func (a *agentShard) agentHash(id string) string {
-	rec, ok := a.sh.Assembly.Health.Get(id)
+	term := a.sh.Assembly.Term()
+	if term == nil {
+		return ""
+	}
+	rec, ok := term.Agents.Get(id)
 	if !ok {
 		return ""
 	}
@@ -172,7 +169,9 @@ func (a *agentShard) agentHash(id string) string {
 // serverHash is the hash of the files the server currently wants the instance to hold.
 func (a *agentShard) serverHash(t *testing.T, id string) string {
 	t.Helper()
-	_, h, err := a.sh.Assembly.Agent.Files(context.Background(), agentapi.Ref{InstanceID: id, Tenant: "acme", Shard: "test-1", Group: "workers"})
+	term := a.sh.Assembly.Term()
+	require.NotNil(t, term, "the server leads")
+	_, h, err := term.Agent.Files(context.Background(), agentapi.Ref{InstanceID: id, Tenant: "acme", Shard: "test-1", Group: "workers"})
 	require.NoError(t, err)
 	return h
 }

@@ -231,10 +231,10 @@ func TestOversizedFilesReportedToTheTenant(t *testing.T) {
 	require.Equal(t, "workers", ev.GetGroupId())
 	require.Contains(t, ev.GetMessage(), "more than shard.limits.max_file_bytes (4096)")
 	// The agent keeps reporting (same instance, still running) and keeps its file.
-	rec, ok := a.sh.Assembly.Health.Get(id)
+	rec, ok := a.sh.Assembly.Term().Agents.Get(id)
 	require.True(t, ok)
 	seen := rec.Reports
-	require.Eventually(t, func() bool { r, _ := a.sh.Assembly.Health.Get(id); return r.Reports >= seen+3 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { r, _ := a.sh.Assembly.Term().Agents.Get(id); return r.Reports >= seen+3 }, 10*time.Second, 20*time.Millisecond)
 	require.Equal(t, "role=worker group=workers", a.file(id, "role.txt"))
 	errs.none(t, 200*time.Millisecond, func(e *nstancev1.ErrorEvent) bool { return e.GetInstanceId() == id })
 

@@ -206,8 +206,8 @@ func (o *Ops) CreateInstance(ctx context.Context, tenant string, req CreateInsta
 	if err := o.o.Reconciler.AwaitVerified(ctx); err != nil {
 		return nil, err
 	}
-	o.createMu.Lock()
-	defer o.createMu.Unlock()
+	o.tokenMu.Lock()
+	defer o.tokenMu.Unlock()
 	if req.ClientToken != "" {
 		if len(req.ClientToken) > 128 {
 			return nil, invalid(config.FieldError{Key: "client_token", Reason: "must be at most 128 characters"})

@@ -28,9 +28,9 @@ type Options struct {
 // Ops serves the tenants of one shard.
 type Ops struct {
 	o Options
-	// createMu serialises CreateInstance's client-token lookup with the
+	// tokenMu serialises CreateInstance's client-token lookup with the
 	// record's creation, so two calls with one token make one instance.
-	createMu sync.Mutex
+	tokenMu sync.Mutex
 }
 
 // New returns the operations of one shard.

@@ -24,6 +24,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/nonce"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/agentapi"
+	"github.com/nstance-dev/nstance/internal/server/agentlive"
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/registration"
@@ -71,7 +72,7 @@ type Shard struct {
 	// HandshakesAborted counts handshakes the client broke off (EOF,
 	// connection reset): a client killed mid-handshake, not a refusal.
 	HandshakesAborted atomic.Int64
-	// Refused counts deliveries the Agent service refused to send (OnRefused).
+	// Refused counts deliveries the Agent service refused to send (Refusals).
 	Refused atomic.Int64
 	// Revoked counts instances whose agent certificates the Agent service
 	// revoked (RevokeInstance: two holders of one identity).
@@ -89,7 +90,7 @@ type Shard struct {
 	agentAddr string
 	Agent     *agentapi.Server
 	Keys      *agentapi.MemKeyStore
-	Health    *agentapi.Tracker
+	Health    *agentlive.Table
 }
 
 // New creates the CA and nonce key; call Start to serve.
@@ -162,15 +163,15 @@ func (s *Shard) Start() error {
 		Store: s.objects, Keys: keys, Instances: &registration.InstanceGate{Records: s.Records}, Log: s.log.WithName("registration"),
 	})
 	s.Keys = agentapi.NewMemKeyStore()
-	s.Health = agentapi.NewTracker()
+	s.Health = agentlive.New()
 	src := &agentapi.TemplateSource{Lookup: s.lookup, CABundle: s.WorkloadCA.CertPEM}
 	policy := func() pki.WorkloadPolicy {
 		return pki.WorkloadPolicy{TrustDomain: ClusterID, ServerHosts: []string{"127.0.0.1", "::1", "localhost"}}
 	}
 	s.Agent, err = agentapi.New(agentapi.Options{
 		Shard: ShardID, Source: src, Keys: s.Keys, Signer: &agentapi.WorkloadSigner{CA: s.WorkloadCA, MaxValidity: time.Hour, Policy: policy},
-		Health: s.Health, Log: s.log.WithName("agentapi"), RepushInterval: s.RepushInterval,
-		OnRefused:     func(agentapi.Ref, error) { s.Refused.Add(1) },
+		Live: s.Health, Log: s.log.WithName("agentapi"), RepushInterval: s.RepushInterval,
+		Refusals:      refusalCounter{&s.Refused},
 		RenewIdentity: issuer.RenewAgentPEM, TwoHolderGrace: s.TwoHolderGrace, Now: s.Now,
 		RevokeInstance: func(context.Context, string, string) error {
 			s.Revoked.Add(1)
@@ -292,3 +293,8 @@ func (s *Shard) SetTemplate(id string, t config.Template, notify bool) {
 		agent.Notify(id)
 	}
 }
+
+// refusalCounter counts what the Agent service refused (Shard.Refused).
+type refusalCounter struct{ n *atomic.Int64 }
+
+func (c refusalCounter) ReportInstanceError(string, string, string, error) { c.n.Add(1) }
