@@ -219,3 +219,15 @@ func TestOwningMachine(t *testing.T) {
 		})
 	}
 }
+
+func TestRemoveReadsTheMachineThroughReader(t *testing.T) {
+	f := newFixture(t, nil, nstanceMachine(ownedByMachine("m1", "1")), capiMachine("m1", "1", nil))
+	// The (uncached) Reader does not see the Machine the Client has: the
+	// Machine is taken for gone and neither marked nor deleted.
+	f.c.Reader = fake.NewClientBuilder().WithScheme(newScheme(t)).Build()
+	require.NoError(t, f.c.Remove(context.Background(), f.stored(t), "s1", "i-1"))
+	m := f.machine(t, "m1")
+	require.NotNil(t, m)
+	require.Empty(t, m.Annotations)
+	require.Empty(t, f.events())
+}
