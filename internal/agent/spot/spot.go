@@ -15,6 +15,7 @@ import (
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 	"github.com/go-logr/logr"
 	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -79,19 +80,19 @@ func (w *Watcher) Polls() int {
 }
 
 // Run polls until ctx ends or the notice appears (it does not go away:
-// the instance is being reclaimed).
+// the instance is being reclaimed). The first poll is immediate.
 func (w *Watcher) Run(ctx context.Context) {
 	iv := w.Interval
 	if iv <= 0 {
 		iv = DefaultInterval
 	}
-	t := time.NewTicker(iv)
-	defer t.Stop()
 	failing := false
-	for {
+	// The condition never returns an error, so the poll ends only with the
+	// notice or with ctx: there is nothing to report.
+	_ = wait.PollUntilContextCancel(ctx, iv, true, func(ctx context.Context) (bool, error) {
 		n, err := w.Poll(ctx)
 		if ctx.Err() != nil {
-			return
+			return true, nil
 		}
 		switch {
 		case err != nil:
@@ -105,19 +106,15 @@ func (w *Watcher) Run(ctx context.Context) {
 			if w.Notified != nil {
 				w.Notified()
 			}
-			return
+			return true, nil
 		default:
 			if failing {
 				w.Log.Info("instance metadata readable again")
 			}
 			failing = false
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+		return false, nil
+	})
 }
 
 // Poll reads the notice once: nil, nil while there is none.

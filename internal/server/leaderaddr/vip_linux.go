@@ -14,6 +14,7 @@ import (
 	"github.com/mdlayher/arp"
 	"github.com/mdlayher/ethernet"
 	"github.com/vishvananda/netlink"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // heldVIP is the state of an acquired VIP: the netlink handle and link it
@@ -74,22 +75,18 @@ func (v *VIP) Acquire(ctx context.Context) error {
 	return nil
 }
 
-// keep renews the address lifetime from Until, and removes the address once
-// Until has passed.
+// keep renews the address lifetime from Until every refresh interval, and
+// removes the address once Until has passed; it returns when hv.stop is
+// closed.
 func (v *VIP) keep(hv *heldVIP) {
 	defer close(hv.done)
 	if v.Until == nil {
 		<-hv.stop
 		return
 	}
-	t := time.NewTicker(v.refresh())
-	defer t.Stop()
-	for {
-		select {
-		case <-hv.stop:
-			return
-		case <-t.C:
-		}
+	// The condition never fails: the poll ends when the lease validity
+	// ended (the address is removed) or when stop closes.
+	_ = wait.PollUntilContextCancel(wait.ContextForChannel(hv.stop), v.refresh(), false, func(context.Context) (bool, error) {
 		lft := lifetime(time.Now(), v.Until())
 		if lft < 1 {
 			if err := hv.h.AddrDel(hv.link, v.addr(-1)); err != nil && !missing(err) {
@@ -97,13 +94,14 @@ func (v *VIP) keep(hv *heldVIP) {
 			} else {
 				v.Log.Info("leader address removed: the lease validity ended", "address", v.Prefix.String())
 			}
-			<-hv.stop
-			return
+			return true, nil
 		}
 		if err := hv.h.AddrReplace(hv.link, v.addr(lft)); err != nil {
 			v.Log.Error(err, "renewing the leader address lifetime", "address", v.Prefix.String())
 		}
-	}
+		return false, nil
+	})
+	<-hv.stop
 }
 
 // announce sends gratuitous ARP (a request and a reply for the address

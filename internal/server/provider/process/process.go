@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/provider/localagent"
 )
@@ -354,26 +356,16 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 	return nil
 }
 
+// waitGone reports whether c's process is gone within d, checking every
+// 20ms (false also when ctx ends first).
 func (p *Provider) waitGone(ctx context.Context, c *child, d time.Duration) bool {
-	deadline := time.NewTimer(d)
-	defer deadline.Stop()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
+	err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, d, true, func(context.Context) (bool, error) {
 		p.mu.Lock()
+		defer p.mu.Unlock()
 		running, _ := p.alive(c)
-		p.mu.Unlock()
-		if !running {
-			return true
-		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-deadline.C:
-			return false
-		case <-tick.C:
-		}
-	}
+		return !running, nil
+	})
+	return err == nil
 }
 
 func killGroup(pid int, sig syscall.Signal) {

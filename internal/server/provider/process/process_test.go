@@ -282,3 +282,41 @@ func TestNoDescriptorOrThreadPerChild(t *testing.T) {
 	require.Less(t, fds()-fd0, 5, "descriptors grow with children")
 	require.Less(t, threads()-th0, 10, "threads grow with children")
 }
+
+// Delete stops a child with SIGTERM and, when it is still there after
+// StopTimeout, with SIGKILL; either way the child is gone when Delete returns.
+func TestDeleteStopsWithTermThenKill(t *testing.T) {
+	ctx := context.Background()
+	t.Run("exits on SIGTERM: no wait for the timeout", func(t *testing.T) {
+		p, err := process.New(process.Config{Command: []string{"sleep", "3600"}, StateDir: t.TempDir(), NodeDir: "-", StopTimeout: time.Minute})
+		require.NoError(t, err)
+		cleanupAll(t, p)
+		_, err = p.Create(ctx, provider.CreateRequest{InstanceID: "t1", ProviderID: "process://t1"})
+		require.NoError(t, err)
+		pid, ok := p.PID("t1")
+		require.True(t, ok)
+		start := time.Now()
+		require.NoError(t, p.Delete(ctx, "t1"))
+		require.Less(t, time.Since(start), time.Minute, "Delete returned as soon as the child was gone")
+		_, err = os.Stat(filepath.Join("/proc", itoa(pid)))
+		require.True(t, errors.Is(err, os.ErrNotExist), "the child is gone and reaped")
+	})
+	t.Run("ignores SIGTERM: killed after StopTimeout", func(t *testing.T) {
+		const stop = 300 * time.Millisecond
+		ready := filepath.Join(t.TempDir(), "trapped")
+		script := `trap "" TERM; : > ` + ready + `; while :; do sleep 0.05; done`
+		p, err := process.New(process.Config{Command: []string{"sh", "-c", script}, StateDir: t.TempDir(), NodeDir: "-", StopTimeout: stop})
+		require.NoError(t, err)
+		cleanupAll(t, p)
+		_, err = p.Create(ctx, provider.CreateRequest{InstanceID: "t2", ProviderID: "process://t2"})
+		require.NoError(t, err)
+		pid, ok := p.PID("t2")
+		require.True(t, ok)
+		require.Eventually(t, func() bool { _, err := os.Stat(ready); return err == nil }, 10*time.Second, 10*time.Millisecond, "the shell ignores SIGTERM")
+		start := time.Now()
+		require.NoError(t, p.Delete(ctx, "t2"))
+		require.GreaterOrEqual(t, time.Since(start), stop, "SIGKILL only after StopTimeout")
+		_, err = os.Stat(filepath.Join("/proc", itoa(pid)))
+		require.True(t, errors.Is(err, os.ErrNotExist), "the child is gone and reaped")
+	})
+}
