@@ -276,61 +276,21 @@ func (a *App) Run(ctx context.Context) error {
 		log.Info("health port is taken from flags, not from shard.bind.health_addr", "bound", healthAddr, "config", cfg.Shard.Bind.HealthAddr)
 	}
 
-	// Keys from AWS Secrets Manager or SSM use the SDK's default
-	// credentials and region; clients are built only when a key names them.
-	keyCtx, cancelKeys := context.WithTimeout(ctx, keyLoadTimeout)
-	remote := a.o.Remote
-	if remote == nil {
-		remote = awssecrets.New(awssecrets.DefaultClients())
-	}
-	ring, err := secrets.Loader{Getenv: a.o.Getenv, Remote: remote}.Keyring(keyCtx,
-		keySource(cfg.Cluster.Secrets.EncryptionKey), keySources(cfg.Cluster.Secrets.PreviousKeys))
-	cancelKeys()
+	ring, remote, err := a.loadKeyring(ctx, cfg)
 	if err != nil {
-		return fmt.Errorf("loading the encryption key: %w", err)
+		return err
 	}
-	warnPrintableKeys(log, ring, cfg.Shard.Infra.Provider)
-
-	cachePath := ""
-	if a.o.CacheDir != "" {
-		cachePath = filepath.Join(a.o.CacheDir, "db", a.o.Shard+".sqlite")
-	}
-	db, err := cache.Open(ctx, cachePath)
+	db, err := a.openCache(ctx)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	a.mu.Lock()
-	a.cacheDB = db
-	a.mu.Unlock()
-	if err := a.syncCache(ctx, db); err != nil {
-		return err
-	}
-	a.ready.SetCacheSynced(true)
 	log.Info("ready", "shard", a.o.Shard)
 
 	le := cfg.Cluster.LeaderElection
-	// One incarnation per process in both leases: a lease under our id with
-	// another incarnation that keeps being renewed means a second server
-	// runs with our id, and this one stops (election.ErrDuplicateID).
-	incarnation, err := election.NewIncarnation()
+	newElector, err := a.electors(ctx, le)
 	if err != nil {
 		return err
-	}
-	// Leases, nonces and create-only records rely on conditional writes; a
-	// store that ignores them would make all of them silently unsafe.
-	if err := storage.ProbeConditionalWrites(ctx, a.o.Store, a.o.Keys.Probe(a.o.Shard, a.o.ServerID, incarnation)); err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err() // stopped during the probe: not a verdict on the store
-		}
-		return fmt.Errorf("refusing to run: %w", err)
-	}
-	log.Info("campaigning", "id", a.o.ServerID, "incarnation", incarnation)
-	newElector := func(key string, onLeading func(context.Context, int64)) (*election.Elector, error) {
-		return election.New(election.Config{
-			Store: a.o.Store, Key: key, ID: a.o.ServerID, Incarnation: incarnation, LeaseDuration: le.LeaseDuration.D(),
-			RenewDeadline: le.RenewDeadline.D(), MaxClockSkew: le.MaxClockSkew.D(), RenewInterval: le.RenewInterval.D(), RetryInterval: le.RetryInterval.D(), Log: log.WithName("election"), OnLeading: onLeading,
-		})
 	}
 	clusterEl, err := newElector(a.o.Keys.ClusterLeader(), a.metrics.Leading(metrics.ElectionCluster, nil))
 	if err != nil {
@@ -447,18 +407,7 @@ func (a *App) Run(ctx context.Context) error {
 	a.mu.Lock()
 	a.built = built
 	a.mu.Unlock()
-	gcfg := grpcserve.Config{
-		ClusterID: cfg.Cluster.ID, ServerCert: serverCert, GetCertificate: serverCerts.GetCertificate, ClientCAsFunc: trust.Pool,
-		Registration: built.Registration, Operator: built.Operator, Log: log.WithName("grpc"), Limits: cfg.Shard.Limits,
-		ServerOptions: append(a.metrics.ServerOptions(), fence.grpcOptions()...), OnServer: a.metrics.InitializeGRPC,
-		PanicHook: a.o.Getenv(grpcserve.PanicHookEnv) == "1",
-		OnHandshakeError: func(listener string, err error) {
-			logHandshakeFailure(log.WithName("tls"), listener, a.metrics.HandshakeFailed(listener, err), err)
-		},
-	}
-	if gcfg.PanicHook {
-		log.Info("WARNING: the test-only panic hook is on: a call carrying metadata "+grpcserve.PanicHookHeader+" panics", "variable", grpcserve.PanicHookEnv)
-	}
+	gcfg := a.grpcConfig(cfg, serverCerts, trust, built)
 
 	// A standby never holds the leader address: one left behind by a run
 	// killed while leading is removed before campaigning.
@@ -488,6 +437,97 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	log.Info("shutting down")
 	return nil
+}
+
+// grpcConfig is the configuration of every term's gRPC servers but the
+// per-term Agent service and the revocation gate (term.go): the renewing
+// server certificate, the cluster's trusted CAs, the process's services,
+// metrics and the fence that refuses RPCs once the lease no longer lets
+// this server act.
+func (a *App) grpcConfig(cfg *config.Config, serverCerts *pki.RenewingCert, trust *pki.Trust, built *Assembly) grpcserve.Config {
+	gcfg := grpcserve.Config{
+		ClusterID: cfg.Cluster.ID, ServerCert: *serverCerts.Current(), GetCertificate: serverCerts.GetCertificate, ClientCAsFunc: trust.Pool,
+		Registration: built.Registration, Operator: built.Operator, Log: a.log().WithName("grpc"), Limits: cfg.Shard.Limits,
+		ServerOptions: append(a.metrics.ServerOptions(), leaderFence{a: a}.grpcOptions()...), OnServer: a.metrics.InitializeGRPC,
+		PanicHook: a.o.Getenv(grpcserve.PanicHookEnv) == "1",
+		OnHandshakeError: func(listener string, err error) {
+			logHandshakeFailure(a.log().WithName("tls"), listener, a.metrics.HandshakeFailed(listener, err), err)
+		},
+	}
+	if gcfg.PanicHook {
+		a.log().Info("WARNING: the test-only panic hook is on: a call carrying metadata "+grpcserve.PanicHookHeader+" panics", "variable", grpcserve.PanicHookEnv)
+	}
+	return gcfg
+}
+
+// electors probes the store for conditional writes and returns how this
+// process builds its electors. One incarnation per process serves both
+// leases: a lease under our id with another incarnation that keeps being
+// renewed means a second server runs with our id, and this one stops
+// (election.ErrDuplicateID).
+func (a *App) electors(ctx context.Context, le config.LeaderElection) (func(key string, onLeading func(context.Context, int64)) (*election.Elector, error), error) {
+	incarnation, err := election.NewIncarnation()
+	if err != nil {
+		return nil, err
+	}
+	// Leases, nonces and create-only records rely on conditional writes; a
+	// store that ignores them would make all of them silently unsafe.
+	if err := storage.ProbeConditionalWrites(ctx, a.o.Store, a.o.Keys.Probe(a.o.Shard, a.o.ServerID, incarnation)); err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err() // stopped during the probe: not a verdict on the store
+		}
+		return nil, fmt.Errorf("refusing to run: %w", err)
+	}
+	a.log().Info("campaigning", "id", a.o.ServerID, "incarnation", incarnation)
+	return func(key string, onLeading func(context.Context, int64)) (*election.Elector, error) {
+		return election.New(election.Config{
+			Store: a.o.Store, Key: key, ID: a.o.ServerID, Incarnation: incarnation, LeaseDuration: le.LeaseDuration.D(),
+			RenewDeadline: le.RenewDeadline.D(), MaxClockSkew: le.MaxClockSkew.D(), RenewInterval: le.RenewInterval.D(),
+			RetryInterval: le.RetryInterval.D(), Log: a.log().WithName("election"), OnLeading: onLeading,
+		})
+	}, nil
+}
+
+// loadKeyring loads the encryption key and the previous keys. Keys from AWS
+// Secrets Manager or SSM use the SDK's default credentials and region;
+// clients are built only when a key names them.
+func (a *App) loadKeyring(ctx context.Context, cfg *config.Config) (*secrets.Keyring, secrets.Remote, error) {
+	keyCtx, cancel := context.WithTimeout(ctx, keyLoadTimeout)
+	defer cancel()
+	remote := a.o.Remote
+	if remote == nil {
+		remote = awssecrets.New(awssecrets.DefaultClients())
+	}
+	ring, err := secrets.Loader{Getenv: a.o.Getenv, Remote: remote}.Keyring(keyCtx,
+		keySource(cfg.Cluster.Secrets.EncryptionKey), keySources(cfg.Cluster.Secrets.PreviousKeys))
+	if err != nil {
+		return nil, nil, fmt.Errorf("loading the encryption key: %w", err)
+	}
+	warnPrintableKeys(a.log(), ring, cfg.Shard.Infra.Provider)
+	return ring, remote, nil
+}
+
+// openCache opens the SQLite cache (db/{shard}.sqlite under CacheDir, in
+// memory without one) and brings it up to date with storage before the
+// server reports ready; the caller closes it.
+func (a *App) openCache(ctx context.Context) (*cache.Cache, error) {
+	path := ""
+	if a.o.CacheDir != "" {
+		path = filepath.Join(a.o.CacheDir, "db", a.o.Shard+".sqlite")
+	}
+	db, err := cache.Open(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	a.cacheDB = db
+	a.mu.Unlock()
+	if err := a.syncCache(ctx, db); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	a.ready.SetCacheSynced(true)
+	return db, nil
 }
 
 // warnPrintableKeys warns loudly, outside development providers, about
