@@ -28,16 +28,7 @@ func nestedString(obj map[string]any, path ...string) string {
 
 func stringMap(v any) map[string]string { return object.StringMap(v) }
 
-func finalizers(md map[string]any) []string {
-	raw, _ := md["finalizers"].([]any)
-	out := make([]string, 0, len(raw))
-	for _, f := range raw {
-		if s, ok := f.(string); ok {
-			out = append(out, s)
-		}
-	}
-	return out
-}
+func finalizers(md map[string]any) []string { return object.Finalizers(md) }
 
 func setFinalizers(md map[string]any, fs []string) {
 	if len(fs) == 0 {

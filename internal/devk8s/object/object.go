@@ -64,6 +64,18 @@ func ChildMap(m map[string]any, k string) map[string]any {
 	return c
 }
 
+// Finalizers returns the finalizers of an object's metadata map.
+func Finalizers(md map[string]any) []string {
+	raw, _ := md["finalizers"].([]any)
+	out := make([]string, 0, len(raw))
+	for _, f := range raw {
+		if s, ok := f.(string); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // StringMap returns the string values of a map value.
 func StringMap(v any) map[string]string {
 	m, _ := v.(map[string]any)

@@ -40,3 +40,9 @@ func TestNestedAndDefaults(t *testing.T) {
 	require.False(t, ok)
 	require.Nil(t, NonEmptyMap(map[string]any{}))
 }
+
+func TestFinalizers(t *testing.T) {
+	md := map[string]any{"finalizers": []any{"a", 7, "b"}}
+	require.Equal(t, []string{"a", "b"}, Finalizers(md), "non-strings are skipped")
+	require.Empty(t, Finalizers(map[string]any{}))
+}

@@ -100,13 +100,4 @@ func (Namespaces) Sync(c Cluster, nsRes *registry.Resource) {
 // Wakes: the namespace controller follows deletions only.
 func (Namespaces) Wakes(store.Event) bool { return false }
 
-func finalizers(md map[string]any) []string {
-	raw, _ := md["finalizers"].([]any)
-	out := make([]string, 0, len(raw))
-	for _, f := range raw {
-		if s, ok := f.(string); ok {
-			out = append(out, s)
-		}
-	}
-	return out
-}
+func finalizers(md map[string]any) []string { return object.Finalizers(md) }
