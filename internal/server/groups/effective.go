@@ -122,6 +122,16 @@ func Validate(cfg *config.Config, tenant, id string, s Spec) []FieldError {
 	if s.DrainTimeout < 0 {
 		add("drain_timeout", "must not be negative")
 	}
+	if r := s.Rollout; r.MaxSurge != nil || r.MaxUnavailable != 0 {
+		switch surge := r.Surge(1); {
+		case surge < 0 || surge > MaxSize:
+			add("rollout.max_surge", "must be between 0 and %d, got %d", MaxSize, surge)
+		case r.MaxUnavailable < 0 || r.MaxUnavailable > MaxSize:
+			add("rollout.max_unavailable", "must be between 0 and %d, got %d", MaxSize, r.MaxUnavailable)
+		case r.MaxSurge != nil && surge == 0 && r.MaxUnavailable == 0:
+			add("rollout", "max_surge and max_unavailable must not both be 0 (the rotation could never proceed)")
+		}
+	}
 	for k := range s.Vars {
 		if k == "" {
 			add("vars", "empty variable name")

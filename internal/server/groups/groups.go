@@ -48,10 +48,36 @@ type Spec struct {
 	// encrypted by package userdata); empty means the template's userdata.
 	UserDataSHA256 string `json:"user_data_sha256,omitempty"`
 	UserDataFormat string `json:"user_data_format,omitempty"`
+	// Rollout bounds the rotation of drifted members (zero: the shard's
+	// rotation_surge, nothing unavailable, not paused).
+	Rollout Rollout `json:"rollout,omitzero"`
+}
+
+// Rollout is a group's rollout strategy.
+type Rollout struct {
+	// MaxSurge is how many members beyond the size a rotation may run; nil
+	// means the shard's rotation_surge.
+	MaxSurge *int `json:"max_surge,omitempty"`
+	// MaxUnavailable is how many members below the size may be ready while
+	// drifted members are replaced.
+	MaxUnavailable int  `json:"max_unavailable,omitempty"`
+	Paused         bool `json:"paused,omitempty"`
+}
+
+// Surge is the rotation's surge: MaxSurge, else the shard's.
+func (r Rollout) Surge(shard int) int {
+	if r.MaxSurge != nil {
+		return *r.MaxSurge
+	}
+	return shard
 }
 
 func (s Spec) clone() Spec {
 	s.Vars, s.Labels = maps.Clone(s.Vars), maps.Clone(s.Labels)
+	if s.Rollout.MaxSurge != nil {
+		v := *s.Rollout.MaxSurge
+		s.Rollout.MaxSurge = &v
+	}
 	return s
 }
 

@@ -3,6 +3,7 @@ package groups
 import (
 	"maps"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -17,6 +18,12 @@ func (g *Group) SpecProto() *nstancev1.GroupSpec {
 	}
 	if g.Spec.DrainTimeout > 0 {
 		s.DrainTimeout = durationpb.New(g.Spec.DrainTimeout)
+	}
+	if r := g.Spec.Rollout; r != (Rollout{}) {
+		s.Rollout = &nstancev1.RolloutStrategy{MaxUnavailable: uint32(r.MaxUnavailable), Paused: r.Paused}
+		if r.MaxSurge != nil {
+			s.Rollout.MaxSurge = proto.Uint32(uint32(*r.MaxSurge))
+		}
 	}
 	return s
 }

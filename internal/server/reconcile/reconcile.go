@@ -574,11 +574,16 @@ func (r *Reconciler) syncGroup(ctx context.Context, k groups.Key) (time.Duration
 	if exists {
 		in.Size = g.Spec.Size
 		in.Expiry = planner.Expiry{ForcedAge: cfg.Shard.Expiry.ForcedAge.D(), EligibleAge: cfg.Shard.Expiry.EligibleAge.D()}
+		in.MaxUnavailable, in.Paused = g.Spec.Rollout.MaxUnavailable, g.Spec.Rollout.Paused
 		if eff, err := groups.Resolve(cfg, &g.Spec, groups.Overrides{}); err == nil {
 			in.Infra = &eff
 		}
 	}
-	p := planner.PlanGroup(in, members, r.o.Now(), r.healthTuning(), r.tuning().Surge)
+	surge := r.tuning().Surge
+	if exists {
+		surge = g.Spec.Rollout.Surge(surge)
+	}
+	p := planner.PlanGroup(in, members, r.o.Now(), r.healthTuning(), surge)
 	var errs []error
 	for _, d := range p.Deletions {
 		if err := r.BeginDeletion(ctx, d.ID, d.Reason, false, d.Message); err != nil {
@@ -994,8 +999,9 @@ func (r *Reconciler) ReportInstanceError(tenant, group, inst string, err error) 
 // GroupStatus returns the wire status of a group with its observed instances.
 func (r *Reconciler) GroupStatus(g *groups.Group) *nstancev1.GroupStatus {
 	var ids []string
-	ready := 0
+	ready, upToDate := 0, 0
 	now := r.o.Now()
+	eff, effErr := groups.Resolve(r.cfg(), &g.Spec, groups.Overrides{})
 	for _, rec := range r.o.Instances.ListGroup(g.Tenant, g.ID) {
 		if rec.OnDemand || !rec.State.Active() {
 			continue
@@ -1004,17 +1010,20 @@ func (r *Reconciler) GroupStatus(g *groups.Group) *nstancev1.GroupStatus {
 		if r.ready(rec, now) {
 			ready++
 		}
+		if effErr == nil && !planner.Drifted(rec, eff) {
+			upToDate++
+		}
 	}
 	sort.Strings(ids)
 	return &nstancev1.GroupStatus{
-		Spec: g.SpecProto(), ActualSize: uint32(len(ids)), ReadyCount: uint32(ready), ProviderIds: ids,
+		Spec: g.SpecProto(), ActualSize: uint32(len(ids)), ReadyCount: uint32(ready), UpToDateCount: uint32(upToDate), ProviderIds: ids,
 		Static: g.Static, Etag: g.ETag, UpdatedAt: timestamppb.New(g.UpdatedAt), Shard: r.o.Shard,
 		UserDataSha256: g.Spec.UserDataSHA256,
 	}
 }
 
 func statusSignature(st *nstancev1.GroupStatus) string {
-	return fmt.Sprintf("%s|%d|%d|%s", st.Etag, st.ActualSize, st.ReadyCount, strings.Join(st.ProviderIds, ","))
+	return fmt.Sprintf("%s|%d|%d|%d|%s", st.Etag, st.ActualSize, st.ReadyCount, st.UpToDateCount, strings.Join(st.ProviderIds, ","))
 }
 
 // publishGroup sends an UPSERT when the group's status changed since the

@@ -61,6 +61,13 @@ func SpecFromProto(p *nstancev1.GroupSpec) (groups.Spec, error) {
 			return s, invalid(config.FieldError{Key: "drain_timeout", Reason: "must not be negative"})
 		}
 	}
+	if r := p.GetRollout(); r != nil {
+		s.Rollout = groups.Rollout{MaxUnavailable: int(r.GetMaxUnavailable()), Paused: r.GetPaused()}
+		if r.MaxSurge != nil {
+			v := int(r.GetMaxSurge())
+			s.Rollout.MaxSurge = &v
+		}
+	}
 	return s, nil
 }
 

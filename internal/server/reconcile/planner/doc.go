@@ -28,7 +28,8 @@
 //     fresh and drifted members cover the size; urgent members beyond the
 //     size go at once.
 //   - Rotation: drifted members go (reason ROTATION), oldest first, only
-//     while the ready members left still cover the size.
+//     while the ready members left still cover the size less the group's
+//     MaxUnavailable; none while the group is Paused (its surge is then 0).
 //   - Creates: fresh members up to the size, while the active members stay
 //     within size + replacements of urgent members (at most size) + surge
 //     (at most the drifted count).

@@ -23,6 +23,13 @@ type Group struct {
 	Infra *groups.Effective
 	// Expiry holds the shard's member age limits (zero: off).
 	Expiry Expiry
+	// MaxUnavailable is how many members below the size may be ready while
+	// drifted members are rotated out (0: a drifted member goes only once
+	// the other ready members cover the size).
+	MaxUnavailable int
+	// Paused stops the rotation: no drifted member is rotated out and no
+	// surge member created for one.
+	Paused bool
 }
 
 // Expiry holds the age limits of group members.
@@ -110,6 +117,9 @@ func Drifted(rec *instances.Record, eff groups.Effective) bool {
 // rotation may run. See the package doc for the rules.
 func PlanGroup(g Group, members []Member, now time.Time, h Health, surge int) Plan {
 	var p Plan
+	if g.Paused {
+		surge = 0
+	}
 	del := func(m Member, reason nstancev1.DeletionReason, msg string) {
 		p.Deletions = append(p.Deletions, Deletion{ID: m.ID, Reason: reason, Message: msg})
 	}
@@ -209,14 +219,18 @@ func PlanGroup(g Group, members []Member, now time.Time, h Health, surge int) Pl
 	}
 	urgents = left
 
-	// Rotate drifted members while the remaining ready ones cover the size.
+	// Rotate drifted members while the remaining ready ones cover the size
+	// less the unavailability the group allows.
 	byAge(drifted)
 	for _, m := range slices.Clone(drifted) {
+		if g.Paused {
+			break
+		}
 		after := capacity
 		if ready[m.ID] {
 			after--
 		}
-		if after < size {
+		if after < size-g.MaxUnavailable {
 			break
 		}
 		del(m, nstancev1.DeletionReason_DELETION_REASON_ROTATION, MsgRotated)

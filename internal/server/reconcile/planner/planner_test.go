@@ -193,6 +193,30 @@ func TestPlanGroup(t *testing.T) {
 		{name: "rotation finishes with the last drifted member", group: group(2), surge: 1,
 			members: []Member{member("a", 3*h, running, driftType()), member("b", 2*h, running), member("c", h, running)},
 			deletes: []string{"a:rotation"}},
+		// Rollout strategy: max unavailable, paused.
+		{name: "max unavailable 1 without surge retires first, then creates", group: unavailable(group(2), 1), surge: 0,
+			members: []Member{member("a", 2*h, running, driftType()), member("b", h, running, driftType())},
+			deletes: []string{"a:rotation"}, creates: 1},
+		{name: "max unavailable 2 retires two at once", group: unavailable(group(3), 2), surge: 0,
+			members: []Member{member("a", 3*h, running, driftType()), member("b", 2*h, running, driftType()), member("c", h, running, driftType())},
+			deletes: []string{"a:rotation", "b:rotation"}, creates: 2},
+		{name: "max unavailable: the drifted member beyond the size goes while its replacement starts", group: unavailable(group(2), 1), surge: 0,
+			members: []Member{member("a", 2*h, running, driftType()), member("b", h, running, driftType()), member("c", 0, creating)},
+			deletes: []string{"b:scale_down"}},
+		{name: "max unavailable is spent by a member not yet ready", group: unavailable(group(2), 1), surge: 0,
+			members: []Member{member("a", 2*h, running, driftType()), member("c", 0, creating)}},
+		{name: "surge and unavailable together", group: unavailable(group(2), 1), surge: 1,
+			members: []Member{member("a", 2*h, running, driftType()), member("b", h, running, driftType())},
+			deletes: []string{"a:rotation"}, creates: 2},
+		{name: "paused: drifted members stay, no surge", group: paused(group(2)), surge: 1,
+			members: []Member{member("a", 2*h, running, driftType()), member("b", h, running, driftType())}},
+		{name: "paused: a ready surge member does not retire a drifted one by rotation", group: paused(group(2)), surge: 1,
+			members: []Member{member("a", 3*h, running, driftType()), member("b", 2*h, running), member("c", h, running)},
+			deletes: []string{"a:scale_down"}},
+		{name: "paused: scale up creates fresh members", group: paused(group(3)), surge: 1,
+			members: []Member{member("a", 2*h, running, driftType()), member("b", h, running, driftType())}, creates: 1},
+		{name: "paused: unhealthy members are still replaced", group: paused(group(2)), surge: 1,
+			members: []Member{member("a", 2*h, unhealthy, driftType()), member("b", h, running, driftType())}, creates: 1},
 		{name: "changed args are drift", group: group(1), surge: 1,
 			members: []Member{member("a", h, running, driftArgs())}, creates: 1},
 		{name: "changed vars are not drift", group: group(1), surge: 1,
@@ -260,9 +284,64 @@ func neverBelowSize(t *testing.T, g Group, members []Member, p Plan, h Health) {
 		}
 	}
 	if len(gone) > 0 {
-		require.GreaterOrEqual(t, after, g.Size, "rotation took the ready members below the size")
+		require.GreaterOrEqual(t, after, g.Size-g.MaxUnavailable, "rotation took the ready members below the size less max unavailable")
+	}
+	if g.Paused {
+		require.Empty(t, gone, "a paused group rotates nothing")
 	}
 	require.LessOrEqual(t, after, before)
+}
+
+func unavailable(g Group, n int) Group { g.MaxUnavailable = n; return g }
+func paused(g Group) Group             { g.Paused = true; return g }
+
+// TestRolloutBounds plays a rotation of 6 drifted members forward for each
+// strategy, with creates becoming ready one step later, and checks the
+// bounds at every step: never more than size+surge active members, never
+// fewer than size-unavailable ready ones, and every member up to date at
+// the end.
+func TestRolloutBounds(t *testing.T) {
+	for _, tc := range []struct{ surge, unavailable int }{{1, 0}, {2, 0}, {0, 1}, {1, 1}, {0, 2}, {3, 2}} {
+		t.Run(fmt.Sprintf("surge %d unavailable %d", tc.surge, tc.unavailable), func(t *testing.T) {
+			g := unavailable(group(6), tc.unavailable)
+			var cur []Member
+			for i := range 6 {
+				cur = append(cur, member(fmt.Sprintf("old%d", i), time.Duration(10-i)*time.Hour, running, driftType()))
+			}
+			n := 0
+			for step := 0; step < 50; step++ {
+				// Members created in the last step become ready now.
+				for i := range cur {
+					if cur[i].State == creating {
+						cur[i].State = running
+					}
+				}
+				p := PlanGroup(g, cur, now, noHealth, tc.surge)
+				if p.Creates == 0 && len(p.Deletions) == 0 {
+					break
+				}
+				for _, d := range p.Deletions {
+					cur = slices.DeleteFunc(cur, func(m Member) bool { return m.ID == d.ID })
+				}
+				ready := 0
+				for _, m := range cur {
+					if m.State == running {
+						ready++
+					}
+				}
+				require.GreaterOrEqual(t, ready, 6-tc.unavailable, "step %d: ready members", step)
+				for i := 0; i < p.Creates; i++ {
+					n++
+					cur = append(cur, member(fmt.Sprintf("new%02d", n), 0, creating))
+				}
+				require.LessOrEqual(t, len(cur), 6+tc.surge, "step %d: active members", step)
+			}
+			require.Len(t, cur, 6)
+			for _, m := range cur {
+				require.False(t, Drifted(m.Record, infra), "%s is left", m.ID)
+			}
+		})
+	}
 }
 
 func withExpiry(g Group, forced, eligible time.Duration) Group {

@@ -60,8 +60,12 @@ type GroupSpec struct {
 	// changes its size and writes it back keeps the bootstrap data), and with
 	// user_data set it must be empty or match it.
 	UserDataSha256 string `protobuf:"bytes,11,opt,name=user_data_sha256,json=userDataSha256,proto3" json:"user_data_sha256,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// How the group replaces members whose infra settings drifted (template,
+	// instance type, subnet pool, args, bootstrap data). Unset: the shard's
+	// shard.rotation_surge as max_surge, max_unavailable 0, not paused.
+	Rollout       *RolloutStrategy `protobuf:"bytes,12,opt,name=rollout,proto3" json:"rollout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GroupSpec) Reset() {
@@ -171,6 +175,81 @@ func (x *GroupSpec) GetUserDataSha256() string {
 	return ""
 }
 
+func (x *GroupSpec) GetRollout() *RolloutStrategy {
+	if x != nil {
+		return x.Rollout
+	}
+	return nil
+}
+
+// RolloutStrategy bounds a group's rotation of drifted members.
+type RolloutStrategy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many members beyond the size the rotation may run (new members
+	// created before old ones go). Unset: the shard's rotation_surge.
+	MaxSurge *uint32 `protobuf:"varint,1,opt,name=max_surge,json=maxSurge,proto3,oneof" json:"max_surge,omitempty"`
+	// How many members below the size may be ready while the rotation
+	// replaces them (old members removed before new ones are ready).
+	// max_surge and max_unavailable must not both be 0.
+	MaxUnavailable uint32 `protobuf:"varint,2,opt,name=max_unavailable,json=maxUnavailable,proto3" json:"max_unavailable,omitempty"`
+	// Paused stops the rotation: drifted members stay and count as members;
+	// scaling and the replacement of unhealthy members go on.
+	Paused        bool `protobuf:"varint,3,opt,name=paused,proto3" json:"paused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RolloutStrategy) Reset() {
+	*x = RolloutStrategy{}
+	mi := &file_nstance_v1_group_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RolloutStrategy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RolloutStrategy) ProtoMessage() {}
+
+func (x *RolloutStrategy) ProtoReflect() protoreflect.Message {
+	mi := &file_nstance_v1_group_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RolloutStrategy.ProtoReflect.Descriptor instead.
+func (*RolloutStrategy) Descriptor() ([]byte, []int) {
+	return file_nstance_v1_group_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RolloutStrategy) GetMaxSurge() uint32 {
+	if x != nil && x.MaxSurge != nil {
+		return *x.MaxSurge
+	}
+	return 0
+}
+
+func (x *RolloutStrategy) GetMaxUnavailable() uint32 {
+	if x != nil {
+		return x.MaxUnavailable
+	}
+	return 0
+}
+
+func (x *RolloutStrategy) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
 // GroupStatus is a group's spec together with what the server currently observes.
 type GroupStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -192,13 +271,17 @@ type GroupStatus struct {
 	Shard string `protobuf:"bytes,8,opt,name=shard,proto3" json:"shard,omitempty"`
 	// Hex SHA-256 of the spec's user_data; empty when the group has none.
 	UserDataSha256 string `protobuf:"bytes,9,opt,name=user_data_sha256,json=userDataSha256,proto3" json:"user_data_sha256,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Number of instances that exist, are not being deleted, and were created
+	// with the group's current infra settings (a rotation is done when it
+	// equals the size and actual_size).
+	UpToDateCount uint32 `protobuf:"varint,10,opt,name=up_to_date_count,json=upToDateCount,proto3" json:"up_to_date_count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GroupStatus) Reset() {
 	*x = GroupStatus{}
-	mi := &file_nstance_v1_group_proto_msgTypes[1]
+	mi := &file_nstance_v1_group_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -210,7 +293,7 @@ func (x *GroupStatus) String() string {
 func (*GroupStatus) ProtoMessage() {}
 
 func (x *GroupStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_nstance_v1_group_proto_msgTypes[1]
+	mi := &file_nstance_v1_group_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -223,7 +306,7 @@ func (x *GroupStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupStatus.ProtoReflect.Descriptor instead.
 func (*GroupStatus) Descriptor() ([]byte, []int) {
-	return file_nstance_v1_group_proto_rawDescGZIP(), []int{1}
+	return file_nstance_v1_group_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *GroupStatus) GetSpec() *GroupSpec {
@@ -289,12 +372,19 @@ func (x *GroupStatus) GetUserDataSha256() string {
 	return ""
 }
 
+func (x *GroupStatus) GetUpToDateCount() uint32 {
+	if x != nil {
+		return x.UpToDateCount
+	}
+	return 0
+}
+
 var File_nstance_v1_group_proto protoreflect.FileDescriptor
 
 const file_nstance_v1_group_proto_rawDesc = "" +
 	"\n" +
 	"\x16nstance/v1/group.proto\x12\n" +
-	"nstance.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb1\x04\n" +
+	"nstance.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe8\x04\n" +
 	"\tGroupSpec\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\tR\agroupId\x12\x1a\n" +
 	"\btemplate\x18\x02 \x01(\tR\btemplate\x12\x12\n" +
@@ -308,13 +398,20 @@ const file_nstance_v1_group_proto_rawDesc = "" +
 	"\tuser_data\x18\t \x01(\fR\buserData\x12(\n" +
 	"\x10user_data_format\x18\n" +
 	" \x01(\tR\x0euserDataFormat\x12(\n" +
-	"\x10user_data_sha256\x18\v \x01(\tR\x0euserDataSha256\x1a7\n" +
+	"\x10user_data_sha256\x18\v \x01(\tR\x0euserDataSha256\x125\n" +
+	"\arollout\x18\f \x01(\v2\x1b.nstance.v1.RolloutStrategyR\arollout\x1a7\n" +
 	"\tVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc4\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x82\x01\n" +
+	"\x0fRolloutStrategy\x12 \n" +
+	"\tmax_surge\x18\x01 \x01(\rH\x00R\bmaxSurge\x88\x01\x01\x12'\n" +
+	"\x0fmax_unavailable\x18\x02 \x01(\rR\x0emaxUnavailable\x12\x16\n" +
+	"\x06paused\x18\x03 \x01(\bR\x06pausedB\f\n" +
+	"\n" +
+	"_max_surge\"\xed\x02\n" +
 	"\vGroupStatus\x12)\n" +
 	"\x04spec\x18\x01 \x01(\v2\x15.nstance.v1.GroupSpecR\x04spec\x12\x1f\n" +
 	"\vactual_size\x18\x02 \x01(\rR\n" +
@@ -327,7 +424,9 @@ const file_nstance_v1_group_proto_rawDesc = "" +
 	"\n" +
 	"updated_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x14\n" +
 	"\x05shard\x18\b \x01(\tR\x05shard\x12(\n" +
-	"\x10user_data_sha256\x18\t \x01(\tR\x0euserDataSha256B?Z=github.com/nstance-dev/nstance/pkg/proto/nstance/v1;nstancev1b\x06proto3"
+	"\x10user_data_sha256\x18\t \x01(\tR\x0euserDataSha256\x12'\n" +
+	"\x10up_to_date_count\x18\n" +
+	" \x01(\rR\rupToDateCountB?Z=github.com/nstance-dev/nstance/pkg/proto/nstance/v1;nstancev1b\x06proto3"
 
 var (
 	file_nstance_v1_group_proto_rawDescOnce sync.Once
@@ -341,26 +440,28 @@ func file_nstance_v1_group_proto_rawDescGZIP() []byte {
 	return file_nstance_v1_group_proto_rawDescData
 }
 
-var file_nstance_v1_group_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_nstance_v1_group_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_nstance_v1_group_proto_goTypes = []any{
 	(*GroupSpec)(nil),             // 0: nstance.v1.GroupSpec
-	(*GroupStatus)(nil),           // 1: nstance.v1.GroupStatus
-	nil,                           // 2: nstance.v1.GroupSpec.VarsEntry
-	nil,                           // 3: nstance.v1.GroupSpec.LabelsEntry
-	(*durationpb.Duration)(nil),   // 4: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 5: google.protobuf.Timestamp
+	(*RolloutStrategy)(nil),       // 1: nstance.v1.RolloutStrategy
+	(*GroupStatus)(nil),           // 2: nstance.v1.GroupStatus
+	nil,                           // 3: nstance.v1.GroupSpec.VarsEntry
+	nil,                           // 4: nstance.v1.GroupSpec.LabelsEntry
+	(*durationpb.Duration)(nil),   // 5: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
 }
 var file_nstance_v1_group_proto_depIdxs = []int32{
-	2, // 0: nstance.v1.GroupSpec.vars:type_name -> nstance.v1.GroupSpec.VarsEntry
-	4, // 1: nstance.v1.GroupSpec.drain_timeout:type_name -> google.protobuf.Duration
-	3, // 2: nstance.v1.GroupSpec.labels:type_name -> nstance.v1.GroupSpec.LabelsEntry
-	0, // 3: nstance.v1.GroupStatus.spec:type_name -> nstance.v1.GroupSpec
-	5, // 4: nstance.v1.GroupStatus.updated_at:type_name -> google.protobuf.Timestamp
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	3, // 0: nstance.v1.GroupSpec.vars:type_name -> nstance.v1.GroupSpec.VarsEntry
+	5, // 1: nstance.v1.GroupSpec.drain_timeout:type_name -> google.protobuf.Duration
+	4, // 2: nstance.v1.GroupSpec.labels:type_name -> nstance.v1.GroupSpec.LabelsEntry
+	1, // 3: nstance.v1.GroupSpec.rollout:type_name -> nstance.v1.RolloutStrategy
+	0, // 4: nstance.v1.GroupStatus.spec:type_name -> nstance.v1.GroupSpec
+	6, // 5: nstance.v1.GroupStatus.updated_at:type_name -> google.protobuf.Timestamp
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_nstance_v1_group_proto_init() }
@@ -368,13 +469,14 @@ func file_nstance_v1_group_proto_init() {
 	if File_nstance_v1_group_proto != nil {
 		return
 	}
+	file_nstance_v1_group_proto_msgTypes[1].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nstance_v1_group_proto_rawDesc), len(file_nstance_v1_group_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
