@@ -67,12 +67,34 @@ type NstanceMachinePoolSpec struct {
 	// +optional
 	OnDemand *OnDemandSpec `json:"onDemand,omitempty"`
 
+	// deletePolicy orders the instances a scale-down removes once those
+	// whose Machines carry cluster.x-k8s.io/delete-machine (and Machines
+	// being deleted) are taken: Random (Cluster API's MachineSet default:
+	// unhealthy first, then the shard with the most replicas, then by
+	// instance id, so retries choose the same), Oldest or Newest (unhealthy
+	// first, then by creation time over all shards).
+	// +optional
+	// +kubebuilder:validation:Enum=Random;Oldest;Newest
+	// +kubebuilder:default=Random
+	DeletePolicy DeletePolicy `json:"deletePolicy,omitempty"`
+
 	// providerIDList holds the provider IDs of the pool's instances, as the
 	// Cluster API MachinePool contract requires.
 	// +optional
 	// +listType=atomic
 	ProviderIDList []string `json:"providerIDList,omitempty"`
 }
+
+// DeletePolicy orders a pool's scale-down victims after the ones Cluster
+// API marked.
+type DeletePolicy string
+
+// Delete policies, named as Cluster API's MachineSet deletion orders.
+const (
+	DeletePolicyRandom DeletePolicy = "Random"
+	DeletePolicyOldest DeletePolicy = "Oldest"
+	DeletePolicyNewest DeletePolicy = "Newest"
+)
 
 // DefaultOnDemandMaxInstances is spec.onDemand.maxInstances when unset.
 const DefaultOnDemandMaxInstances = 10

@@ -118,6 +118,8 @@ type fixture struct {
 	shard    *shardtest.Shard
 	provider *nodeProvider
 	opts     manager.Options
+	// ca is the cluster CA, for further shards (addShard).
+	ca *pki.CA
 }
 
 func newFixture(t *testing.T) *fixture { return newFixtureNodesIn(t, env.Client) }
@@ -174,7 +176,7 @@ func newFixtureWith(t *testing.T, nodes client.Client, tune func(*shardtest.Opti
 		Type:       clusterv1.ClusterSecretType,
 		Data:       map[string][]byte{"value": []byte("#cloud-config\n"), "format": []byte("cloud-config")},
 	}))
-	return &fixture{ns: ns.Name, shard: sh, provider: prov, opts: manager.Options{
+	return &fixture{ns: ns.Name, shard: sh, provider: prov, ca: ca, opts: manager.Options{
 		Config: &opconfig.Config{ClusterID: clusterID, Tenant: tenant, Shards: map[string]opconfig.Shard{
 			shardID: {RegistrationAddr: regAddr, OperatorAddr: sh.OperatorAddr}}},
 		Env: opconfig.Env{
@@ -375,11 +377,17 @@ func get(t *testing.T, key client.ObjectKey, obj client.Object) bool {
 // bounds how long the server waits for a drain of its instances.
 func (f *fixture) createPool(t *testing.T, name string, replicas int32, drainTimeout time.Duration) {
 	t.Helper()
+	f.createPoolOn(t, name, replicas, drainTimeout, shardID)
+}
+
+// createPoolOn is createPool over the given shards.
+func (f *fixture) createPoolOn(t *testing.T, name string, replicas int32, drainTimeout time.Duration, shards ...string) {
+	t.Helper()
 	ctx := context.Background()
 	labels := map[string]string{clusterv1.ClusterNameLabel: clusterID}
 	require.NoError(t, env.Client.Create(ctx, &infrav1.NstanceMachinePool{
 		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name, Labels: labels},
-		Spec: infrav1.NstanceMachinePoolSpec{Group: name, Shards: []string{shardID}, Template: "worker",
+		Spec: infrav1.NstanceMachinePoolSpec{Group: name, Shards: shards, Template: "worker",
 			DrainTimeout: &metav1.Duration{Duration: drainTimeout},
 			// Every pool of these tests accepts on-demand pods (of the
 			// operator's namespace, the default).

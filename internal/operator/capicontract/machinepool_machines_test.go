@@ -49,8 +49,8 @@ func groupInstances(t *testing.T, f *fixture, group string) map[string]*nstancev
 // TestMachinePoolMachines: an NstanceMachinePool opts into core CAPI's
 // MachinePool Machines. For three instances the operator keeps three
 // NstanceMachines and core CAPI creates three Machines, Running with the
-// instances' Nodes. Deleting one Machine removes exactly that instance:
-// the MachinePool goes to two replicas and nothing replaces it. An instance
+// instances' Nodes. Deleting one Machine deletes exactly that instance and,
+// as a MachineSet does, the pool keeps three replicas: the group replaces it. An instance
 // the server removes by itself takes its NstanceMachine and Machine along,
 // and its replacement gets new ones.
 func TestMachinePoolMachines(t *testing.T) {
@@ -128,7 +128,7 @@ func TestMachinePoolMachines(t *testing.T) {
 	creates, _ := f.provider.Counts()
 	require.Equal(t, 3, creates, "the NstanceMachines created no instances")
 
-	t.Run("deleting a Machine removes exactly its instance and lowers the MachinePool", func(t *testing.T) {
+	t.Run("deleting a Machine deletes exactly its instance and the group replaces it", func(t *testing.T) {
 		names := slices.Sorted(maps.Keys(machines))
 		victim, keep := names[1], []string{names[0], names[2]}
 		m := machines[victim]
@@ -137,31 +137,23 @@ func TestMachinePoolMachines(t *testing.T) {
 			return !get(t, key(victim), &clusterv1.Machine{}) && !get(t, key(victim), &infrav1.NstanceMachine{})
 		}, drainWait, tick, "core CAPI deletes the Machine and its NstanceMachine")
 		require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_DELETED, instanceState(t, f.shard, victim))
-		require.True(t, get(t, key("mpm"), &mp))
-		require.Equal(t, int32(2), ptr.Deref(mp.Spec.Replicas, 0), "the MachinePool's desired replicas went down by one")
-		left := waitMachines(2)
-		require.ElementsMatch(t, keep, slices.Collect(maps.Keys(left)), "the other Machines stay")
+		// As a MachineSet replaces a deleted Machine, the pool keeps its
+		// replicas: the group replaces the instance.
+		after := waitMachines(3)
+		_, stillThere := after[victim]
+		require.False(t, stillThere)
 		for _, id := range keep {
+			_, ok := after[id]
+			require.True(t, ok, "the other Machines stay")
 			require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_RUNNING, instanceState(t, f.shard, id))
 		}
-		// The server's group is at two: it will not replace the instance.
-		resp, err := f.shard.Client(t, tenant).ListGroups(ctx, &nstancev1.ListGroupsRequest{})
-		require.NoError(t, err)
-		idx := slices.IndexFunc(resp.GetGroups(), func(g *nstancev1.GroupStatus) bool { return g.GetSpec().GetGroupId() == "mpm" })
-		require.GreaterOrEqual(t, idx, 0)
-		require.Equal(t, uint32(2), resp.GetGroups()[idx].GetSpec().GetSize())
+		require.True(t, get(t, key("mpm"), &mp))
+		require.Equal(t, int32(3), ptr.Deref(mp.Spec.Replicas, 0), "the MachinePool keeps its replicas")
+		for k := range mp.Annotations {
+			require.False(t, strings.HasPrefix(k, infrav1.ReleasedAnnotationPrefix), "no release record on the MachinePool")
+		}
 		creates, _ := f.provider.Counts()
-		require.Equal(t, 3, creates, "nothing replaced the removed instance")
-		require.Eventually(t, func() bool {
-			require.True(t, get(t, key("mpm"), &mp))
-			for k := range mp.Annotations {
-				if strings.HasPrefix(k, infrav1.ReleasedAnnotationPrefix) {
-					return false
-				}
-			}
-			return true
-		}, waitLong, tick, "the release record is removed from the MachinePool")
-		require.Equal(t, int32(2), ptr.Deref(mp.Spec.Replicas, 0))
+		require.Equal(t, 4, creates, "the group replaced the removed instance")
 		require.Empty(t, logs.matching("Skipping deletion of Kubernetes Node"))
 		require.NotEmpty(t, events(t, f.ns, "Machine", victim, "SuccessfulDrainNode"), "core CAPI drained the Node")
 		// No second drain: core CAPI drained the Node, so the server removed
@@ -175,20 +167,20 @@ func TestMachinePoolMachines(t *testing.T) {
 
 	t.Run("an instance the server removes takes its NstanceMachine and Machine along", func(t *testing.T) {
 		before := poolMachines(t, f.ns, "mpm")
-		require.Len(t, before, 2)
+		require.Len(t, before, 3)
 		gone := slices.Sorted(maps.Keys(before))[0]
 		_, err := f.shard.Client(t, tenant).DeleteInstance(ctx, &nstancev1.DeleteInstanceRequest{InstanceId: gone})
 		require.NoError(t, err)
 		require.Eventually(t, func() bool {
 			return !get(t, key(gone), &clusterv1.Machine{}) && !get(t, key(gone), &infrav1.NstanceMachine{})
 		}, waitLong, tick, "the Machine and NstanceMachine of the removed instance go")
-		after := waitMachines(2)
+		after := waitMachines(3)
 		_, stillThere := after[gone]
 		require.False(t, stillThere)
 		require.True(t, get(t, key("mpm"), &mp))
-		require.Equal(t, int32(2), ptr.Deref(mp.Spec.Replicas, 0), "a server-side removal does not change the MachinePool")
+		require.Equal(t, int32(3), ptr.Deref(mp.Spec.Replicas, 0), "a server-side removal does not change the MachinePool")
 		creates, _ := f.provider.Counts()
-		require.Equal(t, 4, creates, "the group replaced the removed instance")
+		require.Equal(t, 5, creates, "the group replaced the removed instance")
 		require.Equal(t, 1, a.count(gone), "the operator drained it once")
 		require.Empty(t, events(t, f.ns, "Machine", gone, "SuccessfulDrainNode"), "core CAPI did not drain again")
 	})

@@ -24,12 +24,9 @@ import (
 // Reasons specific to the NstanceMachines of pool instances.
 const (
 	ReasonPoolInstance = "PoolInstance"
-	// ReasonReleasedFromPool: the MachinePool was lowered by one for this
-	// instance, which the group's scale-down removes next.
-	ReasonReleasedFromPool = "ReleasedFromPool"
-	// ReasonNoMachinePool: no MachinePool to lower was found, so the
-	// instance is deleted and its group replaces it.
-	ReasonNoMachinePool = "NoMachinePool"
+	// ReasonReplaced: the instance of a deleted MachinePool Machine was
+	// deleted; its group replaces it, as a MachineSet replaces a Machine.
+	ReasonReplaced = "Replaced"
 )
 
 // reconcilePoolMachine handles an NstanceMachine that mirrors an instance
@@ -37,8 +34,7 @@ const (
 // Machines). Unlike other NstanceMachines it never creates an instance: it
 // reports the one named by its annotation (provider ID, addresses, Ready).
 // Its deletion, which core CAPI starts when the Machine is deleted, removes
-// exactly that instance and lowers the MachinePool by one, so the group
-// does not replace it.
+// exactly that instance, and its group replaces it.
 func (r *Reconciler) reconcilePoolMachine(ctx context.Context, nm *infrav1.NstanceMachine, id string) (reconcile.Result, error) {
 	nm.Status.InstanceID, nm.Status.Shard, nm.Status.FailureDomain = id, nm.Spec.Shard, nm.Spec.Shard
 	cl, err := r.Conns.Client(nm.Spec.Shard)
@@ -77,27 +73,25 @@ func (r *Reconciler) reconcilePoolMachine(ctx context.Context, nm *infrav1.Nstan
 	return reconcile.Result{}, nil
 }
 
-// deletePoolMachine removes the instance of a deleting pool NstanceMachine.
-//
-// Deleting the instance outright would make its group create a
-// replacement, and lowering the MachinePool alone would let the server
-// pick any member. So, while the instance is a member: first the server
-// marks it as the one its group's next scale-down removes (on_scale_down,
-// skipping the drain when core CAPI drained the Node), then the MachinePool's
-// spec.replicas goes down by one, in one optimistic-locked patch together
-// with an annotation naming this NstanceMachine so no retry lowers it
-// twice. The pool's shard group then shrinks and the server removes the
-// marked instance. An instance already being removed by the server is
-// waited for. The finalizer goes once the instance is gone.
+// deletePoolMachine removes the instance of a deleting pool NstanceMachine
+// the way core CAPI's MachineSet treats a deleted Machine: the instance is
+// deleted (without a second drain when core CAPI drained its Node) and the
+// group replaces it, so the MachinePool keeps its replicas. Lowering the
+// pool is the scale subresource's job: cluster-autoscaler annotates the
+// Machine with delete-machine and lowers the MachinePool, and the pool's
+// scale-down planner removes exactly that instance. An instance already
+// being removed by the server is waited for. The finalizer goes once the
+// instance is gone (with the release record an earlier version may have
+// left on the MachinePool).
 func (r *Reconciler) deletePoolMachine(ctx context.Context, nm *infrav1.NstanceMachine, id string, inst *nstancev1.InstanceStatus, gone bool) (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(nm, Finalizer) {
 		return reconcile.Result{}, nil
 	}
-	mp, err := util.GetMachinePoolByLabels(ctx, r.Client, nm.Namespace, nm.Labels)
-	if err != nil {
-		return reconcile.Result{}, fmt.Errorf("find the MachinePool of NstanceMachine %s: %w", nm.Name, err)
-	}
 	if gone {
+		mp, err := util.GetMachinePoolByLabels(ctx, r.Client, nm.Namespace, nm.Labels)
+		if err != nil {
+			return reconcile.Result{}, fmt.Errorf("find the MachinePool of NstanceMachine %s: %w", nm.Name, err)
+		}
 		if err := r.forgetRelease(ctx, mp, nm); err != nil {
 			return reconcile.Result{}, err
 		}
@@ -123,25 +117,13 @@ func (r *Reconciler) deletePoolMachine(ctx context.Context, nm *infrav1.NstanceM
 			return reconcile.Result{}, fmt.Errorf("DeleteInstance %s on shard %s: %w", id, nm.Spec.Shard, err)
 		}
 	case st == nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION || st == nstancev1.InstanceState_INSTANCE_STATE_DELETING:
-		// Being removed by the server already: nothing to lower.
-	case mp == nil || !mp.DeletionTimestamp.IsZero():
-		// No MachinePool to lower (or it is going away with its group).
+		// Being removed by the server already.
+	default:
 		if _, err := cl.DeleteInstance(ctx, &nstancev1.DeleteInstanceRequest{InstanceId: id, SkipDrain: skipDrain}); err != nil && status.Code(err) != codes.NotFound {
 			return reconcile.Result{}, fmt.Errorf("DeleteInstance %s on shard %s: %w", id, nm.Spec.Shard, err)
 		}
-		if mp == nil && r.Recorder != nil {
-			r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, ReasonNoMachinePool, "Delete", "no MachinePool found for instance %s; deleted, its group replaces it", id)
-		}
-	default:
-		if _, err := cl.DeleteInstance(ctx, &nstancev1.DeleteInstanceRequest{InstanceId: id, SkipDrain: skipDrain, OnScaleDown: true}); err != nil && status.Code(err) != codes.NotFound {
-			return reconcile.Result{}, fmt.Errorf("mark instance %s for scale-down on shard %s: %w", id, nm.Spec.Shard, err)
-		}
-		lowered, err := r.releaseFromPool(ctx, mp, nm, id)
-		if err != nil {
-			return reconcile.Result{}, err
-		}
-		if lowered && r.Recorder != nil {
-			r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, ReasonReleasedFromPool, "Delete", "MachinePool %s lowered by one for instance %s", mp.Name, id)
+		if r.Recorder != nil {
+			r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, ReasonReplaced, "Delete", "instance %s deleted with its Machine; its group replaces it", id)
 		}
 	}
 	setCond(nm, ConditionReady, metav1.ConditionFalse, ReasonDeleting, "waiting for instance "+id+" to be deleted")
@@ -150,25 +132,6 @@ func (r *Reconciler) deletePoolMachine(ctx context.Context, nm *infrav1.NstanceM
 
 func releaseKey(nm *infrav1.NstanceMachine) string {
 	return infrav1.ReleasedAnnotationPrefix + string(nm.UID)
-}
-
-// releaseFromPool lowers mp's spec.replicas by one for nm, once: the patch
-// also records nm's UID on mp and is refused if mp changed since it was
-// read, so a retry (even from a stale cache) sees the record and stops.
-func (r *Reconciler) releaseFromPool(ctx context.Context, mp *clusterv1.MachinePool, nm *infrav1.NstanceMachine, id string) (bool, error) {
-	if _, done := mp.Annotations[releaseKey(nm)]; done {
-		return false, nil
-	}
-	patch := client.MergeFromWithOptions(mp.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	if mp.Annotations == nil {
-		mp.Annotations = map[string]string{}
-	}
-	mp.Annotations[releaseKey(nm)] = id
-	mp.Spec.Replicas = ptr.To(max(ptr.Deref(mp.Spec.Replicas, 1)-1, 0))
-	if err := r.Client.Patch(ctx, mp, patch); err != nil {
-		return false, fmt.Errorf("lower MachinePool %s for instance %s: %w", mp.Name, id, err)
-	}
-	return true, nil
 }
 
 // forgetRelease removes nm's record from mp once its instance is gone. mp

@@ -1,6 +1,7 @@
 // Package machinepool reconciles NstanceMachinePools. The size comes from the
 // MachinePool whose infrastructureRef names the pool; it is split over the
-// pool's shards (SplitReplicas) into one NstanceShardGroup per shard, named
+// pool's shards (PlanReplicas, plan.go; a scale-down marks the victims
+// Cluster API chose first, scale.go) into one NstanceShardGroup per shard, named
 // {group}--{shard} and owned by the pool. The pool status follows the Cluster
 // API MachinePool contract: spec.providerIDList is the sorted union of the
 // shard groups' provider IDs, and status.replicas, ready and

@@ -10,6 +10,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/annotations"
@@ -48,6 +49,11 @@ type Reconciler struct {
 	// Conns lists a group's instances for the pool's NstanceMachines
 	// (MachinePool Machines); nil leaves them out.
 	Conns *shardconn.Manager
+	// Reader reads the shard groups and Machines a scale-down is planned
+	// from, uncached; nil uses Client.
+	Reader client.Reader
+	// Recorder names each scale-down victim in an Event; nil records none.
+	Recorder events.EventRecorder
 }
 
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachinepools,verbs=get;list;watch;create;update;patch;delete
@@ -205,7 +211,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *infrav1.NstanceM
 	}
 	if mp != nil && !waitingForData {
 		desired = ptr.Deref(mp.Spec.Replicas, 1)
-		sizes := SplitReplicas(desired, pool.Spec.Shards)
+		sizes, err := r.sizes(ctx, pool, mp, desired)
+		if err != nil {
+			return err
+		}
 		for _, shard := range pool.Spec.Shards {
 			if err := r.ensureShardGroup(ctx, pool, mp, shard, sizes[shard], secret); err != nil {
 				return err

@@ -262,7 +262,7 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	if err := sg.SetupWithManager(mgr, op.trigger, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up shard group controller: %w", err)
 	}
-	pool := &machinepool.Reconciler{Client: mgr.GetClient(), Ledger: op.ledger, Conns: op.Conns}
+	pool := &machinepool.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Ledger: op.ledger, Conns: op.Conns, Recorder: recorder}
 	if err := pool.SetupWithManager(ctx, mgr, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up pool controller: %w", err)
 	}
