@@ -65,7 +65,7 @@ type Result struct {
 // Run performs the import.
 func (im *Importer) Run(ctx context.Context) (Result, error) {
 	var res Result
-	if err := im.waitUnpaused(ctx); err != nil {
+	if err := im.waitCluster(ctx); err != nil {
 		return res, err
 	}
 	wait := cmp.Or(im.Wait, 30*time.Second)
@@ -194,24 +194,42 @@ func (im *Importer) create(ctx context.Context, ids []string, found map[string][
 	return imported, errors.Join(errs...)
 }
 
-// waitUnpaused returns once the operator's Cluster is not paused: while
-// clusterctl move has it paused, no pools are created for it.
-func (im *Importer) waitUnpaused(ctx context.Context) error {
-	logged := false
+// waitCluster returns once the operator's Cluster exists and is not
+// paused. Cluster objects are the user's, so the import waits for them: on
+// a move target (clusterctl init, then clusterctl move) the Cluster arrives
+// paused together with the pools and the ledger it brings, and once it
+// resumes those groups are known; importing before would duplicate them.
+func (im *Importer) waitCluster(ctx context.Context) error {
+	var logged string
 	return wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
 		cl, err := paused.ClusterNamed(ctx, im.Reader, im.Namespace, im.ClusterName)
 		if err != nil {
 			return false, err
 		}
-		if !paused.IsClusterPaused(cl) {
+		why := ImportBlocked(cl)
+		if why == "" {
 			return true, nil
 		}
-		if !logged {
-			im.Log.Info("Cluster is paused; the import waits until it resumes", "cluster", im.ClusterName)
-			logged = true
+		if why != logged {
+			im.Log.Info("the import waits: "+why, "cluster", client.ObjectKey{Namespace: im.Namespace, Name: im.ClusterName})
+			logged = why
 		}
 		return false, nil
 	})
+}
+
+// ImportBlocked says why server groups cannot be imported for cluster (nil:
+// it does not exist), or "" when they can.
+func ImportBlocked(cluster *clusterv1.Cluster) string {
+	switch {
+	case cluster == nil:
+		return "the Cluster does not exist yet"
+	case !cluster.DeletionTimestamp.IsZero():
+		return "the Cluster is being deleted"
+	case paused.IsClusterPaused(cluster):
+		return "the Cluster is paused"
+	}
+	return ""
 }
 
 // Objects builds the NstanceMachinePool and MachinePool for a group found on

@@ -1,6 +1,7 @@
 package manager_test
 
 import (
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -27,6 +28,7 @@ import (
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/nonce"
+	"github.com/nstance-dev/nstance/internal/operator/cluster"
 	"github.com/nstance-dev/nstance/internal/operator/config"
 	"github.com/nstance-dev/nstance/internal/operator/manager"
 	"github.com/nstance-dev/nstance/internal/pki"
@@ -245,7 +247,29 @@ type running struct {
 	err  error
 }
 
+// startOperator creates the Cluster objects the cluster templates would
+// (the operator creates none) and starts the operator.
 func startOperator(t testing.TB, o manager.Options) *running {
+	t.Helper()
+	ensureClusterObjects(t, o)
+	return startOperatorOnly(t, o)
+}
+
+// ensureClusterObjects creates the Cluster, NstanceCluster and
+// NstanceControlPlane of o's cluster ID in o's namespace when missing.
+func ensureClusterObjects(t testing.TB, o manager.Options) {
+	t.Helper()
+	scheme, err := manager.NewScheme()
+	require.NoError(t, err)
+	c, err := client.New(o.RestConfig, client.Options{Scheme: scheme})
+	require.NoError(t, err)
+	ep, err := cluster.Endpoint(cmp.Or(o.Env.CAPIEndpoint, o.RestConfig.Host))
+	require.NoError(t, err)
+	require.NoError(t, cluster.EnsureObjects(context.Background(), c, o.Env.Namespace, o.Config.ClusterID, ep))
+}
+
+// startOperatorOnly starts the operator and nothing else.
+func startOperatorOnly(t testing.TB, o manager.Options) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	op, err := manager.New(ctx, o)

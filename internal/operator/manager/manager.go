@@ -350,8 +350,8 @@ func (op *Operator) Start(ctx context.Context) error {
 	return op.Manager.Start(ctx)
 }
 
-// sync is the leader-only runnable: registration, connections, cluster
-// objects, watches and the startup import. An error is fatal.
+// sync is the leader-only runnable: registration, connections, watches
+// and the startup import. An error is fatal.
 func (op *Operator) sync(ctx context.Context) error {
 	o := op.opts
 	log := o.Log.WithName("sync")
@@ -382,17 +382,9 @@ func (op *Operator) sync(ctx context.Context) error {
 	if err := op.Conns.Start(ctx, creds); err != nil {
 		return err
 	}
-	endpoint := infrav1.APIEndpoint{}
-	server := o.Env.CAPIEndpoint
-	if server == "" {
-		server = o.RestConfig.Host
-	}
-	if ep, err := cluster.Endpoint(server); err == nil {
-		endpoint = ep
-	}
-	if err := cluster.EnsureObjects(ctx, op.direct, o.Env.Namespace, o.Config.ClusterID, endpoint); err != nil {
-		return err
-	}
+	// Cluster objects are the user's (the cluster templates declare the
+	// Cluster, NstanceCluster and NstanceControlPlane): the operator creates
+	// none, so a deleted Cluster stays deleted across a restart.
 	w := &watch.Watcher{
 		Conns: op.Conns, Cache: op.Cache, Client: op.Manager.GetClient(), Recorder: op.Manager.GetEventRecorder("nstance-operator"),
 		Namespace: o.Env.Namespace, ClusterName: o.Config.ClusterID, Trigger: op.trigger, Metrics: op.Metrics,
