@@ -184,7 +184,9 @@ func newFixtureWith(t *testing.T, nodes client.Client, tune func(*shardtest.Opti
 			KeySecret: opconfig.DefaultKeySecret, NonceSecret: opconfig.DefaultNonceSecret,
 			CAPIServiceAccount: opconfig.DefaultCAPIServiceAccount,
 		},
-		RestConfig: env.Config, MetricsRegistry: prometheus.NewRegistry(), Log: logr.Discard(),
+		// Every test has its namespace in one API server: watch only it.
+		WatchNamespace: ns.Name,
+		RestConfig:     env.Config, MetricsRegistry: prometheus.NewRegistry(), Log: logr.Discard(),
 		MaxBackoff: 300 * time.Millisecond, RetryDelay: 300 * time.Millisecond, ImportWait: 5 * time.Second,
 		SkipNameValidation: true, DisableWebhooks: true,
 		DrainRetryInterval: 100 * time.Millisecond, MachinePollInterval: 100 * time.Millisecond,
@@ -345,7 +347,7 @@ func startOperator(t *testing.T, o manager.Options) {
 	t.Helper()
 	ep, err := cluster.Endpoint(cmp.Or(o.Env.CAPIEndpoint, o.RestConfig.Host))
 	require.NoError(t, err)
-	require.NoError(t, cluster.EnsureObjects(context.Background(), env.Client, o.Env.Namespace, o.Config.ClusterID, ep))
+	require.NoError(t, cluster.EnsureObjects(context.Background(), env.Client, cmp.Or(o.WatchNamespace, o.Env.Namespace), o.Config.ClusterID, ep))
 	startOperatorOnly(t, o)
 }
 

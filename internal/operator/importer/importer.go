@@ -37,12 +37,15 @@ type Importer struct {
 	Reader client.Reader
 	Conns  *shardconn.Manager
 	Ledger *ledger.Ledger
-	// Namespace receives the objects; ClusterName is the CAPI Cluster the
-	// MachinePools belong to.
+	// Namespace receives the objects and holds the CAPI Cluster
+	// ClusterName the MachinePools belong to.
 	Namespace   string
 	ClusterName string
-	Metrics     *metrics.Metrics
-	Log         logr.Logger
+	// WatchNamespace holds the pools and shard groups that make a group
+	// known; empty means every namespace.
+	WatchNamespace string
+	Metrics        *metrics.Metrics
+	Log            logr.Logger
 	// Wait bounds how long to wait for each shard to be reachable; zero
 	// means 30s. Groups only on shards still unreachable are not imported.
 	Wait time.Duration
@@ -100,7 +103,7 @@ func (im *Importer) Run(ctx context.Context) (Result, error) {
 		return res, err
 	}
 	var pools infrav1.NstanceMachinePoolList
-	if err := im.Reader.List(ctx, &pools, client.InNamespace(im.Namespace)); err != nil {
+	if err := im.Reader.List(ctx, &pools, client.InNamespace(im.WatchNamespace)); err != nil {
 		return res, fmt.Errorf("list NstanceMachinePools: %w", err)
 	}
 	for _, p := range pools.Items {
@@ -109,7 +112,7 @@ func (im *Importer) Run(ctx context.Context) (Result, error) {
 	// A shard group without a pool (the machinedeployment cluster template
 	// declares one for its NstanceMachines) also holds its group.
 	var sgs infrav1.NstanceShardGroupList
-	if err := im.Reader.List(ctx, &sgs, client.InNamespace(im.Namespace)); err != nil {
+	if err := im.Reader.List(ctx, &sgs, client.InNamespace(im.WatchNamespace)); err != nil {
 		return res, fmt.Errorf("list NstanceShardGroups: %w", err)
 	}
 	for _, sg := range sgs.Items {

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -19,6 +20,7 @@ import (
 	cpv1 "github.com/nstance-dev/nstance/api/controlplane/v1beta1"
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/operator/importer"
+	"github.com/nstance-dev/nstance/internal/testing/kubetest"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -200,4 +202,51 @@ func TestMoveOntoFreshOperatorImportsNothing(t *testing.T) {
 		return p.Status.Ready && len(p.Spec.ProviderIDList) == 3
 	}, waitLong, tick, "the moved pool runs its three instances")
 	require.Equal(t, [][2]int{{2, 2}, {1, 1}}, f.serverSizes(t, "workers", "shard-a", "shard-b"))
+}
+
+// TestPoolInAnotherNamespace: with the default flags (no --namespace) the
+// operator reconciles a pool in a namespace other than its own: shard
+// groups are pushed, server group events come back to them (their Ready
+// status), scaling and deletion follow. It runs on an API server of its own
+// so that no other test's objects are watched.
+func TestPoolInAnotherNamespace(t *testing.T) {
+	shared := env
+	env = kubetest.Start(t)
+	t.Cleanup(func() { env = shared })
+	f := newFixture(t, "shard-a", "shard-b")
+	f.putNonce(t)
+	ctx := context.Background()
+	opts := f.options(t)
+	opts.WatchNamespace = "" // the default: every namespace
+	r := startOperator(t, opts)
+	r.waitImported(t)
+
+	team := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "team-"}}
+	require.NoError(t, env.Client.Create(ctx, team))
+	require.NotEqual(t, f.ns, team.Name)
+	createPoolIn(t, team.Name, "team-workers", 2, 100*time.Millisecond, "shard-a", "shard-b")
+	require.Eventually(t, func() bool {
+		return slices.Equal(f.serverSizes(t, "team-workers", "shard-a", "shard-b"), [][2]int{{1, 1}, {1, 1}})
+	}, waitLong, tick, "the pool's groups run on both shards")
+	require.Eventually(t, func() bool {
+		p, _ := get(t, team.Name, "team-workers", &infrav1.NstanceMachinePool{})
+		return p.Status.Ready && len(p.Spec.ProviderIDList) == 2
+	}, waitLong, tick, "the pool in %s is ready with two provider IDs", team.Name)
+	_, ok := get(t, team.Name, "team-workers--shard-a", &infrav1.NstanceShardGroup{})
+	require.True(t, ok, "shard groups live beside their pool")
+
+	var mp clusterv1.MachinePool
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: team.Name, Name: "team-workers"}, &mp))
+	mp.Spec.Replicas = ptr.To[int32](3)
+	require.NoError(t, env.Client.Update(ctx, &mp))
+	require.Eventually(t, func() bool {
+		return slices.Equal(f.serverSizes(t, "team-workers", "shard-a", "shard-b"), [][2]int{{2, 2}, {1, 1}})
+	}, waitLong, tick, "scaling follows")
+
+	pool, _ := get(t, team.Name, "team-workers", &infrav1.NstanceMachinePool{})
+	require.NoError(t, env.Client.Delete(ctx, pool))
+	require.Eventually(t, func() bool {
+		_, okPool := get(t, team.Name, "team-workers", &infrav1.NstanceMachinePool{})
+		return !okPool && slices.Equal(f.serverSizes(t, "team-workers", "shard-a", "shard-b"), [][2]int{{-1, -1}, {-1, -1}})
+	}, waitLong, tick, "deletion removes the server groups")
 }

@@ -227,6 +227,8 @@ func (f *fixture) options(t testing.TB) manager.Options {
 			KeySecret: config.DefaultKeySecret, NonceSecret: config.DefaultNonceSecret,
 			CAPIServiceAccount: config.DefaultCAPIServiceAccount,
 		},
+		// Every test has its namespace in one API server: watch only it.
+		WatchNamespace:     f.ns,
 		RestConfig:         env.Config,
 		MetricsRegistry:    prometheus.NewRegistry(),
 		Log:                testLogger(),
@@ -256,16 +258,14 @@ func startOperator(t testing.TB, o manager.Options) *running {
 }
 
 // ensureClusterObjects creates the Cluster, NstanceCluster and
-// NstanceControlPlane of o's cluster ID in o's namespace when missing.
+// NstanceControlPlane of o's cluster ID in o's namespace when missing, as
+// the user (the test's administrator), not as the operator.
 func ensureClusterObjects(t testing.TB, o manager.Options) {
 	t.Helper()
-	scheme, err := manager.NewScheme()
-	require.NoError(t, err)
-	c, err := client.New(o.RestConfig, client.Options{Scheme: scheme})
-	require.NoError(t, err)
 	ep, err := cluster.Endpoint(cmp.Or(o.Env.CAPIEndpoint, o.RestConfig.Host))
 	require.NoError(t, err)
-	require.NoError(t, cluster.EnsureObjects(context.Background(), c, o.Env.Namespace, o.Config.ClusterID, ep))
+	ns := cmp.Or(o.WatchNamespace, o.Env.Namespace)
+	require.NoError(t, cluster.EnsureObjects(context.Background(), env.Client, ns, o.Config.ClusterID, ep))
 }
 
 // startOperatorOnly starts the operator and nothing else.
@@ -343,16 +343,22 @@ func (f *fixture) createPool(t testing.TB, name string, replicas int32, shards .
 // createPoolDrain is createPool whose instances' drains may take drainTimeout.
 func (f *fixture) createPoolDrain(t testing.TB, name string, replicas int32, drainTimeout time.Duration, shards ...string) {
 	t.Helper()
+	createPoolIn(t, f.ns, name, replicas, drainTimeout, shards...)
+}
+
+// createPoolIn creates a pool (NstanceMachinePool and MachinePool) in ns.
+func createPoolIn(t testing.TB, ns, name string, replicas int32, drainTimeout time.Duration, shards ...string) {
+	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, env.Client.Create(ctx, &infrav1.NstanceMachinePool{
-		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: infrav1.NstanceMachinePoolSpec{
 			Group: name, Shards: shards, Template: "worker",
 			DrainTimeout: &metav1.Duration{Duration: drainTimeout},
 		},
 	}))
 	require.NoError(t, env.Client.Create(ctx, &clusterv1.MachinePool{
-		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: clusterv1.MachinePoolSpec{
 			ClusterName: clusterID, Replicas: ptr.To(replicas),
 			Template: clusterv1.MachineTemplateSpec{Spec: clusterv1.MachineSpec{
