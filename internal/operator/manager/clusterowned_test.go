@@ -20,6 +20,7 @@ import (
 	cpv1 "github.com/nstance-dev/nstance/api/controlplane/v1beta1"
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/operator/importer"
+	"github.com/nstance-dev/nstance/internal/operator/shardgroup"
 	"github.com/nstance-dev/nstance/internal/testing/kubetest"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -249,4 +250,54 @@ func TestPoolInAnotherNamespace(t *testing.T) {
 		_, okPool := get(t, team.Name, "team-workers", &infrav1.NstanceMachinePool{})
 		return !okPool && slices.Equal(f.serverSizes(t, "team-workers", "shard-a", "shard-b"), [][2]int{{-1, -1}, {-1, -1}})
 	}, waitLong, tick, "deletion removes the server groups")
+}
+
+// TestShardGroupWaitsForMembers: a deleted pool's shard group keeps its
+// finalizer until the server reports no member of its group. The member's
+// drain is held by a PodDisruptionBudget until the drain deadline, so for
+// those seconds the server still has it, and so must Kubernetes.
+func TestShardGroupWaitsForMembers(t *testing.T) {
+	f := newFixture(t, "shard-a")
+	f.putNonce(t)
+	ctx := context.Background()
+	r := startOperator(t, f.options(t))
+	r.waitImported(t)
+	f.createPoolDrain(t, "held", 1, 3*time.Second, "shard-a")
+	members := func() []string {
+		resp, err := f.shards["shard-a"].client(t).ListInstances(ctx, &nstancev1.ListInstancesRequest{GroupIds: []string{"held"}})
+		require.NoError(t, err)
+		return shardgroup.Remaining(resp.GetInstances())
+	}
+	var inst *nstancev1.InstanceStatus
+	require.Eventually(t, func() bool {
+		resp, err := f.shards["shard-a"].client(t).ListInstances(ctx, &nstancev1.ListInstancesRequest{GroupIds: []string{"held"}})
+		require.NoError(t, err)
+		if len(resp.GetInstances()) != 1 || resp.GetInstances()[0].GetProviderId() == "" {
+			return false
+		}
+		inst = resp.GetInstances()[0]
+		return true
+	}, waitLong, tick, "the pool runs its instance")
+	createNode(t, env.Client, inst.GetInstanceId(), inst.GetProviderId())
+	createPod(t, env.Client, f.ns, "guarded", inst.GetInstanceId(), plainPod, map[string]string{"app": "guarded"})
+	createPDB(t, env.Client, f.ns, "guarded", map[string]string{"app": "guarded"})
+	r.waitNodeCached(t, inst.GetProviderId())
+
+	pool, _ := get(t, f.ns, "held", &infrav1.NstanceMachinePool{})
+	require.NoError(t, env.Client.Delete(ctx, pool))
+	waited := false
+	require.Eventually(t, func() bool {
+		left := members()
+		sg, ok := get(t, f.ns, "held--shard-a", &infrav1.NstanceShardGroup{})
+		if len(left) > 0 {
+			require.True(t, ok, "shard group released while the server still has %v", left)
+			if !sg.DeletionTimestamp.IsZero() && condition(sg.Status.Conditions, infrav1.ReadyCondition) == metav1.ConditionFalse {
+				waited = true
+			}
+			return false
+		}
+		return !ok
+	}, waitLong, tick, "the member goes at its drain deadline, then the shard group")
+	require.True(t, waited, "the shard group was seen waiting for its member")
+	require.NotEmpty(t, f.events(t, "NstanceShardGroup", "held--shard-a", shardgroup.EventGroupDeleted))
 }
