@@ -301,3 +301,34 @@ func TestShardGroupWaitsForMembers(t *testing.T) {
 	require.True(t, waited, "the shard group was seen waiting for its member")
 	require.NotEmpty(t, f.events(t, "NstanceShardGroup", "held--shard-a", shardgroup.EventGroupDeleted))
 }
+
+// TestStandaloneShardGroupOwnedByCluster: a shard group that nothing owns
+// (the MachineDeployment template's) gets its Cluster as owner, so it goes
+// with the Cluster; a pool's shard groups keep their pool as only owner.
+func TestStandaloneShardGroupOwnedByCluster(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, "shard-a")
+	f.putNonce(t)
+	r := startOperator(t, f.options(t))
+	r.waitImported(t)
+	var cl clusterv1.Cluster
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: clusterID}, &cl))
+	require.NoError(t, env.Client.Create(ctx, &infrav1.NstanceShardGroup{
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: infrav1.ShardGroupName("md-0", "shard-a"),
+			Labels: map[string]string{clusterv1.ClusterNameLabel: clusterID}},
+		Spec: infrav1.NstanceShardGroupSpec{Group: "md-0", Shard: "shard-a", Size: 0, Template: "worker"},
+	}))
+	require.Eventually(t, func() bool {
+		sg, _ := get(t, f.ns, "md-0--shard-a", &infrav1.NstanceShardGroup{})
+		return len(sg.OwnerReferences) == 1 && sg.OwnerReferences[0].Kind == "Cluster" && sg.OwnerReferences[0].UID == cl.UID
+	}, waitLong, tick, "the Cluster owns the standalone shard group")
+
+	f.createPool(t, "pooled", 1, "shard-a")
+	require.Eventually(t, func() bool {
+		sg, ok := get(t, f.ns, "pooled--shard-a", &infrav1.NstanceShardGroup{})
+		return ok && slices.Contains(sg.Finalizers, infrav1.ShardGroupFinalizer)
+	}, waitLong, tick)
+	sg, _ := get(t, f.ns, "pooled--shard-a", &infrav1.NstanceShardGroup{})
+	require.Len(t, sg.OwnerReferences, 1)
+	require.Equal(t, "NstanceMachinePool", sg.OwnerReferences[0].Kind)
+}

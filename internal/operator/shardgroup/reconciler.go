@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util"
 	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/finalizers"
@@ -140,7 +141,34 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	if !sg.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, &sg, owner != nil && webhook.IsStatic(owner))
 	}
+	if err := r.ensureClusterOwner(ctx, &sg); err != nil {
+		return ctrl.Result{}, err
+	}
 	return r.reconcileNormal(ctx, &sg)
+}
+
+// ensureClusterOwner makes the Cluster of a shard group that nothing owns
+// (the MachineDeployment template declares one for its NstanceMachines'
+// group, and a template cannot know the Cluster's UID) its owner, as core
+// CAPI does for an infrastructure cluster: the shard group then goes with
+// its Cluster, and clusterctl move finds it through the owner chain. The
+// deferred patch writes it.
+func (r *Reconciler) ensureClusterOwner(ctx context.Context, sg *infrav1.NstanceShardGroup) error {
+	name := sg.Labels[clusterv1.ClusterNameLabel]
+	if len(sg.OwnerReferences) > 0 || name == "" {
+		return nil
+	}
+	var cl clusterv1.Cluster
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: sg.Namespace, Name: name}, &cl); err != nil {
+		if kerrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("get Cluster %s of shard group %s: %w", name, sg.Name, err)
+	}
+	sg.OwnerReferences = util.EnsureOwnerRef(sg.OwnerReferences, metav1.OwnerReference{
+		APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: cl.Name, UID: cl.UID,
+	})
+	return nil
 }
 
 func (r *Reconciler) ownerPool(ctx context.Context, sg *infrav1.NstanceShardGroup) (*infrav1.NstanceMachinePool, error) {
