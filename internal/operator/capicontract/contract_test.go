@@ -1,6 +1,7 @@
 package capicontract_test
 
 import (
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -51,6 +52,7 @@ import (
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/nonce"
+	"github.com/nstance-dev/nstance/internal/operator/cluster"
 	opconfig "github.com/nstance-dev/nstance/internal/operator/config"
 	"github.com/nstance-dev/nstance/internal/operator/drain"
 	"github.com/nstance-dev/nstance/internal/operator/manager"
@@ -184,7 +186,9 @@ func newFixtureWith(t *testing.T, nodes client.Client, tune func(*shardtest.Opti
 			KeySecret: opconfig.DefaultKeySecret, NonceSecret: opconfig.DefaultNonceSecret,
 			CAPIServiceAccount: opconfig.DefaultCAPIServiceAccount,
 		},
-		RestConfig: env.Config, MetricsRegistry: prometheus.NewRegistry(), Log: logr.Discard(),
+		// Every test has its namespace in one API server: watch only it.
+		WatchNamespace: ns.Name,
+		RestConfig:     env.Config, MetricsRegistry: prometheus.NewRegistry(), Log: logr.Discard(),
 		MaxBackoff: 300 * time.Millisecond, RetryDelay: 300 * time.Millisecond, ImportWait: 5 * time.Second,
 		SkipNameValidation: true, DisableWebhooks: true,
 		DrainRetryInterval: 100 * time.Millisecond, MachinePollInterval: 100 * time.Millisecond,
@@ -339,7 +343,19 @@ func runCAPIManager(t *testing.T, ctx context.Context, cancel context.CancelFunc
 // capiSetup adds controllers to the manager startCAPI runs.
 type capiSetup func(ctx context.Context, mgr ctrl.Manager, cc clustercache.ClusterCache, opts controller.Options) error
 
+// startOperator creates the Cluster objects the cluster templates would
+// (the operator creates none) and starts the operator.
 func startOperator(t *testing.T, o manager.Options) {
+	t.Helper()
+	ep, err := cluster.Endpoint(cmp.Or(o.Env.CAPIEndpoint, o.RestConfig.Host))
+	require.NoError(t, err)
+	require.NoError(t, cluster.EnsureObjects(context.Background(), env.Client, cmp.Or(o.WatchNamespace, o.Env.Namespace), o.Config.ClusterID, ep))
+	startOperatorOnly(t, o)
+}
+
+// startOperatorOnly starts the operator and waits for its startup import,
+// which waits for the Cluster to exist.
+func startOperatorOnly(t *testing.T, o manager.Options) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	op, err := manager.New(ctx, o)

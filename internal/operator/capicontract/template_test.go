@@ -362,9 +362,6 @@ func TestClusterctlTemplates(t *testing.T) {
 
 	t.Run("applied beside core CAPI, the Clusters become Available and the workers Ready", func(t *testing.T) {
 		bindCAPIWorkloadRole(t, f.ns)
-		// The operator first: it creates the Cluster named after its cluster
-		// ID, which the default flavour's objects are then applied over.
-		startOperator(t, f.opts)
 		logs := &capiLog{}
 		startCAPI(t, f.ns, logs.logger(), withMachineDeployments)
 		t.Cleanup(func() {
@@ -376,6 +373,9 @@ func TestClusterctlTemplates(t *testing.T) {
 		})
 		require.NoError(t, apply(ctx, mp))
 		require.NoError(t, apply(ctx, md))
+		// The templates declare the Clusters; the operator creates none, and
+		// its startup import waits for its own.
+		startOperatorOnly(t, f.opts)
 		key := func(name string) client.ObjectKey { return client.ObjectKey{Namespace: f.ns, Name: name} }
 
 		for _, name := range []string{clusterID, mdCluster} {

@@ -30,6 +30,7 @@ const envPrefix = "NSTANCE"
 // are defined by internal/operator/config, which reads them.
 const (
 	EnvConfig          = "NSTANCE_CONFIG"
+	EnvWatchNamespace  = "NSTANCE_WATCH_NAMESPACE"
 	EnvProbeAddr       = "NSTANCE_HEALTH_PROBE_BIND_ADDRESS"
 	EnvMetricsAddr     = "NSTANCE_METRICS_BIND_ADDRESS"
 	EnvPprofAddr       = "NSTANCE_PPROF_ADDR"
@@ -64,8 +65,9 @@ type Flags struct {
 	// then the in-cluster configuration, then ~/.kube/config.
 	Kubeconfig string
 	// Namespace holds the Cluster API and Nstance objects the operator
-	// reconciles and its own Secrets, ConfigMaps and Lease. Empty here means
-	// NSTANCE_NAMESPACE, then the pod's namespace (config.ParseEnv).
+	// reconciles; empty means every namespace, as clusterctl expects. The
+	// operator's own Secrets, ConfigMaps and Lease are in NSTANCE_NAMESPACE,
+	// else the pod's namespace (config.ParseEnv).
 	Namespace       string
 	ProbeAddr       string
 	MetricsAddr     string
@@ -91,9 +93,10 @@ type Flags struct {
 type envVar struct{ name, usage string }
 
 // objectVars are the variables internal/operator/config reads besides
-// NSTANCE_NAMESPACE (which is --namespace).
+// NSTANCE_NAMESPACE.
 func objectVars() []envVar {
 	return []envVar{
+		{config.EnvNamespace, "namespace of the operator's own Secrets, ConfigMaps and leader-election Lease (default: the pod's namespace)"},
 		{config.EnvCAConfigMap, fmt.Sprintf("ConfigMap holding the cluster CA under ca.crt (default %s)", config.DefaultCAConfigMap)},
 		{config.EnvNonceSecret, fmt.Sprintf("Secret holding the one-time registration nonce under nonce.jwt (default %s)", config.DefaultNonceSecret)},
 		{config.EnvCertSecret, fmt.Sprintf("Secret the operator stores its client certificate in (default %s)", config.DefaultCertSecret)},
@@ -165,8 +168,8 @@ func newFlagSet(f *Flags, p *envDefaults) *flag.FlagSet {
 		"operator configuration file: cluster, tenant and shard endpoints")
 	fs.StringVar(&f.Kubeconfig, "kubeconfig", "",
 		"kubeconfig file of the management cluster; without it: $KUBECONFIG, the pod's ServiceAccount, then ~/.kube/config")
-	fs.StringVar(&f.Namespace, "namespace", p.str(config.EnvNamespace, ""),
-		"namespace whose Cluster API and Nstance objects the operator reconciles; it also holds the operator's Secrets, ConfigMaps and leader-election Lease (default: the pod's namespace)")
+	fs.StringVar(&f.Namespace, "namespace", p.str(EnvWatchNamespace, ""),
+		"namespace whose Cluster API and Nstance objects the operator reconciles (default: every namespace); the operator's Cluster, imported pools and on-demand objects live there, or in "+config.EnvNamespace+" when it is empty")
 	fs.StringVar(&f.ProbeAddr, "health-probe-bind-address", p.str(EnvProbeAddr, DefaultProbeAddr),
 		"address of /healthz and /readyz (0 disables them)")
 	fs.StringVar(&f.MetricsAddr, "metrics-bind-address", p.str(EnvMetricsAddr, DefaultMetricsAddr),
@@ -195,7 +198,7 @@ func newFlagSet(f *Flags, p *envDefaults) *flag.FlagSet {
 // flagEnv maps each flag to the variable it is read from.
 func flagEnv() map[string]string {
 	return map[string]string{
-		"config": EnvConfig, "kubeconfig": EnvKubeconfig, "namespace": config.EnvNamespace,
+		"config": EnvConfig, "kubeconfig": EnvKubeconfig, "namespace": EnvWatchNamespace,
 		"health-probe-bind-address": EnvProbeAddr, "metrics-bind-address": EnvMetricsAddr, "pprof-addr": EnvPprofAddr,
 		"leader-elect": EnvLeaderElect, "disable-webhooks": EnvDisableWebhooks,
 		"webhook-host": EnvWebhookHost, "webhook-port": EnvWebhookPort, "webhook-cert-dir": EnvWebhookCertDir,
@@ -275,7 +278,7 @@ func Usage(w io.Writer, fs *flag.FlagSet) {
 	env := flagEnv()
 	fmt.Fprintf(w, "Usage: %s [flags]\n\n", Name)
 	fmt.Fprintf(w, "The Nstance Cluster API infrastructure provider: keeps the Cluster API and Nstance\n")
-	fmt.Fprintf(w, "objects of one namespace in sync with the nstance-server of every shard.\n\n")
+	fmt.Fprintf(w, "objects in sync with the nstance-server of every shard.\n\n")
 	fmt.Fprintf(w, "Flags (each also read from the variable named; a flag given here wins):\n")
 	fs.VisitAll(func(fl *flag.Flag) {
 		typ, usage := flag.UnquoteUsage(fl)
@@ -296,7 +299,7 @@ func Usage(w io.Writer, fs *flag.FlagSet) {
 		}
 		fmt.Fprintf(w, "      %s\n", usage)
 	})
-	fmt.Fprintf(w, "\nEnvironment variables naming the objects the operator uses (in --namespace):\n")
+	fmt.Fprintf(w, "\nEnvironment variables naming the operator's namespace and the objects it uses there:\n")
 	for _, v := range objectVars() {
 		fmt.Fprintf(w, "  %s\n      %s\n", v.name, v.usage)
 	}

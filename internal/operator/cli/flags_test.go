@@ -50,7 +50,7 @@ func TestFlagBeatsEnvBeatsDefault(t *testing.T) {
 		fromEnv, fromFlag              any
 	}{
 		{"config", EnvConfig, "/env.yaml", "/flag.yaml", func(f Flags) any { return f.ConfigPath }, "/env.yaml", "/flag.yaml"},
-		{"namespace", config.EnvNamespace, "env-ns", "flag-ns", func(f Flags) any { return f.Namespace }, "env-ns", "flag-ns"},
+		{"namespace", EnvWatchNamespace, "env-ns", "flag-ns", func(f Flags) any { return f.Namespace }, "env-ns", "flag-ns"},
 		{"health-probe-bind-address", EnvProbeAddr, "127.0.0.1:1", ":2", func(f Flags) any { return f.ProbeAddr }, "127.0.0.1:1", ":2"},
 		{"metrics-bind-address", EnvMetricsAddr, ":3", "0", func(f Flags) any { return f.MetricsAddr }, ":3", "0"},
 		{"pprof-addr", EnvPprofAddr, "127.0.0.1:6061", "", func(f Flags) any { return f.PprofAddr }, "127.0.0.1:6061", ""},
@@ -99,7 +99,7 @@ func TestBadValuesAreRefused(t *testing.T) {
 		{"port not a number", []string{"--webhook-port=x"}, nil, []string{`invalid value "x" for flag -webhook-port`}},
 		{"bool in env", nil, map[string]string{EnvLeaderElect: "maybe"}, []string{`NSTANCE_LEADER_ELECT="maybe": want true or false`}},
 		{"namespace", []string{"--namespace", "Not_A_Namespace"}, nil, []string{`--namespace "Not_A_Namespace"`}},
-		{"namespace in env", nil, map[string]string{config.EnvNamespace: "a/b"}, []string{`--namespace "a/b"`}},
+		{"namespace in env", nil, map[string]string{EnvWatchNamespace: "a/b"}, []string{`--namespace "a/b"`}},
 		{"probe address", []string{"--health-probe-bind-address", "8081"}, nil, []string{`--health-probe-bind-address "8081": want host:port`}},
 		{"metrics port", nil, map[string]string{EnvMetricsAddr: ":http"}, []string{`--metrics-bind-address ":http": port must be a number`}},
 		{"pprof address", []string{"--pprof-addr", "6061"}, nil, []string{`--pprof-addr "6061": want host:port`}},
@@ -228,25 +228,24 @@ func TestMainLogsStartAndOneErrorLine(t *testing.T) {
 	require.NotContains(t, failed, "stacktrace")
 }
 
+// TestEnvNamespace: the operator's own namespace is NSTANCE_NAMESPACE, else
+// the pod's; --namespace (what is watched) never changes it.
 func TestEnvNamespace(t *testing.T) {
 	getenv := func(k string) string { return map[string]string{config.EnvNamespace: "from-env"}[k] }
 	pod := func() (string, error) { return "from-pod", nil }
 	noPod := func() (string, error) { return "", errors.New("not in a pod") }
 
-	e, err := Flags{Namespace: "from-flag"}.Env(getenv, pod)
+	e, err := Flags{Namespace: "watched"}.Env(getenv, pod)
 	require.NoError(t, err)
-	require.Equal(t, "from-flag", e.Namespace)
+	require.Equal(t, "from-env", e.Namespace)
 	e, err = Flags{}.Env(getenv, pod)
 	require.NoError(t, err)
 	require.Equal(t, "from-env", e.Namespace)
-	e, err = Flags{}.Env(func(string) string { return "" }, pod)
+	e, err = Flags{Namespace: "watched"}.Env(func(string) string { return "" }, pod)
 	require.NoError(t, err)
 	require.Equal(t, "from-pod", e.Namespace)
-	e, err = Flags{Namespace: "from-flag"}.Env(func(string) string { return "" }, noPod)
-	require.NoError(t, err, "--namespace is enough outside a pod")
-	require.Equal(t, "from-flag", e.Namespace)
-	_, err = Flags{}.Env(func(string) string { return "" }, noPod)
-	require.ErrorContains(t, err, config.EnvNamespace)
+	_, err = Flags{Namespace: "watched"}.Env(func(string) string { return "" }, noPod)
+	require.ErrorContains(t, err, config.EnvNamespace, "outside a pod NSTANCE_NAMESPACE is needed")
 }
 
 func TestManagerOptions(t *testing.T) {
@@ -258,6 +257,10 @@ func TestManagerOptions(t *testing.T) {
 	require.Same(t, cfg, o.Config)
 	require.Same(t, rc, o.RestConfig)
 	require.Equal(t, "ns", o.Env.Namespace)
+	require.Empty(t, o.WatchNamespace, "no --namespace: every namespace")
+	f, err = Parse([]string{"--namespace=team-a"}, lookup(nil), nil)
+	require.NoError(t, err)
+	require.Equal(t, "team-a", f.ManagerOptions(cfg, config.Env{Namespace: "ns"}, rc, logr.Discard()).WatchNamespace)
 	require.True(t, o.LeaderElect)
 	require.False(t, o.DisableWebhooks)
 	require.Equal(t, 9555, o.WebhookPort)

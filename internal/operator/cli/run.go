@@ -76,7 +76,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return ExitError
 	}
 	log.Info("running", "cluster", cfg.ClusterID, "tenant", cfg.Tenant, "shards", cfg.ShardIDs(),
-		"namespace", env.Namespace, "apiServer", restCfg.Host, "leaderElect", f.LeaderElect,
+		"namespace", env.Namespace, "watchNamespace", f.Namespace, "apiServer", restCfg.Host, "leaderElect", f.LeaderElect,
 		"webhooks", !f.DisableWebhooks, "webhookPort", f.WebhookPort, "workloadCluster", f.WorkloadCluster)
 	// Start returns an error on a fatal sync failure and when leadership is
 	// lost; either way the process exits so a fresh start resumes cleanly.
@@ -88,21 +88,17 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	return ExitOK
 }
 
-// Env reads the environment configuration; --namespace, when given, wins
-// over NSTANCE_NAMESPACE and the pod's namespace.
+// Env reads the environment configuration: the operator's own namespace is
+// NSTANCE_NAMESPACE, else the pod's; --namespace (what is watched) does not
+// change it.
 func (f Flags) Env(getenv func(string) string, podNamespace func() (string, error)) (config.Env, error) {
-	return config.ParseEnv(func(k string) string {
-		if k == config.EnvNamespace && f.Namespace != "" {
-			return f.Namespace
-		}
-		return getenv(k)
-	}, podNamespace)
+	return config.ParseEnv(getenv, podNamespace)
 }
 
 // ManagerOptions builds the manager's options from the flags.
 func (f Flags) ManagerOptions(cfg *config.Config, env config.Env, restCfg *rest.Config, log logr.Logger) manager.Options {
 	return manager.Options{
-		Config: cfg, Env: env, RestConfig: restCfg, Log: log,
+		Config: cfg, Env: env, WatchNamespace: f.Namespace, RestConfig: restCfg, Log: log,
 		MetricsAddr: f.MetricsAddr, ProbeAddr: f.ProbeAddr, PprofAddr: f.PprofAddr, LeaderElect: f.LeaderElect,
 		DisableWebhooks: f.DisableWebhooks,
 		WebhookHost:     f.WebhookHost, WebhookPort: f.WebhookPort, WebhookCertDir: f.WebhookCertDir,

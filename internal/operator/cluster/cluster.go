@@ -30,10 +30,9 @@ type Reconciler struct {
 	Shards []string
 }
 
-// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstanceclusters,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstanceclusters,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstanceclusters/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch;create;patch
-// +kubebuilder:rbac:groups=controlplane.cluster.x-k8s.io,resources=nstancecontrolplanes,verbs=get;create
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
 
 // SetupWithManager registers the controller.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
@@ -99,7 +98,10 @@ func Endpoint(server string) (infrav1.APIEndpoint, error) {
 }
 
 // EnsureObjects creates the NstanceCluster, NstanceControlPlane and CAPI
-// Cluster named name when they do not exist, and gives an existing Cluster
+// Cluster named name when they do not exist, as the cluster templates
+// declare them. The operator does not call it (Cluster objects are the
+// user's; a deleted Cluster must stay deleted): tests and tools do. It gives
+// an existing Cluster
 // that has no control plane (made by an operator before the
 // NstanceControlPlane existed) a reference to it. Everything else on
 // existing objects is left as it is. A paused Cluster (clusterctl move in

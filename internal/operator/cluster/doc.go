@@ -1,7 +1,6 @@
-// Package cluster manages the cluster-level Cluster API objects: it
-// creates the NstanceCluster, NstanceControlPlane and CAPI Cluster named
-// after the cluster ID when they are missing (and points an existing
-// Cluster without a control plane at the NstanceControlPlane), and reports
-// one failure domain per configured shard on the NstanceCluster. The
+// Package cluster reconciles NstanceClusters: it reports one failure domain
+// per configured shard. The Cluster, NstanceCluster and NstanceControlPlane
+// are the user's (templates/); the operator creates none of them.
+// EnsureObjects builds them the way the templates do, for tests and tools. The
 // kubeconfig Secret is the control plane's (package controlplane).
 package cluster

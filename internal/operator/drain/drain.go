@@ -84,8 +84,9 @@ type Coordinator struct {
 	// retries it on its own schedule) and Events about Nodes.
 	Workload workload.Access
 	// Cluster is the Cluster API Cluster the shards' instances belong to.
-	Cluster   client.ObjectKey
-	Recorder  events.EventRecorder
+	Cluster  client.ObjectKey
+	Recorder events.EventRecorder
+	// Namespace holds the NstanceMachines; empty means every namespace.
 	Namespace string
 	Log       logr.Logger
 	// RetryInterval separates eviction passes while pods remain; zero means 2s.
@@ -100,7 +101,8 @@ type Coordinator struct {
 	// OnAcknowledged, when set, is called after a drain was acknowledged
 	// (tests and benchmarks measure with it).
 	OnAcknowledged func(shard, instanceID string, skipped bool)
-	// ClusterName is the Cluster (in Namespace) whose pause stops drains
+	// ClusterName is the Cluster (in Cluster.Namespace, else Namespace)
+	// whose pause stops drains
 	// of instances that have no NstanceMachine (those of pools).
 	ClusterName string
 	// Metrics records drain durations and eviction outcomes (nil: none).

@@ -179,7 +179,7 @@ func (c *Coordinator) paused(ctx context.Context, machine *infrav1.NstanceMachin
 	if c.ClusterName == "" {
 		return false, nil
 	}
-	cl, err := paused.ClusterNamed(ctx, c.Client, c.Namespace, c.ClusterName)
+	cl, err := paused.ClusterNamed(ctx, c.Client, cmp.Or(c.Cluster.Namespace, c.Namespace), c.ClusterName)
 	return paused.IsClusterPaused(cl), err
 }
 

@@ -37,12 +37,15 @@ type Importer struct {
 	Reader client.Reader
 	Conns  *shardconn.Manager
 	Ledger *ledger.Ledger
-	// Namespace receives the objects; ClusterName is the CAPI Cluster the
-	// MachinePools belong to.
+	// Namespace receives the objects and holds the CAPI Cluster
+	// ClusterName the MachinePools belong to.
 	Namespace   string
 	ClusterName string
-	Metrics     *metrics.Metrics
-	Log         logr.Logger
+	// WatchNamespace holds the pools and shard groups that make a group
+	// known; empty means every namespace.
+	WatchNamespace string
+	Metrics        *metrics.Metrics
+	Log            logr.Logger
 	// Wait bounds how long to wait for each shard to be reachable; zero
 	// means 30s. Groups only on shards still unreachable are not imported.
 	Wait time.Duration
@@ -65,7 +68,7 @@ type Result struct {
 // Run performs the import.
 func (im *Importer) Run(ctx context.Context) (Result, error) {
 	var res Result
-	if err := im.waitUnpaused(ctx); err != nil {
+	if err := im.waitCluster(ctx); err != nil {
 		return res, err
 	}
 	wait := cmp.Or(im.Wait, 30*time.Second)
@@ -100,7 +103,7 @@ func (im *Importer) Run(ctx context.Context) (Result, error) {
 		return res, err
 	}
 	var pools infrav1.NstanceMachinePoolList
-	if err := im.Reader.List(ctx, &pools, client.InNamespace(im.Namespace)); err != nil {
+	if err := im.Reader.List(ctx, &pools, client.InNamespace(im.WatchNamespace)); err != nil {
 		return res, fmt.Errorf("list NstanceMachinePools: %w", err)
 	}
 	for _, p := range pools.Items {
@@ -109,7 +112,7 @@ func (im *Importer) Run(ctx context.Context) (Result, error) {
 	// A shard group without a pool (the machinedeployment cluster template
 	// declares one for its NstanceMachines) also holds its group.
 	var sgs infrav1.NstanceShardGroupList
-	if err := im.Reader.List(ctx, &sgs, client.InNamespace(im.Namespace)); err != nil {
+	if err := im.Reader.List(ctx, &sgs, client.InNamespace(im.WatchNamespace)); err != nil {
 		return res, fmt.Errorf("list NstanceShardGroups: %w", err)
 	}
 	for _, sg := range sgs.Items {
@@ -194,24 +197,42 @@ func (im *Importer) create(ctx context.Context, ids []string, found map[string][
 	return imported, errors.Join(errs...)
 }
 
-// waitUnpaused returns once the operator's Cluster is not paused: while
-// clusterctl move has it paused, no pools are created for it.
-func (im *Importer) waitUnpaused(ctx context.Context) error {
-	logged := false
+// waitCluster returns once the operator's Cluster exists and is not
+// paused. Cluster objects are the user's, so the import waits for them: on
+// a move target (clusterctl init, then clusterctl move) the Cluster arrives
+// paused together with the pools and the ledger it brings, and once it
+// resumes those groups are known; importing before would duplicate them.
+func (im *Importer) waitCluster(ctx context.Context) error {
+	var logged string
 	return wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
 		cl, err := paused.ClusterNamed(ctx, im.Reader, im.Namespace, im.ClusterName)
 		if err != nil {
 			return false, err
 		}
-		if !paused.IsClusterPaused(cl) {
+		why := ImportBlocked(cl)
+		if why == "" {
 			return true, nil
 		}
-		if !logged {
-			im.Log.Info("Cluster is paused; the import waits until it resumes", "cluster", im.ClusterName)
-			logged = true
+		if why != logged {
+			im.Log.Info("the import waits: "+why, "cluster", client.ObjectKey{Namespace: im.Namespace, Name: im.ClusterName})
+			logged = why
 		}
 		return false, nil
 	})
+}
+
+// ImportBlocked says why server groups cannot be imported for cluster (nil:
+// it does not exist), or "" when they can.
+func ImportBlocked(cluster *clusterv1.Cluster) string {
+	switch {
+	case cluster == nil:
+		return "the Cluster does not exist yet"
+	case !cluster.DeletionTimestamp.IsZero():
+		return "the Cluster is being deleted"
+	case paused.IsClusterPaused(cluster):
+		return "the Cluster is paused"
+	}
+	return ""
 }
 
 // Objects builds the NstanceMachinePool and MachinePool for a group found on

@@ -1,6 +1,7 @@
 package manager_test
 
 import (
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -27,6 +28,7 @@ import (
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/nonce"
+	"github.com/nstance-dev/nstance/internal/operator/cluster"
 	"github.com/nstance-dev/nstance/internal/operator/config"
 	"github.com/nstance-dev/nstance/internal/operator/manager"
 	"github.com/nstance-dev/nstance/internal/pki"
@@ -225,6 +227,8 @@ func (f *fixture) options(t testing.TB) manager.Options {
 			KeySecret: config.DefaultKeySecret, NonceSecret: config.DefaultNonceSecret,
 			CAPIServiceAccount: config.DefaultCAPIServiceAccount,
 		},
+		// Every test has its namespace in one API server: watch only it.
+		WatchNamespace:     f.ns,
 		RestConfig:         env.Config,
 		MetricsRegistry:    prometheus.NewRegistry(),
 		Log:                testLogger(),
@@ -245,7 +249,27 @@ type running struct {
 	err  error
 }
 
+// startOperator creates the Cluster objects the cluster templates would
+// (the operator creates none) and starts the operator.
 func startOperator(t testing.TB, o manager.Options) *running {
+	t.Helper()
+	ensureClusterObjects(t, o)
+	return startOperatorOnly(t, o)
+}
+
+// ensureClusterObjects creates the Cluster, NstanceCluster and
+// NstanceControlPlane of o's cluster ID in o's namespace when missing, as
+// the user (the test's administrator), not as the operator.
+func ensureClusterObjects(t testing.TB, o manager.Options) {
+	t.Helper()
+	ep, err := cluster.Endpoint(cmp.Or(o.Env.CAPIEndpoint, o.RestConfig.Host))
+	require.NoError(t, err)
+	ns := cmp.Or(o.WatchNamespace, o.Env.Namespace)
+	require.NoError(t, cluster.EnsureObjects(context.Background(), env.Client, ns, o.Config.ClusterID, ep))
+}
+
+// startOperatorOnly starts the operator and nothing else.
+func startOperatorOnly(t testing.TB, o manager.Options) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	op, err := manager.New(ctx, o)
@@ -319,16 +343,22 @@ func (f *fixture) createPool(t testing.TB, name string, replicas int32, shards .
 // createPoolDrain is createPool whose instances' drains may take drainTimeout.
 func (f *fixture) createPoolDrain(t testing.TB, name string, replicas int32, drainTimeout time.Duration, shards ...string) {
 	t.Helper()
+	createPoolIn(t, f.ns, name, replicas, drainTimeout, shards...)
+}
+
+// createPoolIn creates a pool (NstanceMachinePool and MachinePool) in ns.
+func createPoolIn(t testing.TB, ns, name string, replicas int32, drainTimeout time.Duration, shards ...string) {
+	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, env.Client.Create(ctx, &infrav1.NstanceMachinePool{
-		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: infrav1.NstanceMachinePoolSpec{
 			Group: name, Shards: shards, Template: "worker",
 			DrainTimeout: &metav1.Duration{Duration: drainTimeout},
 		},
 	}))
 	require.NoError(t, env.Client.Create(ctx, &clusterv1.MachinePool{
-		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: clusterv1.MachinePoolSpec{
 			ClusterName: clusterID, Replicas: ptr.To(replicas),
 			Template: clusterv1.MachineTemplateSpec{Spec: clusterv1.MachineSpec{

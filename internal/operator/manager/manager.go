@@ -70,9 +70,17 @@ const LeaderElectionID = "nstance-operator-leader-election"
 
 // Options configure the operator.
 type Options struct {
-	Config     *config.Config
+	Config *config.Config
+	// Env names the operator's own namespace (NSTANCE_NAMESPACE: its
+	// Secrets, ConfigMaps and Lease) and objects.
 	Env        config.Env
 	RestConfig *rest.Config
+	// WatchNamespace (--namespace) is the namespace whose Cluster API and
+	// Nstance objects the operator reconciles; empty means every namespace,
+	// as clusterctl expects. The operator's Cluster (named after its cluster
+	// ID), imported pools and on-demand objects live in WatchNamespace, or
+	// in Env.Namespace when it is empty.
+	WatchNamespace string
 
 	MetricsAddr string
 	ProbeAddr   string
@@ -188,6 +196,10 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 		return nil, err
 	}
 	ns := o.Env.Namespace
+	// watchNS holds the reconciled objects ("" = all); clusterNS the
+	// operator's Cluster, imports and on-demand objects.
+	watchNS := o.WatchNamespace
+	clusterNS := cmp.Or(watchNS, ns)
 	mode, err := workload.ParseMode(string(o.WorkloadMode))
 	if err != nil {
 		return nil, fmt.Errorf("workload cluster mode %w", err)
@@ -195,7 +207,11 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	byObject := map[client.Object]cache.ByObject{
 		// Secrets only ever in the operator's namespace: the RBAC grants
 		// them nowhere else (namespaced Role).
-		&corev1.Secret{}: {Namespaces: map[string]cache.Config{ns: {}}},
+		&corev1.Secret{}: {Namespaces: map[string]cache.Config{ns: {}, clusterNS: {}}},
+	}
+	defaultNamespaces := map[string]cache.Config{cache.AllNamespaces: {}}
+	if watchNS != "" {
+		defaultNamespaces = map[string]cache.Config{watchNS: {}}
 	}
 	if mode == workload.InCluster {
 		// On-demand pods may live in any namespace.
@@ -212,7 +228,7 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 		LeaderElectionNamespace:       ns,
 		LeaderElectionReleaseOnCancel: true,
 		Cache: cache.Options{
-			DefaultNamespaces: map[string]cache.Config{ns: {}},
+			DefaultNamespaces: defaultNamespaces,
 			ByObject:          byObject,
 		},
 		Controller: crconfig.Controller{SkipNameValidation: ptr.To(o.SkipNameValidation)},
@@ -238,9 +254,9 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	op := &Operator{
 		opts: o, Manager: mgr, Metrics: m, Cache: watch.NewCache(),
 		trigger: make(chan event.GenericEvent, 1024), direct: direct,
-		ledger:   ledger.New(direct, ns, ""),
+		ledger:   ledger.New(direct, clusterNS, ""),
 		Imported: make(chan struct{}),
-		Cluster:  client.ObjectKey{Namespace: ns, Name: o.Config.ClusterID},
+		Cluster:  client.ObjectKey{Namespace: clusterNS, Name: o.Config.ClusterID},
 	}
 	op.Conns = shardconn.New(shardconn.Options{
 		Shards: shardAddrs, MaxBackoff: o.MaxBackoff, ClusterID: o.Config.ClusterID, Metrics: m,
@@ -286,10 +302,13 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	if err := drain.SetupIndexes(ctx, mgr); err != nil {
 		return nil, err
 	}
+	if err := watch.SetupIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
+		return nil, err
+	}
 	switch mode {
 	case workload.Management:
 		op.Workload, err = workload.NewRemote(ctx, mgr, workload.RemoteOptions{
-			Namespace: ns, ClusterName: o.Config.ClusterID, ConnectRetry: o.WorkloadConnectRetry, Log: o.Log.WithName("workload"),
+			Namespace: clusterNS, ClusterName: o.Config.ClusterID, ConnectRetry: o.WorkloadConnectRetry, Log: o.Log.WithName("workload"),
 		})
 	default:
 		op.Workload, err = workload.NewLocal(ctx, mgr, restCfg)
@@ -299,7 +318,7 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	}
 	op.Drain = &drain.Coordinator{
 		Workload: op.Workload, Cluster: op.Cluster,
-		Conns: op.Conns, Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Recorder: recorder, Namespace: ns,
+		Conns: op.Conns, Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Recorder: recorder, Namespace: watchNS,
 		Log: o.Log.WithName("drain"), RetryInterval: o.DrainRetryInterval, MaxBackoff: o.MaxBackoff,
 		OnAcknowledged: o.OnDrainAcknowledged, Metrics: m,
 	}
@@ -319,12 +338,12 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	if ids := o.Config.ShardIDs(); len(ids) > 0 {
 		defaultShard = ids[0]
 	}
-	mr := &machine.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Conns: op.Conns, Recorder: recorder, Namespace: ns,
+	mr := &machine.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Conns: op.Conns, Recorder: recorder, Namespace: watchNS,
 		DefaultShard: defaultShard, PollInterval: o.MachinePollInterval, Log: o.Log.WithName("machine")}
 	if err := mr.SetupWithManager(mgr, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up machine controller: %w", err)
 	}
-	od := &ondemand.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Workload: op.Workload, Namespace: ns,
+	od := &ondemand.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Workload: op.Workload, Namespace: clusterNS,
 		ClusterName: o.Config.ClusterID, Namespaces: o.Config.OnDemandNamespaces, Recheck: o.OnDemandRecheck, Log: o.Log.WithName("ondemand")}
 	if err := od.SetupWithManager(mgr, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up on-demand controller: %w", err)
@@ -332,7 +351,7 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	if o.JoinTimeout > 0 {
 		if err := mgr.Add(&nodejoin.Runner{
 			Shards: op.Conns, Workload: op.Workload, Cluster: op.Cluster, ClusterID: o.Config.ClusterID,
-			Client: mgr.GetClient(), Namespace: ns, Recorder: recorder, Timeout: o.JoinTimeout, Interval: o.JoinInterval,
+			Client: mgr.GetClient(), Namespace: watchNS, Recorder: recorder, Timeout: o.JoinTimeout, Interval: o.JoinInterval,
 			Log: o.Log.WithName("nodejoin"),
 		}); err != nil {
 			return nil, fmt.Errorf("set up join deadline: %w", err)
@@ -350,8 +369,8 @@ func (op *Operator) Start(ctx context.Context) error {
 	return op.Manager.Start(ctx)
 }
 
-// sync is the leader-only runnable: registration, connections, cluster
-// objects, watches and the startup import. An error is fatal.
+// sync is the leader-only runnable: registration, connections, watches
+// and the startup import. An error is fatal.
 func (op *Operator) sync(ctx context.Context) error {
 	o := op.opts
 	log := o.Log.WithName("sync")
@@ -374,7 +393,7 @@ func (op *Operator) sync(ctx context.Context) error {
 	reader := op.Manager.GetClient()
 	op.Conns.OnChange(func(shard string, _ bool) {
 		go func() {
-			if err := shardgroup.TriggerShard(ctx, reader, op.trigger, o.Env.Namespace, shard); err != nil && ctx.Err() == nil {
+			if err := shardgroup.TriggerShard(ctx, reader, op.trigger, o.WatchNamespace, shard); err != nil && ctx.Err() == nil {
 				log.Error(err, "requeue shard groups after health change", "shard", shard)
 			}
 		}()
@@ -382,27 +401,19 @@ func (op *Operator) sync(ctx context.Context) error {
 	if err := op.Conns.Start(ctx, creds); err != nil {
 		return err
 	}
-	endpoint := infrav1.APIEndpoint{}
-	server := o.Env.CAPIEndpoint
-	if server == "" {
-		server = o.RestConfig.Host
-	}
-	if ep, err := cluster.Endpoint(server); err == nil {
-		endpoint = ep
-	}
-	if err := cluster.EnsureObjects(ctx, op.direct, o.Env.Namespace, o.Config.ClusterID, endpoint); err != nil {
-		return err
-	}
+	// Cluster objects are the user's (the cluster templates declare the
+	// Cluster, NstanceCluster and NstanceControlPlane): the operator creates
+	// none, so a deleted Cluster stays deleted across a restart.
 	w := &watch.Watcher{
 		Conns: op.Conns, Cache: op.Cache, Client: op.Manager.GetClient(), Recorder: op.Manager.GetEventRecorder("nstance-operator"),
-		Namespace: o.Env.Namespace, ClusterName: o.Config.ClusterID, Trigger: op.trigger, Metrics: op.Metrics,
+		Namespace: o.WatchNamespace, ClusterNamespace: op.Cluster.Namespace, ClusterName: o.Config.ClusterID, Trigger: op.trigger, Metrics: op.Metrics,
 		Log: o.Log.WithName("watch"), MaxBackoff: o.MaxBackoff,
 	}
 	w.Start(ctx)
 	op.Drain.Start(ctx)
 	im := &importer.Importer{
 		Client: op.direct, Reader: op.Manager.GetAPIReader(), Conns: op.Conns, Ledger: op.ledger,
-		Namespace: o.Env.Namespace, ClusterName: o.Config.ClusterID, Metrics: op.Metrics, Log: o.Log.WithName("import"),
+		Namespace: op.Cluster.Namespace, WatchNamespace: o.WatchNamespace, ClusterName: o.Config.ClusterID, Metrics: op.Metrics, Log: o.Log.WithName("import"),
 		Wait: o.ImportWait,
 	}
 	res, err := im.Run(ctx)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -17,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util"
 	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/finalizers"
@@ -46,6 +48,10 @@ const (
 	EventUnknownShard     = "UnknownShard"
 	EventStaticGroupKept  = "StaticGroupKept"
 )
+
+// ReasonDeletingInstances (Ready false): the server accepted DeleteGroup and
+// still has members of the group; the finalizer stays until it has none.
+const ReasonDeletingInstances = "DeletingInstances"
 
 // Reconciler syncs NstanceShardGroups to the servers.
 type Reconciler struct {
@@ -135,7 +141,34 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	if !sg.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, &sg, owner != nil && webhook.IsStatic(owner))
 	}
+	if err := r.ensureClusterOwner(ctx, &sg); err != nil {
+		return ctrl.Result{}, err
+	}
 	return r.reconcileNormal(ctx, &sg)
+}
+
+// ensureClusterOwner makes the Cluster of a shard group that nothing owns
+// (the MachineDeployment template declares one for its NstanceMachines'
+// group, and a template cannot know the Cluster's UID) its owner, as core
+// CAPI does for an infrastructure cluster: the shard group then goes with
+// its Cluster, and clusterctl move finds it through the owner chain. The
+// deferred patch writes it.
+func (r *Reconciler) ensureClusterOwner(ctx context.Context, sg *infrav1.NstanceShardGroup) error {
+	name := sg.Labels[clusterv1.ClusterNameLabel]
+	if len(sg.OwnerReferences) > 0 || name == "" {
+		return nil
+	}
+	var cl clusterv1.Cluster
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: sg.Namespace, Name: name}, &cl); err != nil {
+		if kerrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("get Cluster %s of shard group %s: %w", name, sg.Name, err)
+	}
+	sg.OwnerReferences = util.EnsureOwnerRef(sg.OwnerReferences, metav1.OwnerReference{
+		APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: cl.Name, UID: cl.UID,
+	})
+	return nil
 }
 
 func (r *Reconciler) ownerPool(ctx context.Context, sg *infrav1.NstanceShardGroup) (*infrav1.NstanceMachinePool, error) {
@@ -153,9 +186,11 @@ func (r *Reconciler) ownerPool(ctx context.Context, sg *infrav1.NstanceShardGrou
 	return &pool, nil
 }
 
-// reconcileDelete deletes the server group, then the finalizer. The group
-// of a static pool is defined in the shard's config file, which the server
-// refuses to change: deleting the pool only stops mirroring it.
+// reconcileDelete deletes the server group and keeps the finalizer until the
+// server reports no member of it (Remaining), so a deletion upstream (the
+// pool, the Cluster) waits for every VM of the group, surge ones included.
+// The group of a static pool is defined in the shard's config file, which
+// the server refuses to change: deleting the pool only stops mirroring it.
 func (r *Reconciler) reconcileDelete(ctx context.Context, sg *infrav1.NstanceShardGroup, static bool) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(sg, infrav1.ShardGroupFinalizer) {
 		return ctrl.Result{}, nil
@@ -190,8 +225,48 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, sg *infrav1.NstanceSha
 		return ctrl.Result{}, fmt.Errorf("DeleteGroup %s on shard %s: %w", sg.Spec.Group, shard, err)
 	}
 	r.Groups.Delete(shard, sg.Spec.Group)
-	r.Recorder.Eventf(sg, nil, corev1.EventTypeNormal, EventGroupDeleted, "Delete", "group %s deleted on shard %s", sg.Spec.Group, shard)
+	cctx, cancel = r.callCtx(ctx)
+	resp, err := c.ListInstances(cctx, &nstancev1.ListInstancesRequest{GroupIds: []string{sg.Spec.Group}})
+	cancel()
+	if err != nil {
+		if unreachable(err) {
+			return r.markUnreachable(ctx, sg, err)
+		}
+		return ctrl.Result{}, fmt.Errorf("ListInstances of deleted group %s on shard %s: %w", sg.Spec.Group, shard, err)
+	}
+	if left := Remaining(resp.GetInstances()); len(left) > 0 {
+		conditions.Set(sg, metav1.Condition{Type: infrav1.ReadyCondition, Status: metav1.ConditionFalse, Reason: ReasonDeletingInstances,
+			Message: fmt.Sprintf("group %s deleted on shard %s; waiting for %d instances to go: %s", sg.Spec.Group, shard, len(left), strings.Join(left, ", "))})
+		return ctrl.Result{RequeueAfter: r.deletePoll()}, nil
+	}
+	r.Recorder.Eventf(sg, nil, corev1.EventTypeNormal, EventGroupDeleted, "Delete", "group %s deleted on shard %s, no instance left", sg.Spec.Group, shard)
 	return ctrl.Result{}, r.removeFinalizer(ctx, sg)
+}
+
+// Remaining returns the IDs of the instances that keep a deleted group's
+// shard group: members of the group (instances created on demand, with a
+// client token, belong to their NstanceMachines) whose VM may still exist,
+// which is every state but DELETED and FAILED (the provider could not
+// create it).
+func Remaining(insts []*nstancev1.InstanceStatus) []string {
+	var out []string
+	for _, i := range insts {
+		if i.GetClientToken() != "" {
+			continue
+		}
+		switch i.GetState() {
+		case nstancev1.InstanceState_INSTANCE_STATE_DELETED, nstancev1.InstanceState_INSTANCE_STATE_FAILED:
+			continue
+		}
+		out = append(out, i.GetInstanceId())
+	}
+	return out
+}
+
+// deletePoll is how often a deleted group's members are looked at again:
+// instance deletions bring no group event.
+func (r *Reconciler) deletePoll() time.Duration {
+	return min(r.retry(), 2*time.Second)
 }
 
 // removeFinalizer lets the shard group go; the deferred patch writes it.

@@ -44,14 +44,15 @@ func Trigger(ctx context.Context, ch chan<- event.GenericEvent, namespace, group
 	}
 }
 
-// TriggerShard requests a reconcile of every shard group on shard.
+// TriggerShard requests a reconcile of every shard group on shard in
+// namespace (empty: every namespace).
 func TriggerShard(ctx context.Context, c client.Reader, ch chan<- event.GenericEvent, namespace, shard string) error {
 	var list infrav1.NstanceShardGroupList
 	if err := c.List(ctx, &list, client.InNamespace(namespace), client.MatchingLabels{infrav1.ShardLabel: shard}); err != nil {
 		return fmt.Errorf("list shard groups of shard %s: %w", shard, err)
 	}
 	for i := range list.Items {
-		Trigger(ctx, ch, namespace, list.Items[i].Spec.Group, shard)
+		Trigger(ctx, ch, list.Items[i].Namespace, list.Items[i].Spec.Group, shard)
 	}
 	return nil
 }

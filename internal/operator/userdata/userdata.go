@@ -83,6 +83,10 @@ func SecretName(dataSecretName *string) (name string, ready bool) {
 	return *dataSecretName, true
 }
 
+// Bootstrap data Secrets live beside their Machines and pools, in any
+// namespace the operator watches (every one by default): get, uncached.
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+
 // Read returns the bootstrap data of the Secret namespace/name; an empty
 // name returns the zero Data. Errors are *NotFoundError, *InvalidError (no
 // or an empty "value", an unknown "format") or the API error, wrapped.

@@ -1,6 +1,7 @@
 package watch
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -41,11 +42,12 @@ type Watcher struct {
 	Cache    *Cache
 	Client   client.Client
 	Recorder events.EventRecorder
-	// Namespace holds the shard groups and pools.
+	// Namespace holds the shard groups and pools; empty means every
+	// namespace.
 	Namespace string
-	// ClusterName names the NstanceCluster that receives Events for errors
-	// not tied to a group.
-	ClusterName string
+	// ClusterNamespace and ClusterName name the NstanceCluster that
+	// receives Events for errors not tied to a group.
+	ClusterNamespace, ClusterName string
 	// Trigger receives shard groups to reconcile; sends block, never drop.
 	Trigger chan<- event.GenericEvent
 	Metrics *metrics.Metrics
@@ -131,10 +133,21 @@ func (w *Watcher) groupsOnce(ctx context.Context, shard string) error {
 }
 
 func (w *Watcher) trigger(ctx context.Context, group, shard string) {
-	sg := &infrav1.NstanceShardGroup{}
-	sg.Namespace, sg.Name = w.Namespace, infrav1.ShardGroupName(group, shard)
+	sgs, err := ShardGroups(ctx, w.Client, w.Namespace, group, shard)
+	if err != nil {
+		w.Log.Error(err, "find shard groups to requeue", "group", group, "shard", shard)
+		return
+	}
+	for i := range sgs {
+		w.send(ctx, &sgs[i])
+	}
+}
+
+func (w *Watcher) send(ctx context.Context, sg *infrav1.NstanceShardGroup) {
+	key := &infrav1.NstanceShardGroup{}
+	key.Namespace, key.Name = sg.Namespace, sg.Name
 	select {
-	case w.Trigger <- event.GenericEvent{Object: sg}:
+	case w.Trigger <- event.GenericEvent{Object: key}:
 	case <-ctx.Done():
 	}
 }
@@ -145,9 +158,37 @@ func (w *Watcher) triggerShard(ctx context.Context, shard string) error {
 		return fmt.Errorf("list shard groups of shard %s: %w", shard, err)
 	}
 	for i := range list.Items {
-		w.trigger(ctx, list.Items[i].Spec.Group, shard)
+		w.send(ctx, &list.Items[i])
 	}
 	return nil
+}
+
+// ShardGroupIndex indexes NstanceShardGroups by "{group}/{shard}".
+const ShardGroupIndex = "nstance.dev/group-shard"
+
+// SetupIndexes registers ShardGroupIndex with the manager's cache.
+func SetupIndexes(ctx context.Context, indexer client.FieldIndexer) error {
+	if err := indexer.IndexField(ctx, &infrav1.NstanceShardGroup{}, ShardGroupIndex, func(o client.Object) []string {
+		sg, ok := o.(*infrav1.NstanceShardGroup)
+		if !ok || sg.Spec.Group == "" || sg.Spec.Shard == "" {
+			return nil
+		}
+		return []string{sg.Spec.Group + "/" + sg.Spec.Shard}
+	}); err != nil {
+		return fmt.Errorf("index NstanceShardGroups by group and shard: %w", err)
+	}
+	return nil
+}
+
+// ShardGroups returns the NstanceShardGroups of group on shard in namespace
+// (empty: every namespace), through ShardGroupIndex. Normally there is one;
+// pools of several namespaces naming one group would give more.
+func ShardGroups(ctx context.Context, r client.Reader, namespace, group, shard string) ([]infrav1.NstanceShardGroup, error) {
+	var list infrav1.NstanceShardGroupList
+	if err := r.List(ctx, &list, client.InNamespace(namespace), client.MatchingFields{ShardGroupIndex: group + "/" + shard}); err != nil {
+		return nil, fmt.Errorf("list shard groups of group %s on shard %s: %w", group, shard, err)
+	}
+	return list.Items, nil
 }
 
 // errorsOnce forwards WatchErrors events as Kubernetes Events.
@@ -199,24 +240,24 @@ func (w *Watcher) RecordError(ctx context.Context, shard string, ev *nstancev1.E
 	}
 	var targets []runtime.Object
 	if g := ev.GetGroupId(); g != "" {
-		var sg infrav1.NstanceShardGroup
-		err := w.Client.Get(ctx, client.ObjectKey{Namespace: w.Namespace, Name: infrav1.ShardGroupName(g, shard)}, &sg)
-		switch {
-		case err == nil:
-			targets = append(targets, &sg)
-			if ref := metav1.GetControllerOf(&sg); ref != nil && ref.Kind == "NstanceMachinePool" {
+		sgs, err := ShardGroups(ctx, w.Client, w.Namespace, g, shard)
+		if err != nil {
+			return err
+		}
+		for i := range sgs {
+			sg := &sgs[i]
+			targets = append(targets, sg)
+			if ref := metav1.GetControllerOf(sg); ref != nil && ref.Kind == "NstanceMachinePool" {
 				var pool infrav1.NstanceMachinePool
-				if err := w.Client.Get(ctx, client.ObjectKey{Namespace: w.Namespace, Name: ref.Name}, &pool); err == nil {
+				if err := w.Client.Get(ctx, client.ObjectKey{Namespace: sg.Namespace, Name: ref.Name}, &pool); err == nil {
 					targets = append(targets, &pool)
 				}
 			}
-		case !apierrors.IsNotFound(err):
-			return fmt.Errorf("get shard group for group %s: %w", g, err)
 		}
 	}
 	if len(targets) == 0 && w.ClusterName != "" {
 		var nc infrav1.NstanceCluster
-		if err := w.Client.Get(ctx, client.ObjectKey{Namespace: w.Namespace, Name: w.ClusterName}, &nc); err == nil {
+		if err := w.Client.Get(ctx, client.ObjectKey{Namespace: cmp.Or(w.ClusterNamespace, w.Namespace), Name: w.ClusterName}, &nc); err == nil {
 			targets = append(targets, &nc)
 		} else if !apierrors.IsNotFound(err) {
 			return fmt.Errorf("get NstanceCluster: %w", err)
