@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/capacity"
 	"github.com/nstance-dev/nstance/internal/operator/ledger"
 	"github.com/nstance-dev/nstance/internal/operator/paused"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
@@ -48,6 +49,9 @@ type Reconciler struct {
 	// Conns lists a group's instances for the pool's NstanceMachines
 	// (MachinePool Machines); nil leaves them out.
 	Conns *shardconn.Manager
+	// Capacity publishes status.capacity and nodeInfo (scale from zero);
+	// nil leaves them out.
+	Capacity *capacity.Catalog
 }
 
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachinepools,verbs=get;list;watch;create;update;patch;delete
@@ -249,6 +253,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *infrav1.NstanceM
 	}
 	pool.Status.Replicas = agg.Replicas
 	pool.Status.ReadyReplicas = agg.ReadyReplicas
+	capacity.SetPool(ctx, r.Capacity, pool)
 	// Provisioned (and ready, which core CAPI's MachinePool controller reads
 	// as provisioned) latch: once every shard has the group, CAPI follows
 	// replicas and provider IDs through scaling and outages. Convergence
