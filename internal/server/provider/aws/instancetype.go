@@ -27,22 +27,29 @@ func (p *Provider) DescribeInstanceType(ctx context.Context, name string) (provi
 	if ok {
 		return it, nil
 	}
-	out, err := p.api.DescribeInstanceTypes(ctx, &ec2.DescribeInstanceTypesInput{InstanceTypes: []types.InstanceType{types.InstanceType(name)}})
-	if errorCode(err) == codeInvalidInstanceType {
-		return provider.InstanceType{}, fmt.Errorf("describe instance type %s: %w: %w", name, provider.ErrUnknownInstanceType, err)
-	}
+	// Concurrent lookups of one type share a single call.
+	v, err, _ := p.typeCalls.Do(name, func() (any, error) {
+		out, err := p.api.DescribeInstanceTypes(ctx, &ec2.DescribeInstanceTypesInput{InstanceTypes: []types.InstanceType{types.InstanceType(name)}})
+		if errorCode(err) == codeInvalidInstanceType {
+			return nil, fmt.Errorf("describe instance type %s: %w: %w", name, provider.ErrUnknownInstanceType, err)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("describe instance type %s: %w", name, err)
+		}
+		i := slices.IndexFunc(out.InstanceTypes, func(t types.InstanceTypeInfo) bool { return string(t.InstanceType) == name })
+		if i < 0 {
+			return nil, fmt.Errorf("describe instance type %s: %w", name, provider.ErrUnknownInstanceType)
+		}
+		it := InstanceTypeOf(out.InstanceTypes[i])
+		p.mu.Lock()
+		p.types[name] = it
+		p.mu.Unlock()
+		return it, nil
+	})
 	if err != nil {
-		return provider.InstanceType{}, fmt.Errorf("describe instance type %s: %w", name, err)
+		return provider.InstanceType{}, err
 	}
-	i := slices.IndexFunc(out.InstanceTypes, func(t types.InstanceTypeInfo) bool { return string(t.InstanceType) == name })
-	if i < 0 {
-		return provider.InstanceType{}, fmt.Errorf("describe instance type %s: %w", name, provider.ErrUnknownInstanceType)
-	}
-	it = InstanceTypeOf(out.InstanceTypes[i])
-	p.mu.Lock()
-	p.types[name] = it
-	p.mu.Unlock()
-	return it, nil
+	return v.(provider.InstanceType), nil
 }
 
 // InstanceTypeOf converts EC2's description of a type: its default vCPUs,

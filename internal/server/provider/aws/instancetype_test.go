@@ -1,6 +1,7 @@
 package aws_test
 
 import (
+	"sync"
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
@@ -57,4 +58,22 @@ func TestDescribeInstanceTypeCached(t *testing.T) {
 
 	_, err = h.p.DescribeInstanceType(ctx, "x9.huge")
 	require.ErrorIs(t, err, provider.ErrUnknownInstanceType)
+}
+
+func TestDescribeInstanceTypeConcurrentLookupsShareOneCall(t *testing.T) {
+	h := newHarness(t, nil)
+	h.ec2.AddInstanceType(fake.InstanceType("m7g.large", 2, 8192, 0, 0, types.ArchitectureTypeArm64))
+	ctx := t.Context()
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range errs {
+		wg.Go(func() {
+			_, errs[i] = h.p.DescribeInstanceType(ctx, "m7g.large")
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1, h.ec2.Calls(fake.OpDescribeInstanceTypes), "lookups racing before the cache is filled share a call")
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/go-logr/logr"
+	"golang.org/x/sync/singleflight"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/nstance-dev/nstance/internal/server/provider"
@@ -52,7 +53,8 @@ type Provider struct {
 	// listings: a fallback when a tag filter lags behind.
 	ids map[string]string
 	// types caches DescribeInstanceType answers by type name.
-	types map[string]provider.InstanceType
+	types     map[string]provider.InstanceType
+	typeCalls singleflight.Group
 }
 
 var _ provider.Provider = (*Provider)(nil)
