@@ -3,6 +3,7 @@ package aws_test
 import (
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/stretchr/testify/require"
@@ -64,6 +65,8 @@ func TestDescribeInstanceTypeConcurrentLookupsShareOneCall(t *testing.T) {
 	h := newHarness(t, nil)
 	h.ec2.AddInstanceType(fake.InstanceType("m7g.large", 2, 8192, 0, 0, types.ArchitectureTypeArm64))
 	ctx := t.Context()
+	// EC2 is slow: the first lookup is held while the others arrive.
+	release := h.ec2.HoldInstanceTypes()
 	var wg sync.WaitGroup
 	errs := make([]error, 8)
 	for i := range errs {
@@ -71,6 +74,12 @@ func TestDescribeInstanceTypeConcurrentLookupsShareOneCall(t *testing.T) {
 			_, errs[i] = h.p.DescribeInstanceType(ctx, "m7g.large")
 		})
 	}
+	require.Eventually(t, func() bool { return h.ec2.Calls(fake.OpDescribeInstanceTypes) >= 1 }, 5*time.Second, time.Millisecond)
+	// Give the other lookups time to reach the provider (a separate call
+	// each would be counted by then); the assertion holds whatever the
+	// timing when they share the call.
+	time.Sleep(50 * time.Millisecond)
+	release()
 	wg.Wait()
 	for _, err := range errs {
 		require.NoError(t, err)

@@ -62,6 +62,7 @@ type EC2 struct {
 	calls     map[string]int
 	runs      []*ec2.RunInstancesInput
 	types     map[types.InstanceType]types.InstanceTypeInfo
+	typesGate chan struct{}
 }
 
 type instance struct {

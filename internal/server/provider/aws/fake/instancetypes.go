@@ -16,6 +16,21 @@ func (f *EC2) AddInstanceType(t types.InstanceTypeInfo) {
 	f.types[t.InstanceType] = t
 }
 
+// HoldInstanceTypes makes DescribeInstanceTypes calls (counted at once)
+// wait until release is called: a slow EC2 for tests of concurrent callers.
+func (f *EC2) HoldInstanceTypes() (release func()) {
+	gate := make(chan struct{})
+	f.mu.Lock()
+	f.typesGate = gate
+	f.mu.Unlock()
+	return func() {
+		f.mu.Lock()
+		f.typesGate = nil
+		f.mu.Unlock()
+		close(gate)
+	}
+}
+
 // InstanceType is a convenience builder of the parts of an
 // InstanceTypeInfo the provider reads: vCPUs, memory in MiB, NVIDIA GPUs,
 // instance store in GB (0: EBS only) and one architecture (x86_64, arm64).
@@ -39,12 +54,23 @@ func InstanceType(name string, vcpus int32, memMiB int64, gpus int32, storeGB in
 // DescribeInstanceTypes answers the types added with AddInstanceType. As
 // EC2 does, one unknown name fails the whole call with InvalidInstanceType;
 // no names lists every type.
-func (f *EC2) DescribeInstanceTypes(_ context.Context, in *ec2.DescribeInstanceTypesInput, _ ...func(*ec2.Options)) (*ec2.DescribeInstanceTypesOutput, error) {
+func (f *EC2) DescribeInstanceTypes(ctx context.Context, in *ec2.DescribeInstanceTypesInput, _ ...func(*ec2.Options)) (*ec2.DescribeInstanceTypesOutput, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	if err := f.enter(OpDescribeInstanceTypes); err != nil {
+		f.mu.Unlock()
 		return nil, err
 	}
+	gate := f.typesGate
+	f.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	out := &ec2.DescribeInstanceTypesOutput{}
 	if len(in.InstanceTypes) == 0 {
 		for _, t := range f.types {
