@@ -202,3 +202,23 @@ var (
 	_ conditionsHolder = &NstanceMachine{}
 	_ conditionsHolder = &NstanceMachineTemplate{}
 )
+
+// Architecture is the CPU architecture of a node, in Kubernetes' naming.
+// +kubebuilder:validation:Enum=amd64;arm64;s390x;ppc64le
+type Architecture string
+
+// NodeInfo is the architecture and operating system of the nodes a
+// template or pool makes, for cluster-autoscaler's scale from zero (the
+// Cluster API "Opt-in Autoscaling from Zero" contract).
+// +kubebuilder:validation:MinProperties=1
+type NodeInfo struct {
+	// architecture is the CPU architecture of the node: amd64, arm64, s390x
+	// or ppc64le.
+	// +optional
+	Architecture Architecture `json:"architecture,omitempty"`
+
+	// operatingSystem is the node's operating system, e.g. linux or windows.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	OperatingSystem string `json:"operatingSystem,omitempty"`
+}

@@ -1,6 +1,7 @@
 package v1beta1
 
 import (
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -163,6 +164,18 @@ type NstanceMachinePoolStatus struct {
 	// readyReplicas is the number of those instances that are ready.
 	// +optional
 	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+
+	// capacity is what one instance of the pool offers (cpu, memory, pods,
+	// ephemeral-storage, nvidia.com/gpu), from the shard server's
+	// instance-type catalog; the cluster autoscaler reads it to scale the
+	// pool up from zero.
+	// +optional
+	Capacity corev1.ResourceList `json:"capacity,omitempty"`
+
+	// nodeInfo is the architecture and operating system of the pool's
+	// nodes, for the same purpose.
+	// +optional
+	NodeInfo NodeInfo `json:"nodeInfo,omitempty,omitzero"`
 
 	// observedGeneration is the metadata.generation last reconciled.
 	// +optional

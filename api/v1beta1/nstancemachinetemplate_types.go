@@ -32,10 +32,17 @@ type NstanceMachineTemplateSpec struct {
 // NstanceMachineTemplateStatus is the observed state of an
 // NstanceMachineTemplate.
 type NstanceMachineTemplateStatus struct {
-	// capacity is what one machine made from the template offers (CPU,
-	// memory, ...); the cluster autoscaler reads it to scale from zero.
+	// capacity is what one machine made from the template offers (cpu,
+	// memory, pods, ephemeral-storage, nvidia.com/gpu), from the shard
+	// server's instance-type catalog; the cluster autoscaler reads it to
+	// scale from zero.
 	// +optional
 	Capacity corev1.ResourceList `json:"capacity,omitempty"`
+
+	// nodeInfo is the architecture and operating system of the machines
+	// made from the template, for the same purpose.
+	// +optional
+	NodeInfo NodeInfo `json:"nodeInfo,omitempty,omitzero"`
 
 	// conditions describe the template's state.
 	// +optional

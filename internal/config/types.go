@@ -43,6 +43,26 @@ type Config struct {
 	// by groups and templates' tenants lists (see NamedTenants). Declared,
 	// a template without a tenants list is open to these tenants only.
 	Tenants []string `json:"tenants"`
+	// InstanceTypes is the instance-type catalog: what one machine of each
+	// type offers a Kubernetes node, published for scale from zero. It
+	// answers before the provider's own lookup (AWS DescribeInstanceTypes),
+	// and is the only source for the local providers.
+	InstanceTypes map[string]InstanceType `json:"instance_types"`
+}
+
+// InstanceType is one entry of the instance-type catalog.
+type InstanceType struct {
+	VCPUs     int32 `json:"vcpus"`
+	MemoryMiB int64 `json:"memory_mib"`
+	// GPUs counts NVIDIA GPUs (nvidia.com/gpu).
+	GPUs                int32 `json:"gpus"`
+	EphemeralStorageGiB int64 `json:"ephemeral_storage_gib"`
+	// Pods is the node's pod capacity (default 110, the kubelet's).
+	Pods int32 `json:"pods"`
+	// Arch is amd64 (default), arm64, s390x or ppc64le; OS is linux
+	// (default) or windows.
+	Arch string `json:"arch"`
+	OS   string `json:"os"`
 }
 
 // Cluster holds settings shared by every shard of the cluster.

@@ -317,6 +317,7 @@ func (c *Config) Validate() error {
 			ch.positive(key+".drain_timeout", g.DrainTimeout)
 		}
 	}
+	checkInstanceTypes(&ch, c.InstanceTypes)
 	c.checkTenancy(&ch)
 	c.checkWorkloadNames(&ch)
 	c.checkImportedCertificates(&ch)

@@ -93,6 +93,10 @@ func operatorCalls(ctx context.Context, conn *grpc.ClientConn, perCall time.Dura
 		_, err := c.RenewCertificate(ctx, &nstancev1.RenewCertificateRequest{PublicKeyPem: "not a key"})
 		return err
 	}
+	calls["DescribeInstanceType"] = func(ctx context.Context) error {
+		_, err := c.DescribeInstanceType(ctx, &nstancev1.DescribeInstanceTypeRequest{InstanceType: "attack-probe-type"})
+		return err
+	}
 	return runAll(ctx, calls, perCall)
 }
 

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/capacity"
 	"github.com/nstance-dev/nstance/internal/operator/ledger"
 	"github.com/nstance-dev/nstance/internal/operator/paused"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
@@ -54,6 +55,9 @@ type Reconciler struct {
 	Reader client.Reader
 	// Recorder names each scale-down victim in an Event; nil records none.
 	Recorder events.EventRecorder
+	// Capacity publishes status.capacity and nodeInfo (scale from zero);
+	// nil leaves them out.
+	Capacity *capacity.Catalog
 }
 
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachinepools,verbs=get;list;watch;create;update;patch;delete
@@ -258,6 +262,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *infrav1.NstanceM
 	}
 	pool.Status.Replicas = agg.Replicas
 	pool.Status.ReadyReplicas = agg.ReadyReplicas
+	capacity.SetPool(ctx, r.Capacity, pool)
 	// Provisioned (and ready, which core CAPI's MachinePool controller reads
 	// as provisioned) latch: once every shard has the group, CAPI follows
 	// replicas and provider IDs through scaling and outages. Convergence

@@ -30,6 +30,7 @@ import (
 	cpv1 "github.com/nstance-dev/nstance/api/controlplane/v1beta1"
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/operator/bootstrap"
+	"github.com/nstance-dev/nstance/internal/operator/capacity"
 	"github.com/nstance-dev/nstance/internal/operator/cluster"
 	"github.com/nstance-dev/nstance/internal/operator/config"
 	"github.com/nstance-dev/nstance/internal/operator/controlplane"
@@ -278,9 +279,14 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	if err := sg.SetupWithManager(mgr, op.trigger, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up shard group controller: %w", err)
 	}
-	pool := &machinepool.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Ledger: op.ledger, Conns: op.Conns, Recorder: recorder}
+	catalog := &capacity.Catalog{Shards: capacity.Shards{Conns: op.Conns}}
+	pool := &machinepool.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Ledger: op.ledger, Conns: op.Conns, Recorder: recorder, Capacity: catalog}
 	if err := pool.SetupWithManager(ctx, mgr, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up pool controller: %w", err)
+	}
+	tmpl := &capacity.TemplateReconciler{Client: mgr.GetClient(), Catalog: catalog, Shards: op.Conns.ShardIDs()}
+	if err := tmpl.SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("set up machine template controller: %w", err)
 	}
 	cc := &cluster.Reconciler{Client: mgr.GetClient(), Shards: op.Conns.ShardIDs()}
 	if err := cc.SetupWithManager(mgr); err != nil {

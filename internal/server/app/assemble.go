@@ -247,6 +247,12 @@ func Assemble(p Parts) (*Assembly, error) {
 			return nil, err
 		}
 	}
+	// Instance types: the config's catalog, then the provider's own lookup
+	// (taken before the wrappers below, which hide it).
+	catalog := provider.Catalog{Config: holder.Current}
+	if d, ok := prov.(provider.InstanceTypeDescriber); ok {
+		catalog.Provider = d
+	}
 	if p.Metrics != nil {
 		prov = provider.Instrumented(prov, p.Metrics.Provider())
 	}
@@ -369,7 +375,7 @@ func Assemble(p Parts) (*Assembly, error) {
 		Reconciler: s.Reconciler, UserData: ud, Now: t.Now})
 	s.Operator = operatorsvc.New(operatorsvc.Options{Shard: shard, Reconciler: s.Reconciler, Ops: s.Ops, Config: holder,
 		Issuer: p.Issuer, Operators: &operatorsvc.OperatorRecords{Store: p.Store, Keys: p.Keys}, Log: log.WithName("operator"),
-		Revocations: p.Revocations, Leadership: p.Leadership})
+		Revocations: p.Revocations, Leadership: p.Leadership, InstanceTypes: catalog})
 
 	if p.Metrics != nil {
 		p.Metrics.SetFleet(fleetMetrics(s))

@@ -18,6 +18,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/events"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/liveconfig"
+	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
 	"github.com/nstance-dev/nstance/internal/server/registration"
 	"github.com/nstance-dev/nstance/internal/server/revocation"
@@ -61,6 +62,9 @@ type Options struct {
 	// Leadership names the serving server and the start of its term for
 	// GetConfigStatus; nil leaves them out.
 	Leadership func() (serverID string, since time.Time)
+	// InstanceTypes answers DescribeInstanceType (the config's catalog, then
+	// the provider's lookup); nil answers it Unimplemented.
+	InstanceTypes provider.InstanceTypeDescriber
 }
 
 // Service implements nstancev1.OperatorServiceServer.

@@ -133,6 +133,7 @@ func Config(clusterID, shardID, providerKind string) string {
   "templates": {
     "worker": { "kind": "worker", "arch": "amd64", "instance_type": "test.small", "subnet_pool": "default", "vars": { "role": "worker" } },
   },
+  "instance_types": { "test.small": { "vcpus": 2, "memory_mib": 4096, "ephemeral_storage_gib": 20 } },
   "groups": {},
 }`, clusterID, shardID, providerKind)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/go-logr/logr"
+	"golang.org/x/sync/singleflight"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/nstance-dev/nstance/internal/server/provider"
@@ -51,6 +52,9 @@ type Provider struct {
 	// ids maps instance ids to the EC2 instance ids learnt from creates and
 	// listings: a fallback when a tag filter lags behind.
 	ids map[string]string
+	// types caches DescribeInstanceType answers by type name.
+	types     map[string]provider.InstanceType
+	typeCalls singleflight.Group
 }
 
 var _ provider.Provider = (*Provider)(nil)
@@ -61,6 +65,7 @@ func New(api EC2API, o Options, env provider.Env) *Provider {
 		api: api, o: o, env: env, log: env.Log,
 		Visible: wait.Backoff{Duration: 250 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 6, Cap: 10 * time.Second},
 		ids:     map[string]string{},
+		types:   map[string]provider.InstanceType{},
 	}
 }
 

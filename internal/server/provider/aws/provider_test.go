@@ -389,7 +389,7 @@ func TestSubnetChoiceIsStablePerInstance(t *testing.T) {
 
 func TestIAMActions(t *testing.T) {
 	require.Equal(t, []string{
-		"ec2:AttachNetworkInterface", "ec2:DescribeInstances", "ec2:DescribeNetworkInterfaces",
+		"ec2:AttachNetworkInterface", "ec2:DescribeInstanceTypes", "ec2:DescribeInstances", "ec2:DescribeNetworkInterfaces",
 		"ec2:DetachNetworkInterface", "ec2:RunInstances", "ec2:TerminateInstances",
 	}, aws.IAMActions())
 }

@@ -497,6 +497,34 @@ func TestWire(t *testing.T) {
 		w.done(t)
 	})
 
+	t.Run("instance types", func(t *testing.T) {
+		p := aws.New(client, *aws.DefaultOptions(), provider.Env{Config: testConfig})
+		w.expect(
+			ok("DescribeInstanceTypes", `<instanceTypeSet><item><instanceType>g4dn.xlarge</instanceType>`+
+				`<vCpuInfo><defaultVCpus>4</defaultVCpus></vCpuInfo><memoryInfo><sizeInMiB>16384</sizeInMiB></memoryInfo>`+
+				`<processorInfo><supportedArchitectures><item>x86_64</item></supportedArchitectures></processorInfo>`+
+				`<gpuInfo><gpus><item><name>T4</name><manufacturer>NVIDIA</manufacturer><count>1</count></item></gpus></gpuInfo>`+
+				`<instanceStorageSupported>true</instanceStorageSupported><instanceStorageInfo><totalSizeInGB>125</totalSizeInGB></instanceStorageInfo>`+
+				`</item></instanceTypeSet>`).checking(func(t *testing.T, f url.Values) {
+				assert.Equal(t, []string{"g4dn.xlarge"}, params(f, "InstanceType"))
+			}),
+		)
+		it, err := p.DescribeInstanceType(ctx, "g4dn.xlarge")
+		require.NoError(t, err)
+		require.Equal(t, provider.InstanceType{Name: "g4dn.xlarge", VCPUs: 4, MemoryMiB: 16384, GPUs: 1, EphemeralStorageGiB: 116,
+			Pods: provider.DefaultMaxPods, Architecture: "amd64", OperatingSystem: "linux"}, it)
+		// Cached: no second request.
+		again, err := p.DescribeInstanceType(ctx, "g4dn.xlarge")
+		require.NoError(t, err)
+		require.Equal(t, it, again)
+		w.done(t)
+
+		w.expect(fail("DescribeInstanceTypes", http.StatusBadRequest, "InvalidInstanceType", "The following supplied instance types do not exist: [x9.huge]"))
+		_, err = p.DescribeInstanceType(ctx, "x9.huge")
+		require.ErrorIs(t, err, provider.ErrUnknownInstanceType)
+		w.done(t)
+	})
+
 	// Every EC2 call the package can make went over the wire.
 	var seen []string
 	for a := range w.seen {

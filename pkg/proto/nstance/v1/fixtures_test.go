@@ -227,6 +227,10 @@ func fixtures() []fixture {
 		{"CreateInstanceResponse", &nstancev1.CreateInstanceResponse{Instance: instanceStatus()}},
 		{"DeleteInstanceRequest", &nstancev1.DeleteInstanceRequest{InstanceId: "i-0a1b2c", SkipDrain: true, OnScaleDown: true}},
 		{"DeleteInstanceResponse", &nstancev1.DeleteInstanceResponse{Instance: instanceStatus()}},
+		{"DescribeInstanceTypeRequest", &nstancev1.DescribeInstanceTypeRequest{Template: "k8s-worker", InstanceType: "g4dn.xlarge"}},
+		{"DescribeInstanceTypeResponse", &nstancev1.DescribeInstanceTypeResponse{InstanceType: &nstancev1.InstanceTypeInfo{
+			Name: "g4dn.xlarge", Vcpus: 4, MemoryMib: 16384, Gpus: 1, EphemeralStorageGib: 116, Pods: 110, Architecture: "amd64", OperatingSystem: "linux",
+		}}},
 		{"GetInstanceStatusRequest/instance_id", &nstancev1.GetInstanceStatusRequest{Lookup: &nstancev1.GetInstanceStatusRequest_InstanceId{InstanceId: "i-0a1b2c"}}},
 		{"GetInstanceStatusRequest/client_token", &nstancev1.GetInstanceStatusRequest{Lookup: &nstancev1.GetInstanceStatusRequest_ClientToken{ClientToken: "machine-uid-42"}}},
 		{"GetInstanceStatusResponse", &nstancev1.GetInstanceStatusResponse{Instance: instanceStatus()}},

@@ -2691,6 +2691,216 @@ func (x *RevokeResponse) GetRevocation() *Revocation {
 	return nil
 }
 
+// DescribeInstanceTypeRequest names an instance type, directly or through a template.
+type DescribeInstanceTypeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Instance type to describe; empty means the template's instance_type.
+	InstanceType string `protobuf:"bytes,1,opt,name=instance_type,json=instanceType,proto3" json:"instance_type,omitempty"`
+	// Template whose instance_type is described when instance_type is empty. When set, it must exist and be open
+	// to the caller's tenant.
+	Template      string `protobuf:"bytes,2,opt,name=template,proto3" json:"template,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeInstanceTypeRequest) Reset() {
+	*x = DescribeInstanceTypeRequest{}
+	mi := &file_nstance_v1_operator_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeInstanceTypeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeInstanceTypeRequest) ProtoMessage() {}
+
+func (x *DescribeInstanceTypeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nstance_v1_operator_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeInstanceTypeRequest.ProtoReflect.Descriptor instead.
+func (*DescribeInstanceTypeRequest) Descriptor() ([]byte, []int) {
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *DescribeInstanceTypeRequest) GetInstanceType() string {
+	if x != nil {
+		return x.InstanceType
+	}
+	return ""
+}
+
+func (x *DescribeInstanceTypeRequest) GetTemplate() string {
+	if x != nil {
+		return x.Template
+	}
+	return ""
+}
+
+// DescribeInstanceTypeResponse describes one instance type.
+type DescribeInstanceTypeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	InstanceType  *InstanceTypeInfo      `protobuf:"bytes,1,opt,name=instance_type,json=instanceType,proto3" json:"instance_type,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeInstanceTypeResponse) Reset() {
+	*x = DescribeInstanceTypeResponse{}
+	mi := &file_nstance_v1_operator_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeInstanceTypeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeInstanceTypeResponse) ProtoMessage() {}
+
+func (x *DescribeInstanceTypeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nstance_v1_operator_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeInstanceTypeResponse.ProtoReflect.Descriptor instead.
+func (*DescribeInstanceTypeResponse) Descriptor() ([]byte, []int) {
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *DescribeInstanceTypeResponse) GetInstanceType() *InstanceTypeInfo {
+	if x != nil {
+		return x.InstanceType
+	}
+	return nil
+}
+
+// InstanceTypeInfo is what one machine of an instance type offers a Kubernetes node.
+type InstanceTypeInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Instance type name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Virtual CPUs.
+	Vcpus int32 `protobuf:"varint,2,opt,name=vcpus,proto3" json:"vcpus,omitempty"`
+	// Memory in MiB.
+	MemoryMib int64 `protobuf:"varint,3,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
+	// NVIDIA GPUs (nvidia.com/gpu).
+	Gpus int32 `protobuf:"varint,4,opt,name=gpus,proto3" json:"gpus,omitempty"`
+	// Local storage for pods in GiB; 0 when the type has none of its own.
+	EphemeralStorageGib int64 `protobuf:"varint,5,opt,name=ephemeral_storage_gib,json=ephemeralStorageGib,proto3" json:"ephemeral_storage_gib,omitempty"`
+	// Pod capacity of the node.
+	Pods int32 `protobuf:"varint,6,opt,name=pods,proto3" json:"pods,omitempty"`
+	// Kubernetes architecture name: amd64, arm64, s390x or ppc64le.
+	Architecture string `protobuf:"bytes,7,opt,name=architecture,proto3" json:"architecture,omitempty"`
+	// Kubernetes operating system name: linux or windows.
+	OperatingSystem string `protobuf:"bytes,8,opt,name=operating_system,json=operatingSystem,proto3" json:"operating_system,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *InstanceTypeInfo) Reset() {
+	*x = InstanceTypeInfo{}
+	mi := &file_nstance_v1_operator_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InstanceTypeInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InstanceTypeInfo) ProtoMessage() {}
+
+func (x *InstanceTypeInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_nstance_v1_operator_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InstanceTypeInfo.ProtoReflect.Descriptor instead.
+func (*InstanceTypeInfo) Descriptor() ([]byte, []int) {
+	return file_nstance_v1_operator_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *InstanceTypeInfo) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *InstanceTypeInfo) GetVcpus() int32 {
+	if x != nil {
+		return x.Vcpus
+	}
+	return 0
+}
+
+func (x *InstanceTypeInfo) GetMemoryMib() int64 {
+	if x != nil {
+		return x.MemoryMib
+	}
+	return 0
+}
+
+func (x *InstanceTypeInfo) GetGpus() int32 {
+	if x != nil {
+		return x.Gpus
+	}
+	return 0
+}
+
+func (x *InstanceTypeInfo) GetEphemeralStorageGib() int64 {
+	if x != nil {
+		return x.EphemeralStorageGib
+	}
+	return 0
+}
+
+func (x *InstanceTypeInfo) GetPods() int32 {
+	if x != nil {
+		return x.Pods
+	}
+	return 0
+}
+
+func (x *InstanceTypeInfo) GetArchitecture() string {
+	if x != nil {
+		return x.Architecture
+	}
+	return ""
+}
+
+func (x *InstanceTypeInfo) GetOperatingSystem() string {
+	if x != nil {
+		return x.OperatingSystem
+	}
+	return ""
+}
+
 var File_nstance_v1_operator_proto protoreflect.FileDescriptor
 
 const file_nstance_v1_operator_proto_rawDesc = "" +
@@ -2867,7 +3077,22 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"\x0eRevokeResponse\x126\n" +
 	"\n" +
 	"revocation\x18\x01 \x01(\v2\x16.nstance.v1.RevocationR\n" +
-	"revocation*\xd9\x01\n" +
+	"revocation\"^\n" +
+	"\x1bDescribeInstanceTypeRequest\x12#\n" +
+	"\rinstance_type\x18\x01 \x01(\tR\finstanceType\x12\x1a\n" +
+	"\btemplate\x18\x02 \x01(\tR\btemplate\"a\n" +
+	"\x1cDescribeInstanceTypeResponse\x12A\n" +
+	"\rinstance_type\x18\x01 \x01(\v2\x1c.nstance.v1.InstanceTypeInfoR\finstanceType\"\x86\x02\n" +
+	"\x10InstanceTypeInfo\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05vcpus\x18\x02 \x01(\x05R\x05vcpus\x12\x1d\n" +
+	"\n" +
+	"memory_mib\x18\x03 \x01(\x03R\tmemoryMib\x12\x12\n" +
+	"\x04gpus\x18\x04 \x01(\x05R\x04gpus\x122\n" +
+	"\x15ephemeral_storage_gib\x18\x05 \x01(\x03R\x13ephemeralStorageGib\x12\x12\n" +
+	"\x04pods\x18\x06 \x01(\x05R\x04pods\x12\"\n" +
+	"\farchitecture\x18\a \x01(\tR\farchitecture\x12)\n" +
+	"\x10operating_system\x18\b \x01(\tR\x0foperatingSystem*\xd9\x01\n" +
 	"\x14RefreshConfigOutcome\x12&\n" +
 	"\"REFRESH_CONFIG_OUTCOME_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eREFRESH_CONFIG_OUTCOME_UPDATED\x10\x01\x12'\n" +
@@ -2901,7 +3126,7 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"\x1bREVOCATION_KIND_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18REVOCATION_KIND_OPERATOR\x10\x01\x12\x19\n" +
 	"\x15REVOCATION_KIND_AGENT\x10\x02\x12\x1a\n" +
-	"\x16REVOCATION_KIND_SERIAL\x10\x032\xb5\v\n" +
+	"\x16REVOCATION_KIND_SERIAL\x10\x032\xa0\f\n" +
 	"\x0fOperatorService\x12Z\n" +
 	"\x0fGetConfigStatus\x12\".nstance.v1.GetConfigStatusRequest\x1a#.nstance.v1.GetConfigStatusResponse\x12T\n" +
 	"\rRefreshConfig\x12 .nstance.v1.RefreshConfigRequest\x1a!.nstance.v1.RefreshConfigResponse\x12K\n" +
@@ -2920,7 +3145,8 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"\x10RenewCertificate\x12#.nstance.v1.RenewCertificateRequest\x1a$.nstance.v1.RenewCertificateResponse\x12T\n" +
 	"\rListOperators\x12 .nstance.v1.ListOperatorsRequest\x1a!.nstance.v1.ListOperatorsResponse\x12Z\n" +
 	"\x0fListRevocations\x12\".nstance.v1.ListRevocationsRequest\x1a#.nstance.v1.ListRevocationsResponse\x12?\n" +
-	"\x06Revoke\x12\x19.nstance.v1.RevokeRequest\x1a\x1a.nstance.v1.RevokeResponseB?Z=github.com/nstance-dev/nstance/pkg/proto/nstance/v1;nstancev1b\x06proto3"
+	"\x06Revoke\x12\x19.nstance.v1.RevokeRequest\x1a\x1a.nstance.v1.RevokeResponse\x12i\n" +
+	"\x14DescribeInstanceType\x12'.nstance.v1.DescribeInstanceTypeRequest\x1a(.nstance.v1.DescribeInstanceTypeResponseB?Z=github.com/nstance-dev/nstance/pkg/proto/nstance/v1;nstancev1b\x06proto3"
 
 var (
 	file_nstance_v1_operator_proto_rawDescOnce sync.Once
@@ -2935,140 +3161,146 @@ func file_nstance_v1_operator_proto_rawDescGZIP() []byte {
 }
 
 var file_nstance_v1_operator_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_nstance_v1_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_nstance_v1_operator_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_nstance_v1_operator_proto_goTypes = []any{
-	(RefreshConfigOutcome)(0),          // 0: nstance.v1.RefreshConfigOutcome
-	(GroupEventType)(0),                // 1: nstance.v1.GroupEventType
-	(InstanceEventStatus)(0),           // 2: nstance.v1.InstanceEventStatus
-	(DeletionReason)(0),                // 3: nstance.v1.DeletionReason
-	(ErrorSource)(0),                   // 4: nstance.v1.ErrorSource
-	(RevocationKind)(0),                // 5: nstance.v1.RevocationKind
-	(*GetConfigStatusRequest)(nil),     // 6: nstance.v1.GetConfigStatusRequest
-	(*GetConfigStatusResponse)(nil),    // 7: nstance.v1.GetConfigStatusResponse
-	(*RefreshConfigRequest)(nil),       // 8: nstance.v1.RefreshConfigRequest
-	(*RefreshConfigResponse)(nil),      // 9: nstance.v1.RefreshConfigResponse
-	(*ListGroupsRequest)(nil),          // 10: nstance.v1.ListGroupsRequest
-	(*ListGroupsResponse)(nil),         // 11: nstance.v1.ListGroupsResponse
-	(*UpsertGroupRequest)(nil),         // 12: nstance.v1.UpsertGroupRequest
-	(*UpsertGroupResponse)(nil),        // 13: nstance.v1.UpsertGroupResponse
-	(*DeleteGroupRequest)(nil),         // 14: nstance.v1.DeleteGroupRequest
-	(*DeleteGroupResponse)(nil),        // 15: nstance.v1.DeleteGroupResponse
-	(*CreateInstanceRequest)(nil),      // 16: nstance.v1.CreateInstanceRequest
-	(*CreateInstanceResponse)(nil),     // 17: nstance.v1.CreateInstanceResponse
-	(*DeleteInstanceRequest)(nil),      // 18: nstance.v1.DeleteInstanceRequest
-	(*DeleteInstanceResponse)(nil),     // 19: nstance.v1.DeleteInstanceResponse
-	(*GetInstanceStatusRequest)(nil),   // 20: nstance.v1.GetInstanceStatusRequest
-	(*GetInstanceStatusResponse)(nil),  // 21: nstance.v1.GetInstanceStatusResponse
-	(*ListInstancesRequest)(nil),       // 22: nstance.v1.ListInstancesRequest
-	(*ListInstancesResponse)(nil),      // 23: nstance.v1.ListInstancesResponse
-	(*AcknowledgeDrainedRequest)(nil),  // 24: nstance.v1.AcknowledgeDrainedRequest
-	(*AcknowledgeDrainedResponse)(nil), // 25: nstance.v1.AcknowledgeDrainedResponse
-	(*WatchGroupsRequest)(nil),         // 26: nstance.v1.WatchGroupsRequest
-	(*GroupEvent)(nil),                 // 27: nstance.v1.GroupEvent
-	(*WatchInstancesRequest)(nil),      // 28: nstance.v1.WatchInstancesRequest
-	(*InstanceEvent)(nil),              // 29: nstance.v1.InstanceEvent
-	(*WatchErrorsRequest)(nil),         // 30: nstance.v1.WatchErrorsRequest
-	(*ErrorEvent)(nil),                 // 31: nstance.v1.ErrorEvent
-	(*RenewCertificateRequest)(nil),    // 32: nstance.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil),   // 33: nstance.v1.RenewCertificateResponse
-	(*ListOperatorsRequest)(nil),       // 34: nstance.v1.ListOperatorsRequest
-	(*OperatorRegistration)(nil),       // 35: nstance.v1.OperatorRegistration
-	(*ListOperatorsResponse)(nil),      // 36: nstance.v1.ListOperatorsResponse
-	(*Revocation)(nil),                 // 37: nstance.v1.Revocation
-	(*ListRevocationsRequest)(nil),     // 38: nstance.v1.ListRevocationsRequest
-	(*ListRevocationsResponse)(nil),    // 39: nstance.v1.ListRevocationsResponse
-	(*RevokeRequest)(nil),              // 40: nstance.v1.RevokeRequest
-	(*RevokeResponse)(nil),             // 41: nstance.v1.RevokeResponse
-	nil,                                // 42: nstance.v1.CreateInstanceRequest.VarsEntry
-	nil,                                // 43: nstance.v1.CreateInstanceRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),      // 44: google.protobuf.Timestamp
-	(*ValidationError)(nil),            // 45: nstance.v1.ValidationError
-	(*GroupStatus)(nil),                // 46: nstance.v1.GroupStatus
-	(*GroupSpec)(nil),                  // 47: nstance.v1.GroupSpec
-	(*durationpb.Duration)(nil),        // 48: google.protobuf.Duration
-	(*InstanceStatus)(nil),             // 49: nstance.v1.InstanceStatus
-	(InstanceState)(0),                 // 50: nstance.v1.InstanceState
-	(*ClientIdentity)(nil),             // 51: nstance.v1.ClientIdentity
-	(ClientRole)(0),                    // 52: nstance.v1.ClientRole
+	(RefreshConfigOutcome)(0),            // 0: nstance.v1.RefreshConfigOutcome
+	(GroupEventType)(0),                  // 1: nstance.v1.GroupEventType
+	(InstanceEventStatus)(0),             // 2: nstance.v1.InstanceEventStatus
+	(DeletionReason)(0),                  // 3: nstance.v1.DeletionReason
+	(ErrorSource)(0),                     // 4: nstance.v1.ErrorSource
+	(RevocationKind)(0),                  // 5: nstance.v1.RevocationKind
+	(*GetConfigStatusRequest)(nil),       // 6: nstance.v1.GetConfigStatusRequest
+	(*GetConfigStatusResponse)(nil),      // 7: nstance.v1.GetConfigStatusResponse
+	(*RefreshConfigRequest)(nil),         // 8: nstance.v1.RefreshConfigRequest
+	(*RefreshConfigResponse)(nil),        // 9: nstance.v1.RefreshConfigResponse
+	(*ListGroupsRequest)(nil),            // 10: nstance.v1.ListGroupsRequest
+	(*ListGroupsResponse)(nil),           // 11: nstance.v1.ListGroupsResponse
+	(*UpsertGroupRequest)(nil),           // 12: nstance.v1.UpsertGroupRequest
+	(*UpsertGroupResponse)(nil),          // 13: nstance.v1.UpsertGroupResponse
+	(*DeleteGroupRequest)(nil),           // 14: nstance.v1.DeleteGroupRequest
+	(*DeleteGroupResponse)(nil),          // 15: nstance.v1.DeleteGroupResponse
+	(*CreateInstanceRequest)(nil),        // 16: nstance.v1.CreateInstanceRequest
+	(*CreateInstanceResponse)(nil),       // 17: nstance.v1.CreateInstanceResponse
+	(*DeleteInstanceRequest)(nil),        // 18: nstance.v1.DeleteInstanceRequest
+	(*DeleteInstanceResponse)(nil),       // 19: nstance.v1.DeleteInstanceResponse
+	(*GetInstanceStatusRequest)(nil),     // 20: nstance.v1.GetInstanceStatusRequest
+	(*GetInstanceStatusResponse)(nil),    // 21: nstance.v1.GetInstanceStatusResponse
+	(*ListInstancesRequest)(nil),         // 22: nstance.v1.ListInstancesRequest
+	(*ListInstancesResponse)(nil),        // 23: nstance.v1.ListInstancesResponse
+	(*AcknowledgeDrainedRequest)(nil),    // 24: nstance.v1.AcknowledgeDrainedRequest
+	(*AcknowledgeDrainedResponse)(nil),   // 25: nstance.v1.AcknowledgeDrainedResponse
+	(*WatchGroupsRequest)(nil),           // 26: nstance.v1.WatchGroupsRequest
+	(*GroupEvent)(nil),                   // 27: nstance.v1.GroupEvent
+	(*WatchInstancesRequest)(nil),        // 28: nstance.v1.WatchInstancesRequest
+	(*InstanceEvent)(nil),                // 29: nstance.v1.InstanceEvent
+	(*WatchErrorsRequest)(nil),           // 30: nstance.v1.WatchErrorsRequest
+	(*ErrorEvent)(nil),                   // 31: nstance.v1.ErrorEvent
+	(*RenewCertificateRequest)(nil),      // 32: nstance.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil),     // 33: nstance.v1.RenewCertificateResponse
+	(*ListOperatorsRequest)(nil),         // 34: nstance.v1.ListOperatorsRequest
+	(*OperatorRegistration)(nil),         // 35: nstance.v1.OperatorRegistration
+	(*ListOperatorsResponse)(nil),        // 36: nstance.v1.ListOperatorsResponse
+	(*Revocation)(nil),                   // 37: nstance.v1.Revocation
+	(*ListRevocationsRequest)(nil),       // 38: nstance.v1.ListRevocationsRequest
+	(*ListRevocationsResponse)(nil),      // 39: nstance.v1.ListRevocationsResponse
+	(*RevokeRequest)(nil),                // 40: nstance.v1.RevokeRequest
+	(*RevokeResponse)(nil),               // 41: nstance.v1.RevokeResponse
+	(*DescribeInstanceTypeRequest)(nil),  // 42: nstance.v1.DescribeInstanceTypeRequest
+	(*DescribeInstanceTypeResponse)(nil), // 43: nstance.v1.DescribeInstanceTypeResponse
+	(*InstanceTypeInfo)(nil),             // 44: nstance.v1.InstanceTypeInfo
+	nil,                                  // 45: nstance.v1.CreateInstanceRequest.VarsEntry
+	nil,                                  // 46: nstance.v1.CreateInstanceRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),        // 47: google.protobuf.Timestamp
+	(*ValidationError)(nil),              // 48: nstance.v1.ValidationError
+	(*GroupStatus)(nil),                  // 49: nstance.v1.GroupStatus
+	(*GroupSpec)(nil),                    // 50: nstance.v1.GroupSpec
+	(*durationpb.Duration)(nil),          // 51: google.protobuf.Duration
+	(*InstanceStatus)(nil),               // 52: nstance.v1.InstanceStatus
+	(InstanceState)(0),                   // 53: nstance.v1.InstanceState
+	(*ClientIdentity)(nil),               // 54: nstance.v1.ClientIdentity
+	(ClientRole)(0),                      // 55: nstance.v1.ClientRole
 }
 var file_nstance_v1_operator_proto_depIdxs = []int32{
-	44, // 0: nstance.v1.GetConfigStatusResponse.last_modified:type_name -> google.protobuf.Timestamp
-	44, // 1: nstance.v1.GetConfigStatusResponse.leader_since:type_name -> google.protobuf.Timestamp
+	47, // 0: nstance.v1.GetConfigStatusResponse.last_modified:type_name -> google.protobuf.Timestamp
+	47, // 1: nstance.v1.GetConfigStatusResponse.leader_since:type_name -> google.protobuf.Timestamp
 	0,  // 2: nstance.v1.RefreshConfigResponse.outcome:type_name -> nstance.v1.RefreshConfigOutcome
-	45, // 3: nstance.v1.RefreshConfigResponse.validation_errors:type_name -> nstance.v1.ValidationError
-	46, // 4: nstance.v1.ListGroupsResponse.groups:type_name -> nstance.v1.GroupStatus
-	47, // 5: nstance.v1.UpsertGroupRequest.group:type_name -> nstance.v1.GroupSpec
-	46, // 6: nstance.v1.UpsertGroupResponse.group:type_name -> nstance.v1.GroupStatus
-	42, // 7: nstance.v1.CreateInstanceRequest.vars:type_name -> nstance.v1.CreateInstanceRequest.VarsEntry
-	43, // 8: nstance.v1.CreateInstanceRequest.labels:type_name -> nstance.v1.CreateInstanceRequest.LabelsEntry
-	48, // 9: nstance.v1.CreateInstanceRequest.drain_timeout:type_name -> google.protobuf.Duration
-	49, // 10: nstance.v1.CreateInstanceResponse.instance:type_name -> nstance.v1.InstanceStatus
-	49, // 11: nstance.v1.DeleteInstanceResponse.instance:type_name -> nstance.v1.InstanceStatus
-	49, // 12: nstance.v1.GetInstanceStatusResponse.instance:type_name -> nstance.v1.InstanceStatus
-	50, // 13: nstance.v1.ListInstancesRequest.states:type_name -> nstance.v1.InstanceState
-	49, // 14: nstance.v1.ListInstancesResponse.instances:type_name -> nstance.v1.InstanceStatus
-	49, // 15: nstance.v1.AcknowledgeDrainedResponse.instance:type_name -> nstance.v1.InstanceStatus
+	48, // 3: nstance.v1.RefreshConfigResponse.validation_errors:type_name -> nstance.v1.ValidationError
+	49, // 4: nstance.v1.ListGroupsResponse.groups:type_name -> nstance.v1.GroupStatus
+	50, // 5: nstance.v1.UpsertGroupRequest.group:type_name -> nstance.v1.GroupSpec
+	49, // 6: nstance.v1.UpsertGroupResponse.group:type_name -> nstance.v1.GroupStatus
+	45, // 7: nstance.v1.CreateInstanceRequest.vars:type_name -> nstance.v1.CreateInstanceRequest.VarsEntry
+	46, // 8: nstance.v1.CreateInstanceRequest.labels:type_name -> nstance.v1.CreateInstanceRequest.LabelsEntry
+	51, // 9: nstance.v1.CreateInstanceRequest.drain_timeout:type_name -> google.protobuf.Duration
+	52, // 10: nstance.v1.CreateInstanceResponse.instance:type_name -> nstance.v1.InstanceStatus
+	52, // 11: nstance.v1.DeleteInstanceResponse.instance:type_name -> nstance.v1.InstanceStatus
+	52, // 12: nstance.v1.GetInstanceStatusResponse.instance:type_name -> nstance.v1.InstanceStatus
+	53, // 13: nstance.v1.ListInstancesRequest.states:type_name -> nstance.v1.InstanceState
+	52, // 14: nstance.v1.ListInstancesResponse.instances:type_name -> nstance.v1.InstanceStatus
+	52, // 15: nstance.v1.AcknowledgeDrainedResponse.instance:type_name -> nstance.v1.InstanceStatus
 	1,  // 16: nstance.v1.GroupEvent.type:type_name -> nstance.v1.GroupEventType
-	46, // 17: nstance.v1.GroupEvent.group:type_name -> nstance.v1.GroupStatus
-	44, // 18: nstance.v1.GroupEvent.occurred_at:type_name -> google.protobuf.Timestamp
+	49, // 17: nstance.v1.GroupEvent.group:type_name -> nstance.v1.GroupStatus
+	47, // 18: nstance.v1.GroupEvent.occurred_at:type_name -> google.protobuf.Timestamp
 	2,  // 19: nstance.v1.InstanceEvent.status:type_name -> nstance.v1.InstanceEventStatus
 	3,  // 20: nstance.v1.InstanceEvent.reason:type_name -> nstance.v1.DeletionReason
-	44, // 21: nstance.v1.InstanceEvent.drain_deadline:type_name -> google.protobuf.Timestamp
-	44, // 22: nstance.v1.InstanceEvent.occurred_at:type_name -> google.protobuf.Timestamp
+	47, // 21: nstance.v1.InstanceEvent.drain_deadline:type_name -> google.protobuf.Timestamp
+	47, // 22: nstance.v1.InstanceEvent.occurred_at:type_name -> google.protobuf.Timestamp
 	4,  // 23: nstance.v1.WatchErrorsRequest.sources:type_name -> nstance.v1.ErrorSource
 	4,  // 24: nstance.v1.ErrorEvent.source:type_name -> nstance.v1.ErrorSource
-	44, // 25: nstance.v1.ErrorEvent.occurred_at:type_name -> google.protobuf.Timestamp
-	44, // 26: nstance.v1.RenewCertificateResponse.expires_at:type_name -> google.protobuf.Timestamp
-	51, // 27: nstance.v1.RenewCertificateResponse.identity:type_name -> nstance.v1.ClientIdentity
-	52, // 28: nstance.v1.OperatorRegistration.role:type_name -> nstance.v1.ClientRole
-	44, // 29: nstance.v1.OperatorRegistration.expires_at:type_name -> google.protobuf.Timestamp
-	44, // 30: nstance.v1.OperatorRegistration.registered_at:type_name -> google.protobuf.Timestamp
+	47, // 25: nstance.v1.ErrorEvent.occurred_at:type_name -> google.protobuf.Timestamp
+	47, // 26: nstance.v1.RenewCertificateResponse.expires_at:type_name -> google.protobuf.Timestamp
+	54, // 27: nstance.v1.RenewCertificateResponse.identity:type_name -> nstance.v1.ClientIdentity
+	55, // 28: nstance.v1.OperatorRegistration.role:type_name -> nstance.v1.ClientRole
+	47, // 29: nstance.v1.OperatorRegistration.expires_at:type_name -> google.protobuf.Timestamp
+	47, // 30: nstance.v1.OperatorRegistration.registered_at:type_name -> google.protobuf.Timestamp
 	35, // 31: nstance.v1.ListOperatorsResponse.operators:type_name -> nstance.v1.OperatorRegistration
 	5,  // 32: nstance.v1.Revocation.kind:type_name -> nstance.v1.RevocationKind
-	44, // 33: nstance.v1.Revocation.issued_before:type_name -> google.protobuf.Timestamp
-	44, // 34: nstance.v1.Revocation.expires_at:type_name -> google.protobuf.Timestamp
-	44, // 35: nstance.v1.Revocation.revoked_at:type_name -> google.protobuf.Timestamp
+	47, // 33: nstance.v1.Revocation.issued_before:type_name -> google.protobuf.Timestamp
+	47, // 34: nstance.v1.Revocation.expires_at:type_name -> google.protobuf.Timestamp
+	47, // 35: nstance.v1.Revocation.revoked_at:type_name -> google.protobuf.Timestamp
 	37, // 36: nstance.v1.ListRevocationsResponse.revocations:type_name -> nstance.v1.Revocation
 	37, // 37: nstance.v1.RevokeResponse.revocation:type_name -> nstance.v1.Revocation
-	6,  // 38: nstance.v1.OperatorService.GetConfigStatus:input_type -> nstance.v1.GetConfigStatusRequest
-	8,  // 39: nstance.v1.OperatorService.RefreshConfig:input_type -> nstance.v1.RefreshConfigRequest
-	10, // 40: nstance.v1.OperatorService.ListGroups:input_type -> nstance.v1.ListGroupsRequest
-	12, // 41: nstance.v1.OperatorService.UpsertGroup:input_type -> nstance.v1.UpsertGroupRequest
-	14, // 42: nstance.v1.OperatorService.DeleteGroup:input_type -> nstance.v1.DeleteGroupRequest
-	16, // 43: nstance.v1.OperatorService.CreateInstance:input_type -> nstance.v1.CreateInstanceRequest
-	18, // 44: nstance.v1.OperatorService.DeleteInstance:input_type -> nstance.v1.DeleteInstanceRequest
-	20, // 45: nstance.v1.OperatorService.GetInstanceStatus:input_type -> nstance.v1.GetInstanceStatusRequest
-	22, // 46: nstance.v1.OperatorService.ListInstances:input_type -> nstance.v1.ListInstancesRequest
-	24, // 47: nstance.v1.OperatorService.AcknowledgeDrained:input_type -> nstance.v1.AcknowledgeDrainedRequest
-	26, // 48: nstance.v1.OperatorService.WatchGroups:input_type -> nstance.v1.WatchGroupsRequest
-	28, // 49: nstance.v1.OperatorService.WatchInstances:input_type -> nstance.v1.WatchInstancesRequest
-	30, // 50: nstance.v1.OperatorService.WatchErrors:input_type -> nstance.v1.WatchErrorsRequest
-	32, // 51: nstance.v1.OperatorService.RenewCertificate:input_type -> nstance.v1.RenewCertificateRequest
-	34, // 52: nstance.v1.OperatorService.ListOperators:input_type -> nstance.v1.ListOperatorsRequest
-	38, // 53: nstance.v1.OperatorService.ListRevocations:input_type -> nstance.v1.ListRevocationsRequest
-	40, // 54: nstance.v1.OperatorService.Revoke:input_type -> nstance.v1.RevokeRequest
-	7,  // 55: nstance.v1.OperatorService.GetConfigStatus:output_type -> nstance.v1.GetConfigStatusResponse
-	9,  // 56: nstance.v1.OperatorService.RefreshConfig:output_type -> nstance.v1.RefreshConfigResponse
-	11, // 57: nstance.v1.OperatorService.ListGroups:output_type -> nstance.v1.ListGroupsResponse
-	13, // 58: nstance.v1.OperatorService.UpsertGroup:output_type -> nstance.v1.UpsertGroupResponse
-	15, // 59: nstance.v1.OperatorService.DeleteGroup:output_type -> nstance.v1.DeleteGroupResponse
-	17, // 60: nstance.v1.OperatorService.CreateInstance:output_type -> nstance.v1.CreateInstanceResponse
-	19, // 61: nstance.v1.OperatorService.DeleteInstance:output_type -> nstance.v1.DeleteInstanceResponse
-	21, // 62: nstance.v1.OperatorService.GetInstanceStatus:output_type -> nstance.v1.GetInstanceStatusResponse
-	23, // 63: nstance.v1.OperatorService.ListInstances:output_type -> nstance.v1.ListInstancesResponse
-	25, // 64: nstance.v1.OperatorService.AcknowledgeDrained:output_type -> nstance.v1.AcknowledgeDrainedResponse
-	27, // 65: nstance.v1.OperatorService.WatchGroups:output_type -> nstance.v1.GroupEvent
-	29, // 66: nstance.v1.OperatorService.WatchInstances:output_type -> nstance.v1.InstanceEvent
-	31, // 67: nstance.v1.OperatorService.WatchErrors:output_type -> nstance.v1.ErrorEvent
-	33, // 68: nstance.v1.OperatorService.RenewCertificate:output_type -> nstance.v1.RenewCertificateResponse
-	36, // 69: nstance.v1.OperatorService.ListOperators:output_type -> nstance.v1.ListOperatorsResponse
-	39, // 70: nstance.v1.OperatorService.ListRevocations:output_type -> nstance.v1.ListRevocationsResponse
-	41, // 71: nstance.v1.OperatorService.Revoke:output_type -> nstance.v1.RevokeResponse
-	55, // [55:72] is the sub-list for method output_type
-	38, // [38:55] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	44, // 38: nstance.v1.DescribeInstanceTypeResponse.instance_type:type_name -> nstance.v1.InstanceTypeInfo
+	6,  // 39: nstance.v1.OperatorService.GetConfigStatus:input_type -> nstance.v1.GetConfigStatusRequest
+	8,  // 40: nstance.v1.OperatorService.RefreshConfig:input_type -> nstance.v1.RefreshConfigRequest
+	10, // 41: nstance.v1.OperatorService.ListGroups:input_type -> nstance.v1.ListGroupsRequest
+	12, // 42: nstance.v1.OperatorService.UpsertGroup:input_type -> nstance.v1.UpsertGroupRequest
+	14, // 43: nstance.v1.OperatorService.DeleteGroup:input_type -> nstance.v1.DeleteGroupRequest
+	16, // 44: nstance.v1.OperatorService.CreateInstance:input_type -> nstance.v1.CreateInstanceRequest
+	18, // 45: nstance.v1.OperatorService.DeleteInstance:input_type -> nstance.v1.DeleteInstanceRequest
+	20, // 46: nstance.v1.OperatorService.GetInstanceStatus:input_type -> nstance.v1.GetInstanceStatusRequest
+	22, // 47: nstance.v1.OperatorService.ListInstances:input_type -> nstance.v1.ListInstancesRequest
+	24, // 48: nstance.v1.OperatorService.AcknowledgeDrained:input_type -> nstance.v1.AcknowledgeDrainedRequest
+	26, // 49: nstance.v1.OperatorService.WatchGroups:input_type -> nstance.v1.WatchGroupsRequest
+	28, // 50: nstance.v1.OperatorService.WatchInstances:input_type -> nstance.v1.WatchInstancesRequest
+	30, // 51: nstance.v1.OperatorService.WatchErrors:input_type -> nstance.v1.WatchErrorsRequest
+	32, // 52: nstance.v1.OperatorService.RenewCertificate:input_type -> nstance.v1.RenewCertificateRequest
+	34, // 53: nstance.v1.OperatorService.ListOperators:input_type -> nstance.v1.ListOperatorsRequest
+	38, // 54: nstance.v1.OperatorService.ListRevocations:input_type -> nstance.v1.ListRevocationsRequest
+	40, // 55: nstance.v1.OperatorService.Revoke:input_type -> nstance.v1.RevokeRequest
+	42, // 56: nstance.v1.OperatorService.DescribeInstanceType:input_type -> nstance.v1.DescribeInstanceTypeRequest
+	7,  // 57: nstance.v1.OperatorService.GetConfigStatus:output_type -> nstance.v1.GetConfigStatusResponse
+	9,  // 58: nstance.v1.OperatorService.RefreshConfig:output_type -> nstance.v1.RefreshConfigResponse
+	11, // 59: nstance.v1.OperatorService.ListGroups:output_type -> nstance.v1.ListGroupsResponse
+	13, // 60: nstance.v1.OperatorService.UpsertGroup:output_type -> nstance.v1.UpsertGroupResponse
+	15, // 61: nstance.v1.OperatorService.DeleteGroup:output_type -> nstance.v1.DeleteGroupResponse
+	17, // 62: nstance.v1.OperatorService.CreateInstance:output_type -> nstance.v1.CreateInstanceResponse
+	19, // 63: nstance.v1.OperatorService.DeleteInstance:output_type -> nstance.v1.DeleteInstanceResponse
+	21, // 64: nstance.v1.OperatorService.GetInstanceStatus:output_type -> nstance.v1.GetInstanceStatusResponse
+	23, // 65: nstance.v1.OperatorService.ListInstances:output_type -> nstance.v1.ListInstancesResponse
+	25, // 66: nstance.v1.OperatorService.AcknowledgeDrained:output_type -> nstance.v1.AcknowledgeDrainedResponse
+	27, // 67: nstance.v1.OperatorService.WatchGroups:output_type -> nstance.v1.GroupEvent
+	29, // 68: nstance.v1.OperatorService.WatchInstances:output_type -> nstance.v1.InstanceEvent
+	31, // 69: nstance.v1.OperatorService.WatchErrors:output_type -> nstance.v1.ErrorEvent
+	33, // 70: nstance.v1.OperatorService.RenewCertificate:output_type -> nstance.v1.RenewCertificateResponse
+	36, // 71: nstance.v1.OperatorService.ListOperators:output_type -> nstance.v1.ListOperatorsResponse
+	39, // 72: nstance.v1.OperatorService.ListRevocations:output_type -> nstance.v1.ListRevocationsResponse
+	41, // 73: nstance.v1.OperatorService.Revoke:output_type -> nstance.v1.RevokeResponse
+	43, // 74: nstance.v1.OperatorService.DescribeInstanceType:output_type -> nstance.v1.DescribeInstanceTypeResponse
+	57, // [57:75] is the sub-list for method output_type
+	39, // [39:57] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_nstance_v1_operator_proto_init() }
@@ -3094,7 +3326,7 @@ func file_nstance_v1_operator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nstance_v1_operator_proto_rawDesc), len(file_nstance_v1_operator_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   38,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

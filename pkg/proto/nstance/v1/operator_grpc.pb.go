@@ -19,23 +19,24 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	OperatorService_GetConfigStatus_FullMethodName    = "/nstance.v1.OperatorService/GetConfigStatus"
-	OperatorService_RefreshConfig_FullMethodName      = "/nstance.v1.OperatorService/RefreshConfig"
-	OperatorService_ListGroups_FullMethodName         = "/nstance.v1.OperatorService/ListGroups"
-	OperatorService_UpsertGroup_FullMethodName        = "/nstance.v1.OperatorService/UpsertGroup"
-	OperatorService_DeleteGroup_FullMethodName        = "/nstance.v1.OperatorService/DeleteGroup"
-	OperatorService_CreateInstance_FullMethodName     = "/nstance.v1.OperatorService/CreateInstance"
-	OperatorService_DeleteInstance_FullMethodName     = "/nstance.v1.OperatorService/DeleteInstance"
-	OperatorService_GetInstanceStatus_FullMethodName  = "/nstance.v1.OperatorService/GetInstanceStatus"
-	OperatorService_ListInstances_FullMethodName      = "/nstance.v1.OperatorService/ListInstances"
-	OperatorService_AcknowledgeDrained_FullMethodName = "/nstance.v1.OperatorService/AcknowledgeDrained"
-	OperatorService_WatchGroups_FullMethodName        = "/nstance.v1.OperatorService/WatchGroups"
-	OperatorService_WatchInstances_FullMethodName     = "/nstance.v1.OperatorService/WatchInstances"
-	OperatorService_WatchErrors_FullMethodName        = "/nstance.v1.OperatorService/WatchErrors"
-	OperatorService_RenewCertificate_FullMethodName   = "/nstance.v1.OperatorService/RenewCertificate"
-	OperatorService_ListOperators_FullMethodName      = "/nstance.v1.OperatorService/ListOperators"
-	OperatorService_ListRevocations_FullMethodName    = "/nstance.v1.OperatorService/ListRevocations"
-	OperatorService_Revoke_FullMethodName             = "/nstance.v1.OperatorService/Revoke"
+	OperatorService_GetConfigStatus_FullMethodName      = "/nstance.v1.OperatorService/GetConfigStatus"
+	OperatorService_RefreshConfig_FullMethodName        = "/nstance.v1.OperatorService/RefreshConfig"
+	OperatorService_ListGroups_FullMethodName           = "/nstance.v1.OperatorService/ListGroups"
+	OperatorService_UpsertGroup_FullMethodName          = "/nstance.v1.OperatorService/UpsertGroup"
+	OperatorService_DeleteGroup_FullMethodName          = "/nstance.v1.OperatorService/DeleteGroup"
+	OperatorService_CreateInstance_FullMethodName       = "/nstance.v1.OperatorService/CreateInstance"
+	OperatorService_DeleteInstance_FullMethodName       = "/nstance.v1.OperatorService/DeleteInstance"
+	OperatorService_GetInstanceStatus_FullMethodName    = "/nstance.v1.OperatorService/GetInstanceStatus"
+	OperatorService_ListInstances_FullMethodName        = "/nstance.v1.OperatorService/ListInstances"
+	OperatorService_AcknowledgeDrained_FullMethodName   = "/nstance.v1.OperatorService/AcknowledgeDrained"
+	OperatorService_WatchGroups_FullMethodName          = "/nstance.v1.OperatorService/WatchGroups"
+	OperatorService_WatchInstances_FullMethodName       = "/nstance.v1.OperatorService/WatchInstances"
+	OperatorService_WatchErrors_FullMethodName          = "/nstance.v1.OperatorService/WatchErrors"
+	OperatorService_RenewCertificate_FullMethodName     = "/nstance.v1.OperatorService/RenewCertificate"
+	OperatorService_ListOperators_FullMethodName        = "/nstance.v1.OperatorService/ListOperators"
+	OperatorService_ListRevocations_FullMethodName      = "/nstance.v1.OperatorService/ListRevocations"
+	OperatorService_Revoke_FullMethodName               = "/nstance.v1.OperatorService/Revoke"
+	OperatorService_DescribeInstanceType_FullMethodName = "/nstance.v1.OperatorService/DescribeInstanceType"
 )
 
 // OperatorServiceClient is the client API for OperatorService service.
@@ -81,6 +82,9 @@ type OperatorServiceClient interface {
 	// Revoke refuses an operator's certificates, an instance's agent certificates or one certificate
 	// by serial from the next handshake and RPC on (admin only).
 	Revoke(ctx context.Context, in *RevokeRequest, opts ...grpc.CallOption) (*RevokeResponse, error)
+	// DescribeInstanceType reports what one machine of an instance type offers a Kubernetes node, from the config's
+	// instance_types catalog or the provider (AWS DescribeInstanceTypes): the capacity published for scale from zero.
+	DescribeInstanceType(ctx context.Context, in *DescribeInstanceTypeRequest, opts ...grpc.CallOption) (*DescribeInstanceTypeResponse, error)
 }
 
 type operatorServiceClient struct {
@@ -288,6 +292,16 @@ func (c *operatorServiceClient) Revoke(ctx context.Context, in *RevokeRequest, o
 	return out, nil
 }
 
+func (c *operatorServiceClient) DescribeInstanceType(ctx context.Context, in *DescribeInstanceTypeRequest, opts ...grpc.CallOption) (*DescribeInstanceTypeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DescribeInstanceTypeResponse)
+	err := c.cc.Invoke(ctx, OperatorService_DescribeInstanceType_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // OperatorServiceServer is the server API for OperatorService service.
 // All implementations must embed UnimplementedOperatorServiceServer
 // for forward compatibility.
@@ -331,6 +345,9 @@ type OperatorServiceServer interface {
 	// Revoke refuses an operator's certificates, an instance's agent certificates or one certificate
 	// by serial from the next handshake and RPC on (admin only).
 	Revoke(context.Context, *RevokeRequest) (*RevokeResponse, error)
+	// DescribeInstanceType reports what one machine of an instance type offers a Kubernetes node, from the config's
+	// instance_types catalog or the provider (AWS DescribeInstanceTypes): the capacity published for scale from zero.
+	DescribeInstanceType(context.Context, *DescribeInstanceTypeRequest) (*DescribeInstanceTypeResponse, error)
 	mustEmbedUnimplementedOperatorServiceServer()
 }
 
@@ -391,6 +408,9 @@ func (UnimplementedOperatorServiceServer) ListRevocations(context.Context, *List
 }
 func (UnimplementedOperatorServiceServer) Revoke(context.Context, *RevokeRequest) (*RevokeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Revoke not implemented")
+}
+func (UnimplementedOperatorServiceServer) DescribeInstanceType(context.Context, *DescribeInstanceTypeRequest) (*DescribeInstanceTypeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DescribeInstanceType not implemented")
 }
 func (UnimplementedOperatorServiceServer) mustEmbedUnimplementedOperatorServiceServer() {}
 func (UnimplementedOperatorServiceServer) testEmbeddedByValue()                         {}
@@ -698,6 +718,24 @@ func _OperatorService_Revoke_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _OperatorService_DescribeInstanceType_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DescribeInstanceTypeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServiceServer).DescribeInstanceType(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: OperatorService_DescribeInstanceType_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServiceServer).DescribeInstanceType(ctx, req.(*DescribeInstanceTypeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // OperatorService_ServiceDesc is the grpc.ServiceDesc for OperatorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -760,6 +798,10 @@ var OperatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Revoke",
 			Handler:    _OperatorService_Revoke_Handler,
+		},
+		{
+			MethodName: "DescribeInstanceType",
+			Handler:    _OperatorService_DescribeInstanceType_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -33,6 +33,7 @@ const (
 	OpDescribeNetworkInterfaces = "DescribeNetworkInterfaces"
 	OpAttachNetworkInterface    = "AttachNetworkInterface"
 	OpDetachNetworkInterface    = "DetachNetworkInterface"
+	OpDescribeInstanceTypes     = "DescribeInstanceTypes"
 )
 
 // Zone is the availability zone of every fake subnet.
@@ -60,6 +61,8 @@ type EC2 struct {
 	lose      map[string]int
 	calls     map[string]int
 	runs      []*ec2.RunInstancesInput
+	types     map[types.InstanceType]types.InstanceTypeInfo
+	typesGate chan struct{}
 }
 
 type instance struct {
@@ -82,7 +85,8 @@ type eni struct {
 // any subnet id is accepted).
 func New(subnets ...string) *EC2 {
 	f := &EC2{instances: map[string]*instance{}, tokens: map[string]token{}, enis: map[string]*eni{},
-		subnets: map[string]bool{}, throttle: map[string]int{}, lose: map[string]int{}, calls: map[string]int{}}
+		subnets: map[string]bool{}, throttle: map[string]int{}, lose: map[string]int{}, calls: map[string]int{},
+		types: map[types.InstanceType]types.InstanceTypeInfo{}}
 	for _, s := range subnets {
 		f.subnets[s] = true
 	}
