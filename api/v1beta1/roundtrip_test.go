@@ -134,6 +134,7 @@ func validPool() *infrav1.NstanceMachinePool {
 			SubnetPool:     "private",
 			Vars:           map[string]string{"role": "worker", "disk": "100"},
 			DrainTimeout:   &metav1.Duration{Duration: 90 * time.Second},
+			DeletePolicy:   infrav1.DeletePolicyOldest,
 			ProviderIDList: []string{"nstance://us-west-2a/i-1", "nstance://us-east-1a/i-2"},
 		},
 		Status: infrav1.NstanceMachinePoolStatus{

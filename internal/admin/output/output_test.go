@@ -81,6 +81,7 @@ func TestDocumentJSONAndYAML(t *testing.T) {
         "group_id": "db",
         "instance_type": "",
         "labels": {},
+        "rollout": null,
         "size": 2,
         "subnet_pool": "",
         "template": "worker",
@@ -93,6 +94,7 @@ func TestDocumentJSONAndYAML(t *testing.T) {
         }
       },
       "static": false,
+      "up_to_date_count": 0,
       "updated_at": "2026-05-01T11:59:00Z",
       "user_data_sha256": ""
     }
@@ -124,6 +126,7 @@ func TestDocumentJSONAndYAML(t *testing.T) {
     group_id: db
     instance_type: ""
     labels: {}
+    rollout: null
     size: 2
     subnet_pool: ""
     template: worker
@@ -134,6 +137,7 @@ func TestDocumentJSONAndYAML(t *testing.T) {
       a<b: x&y
       role: db
   static: false
+  up_to_date_count: 0
   updated_at: "2026-05-01T11:59:00Z"
   user_data_sha256: ""
 `, buf.String())

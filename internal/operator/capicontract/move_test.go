@@ -10,7 +10,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -26,6 +25,7 @@ import (
 	opconfig "github.com/nstance-dev/nstance/internal/operator/config"
 	"github.com/nstance-dev/nstance/internal/operator/machine"
 	"github.com/nstance-dev/nstance/internal/operator/ondemand"
+	"github.com/nstance-dev/nstance/internal/testing/kubetest"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -138,35 +138,8 @@ func kindName(o client.Object) string {
 func simulateMove(t *testing.T, objs []*unstructured.Unstructured) {
 	t.Helper()
 	ctx := context.Background()
-	for i := len(objs) - 1; i >= 0; i-- {
-		o := objs[i].DeepCopy()
-		if len(o.GetFinalizers()) > 0 {
-			require.NoError(t, env.Client.Patch(ctx, o, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))), kindName(o))
-		}
-		require.NoError(t, client.IgnoreNotFound(env.Client.Delete(ctx, o)), kindName(o))
-		require.Eventually(t, func() bool {
-			cur := &unstructured.Unstructured{}
-			cur.SetGroupVersionKind(o.GroupVersionKind())
-			return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(o), cur))
-		}, waitLong, tick, "%s deleted", kindName(o))
-	}
-	newUID := map[types.UID]types.UID{}
-	for _, src := range objs {
-		o := src.DeepCopy()
-		unstructured.RemoveNestedField(o.Object, "status")
-		for _, f := range []string{"uid", "resourceVersion", "creationTimestamp", "generation", "managedFields", "deletionTimestamp", "deletionGracePeriodSeconds"} {
-			unstructured.RemoveNestedField(o.Object, "metadata", f)
-		}
-		refs := o.GetOwnerReferences()
-		for i := range refs {
-			if u, ok := newUID[refs[i].UID]; ok {
-				refs[i].UID = u
-			}
-		}
-		o.SetOwnerReferences(refs)
-		require.NoError(t, env.Client.Create(ctx, o), kindName(o))
-		newUID[src.GetUID()] = o.GetUID()
-	}
+	require.NoError(t, kubetest.MoveAway(ctx, env.Client, objs, waitLong))
+	require.NoError(t, kubetest.MoveIn(ctx, env.Client, objs, false))
 }
 
 func setClusterPaused(t *testing.T, ns string, on bool) {

@@ -8,11 +8,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -129,18 +127,7 @@ func TestMoveOntoFreshOperatorImportsNothing(t *testing.T) {
 	ledger.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMap"))
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: "nstance-operator-groups"}, ledger))
 	objs = append(objs, ledger)
-	for i := len(objs) - 1; i >= 0; i-- {
-		o := objs[i].DeepCopy()
-		if len(o.GetFinalizers()) > 0 {
-			require.NoError(t, env.Client.Patch(ctx, o, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))))
-		}
-		require.NoError(t, client.IgnoreNotFound(env.Client.Delete(ctx, o)))
-		require.Eventually(t, func() bool {
-			cur := &unstructured.Unstructured{}
-			cur.SetGroupVersionKind(o.GroupVersionKind())
-			return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(o), cur))
-		}, waitLong, tick, "%s/%s deleted", o.GetKind(), o.GetName())
-	}
+	require.NoError(t, kubetest.MoveAway(ctx, env.Client, objs, waitLong))
 
 	// clusterctl init: a fresh operator. Its server groups are there, its
 	// Cluster is not: it must not import them.
@@ -152,35 +139,9 @@ func TestMoveOntoFreshOperatorImportsNothing(t *testing.T) {
 		return len(pools.Items) > 0
 	}, absentWindow, tick, "nothing imported before the move arrives")
 
-	// clusterctl move: owners first, new UIDs, no status, Cluster paused.
-	newUID := map[types.UID]types.UID{}
-	for _, src := range objs {
-		o := src.DeepCopy()
-		unstructured.RemoveNestedField(o.Object, "status")
-		for _, fld := range []string{"uid", "resourceVersion", "creationTimestamp", "generation", "managedFields", "deletionTimestamp", "deletionGracePeriodSeconds"} {
-			unstructured.RemoveNestedField(o.Object, "metadata", fld)
-		}
-		refs := o.GetOwnerReferences()
-		for i := range refs {
-			if u, ok := newUID[refs[i].UID]; ok {
-				refs[i].UID = u
-			}
-		}
-		o.SetOwnerReferences(refs)
-		err := env.Client.Create(ctx, o)
-		if apierrors.IsAlreadyExists(err) {
-			// clusterctl move updates an object the target already has
-			// (the fresh operator's own ledger).
-			cur := &unstructured.Unstructured{}
-			cur.SetGroupVersionKind(o.GroupVersionKind())
-			require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(o), cur))
-			o.SetResourceVersion(cur.GetResourceVersion())
-			o.SetUID(cur.GetUID())
-			err = env.Client.Update(ctx, o)
-		}
-		require.NoError(t, err, "%s/%s", o.GetKind(), o.GetName())
-		newUID[src.GetUID()] = o.GetUID()
-	}
+	// clusterctl move: owners first, new UIDs, no status, Cluster paused;
+	// the fresh operator's own ledger is updated.
+	require.NoError(t, kubetest.MoveIn(ctx, env.Client, objs, true))
 	require.Eventually(t, func() bool {
 		var c clusterv1.Cluster
 		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: clusterID}, &c); err != nil {

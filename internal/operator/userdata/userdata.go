@@ -83,9 +83,12 @@ func SecretName(dataSecretName *string) (name string, ready bool) {
 	return *dataSecretName, true
 }
 
-// Bootstrap data Secrets live beside their Machines and pools, in any
-// namespace the operator watches (every one by default): get, uncached.
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+// Bootstrap data Secrets live beside their Machines and pools. The
+// operator's own Role grants get in its namespace only: its Secret access
+// ends there by design (internal/packaging tests it). Pools in other
+// namespaces need a RoleBinding there granting get on secrets to the
+// operator's service account (docs/operator.md); without it Read returns
+// the API's Forbidden error, which the pool reports.
 
 // Read returns the bootstrap data of the Secret namespace/name; an empty
 // name returns the zero Data. Errors are *NotFoundError, *InvalidError (no

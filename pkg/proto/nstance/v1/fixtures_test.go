@@ -47,6 +47,7 @@ func groupSpec() *nstancev1.GroupSpec {
 		UserData:       []byte("#cloud-config\nruncmd: [kubeadm join]\n"),
 		UserDataFormat: "cloud-config",
 		UserDataSha256: "8f2c0e4d8c1b7e0f8a4b6e7d1c2b3a4f5e6d7c8b9a0f1e2d3c4b5a6978675645",
+		Rollout:        &nstancev1.RolloutStrategy{MaxSurge: proto.Uint32(2), MaxUnavailable: 1, Paused: true},
 	}
 }
 
@@ -61,6 +62,7 @@ func groupStatus() *nstancev1.GroupStatus {
 		UpdatedAt:      ts(time.Minute),
 		Shard:          "dev-1",
 		UserDataSha256: "8f2c0e4d8c1b7e0f8a4b6e7d1c2b3a4f5e6d7c8b9a0f1e2d3c4b5a6978675645",
+		UpToDateCount:  1,
 	}
 }
 
