@@ -87,8 +87,8 @@ _progress_beat() {
 		rc=0
 		read -r -t "$interval" line || rc=$?
 		((rc > 128)) || return 0
-		printf -v now '%(%s)T' -1
-		msg="$name: still running ($(progress_elapsed $((now - start))))"
+		now=$(_progress_now_ms)
+		msg="$name: still running ($(progress_elapsed $(((now - start) / 1000))))"
 		# Checked right before printing; an inner step starting in between
 		# can still see one last outer line.
 		_progress_inner "$nest" && continue
@@ -101,7 +101,9 @@ progress_run() {
 	shift
 	name=${desc%% (*}
 	interval=$(_progress_interval) || return 2
-	printf -v start '%(%s)T' -1
+	# Milliseconds: whole seconds of the wall clock at both ends would report
+	# a 3.04 s step as 4 s when it started late in a second.
+	start=$(_progress_now_ms)
 	# Marked before the first line and unmarked after the last, so the outer
 	# heartbeat never falls between them.
 	_progress_mark
@@ -120,11 +122,11 @@ progress_run() {
 		# bash before 4.4 (macOS's /bin/bash): no heartbeat, only start and end.
 		"$@" || rc=$?
 	fi
-	printf -v now '%(%s)T' -1
+	now=$(_progress_now_ms)
 	if ((rc == 0)); then
-		progress_say "$name: done in $(progress_elapsed $((now - start)))"
+		progress_say "$name: done in $(progress_elapsed $(((now - start) / 1000)))"
 	else
-		progress_say "$name: failed (exit $rc) after $(progress_elapsed $((now - start)))"
+		progress_say "$name: failed (exit $rc) after $(progress_elapsed $(((now - start) / 1000)))"
 	fi
 	_progress_unmark "$marker"
 	return "$rc"

@@ -145,6 +145,21 @@ func (od *onDemandStack) up(ctx context.Context, e *env) error {
 			return fmt.Errorf("creating %T %s: %w", o, o.GetName(), err)
 		}
 	}
+	// The Cluster is the user's: the operator imports groups only into an
+	// existing, unpaused Cluster named after its cluster id.
+	for _, o := range []map[string]any{
+		{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "NstanceCluster",
+			"metadata": map[string]any{"name": clusterID, "namespace": odNamespace, "labels": map[string]any{"cluster.x-k8s.io/cluster-name": clusterID}},
+			"spec": map[string]any{}},
+		{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+			"metadata": map[string]any{"name": clusterID, "namespace": odNamespace},
+			"spec": map[string]any{"infrastructureRef": map[string]any{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "NstanceCluster", "name": clusterID}}},
+	} {
+		u := &unstructured.Unstructured{Object: o}
+		if err := od.k8s.Create(ctx, u); err != nil {
+			return fmt.Errorf("creating %s %s: %w", u.GetKind(), u.GetName(), err)
+		}
+	}
 	cfgPath := filepath.Join(s.dir, "operator", "config.yaml")
 	cfg := proctest.OperatorConfig(clusterID, tenantA, proctest.OperatorShard{Name: e.dev1.shard, Registration: e.dev1.registration, Operator: e.dev1.operator})
 	if err := proctest.WriteFile(cfgPath, cfg, 0o644); err != nil {
