@@ -150,10 +150,10 @@ func (od *onDemandStack) up(ctx context.Context, e *env) error {
 	for _, o := range []map[string]any{
 		{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "NstanceCluster",
 			"metadata": map[string]any{"name": clusterID, "namespace": odNamespace, "labels": map[string]any{"cluster.x-k8s.io/cluster-name": clusterID}},
-			"spec": map[string]any{}},
+			"spec":     map[string]any{}},
 		{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
 			"metadata": map[string]any{"name": clusterID, "namespace": odNamespace},
-			"spec": map[string]any{"infrastructureRef": map[string]any{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "NstanceCluster", "name": clusterID}}},
+			"spec":     map[string]any{"infrastructureRef": map[string]any{"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "NstanceCluster", "name": clusterID}}},
 	} {
 		u := &unstructured.Unstructured{Object: o}
 		if err := od.k8s.Create(ctx, u); err != nil {
