@@ -177,16 +177,28 @@ func (s *Assembly) NewTerm() (*Term, error) {
 // LeadTerm is the shard leader's work for term t: the reconciler, until
 // ctx (the term) ends.
 func (s *Assembly) LeadTerm(ctx context.Context, t *Term) error {
+	s.setTerm(t)
+	defer s.clearTerm(t)
+	return s.runTerm(ctx, t)
+}
+
+// setTerm makes t the term Term returns; clearTerm ends that, if t is it.
+func (s *Assembly) setTerm(t *Term) {
 	s.curMu.Lock()
+	defer s.curMu.Unlock()
 	s.cur = t
-	s.curMu.Unlock()
-	defer func() {
-		s.curMu.Lock()
-		if s.cur == t {
-			s.cur = nil
-		}
-		s.curMu.Unlock()
-	}()
+}
+
+func (s *Assembly) clearTerm(t *Term) {
+	s.curMu.Lock()
+	defer s.curMu.Unlock()
+	if s.cur == t {
+		s.cur = nil
+	}
+}
+
+// runTerm runs the reconciler with t's agents until ctx ends.
+func (s *Assembly) runTerm(ctx context.Context, t *Term) error {
 	ag := reconcile.Agents{Live: t.Agents}
 	if t.Agent != nil {
 		ag.Files = t.Agent

@@ -63,9 +63,14 @@ func (a *App) newTerm(lctx, appCtx context.Context, n int64, l *leading) (_ *lea
 	if t.agent, err = l.built.NewTerm(); err != nil {
 		return nil, err
 	}
+	// The term's agents are reachable (metrics, Assembly.Term) from before
+	// anything serves until everything has stopped, across restarts of the
+	// reconciler.
+	l.built.setTerm(t.agent)
+	t.stops = append(t.stops, func() { l.built.clearTerm(t.agent) })
 	t.run(jobsCtx, "nonce sweep", func(ctx context.Context) { a.sweepNonces(ctx, t.log) })
 	t.run(jobsCtx, "reconciler", func(ctx context.Context) {
-		leadUntilDone(ctx, t.log, func(ctx context.Context) error { return l.built.LeadTerm(ctx, t.agent) })
+		leadUntilDone(ctx, t.log, func(ctx context.Context) error { return l.built.runTerm(ctx, t.agent) })
 	})
 
 	// The shard's fixed address is held before serving and given up when
