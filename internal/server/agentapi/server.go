@@ -131,9 +131,7 @@ func New(o Options) (*Server, error) {
 // submitted keys and issued certificates, and which renewed identity it
 // uses. (The live table is forgotten by its owner.)
 func (s *Server) Forget(instanceID string) {
-	if f, ok := s.o.Keys.(interface{ Forget(string) }); ok {
-		f.Forget(instanceID)
-	}
+	s.o.Keys.Forget(instanceID)
 	s.holders.forget(instanceID)
 }
 

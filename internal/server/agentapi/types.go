@@ -62,6 +62,8 @@ type KeyStore interface {
 	PutCertificate(ctx context.Context, ref Ref, name, pubPEM string, certPEM []byte, specHash string, notBefore, notAfter time.Time) (bool, error)
 	// Keys returns the stored keys of an instance by name.
 	Keys(ctx context.Context, ref Ref) (map[string]StoredKey, error)
+	// Forget drops everything stored for an instance (it was deleted).
+	Forget(instanceID string)
 }
 
 // Signer issues a certificate for a public key.

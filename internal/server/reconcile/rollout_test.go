@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
+	"k8s.io/utils/ptr"
 
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -57,10 +58,8 @@ func TestRolloutPausedAndResumed(t *testing.T) {
 		require.Equal(t, "test.large", r.InstanceType)
 	}
 	g := s.group(t, "web")
-	require.Equal(t, groups.Rollout{MaxSurge: ptrInt(0), MaxUnavailable: 1}, g.Spec.Rollout)
+	require.Equal(t, groups.Rollout{MaxSurge: ptr.To(0), MaxUnavailable: 1}, g.Spec.Rollout)
 }
-
-func ptrInt(v int) *int { return &v }
 
 // TestRolloutStrategyValidated: both bounds 0 and out-of-range values are
 // refused with the field named; nothing is stored.
