@@ -145,8 +145,12 @@ func TestStopRecorded(t *testing.T) {
 		require.NoError(t, WriteFile(filepath.Join(dir, "agents", id, "process.json"), b, 0o600))
 	}
 	write("i-1", record{PID: p.Pid(), StartTicks: ticks})
-	// A record whose PID now names another process: left alone.
-	write("i-2", record{PID: other.Pid(), StartTicks: ticks + 1})
+	// A record whose PID now names another process (its recorded start
+	// differs from that process's real one): left alone. (ticks+1 was not
+	// enough: on a loaded machine other can start one tick after p.)
+	otherTicks, ok := StartTicks(other.Pid())
+	require.True(t, ok)
+	write("i-2", record{PID: other.Pid(), StartTicks: otherTicks + 1000})
 	StopRecorded(filepath.Join(dir, "agents", "*", "process.json"), 5*time.Second)
 	select {
 	case <-p.Done:
