@@ -73,7 +73,7 @@ func TestChartAppliesToAPIServer(t *testing.T) {
 	e := apiServer(t)
 	for _, r := range renderings() {
 		t.Run(r.name, func(t *testing.T) {
-			ensureNamespaces(t, e, r.namespace, r.work())
+			ensureNamespaces(t, e, r.namespace, r.work(), "team-a") // the sample's rbac.secretNamespaces
 			applyDryRun(t, e, withoutCertManager(t, render(t, r)))
 		})
 	}
@@ -131,7 +131,7 @@ func TestServiceAccountPermissions(t *testing.T) {
 	r := renderings()[1]
 	require.Equal(t, "sample", r.name)
 	require.NotEqual(t, r.namespace, r.work(), "the sample must exercise a separate managed namespace")
-	ensureNamespaces(t, e, r.namespace, r.work())
+	ensureNamespaces(t, e, r.namespace, r.work(), "team-a")
 	var objs []object
 	for _, o := range withoutCertManager(t, render(t, r)) {
 		if o.Kind != "ValidatingWebhookConfiguration" { // would intercept other tests' pools
@@ -175,6 +175,8 @@ func TestServiceAccountPermissions(t *testing.T) {
 		access{user: operator, namespace: r.work(), resource: "secrets", verb: "update", name: opconfig.DefaultCertSecret},
 		access{user: operator, namespace: r.work(), resource: "secrets", verb: "patch", name: "example-cluster-kubeconfig"},
 		access{user: operator, namespace: r.work(), resource: "serviceaccounts", subresource: "token", verb: "create", name: opconfig.DefaultCAPIServiceAccount},
+		// rbac.secretNamespaces: bootstrap data Secrets of pools there.
+		access{user: operator, namespace: "team-a", resource: "secrets", verb: "get", name: "pool-bootstrap"},
 		// Core Cluster API, through the managed kubeconfig.
 		access{user: workload, resource: "nodes", verb: "list"},
 		access{user: workload, resource: "nodes", verb: "watch"},
@@ -219,6 +221,8 @@ func TestServiceAccountPermissions(t *testing.T) {
 		{namespace: "kube-system", resource: "secrets", verb: "list"},
 		{resource: "secrets", verb: "list"},
 		{resource: "secrets", verb: "watch"},
+		{namespace: "team-a", resource: "secrets", verb: "list"},
+		{namespace: "team-a", resource: "secrets", verb: "create"},
 		{namespace: "kube-system", resource: "serviceaccounts", subresource: "token", verb: "create", name: "default"},
 	} {
 		a.user = operator

@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/watchfilter"
 )
 
 // RetryAfter is how soon a template whose capacity no shard answered is
@@ -20,8 +21,11 @@ const RetryAfter = time.Minute
 // TemplateReconciler keeps NstanceMachineTemplate status.capacity and
 // status.nodeInfo current. Nothing else writes a template's status.
 type TemplateReconciler struct {
-	Client  client.Client
-	Catalog *Catalog
+	// WatchFilter restricts the controller to objects labelled with it
+	// (--watch-filter); empty means every object.
+	WatchFilter watchfilter.Filter
+	Client      client.Client
+	Catalog     *Catalog
 	// Shards are the shards asked for a template that names none.
 	Shards []string
 }
@@ -38,6 +42,9 @@ func (r *TemplateReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("get NstanceMachineTemplate %s: %w", req.NamespacedName, err)
+	}
+	if !r.WatchFilter.Matches(t) {
+		return ctrl.Result{}, nil // another operator's (--watch-filter)
 	}
 	if !t.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, nil
@@ -66,6 +73,6 @@ func (r *TemplateReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_
 func (r *TemplateReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("nstancemachinetemplate").
-		For(&infrav1.NstanceMachineTemplate{}).
+		For(&infrav1.NstanceMachineTemplate{}, r.WatchFilter.For(mgr.GetScheme(), mgr.GetLogger())).
 		Complete(r)
 }

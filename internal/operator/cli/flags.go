@@ -17,6 +17,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/logging"
 	"github.com/nstance-dev/nstance/internal/operator/config"
 	"github.com/nstance-dev/nstance/internal/operator/nodejoin"
+	"github.com/nstance-dev/nstance/internal/operator/watchfilter"
 	"github.com/nstance-dev/nstance/internal/operator/workload"
 )
 
@@ -31,6 +32,7 @@ const envPrefix = "NSTANCE"
 const (
 	EnvConfig          = "NSTANCE_CONFIG"
 	EnvWatchNamespace  = "NSTANCE_WATCH_NAMESPACE"
+	EnvWatchFilter     = "NSTANCE_WATCH_FILTER"
 	EnvProbeAddr       = "NSTANCE_HEALTH_PROBE_BIND_ADDRESS"
 	EnvMetricsAddr     = "NSTANCE_METRICS_BIND_ADDRESS"
 	EnvPprofAddr       = "NSTANCE_PPROF_ADDR"
@@ -68,7 +70,11 @@ type Flags struct {
 	// reconciles; empty means every namespace, as clusterctl expects. The
 	// operator's own Secrets, ConfigMaps and Lease are in NSTANCE_NAMESPACE,
 	// else the pod's namespace (config.ParseEnv).
-	Namespace       string
+	Namespace string
+	// WatchFilter, when set, restricts the operator to Nstance objects
+	// labelled cluster.x-k8s.io/watch-filter with it (Cluster API's
+	// --watch-filter).
+	WatchFilter     string
 	ProbeAddr       string
 	MetricsAddr     string
 	PprofAddr       string
@@ -170,6 +176,8 @@ func newFlagSet(f *Flags, p *envDefaults) *flag.FlagSet {
 		"kubeconfig file of the management cluster; without it: $KUBECONFIG, the pod's ServiceAccount, then ~/.kube/config")
 	fs.StringVar(&f.Namespace, "namespace", p.str(EnvWatchNamespace, ""),
 		"namespace whose Cluster API and Nstance objects the operator reconciles (default: every namespace); the operator's Cluster, imported pools and on-demand objects live there, or in "+config.EnvNamespace+" when it is empty")
+	fs.StringVar(&f.WatchFilter, "watch-filter", p.str(EnvWatchFilter, ""),
+		"reconcile only Nstance objects labelled "+watchfilter.Label+" with this value, and label the objects the operator creates with it (default: every object)")
 	fs.StringVar(&f.ProbeAddr, "health-probe-bind-address", p.str(EnvProbeAddr, DefaultProbeAddr),
 		"address of /healthz and /readyz (0 disables them)")
 	fs.StringVar(&f.MetricsAddr, "metrics-bind-address", p.str(EnvMetricsAddr, DefaultMetricsAddr),
@@ -198,7 +206,7 @@ func newFlagSet(f *Flags, p *envDefaults) *flag.FlagSet {
 // flagEnv maps each flag to the variable it is read from.
 func flagEnv() map[string]string {
 	return map[string]string{
-		"config": EnvConfig, "kubeconfig": EnvKubeconfig, "namespace": EnvWatchNamespace,
+		"config": EnvConfig, "kubeconfig": EnvKubeconfig, "namespace": EnvWatchNamespace, "watch-filter": EnvWatchFilter,
 		"health-probe-bind-address": EnvProbeAddr, "metrics-bind-address": EnvMetricsAddr, "pprof-addr": EnvPprofAddr,
 		"leader-elect": EnvLeaderElect, "disable-webhooks": EnvDisableWebhooks,
 		"webhook-host": EnvWebhookHost, "webhook-port": EnvWebhookPort, "webhook-cert-dir": EnvWebhookCertDir,
@@ -241,6 +249,9 @@ func (f Flags) validate() []error {
 		for _, msg := range validation.IsDNS1123Label(f.Namespace) {
 			errs = append(errs, fmt.Errorf("--namespace %q: %s", f.Namespace, msg))
 		}
+	}
+	if err := watchfilter.Filter(f.WatchFilter).Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("--watch-filter: %w", err))
 	}
 	for _, a := range []struct{ name, addr string }{
 		{"--health-probe-bind-address", f.ProbeAddr}, {"--metrics-bind-address", f.MetricsAddr}, {"--pprof-addr", f.PprofAddr},

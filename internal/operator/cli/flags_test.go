@@ -51,6 +51,7 @@ func TestFlagBeatsEnvBeatsDefault(t *testing.T) {
 	}{
 		{"config", EnvConfig, "/env.yaml", "/flag.yaml", func(f Flags) any { return f.ConfigPath }, "/env.yaml", "/flag.yaml"},
 		{"namespace", EnvWatchNamespace, "env-ns", "flag-ns", func(f Flags) any { return f.Namespace }, "env-ns", "flag-ns"},
+		{"watch-filter", EnvWatchFilter, "tenant-a", "tenant-b", func(f Flags) any { return f.WatchFilter }, "tenant-a", "tenant-b"},
 		{"health-probe-bind-address", EnvProbeAddr, "127.0.0.1:1", ":2", func(f Flags) any { return f.ProbeAddr }, "127.0.0.1:1", ":2"},
 		{"metrics-bind-address", EnvMetricsAddr, ":3", "0", func(f Flags) any { return f.MetricsAddr }, ":3", "0"},
 		{"pprof-addr", EnvPprofAddr, "127.0.0.1:6061", "", func(f Flags) any { return f.PprofAddr }, "127.0.0.1:6061", ""},
@@ -100,6 +101,8 @@ func TestBadValuesAreRefused(t *testing.T) {
 		{"bool in env", nil, map[string]string{EnvLeaderElect: "maybe"}, []string{`NSTANCE_LEADER_ELECT="maybe": want true or false`}},
 		{"namespace", []string{"--namespace", "Not_A_Namespace"}, nil, []string{`--namespace "Not_A_Namespace"`}},
 		{"namespace in env", nil, map[string]string{EnvWatchNamespace: "a/b"}, []string{`--namespace "a/b"`}},
+		{"watch filter", []string{"--watch-filter", "tenant a"}, nil, []string{`--watch-filter: watch filter "tenant a"`}},
+		{"watch filter in env", nil, map[string]string{EnvWatchFilter: "-a"}, []string{`--watch-filter: watch filter "-a"`}},
 		{"probe address", []string{"--health-probe-bind-address", "8081"}, nil, []string{`--health-probe-bind-address "8081": want host:port`}},
 		{"metrics port", nil, map[string]string{EnvMetricsAddr: ":http"}, []string{`--metrics-bind-address ":http": port must be a number`}},
 		{"pprof address", []string{"--pprof-addr", "6061"}, nil, []string{`--pprof-addr "6061": want host:port`}},

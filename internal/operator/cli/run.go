@@ -18,6 +18,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/logging"
 	"github.com/nstance-dev/nstance/internal/operator/config"
 	"github.com/nstance-dev/nstance/internal/operator/manager"
+	"github.com/nstance-dev/nstance/internal/operator/watchfilter"
 	"github.com/nstance-dev/nstance/internal/operator/workload"
 	"github.com/nstance-dev/nstance/internal/version"
 )
@@ -76,7 +77,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return ExitError
 	}
 	log.Info("running", "cluster", cfg.ClusterID, "tenant", cfg.Tenant, "shards", cfg.ShardIDs(),
-		"namespace", env.Namespace, "watchNamespace", f.Namespace, "apiServer", restCfg.Host, "leaderElect", f.LeaderElect,
+		"namespace", env.Namespace, "watchNamespace", f.Namespace, "watchFilter", f.WatchFilter, "apiServer", restCfg.Host, "leaderElect", f.LeaderElect,
 		"webhooks", !f.DisableWebhooks, "webhookPort", f.WebhookPort, "workloadCluster", f.WorkloadCluster)
 	// Start returns an error on a fatal sync failure and when leadership is
 	// lost; either way the process exits so a fresh start resumes cleanly.
@@ -98,7 +99,7 @@ func (f Flags) Env(getenv func(string) string, podNamespace func() (string, erro
 // ManagerOptions builds the manager's options from the flags.
 func (f Flags) ManagerOptions(cfg *config.Config, env config.Env, restCfg *rest.Config, log logr.Logger) manager.Options {
 	return manager.Options{
-		Config: cfg, Env: env, WatchNamespace: f.Namespace, RestConfig: restCfg, Log: log,
+		Config: cfg, Env: env, WatchNamespace: f.Namespace, WatchFilter: watchfilter.Filter(f.WatchFilter), RestConfig: restCfg, Log: log,
 		MetricsAddr: f.MetricsAddr, ProbeAddr: f.ProbeAddr, PprofAddr: f.PprofAddr, LeaderElect: f.LeaderElect,
 		DisableWebhooks: f.DisableWebhooks,
 		WebhookHost:     f.WebhookHost, WebhookPort: f.WebhookPort, WebhookCertDir: f.WebhookCertDir,

@@ -21,11 +21,15 @@ import (
 	cpv1 "github.com/nstance-dev/nstance/api/controlplane/v1beta1"
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/operator/paused"
+	"github.com/nstance-dev/nstance/internal/operator/watchfilter"
 )
 
 // Reconciler reconciles NstanceClusters.
 type Reconciler struct {
-	Client client.Client
+	// WatchFilter restricts the controller to objects labelled with it
+	// (--watch-filter); empty means every object.
+	WatchFilter watchfilter.Filter
+	Client      client.Client
 	// Shards are the configured shard IDs: the failure domains.
 	Shards []string
 }
@@ -38,7 +42,7 @@ type Reconciler struct {
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("nstancecluster").
-		For(&infrav1.NstanceCluster{})
+		For(&infrav1.NstanceCluster{}, r.WatchFilter.For(mgr.GetScheme(), mgr.GetLogger()))
 	b, err := paused.WatchClusters(b, mgr, &infrav1.NstanceClusterList{}, mgr.GetLogger())
 	if err != nil {
 		return err
@@ -53,6 +57,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	var nc infrav1.NstanceCluster
 	if err := r.Client.Get(ctx, req.NamespacedName, &nc); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !r.WatchFilter.Matches(&nc) {
+		return ctrl.Result{}, nil // another operator's (--watch-filter)
 	}
 	if !nc.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, nil

@@ -23,11 +23,15 @@ import (
 
 	cpv1 "github.com/nstance-dev/nstance/api/controlplane/v1beta1"
 	"github.com/nstance-dev/nstance/internal/operator/paused"
+	"github.com/nstance-dev/nstance/internal/operator/watchfilter"
 )
 
 // Reconciler reconciles NstanceControlPlanes.
 type Reconciler struct {
-	Client client.Client
+	// WatchFilter restricts the controller to objects labelled with it
+	// (--watch-filter); empty means every object.
+	WatchFilter watchfilter.Filter
+	Client      client.Client
 	// ManageKubeconfig is false when NSTANCE_CAPI_ENDPOINT is set: the
 	// kubeconfig Secret is then the user's, and only observed.
 	ManageKubeconfig bool
@@ -70,7 +74,7 @@ func (r *Reconciler) ttl() time.Duration {
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("nstancecontrolplane").
-		For(&cpv1.NstanceControlPlane{}).
+		For(&cpv1.NstanceControlPlane{}, r.WatchFilter.For(mgr.GetScheme(), mgr.GetLogger())).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.secretToControlPlanes)).
 		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.clusterToControlPlanes)).
 		Complete(r)
@@ -144,6 +148,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	cp := &cpv1.NstanceControlPlane{}
 	if err := r.Client.Get(ctx, req.NamespacedName, cp); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !r.WatchFilter.Matches(cp) {
+		return ctrl.Result{}, nil // another operator's (--watch-filter)
 	}
 	cluster, err := r.cluster(ctx, cp)
 	if err != nil {

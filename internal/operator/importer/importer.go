@@ -23,6 +23,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/metrics"
 	"github.com/nstance-dev/nstance/internal/operator/paused"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
+	"github.com/nstance-dev/nstance/internal/operator/watchfilter"
 	"github.com/nstance-dev/nstance/internal/operator/webhook"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -44,8 +45,11 @@ type Importer struct {
 	// WatchNamespace holds the pools and shard groups that make a group
 	// known; empty means every namespace.
 	WatchNamespace string
-	Metrics        *metrics.Metrics
-	Log            logr.Logger
+	// WatchFilter (--watch-filter) labels the pools and MachinePools the
+	// import creates, so the operator that made them reconciles them.
+	WatchFilter watchfilter.Filter
+	Metrics     *metrics.Metrics
+	Log         logr.Logger
 	// Wait bounds how long to wait for each shard to be reachable; zero
 	// means 30s. Groups only on shards still unreachable are not imported.
 	Wait time.Duration
@@ -307,6 +311,8 @@ func Objects(namespace, clusterName, id string, groups []*nstancev1.GroupStatus)
 
 func (im *Importer) createOne(ctx context.Context, id string, groups []*nstancev1.GroupStatus) error {
 	pool, mp := Objects(im.Namespace, im.ClusterName, id, groups)
+	im.WatchFilter.Stamp(pool)
+	im.WatchFilter.Stamp(mp)
 	if err := im.Client.Create(ctx, pool); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("import group %s: an NstanceMachinePool named %s already exists for another group", id, id)

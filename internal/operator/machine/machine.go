@@ -34,6 +34,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/paused"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 	"github.com/nstance-dev/nstance/internal/operator/userdata"
+	"github.com/nstance-dev/nstance/internal/operator/watchfilter"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -72,7 +73,10 @@ const (
 
 // Reconciler reconciles NstanceMachines.
 type Reconciler struct {
-	Client client.Client
+	// WatchFilter restricts the controller to objects labelled with it
+	// (--watch-filter); empty means every object.
+	WatchFilter watchfilter.Filter
+	Client      client.Client
 	// Reader reads owning Machines uncached when deciding whether core
 	// Cluster API drained a Node already, and bootstrap data Secrets (the
 	// manager's cache does not hold them); nil means Client.
@@ -92,7 +96,7 @@ type Reconciler struct {
 // unpaused brings its NstanceMachines back at once.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, workers int) error {
 	b := ctrl.NewControllerManagedBy(mgr).
-		For(&infrav1.NstanceMachine{}).
+		For(&infrav1.NstanceMachine{}, r.WatchFilter.For(mgr.GetScheme(), mgr.GetLogger())).
 		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(machineToInfra)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: cmp.Or(workers, 4)})
 	b, err := paused.WatchClusters(b, mgr, &infrav1.NstanceMachineList{}, r.Log)
@@ -149,6 +153,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 	var nm infrav1.NstanceMachine
 	if err := r.Client.Get(ctx, req.NamespacedName, &nm); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !r.WatchFilter.Matches(&nm) {
+		return reconcile.Result{}, nil // another operator's (--watch-filter)
 	}
 	if _, stop, err := paused.Ensure(ctx, r.Client, &nm); err != nil || stop {
 		return reconcile.Result{}, err

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/watchfilter"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -150,6 +151,7 @@ func (r *Reconciler) createPoolMachine(ctx context.Context, pool *infrav1.Nstanc
 			Template: pool.Spec.Template, InstanceType: pool.Spec.InstanceType, SubnetPool: pool.Spec.SubnetPool,
 		},
 	}
+	watchfilter.Inherit(pool, nm)
 	if err := controllerutil.SetOwnerReference(pool, nm, r.Client.Scheme()); err != nil {
 		return fmt.Errorf("own NstanceMachine %s: %w", nm.Name, err)
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/paused"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 	"github.com/nstance-dev/nstance/internal/operator/userdata"
+	"github.com/nstance-dev/nstance/internal/operator/watchfilter"
 )
 
 // InfraRefIndex indexes MachinePools by the name of the NstanceMachinePool
@@ -45,8 +46,11 @@ const (
 
 // Reconciler syncs NstanceMachinePools into NstanceShardGroups.
 type Reconciler struct {
-	Client client.Client
-	Ledger *ledger.Ledger
+	// WatchFilter restricts the controller to objects labelled with it
+	// (--watch-filter); empty means every object.
+	WatchFilter watchfilter.Filter
+	Client      client.Client
+	Ledger      *ledger.Ledger
 	// Conns lists a group's instances for the pool's NstanceMachines
 	// (MachinePool Machines); nil leaves them out.
 	Conns *shardconn.Manager
@@ -90,6 +94,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	var pool infrav1.NstanceMachinePool
 	if err := r.Client.Get(ctx, req.NamespacedName, &pool); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !r.WatchFilter.Matches(&pool) {
+		return ctrl.Result{}, nil // another operator's (--watch-filter)
 	}
 	log := log.FromContext(ctx).WithValues("group", pool.Spec.Group)
 	ctx = ctrl.LoggerInto(ctx, log)
@@ -291,6 +298,7 @@ func (r *Reconciler) ensureShardGroup(ctx context.Context, pool *infrav1.Nstance
 		if sg.Labels == nil {
 			sg.Labels = map[string]string{}
 		}
+		watchfilter.Inherit(pool, sg)
 		sg.Labels[infrav1.GroupLabel] = pool.Spec.Group
 		sg.Labels[infrav1.ShardLabel] = shard
 		if mp.Spec.ClusterName != "" {

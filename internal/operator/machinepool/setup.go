@@ -24,7 +24,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, wor
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("nstancemachinepool").
-		For(&infrav1.NstanceMachinePool{}).
+		For(&infrav1.NstanceMachinePool{}, r.WatchFilter.For(mgr.GetScheme(), mgr.GetLogger())).
 		Owns(&infrav1.NstanceShardGroup{}).
 		// Not Owns: the pool owns its NstanceMachines without controlling
 		// them (core CAPI's Machine does).

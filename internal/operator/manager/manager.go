@@ -45,6 +45,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 	"github.com/nstance-dev/nstance/internal/operator/shardgroup"
 	"github.com/nstance-dev/nstance/internal/operator/watch"
+	"github.com/nstance-dev/nstance/internal/operator/watchfilter"
 	opwebhook "github.com/nstance-dev/nstance/internal/operator/webhook"
 	"github.com/nstance-dev/nstance/internal/operator/workload"
 )
@@ -82,6 +83,10 @@ type Options struct {
 	// ID), imported pools and on-demand objects live in WatchNamespace, or
 	// in Env.Namespace when it is empty.
 	WatchNamespace string
+	// WatchFilter (--watch-filter) restricts the operator to Nstance
+	// objects labelled cluster.x-k8s.io/watch-filter with it; empty means
+	// every object.
+	WatchFilter watchfilter.Filter
 
 	MetricsAddr string
 	ProbeAddr   string
@@ -275,20 +280,21 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	recorder := mgr.GetEventRecorder("nstance-operator")
 	sg := &shardgroup.Reconciler{
 		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Conns: op.Conns, Groups: op.Cache, Recorder: recorder, Metrics: m, RetryDelay: o.RetryDelay,
+		WatchFilter: o.WatchFilter,
 	}
 	if err := sg.SetupWithManager(mgr, op.trigger, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up shard group controller: %w", err)
 	}
 	catalog := &capacity.Catalog{Shards: capacity.Shards{Conns: op.Conns}}
-	pool := &machinepool.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Ledger: op.ledger, Conns: op.Conns, Recorder: recorder, Capacity: catalog}
+	pool := &machinepool.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Ledger: op.ledger, Conns: op.Conns, Recorder: recorder, Capacity: catalog, WatchFilter: o.WatchFilter}
 	if err := pool.SetupWithManager(ctx, mgr, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up pool controller: %w", err)
 	}
-	tmpl := &capacity.TemplateReconciler{Client: mgr.GetClient(), Catalog: catalog, Shards: op.Conns.ShardIDs()}
+	tmpl := &capacity.TemplateReconciler{Client: mgr.GetClient(), Catalog: catalog, Shards: op.Conns.ShardIDs(), WatchFilter: o.WatchFilter}
 	if err := tmpl.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up machine template controller: %w", err)
 	}
-	cc := &cluster.Reconciler{Client: mgr.GetClient(), Shards: op.Conns.ShardIDs()}
+	cc := &cluster.Reconciler{Client: mgr.GetClient(), Shards: op.Conns.ShardIDs(), WatchFilter: o.WatchFilter}
 	if err := cc.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up cluster controller: %w", err)
 	}
@@ -299,7 +305,8 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	cp := &controlplane.Reconciler{
 		// In management mode the kubeconfig Secret points at the workload
 		// cluster and is the user's; the operator's own API server is not it.
-		Client: mgr.GetClient(), ManageKubeconfig: o.Env.CAPIEndpoint == "" && mode == workload.InCluster,
+		WatchFilter: o.WatchFilter,
+		Client:      mgr.GetClient(), ManageKubeconfig: o.Env.CAPIEndpoint == "" && mode == workload.InCluster,
 		ServiceAccount: o.Env.CAPIServiceAccount, APIServer: server, CAData: caData, TokenTTL: o.TokenTTL,
 	}
 	if err := cp.SetupWithManager(mgr); err != nil {
@@ -344,12 +351,12 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	if ids := o.Config.ShardIDs(); len(ids) > 0 {
 		defaultShard = ids[0]
 	}
-	mr := &machine.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Conns: op.Conns, Recorder: recorder, Namespace: watchNS,
+	mr := &machine.Reconciler{WatchFilter: o.WatchFilter, Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Conns: op.Conns, Recorder: recorder, Namespace: watchNS,
 		DefaultShard: defaultShard, PollInterval: o.MachinePollInterval, Log: o.Log.WithName("machine")}
 	if err := mr.SetupWithManager(mgr, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up machine controller: %w", err)
 	}
-	od := &ondemand.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Workload: op.Workload, Namespace: clusterNS,
+	od := &ondemand.Reconciler{WatchFilter: o.WatchFilter, Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Workload: op.Workload, Namespace: clusterNS,
 		ClusterName: o.Config.ClusterID, Namespaces: o.Config.OnDemandNamespaces, Recheck: o.OnDemandRecheck, Log: o.Log.WithName("ondemand")}
 	if err := od.SetupWithManager(mgr, o.Workers); err != nil {
 		return nil, fmt.Errorf("set up on-demand controller: %w", err)
@@ -419,7 +426,7 @@ func (op *Operator) sync(ctx context.Context) error {
 	op.Drain.Start(ctx)
 	im := &importer.Importer{
 		Client: op.direct, Reader: op.Manager.GetAPIReader(), Conns: op.Conns, Ledger: op.ledger,
-		Namespace: op.Cluster.Namespace, WatchNamespace: o.WatchNamespace, ClusterName: o.Config.ClusterID, Metrics: op.Metrics, Log: o.Log.WithName("import"),
+		Namespace: op.Cluster.Namespace, WatchNamespace: o.WatchNamespace, WatchFilter: o.WatchFilter, ClusterName: o.Config.ClusterID, Metrics: op.Metrics, Log: o.Log.WithName("import"),
 		Wait: o.ImportWait,
 	}
 	res, err := im.Run(ctx)

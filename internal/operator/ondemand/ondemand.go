@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/watchfilter"
 	"github.com/nstance-dev/nstance/internal/operator/workload"
 )
 
@@ -60,6 +61,8 @@ const (
 
 // Reconciler reconciles annotated pods.
 type Reconciler struct {
+	// WatchFilter (--watch-filter) labels the objects the controller creates.
+	WatchFilter watchfilter.Filter
 	// Client writes Machines and NstanceMachines (the operator's cluster).
 	Client client.Client
 	// Workload is where the pods are: the workload cluster of the Cluster
@@ -206,6 +209,9 @@ func (r *Reconciler) ensure(ctx context.Context, wl *workload.Cluster, pod *core
 	}
 	name := Name(pod)
 	labels := map[string]string{clusterv1.ClusterNameLabel: r.ClusterName, LabelPodNamespace: pod.Namespace, LabelPodName: pod.Name}
+	if r.WatchFilter != "" {
+		labels[watchfilter.Label] = string(r.WatchFilter)
+	}
 	var owners []metav1.OwnerReference
 	if wl.Local && pod.Namespace == r.Namespace {
 		// Only a pod of the same cluster can own them; in management mode

@@ -34,6 +34,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 	"github.com/nstance-dev/nstance/internal/operator/userdata"
 	"github.com/nstance-dev/nstance/internal/operator/watch"
+	"github.com/nstance-dev/nstance/internal/operator/watchfilter"
 	"github.com/nstance-dev/nstance/internal/operator/webhook"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -55,7 +56,10 @@ const ReasonDeletingInstances = "DeletingInstances"
 
 // Reconciler syncs NstanceShardGroups to the servers.
 type Reconciler struct {
-	Client client.Client
+	// WatchFilter restricts the controller to objects labelled with it
+	// (--watch-filter); empty means every object.
+	WatchFilter watchfilter.Filter
+	Client      client.Client
 	// Reader reads bootstrap data Secrets uncached (the manager's cache
 	// does not hold them); nil means Client.
 	Reader   client.Reader
@@ -109,6 +113,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	var sg infrav1.NstanceShardGroup
 	if err := r.Client.Get(ctx, req.NamespacedName, &sg); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !r.WatchFilter.Matches(&sg) {
+		return ctrl.Result{}, nil // another operator's (--watch-filter)
 	}
 	log := log.FromContext(ctx).WithValues("group", sg.Spec.Group, "shard", sg.Spec.Shard)
 	ctx = ctrl.LoggerInto(ctx, log)

@@ -24,7 +24,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, trigger <-chan event.Gen
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("nstanceshardgroup").
-		For(&infrav1.NstanceShardGroup{}).
+		For(&infrav1.NstanceShardGroup{}, r.WatchFilter.For(mgr.GetScheme(), mgr.GetLogger())).
 		WatchesRawSource(source.Channel(trigger, &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: workers})
 	b, err := paused.WatchClusters(b, mgr, &infrav1.NstanceShardGroupList{}, mgr.GetLogger())
