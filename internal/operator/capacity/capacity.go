@@ -1,6 +1,7 @@
 package capacity
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/cache"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
@@ -55,31 +58,21 @@ func (l Lookup) empty() bool { return l.Template == "" && l.InstanceType == "" }
 const DefaultTTL = 10 * time.Minute
 
 // Catalog asks the shards, in the order given, until one answers, and
-// caches answers per shard and lookup for TTL. Safe for concurrent use.
+// caches answers per shard and lookup for TTL (apimachinery's expiring
+// cache). Safe for concurrent use.
 type Catalog struct {
 	Shards Describer
 	TTL    time.Duration
-	Now    func() time.Time
+	// Clock ages the cache; nil means the real clock.
+	Clock clock.Clock
 
-	mu    sync.Mutex
-	cache map[cacheKey]cached
+	once  sync.Once
+	cache *cache.Expiring
 }
 
 type cacheKey struct {
 	shard string
 	Lookup
-}
-
-type cached struct {
-	info *nstancev1.InstanceTypeInfo
-	at   time.Time
-}
-
-func (c *Catalog) now() time.Time {
-	if c.Now != nil {
-		return c.Now()
-	}
-	return time.Now()
 }
 
 // Describe returns the first answer of shards (cached or fresh). With
@@ -89,26 +82,19 @@ func (c *Catalog) Describe(ctx context.Context, shards []string, l Lookup) (*nst
 	if ttl <= 0 {
 		ttl = DefaultTTL
 	}
+	c.once.Do(func() { c.cache = cache.NewExpiringWithClock(cmp.Or[clock.Clock](c.Clock, clock.RealClock{})) })
 	var errs []error
 	for _, shard := range shards {
 		k := cacheKey{shard, l}
-		c.mu.Lock()
-		e, ok := c.cache[k]
-		c.mu.Unlock()
-		if ok && c.now().Sub(e.at) < ttl {
-			return e.info, nil
+		if v, ok := c.cache.Get(k); ok {
+			return v.(*nstancev1.InstanceTypeInfo), nil
 		}
 		info, err := c.Shards.Describe(ctx, shard, &nstancev1.DescribeInstanceTypeRequest{Template: l.Template, InstanceType: l.InstanceType})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("shard %s: %w", shard, err))
 			continue
 		}
-		c.mu.Lock()
-		if c.cache == nil {
-			c.cache = map[cacheKey]cached{}
-		}
-		c.cache[k] = cached{info, c.now()}
-		c.mu.Unlock()
+		c.cache.Set(k, info, ttl)
 		return info, nil
 	}
 	if len(errs) == 0 {

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/operator/capacity"
@@ -64,8 +65,8 @@ func (s *shards) Describe(_ context.Context, shard string, req *nstancev1.Descri
 func TestCatalog(t *testing.T) {
 	small := &nstancev1.InstanceTypeInfo{Name: "small", Vcpus: 2, MemoryMib: 2048, Pods: 110}
 	s := &shards{calls: map[string]int{}, answers: map[string]*nstancev1.InstanceTypeInfo{"b": small}}
-	now := time.Unix(1000, 0)
-	c := &capacity.Catalog{Shards: s, TTL: time.Minute, Now: func() time.Time { return now }}
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	c := &capacity.Catalog{Shards: s, TTL: time.Minute, Clock: clk}
 	ctx := context.Background()
 	l := capacity.Lookup{Template: "worker"}
 
@@ -78,7 +79,7 @@ func TestCatalog(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, map[string]int{"a": 2, "b": 1}, s.calls)
 	// After the TTL b is asked again.
-	now = now.Add(time.Minute)
+	clk.Step(time.Minute)
 	_, err = c.Describe(ctx, []string{"b"}, l)
 	require.NoError(t, err)
 	require.Equal(t, 2, s.calls["b"])
