@@ -180,6 +180,7 @@ func checkImageArchive(t *testing.T, name, target string) string {
 	require.Empty(t, cfg.Config.Cmd)
 	require.Equal(t, imageVersion, cfg.Config.Labels["org.opencontainers.image.version"])
 	require.Equal(t, "https://github.com/nstance-dev/nstance", cfg.Config.Labels["org.opencontainers.image.source"])
+	require.Equal(t, "Apache-2.0", cfg.Config.Labels["org.opencontainers.image.licenses"])
 
 	// The layer: gzip of a tar whose digest is the config's diff_id.
 	gz, err := gzip.NewReader(bytes.NewReader(blob(t, files, manifest.Layers[0])))

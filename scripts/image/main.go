@@ -238,6 +238,8 @@ func buildImage(o options, layerTar []byte, created time.Time) (v1.Image, error)
 		"org.opencontainers.image.version": o.version,
 		"org.opencontainers.image.source":  o.source,
 		"org.opencontainers.image.created": created.Format(time.RFC3339),
+		// The license of the whole repository (LICENSE).
+		"org.opencontainers.image.licenses": "Apache-2.0",
 	}
 	img, err = mutate.ConfigFile(img, cf)
 	if err != nil {
