@@ -170,8 +170,6 @@ CHART             := deploy/helm/nstance-operator
 DIST              := $(ROOT)/dist
 IMAGE_ARCH        ?= $(shell $(GO) env GOARCH)
 IMAGE_REPO        ?= ghcr.io/nstance-dev
-RELEASE_BINARIES  := nstance-server nstance-agent nstance-operator nstance-admin
-RELEASE_ARCHES    := amd64 arm64
 
 $(BIN)/helm:
 	$(call go-install,helm.sh/helm/v3/cmd/helm@$(HELM_VERSION))
@@ -223,14 +221,16 @@ release-manifests: $(BIN)/helm ## clusterctl infrastructure-components.yaml, met
 	cp templates/cluster-template.yaml templates/cluster-template-machinedeployment.yaml $(DIST)/
 
 .PHONY: release
-release: release-manifests ## linux/amd64+arm64 binaries, checksums and clusterctl manifests in dist/.
-	@for b in $(RELEASE_BINARIES); do for a in $(RELEASE_ARCHES); do \
-		echo "build $$b linux/$$a"; \
-		GOOS=linux GOARCH=$$a CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(DIST)/$$b-linux-$$a ./cmd/$$b || exit 1; \
-	done; done
-	cd $(DIST) && sha256sum $(foreach b,$(RELEASE_BINARIES),$(foreach a,$(RELEASE_ARCHES),$(b)-linux-$(a))) \
-		infrastructure-components.yaml metadata.yaml cluster-template.yaml cluster-template-machinedeployment.yaml > checksums.txt
-	@cat $(DIST)/checksums.txt
+release: $(BIN)/helm ## Every artifact of VERSION=vX.Y.Z in dist/<version>/: binaries, multi-arch images, charts, clusterctl repository, changelog, checksums.
+	VERSION='$(VERSION)' HELM='$(BIN)/helm' LDFLAGS='$(LDFLAGS)' DIST='$(DIST)' GO='$(GO)' IMAGE_REPO='$(IMAGE_REPO)' \
+		scripts/release.sh
+
+.PHONY: release-check
+release-check: ## Build release VERSION twice (dist/check-a, dist/check-b) and compare every file's checksum.
+	$(MAKE) release VERSION='$(VERSION)' DIST='$(DIST)/check-a'
+	$(MAKE) release VERSION='$(VERSION)' DIST='$(DIST)/check-b'
+	diff '$(DIST)/check-a/$(VERSION)/SHA256SUMS' '$(DIST)/check-b/$(VERSION)/SHA256SUMS'
+	@echo "release $(VERSION) is reproducible"
 
 ##@ Development stack
 AIR_VERSION      := v1.67.4

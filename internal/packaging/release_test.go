@@ -2,6 +2,7 @@ package packaging_test
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -167,20 +168,45 @@ func TestClusterctlMetadata(t *testing.T) {
 	}), "chart version %s has no release series in metadata.yaml", meta.Version)
 }
 
-// TestReleasePlan checks what `make release` would run, without compiling.
+// TestReleasePlan checks what `make release` would run, without compiling:
+// scripts/release.sh with the version, helm and the build's ldflags.
 func TestReleasePlan(t *testing.T) {
 	plan := run(t, root, "make", "-n", "release", "VERSION="+imageVersion, "DIST=/tmp/nstance-dist")
-	require.Contains(t, plan, "components.sh")
-	require.Contains(t, plan, "cp metadata.yaml /tmp/nstance-dist/metadata.yaml")
-	// clusterctl looks for cluster-template[-<flavor>].yaml among a
-	// release's assets (`clusterctl generate cluster --flavor`).
-	require.Contains(t, plan, "cp templates/cluster-template.yaml templates/cluster-template-machinedeployment.yaml /tmp/nstance-dist/")
-	require.Contains(t, plan, "cluster-template.yaml cluster-template-machinedeployment.yaml > checksums.txt")
-	require.Contains(t, plan, "sha256sum")
-	require.Contains(t, plan, "CGO_ENABLED=0")
-	for _, b := range []string{"nstance-server", "nstance-agent", "nstance-operator", "nstance-admin"} {
-		for _, arch := range []string{"amd64", "arm64"} {
-			require.Contains(t, plan, b+"-linux-"+arch, "release lacks %s for linux/%s", b, arch)
-		}
+	require.Contains(t, plan, "scripts/release.sh")
+	require.Contains(t, plan, "VERSION='"+imageVersion+"'")
+	require.Contains(t, plan, "DIST='/tmp/nstance-dist'")
+	require.Contains(t, plan, "internal/version.Version="+imageVersion)
+	script, err := os.ReadFile(filepath.Join(root, "scripts", "release.sh"))
+	require.NoError(t, err)
+	// The six programs, four platforms, four images, two charts.
+	require.Contains(t, string(script), "programs=(nstance-server nstance-agent nstance-operator nstance-admin dev-k8s dev-s3)")
+	require.Contains(t, string(script), "platforms=(linux/amd64 linux/arm64 darwin/amd64 darwin/arm64)")
+	require.Contains(t, string(script), "images=(nstance-server nstance-agent nstance-operator nstance-admin)")
+	require.Contains(t, string(script), "for c in nstance-operator nstance-server; do")
+}
+
+// TestReleaseRefusesBadVersions: a version that is no semantic version tag,
+// or whose minor version has no clusterctl release series, stops the release
+// before anything is built, with a message saying why.
+func TestReleaseRefusesBadVersions(t *testing.T) {
+	for _, tc := range []struct{ version, want string }{
+		{"0.3.0", "is not a semantic version tag"},
+		{"v0.3", "is not a semantic version tag"},
+		{"v0.3.0;rm", "is not a semantic version tag"},
+		{"v7.4.0", "metadata.yaml has no release series 7.4"},
+	} {
+		t.Run(tc.version, func(t *testing.T) {
+			dist := t.TempDir()
+			cmd := exec.Command(filepath.Join(root, "scripts", "release.sh"))
+			cmd.Env = append(os.Environ(), "VERSION="+tc.version, "HELM=/nonexistent/helm", "DIST="+dist, "GO=/nonexistent/go")
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			require.ErrorAs(t, err, &exit, "%s", out)
+			require.Equal(t, 2, exit.ExitCode(), "%s", out)
+			require.Contains(t, string(out), tc.want)
+			entries, err := os.ReadDir(dist)
+			require.NoError(t, err)
+			require.Empty(t, entries, "nothing is written")
+		})
 	}
 }
