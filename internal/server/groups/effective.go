@@ -4,11 +4,16 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/layout"
+	"github.com/nstance-dev/nstance/internal/server/provider"
 )
+
+// MaxImageLen bounds a group's image.
+const MaxImageLen = 256
 
 // Overrides are per-instance settings given to CreateInstance.
 type Overrides struct {
@@ -67,6 +72,9 @@ func Resolve(cfg *config.Config, spec *Spec, o Overrides) (Effective, error) {
 			e.DrainTimeout = spec.DrainTimeout
 		}
 		e.UserDataSHA256, e.UserDataFormat = spec.UserDataSHA256, spec.UserDataFormat
+		if spec.Image != "" {
+			e.Args[provider.ArgImage] = spec.Image
+		}
 	}
 	if o.UserDataSHA256 != "" {
 		e.UserDataSHA256, e.UserDataFormat = o.UserDataSHA256, o.UserDataFormat
@@ -131,6 +139,9 @@ func Validate(cfg *config.Config, tenant, id string, s Spec) []FieldError {
 		case r.MaxSurge != nil && surge == 0 && r.MaxUnavailable == 0:
 			add("rollout", "max_surge and max_unavailable must not both be 0 (the rotation could never proceed)")
 		}
+	}
+	if len(s.Image) > MaxImageLen || strings.IndexFunc(s.Image, func(r rune) bool { return r <= ' ' || r == 0x7f }) >= 0 {
+		add("image", "want at most %d printable characters without spaces, got %q", MaxImageLen, s.Image)
 	}
 	for k := range s.Vars {
 		if k == "" {

@@ -51,7 +51,7 @@ func invalid(fields ...config.FieldError) error { return &InvalidError{Fields: f
 // SpecFromProto converts a wire spec, checking the duration.
 func SpecFromProto(p *nstancev1.GroupSpec) (groups.Spec, error) {
 	s := groups.Spec{Template: p.GetTemplate(), Size: int(p.GetSize()), InstanceType: p.GetInstanceType(),
-		SubnetPool: p.GetSubnetPool(), Vars: maps.Clone(p.GetVars()), Labels: maps.Clone(p.GetLabels())}
+		SubnetPool: p.GetSubnetPool(), Vars: maps.Clone(p.GetVars()), Labels: maps.Clone(p.GetLabels()), Image: p.GetImage()}
 	if p.GetDrainTimeout() != nil {
 		if err := p.GetDrainTimeout().CheckValid(); err != nil {
 			return s, invalid(config.FieldError{Key: "drain_timeout", Reason: err.Error()})
