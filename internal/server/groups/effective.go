@@ -22,6 +22,8 @@ type Overrides struct {
 	SubnetPool   string
 	Vars         map[string]string
 	DrainTimeout time.Duration
+	// Image replaces the group's image (the reserved arg provider.ArgImage).
+	Image string
 	// UserDataSHA256 and UserDataFormat name bootstrap data sent with the
 	// request; they replace the group's.
 	UserDataSHA256, UserDataFormat string
@@ -79,6 +81,9 @@ func Resolve(cfg *config.Config, spec *Spec, o Overrides) (Effective, error) {
 	if o.UserDataSHA256 != "" {
 		e.UserDataSHA256, e.UserDataFormat = o.UserDataSHA256, o.UserDataFormat
 	}
+	if o.Image != "" {
+		e.Args[provider.ArgImage] = o.Image
+	}
 	pick(&e.InstanceType, o.InstanceType)
 	pick(&e.SubnetPool, o.SubnetPool)
 	maps.Copy(e.Vars, o.Vars)
@@ -91,6 +96,15 @@ func Resolve(cfg *config.Config, spec *Spec, o Overrides) (Effective, error) {
 		}
 	}
 	return e, nil
+}
+
+// CheckImage refuses an image (GroupSpec.image, CreateInstanceRequest.image)
+// longer than MaxImageLen or with spaces or control characters.
+func CheckImage(image string) *FieldError {
+	if len(image) > MaxImageLen || strings.IndexFunc(image, func(r rune) bool { return r <= ' ' || r >= 0x7f }) >= 0 {
+		return &FieldError{Key: "image", Reason: fmt.Sprintf("want at most %d printable characters without spaces, got %q", MaxImageLen, image)}
+	}
+	return nil
 }
 
 func pick(dst *string, v string) {
@@ -140,8 +154,8 @@ func Validate(cfg *config.Config, tenant, id string, s Spec) []FieldError {
 			add("rollout", "max_surge and max_unavailable must not both be 0 (the rotation could never proceed)")
 		}
 	}
-	if len(s.Image) > MaxImageLen || strings.IndexFunc(s.Image, func(r rune) bool { return r <= ' ' || r == 0x7f }) >= 0 {
-		add("image", "want at most %d printable characters without spaces, got %q", MaxImageLen, s.Image)
+	if fe := CheckImage(s.Image); fe != nil {
+		errs = append(errs, *fe)
 	}
 	for k := range s.Vars {
 		if k == "" {
