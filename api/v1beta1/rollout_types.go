@@ -1,6 +1,9 @@
 package v1beta1
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
@@ -101,4 +104,18 @@ type ShardRollout struct {
 	// gives its budget to another shard, or its rollout is paused.
 	// +optional
 	Paused bool `json:"paused,omitempty"`
+}
+
+// InfraDigest is a short digest of the settings whose change makes the
+// shard group's members drift on the server (template, instanceType,
+// subnetPool, image, bootstrapDataSecretName; vars are not among them: the
+// server pushes them to running agents). status.observedInfra holds the one
+// the server confirmed last.
+func (s *NstanceShardGroupSpec) InfraDigest() string {
+	h := sha256.New()
+	for _, f := range []string{s.Template, s.InstanceType, s.SubnetPool, s.Image, s.BootstrapDataSecretName} {
+		h.Write([]byte(f))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
 }
