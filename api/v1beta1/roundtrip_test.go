@@ -10,8 +10,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -128,15 +128,15 @@ func validPool() *infrav1.NstanceMachinePool {
 	return &infrav1.NstanceMachinePool{
 		ObjectMeta: metav1.ObjectMeta{Name: "workers"},
 		Spec: infrav1.NstanceMachinePoolSpec{
-			Group:          "workers",
-			Shards:         []string{"us-west-2a", "us-east-1a"},
-			Template:       "general",
-			InstanceType:   "m7i.large",
-			SubnetPool:     "private",
-			Vars:           map[string]string{"role": "worker", "disk": "100"},
-			DrainTimeout:   &metav1.Duration{Duration: 90 * time.Second},
-			DeletePolicy:   infrav1.DeletePolicyOldest,
-			Image:          "ami-0123456789abcdef0",
+			Group:        "workers",
+			Shards:       []string{"us-west-2a", "us-east-1a"},
+			Template:     "general",
+			InstanceType: "m7i.large",
+			SubnetPool:   "private",
+			Vars:         map[string]string{"role": "worker", "disk": "100"},
+			DrainTimeout: &metav1.Duration{Duration: 90 * time.Second},
+			DeletePolicy: infrav1.DeletePolicyOldest,
+			Image:        "ami-0123456789abcdef0",
 			Strategy: &infrav1.MachinePoolStrategy{RollingUpdate: &infrav1.MachineRollingUpdate{
 				MaxSurge: ptr.To(intstr.FromString("25%")), MaxUnavailable: ptr.To(intstr.FromInt32(1)),
 			}},
