@@ -22,8 +22,9 @@ type ShardState struct {
 	// Replicas and UpToDate are the server's actual_size and
 	// up_to_date_count.
 	Replicas, UpToDate int32
-	// Budget: the shard's group holds rollout budget now (its spec.rollout
-	// is set and not paused).
+	// Budget: the shard's group holds the rollout budget now (its
+	// spec.rollout has a maxSurge; paused or not: a paused pool keeps its
+	// holder, so a resumed rollout goes on where it stopped).
 	Budget bool
 }
 
@@ -38,7 +39,7 @@ type RolloutPlan struct {
 	// pool's whole budget, every other shard is paused.
 	Budgets map[string]infrav1.ShardRollout
 	// Rolling is the shard given the budget, "" when none is (nothing to
-	// roll, or the rollout is paused).
+	// roll). While the rollout is paused it holds the budget, paused.
 	Rolling string
 	// Outdated lists the shards with members that are not up to date (or
 	// whose state is unknown), in the pool's shard order.
@@ -60,8 +61,11 @@ func (p RolloutPlan) RollingOut() bool { return len(p.Outdated) > 0 }
 // date; then the first shard in order that is not up to date gets it.
 // Shards that are up to date need no budget and are paused too (a paused
 // group still scales and replaces unhealthy members). A paused pool
-// (spec.strategy.paused) pauses every shard. A paused shard is always sent
-// with paused set, never with both bounds 0, which the server refuses.
+// (spec.strategy.paused) pauses every shard: the holder keeps its bounds
+// with paused set (the server then keeps a surge member it started until it
+// is ready), so resuming gives the budget back to the same shard and no
+// second shard ever surges. A shard without budget is always sent with
+// paused set, never with both bounds 0, which the server refuses.
 func PlanRollout(shards []ShardState, maxSurge, maxUnavailable int32, paused bool) RolloutPlan {
 	p := RolloutPlan{Budgets: make(map[string]infrav1.ShardRollout, len(shards))}
 	holder, first := "", ""
@@ -80,15 +84,13 @@ func PlanRollout(shards []ShardState, maxSurge, maxUnavailable int32, paused boo
 			holder = s.Shard
 		}
 	}
-	if !paused {
-		p.Rolling = holder
-		if p.Rolling == "" {
-			p.Rolling = first
-		}
+	p.Rolling = holder
+	if p.Rolling == "" && !paused {
+		p.Rolling = first
 	}
 	for _, s := range shards {
 		if s.Shard == p.Rolling {
-			p.Budgets[s.Shard] = infrav1.ShardRollout{MaxSurge: ptr.To(maxSurge), MaxUnavailable: maxUnavailable}
+			p.Budgets[s.Shard] = infrav1.ShardRollout{MaxSurge: ptr.To(maxSurge), MaxUnavailable: maxUnavailable, Paused: paused}
 			continue
 		}
 		p.Budgets[s.Shard] = infrav1.ShardRollout{Paused: true}

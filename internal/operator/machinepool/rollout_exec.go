@@ -54,11 +54,11 @@ func (r *Reconciler) planRollout(ctx context.Context, pool *infrav1.NstanceMachi
 		case sg.Status.ObservedInfra == "" && sg.Status.Replicas == 0:
 			// Nor has one the server has not answered for yet.
 			st.Known = true
-			st.Budget = sg.Spec.Rollout != nil && !sg.Spec.Rollout.Paused
+			st.Budget = sg.Spec.Rollout != nil && sg.Spec.Rollout.MaxSurge != nil
 		default:
 			st.Known = sg.Status.ObservedInfra == want
 			st.Replicas, st.UpToDate = sg.Status.Replicas, sg.Status.UpToDateReplicas
-			st.Budget = sg.Spec.Rollout != nil && !sg.Spec.Rollout.Paused
+			st.Budget = sg.Spec.Rollout != nil && sg.Spec.Rollout.MaxSurge != nil
 			if st.Budget && out.prevRolling == "" {
 				out.prevRolling = shard
 			}
