@@ -207,11 +207,10 @@ helm-sync: ## Copy the generated CRDs and operator RBAC (config/) into the Helm 
 	cp config/rbac/role.yaml $(CHART)/files/rbac/role.yaml
 
 .PHONY: helm-lint
-helm-lint: $(BIN)/helm ## helm lint the charts with default and sample values.
-	$(BIN)/helm lint --strict $(CHART)
-	$(BIN)/helm lint --strict $(CHART) -f $(CHART)/ci/sample-values.yaml
-	$(BIN)/helm lint --strict deploy/helm/nstance-server
-	$(BIN)/helm lint --strict deploy/helm/nstance-server -f deploy/helm/nstance-server/ci/sample-values.yaml
+helm-lint: $(BIN)/helm ## helm lint the charts with their ci/ values (the defaults lack required values).
+	@for chart in $(CHART) deploy/helm/nstance-server; do for v in $$chart/ci/*-values.yaml; do \
+		echo "helm lint --strict $$chart -f $$v"; $(BIN)/helm lint --strict $$chart -f $$v || exit 1; \
+	done; done
 
 .PHONY: release-manifests
 release-manifests: $(BIN)/helm ## clusterctl infrastructure-components.yaml, metadata.yaml and cluster templates in dist/.
