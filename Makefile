@@ -201,10 +201,12 @@ image-admin: ## Image archive for nstance-admin in dist/images.
 images: image-operator image-server image-agent image-admin ## All four image archives.
 
 .PHONY: helm-sync
-helm-sync: ## Copy the generated CRDs and operator RBAC (config/) into the Helm chart.
+helm-sync: ## Copy the generated CRDs and operator RBAC (config/) and deploy/monitoring into the Helm charts.
 	rm -f $(CHART)/files/crds/*.yaml
 	cp config/crd/bases/*.yaml $(CHART)/files/crds/
 	cp config/rbac/role.yaml $(CHART)/files/rbac/role.yaml
+	for chart in $(CHART) deploy/helm/nstance-server; do mkdir -p $$chart/files/monitoring && \
+		cp deploy/monitoring/prometheusrule.yaml deploy/monitoring/grafana-dashboard.json $$chart/files/monitoring/ || exit 1; done
 
 .PHONY: helm-lint
 helm-lint: $(BIN)/helm ## helm lint the charts with their ci/ values (the defaults lack required values).
