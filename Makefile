@@ -26,7 +26,7 @@ GO_TEST_FLAGS ?= -count=1 -timeout 20m
 go-install = @source scripts/lib/progress.sh; PROGRESS_TAG=tools; \
 	progress_run "go install $(1) into ./bin" env GOBIN=$(BIN) $(GO) install $(1)
 # Generated files checked by `make verify`.
-GENERATED := pkg/proto api/v1beta1/zz_generated.deepcopy.go api/controlplane/v1beta1/zz_generated.deepcopy.go config/crd config/rbac deploy/helm/nstance-operator/files
+GENERATED := pkg/proto api/v1beta1/zz_generated.deepcopy.go api/controlplane/v1beta1/zz_generated.deepcopy.go config/crd config/rbac deploy/helm/nstance-operator/files deploy/helm/nstance-server/files
 
 ##@ General
 .PHONY: help
