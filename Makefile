@@ -26,7 +26,7 @@ GO_TEST_FLAGS ?= -count=1 -timeout 20m
 go-install = @source scripts/lib/progress.sh; PROGRESS_TAG=tools; \
 	progress_run "go install $(1) into ./bin" env GOBIN=$(BIN) $(GO) install $(1)
 # Generated files checked by `make verify`.
-GENERATED := pkg/proto api/v1beta1/zz_generated.deepcopy.go api/controlplane/v1beta1/zz_generated.deepcopy.go config/crd config/rbac deploy/helm/nstance-operator/files
+GENERATED := pkg/proto api/v1beta1/zz_generated.deepcopy.go api/controlplane/v1beta1/zz_generated.deepcopy.go config/crd config/rbac deploy/helm/nstance-operator/files deploy/helm/nstance-server/files
 
 ##@ General
 .PHONY: help
@@ -201,17 +201,18 @@ image-admin: ## Image archive for nstance-admin in dist/images.
 images: image-operator image-server image-agent image-admin ## All four image archives.
 
 .PHONY: helm-sync
-helm-sync: ## Copy the generated CRDs and operator RBAC (config/) into the Helm chart.
+helm-sync: ## Copy the generated CRDs and operator RBAC (config/) and deploy/monitoring into the Helm charts.
 	rm -f $(CHART)/files/crds/*.yaml
 	cp config/crd/bases/*.yaml $(CHART)/files/crds/
 	cp config/rbac/role.yaml $(CHART)/files/rbac/role.yaml
+	for chart in $(CHART) deploy/helm/nstance-server; do mkdir -p $$chart/files/monitoring && \
+		cp deploy/monitoring/prometheusrule.yaml deploy/monitoring/grafana-dashboard.json $$chart/files/monitoring/ || exit 1; done
 
 .PHONY: helm-lint
-helm-lint: $(BIN)/helm ## helm lint the charts with default and sample values.
-	$(BIN)/helm lint --strict $(CHART)
-	$(BIN)/helm lint --strict $(CHART) -f $(CHART)/ci/sample-values.yaml
-	$(BIN)/helm lint --strict deploy/helm/nstance-server
-	$(BIN)/helm lint --strict deploy/helm/nstance-server -f deploy/helm/nstance-server/ci/sample-values.yaml
+helm-lint: $(BIN)/helm ## helm lint the charts with their ci/ values (the defaults lack required values).
+	@for chart in $(CHART) deploy/helm/nstance-server; do for v in $$chart/ci/*-values.yaml; do \
+		echo "helm lint --strict $$chart -f $$v"; $(BIN)/helm lint --strict $$chart -f $$v || exit 1; \
+	done; done
 
 .PHONY: release-manifests
 release-manifests: $(BIN)/helm ## clusterctl infrastructure-components.yaml, metadata.yaml and cluster templates in dist/.
