@@ -185,7 +185,26 @@ func (r *Record) Proto() *nstancev1.InstanceStatus {
 	if r.DrainDeadline != nil && r.State == StatePendingDeletion {
 		st.DrainDeadline = timestamppb.New(*r.DrainDeadline)
 	}
+	st.Replaced = r.Replaced()
 	return st
+}
+
+// Replaced is true once the record is being deleted for a reason after
+// which its group creates a successor (its size is kept): rotation,
+// unhealthy, spot termination, expiry, or DeleteInstance of a group member.
+// Scale-down and group deletion leave no successor, and neither does an
+// instance outside a group or created on demand.
+func (r *Record) Replaced() bool {
+	if r.GroupID == "" || r.ClientToken != "" {
+		return false
+	}
+	switch r.DeletionReason {
+	case nstancev1.DeletionReason_DELETION_REASON_ROTATION, nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY,
+		nstancev1.DeletionReason_DELETION_REASON_SPOT_TERMINATION, nstancev1.DeletionReason_DELETION_REASON_EXPIRY,
+		nstancev1.DeletionReason_DELETION_REASON_ON_DEMAND_DELETE:
+		return true
+	}
+	return false
 }
 
 // NewID returns a fresh instance id "{prefix}-{8 hex}", a DNS label. The
