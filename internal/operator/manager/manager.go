@@ -40,6 +40,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/machine"
 	"github.com/nstance-dev/nstance/internal/operator/machinepool"
 	"github.com/nstance-dev/nstance/internal/operator/metrics"
+	"github.com/nstance-dev/nstance/internal/operator/nodecarry"
 	"github.com/nstance-dev/nstance/internal/operator/nodejoin"
 	"github.com/nstance-dev/nstance/internal/operator/ondemand"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
@@ -140,6 +141,8 @@ type Options struct {
 	// JoinInterval separates join-deadline passes; zero means JoinTimeout/10
 	// within [1s, 10s].
 	JoinInterval time.Duration
+	// CarryInterval separates label-carry passes; zero means 5s.
+	CarryInterval time.Duration
 }
 
 // Operator is a configured, not yet started operator.
@@ -361,6 +364,19 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 			Log: o.Log.WithName("nodejoin"),
 		}); err != nil {
 			return nil, fmt.Errorf("set up join deadline: %w", err)
+		}
+	}
+	carry := &nodecarry.Runner{
+		Shards: op.Conns, Workload: op.Workload, Cluster: op.Cluster, Client: mgr.GetClient(), Namespace: watchNS,
+		Policy: nodecarry.Policy{
+			LabelPrefixes: o.Config.CarryLabelPrefixes, TaintPrefixes: o.Config.CarryTaintPrefixes,
+			Settle: nodecarry.DefaultSettle, Window: nodecarry.DefaultWindow, TTL: nodecarry.DefaultTTL, Max: nodecarry.DefaultMax,
+		},
+		Interval: o.CarryInterval, Log: o.Log.WithName("nodecarry"),
+	}
+	if carry.Enabled() {
+		if err := mgr.Add(carry); err != nil {
+			return nil, fmt.Errorf("set up label carry: %w", err)
 		}
 	}
 	if err := mgr.Add(manager.RunnableFunc(op.sync)); err != nil {
