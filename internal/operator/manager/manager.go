@@ -43,6 +43,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/nodecarry"
 	"github.com/nstance-dev/nstance/internal/operator/nodejoin"
 	"github.com/nstance-dev/nstance/internal/operator/ondemand"
+	"github.com/nstance-dev/nstance/internal/operator/rollguard"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 	"github.com/nstance-dev/nstance/internal/operator/shardgroup"
 	"github.com/nstance-dev/nstance/internal/operator/watch"
@@ -365,6 +366,10 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 		}); err != nil {
 			return nil, fmt.Errorf("set up join deadline: %w", err)
 		}
+	}
+	guard := &rollguard.Reconciler{Client: mgr.GetClient(), Workload: op.Workload, Cluster: op.Cluster, Log: o.Log.WithName("rollguard")}
+	if err := guard.SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("set up autoscaler scale-down guard: %w", err)
 	}
 	carry := &nodecarry.Runner{
 		Shards: op.Conns, Workload: op.Workload, Cluster: op.Cluster, Client: mgr.GetClient(), Namespace: watchNS,

@@ -195,7 +195,7 @@ func (r *Record) Proto() *nstancev1.InstanceStatus {
 // Scale-down and group deletion leave no successor, and neither does an
 // instance outside a group or created on demand.
 func (r *Record) Replaced() bool {
-	if r.GroupID == "" || r.ClientToken != "" {
+	if r.GroupID == "" || r.OnDemand || r.ClientToken != "" {
 		return false
 	}
 	switch r.DeletionReason {

@@ -27,6 +27,7 @@ func TestReplaced(t *testing.T) {
 		{"group deleted", instances.Record{GroupID: "web", DeletionReason: nstancev1.DeletionReason_DELETION_REASON_GROUP_DELETED}, false},
 		{"outside a group", instances.Record{DeletionReason: nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY}, false},
 		{"on demand in a group", instances.Record{GroupID: "web", ClientToken: "tok", DeletionReason: nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY}, false},
+		{"on demand without a token", instances.Record{GroupID: "web", OnDemand: true, DeletionReason: nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Equal(t, tc.expect, tc.rec.Replaced())
