@@ -123,6 +123,19 @@ type Record struct {
 	UserDataSHA256     string `json:"user_data_sha256,omitempty"`
 	UserDataFormat     string `json:"user_data_format,omitempty"`
 	BootUserDataSHA256 string `json:"boot_user_data_sha256,omitempty"`
+	// Requested is what CreateInstance asked for (on-demand instances), so
+	// that drift can be told later by resolving the request again.
+	Requested *Requested `json:"requested,omitempty"`
+}
+
+// Requested holds the settings a CreateInstance request named itself; empty
+// fields took the group's or template's value.
+type Requested struct {
+	Template       string `json:"template,omitempty"`
+	InstanceType   string `json:"instance_type,omitempty"`
+	SubnetPool     string `json:"subnet_pool,omitempty"`
+	UserDataSHA256 string `json:"user_data_sha256,omitempty"`
+	UserDataFormat string `json:"user_data_format,omitempty"`
 }
 
 // AgentRegistration records the registration of an instance's agent.
@@ -155,6 +168,10 @@ func (r *Record) Clone() *Record {
 	if r.DrainDeadline != nil {
 		t := *r.DrainDeadline
 		c.DrainDeadline = &t
+	}
+	if r.Requested != nil {
+		q := *r.Requested
+		c.Requested = &q
 	}
 	return &c
 }

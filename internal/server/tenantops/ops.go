@@ -13,6 +13,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
+	"github.com/nstance-dev/nstance/internal/server/reconcile/planner"
 	"github.com/nstance-dev/nstance/internal/server/userdata"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -282,6 +283,8 @@ func (o *Ops) CreateInstance(ctx context.Context, tenant string, req CreateInsta
 		return nil, err
 	}
 	rec.OnDemand, rec.ClientToken = true, req.ClientToken
+	rec.Requested = &instances.Requested{Template: req.Template, InstanceType: req.InstanceType, SubnetPool: req.SubnetPool,
+		UserDataSHA256: udSum, UserDataFormat: udFormat}
 	if err := o.o.Instances.Create(ctx, rec); err != nil {
 		return nil, err
 	}
@@ -337,7 +340,38 @@ func (o *Ops) Status(rec *instances.Record) *nstancev1.InstanceStatus {
 	if v := o.o.Reconciler.ReportedVersion(rec.ID); v != "" {
 		st.AgentVersion = v
 	}
+	st.Drifted = o.drifted(rec)
 	return st
+}
+
+// drifted reports whether rec was created with other infra settings than
+// it would get now (planner.Drifted): a group member against its group's
+// current settings, as the rotation sees it; an on-demand instance against
+// its own request resolved again with the current config and group. False
+// when that cannot be told: not active, group or template gone, an
+// on-demand record from before requests were recorded.
+func (o *Ops) drifted(rec *instances.Record) bool {
+	if !rec.State.Active() || (rec.OnDemand && rec.Requested == nil) {
+		return false
+	}
+	var spec *groups.Spec
+	if rec.GroupID != "" {
+		g, ok := o.o.Groups.Get(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
+		if !ok {
+			return false
+		}
+		spec = &g.Spec
+	}
+	var ov groups.Overrides
+	if q := rec.Requested; rec.OnDemand {
+		ov = groups.Overrides{Template: q.Template, InstanceType: q.InstanceType, SubnetPool: q.SubnetPool,
+			UserDataSHA256: q.UserDataSHA256, UserDataFormat: q.UserDataFormat}
+	}
+	eff, err := groups.Resolve(o.o.Config(), spec, ov)
+	if err != nil {
+		return false
+	}
+	return planner.Drifted(rec, eff)
 }
 
 // MarkForScaleDown keeps a group member running and makes it the first one

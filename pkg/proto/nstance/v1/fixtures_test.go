@@ -89,6 +89,7 @@ func instanceStatus() *nstancev1.InstanceStatus {
 		UserDataSha256: "8f2c0e4d8c1b7e0f8a4b6e7d1c2b3a4f5e6d7c8b9a0f1e2d3c4b5a6978675645",
 		FirstHealthAt:  ts(-50 * time.Minute),
 		Replaced:       true,
+		Drifted:        true,
 	}
 }
 
