@@ -66,15 +66,17 @@ const (
 	ReasonCreating            = "Creating"
 	ReasonAdopted             = "Adopted"
 	ReasonShardUnreachable    = "ShardUnreachable"
-	// ConditionUpToDate says whether the instance still matches what the
-	// server would create for the NstanceMachine now
-	// (InstanceStatus.drifted); the server does not roll it, replacing the
-	// Machine does (docs/operator.md).
+	instanceLabelMachine      = "nstance.dev/machine"
+	instanceLabelMachineSpace = "nstance.dev/namespace"
+)
+
+// ConditionUpToDate says whether an NstanceMachine's instance still
+// matches what the server would create for it now (InstanceStatus.drifted);
+// the server does not roll it, replacing the Machine does (docs/operator.md).
+const (
 	ConditionUpToDate = "UpToDate"
 	ReasonUpToDate    = "UpToDate"
 	ReasonDrifted     = "Drifted"
-	instanceLabelMachine      = "nstance.dev/machine"
-	instanceLabelMachineSpace = "nstance.dev/namespace"
 )
 
 // Reconciler reconciles NstanceMachines.
