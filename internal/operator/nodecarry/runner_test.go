@@ -2,6 +2,7 @@ package nodecarry_test
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -233,4 +234,65 @@ func getPool(ctx context.Context, t *testing.T, p *infrav1.NstanceMachinePool) *
 	var out infrav1.NstanceMachinePool
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(p), &out))
 	return &out
+}
+
+// TestCarryOnRotation: the template's instance type changes on the server,
+// so the group rotates its member: the surge member is created (and gets its
+// Node) before the old one is drained, and still takes the old Node's label
+// and taint.
+func TestCarryOnRotation(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	// Without agent monitoring (the mock provider runs no agents) a running
+	// member counts as ready, so the rotation goes on by itself.
+	sh := shardtest.Start(t, shardtest.Options{ClusterID: clusterID, ShardID: shardID, Log: logr.Discard()})
+	shard := sh.Client(t, tenant)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "carry-rot-"}}
+	require.NoError(t, env.Client.Create(ctx, ns))
+	pool := &infrav1.NstanceMachinePool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: group},
+		Spec:       infrav1.NstanceMachinePoolSpec{Group: group, Shards: []string{shardID}, Template: "worker"},
+	}
+	require.NoError(t, env.Client.Create(ctx, pool))
+	_, err := shard.UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: group, Template: "worker", Size: 1}})
+	require.NoError(t, err)
+	known := map[string]bool{}
+	old := waitNew(ctx, t, shard, known)
+	known[old.GetInstanceId()] = true
+	gpu := corev1.Taint{Key: "dedicated", Value: "gpu", Effect: corev1.TaintEffectNoSchedule}
+	sfx := ns.Name
+	makeNode(ctx, t, env.Client, "old-"+sfx, old, map[string]string{"example.com/team": "x"}, gpu)
+
+	clk := &clock{t: time.Now()}
+	r := &nodecarry.Runner{
+		Shards: directShards{shardID: shard}, Workload: apiServer{env.Client}, Cluster: client.ObjectKey{Namespace: ns.Name, Name: clusterID},
+		Client: env.Client, Namespace: ns.Name, Log: logr.Discard(), Now: clk.Now,
+		Policy: nodecarry.Policy{LabelPrefixes: []string{"example.com/"}, TaintPrefixes: []string{"dedicated"},
+			Settle: nodecarry.DefaultSettle, Window: nodecarry.DefaultWindow, TTL: nodecarry.DefaultTTL, Max: nodecarry.DefaultMax},
+	}
+
+	cur := sh.Config.Current()
+	next := *cur
+	next.Templates = maps.Clone(cur.Templates)
+	w := next.Templates["worker"]
+	w.InstanceType = "test.large"
+	next.Templates["worker"] = w
+	sh.Config.Set(&next, "rotate", time.Now())
+
+	// The surge member joins as a Node of its own, then the old member is
+	// drained for the rotation.
+	surge := waitNew(ctx, t, shard, known)
+	makeNode(ctx, t, env.Client, "surge-"+sfx, surge, nil)
+	require.Eventually(t, func() bool {
+		i := members(ctx, t, shard)[old.GetInstanceId()]
+		return i.GetState() == nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION && i.GetReplaced()
+	}, 30*time.Second, 50*time.Millisecond, "old member rotated out")
+	require.NoError(t, r.Pass(ctx))
+	clk.Add(nodecarry.DefaultSettle)
+	require.NoError(t, r.Pass(ctx))
+
+	n := getNode(ctx, t, env.Client, "surge-"+sfx)
+	require.Equal(t, "x", n.Labels["example.com/team"])
+	require.Equal(t, []corev1.Taint{gpu}, dedicated(n))
+	require.Equal(t, shardID+"/"+old.GetInstanceId(), n.Annotations[nodecarry.CarriedFromAnnotation])
 }
