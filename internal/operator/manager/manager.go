@@ -372,7 +372,7 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 		return nil, fmt.Errorf("set up autoscaler scale-down guard: %w", err)
 	}
 	carry := &nodecarry.Runner{
-		Shards: op.Conns, Workload: op.Workload, Cluster: op.Cluster, Client: mgr.GetClient(), Namespace: watchNS,
+		Shards: op.Conns, Streams: op.Conns, Workload: op.Workload, Cluster: op.Cluster, Client: mgr.GetClient(), Namespace: watchNS,
 		Policy: nodecarry.Policy{
 			LabelPrefixes: o.Config.CarryLabelPrefixes, TaintPrefixes: o.Config.CarryTaintPrefixes,
 			Settle: nodecarry.DefaultSettle, Window: nodecarry.DefaultWindow, TTL: nodecarry.DefaultTTL, Max: nodecarry.DefaultMax,

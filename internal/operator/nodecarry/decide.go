@@ -103,6 +103,10 @@ type Input struct {
 	// Unanswered shards did not list their instances this pass: entries
 	// naming them, as source or successor, wait.
 	Unanswered map[string]bool
+	// Departed are replaced members seen going on the instance stream since
+	// the last pass (they may be gone from the list already): recorded like
+	// a departing member, once.
+	Departed []Entry
 }
 
 // Apply gives one successor Node what an entry carries.
@@ -213,6 +217,12 @@ func Decide(in Input) Decision {
 	for _, m := range in.Members {
 		if m.Node != nil && m.Node.CarriedFrom != "" {
 			have[m.Node.CarriedFrom] = true
+		}
+	}
+	for _, e := range in.Departed {
+		if !have[e.Key()] && (len(e.Labels) > 0 || len(e.Taints) > 0) {
+			entries = append(entries, e)
+			have[e.Key()] = true
 		}
 	}
 	for _, m := range in.Members {

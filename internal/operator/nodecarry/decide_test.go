@@ -224,6 +224,26 @@ func TestDecide(t *testing.T) {
 			}},
 		},
 		{
+			name: "a departure seen on the stream is recorded though its instance is no longer listed",
+			in: Input{Now: at(time.Second), Departed: []Entry{entry("a", "gone", at(-time.Hour), at(0), "")}, Members: []Member{
+				{Shard: "a", ID: "peer", Created: at(-30 * time.Minute), Node: node("peer", nil)},
+			}},
+			want: want{entries: []Entry{entry("a", "gone", at(-time.Hour), at(0), "")}},
+		},
+		{
+			name: "a departure seen on the stream and in the list is recorded once, as first seen",
+			in: Input{Now: at(5 * time.Second), Departed: []Entry{entry("a", "old", at(-time.Hour), at(0), "")}, Members: []Member{
+				{Shard: "a", ID: "old", Created: at(-time.Hour), Departing: true, Replaced: true, Node: labelled("old")},
+			}},
+			want: want{entries: []Entry{entry("a", "old", at(-time.Hour), at(0), "")}},
+		},
+		{
+			name: "a departure seen on the stream that a successor already carries is not recorded",
+			in: Input{Now: at(time.Minute), Departed: []Entry{entry("a", "old", at(-time.Hour), at(0), "")}, Members: []Member{
+				{Shard: "a", ID: "new", Created: at(time.Second), Node: carried(node("new", nil), "a/old")},
+			}},
+		},
+		{
 			name: "a recorded departure is not recorded twice",
 			in: Input{Now: at(5 * time.Second), State: State{Entries: []Entry{entry("a", "old", at(-time.Hour), at(0), "")}}, Members: []Member{
 				{Shard: "a", ID: "old", Created: at(-time.Hour), Departing: true, Replaced: true, Node: labelled("old")},

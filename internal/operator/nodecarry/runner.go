@@ -8,12 +8,12 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
@@ -36,9 +36,24 @@ type Shards interface {
 	Client(shard string) (nstancev1.OperatorServiceClient, error)
 }
 
-// Runner applies Decide to every pool every Interval.
+// Streams follows one stream of a shard until ctx ends, reopening it
+// (shardconn.Manager.Follow).
+type Streams interface {
+	Follow(ctx context.Context, shard, stream string, maxBackoff time.Duration, log logr.Logger, onReopen func(), follow func(context.Context) error)
+}
+
+// StreamName names the runner's instance stream in logs.
+const StreamName = "instances-carry"
+
+// Runner applies Decide to every pool every Interval, and at once after a
+// replaced member was seen going on a shard's instance stream.
 type Runner struct {
-	Shards   Shards
+	Shards Shards
+	// Streams, when set, opens one WatchInstances stream per shard: a
+	// replaced member's Node is read as soon as its deletion is announced,
+	// so an instance that is gone before the next pass (a Node with nothing
+	// to drain) is carried too. Nil: passes only.
+	Streams  Streams
 	Workload workload.Access
 	// Cluster is the Cluster API Cluster; a paused one stops every pass.
 	Cluster client.ObjectKey
@@ -52,6 +67,11 @@ type Runner struct {
 	Log      logr.Logger
 	// Now defaults to time.Now.
 	Now func() time.Time
+
+	mu       sync.Mutex
+	departed map[string]Entry // "{shard}/{instance}" -> seen on the stream, by group
+	groupOf  map[string]string
+	wake     chan struct{}
 }
 
 // NeedLeaderElection is true: only the leader writes.
@@ -62,26 +82,188 @@ func (r *Runner) Enabled() bool {
 	return len(r.Policy.LabelPrefixes) > 0 || len(r.Policy.TaintPrefixes) > 0
 }
 
-// Start runs passes until ctx ends (manager.Runnable).
+func (r *Runner) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+func (r *Runner) init() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.wake == nil {
+		r.wake = make(chan struct{}, 1)
+		r.departed, r.groupOf = map[string]Entry{}, map[string]string{}
+	}
+}
+
+// Start runs passes until ctx ends (manager.Runnable): every Interval, and
+// right after the stream saw a replaced member go.
 func (r *Runner) Start(ctx context.Context) error {
 	if !r.Enabled() {
 		return nil
 	}
-	_ = wait.PollUntilContextCancel(ctx, cmp.Or(r.Interval, 5*time.Second), false, func(ctx context.Context) (bool, error) {
+	r.init()
+	r.Watch(ctx)
+	t := time.NewTicker(cmp.Or(r.Interval, 5*time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-r.wake:
+		}
 		if err := r.Pass(ctx); err != nil && ctx.Err() == nil {
 			r.Log.Error(err, "label carry pass")
 		}
-		return false, nil
-	})
+	}
+}
+
+// Watch opens the instance streams (when Streams is set); they stop with
+// ctx.
+func (r *Runner) Watch(ctx context.Context) {
+	r.init()
+	if r.Streams == nil {
+		return
+	}
+	for _, shard := range r.Shards.ShardIDs() {
+		go r.Streams.Follow(ctx, shard, StreamName, 0, r.Log, nil, func(ctx context.Context) error { return r.watchOnce(ctx, shard) })
+	}
+}
+
+func (r *Runner) watchOnce(ctx context.Context, shard string) error {
+	cl, err := r.Shards.Client(shard)
+	if err != nil {
+		return err
+	}
+	stream, err := cl.WatchInstances(ctx, &nstancev1.WatchInstancesRequest{})
+	if err != nil {
+		return fmt.Errorf("open WatchInstances on shard %s: %w", shard, err)
+	}
+	for {
+		ev, err := stream.Recv()
+		if err != nil {
+			return fmt.Errorf("receive instance event on shard %s: %w", shard, err)
+		}
+		if err := r.Observe(ctx, shard, ev); err != nil && ctx.Err() == nil {
+			r.Log.Error(err, "label carry: read a departing Node", "shard", shard, "instance", ev.GetInstanceId())
+		}
+	}
+}
+
+// Observe records a replaced group member's carried labels and taints as
+// soon as its deletion is announced (pending deletion or deleting), while
+// its Node still has them; the next pass, started at once, stores them on
+// the pool.
+func (r *Runner) Observe(ctx context.Context, shard string, ev *nstancev1.InstanceEvent) error {
+	switch ev.GetStatus() {
+	case nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION, nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_DELETING:
+	default:
+		return nil
+	}
+	if !ev.GetReplaced() || ev.GetGroupId() == "" || ev.GetProviderId() == "" {
+		return nil
+	}
+	r.init()
+	shard = cmp.Or(ev.GetShard(), shard)
+	key := shard + "/" + ev.GetInstanceId()
+	r.mu.Lock()
+	_, seen := r.departed[key]
+	r.mu.Unlock()
+	if seen {
+		return nil
+	}
+	wl, err := r.Workload.Cluster(ctx, r.Cluster)
+	if err != nil {
+		return err
+	}
+	// Listed and filtered here rather than through the cache's
+	// providerID index, so that any client does (deletions are rare).
+	var nodes corev1.NodeList
+	if err := wl.Client.List(ctx, &nodes); err != nil {
+		return fmt.Errorf("list workload Nodes for providerID %s: %w", ev.GetProviderId(), err)
+	}
+	i := slices.IndexFunc(nodes.Items, func(n corev1.Node) bool { return n.Spec.ProviderID == ev.GetProviderId() })
+	if i < 0 {
+		return nil
+	}
+	n := &nodes.Items[i]
+	labels, taints := Carried(r.Policy, &Node{Name: n.Name, Labels: n.Labels, Taints: n.Spec.Taints})
+	if len(labels) == 0 && len(taints) == 0 {
+		return nil
+	}
+	e := Entry{Shard: shard, Instance: ev.GetInstanceId(), Node: n.Name, Departed: r.now(), Labels: labels, Taints: taints}
+	// The instance's age bounds its successors; the record may be gone
+	// already, and then any member in the window qualifies.
+	if cl, err := r.Shards.Client(shard); err == nil {
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		resp, err := cl.GetInstanceStatus(lctx, &nstancev1.GetInstanceStatusRequest{
+			Lookup: &nstancev1.GetInstanceStatusRequest_InstanceId{InstanceId: ev.GetInstanceId()}})
+		cancel()
+		if err == nil {
+			e.Created = resp.GetInstance().GetCreatedAt().AsTime()
+		}
+	}
+	r.mu.Lock()
+	r.departed[key], r.groupOf[key] = e, ev.GetGroupId()
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
 	return nil
+}
+
+// Departures is how many departures seen on the stream wait for a pass.
+func (r *Runner) Departures() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.departed)
+}
+
+// prune drops the stream's entries of groups no pool holds, and any older
+// than the TTL.
+func (r *Runner) prune(pooled map[string]bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k, e := range r.departed {
+		if !pooled[r.groupOf[k]] || (r.Policy.TTL > 0 && r.now().Sub(e.Departed) > r.Policy.TTL) {
+			delete(r.departed, k)
+			delete(r.groupOf, k)
+		}
+	}
+}
+
+// takeDeparted returns the stream's entries of group.
+func (r *Runner) takeDeparted(group string) []Entry {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []Entry
+	for k, e := range r.departed {
+		if r.groupOf[k] == group {
+			out = append(out, e)
+		}
+	}
+	sortEntries(out)
+	return out
+}
+
+// forget drops the stream's entries a stored state now holds (or that a
+// successor already carries).
+func (r *Runner) forget(entries []Entry) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range entries {
+		delete(r.departed, e.Key())
+		delete(r.groupOf, e.Key())
+	}
 }
 
 // Pass makes one pass over every pool.
 func (r *Runner) Pass(ctx context.Context) error {
-	now := time.Now
-	if r.Now != nil {
-		now = r.Now
-	}
+	r.init()
 	cl, err := paused.ClusterNamed(ctx, r.Client, r.Cluster.Namespace, r.Cluster.Name)
 	if err != nil {
 		return err
@@ -99,6 +281,7 @@ func (r *Runner) Pass(ctx context.Context) error {
 		return fmt.Errorf("list NstanceMachinePools: %w", err)
 	}
 	if len(pools.Items) == 0 {
+		r.prune(nil)
 		return nil
 	}
 	// Nodes first: an instance exists before its Node, so a Node seen here
@@ -129,12 +312,15 @@ func (r *Runner) Pass(ctx context.Context) error {
 		}
 	}
 	var errs []error
+	pooled := map[string]bool{}
+	defer func() { r.prune(pooled) }()
 	for i := range pools.Items {
 		p := &pools.Items[i]
 		if !p.DeletionTimestamp.IsZero() || p.Spec.Group == "" {
 			continue
 		}
-		if err := r.pool(ctx, wl, p, byGroup[p.Spec.Group], nodes, unanswered, now()); err != nil {
+		pooled[p.Spec.Group] = true
+		if err := r.pool(ctx, wl, p, byGroup[p.Spec.Group], nodes, unanswered, r.now()); err != nil {
 			errs = append(errs, fmt.Errorf("pool %s/%s: %w", p.Namespace, p.Name, err))
 		}
 	}
@@ -168,7 +354,8 @@ func (r *Runner) pool(ctx context.Context, wl *workload.Cluster, p *infrav1.Nsta
 			st = State{}
 		}
 	}
-	in := Input{Now: now, Policy: r.Policy, State: st, Unanswered: unanswered}
+	departed := r.takeDeparted(p.Spec.Group)
+	in := Input{Now: now, Policy: r.Policy, State: st, Unanswered: unanswered, Departed: departed}
 	nodeByName := map[string]*corev1.Node{}
 	for _, s := range insts {
 		m := Member{Shard: s.GetShard(), ID: s.GetInstanceId(), Created: s.GetCreatedAt().AsTime(), Replaced: s.GetReplaced()}
@@ -202,6 +389,9 @@ func (r *Runner) pool(ctx context.Context, wl *workload.Cluster, p *infrav1.Nsta
 	sortEntries(d.State.Entries)
 	if err := r.store(ctx, p, st, d.State); err != nil {
 		errs = append(errs, err)
+	} else {
+		// Stored (or carried, or dropped): the stream's copies are done.
+		r.forget(departed)
 	}
 	return errors.Join(errs...)
 }

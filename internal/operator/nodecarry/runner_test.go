@@ -296,3 +296,76 @@ func TestCarryOnRotation(t *testing.T) {
 	require.Equal(t, []corev1.Taint{gpu}, dedicated(n))
 	require.Equal(t, shardID+"/"+old.GetInstanceId(), n.Annotations[nodecarry.CarriedFromAnnotation])
 }
+
+// loopStreams reopens a stream until ctx ends, as shardconn's Follow does.
+type loopStreams struct{}
+
+func (loopStreams) Follow(ctx context.Context, _, _ string, _ time.Duration, _ logr.Logger, _ func(), follow func(context.Context) error) {
+	for ctx.Err() == nil {
+		_ = follow(ctx)
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// TestCarryFromStream: a replaced member whose instance is gone before any
+// pass lists it departing (its Node had nothing to drain) is still carried:
+// the runner read its Node when the stream announced the deletion.
+func TestCarryFromStream(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	sh := shardtest.Start(t, shardtest.Options{ClusterID: clusterID, ShardID: shardID, Log: logr.Discard()})
+	shard := sh.Client(t, tenant)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "carry-stream-"}}
+	require.NoError(t, env.Client.Create(ctx, ns))
+	pool := &infrav1.NstanceMachinePool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: group},
+		Spec:       infrav1.NstanceMachinePoolSpec{Group: group, Shards: []string{shardID}, Template: "worker"},
+	}
+	require.NoError(t, env.Client.Create(ctx, pool))
+	_, err := shard.UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: group, Template: "worker", Size: 1}})
+	require.NoError(t, err)
+	known := map[string]bool{}
+	old := waitNew(ctx, t, shard, known)
+	known[old.GetInstanceId()] = true
+	gpu := corev1.Taint{Key: "dedicated", Value: "gpu", Effect: corev1.TaintEffectNoSchedule}
+	sfx := ns.Name
+	makeNode(ctx, t, env.Client, "old-"+sfx, old, map[string]string{"example.com/team": "x"}, gpu)
+
+	clk := &clock{t: time.Now()}
+	r := &nodecarry.Runner{
+		Shards: directShards{shardID: shard}, Streams: loopStreams{}, Workload: apiServer{env.Client},
+		Cluster: client.ObjectKey{Namespace: ns.Name, Name: clusterID}, Client: env.Client, Namespace: ns.Name, Log: logr.Discard(), Now: clk.Now,
+		Policy: nodecarry.Policy{LabelPrefixes: []string{"example.com/"}, TaintPrefixes: []string{"dedicated"},
+			Settle: nodecarry.DefaultSettle, Window: nodecarry.DefaultWindow, TTL: nodecarry.DefaultTTL, Max: nodecarry.DefaultMax},
+	}
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	r.Watch(wctx)
+
+	// Deleted (the server re-announces a pending drain to a stream that
+	// opens later, so the order does not matter), seen on the stream, then
+	// drained and gone before any pass.
+	_, err = shard.DeleteInstance(ctx, &nstancev1.DeleteInstanceRequest{InstanceId: old.GetInstanceId()})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return r.Departures() == 1 }, 30*time.Second, 50*time.Millisecond, "departure seen on the stream")
+	_, err = shard.AcknowledgeDrained(ctx, &nstancev1.AcknowledgeDrainedRequest{InstanceId: old.GetInstanceId()})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		_, listed := members(ctx, t, shard)[old.GetInstanceId()]
+		return !listed
+	}, 30*time.Second, 50*time.Millisecond, "old instance gone")
+
+	repl := waitNew(ctx, t, shard, known)
+	makeNode(ctx, t, env.Client, "new-"+sfx, repl, nil)
+	require.NoError(t, r.Pass(ctx))
+	require.Zero(t, r.Departures(), "stored on the pool")
+	require.Contains(t, getPool(ctx, t, pool).Annotations[nodecarry.StateAnnotation], `"example.com/team":"x"`)
+	clk.Add(nodecarry.DefaultSettle)
+	require.NoError(t, r.Pass(ctx))
+	n := getNode(ctx, t, env.Client, "new-"+sfx)
+	require.Equal(t, "x", n.Labels["example.com/team"])
+	require.Equal(t, []corev1.Taint{gpu}, dedicated(n))
+}

@@ -479,7 +479,7 @@ func (o *Ops) PendingDrains(tenant string) []*nstancev1.InstanceEvent {
 		ev := &nstancev1.InstanceEvent{
 			Status: nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION, Reason: rec.DeletionReason,
 			InstanceId: rec.ID, ProviderId: rec.ProviderID, GroupId: rec.GroupID,
-			OccurredAt: timestamppb.New(rec.UpdatedAt), Shard: o.o.Shard, Message: rec.Message,
+			OccurredAt: timestamppb.New(rec.UpdatedAt), Shard: o.o.Shard, Message: rec.Message, Replaced: rec.Replaced(),
 		}
 		if rec.DrainDeadline != nil {
 			ev.DrainDeadline = timestamppb.New(*rec.DrainDeadline)

@@ -263,6 +263,7 @@ func fixtures() []fixture {
 			OccurredAt:    ts(5 * time.Second),
 			Shard:         "dev-1",
 			Message:       "spot interruption notice",
+			Replaced:      true,
 		}},
 		{"WatchErrorsRequest", &nstancev1.WatchErrorsRequest{
 			GroupIds: []string{"web"},
