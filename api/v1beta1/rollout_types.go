@@ -14,10 +14,12 @@ import (
 // a pool mid-rollout (the cluster autoscaler) reads it.
 const RollingOutCondition = "RollingOut"
 
-// UpToDateCondition is True on the NstanceMachine of a pool instance while
-// its instance matches its group's infra settings, False while a rollout
-// still has to replace it. Core Cluster API marks every MachinePool Machine
-// UpToDate itself, so this is where an outdated one shows.
+// UpToDateCondition is True on an NstanceMachine while its instance matches
+// what the server would create for it now (InstanceStatus.drifted false).
+// For a pool instance False means a rollout still has to replace it (core
+// Cluster API marks every MachinePool Machine UpToDate itself, so this is
+// where an outdated one shows); for a MachineDeployment's instance, which
+// the server never rotates, that the Machine should be rolled.
 const UpToDateCondition = "UpToDate"
 
 // Reasons of RollingOut and UpToDate.
@@ -35,6 +37,9 @@ const (
 	// NotUpToDateReason: the instance was created with other infra settings
 	// than its group now has.
 	NotUpToDateReason = "NotUpToDate"
+	// DriftedReason: a MachineDeployment's instance was created with other
+	// settings than its template gives now; replacing the Machine rolls it.
+	DriftedReason = "Drifted"
 )
 
 // Defaults of spec.strategy.rollingUpdate, as for a Cluster API

@@ -218,7 +218,7 @@ func TestRolloutOverShards(t *testing.T) {
 		out := map[string]bool{}
 		for _, inst := range resp.GetInstances() {
 			if activeState(inst.GetState()) {
-				out[inst.GetInstanceId()] = inst.GetOutdated()
+				out[inst.GetInstanceId()] = inst.GetDrifted()
 			}
 		}
 		return out

@@ -36,6 +36,30 @@ type Config struct {
 	// pods elsewhere are refused with a Warning Event. Empty: only the
 	// operator's own namespace (NSTANCE_NAMESPACE).
 	OnDemandNamespaces []string `json:"on_demand_namespaces,omitempty"`
+	// CarryLabelPrefixes and CarryTaintPrefixes: labels and taints of a
+	// pool's Node whose key starts with one of them are given to the Node
+	// of the instance that replaces it (package nodecarry). Empty (the
+	// default): nothing is carried. Keys Kubernetes or Cluster API own
+	// (ReservedNodeKey) are never carried, whatever the prefix.
+	CarryLabelPrefixes []string `json:"carry_label_prefixes,omitempty"`
+	CarryTaintPrefixes []string `json:"carry_taint_prefixes,omitempty"`
+}
+
+// ReservedNodeKey reports whether a label or taint key belongs to
+// Kubernetes (kubernetes.io, k8s.io and their subdomains) or to Cluster API
+// (node.cluster.x-k8s.io and its subdomains, which core CAPI syncs from the
+// Machine): the operator never copies such a key from one Node to another.
+func ReservedNodeKey(key string) bool {
+	domain, _, ok := strings.Cut(key, "/")
+	if !ok {
+		return false
+	}
+	for _, d := range []string{"kubernetes.io", "k8s.io", "node.cluster.x-k8s.io"} {
+		if domain == d || strings.HasSuffix(domain, "."+d) {
+			return true
+		}
+	}
+	return false
 }
 
 // dnsLabel is the shape of cluster, tenant and shard identifiers: the same
@@ -109,6 +133,19 @@ func (c *Config) Validate() error {
 	for i, ns := range c.OnDemandNamespaces {
 		if !dnsLabel.MatchString(ns) || len(ns) > 63 {
 			errs = append(errs, fmt.Errorf("on_demand_namespaces[%d] %q must be a namespace name (a DNS label)", i, ns))
+		}
+	}
+	for _, f := range []struct {
+		name     string
+		prefixes []string
+	}{{"carry_label_prefixes", c.CarryLabelPrefixes}, {"carry_taint_prefixes", c.CarryTaintPrefixes}} {
+		for i, p := range f.prefixes {
+			switch {
+			case strings.TrimSpace(p) == "":
+				errs = append(errs, fmt.Errorf("%s[%d] is empty (it would carry every key)", f.name, i))
+			case strings.Contains(p, "/") && ReservedNodeKey(p):
+				errs = append(errs, fmt.Errorf("%s[%d] %q names keys Kubernetes or Cluster API own (kubernetes.io, k8s.io, node.cluster.x-k8s.io), which are never carried", f.name, i, p))
+			}
 		}
 	}
 	return errors.Join(errs...)

@@ -33,6 +33,35 @@ func TestParseValid(t *testing.T) {
 	cfg, err = Parse([]byte(validYAML + "on_demand_namespaces: [batch, team-a]\n"))
 	require.NoError(t, err)
 	require.Equal(t, []string{"batch", "team-a"}, cfg.OnDemandNamespaces)
+
+	require.Empty(t, cfg.CarryLabelPrefixes, "unset: nothing is carried")
+	cfg, err = Parse([]byte(validYAML + "carry_label_prefixes: [example.com/, team]\ncarry_taint_prefixes: [dedicated]\n"))
+	require.NoError(t, err)
+	require.Equal(t, []string{"example.com/", "team"}, cfg.CarryLabelPrefixes)
+	require.Equal(t, []string{"dedicated"}, cfg.CarryTaintPrefixes)
+}
+
+func TestReservedNodeKey(t *testing.T) {
+	for key, want := range map[string]bool{
+		"kubernetes.io/hostname":                  true,
+		"node-role.kubernetes.io/worker":          true,
+		"node.kubernetes.io/unschedulable":        true,
+		"k8s.io/x":                                true,
+		"beta.k8s.io/x":                           true,
+		"node.cluster.x-k8s.io/pool":              true,
+		"team.node.cluster.x-k8s.io/x":            true,
+		"cluster.x-k8s.io/cluster-name":           false, // not a Node key CAPI syncs
+		"example.com/team":                        false,
+		"notkubernetes.io/x":                      false,
+		"dedicated":                               false,
+		"ToBeDeletedByClusterAutoscaler":          false,
+		"kubernetes.io":                           false, // a name, not a prefix
+		"example.com/kubernetes.io":               false,
+		"topology.kubernetes.io/zone":             true,
+		"node.cloudprovider.kubernetes.io/uninit": true,
+	} {
+		require.Equal(t, want, ReservedNodeKey(key), key)
+	}
 }
 
 func TestParseInvalid(t *testing.T) {
@@ -49,6 +78,8 @@ func TestParseInvalid(t *testing.T) {
 		{"addr without port", "cluster_id: c\ntenant: t\nshards: {a: {registration_addr: 'h', operator_addr: 'h:2'}}", []string{"shards.a.registration_addr \"h\" must be host:port"}},
 		{"bad on-demand namespace", validYAML + "on_demand_namespaces: [ok, Not_A_Namespace, '*']\n",
 			[]string{`on_demand_namespaces[1] "Not_A_Namespace" must be a namespace name`, `on_demand_namespaces[2] "*"`}},
+		{"carry prefixes", validYAML + "carry_label_prefixes: ['', node-role.kubernetes.io/, example.com/]\ncarry_taint_prefixes: [node.cluster.x-k8s.io/]\n",
+			[]string{"carry_label_prefixes[0] is empty", `carry_label_prefixes[1] "node-role.kubernetes.io/" names keys`, `carry_taint_prefixes[0] "node.cluster.x-k8s.io/"`}},
 		{"shard with separator", "cluster_id: c\ntenant: t\nshards: {a--b: {registration_addr: 'h:1', operator_addr: 'h:2'}}", []string{"shards.a--b: shard ID"}},
 	}
 	for _, tt := range tests {

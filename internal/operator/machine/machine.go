@@ -175,7 +175,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 	}
 	defer func() {
 		if err := helper.Patch(ctx, &nm, patch.WithStatusObservedGeneration{},
-			patch.WithOwnedConditions{Conditions: []string{clusterv1.PausedCondition, ConditionReady, ConditionInstanceCreated}}); err != nil {
+			patch.WithOwnedConditions{Conditions: []string{clusterv1.PausedCondition, ConditionReady, ConditionInstanceCreated, infrav1.UpToDateCondition}}); err != nil {
 			retErr = errors.Join(retErr, fmt.Errorf("patch NstanceMachine %s: %w", nm.Name, err))
 		}
 	}()
@@ -322,7 +322,26 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, nm *infrav1.NstanceMac
 	nm.Status.Ready = true
 	nm.Status.Initialization.Provisioned = ptr.To(true)
 	setCond(nm, ConditionReady, metav1.ConditionTrue, ReasonInstanceRunning, "instance "+inst.GetInstanceId()+" is running")
-	return reconcile.Result{}, nil
+	setUpToDate(nm, inst)
+	// Looked at again now and then: a change of the server's template
+	// brings no event here.
+	return reconcile.Result{RequeueAfter: DriftRecheck}, nil
+}
+
+// DriftRecheck is how often a running instance is asked whether it drifted.
+const DriftRecheck = 5 * time.Minute
+
+// setUpToDate reports the server's drift verdict on a running instance.
+func setUpToDate(nm *infrav1.NstanceMachine, inst *nstancev1.InstanceStatus) {
+	if !inst.GetDrifted() {
+		setCond(nm, infrav1.UpToDateCondition, metav1.ConditionTrue, infrav1.UpToDateReason,
+			"instance "+inst.GetInstanceId()+" matches what shard "+nm.Spec.Shard+" would create now")
+		return
+	}
+	setCond(nm, infrav1.UpToDateCondition, metav1.ConditionFalse, infrav1.DriftedReason, fmt.Sprintf(
+		"instance %s was created with other settings (instance type, subnet pool, args or bootstrap data) than template %q gives on shard %s now; "+
+			"the server does not replace it: roll the MachineDeployment (a new NstanceMachineTemplate, or clusterctl alpha rollout restart)",
+		inst.GetInstanceId(), inst.GetTemplate(), nm.Spec.Shard))
 }
 
 // bootstrapData returns the bootstrap data the instance of nm is created

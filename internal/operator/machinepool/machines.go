@@ -135,10 +135,10 @@ func (r *Reconciler) syncMachines(ctx context.Context, pool *infrav1.NstanceMach
 }
 
 // markUpToDate sets nm's UpToDate condition from what the server says of
-// its instance (InstanceStatus.outdated), when it changes.
+// its instance (InstanceStatus.drifted), when it changes.
 func (r *Reconciler) markUpToDate(ctx context.Context, nm *infrav1.NstanceMachine, inst *nstancev1.InstanceStatus) error {
 	want := metav1.Condition{Type: infrav1.UpToDateCondition, Status: metav1.ConditionTrue, Reason: infrav1.UpToDateReason}
-	if inst.GetOutdated() {
+	if inst.GetDrifted() {
 		want.Status, want.Reason = metav1.ConditionFalse, infrav1.NotUpToDateReason
 		want.Message = "instance " + inst.GetInstanceId() + " was created with other infra settings than its group now has; the pool's rollout replaces it"
 	}

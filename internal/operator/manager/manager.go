@@ -40,8 +40,10 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/machine"
 	"github.com/nstance-dev/nstance/internal/operator/machinepool"
 	"github.com/nstance-dev/nstance/internal/operator/metrics"
+	"github.com/nstance-dev/nstance/internal/operator/nodecarry"
 	"github.com/nstance-dev/nstance/internal/operator/nodejoin"
 	"github.com/nstance-dev/nstance/internal/operator/ondemand"
+	"github.com/nstance-dev/nstance/internal/operator/rollguard"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 	"github.com/nstance-dev/nstance/internal/operator/shardgroup"
 	"github.com/nstance-dev/nstance/internal/operator/watch"
@@ -145,6 +147,8 @@ type Options struct {
 	// JoinInterval separates join-deadline passes; zero means JoinTimeout/10
 	// within [1s, 10s].
 	JoinInterval time.Duration
+	// CarryInterval separates label-carry passes; zero means 5s.
+	CarryInterval time.Duration
 }
 
 // Operator is a configured, not yet started operator.
@@ -368,6 +372,23 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 			Log: o.Log.WithName("nodejoin"),
 		}); err != nil {
 			return nil, fmt.Errorf("set up join deadline: %w", err)
+		}
+	}
+	guard := &rollguard.Reconciler{WatchFilter: o.WatchFilter, Client: mgr.GetClient(), Workload: op.Workload, Cluster: op.Cluster, Log: o.Log.WithName("rollguard")}
+	if err := guard.SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("set up autoscaler scale-down guard: %w", err)
+	}
+	carry := &nodecarry.Runner{
+		Shards: op.Conns, Streams: op.Conns, Workload: op.Workload, Cluster: op.Cluster, Client: mgr.GetClient(), Namespace: watchNS,
+		Policy: nodecarry.Policy{
+			LabelPrefixes: o.Config.CarryLabelPrefixes, TaintPrefixes: o.Config.CarryTaintPrefixes,
+			Settle: nodecarry.DefaultSettle, Window: nodecarry.DefaultWindow, TTL: nodecarry.DefaultTTL, Max: nodecarry.DefaultMax,
+		},
+		Interval: o.CarryInterval, Log: o.Log.WithName("nodecarry"),
+	}
+	if carry.Enabled() {
+		if err := mgr.Add(carry); err != nil {
+			return nil, fmt.Errorf("set up label carry: %w", err)
 		}
 	}
 	if err := mgr.Add(manager.RunnableFunc(op.sync)); err != nil {

@@ -123,6 +123,21 @@ type Record struct {
 	UserDataSHA256     string `json:"user_data_sha256,omitempty"`
 	UserDataFormat     string `json:"user_data_format,omitempty"`
 	BootUserDataSHA256 string `json:"boot_user_data_sha256,omitempty"`
+	// Requested is what CreateInstance asked for (on-demand instances), so
+	// that drift can be told later by resolving the request again.
+	Requested *Requested `json:"requested,omitempty"`
+}
+
+// Requested holds the settings a CreateInstance request named itself; empty
+// fields took the group's or template's value.
+type Requested struct {
+	Template       string            `json:"template,omitempty"`
+	InstanceType   string            `json:"instance_type,omitempty"`
+	SubnetPool     string            `json:"subnet_pool,omitempty"`
+	Image          string            `json:"image,omitempty"`
+	Vars           map[string]string `json:"vars,omitempty"`
+	UserDataSHA256 string            `json:"user_data_sha256,omitempty"`
+	UserDataFormat string            `json:"user_data_format,omitempty"`
 }
 
 // AgentRegistration records the registration of an instance's agent.
@@ -156,6 +171,11 @@ func (r *Record) Clone() *Record {
 		t := *r.DrainDeadline
 		c.DrainDeadline = &t
 	}
+	if r.Requested != nil {
+		q := *r.Requested
+		q.Vars = maps.Clone(q.Vars)
+		c.Requested = &q
+	}
 	return &c
 }
 
@@ -185,7 +205,26 @@ func (r *Record) Proto() *nstancev1.InstanceStatus {
 	if r.DrainDeadline != nil && r.State == StatePendingDeletion {
 		st.DrainDeadline = timestamppb.New(*r.DrainDeadline)
 	}
+	st.Replaced = r.Replaced()
 	return st
+}
+
+// Replaced is true once the record is being deleted for a reason after
+// which its group creates a successor (its size is kept): rotation,
+// unhealthy, spot termination, expiry, or DeleteInstance of a group member.
+// Scale-down and group deletion leave no successor, and neither does an
+// instance outside a group or created on demand.
+func (r *Record) Replaced() bool {
+	if r.GroupID == "" || r.OnDemand || r.ClientToken != "" {
+		return false
+	}
+	switch r.DeletionReason {
+	case nstancev1.DeletionReason_DELETION_REASON_ROTATION, nstancev1.DeletionReason_DELETION_REASON_UNHEALTHY,
+		nstancev1.DeletionReason_DELETION_REASON_SPOT_TERMINATION, nstancev1.DeletionReason_DELETION_REASON_EXPIRY,
+		nstancev1.DeletionReason_DELETION_REASON_ON_DEMAND_DELETE:
+		return true
+	}
+	return false
 }
 
 // NewID returns a fresh instance id "{prefix}-{8 hex}", a DNS label. The

@@ -960,7 +960,7 @@ func (r *Reconciler) finish(ctx context.Context, rec *instances.Record, reason n
 func (r *Reconciler) publishInstance(rec *instances.Record, st nstancev1.InstanceEventStatus, msg string) {
 	ev := &nstancev1.InstanceEvent{
 		Status: st, Reason: rec.DeletionReason, InstanceId: rec.ID, ProviderId: rec.ProviderID, GroupId: rec.GroupID,
-		OccurredAt: timestamppb.New(r.o.Now()), Shard: r.o.Shard, Message: msg,
+		OccurredAt: timestamppb.New(r.o.Now()), Shard: r.o.Shard, Message: msg, Replaced: rec.Replaced(),
 	}
 	if st == nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION && rec.DrainDeadline != nil {
 		ev.DrainDeadline = timestamppb.New(*rec.DrainDeadline)

@@ -99,7 +99,7 @@ func TestImageChangeRollsTheGroup(t *testing.T) {
 	sts := s.ops.ListInstances("t", []string{"web"}, nil)
 	require.Len(t, sts, 2)
 	for _, st := range sts {
-		require.True(t, st.GetOutdated(), "%s is outdated", st.GetInstanceId())
+		require.True(t, st.GetDrifted(), "%s is outdated", st.GetInstanceId())
 	}
 	for step := 0; step < 100 && status().GetUpToDateCount() < 2; step++ {
 		s.advance(t, 10*time.Millisecond)
@@ -107,6 +107,6 @@ func TestImageChangeRollsTheGroup(t *testing.T) {
 	require.EqualValues(t, 2, status().GetUpToDateCount())
 	for _, r := range s.running("web") {
 		require.Equal(t, "img-2", r.Args["image"])
-		require.False(t, s.ops.Status(r).GetOutdated(), "%s is up to date", r.ID)
+		require.False(t, s.ops.Status(r).GetDrifted(), "%s is up to date", r.ID)
 	}
 }

@@ -288,6 +288,8 @@ func (o *Ops) CreateInstance(ctx context.Context, tenant string, req CreateInsta
 		return nil, err
 	}
 	rec.OnDemand, rec.ClientToken = true, req.ClientToken
+	rec.Requested = &instances.Requested{Template: req.Template, InstanceType: req.InstanceType, SubnetPool: req.SubnetPool,
+		Image: req.Image, Vars: maps.Clone(req.Vars), UserDataSHA256: udSum, UserDataFormat: udFormat}
 	if err := o.o.Instances.Create(ctx, rec); err != nil {
 		return nil, err
 	}
@@ -343,24 +345,38 @@ func (o *Ops) Status(rec *instances.Record) *nstancev1.InstanceStatus {
 	if v := o.o.Reconciler.ReportedVersion(rec.ID); v != "" {
 		st.AgentVersion = v
 	}
-	st.Outdated = o.outdated(rec)
+	st.Drifted = o.drifted(rec)
 	return st
 }
 
-// outdated reports whether rec is a group member created with other infra
-// settings than its group now resolves to (what the group's rollout
-// replaces). A group that does not resolve makes nothing outdated, as for
-// the reconciler.
-func (o *Ops) outdated(rec *instances.Record) bool {
-	if rec.GroupID == "" || rec.OnDemand {
+// drifted reports whether rec was created with other infra settings than
+// it would get now (planner.Drifted): a group member against its group's
+// current settings, as the rotation sees it; an on-demand instance against
+// its own request resolved again with the current config and group. False
+// when that cannot be told: not active, group or template gone, an
+// on-demand record from before requests were recorded.
+func (o *Ops) drifted(rec *instances.Record) bool {
+	if !rec.State.Active() || (rec.OnDemand && rec.Requested == nil) {
 		return false
 	}
-	g, ok := o.o.Groups.Get(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
-	if !ok {
+	var spec *groups.Spec
+	if rec.GroupID != "" {
+		g, ok := o.o.Groups.Get(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
+		if !ok {
+			return false
+		}
+		spec = &g.Spec
+	}
+	var ov groups.Overrides
+	if q := rec.Requested; rec.OnDemand {
+		ov = groups.Overrides{Template: q.Template, InstanceType: q.InstanceType, SubnetPool: q.SubnetPool, Image: q.Image, Vars: q.Vars,
+			UserDataSHA256: q.UserDataSHA256, UserDataFormat: q.UserDataFormat}
+	}
+	eff, err := groups.Resolve(o.o.Config(), spec, ov)
+	if err != nil {
 		return false
 	}
-	eff, err := groups.Resolve(o.o.Config(), &g.Spec, groups.Overrides{})
-	return err == nil && planner.Drifted(rec, eff)
+	return planner.Drifted(rec, eff)
 }
 
 // MarkForScaleDown keeps a group member running and makes it the first one
@@ -468,7 +484,7 @@ func (o *Ops) PendingDrains(tenant string) []*nstancev1.InstanceEvent {
 		ev := &nstancev1.InstanceEvent{
 			Status: nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION, Reason: rec.DeletionReason,
 			InstanceId: rec.ID, ProviderId: rec.ProviderID, GroupId: rec.GroupID,
-			OccurredAt: timestamppb.New(rec.UpdatedAt), Shard: o.o.Shard, Message: rec.Message,
+			OccurredAt: timestamppb.New(rec.UpdatedAt), Shard: o.o.Shard, Message: rec.Message, Replaced: rec.Replaced(),
 		}
 		if rec.DrainDeadline != nil {
 			ev.DrainDeadline = timestamppb.New(*rec.DrainDeadline)

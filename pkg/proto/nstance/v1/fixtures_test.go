@@ -89,7 +89,8 @@ func instanceStatus() *nstancev1.InstanceStatus {
 		AgentVersion:   "v0.4.0",
 		UserDataSha256: "8f2c0e4d8c1b7e0f8a4b6e7d1c2b3a4f5e6d7c8b9a0f1e2d3c4b5a6978675645",
 		FirstHealthAt:  ts(-50 * time.Minute),
-		Outdated:       true,
+		Replaced:       true,
+		Drifted:        true,
 	}
 }
 
@@ -264,6 +265,7 @@ func fixtures() []fixture {
 			OccurredAt:    ts(5 * time.Second),
 			Shard:         "dev-1",
 			Message:       "spot interruption notice",
+			Replaced:      true,
 		}},
 		{"WatchErrorsRequest", &nstancev1.WatchErrorsRequest{
 			GroupIds: []string{"web"},

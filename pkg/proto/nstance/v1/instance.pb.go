@@ -265,11 +265,22 @@ type InstanceStatus struct {
 	// When the first health report of the instance's agent was recorded;
 	// unset before it. The operator's join deadline counts from it.
 	FirstHealthAt *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=first_health_at,json=firstHealthAt,proto3" json:"first_health_at,omitempty"`
-	// True for a group member created with other infra settings (template,
-	// instance type, subnet pool, args, image, bootstrap data) than its group
-	// now resolves to: the group's rollout replaces it. Always false outside
-	// a group (on-demand and standalone instances).
-	Outdated      bool `protobuf:"varint,18,opt,name=outdated,proto3" json:"outdated,omitempty"`
+	// True once the instance is being deleted for a reason after which its
+	// group creates a successor in its place: rotation, unhealthy, spot
+	// termination, expiry, or DeleteInstance of a group member. False before
+	// its deletion began, for scale-down and group deletion, and for
+	// instances outside a group or created on demand. The operator carries a
+	// replaced node's labels and taints to the successor's node.
+	Replaced bool `protobuf:"varint,18,opt,name=replaced,proto3" json:"replaced,omitempty"`
+	// True when the instance was created with other infra settings (template,
+	// instance type, subnet pool, args, image, bootstrap data) than it would get now:
+	// for a group member, its group's current ones (a rotation replaces it);
+	// for an on-demand instance, its own request resolved against the current
+	// config and group (nothing replaces it: the operator reports it on its
+	// NstanceMachine). False while unknown: an instance being deleted, one
+	// whose group or template is gone, an on-demand instance created before
+	// servers recorded requests.
+	Drifted       bool `protobuf:"varint,19,opt,name=drifted,proto3" json:"drifted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -423,9 +434,16 @@ func (x *InstanceStatus) GetFirstHealthAt() *timestamppb.Timestamp {
 	return nil
 }
 
-func (x *InstanceStatus) GetOutdated() bool {
+func (x *InstanceStatus) GetReplaced() bool {
 	if x != nil {
-		return x.Outdated
+		return x.Replaced
+	}
+	return false
+}
+
+func (x *InstanceStatus) GetDrifted() bool {
+	if x != nil {
+		return x.Drifted
 	}
 	return false
 }
@@ -438,7 +456,7 @@ const file_nstance_v1_instance_proto_rawDesc = "" +
 	"nstance.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"X\n" +
 	"\x0fInstanceAddress\x12+\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x17.nstance.v1.AddressTypeR\x04type\x12\x18\n" +
-	"\aaddress\x18\x02 \x01(\tR\aaddress\"\x81\x06\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\"\x9b\x06\n" +
 	"\x0eInstanceStatus\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x19\n" +
@@ -461,7 +479,8 @@ const file_nstance_v1_instance_proto_rawDesc = "" +
 	"\ragent_version\x18\x0f \x01(\tR\fagentVersion\x12(\n" +
 	"\x10user_data_sha256\x18\x10 \x01(\tR\x0euserDataSha256\x12B\n" +
 	"\x0ffirst_health_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\rfirstHealthAt\x12\x1a\n" +
-	"\boutdated\x18\x12 \x01(\bR\boutdated*\xb7\x02\n" +
+	"\breplaced\x18\x12 \x01(\bR\breplaced\x12\x18\n" +
+	"\adrifted\x18\x13 \x01(\bR\adrifted*\xb7\x02\n" +
 	"\rInstanceState\x12\x1e\n" +
 	"\x1aINSTANCE_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16INSTANCE_STATE_PENDING\x10\x01\x12\x1b\n" +

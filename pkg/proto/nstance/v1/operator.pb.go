@@ -1750,7 +1750,9 @@ type InstanceEvent struct {
 	// Shard that sent the event.
 	Shard string `protobuf:"bytes,8,opt,name=shard,proto3" json:"shard,omitempty"`
 	// Human-readable detail.
-	Message       string `protobuf:"bytes,9,opt,name=message,proto3" json:"message,omitempty"`
+	Message string `protobuf:"bytes,9,opt,name=message,proto3" json:"message,omitempty"`
+	// Whether the group makes up for the instance (InstanceStatus.replaced).
+	Replaced      bool `protobuf:"varint,10,opt,name=replaced,proto3" json:"replaced,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1846,6 +1848,13 @@ func (x *InstanceEvent) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *InstanceEvent) GetReplaced() bool {
+	if x != nil {
+		return x.Replaced
+	}
+	return false
 }
 
 // WatchErrorsRequest opens an error event stream.
@@ -3005,7 +3014,7 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"occurredAt\x12\x14\n" +
 	"\x05shard\x18\x06 \x01(\tR\x05shard\"4\n" +
 	"\x15WatchInstancesRequest\x12\x1b\n" +
-	"\tgroup_ids\x18\x01 \x03(\tR\bgroupIds\"\x89\x03\n" +
+	"\tgroup_ids\x18\x01 \x03(\tR\bgroupIds\"\xa5\x03\n" +
 	"\rInstanceEvent\x127\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x1f.nstance.v1.InstanceEventStatusR\x06status\x122\n" +
 	"\x06reason\x18\x02 \x01(\x0e2\x1a.nstance.v1.DeletionReasonR\x06reason\x12\x1f\n" +
@@ -3018,7 +3027,9 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"\voccurred_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"occurredAt\x12\x14\n" +
 	"\x05shard\x18\b \x01(\tR\x05shard\x12\x18\n" +
-	"\amessage\x18\t \x01(\tR\amessage\"d\n" +
+	"\amessage\x18\t \x01(\tR\amessage\x12\x1a\n" +
+	"\breplaced\x18\n" +
+	" \x01(\bR\breplaced\"d\n" +
 	"\x12WatchErrorsRequest\x12\x1b\n" +
 	"\tgroup_ids\x18\x01 \x03(\tR\bgroupIds\x121\n" +
 	"\asources\x18\x02 \x03(\x0e2\x17.nstance.v1.ErrorSourceR\asources\"\xe6\x01\n" +

@@ -1,0 +1,47 @@
+package rollguard
+
+// ScaleDownDisabledAnnotation is cluster-autoscaler's per-Node opt-out: it
+// never chooses a Node carrying it with the value "true" for scale-down.
+const ScaleDownDisabledAnnotation = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
+
+// OwnedAnnotation records that the operator set ScaleDownDisabledAnnotation
+// on the Node, so it removes only its own, never a user's.
+const OwnedAnnotation = "nstance.dev/scale-down-disabled"
+
+// Node is what Plan reads of a Node's annotations.
+type Node struct {
+	Name string
+	// Disabled is ScaleDownDisabledAnnotation's value, "" when absent;
+	// HasDisabled says whether it is present at all.
+	Disabled    string
+	HasDisabled bool
+	// Owned: the operator's record is there.
+	Owned bool
+}
+
+// Action on one Node.
+type Action int
+
+const (
+	// Keep leaves the Node alone.
+	Keep Action = iota
+	// Disable sets ScaleDownDisabledAnnotation "true" and OwnedAnnotation.
+	Disable
+	// Release removes OwnedAnnotation and, when it is still the operator's
+	// "true", ScaleDownDisabledAnnotation.
+	Release
+)
+
+// Plan decides what a pool's Node needs. While rolling, a Node without the
+// autoscaler's annotation gets it (a user's own, whatever its value, is left
+// as it is); otherwise the operator's record goes, taking the annotation with
+// it unless someone changed its value since.
+func Plan(rolling bool, n Node) Action {
+	switch {
+	case rolling && !n.HasDisabled && !n.Owned:
+		return Disable
+	case !rolling && n.Owned:
+		return Release
+	}
+	return Keep
+}

@@ -1,0 +1,133 @@
+package rollguard
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+
+	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/paused"
+	"github.com/nstance-dev/nstance/internal/operator/watchfilter"
+	"github.com/nstance-dev/nstance/internal/operator/workload"
+)
+
+// RBAC: pools are read; workload Nodes patched (granted with the manager's).
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachinepools,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
+
+// DefaultRecheck is how often a rolling pool's Nodes are looked at again
+// (new members join while it rolls).
+const DefaultRecheck = 5 * time.Second
+
+// Reconciler applies Plan to the Nodes of each NstanceMachinePool (those of
+// spec.providerIDList, which core CAPI and the autoscaler read too).
+type Reconciler struct {
+	Client   client.Client
+	Workload workload.Access
+	// Cluster is the Cluster API Cluster whose workload cluster holds the
+	// Nodes.
+	Cluster client.ObjectKey
+	// Recheck while rolling or while releasing failed; zero means
+	// DefaultRecheck.
+	Recheck time.Duration
+	Log     logr.Logger
+	// WatchFilter restricts the controller to pools labelled with it
+	// (--watch-filter); empty means every pool.
+	WatchFilter watchfilter.Filter
+}
+
+// SetupWithManager registers the controller.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	b := ctrl.NewControllerManagedBy(mgr).Named("rollguard").
+		For(&infrav1.NstanceMachinePool{}, r.WatchFilter.For(mgr.GetScheme(), mgr.GetLogger())).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 2})
+	b, err := paused.WatchClusters(b, mgr, &infrav1.NstanceMachinePoolList{}, mgr.GetLogger())
+	if err != nil {
+		return err
+	}
+	return b.Complete(r)
+}
+
+// Reconcile disables autoscaler scale-down on the pool's Nodes while it
+// rolls out, and releases what it set once it does not. A paused Cluster or
+// pool stops it (what is set stays until the pass after the pause).
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var pool infrav1.NstanceMachinePool
+	if err := r.Client.Get(ctx, req.NamespacedName, &pool); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !r.WatchFilter.Matches(&pool) {
+		return ctrl.Result{}, nil // another operator's (--watch-filter)
+	}
+	if stop, err := paused.Check(ctx, r.Client, pool.Namespace, &pool); err != nil || stop {
+		return ctrl.Result{}, err
+	}
+	recheck := cmp.Or(r.Recheck, DefaultRecheck)
+	wl, err := r.Workload.Cluster(ctx, r.Cluster)
+	if err != nil {
+		r.Log.V(1).Info("workload cluster unreachable; scale-down guard waits", "pool", req.NamespacedName, "error", err.Error())
+		return ctrl.Result{RequeueAfter: recheck}, nil
+	}
+	rolling := pool.DeletionTimestamp.IsZero() && conditions.IsTrue(&pool, infrav1.RollingOutCondition)
+	var errs []error
+	for _, id := range pool.Spec.ProviderIDList {
+		var nodes corev1.NodeList
+		if err := wl.Client.List(ctx, &nodes, client.MatchingFields{workload.NodeProviderIDIndex: id}); err != nil {
+			errs = append(errs, fmt.Errorf("list Nodes with providerID %s: %w", id, err))
+			continue
+		}
+		for i := range nodes.Items {
+			if err := r.apply(ctx, wl, &nodes.Items[i], rolling); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return ctrl.Result{}, fmt.Errorf("pool %s scale-down guard: %w", req.NamespacedName, err)
+	}
+	if rolling {
+		return ctrl.Result{RequeueAfter: recheck}, nil
+	}
+	return ctrl.Result{}, nil
+}
+
+func (r *Reconciler) apply(ctx context.Context, wl *workload.Cluster, n *corev1.Node, rolling bool) error {
+	v, has := n.Annotations[ScaleDownDisabledAnnotation]
+	_, owned := n.Annotations[OwnedAnnotation]
+	act := Plan(rolling, Node{Name: n.Name, Disabled: v, HasDisabled: has, Owned: owned})
+	if act == Keep {
+		return nil
+	}
+	orig := n.DeepCopy()
+	n = n.DeepCopy()
+	switch act {
+	case Disable:
+		if n.Annotations == nil {
+			n.Annotations = map[string]string{}
+		}
+		n.Annotations[ScaleDownDisabledAnnotation] = "true"
+		n.Annotations[OwnedAnnotation] = "true"
+	case Release:
+		delete(n.Annotations, OwnedAnnotation)
+		if n.Annotations[ScaleDownDisabledAnnotation] == "true" {
+			delete(n.Annotations, ScaleDownDisabledAnnotation)
+		}
+	}
+	// Optimistic locking: a user's annotation written since the read is
+	// never overwritten or removed on a stale view.
+	if err := wl.Client.Patch(ctx, n, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("patch Node %s scale-down annotation: %w", n.Name, err)
+	}
+	r.Log.V(1).Info("autoscaler scale-down guard", "node", n.Name, "disabled", act == Disable)
+	return nil
+}
