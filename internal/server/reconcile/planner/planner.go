@@ -184,8 +184,12 @@ func PlanGroup(g Group, members []Member, now time.Time, h Health, surge int) Pl
 	// keeps only those a rotation started before the pause and that are not
 	// ready yet: removing a ready drifted member for one would leave fewer
 	// ready members than the size. Once ready, the oldest drifted member
-	// makes room by scale-down, as for any excess.
-	surgeKept := min(surge, len(drifted))
+	// makes room, as for any excess (rotated out, below).
+	// A drifted member that goes for a surge member that became ready while
+	// paused is rotated out, not scaled down: it has a successor (which is
+	// what InstanceStatus.replaced, and the operator's label carry-over,
+	// go by).
+	surgeKept, surgeDone := min(surge, len(drifted)), 0
 	if g.Paused {
 		starting := 0
 		for _, m := range fresh {
@@ -193,12 +197,20 @@ func PlanGroup(g Group, members []Member, now time.Time, h Health, surge int) Pl
 				starting++
 			}
 		}
-		surge, surgeKept = 0, min(surgeKept, starting)
+		kept := min(surgeKept, starting)
+		// Surge members that are ready now: fresh ones beyond the size.
+		readySurge := min(len(fresh)-starting, max(0, len(fresh)+len(drifted)-size))
+		surge, surgeKept, surgeDone = 0, kept, min(surgeKept-kept, readySurge)
 	}
 	if excess := len(fresh) + len(drifted) - size - surgeKept; excess > 0 {
 		order := markedFirst(append(ScaleDownOrder(drifted), ScaleDownOrder(fresh)...))
 		for _, m := range order[:excess] {
-			del(m, nstancev1.DeletionReason_DELETION_REASON_SCALE_DOWN, fmt.Sprintf(msgScaledTo, size))
+			reason, msg := nstancev1.DeletionReason_DELETION_REASON_SCALE_DOWN, fmt.Sprintf(msgScaledTo, size)
+			if surgeDone > 0 && slices.ContainsFunc(drifted, func(d Member) bool { return d.ID == m.ID }) {
+				reason, msg = nstancev1.DeletionReason_DELETION_REASON_ROTATION, MsgRotated
+				surgeDone--
+			}
+			del(m, reason, msg)
 			drifted, fresh = without(drifted, m.ID), without(fresh, m.ID)
 		}
 	}
