@@ -12,6 +12,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -20,6 +22,7 @@ import (
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	opconfig "github.com/nstance-dev/nstance/internal/operator/config"
 	"github.com/nstance-dev/nstance/internal/operator/machinepool"
+	"github.com/nstance-dev/nstance/internal/operator/rollguard"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/provider/mock"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
@@ -199,6 +202,8 @@ func TestRolloutOverShards(t *testing.T) {
 	f := newFixtureWith(t, env.Client, func(o *shardtest.Options) { o.Provider = provA })
 	shB := shardtest.Start(t, shardtest.Options{ClusterID: clusterID, ShardID: shardB, CA: f.ca, Provider: provB, Log: logr.Discard()})
 	f.opts.Config.Shards[shardB] = opconfig.Shard{RegistrationAddr: f.opts.Config.Shards[shardID].RegistrationAddr, OperatorAddr: shB.OperatorAddr}
+	f.opts.Config.CarryLabelPrefixes = []string{"example.com/"}
+	f.opts.Config.CarryTaintPrefixes = []string{"example.com/"}
 	clients := []nstancev1.OperatorServiceClient{f.shard.Client(t, tenant), shB.Client(t, tenant)}
 	bindCAPIWorkloadRole(t, f.ns)
 	startOperator(t, f.opts)
@@ -235,6 +240,22 @@ func TestRolloutOverShards(t *testing.T) {
 			get(t, key, &np) && np.Status.UpToDateReplicas == 6 && conditions.IsFalse(&np, infrav1.RollingOutCondition)
 	}, waitLong, tick, "6 Running members, 3 per shard, all up to date")
 
+	// What a user added to the pool's Nodes, carried to their successors.
+	for _, pid := range np.Spec.ProviderIDList {
+		node, ok := nodeByProviderID(t, pid)
+		require.True(t, ok, "Node of %s", pid)
+		require.Eventually(t, func() bool {
+			var n corev1.Node
+			require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(&node), &n))
+			if n.Labels == nil {
+				n.Labels = map[string]string{}
+			}
+			n.Labels["example.com/team"] = "blue"
+			n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: "example.com/dedicated", Value: "ml", Effect: corev1.TaintEffectNoSchedule})
+			return env.Client.Update(ctx, &n) == nil
+		}, waitLong, tick)
+	}
+
 	sampler := startRolloutSampler(clients, pool, key)
 	// New members of shard a stay pending: the first surge member is caught
 	// in flight.
@@ -256,6 +277,17 @@ func TestRolloutOverShards(t *testing.T) {
 			strings.Contains(conditions.Get(&np, infrav1.RollingOutCondition).Message, "shard "+shardID+" rolling")
 	}, waitLong, tick, "shard a surges by one, its replacement held pending")
 	require.Len(t, shardMembers(1), 3, "shard b waits")
+	// While it rolls, cluster-autoscaler may not pick the pool's Nodes.
+	require.Eventually(t, func() bool {
+		guarded := 0
+		for id := range shardMembers(1) {
+			n := nodeByName(t, id)
+			if n != nil && n.Annotations[rollguard.ScaleDownDisabledAnnotation] == "true" {
+				guarded++
+			}
+		}
+		return guarded == 3
+	}, waitLong, tick, "shard b's Nodes carry scale-down-disabled during the rollout")
 
 	// Pause with the surge member in flight.
 	setPool(func(p *infrav1.NstanceMachinePool) { p.Spec.Strategy = &infrav1.MachinePoolStrategy{Paused: true} })
@@ -367,4 +399,34 @@ func TestRolloutOverShards(t *testing.T) {
 		}
 		return upToDate == 6
 	}, waitLong, tick, "every NstanceMachine UpToDate")
+
+	// The new Nodes carry what the user put on the old ones; the guard is
+	// gone with the rollout.
+	require.Eventually(t, func() bool {
+		carried := 0
+		for i := range clients {
+			for id := range shardMembers(i) {
+				n := nodeByName(t, id)
+				if n == nil || n.Annotations[rollguard.ScaleDownDisabledAnnotation] != "" {
+					return false
+				}
+				if n.Labels["example.com/team"] == "blue" && slices.ContainsFunc(n.Spec.Taints, func(tt corev1.Taint) bool {
+					return tt.Key == "example.com/dedicated" && tt.Value == "ml" && tt.Effect == corev1.TaintEffectNoSchedule
+				}) {
+					carried++
+				}
+			}
+		}
+		return carried == 6
+	}, waitLong, tick, "all 6 new Nodes carry the label and the taint, and none the scale-down guard")
+}
+
+func nodeByName(t *testing.T, name string) *corev1.Node {
+	t.Helper()
+	var n corev1.Node
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Name: name}, &n); err != nil {
+		require.True(t, apierrors.IsNotFound(err), "get Node %s: %v", name, err)
+		return nil
+	}
+	return &n
 }
