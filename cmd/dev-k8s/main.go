@@ -10,8 +10,8 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/nstance-dev/nstance/internal/devk8s/app"
 	"github.com/nstance-dev/nstance/internal/cliconv"
+	"github.com/nstance-dev/nstance/internal/devk8s/app"
 	"github.com/nstance-dev/nstance/internal/logging"
 	"github.com/nstance-dev/nstance/internal/version"
 )
@@ -22,8 +22,8 @@ func env(name string) []string { return []string{envPrefix + "_" + name} }
 
 func main() {
 	cliApp := &cli.App{
-		Name:    "dev-k8s",
-		Usage:   "Kubernetes API server for development; objects are JSON files",
+		Name:  "dev-k8s",
+		Usage: "Kubernetes API server for development; objects are JSON files",
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "addr", Value: app.DefaultAddr, EnvVars: env("ADDR"), Usage: "listen address; loopback by default (e.g. 0.0.0.0:6443 to accept other machines)"},
 			&cli.StringFlag{Name: "dir", Value: "temp/dev-k8s", EnvVars: env("DIR"), Usage: "data directory: objects as JSON files, state, and the kubeconfig"},

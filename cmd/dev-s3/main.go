@@ -11,8 +11,8 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/nstance-dev/nstance/internal/devs3"
 	"github.com/nstance-dev/nstance/internal/cliconv"
+	"github.com/nstance-dev/nstance/internal/devs3"
 	"github.com/nstance-dev/nstance/internal/logging"
 	"github.com/nstance-dev/nstance/internal/version"
 )
@@ -23,8 +23,8 @@ func env(name string) []string { return []string{envPrefix + "_" + name} }
 
 func main() {
 	app := &cli.App{
-		Name:    "dev-s3",
-		Usage:   "S3 server for development: one bucket mapped onto a directory",
+		Name:  "dev-s3",
+		Usage: "S3 server for development: one bucket mapped onto a directory",
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "addr", Value: devs3.DefaultAddr, EnvVars: env("ADDR"), Usage: "listen address; loopback by default (e.g. 0.0.0.0:8989 to accept other machines)"},
 			&cli.StringFlag{Name: "bucket", Value: devs3.DefaultBucket, EnvVars: env("BUCKET"), Usage: "bucket name"},
