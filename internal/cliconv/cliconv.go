@@ -81,7 +81,8 @@ func Report(w io.Writer, prog string, err error) int {
 	if err == nil {
 		return ExitOK
 	}
-	msg := OneLine(err.Error())
+	// A message that already names the program is not prefixed twice.
+	msg := strings.TrimPrefix(OneLine(err.Error()), prog+": ")
 	if IsUsage(err) {
 		fmt.Fprintf(w, "%s: %s\n%s\n", prog, msg, Hint(prog))
 		return ExitUsage

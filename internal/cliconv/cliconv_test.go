@@ -24,6 +24,7 @@ func TestReport(t *testing.T) {
 		{"usage", Usagef("--port %d: out of range", 0), 2, "p: --port 0: out of range\nRun 'p --help' for usage.\n"},
 		{"wrapped usage, several lines", fmt.Errorf("parse: %w", Usage(errors.Join(errors.New("a"), errors.New("b")))), 2, "p: parse: a; b\nRun 'p --help' for usage.\n"},
 		{"runtime", errors.New("reading /x: no such file"), 1, "p: reading /x: no such file\n"},
+		{"already prefixed", errors.New("p: bucket directory /x is a file"), 1, "p: bucket directory /x is a file\n"},
 		{"exit coder without a message", ucli.Exit("", 3), 3, ""},
 		{"exit coder 2 gets the hint", ucli.Exit("bad", 2), 2, "p: bad\nRun 'p --help' for usage.\n"},
 	}

@@ -198,7 +198,7 @@ func TestWebhookOnNonDefaultPort(t *testing.T) {
 		env = append(env, v.Name+"="+value)
 	}
 	extra := []string{"--kubeconfig=" + e.Kubeconfig, "--config=" + cfgPath, "--webhook-cert-dir=" + certDir,
-		"--webhook-host=127.0.0.1", "--health-probe-bind-address=127.0.0.1:0", "--metrics-bind-address=127.0.0.1:0"}
+		"--webhook-host=127.0.0.1", "--health-probe-bind-address=127.0.0.1:0", "--diagnostics-address=127.0.0.1:0"}
 	cmd := exec.Command(bin, append(slices.Clone(c.Args), extra...)...)
 	cmd.Env = env
 	var logs lockedBuffer
