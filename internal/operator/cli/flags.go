@@ -47,14 +47,14 @@ const (
 	EnvSyncPeriod          = "NSTANCE_SYNC_PERIOD"
 	EnvKubeAPIQPS          = "NSTANCE_KUBE_API_QPS"
 	EnvKubeAPIBurst        = "NSTANCE_KUBE_API_BURST"
-	EnvPprofAddr       = "NSTANCE_PPROF_ADDR"
-	EnvLeaderElect     = "NSTANCE_LEADER_ELECT"
-	EnvDisableWebhooks = "NSTANCE_DISABLE_WEBHOOKS"
-	EnvWebhookHost     = "NSTANCE_WEBHOOK_HOST"
-	EnvWebhookPort     = "NSTANCE_WEBHOOK_PORT"
-	EnvWebhookCertDir  = "NSTANCE_WEBHOOK_CERT_DIR"
-	EnvWorkloadCluster = "NSTANCE_WORKLOAD_CLUSTER"
-	EnvJoinTimeout     = "NSTANCE_JOIN_TIMEOUT"
+	EnvPprofAddr           = "NSTANCE_PPROF_ADDR"
+	EnvLeaderElect         = "NSTANCE_LEADER_ELECT"
+	EnvDisableWebhooks     = "NSTANCE_DISABLE_WEBHOOKS"
+	EnvWebhookHost         = "NSTANCE_WEBHOOK_HOST"
+	EnvWebhookPort         = "NSTANCE_WEBHOOK_PORT"
+	EnvWebhookCertDir      = "NSTANCE_WEBHOOK_CERT_DIR"
+	EnvWorkloadCluster     = "NSTANCE_WORKLOAD_CLUSTER"
+	EnvJoinTimeout         = "NSTANCE_JOIN_TIMEOUT"
 	// EnvKubeconfig is client-go's variable; --kubeconfig wins over it.
 	EnvKubeconfig = "KUBECONFIG"
 )
@@ -113,8 +113,8 @@ type Flags struct {
 	// WatchFilter, when set, restricts the operator to Nstance objects
 	// labelled cluster.x-k8s.io/watch-filter with it (Cluster API's
 	// --watch-filter).
-	WatchFilter     string
-	ProbeAddr string
+	WatchFilter string
+	ProbeAddr   string
 	// DiagnosticsAddr serves /metrics (and, secure, /debug/pprof/);
 	// --metrics-bind-address is its deprecated alias.
 	DiagnosticsAddr     string

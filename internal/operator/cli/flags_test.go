@@ -40,7 +40,7 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, Flags{
 		ConfigPath: config.DefaultPath, ProbeAddr: ":8081", DiagnosticsAddr: ":8443", WebhookPort: 9443,
 		TLSMinVersion: "VersionTLS12", SyncPeriod: 10 * time.Minute, KubeAPIQPS: 20, KubeAPIBurst: 30,
-		Concurrency: manager.Concurrency{ShardGroup: 4, MachinePool: 4, Machine: 4, OnDemand: 4},
+		Concurrency:    manager.Concurrency{ShardGroup: 4, MachinePool: 4, Machine: 4, OnDemand: 4},
 		WebhookCertDir: filepath.Join(os.TempDir(), "k8s-webhook-server", "serving-certs"), Log: logging.Defaults(),
 		WorkloadCluster: "in-cluster", JoinTimeout: 10 * time.Minute,
 	}, f)
