@@ -6,15 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
-	"go/ast"
-	"go/parser"
-	"go/token"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +22,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/config"
 	"github.com/nstance-dev/nstance/internal/operator/manager"
 	"github.com/nstance-dev/nstance/internal/operator/workload"
+	"github.com/nstance-dev/nstance/internal/testing/envscan"
 	"github.com/nstance-dev/nstance/internal/version"
 )
 
@@ -159,36 +155,16 @@ func TestBadValuesAreRefused(t *testing.T) {
 	require.NoError(t, err)
 }
 
-// operatorVariables finds every NSTANCE_* string literal in the non-test Go
+// operatorVariables is every NSTANCE_* string literal in the non-test Go
 // files of this module's packages that nstance-operator links, i.e. every
 // variable the operator can read by name.
 func operatorVariables(t *testing.T) []string {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-deps", "-f",
-		`{{if and (not .Standard) .Module}}{{if .Module.Main}}{{.Dir}}{{"\t"}}{{join .GoFiles " "}}{{end}}{{end}}`,
-		"github.com/nstance-dev/nstance/cmd/nstance-operator").Output()
-	require.NoError(t, err, "go list")
-	name := regexp.MustCompile(`^NSTANCE_[A-Z0-9_]+$`)
-	seen := map[string]bool{}
-	var vars []string
-	fset := token.NewFileSet()
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		dir, files, _ := strings.Cut(line, "\t")
-		for _, file := range strings.Fields(files) {
-			f, err := parser.ParseFile(fset, filepath.Join(dir, file), nil, parser.SkipObjectResolution)
-			require.NoError(t, err)
-			ast.Inspect(f, func(n ast.Node) bool {
-				lit, ok := n.(*ast.BasicLit)
-				if !ok || lit.Kind != token.STRING {
-					return true
-				}
-				if s, err := strconv.Unquote(lit.Value); err == nil && name.MatchString(s) && !seen[s] {
-					seen[s] = true
-					vars = append(vars, s)
-				}
-				return true
-			})
-		}
+	found, err := envscan.Literals("github.com/nstance-dev/nstance/cmd/nstance-operator", envscan.Names)
+	require.NoError(t, err)
+	vars := make([]string, 0, len(found))
+	for name := range found {
+		vars = append(vars, name)
 	}
 	return vars
 }
