@@ -30,7 +30,7 @@ GO_TEST_FLAGS ?= -count=1 -timeout 20m
 go-install = @source scripts/lib/progress.sh; PROGRESS_TAG=tools; \
 	progress_run "go install $(1) into ./bin" env GOBIN=$(BIN) $(GO) install $(1)
 # Generated files checked by `make verify`.
-GENERATED := pkg/proto api/v1beta1/zz_generated.deepcopy.go api/controlplane/v1beta1/zz_generated.deepcopy.go config/crd config/rbac deploy/helm/nstance-operator/files
+GENERATED := pkg/proto api/v1beta1/zz_generated.deepcopy.go api/controlplane/v1beta1/zz_generated.deepcopy.go config/crd config/rbac deploy/helm/nstance-operator/files deploy/helm/nstance-server/files
 
 ##@ General
 .PHONY: help
@@ -174,8 +174,6 @@ CHART             := deploy/helm/nstance-operator
 DIST              := $(ROOT)/dist
 IMAGE_ARCH        ?= $(shell $(GO) env GOARCH)
 IMAGE_REPO        ?= ghcr.io/nstance-dev
-RELEASE_BINARIES  := nstance-server nstance-agent nstance-operator nstance-admin
-RELEASE_ARCHES    := amd64 arm64
 
 $(BIN)/helm:
 	$(call go-install,helm.sh/helm/v3/cmd/helm@$(HELM_VERSION))
@@ -207,17 +205,18 @@ image-admin: ## Image archive for nstance-admin in dist/images.
 images: image-operator image-server image-agent image-admin ## All four image archives.
 
 .PHONY: helm-sync
-helm-sync: ## Copy the generated CRDs and operator RBAC (config/) into the Helm chart.
+helm-sync: ## Copy the generated CRDs and operator RBAC (config/) and deploy/monitoring into the Helm charts.
 	rm -f $(CHART)/files/crds/*.yaml
 	cp config/crd/bases/*.yaml $(CHART)/files/crds/
 	cp config/rbac/role.yaml $(CHART)/files/rbac/role.yaml
+	for chart in $(CHART) deploy/helm/nstance-server; do mkdir -p $$chart/files/monitoring && \
+		cp deploy/monitoring/prometheusrule.yaml deploy/monitoring/grafana-dashboard.json $$chart/files/monitoring/ || exit 1; done
 
 .PHONY: helm-lint
-helm-lint: $(BIN)/helm ## helm lint the charts with default and sample values.
-	$(BIN)/helm lint --strict $(CHART)
-	$(BIN)/helm lint --strict $(CHART) -f $(CHART)/ci/sample-values.yaml
-	$(BIN)/helm lint --strict deploy/helm/nstance-server
-	$(BIN)/helm lint --strict deploy/helm/nstance-server -f deploy/helm/nstance-server/ci/sample-values.yaml
+helm-lint: $(BIN)/helm ## helm lint the charts with their ci/ values (the defaults lack required values).
+	@for chart in $(CHART) deploy/helm/nstance-server; do for v in $$chart/ci/*-values.yaml; do \
+		echo "helm lint --strict $$chart -f $$v"; $(BIN)/helm lint --strict $$chart -f $$v || exit 1; \
+	done; done
 
 .PHONY: release-manifests
 release-manifests: $(BIN)/helm ## clusterctl infrastructure-components.yaml, metadata.yaml and cluster templates in dist/.
@@ -227,14 +226,16 @@ release-manifests: $(BIN)/helm ## clusterctl infrastructure-components.yaml, met
 	cp templates/cluster-template.yaml templates/cluster-template-machinedeployment.yaml $(DIST)/
 
 .PHONY: release
-release: release-manifests ## linux/amd64+arm64 binaries, checksums and clusterctl manifests in dist/.
-	@for b in $(RELEASE_BINARIES); do for a in $(RELEASE_ARCHES); do \
-		echo "build $$b linux/$$a"; \
-		GOOS=linux GOARCH=$$a CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(DIST)/$$b-linux-$$a ./cmd/$$b || exit 1; \
-	done; done
-	cd $(DIST) && sha256sum $(foreach b,$(RELEASE_BINARIES),$(foreach a,$(RELEASE_ARCHES),$(b)-linux-$(a))) \
-		infrastructure-components.yaml metadata.yaml cluster-template.yaml cluster-template-machinedeployment.yaml > checksums.txt
-	@cat $(DIST)/checksums.txt
+release: $(BIN)/helm ## Every artifact of VERSION=vX.Y.Z in dist/<version>/: binaries, multi-arch images, charts, clusterctl repository, changelog, checksums.
+	VERSION='$(VERSION)' HELM='$(BIN)/helm' LDFLAGS='$(LDFLAGS)' DIST='$(DIST)' GO='$(GO)' IMAGE_REPO='$(IMAGE_REPO)' \
+		scripts/release.sh
+
+.PHONY: release-check
+release-check: ## Build release VERSION twice (dist/check-a, dist/check-b) and compare every file's checksum.
+	$(MAKE) release VERSION='$(VERSION)' DIST='$(DIST)/check-a'
+	$(MAKE) release VERSION='$(VERSION)' DIST='$(DIST)/check-b'
+	diff '$(DIST)/check-a/$(VERSION)/SHA256SUMS' '$(DIST)/check-b/$(VERSION)/SHA256SUMS'
+	@echo "release $(VERSION) is reproducible"
 
 ##@ Development stack
 AIR_VERSION      := v1.67.4

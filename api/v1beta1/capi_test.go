@@ -210,18 +210,18 @@ func TestKubectlPrinterColumns(t *testing.T) {
 	}{
 		{
 			args:       []string{"get", "nstancemachinepools"},
-			wantHeader: []string{"NAME", "GROUP", "SHARDS", "REPLICAS", "READY", "AGE"},
-			wantRow:    []string{"workers", "workers", `["us-west-2a","us-east-1a"]`, "5", "4"},
+			wantHeader: []string{"NAME", "GROUP", "SHARDS", "REPLICAS", "READY", "UP-TO-DATE", "AGE"},
+			wantRow:    []string{"workers", "workers", `["us-west-2a","us-east-1a"]`, "5", "4", "3"},
 		},
 		{
 			args:       []string{"get", "nmp", "-o", "wide"},
-			wantHeader: []string{"NAME", "GROUP", "SHARDS", "REPLICAS", "READY", "TEMPLATE", "INSTANCE-TYPE", "AGE"},
-			wantRow:    []string{"workers", "workers", `["us-west-2a","us-east-1a"]`, "5", "4", "general", "m7i.large"},
+			wantHeader: []string{"NAME", "GROUP", "SHARDS", "REPLICAS", "READY", "UP-TO-DATE", "ROLLING-OUT", "TEMPLATE", "IMAGE", "INSTANCE-TYPE", "AGE"},
+			wantRow:    []string{"workers", "workers", `["us-west-2a","us-east-1a"]`, "5", "4", "3", "True", "general", "ami-0123456789abcdef0", "m7i.large"},
 		},
 		{
 			args:       []string{"get", "nsg"},
-			wantHeader: []string{"NAME", "GROUP", "SHARD", "SIZE", "REPLICAS", "READY", "AGE"},
-			wantRow:    []string{"workers--us-west-2a", "workers", "us-west-2a", "3", "3", "2"},
+			wantHeader: []string{"NAME", "GROUP", "SHARD", "SIZE", "REPLICAS", "READY", "UP-TO-DATE", "AGE"},
+			wantRow:    []string{"workers--us-west-2a", "workers", "us-west-2a", "3", "3", "2", "1"},
 		},
 		{
 			args:       []string{"get", "nm"},

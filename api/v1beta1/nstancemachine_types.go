@@ -43,6 +43,14 @@ type NstanceMachineSpec struct {
 	// +kubebuilder:validation:MaxLength=253
 	SubnetPool string `json:"subnetPool,omitempty"`
 
+	// image is the instance's machine image (for aws an AMI id); empty
+	// means the server template's. In an NstanceMachineTemplate a new image
+	// means a new template, so the MachineDeployment rolls its Machines.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:Pattern=`^[!-~]*$`
+	Image string `json:"image,omitempty"`
+
 	// vars are template variables for this instance.
 	// +optional
 	Vars map[string]string `json:"vars,omitempty"`

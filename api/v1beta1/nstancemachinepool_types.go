@@ -79,6 +79,21 @@ type NstanceMachinePoolSpec struct {
 	// +kubebuilder:default=Random
 	DeletePolicy DeletePolicy `json:"deletePolicy,omitempty"`
 
+	// image is the machine image of the pool's instances (for aws an AMI
+	// id), the constellation's NodeImage; empty means the server template's.
+	// A change rolls the pool under spec.strategy.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:Pattern=`^[!-~]*$`
+	Image string `json:"image,omitempty"`
+
+	// strategy says how the pool replaces members whose infra settings
+	// (image, template, instanceType, subnetPool, bootstrap data) changed.
+	// Unset: a rolling update with maxSurge 1 and maxUnavailable 0 over all
+	// shards.
+	// +optional
+	Strategy *MachinePoolStrategy `json:"strategy,omitempty"`
+
 	// providerIDList holds the provider IDs of the pool's instances, as the
 	// Cluster API MachinePool contract requires.
 	// +optional
@@ -165,6 +180,12 @@ type NstanceMachinePoolStatus struct {
 	// +optional
 	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
 
+	// upToDateReplicas is the number of instances, over all shards, created
+	// with the infra settings the pool asks for now (a shard whose server
+	// has not confirmed the current settings counts none).
+	// +optional
+	UpToDateReplicas int32 `json:"upToDateReplicas"`
+
 	// capacity is what one instance of the pool offers (cpu, memory, pods,
 	// ephemeral-storage, nvidia.com/gpu), from the shard server's
 	// instance-type catalog; the cluster autoscaler reads it to scale the
@@ -199,7 +220,10 @@ type NstanceMachinePoolStatus struct {
 // +kubebuilder:printcolumn:name="Shards",type="string",JSONPath=".spec.shards"
 // +kubebuilder:printcolumn:name="Replicas",type="integer",JSONPath=".status.replicas"
 // +kubebuilder:printcolumn:name="Ready",type="integer",JSONPath=".status.readyReplicas"
+// +kubebuilder:printcolumn:name="Up-To-Date",type="integer",JSONPath=".status.upToDateReplicas"
+// +kubebuilder:printcolumn:name="Rolling-Out",type="string",JSONPath=".status.conditions[?(@.type==\"RollingOut\")].status",priority=1
 // +kubebuilder:printcolumn:name="Template",type="string",JSONPath=".spec.template",priority=1
+// +kubebuilder:printcolumn:name="Image",type="string",JSONPath=".spec.image",priority=1
 // +kubebuilder:printcolumn:name="Instance-Type",type="string",JSONPath=".spec.instanceType",priority=1
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
 type NstanceMachinePool struct {

@@ -50,6 +50,18 @@ type NstanceShardGroupSpec struct {
 	// +optional
 	DrainTimeout *metav1.Duration `json:"drainTimeout,omitempty"`
 
+	// image is the instances' machine image (GroupSpec.image); empty means
+	// the server template's.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:Pattern=`^[!-~]*$`
+	Image string `json:"image,omitempty"`
+
+	// rollout is this shard's part of the pool's rollout budget (the
+	// server's GroupSpec.rollout). Unset: the server's defaults.
+	// +optional
+	Rollout *ShardRollout `json:"rollout,omitempty"`
+
 	// bootstrapDataSecretName names the Secret, in this object's namespace,
 	// holding the instances' Cluster API bootstrap data (key "value", and
 	// optionally "format": "cloud-config" or "ignition"). The owning pool
@@ -70,6 +82,18 @@ type NstanceShardGroupStatus struct {
 	// readyReplicas is the number of those instances that are ready.
 	// +optional
 	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+
+	// upToDateReplicas is the number of those instances created with the
+	// group's current infra settings (the server's up_to_date_count).
+	// +optional
+	UpToDateReplicas int32 `json:"upToDateReplicas,omitempty"`
+
+	// observedInfra is a digest of the infra settings (template,
+	// instanceType, subnetPool, image, bootstrapDataSecretName) the server
+	// confirmed with the last status: upToDateReplicas counts against them.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	ObservedInfra string `json:"observedInfra,omitempty"`
 
 	// providerIDs of the group's instances in this shard, sorted.
 	// +optional
@@ -103,6 +127,7 @@ type NstanceShardGroupStatus struct {
 // +kubebuilder:printcolumn:name="Size",type="integer",JSONPath=".spec.size"
 // +kubebuilder:printcolumn:name="Replicas",type="integer",JSONPath=".status.replicas"
 // +kubebuilder:printcolumn:name="Ready",type="integer",JSONPath=".status.readyReplicas"
+// +kubebuilder:printcolumn:name="Up-To-Date",type="integer",JSONPath=".status.upToDateReplicas"
 // +kubebuilder:printcolumn:name="Reachable",type="string",JSONPath=".status.conditions[?(@.type==\"ShardReachable\")].status",priority=1
 // +kubebuilder:printcolumn:name="Last-Sync",type="date",JSONPath=".status.lastSyncTime",priority=1
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"

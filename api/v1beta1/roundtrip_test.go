@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -127,14 +128,18 @@ func validPool() *infrav1.NstanceMachinePool {
 	return &infrav1.NstanceMachinePool{
 		ObjectMeta: metav1.ObjectMeta{Name: "workers"},
 		Spec: infrav1.NstanceMachinePoolSpec{
-			Group:          "workers",
-			Shards:         []string{"us-west-2a", "us-east-1a"},
-			Template:       "general",
-			InstanceType:   "m7i.large",
-			SubnetPool:     "private",
-			Vars:           map[string]string{"role": "worker", "disk": "100"},
-			DrainTimeout:   &metav1.Duration{Duration: 90 * time.Second},
-			DeletePolicy:   infrav1.DeletePolicyOldest,
+			Group:        "workers",
+			Shards:       []string{"us-west-2a", "us-east-1a"},
+			Template:     "general",
+			InstanceType: "m7i.large",
+			SubnetPool:   "private",
+			Vars:         map[string]string{"role": "worker", "disk": "100"},
+			DrainTimeout: &metav1.Duration{Duration: 90 * time.Second},
+			DeletePolicy: infrav1.DeletePolicyOldest,
+			Image:        "ami-0123456789abcdef0",
+			Strategy: &infrav1.MachinePoolStrategy{RollingUpdate: &infrav1.MachineRollingUpdate{
+				MaxSurge: ptr.To(intstr.FromString("25%")), MaxUnavailable: ptr.To(intstr.FromInt32(1)),
+			}},
 			ProviderIDList: []string{"nstance://us-west-2a/i-1", "nstance://us-east-1a/i-2"},
 		},
 		Status: infrav1.NstanceMachinePoolStatus{
@@ -142,9 +147,11 @@ func validPool() *infrav1.NstanceMachinePool {
 			Ready:              true,
 			Replicas:           2,
 			ReadyReplicas:      1,
+			UpToDateReplicas:   3,
 			ObservedGeneration: 1,
 			Conditions: []metav1.Condition{
 				condition(infrav1.ReadyCondition, metav1.ConditionFalse, infrav1.WaitingForReplicasReason),
+				condition(infrav1.RollingOutCondition, metav1.ConditionTrue, infrav1.RollingOutReason),
 			},
 		},
 	}
@@ -162,10 +169,14 @@ func validShardGroup() *infrav1.NstanceShardGroup {
 			SubnetPool:   "private",
 			Vars:         map[string]string{"role": "worker"},
 			DrainTimeout: &metav1.Duration{Duration: 5 * time.Minute},
+			Image:        "ami-0123456789abcdef0",
+			Rollout:      &infrav1.ShardRollout{MaxSurge: ptr.To[int32](1), MaxUnavailable: 0},
 		},
 		Status: infrav1.NstanceShardGroupStatus{
 			Replicas:           3,
 			ReadyReplicas:      2,
+			UpToDateReplicas:   1,
+			ObservedInfra:      "0123456789abcdef",
 			ProviderIDs:        []string{"nstance://us-west-2a/i-1", "nstance://us-west-2a/i-2", "nstance://us-west-2a/i-3"},
 			LastSyncTime:       &someTime,
 			ObservedGeneration: 1,

@@ -6,6 +6,8 @@ import (
 	"github.com/stretchr/testify/require"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 )
@@ -32,6 +34,46 @@ func TestInvalidObjectsRejected(t *testing.T) {
 				return env.Client.Create(t.Context(), u)
 			},
 			wantInMessage: []string{"spec.group", "Required value"},
+		},
+		{
+			name: "pool rolling update with maxSurge and maxUnavailable both 0",
+			apply: func(t *testing.T, ns string) error {
+				p := validPool()
+				p.Namespace = ns
+				p.Spec.Strategy = &infrav1.MachinePoolStrategy{RollingUpdate: &infrav1.MachineRollingUpdate{
+					MaxSurge: ptr.To(intstr.FromString("0%")), MaxUnavailable: ptr.To(intstr.FromInt32(0))}}
+				return env.Client.Create(t.Context(), p)
+			},
+			wantInMessage: []string{"spec.strategy.rollingUpdate", "must not both be 0"},
+		},
+		{
+			name: "pool maxSurge neither a number nor a percentage",
+			apply: func(t *testing.T, ns string) error {
+				p := validPool()
+				p.Namespace = ns
+				p.Spec.Strategy = &infrav1.MachinePoolStrategy{RollingUpdate: &infrav1.MachineRollingUpdate{MaxSurge: ptr.To(intstr.FromString("two"))}}
+				return env.Client.Create(t.Context(), p)
+			},
+			wantInMessage: []string{"spec.strategy.rollingUpdate.maxSurge", "percentage"},
+		},
+		{
+			name: "pool maxUnavailable negative",
+			apply: func(t *testing.T, ns string) error {
+				p := validPool()
+				p.Namespace = ns
+				p.Spec.Strategy = &infrav1.MachinePoolStrategy{RollingUpdate: &infrav1.MachineRollingUpdate{MaxUnavailable: ptr.To(intstr.FromInt32(-1))}}
+				return env.Client.Create(t.Context(), p)
+			},
+			wantInMessage: []string{"spec.strategy.rollingUpdate.maxUnavailable", "percentage"},
+		},
+		{
+			name: "pool image with a space",
+			apply: func(t *testing.T, ns string) error {
+				p := validPool()
+				p.Namespace, p.Spec.Image = ns, "ami 1"
+				return env.Client.Create(t.Context(), p)
+			},
+			wantInMessage: []string{"spec.image", "should match"},
 		},
 		{
 			name: "pool with empty shards",

@@ -27,6 +27,7 @@ const (
 	helmVersion = "v3.22.0"
 	chartRel    = "deploy/helm/nstance-operator"
 	sampleRel   = "deploy/helm/nstance-operator/ci/sample-values.yaml"
+	minimalRel  = "deploy/helm/nstance-operator/ci/minimal-values.yaml"
 )
 
 var (

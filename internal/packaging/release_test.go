@@ -1,7 +1,10 @@
 package packaging_test
 
 import (
+	"bytes"
+	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -47,23 +50,26 @@ func TestClusterctlComponents(t *testing.T) {
 	raw := components(t)
 	_, missing := substitute(raw, nil)
 	slices.Sort(missing)
-	require.Equal(t, []string{"NSTANCE_CLUSTER_ID", "NSTANCE_SHARDS"}, missing, "variables without defaults")
+	require.Equal(t, []string{"NSTANCE_CLUSTER_ID", "NSTANCE_SHARD_ENDPOINTS"}, missing, "variables without defaults")
+	// NSTANCE_SHARDS is the templates' comma list of shard IDs: the
+	// components must not give it a second meaning.
+	require.NotContains(t, raw, "${NSTANCE_SHARDS")
 
 	for _, tc := range []struct {
 		name string
 		vars map[string]string
 	}{
 		{"required variables only", map[string]string{
-			"NSTANCE_CLUSTER_ID": "prod-1",
-			"NSTANCE_SHARDS":     `{"us-west-2a":{"registration_addr":"10.0.0.1:8992","operator_addr":"10.0.0.1:8993"}}`,
+			"NSTANCE_CLUSTER_ID":      "prod-1",
+			"NSTANCE_SHARD_ENDPOINTS": `{"us-west-2a":{"registration_addr":"10.0.0.1:8992","operator_addr":"10.0.0.1:8993"}}`,
 		}},
 		{"every variable", map[string]string{
-			"NSTANCE_CLUSTER_ID":    "prod-2",
-			"NSTANCE_TENANT":        "team-a",
-			"NSTANCE_SHARDS":        `{"a":{"registration_addr":"a.internal:8992","operator_addr":"a.internal:8993"},"b":{"registration_addr":"b:1","operator_addr":"b:2"}}`,
-			"NSTANCE_CA_CONFIGMAP":  "my-ca",
-			"NSTANCE_NONCE_SECRET":  "my-nonce",
-			"NSTANCE_CAPI_ENDPOINT": "https://api.example:6443",
+			"NSTANCE_CLUSTER_ID":      "prod-2",
+			"NSTANCE_TENANT":          "team-a",
+			"NSTANCE_SHARD_ENDPOINTS": `{"a":{"registration_addr":"a.internal:8992","operator_addr":"a.internal:8993"},"b":{"registration_addr":"b:1","operator_addr":"b:2"}}`,
+			"NSTANCE_CA_CONFIGMAP":    "my-ca",
+			"NSTANCE_NONCE_SECRET":    "my-nonce",
+			"NSTANCE_CAPI_ENDPOINT":   "https://api.example:6443",
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -81,6 +87,19 @@ func TestClusterctlComponents(t *testing.T) {
 					require.NotEmpty(t, o.Metadata.Namespace, "%s has no namespace", o)
 				}
 			}
+			// clusterctl, not Helm, manages these objects: its provider
+			// label on every one, no Helm labels or resource policy.
+			for _, o := range objs {
+				require.Equal(t, "infrastructure-nstance", o.Metadata.Labels["cluster.x-k8s.io/provider"], "%s", o)
+				for k := range o.Metadata.Labels {
+					require.NotContains(t, k, "helm.sh", "%s", o)
+				}
+				require.NotContains(t, o.Metadata.Labels, "app.kubernetes.io/managed-by", "%s", o)
+				for k := range o.Metadata.Annotations {
+					require.NotContains(t, k, "helm.sh", "%s", o)
+				}
+			}
+			require.NotContains(t, text, "helm.sh/")
 			require.Len(t, ofKind(objs, "Certificate"), 1)
 			crdFiles, err := filepath.Glob(filepath.Join(root, chartRel, "files", "crds", "*.yaml"))
 			require.NoError(t, err)
@@ -167,20 +186,116 @@ func TestClusterctlMetadata(t *testing.T) {
 	}), "chart version %s has no release series in metadata.yaml", meta.Version)
 }
 
-// TestReleasePlan checks what `make release` would run, without compiling.
+// TestReleasePlan checks what `make release` would run, without compiling:
+// scripts/release.sh with the version, helm and the build's ldflags.
 func TestReleasePlan(t *testing.T) {
 	plan := run(t, root, "make", "-n", "release", "VERSION="+imageVersion, "DIST=/tmp/nstance-dist")
-	require.Contains(t, plan, "components.sh")
-	require.Contains(t, plan, "cp metadata.yaml /tmp/nstance-dist/metadata.yaml")
-	// clusterctl looks for cluster-template[-<flavor>].yaml among a
-	// release's assets (`clusterctl generate cluster --flavor`).
-	require.Contains(t, plan, "cp templates/cluster-template.yaml templates/cluster-template-machinedeployment.yaml /tmp/nstance-dist/")
-	require.Contains(t, plan, "cluster-template.yaml cluster-template-machinedeployment.yaml > checksums.txt")
-	require.Contains(t, plan, "sha256sum")
-	require.Contains(t, plan, "CGO_ENABLED=0")
-	for _, b := range []string{"nstance-server", "nstance-agent", "nstance-operator", "nstance-admin"} {
-		for _, arch := range []string{"amd64", "arm64"} {
-			require.Contains(t, plan, b+"-linux-"+arch, "release lacks %s for linux/%s", b, arch)
-		}
+	require.Contains(t, plan, "scripts/release.sh")
+	require.Contains(t, plan, "VERSION='"+imageVersion+"'")
+	require.Contains(t, plan, "DIST='/tmp/nstance-dist'")
+	require.Contains(t, plan, "internal/version.Version="+imageVersion)
+	script, err := os.ReadFile(filepath.Join(root, "scripts", "release.sh"))
+	require.NoError(t, err)
+	// The six programs, four platforms, four images, two charts.
+	require.Contains(t, string(script), "programs=(nstance-server nstance-agent nstance-operator nstance-admin dev-k8s dev-s3)")
+	require.Contains(t, string(script), "platforms=(linux/amd64 linux/arm64 darwin/amd64 darwin/arm64)")
+	require.Contains(t, string(script), "images=(nstance-server nstance-agent nstance-operator nstance-admin)")
+	require.Contains(t, string(script), "for c in nstance-operator nstance-server; do")
+}
+
+// TestReleaseRefusesBadVersions: a version that is no semantic version tag,
+// or whose minor version has no clusterctl release series, stops the release
+// before anything is built, with a message saying why.
+func TestReleaseRefusesBadVersions(t *testing.T) {
+	for _, tc := range []struct{ version, want string }{
+		{"0.3.0", "is not a semantic version tag"},
+		{"v0.3", "is not a semantic version tag"},
+		{"v0.3.0;rm", "is not a semantic version tag"},
+		{"v7.4.0", "metadata.yaml has no release series 7.4"},
+	} {
+		t.Run(tc.version, func(t *testing.T) {
+			dist := t.TempDir()
+			cmd := exec.Command(filepath.Join(root, "scripts", "release.sh"))
+			cmd.Env = append(os.Environ(), "VERSION="+tc.version, "HELM=/nonexistent/helm", "DIST="+dist, "GO=/nonexistent/go")
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			require.ErrorAs(t, err, &exit, "%s", out)
+			require.Equal(t, 2, exit.ExitCode(), "%s", out)
+			require.Contains(t, string(out), tc.want)
+			entries, err := os.ReadDir(dist)
+			require.NoError(t, err)
+			require.Empty(t, entries, "nothing is written")
+		})
 	}
+}
+
+// TestClusterctlOneEnvironment runs clusterctl, built from the cluster-api
+// module in go.mod, against a local provider repository laid out as a
+// release (the rendered components, metadata.yaml and both templates): one
+// environment renders both the components (`clusterctl generate provider`)
+// and a cluster template (`clusterctl generate cluster`), each variable
+// keeping its one meaning (NSTANCE_SHARD_ENDPOINTS the components' JSON
+// map, NSTANCE_SHARDS the template's comma list).
+func TestClusterctlOneEnvironment(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "clusterctl")
+	run(t, root, "go", "build", "-o", bin, "sigs.k8s.io/cluster-api/cmd/clusterctl")
+
+	const version = "v0.1.0"
+	repo := filepath.Join(dir, "repo", "infrastructure-nstance", version)
+	require.NoError(t, os.MkdirAll(repo, 0o755))
+	write := func(name string, data []byte) {
+		require.NoError(t, os.WriteFile(filepath.Join(repo, name), data, 0o644))
+	}
+	write("infrastructure-components.yaml", []byte(components(t)))
+	for _, src := range []string{"metadata.yaml", "templates/cluster-template.yaml", "templates/cluster-template-machinedeployment.yaml"} {
+		data, err := os.ReadFile(filepath.Join(root, src))
+		require.NoError(t, err)
+		write(filepath.Base(src), data)
+	}
+	home := filepath.Join(dir, "home")
+	require.NoError(t, os.MkdirAll(filepath.Join(home, "cluster-api"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(home, "cluster-api", "clusterctl.yaml"), []byte(
+		"providers:\n  - name: nstance\n    type: InfrastructureProvider\n    url: "+
+			filepath.Join(repo, "infrastructure-components.yaml")+"\n"), 0o644))
+
+	environ := []string{
+		"HOME=" + home, "XDG_CONFIG_HOME=" + home, "CLUSTERCTL_DISABLE_VERSIONCHECK=true",
+		"NSTANCE_CLUSTER_ID=prod",
+		`NSTANCE_SHARD_ENDPOINTS={"us-east-1a":{"registration_addr":"a.internal:8992","operator_addr":"a.internal:8993"},"us-east-1b":{"registration_addr":"b.internal:8992","operator_addr":"b.internal:8993"}}`,
+		"NSTANCE_SHARDS=us-east-1a,us-east-1b",
+		"NSTANCE_CONTROL_PLANE_HOST=api.example.internal",
+	}
+	clusterctl := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Env = environ
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		require.NoError(t, cmd.Run(), "clusterctl %s: %s", strings.Join(args, " "), stderr.String())
+		return stdout.String()
+	}
+
+	objs := decode(t, clusterctl("generate", "provider", "--infrastructure", "nstance:"+version))
+	cmObj, ok := find(objs, "ConfigMap", release+"-config")
+	require.True(t, ok)
+	var cm corev1.ConfigMap
+	into(t, cmObj, &cm)
+	cfg, err := opconfig.Parse([]byte(cm.Data["config.yaml"]))
+	require.NoError(t, err)
+	require.Equal(t, "prod", cfg.ClusterID)
+	require.Len(t, cfg.Shards, 2)
+	require.Equal(t, "b.internal:8993", cfg.Shards["us-east-1b"].OperatorAddr)
+
+	tmpl := decode(t, clusterctl("generate", "cluster", "prod", "--infrastructure", "nstance:"+version,
+		"--target-namespace", "nstance-system", "--worker-machine-count", "2"))
+	pool, ok := find(tmpl, "NstanceMachinePool", "")
+	require.True(t, ok)
+	var spec struct {
+		Spec struct {
+			Shards []string `json:"shards"`
+		} `json:"spec"`
+	}
+	require.NoError(t, json.Unmarshal(pool.raw, &spec))
+	require.Equal(t, []string{"us-east-1a", "us-east-1b"}, spec.Spec.Shards)
 }

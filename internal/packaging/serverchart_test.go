@@ -1,6 +1,7 @@
 package packaging_test
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -12,15 +13,18 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/nstance-dev/nstance/internal/server/app"
+	"github.com/nstance-dev/nstance/internal/server/leaderaddr"
 )
 
 const (
-	serverChartRel  = "deploy/helm/nstance-server"
-	serverSampleRel = "deploy/helm/nstance-server/ci/sample-values.yaml"
-	serverRelease   = "nstance-server"
+	serverChartRel   = "deploy/helm/nstance-server"
+	serverSampleRel  = "deploy/helm/nstance-server/ci/sample-values.yaml"
+	serverMinimalRel = "deploy/helm/nstance-server/ci/minimal-values.yaml"
+	serverRelease    = "nstance-server"
 )
 
 // serverRenderings are the ways of installing the server chart the tests
@@ -34,15 +38,22 @@ type serverRendering struct {
 
 func serverRenderings() []serverRendering {
 	return []serverRendering{
-		{name: "default", namespace: "nstance-srv-default"},
+		{name: "minimal", namespace: "nstance-srv-default", args: []string{"-f", serverMinimalRel},
+			shards: map[string]int32{"us-west-2a": 2}},
 		{name: "sample", namespace: "nstance-srv-sample", args: []string{"-f", serverSampleRel},
 			shards: map[string]int32{"us-west-2a": 2, "us-west-2b": 3}},
 		{name: "existing-secret", namespace: "nstance-srv-secret", args: []string{
 			"--set", "shards.eu-central-1a.zone=eu-central-1a", "--set", "storage.bucket=b",
 			"--set", "encryptionKey.existingSecret=nstance-key", "--set", "probes.livenessPath=/healthz",
 			"--set", "replicaCount=4", "--set", "podDisruptionBudget.minAvailable=2",
+			"--set", "service.leaderOnly=false",
 		}, shards: map[string]int32{"eu-central-1a": 4}},
 	}
+}
+
+// leaderOnly reports whether the shard Services select only the leader.
+func (r serverRendering) leaderOnly() bool {
+	return !slices.Contains(r.args, "service.leaderOnly=false")
 }
 
 func (r serverRendering) render(t *testing.T) []object {
@@ -89,7 +100,7 @@ func TestServerHelmLint(t *testing.T) {
 		name string
 		args []string
 	}{
-		{"default values", nil},
+		{"minimal values", []string{"-f", serverMinimalRel}},
 		{"sample values", []string{"-f", serverSampleRel}},
 		{"existing secret", serverRenderings()[2].args},
 	} {
@@ -112,7 +123,7 @@ func TestServerHelmRejectsBadValues(t *testing.T) {
 		{"one server per shard", []string{"shards.a.replicas=1"}, "replicas"},
 		{"no standby by default", []string{"replicaCount=1"}, "replicaCount"},
 		{"shard ID not a DNS label", []string{"shards.Zone_A.zone=a"}, "'Zone_A' does not match pattern"},
-		{"no bucket", []string{"shards.a.zone=a", "encryptionKey.value=k"}, "storage.bucket is required"},
+		{"no bucket", []string{"shards.a.zone=a", "encryptionKey.value=k"}, "at '/storage/bucket': minLength"},
 		{"no encryption key", []string{"shards.a.zone=a", "storage.bucket=b"}, "encryptionKey"},
 		{"liveness path", []string{"probes.livenessPath=healthz"}, "livenessPath"},
 		{"anti-affinity mode", []string{"podAntiAffinity=maybe"}, "podAntiAffinity"},
@@ -194,7 +205,8 @@ func TestServerChartRenders(t *testing.T) {
 				require.False(t, *c.SecurityContext.AllowPrivilegeEscalation)
 				require.True(t, *c.SecurityContext.ReadOnlyRootFilesystem)
 				require.Equal(t, []corev1.Capability{"ALL"}, c.SecurityContext.Capabilities.Drop)
-				require.False(t, *d.Spec.Template.Spec.AutomountServiceAccountToken)
+				// A token only to label the leader's pod.
+				require.Equal(t, r.leaderOnly(), *d.Spec.Template.Spec.AutomountServiceAccountToken)
 
 				// Two servers of a shard are kept off one node.
 				aa := d.Spec.Template.Spec.Affinity.PodAntiAffinity
@@ -218,7 +230,7 @@ func TestServerChartRenders(t *testing.T) {
 				svcObj, ok := find(objs, "Service", d.Name)
 				require.True(t, ok, "no Service for %s", d.Name)
 				into(t, svcObj, &svc)
-				require.Equal(t, d.Spec.Selector.MatchLabels, svc.Spec.Selector)
+				checkLeaderService(t, r, objs, d, c, svc)
 
 				// The configuration: the shard, storage and the key.
 				cmObj, ok := find(objs, "ConfigMap", d.Name)
@@ -241,7 +253,10 @@ func TestServerChartRenders(t *testing.T) {
 					into(t, sec, &s)
 					require.NotEmpty(t, s.StringData[key.ValueFrom.SecretKeyRef.Key])
 				} else {
-					require.Equal(t, "nstance-key", key.ValueFrom.SecretKeyRef.Name, "the key Secret is neither rendered nor the existing one")
+					// encryptionKey.existingSecret of the existing-secret
+					// rendering and of ci/minimal-values.yaml.
+					require.Contains(t, []string{"nstance-key", "nstance-encryption-key"}, key.ValueFrom.SecretKeyRef.Name,
+						"the key Secret is neither rendered nor the existing one")
 				}
 			}
 		})
@@ -260,5 +275,96 @@ func TestServerChartAppliesToAPIServer(t *testing.T) {
 			ensureNamespaces(t, e, r.namespace)
 			applyDryRun(t, e, r.render(t))
 		})
+	}
+}
+
+// checkLeaderService: with service.leaderOnly (the default) the shard's
+// Service selects the shard's pods carrying the label the leader puts on
+// its own pod (leaderaddr.LeaderLabel, through --leader-pod set from the
+// downward API), the pods may patch pods and nothing else, and a headless
+// Service reaches every server, standbys and not-ready ones included, on
+// the health and election ports. Without it the Service selects every
+// server and the pods get no token.
+func checkLeaderService(t *testing.T, r serverRendering, objs []object, d appsv1.Deployment, c corev1.Container, svc corev1.Service) {
+	t.Helper()
+	want := maps.Clone(d.Spec.Selector.MatchLabels)
+	env := map[string]int{}
+	for i, e := range c.Env {
+		env[e.Name] = i
+	}
+	roleName := serverRelease + "-leader-label"
+	role, hasRole := find(objs, "Role", roleName)
+	if !r.leaderOnly() {
+		require.Equal(t, want, svc.Spec.Selector)
+		require.NotContains(t, env, "NSTANCE_LEADER_POD")
+		require.False(t, hasRole)
+	} else {
+		want[leaderaddr.LeaderLabel] = "true"
+		require.Equal(t, want, svc.Spec.Selector, "the Service must select only the leader")
+		i, ok := env["NSTANCE_LEADER_POD"]
+		require.True(t, ok)
+		require.Equal(t, "$(POD_NAMESPACE)/$(POD_NAME)", c.Env[i].Value)
+		// Kubernetes expands only variables defined earlier in the list.
+		for name, path := range map[string]string{"POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"} {
+			j, ok := env[name]
+			require.True(t, ok, name)
+			require.Less(t, j, i, "%s must come before NSTANCE_LEADER_POD", name)
+			require.Equal(t, path, c.Env[j].ValueFrom.FieldRef.FieldPath)
+		}
+		// The value the server parses once expanded.
+		ns, pod, err := leaderaddr.ParsePodRef(r.namespace + "/" + d.Name + "-7d9f8b6c4-x2k8z")
+		require.NoError(t, err)
+		require.Equal(t, r.namespace, ns)
+		require.NotEmpty(t, pod)
+
+		require.True(t, hasRole)
+		var rl rbacv1.Role
+		into(t, role, &rl)
+		require.Equal(t, []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"patch"}}}, rl.Rules)
+		bindingObj, ok := find(objs, "RoleBinding", roleName)
+		require.True(t, ok)
+		var rb rbacv1.RoleBinding
+		into(t, bindingObj, &rb)
+		require.Equal(t, roleName, rb.RoleRef.Name)
+		require.Equal(t, []rbacv1.Subject{{Kind: "ServiceAccount", Name: d.Spec.Template.Spec.ServiceAccountName, Namespace: r.namespace}}, rb.Subjects)
+	}
+
+	hlObj, ok := find(objs, "Service", d.Name+"-servers")
+	require.True(t, ok, "no headless Service for %s", d.Name)
+	var hl corev1.Service
+	into(t, hlObj, &hl)
+	require.Equal(t, corev1.ClusterIPNone, hl.Spec.ClusterIP)
+	require.True(t, hl.Spec.PublishNotReadyAddresses, "standbys reachable before they are ready")
+	require.Equal(t, d.Spec.Selector.MatchLabels, hl.Spec.Selector, "every server of the shard")
+	var ports []string
+	for _, p := range hl.Spec.Ports {
+		ports = append(ports, p.Name+"="+p.TargetPort.String())
+	}
+	require.Equal(t, []string{"health=health", "election=election"}, ports)
+}
+
+// TestServerServiceAccountPermissions applies the minimal rendering for
+// real and asks the API server, as the servers' ServiceAccount, for what
+// labelling the leader's pod needs (patch pods in the release namespace)
+// and for what it must not have.
+func TestServerServiceAccountPermissions(t *testing.T) {
+	e := apiServer(t)
+	r := serverRenderings()[0]
+	require.Equal(t, "minimal", r.name)
+	const ns = "nstance-srv-sar"
+	ensureNamespaces(t, e, ns)
+	kubectl(t, e, run(t, root, helm(t), "template", serverRelease, serverChartRel, "--namespace", ns, "-f", serverMinimalRel), "apply", "-f", "-")
+	sa := "system:serviceaccount:" + ns + ":" + serverRelease
+	for _, tc := range []struct {
+		a    access
+		want bool
+	}{
+		{access{user: sa, namespace: ns, resource: "pods", verb: "patch", name: "nstance-server-us-west-2a-abc"}, true},
+		{access{user: sa, namespace: ns, resource: "pods", verb: "delete", name: "nstance-server-us-west-2a-abc"}, false},
+		{access{user: sa, namespace: ns, resource: "pods", verb: "list"}, false},
+		{access{user: sa, namespace: ns, resource: "secrets", verb: "get", name: "nstance-encryption-key"}, false},
+		{access{user: sa, namespace: "default", resource: "pods", verb: "patch", name: "other"}, false},
+	} {
+		require.Equal(t, tc.want, allowed(t, e, tc.a), "%s", tc.a)
 	}
 }

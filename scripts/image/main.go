@@ -15,6 +15,11 @@
 //
 // and runs as 65532:65532. Every timestamp is SOURCE_DATE_EPOCH (or the Unix
 // epoch), so the same inputs give the same digests.
+//
+// With -platforms (amd64=PATH,arm64=PATH) it writes one multi-platform image
+// instead: an OCI layout whose index.json names an image index of one image
+// per architecture, for pushing (`skopeo copy --all oci-archive:OUT
+// docker://REPO/NAME:TAG`); such an archive has no Docker manifest.json.
 package main
 
 import (
@@ -52,6 +57,8 @@ type options struct {
 	source   string
 	caBundle string
 	out      string
+	// platforms maps GOARCH to binary path for a multi-platform index.
+	platforms string
 }
 
 func main() {
@@ -64,6 +71,7 @@ func main() {
 	flag.StringVar(&o.source, "source", "https://github.com/nstance-dev/nstance", "org.opencontainers.image.source label")
 	flag.StringVar(&o.caBundle, "ca-bundle", "/etc/ssl/certs/ca-certificates.crt", "CA bundle copied into the image")
 	flag.StringVar(&o.out, "out", "", "output archive path (required)")
+	flag.StringVar(&o.platforms, "platforms", "", "multi-platform image: comma-separated GOARCH=binary pairs (instead of -binary and -arch)")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
@@ -72,6 +80,9 @@ func main() {
 }
 
 func run(o options) error {
+	if o.platforms != "" {
+		return runIndex(o)
+	}
 	if o.binary == "" || o.out == "" {
 		return errors.New("-binary and -out are required")
 	}
@@ -103,6 +114,75 @@ func run(o options) error {
 	}
 	ref := fmt.Sprintf("%s/%s:%s", strings.TrimSuffix(o.repo, "/"), o.name, tagSafe(o.version))
 	return writeArchive(img, ref, o.out, created)
+}
+
+// runIndex builds one image per -platforms entry and writes them as one
+// multi-platform image index.
+func runIndex(o options) error {
+	if o.binary != "" || o.name == "" || o.out == "" {
+		return errors.New("-platforms needs -name and -out, and no -binary")
+	}
+	created, err := sourceDateEpoch()
+	if err != nil {
+		return err
+	}
+	ca, err := os.ReadFile(o.caBundle)
+	if err != nil {
+		return fmt.Errorf("read CA bundle: %w", err)
+	}
+	var idx v1.ImageIndex = mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+	seen := map[string]bool{}
+	for _, pair := range strings.Split(o.platforms, ",") {
+		arch, path, ok := strings.Cut(pair, "=")
+		if !ok || path == "" {
+			return fmt.Errorf("-platforms entry %q: want GOARCH=binary", pair)
+		}
+		if arch != "amd64" && arch != "arm64" {
+			return fmt.Errorf("-platforms entry %q: unsupported architecture (amd64, arm64)", pair)
+		}
+		if seen[arch] {
+			return fmt.Errorf("-platforms: %s given twice", arch)
+		}
+		seen[arch] = true
+		bin, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("read binary for %s: %w", arch, err)
+		}
+		layerTar, err := rootfs(o.name, bin, ca, created)
+		if err != nil {
+			return err
+		}
+		po := o
+		po.arch = arch
+		img, err := buildImage(po, layerTar, created)
+		if err != nil {
+			return err
+		}
+		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{
+			Add:        img,
+			Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: arch}},
+		})
+	}
+	ref := fmt.Sprintf("%s/%s:%s", strings.TrimSuffix(o.repo, "/"), o.name, tagSafe(o.version))
+	dir, err := os.MkdirTemp("", "nstance-image-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	lp, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		return fmt.Errorf("oci layout: %w", err)
+	}
+	if err := lp.AppendIndex(idx, layout.WithAnnotations(map[string]string{
+		"org.opencontainers.image.ref.name": tagSafe(o.version),
+		"io.containerd.image.name":          ref,
+	})); err != nil {
+		return fmt.Errorf("write index to layout: %w", err)
+	}
+	if err := dropArtifactType(filepath.Join(dir, "index.json")); err != nil {
+		return err
+	}
+	return tarDir(dir, o.out, created)
 }
 
 // sourceDateEpoch honours the reproducible-builds convention.
@@ -238,6 +318,8 @@ func buildImage(o options, layerTar []byte, created time.Time) (v1.Image, error)
 		"org.opencontainers.image.version": o.version,
 		"org.opencontainers.image.source":  o.source,
 		"org.opencontainers.image.created": created.Format(time.RFC3339),
+		// The license of the whole repository (LICENSE).
+		"org.opencontainers.image.licenses": "Apache-2.0",
 	}
 	img, err = mutate.ConfigFile(img, cf)
 	if err != nil {

@@ -79,6 +79,7 @@ func TestDocumentJSONAndYAML(t *testing.T) {
       "spec": {
         "drain_timeout": null,
         "group_id": "db",
+        "image": "",
         "instance_type": "",
         "labels": {},
         "rollout": null,
@@ -124,6 +125,7 @@ func TestDocumentJSONAndYAML(t *testing.T) {
   spec:
     drain_timeout: null
     group_id: db
+    image: ""
     instance_type: ""
     labels: {}
     rollout: null

@@ -274,7 +274,7 @@ func Objects(namespace, clusterName, id string, groups []*nstancev1.GroupStatus)
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: id, Labels: labels, Annotations: ann},
 		Spec: infrav1.NstanceMachinePoolSpec{
 			Group: id, Shards: shards, Template: spec.GetTemplate(), InstanceType: spec.GetInstanceType(),
-			SubnetPool: spec.GetSubnetPool(), Vars: maps.Clone(spec.GetVars()),
+			SubnetPool: spec.GetSubnetPool(), Vars: maps.Clone(spec.GetVars()), Image: spec.GetImage(),
 		},
 	}
 	if len(pool.Spec.Vars) == 0 {

@@ -259,7 +259,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, nm *infrav1.NstanceMac
 		}
 		req := &nstancev1.CreateInstanceRequest{
 			GroupId: nm.Spec.Group, Template: nm.Spec.Template, InstanceType: nm.Spec.InstanceType,
-			SubnetPool: nm.Spec.SubnetPool, Vars: nm.Spec.Vars, ClientToken: CreateToken(nm),
+			SubnetPool: nm.Spec.SubnetPool, Vars: nm.Spec.Vars, ClientToken: CreateToken(nm), Image: nm.Spec.Image,
 			Labels: map[string]string{instanceLabelMachine: nm.Name, instanceLabelMachineSpace: nm.Namespace},
 		}
 		if !data.Empty() {

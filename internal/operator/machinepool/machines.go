@@ -11,7 +11,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/labels/format"
+	"sigs.k8s.io/cluster-api/util/patch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -37,7 +39,12 @@ import (
 // instance the server no longer has is removed with its Machine; one whose
 // instance is being deleted is left to the drain coordinator, which drains
 // it and then deletes the Machine.
-func (r *Reconciler) syncMachines(ctx context.Context, pool *infrav1.NstanceMachinePool, mp *clusterv1.MachinePool, sgs []infrav1.NstanceShardGroup) error {
+//
+// While a rollout has shards that are not up to date (and until every
+// NstanceMachine says so again) the members are listed to keep each
+// NstanceMachine's UpToDate condition: core Cluster API marks every
+// MachinePool Machine UpToDate, so an outdated member shows here.
+func (r *Reconciler) syncMachines(ctx context.Context, pool *infrav1.NstanceMachinePool, mp *clusterv1.MachinePool, sgs []infrav1.NstanceShardGroup, rollout *poolRollout) error {
 	if r.Conns == nil {
 		return nil
 	}
@@ -65,6 +72,16 @@ func (r *Reconciler) syncMachines(ctx context.Context, pool *infrav1.NstanceMach
 	for pid, shard := range members {
 		if byPID[pid] == nil {
 			lookup[shard] = true
+		}
+	}
+	if rollout != nil {
+		for _, shard := range rollout.plan.Outdated {
+			lookup[shard] = true
+		}
+	}
+	for i := range mirrors {
+		if mirrors[i].DeletionTimestamp.IsZero() && !conditions.IsTrue(&mirrors[i], infrav1.UpToDateCondition) {
+			lookup[mirrors[i].Spec.Shard] = true
 		}
 	}
 	if len(lookup) == 0 {
@@ -97,6 +114,14 @@ func (r *Reconciler) syncMachines(ctx context.Context, pool *infrav1.NstanceMach
 			errs = append(errs, err)
 		}
 	}
+	for i := range mirrors {
+		nm := &mirrors[i]
+		if inst := instances[nm.Spec.ProviderID]; inst != nil && nm.DeletionTimestamp.IsZero() && activeState(inst.GetState()) {
+			if err := r.markUpToDate(ctx, nm, inst); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
 	for _, nm := range extra {
 		inst := instances[nm.Spec.ProviderID]
 		if inst != nil && inst.GetState() != nstancev1.InstanceState_INSTANCE_STATE_DELETED {
@@ -107,6 +132,28 @@ func (r *Reconciler) syncMachines(ctx context.Context, pool *infrav1.NstanceMach
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// markUpToDate sets nm's UpToDate condition from what the server says of
+// its instance (InstanceStatus.outdated), when it changes.
+func (r *Reconciler) markUpToDate(ctx context.Context, nm *infrav1.NstanceMachine, inst *nstancev1.InstanceStatus) error {
+	want := metav1.Condition{Type: infrav1.UpToDateCondition, Status: metav1.ConditionTrue, Reason: infrav1.UpToDateReason}
+	if inst.GetOutdated() {
+		want.Status, want.Reason = metav1.ConditionFalse, infrav1.NotUpToDateReason
+		want.Message = "instance " + inst.GetInstanceId() + " was created with other infra settings than its group now has; the pool's rollout replaces it"
+	}
+	if c := conditions.Get(nm, infrav1.UpToDateCondition); c != nil && c.Status == want.Status && c.Reason == want.Reason {
+		return nil
+	}
+	helper, err := patch.NewHelper(nm, r.Client)
+	if err != nil {
+		return fmt.Errorf("patch helper for NstanceMachine %s: %w", nm.Name, err)
+	}
+	conditions.Set(nm, want)
+	if err := helper.Patch(ctx, nm); err != nil {
+		return client.IgnoreNotFound(fmt.Errorf("mark NstanceMachine %s up to date=%s: %w", nm.Name, want.Status, err))
+	}
+	return nil
 }
 
 // poolMachines lists the NstanceMachines mirroring the pool's instances.
@@ -148,7 +195,7 @@ func (r *Reconciler) createPoolMachine(ctx context.Context, pool *infrav1.Nstanc
 		},
 		Spec: infrav1.NstanceMachineSpec{
 			ProviderID: inst.GetProviderId(), Group: pool.Spec.Group, Shard: shard,
-			Template: pool.Spec.Template, InstanceType: pool.Spec.InstanceType, SubnetPool: pool.Spec.SubnetPool,
+			Template: pool.Spec.Template, InstanceType: pool.Spec.InstanceType, SubnetPool: pool.Spec.SubnetPool, Image: pool.Spec.Image,
 		},
 	}
 	watchfilter.Inherit(pool, nm)

@@ -125,7 +125,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		return ctrl.Result{}, fmt.Errorf("patch helper for NstanceMachinePool %s: %w", pool.Name, err)
 	}
 	defer func() {
-		if err := helper.Patch(ctx, &pool, patch.WithOwnedConditions{Conditions: []string{clusterv1.PausedCondition, infrav1.ReadyCondition}}); err != nil {
+		if err := helper.Patch(ctx, &pool, patch.WithOwnedConditions{Conditions: []string{clusterv1.PausedCondition, infrav1.ReadyCondition, infrav1.RollingOutCondition}}); err != nil {
 			retErr = errors.Join(retErr, fmt.Errorf("patch NstanceMachinePool %s: %w", pool.Name, err))
 		}
 	}()
@@ -214,6 +214,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *infrav1.NstanceM
 	// created or changed: the servers keep what they run (a shard group
 	// already there keeps its size and data).
 	var secret string
+	var rollout *poolRollout
 	waitingForData := false
 	if mp != nil {
 		var ready bool
@@ -226,8 +227,15 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *infrav1.NstanceM
 		if err != nil {
 			return err
 		}
+		if rollout, err = r.planRollout(ctx, pool, sizes, secret, desired); err != nil {
+			return err
+		}
 		for _, shard := range pool.Spec.Shards {
-			if err := r.ensureShardGroup(ctx, pool, mp, shard, sizes[shard], secret); err != nil {
+			var budget *infrav1.ShardRollout
+			if b, ok := rollout.plan.Budgets[shard]; ok && !static(pool) {
+				budget = &b
+			}
+			if err := r.ensureShardGroup(ctx, pool, mp, shard, sizes[shard], secret, budget); err != nil {
 				return err
 			}
 		}
@@ -280,14 +288,17 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *infrav1.NstanceM
 	}
 	pool.Status.ObservedGeneration = pool.Generation
 	setCond(pool, infrav1.ReadyCondition, agg.Ready, agg.Reason, agg.Message)
+	if rollout != nil {
+		r.reportRollout(pool, rollout, desired)
+	}
 	if mp != nil {
 		pool.Status.InfrastructureMachineKind = infrav1.PoolMachineKind
-		return r.syncMachines(ctx, pool, mp, keep)
+		return r.syncMachines(ctx, pool, mp, keep, rollout)
 	}
 	return nil
 }
 
-func (r *Reconciler) ensureShardGroup(ctx context.Context, pool *infrav1.NstanceMachinePool, mp *clusterv1.MachinePool, shard string, size int32, secret string) error {
+func (r *Reconciler) ensureShardGroup(ctx context.Context, pool *infrav1.NstanceMachinePool, mp *clusterv1.MachinePool, shard string, size int32, secret string, budget *infrav1.ShardRollout) error {
 	sg := &infrav1.NstanceShardGroup{ObjectMeta: metav1.ObjectMeta{
 		Namespace: pool.Namespace, Name: infrav1.ShardGroupName(pool.Spec.Group, shard),
 	}}
@@ -316,6 +327,8 @@ func (r *Reconciler) ensureShardGroup(ctx context.Context, pool *infrav1.Nstance
 		sg.Spec.Vars = maps.Clone(pool.Spec.Vars)
 		sg.Spec.DrainTimeout = pool.Spec.DrainTimeout.DeepCopy()
 		sg.Spec.BootstrapDataSecretName = secret
+		sg.Spec.Image = pool.Spec.Image
+		sg.Spec.Rollout = budget
 		return nil
 	})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	corev1 "k8s.io/api/core/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
@@ -351,6 +352,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, sg *infrav1.NstanceSha
 	}
 
 	applyServerStatus(sg, current)
+	// current is the server's answer to exactly this spec: its
+	// up_to_date_count counts against these infra settings.
+	sg.Status.ObservedInfra = sg.Spec.InfraDigest()
 	if upserted || sg.Status.LastSyncTime == nil || sg.Status.ObservedGeneration != sg.Generation {
 		now := metav1.NewTime(r.now())
 		sg.Status.LastSyncTime = &now
@@ -386,6 +390,7 @@ func (r *Reconciler) markUnreachable(ctx context.Context, sg *infrav1.NstanceSha
 func applyServerStatus(sg *infrav1.NstanceShardGroup, g *nstancev1.GroupStatus) {
 	sg.Status.Replicas = int32(g.GetActualSize())
 	sg.Status.ReadyReplicas = int32(g.GetReadyCount())
+	sg.Status.UpToDateReplicas = int32(g.GetUpToDateCount())
 	ids := slices.Clone(g.GetProviderIds())
 	slices.Sort(ids)
 	if len(ids) == 0 {
@@ -444,6 +449,14 @@ func DesiredSpec(sg *infrav1.NstanceShardGroup, data userdata.Data) *nstancev1.G
 		Size:         uint32(max(sg.Spec.Size, 0)),
 		InstanceType: sg.Spec.InstanceType,
 		SubnetPool:   sg.Spec.SubnetPool,
+		Image:        sg.Spec.Image,
+	}
+	// An empty strategy is the server's default, which it reports as none.
+	if r := sg.Spec.Rollout; r != nil && (r.MaxSurge != nil || r.MaxUnavailable != 0 || r.Paused) {
+		spec.Rollout = &nstancev1.RolloutStrategy{MaxUnavailable: uint32(max(r.MaxUnavailable, 0)), Paused: r.Paused}
+		if r.MaxSurge != nil {
+			spec.Rollout.MaxSurge = proto.Uint32(uint32(max(*r.MaxSurge, 0)))
+		}
 	}
 	if !data.Empty() {
 		spec.UserData, spec.UserDataFormat = data.Value, data.Format
@@ -463,10 +476,17 @@ func DesiredSpec(sg *infrav1.NstanceShardGroup, data userdata.Data) *nstancev1.G
 // it, only its hash (GroupStatus.user_data_sha256, "" for none), which must
 // equal the hash of desired's, empty or not, so a group whose data was
 // removed is updated too. The format is compared only when the server
-// reports one.
+// reports one. The image is compared as it is ("" is the template's, so a
+// removed image is sent too), the rollout strategy when desired has one.
 func SpecMatches(desired *nstancev1.GroupSpec, current *nstancev1.GroupStatus) bool {
 	server := current.GetSpec()
 	if server == nil || desired.GetGroupId() != server.GetGroupId() || desired.GetSize() != server.GetSize() {
+		return false
+	}
+	if desired.GetImage() != server.GetImage() {
+		return false
+	}
+	if desired.GetRollout() != nil && !proto.Equal(desired.GetRollout(), server.GetRollout()) {
 		return false
 	}
 	if userdata.Hash(desired.GetUserData()) != current.GetUserDataSha256() {

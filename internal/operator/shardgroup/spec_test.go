@@ -7,8 +7,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/operator/userdata"
@@ -30,6 +32,19 @@ func TestDesiredSpec(t *testing.T) {
 	require.Equal(t, "v", got.GetVars()["k"], "spec does not alias the object")
 	require.Empty(t, got.GetUserData(), "no bootstrap data: the template's userdata")
 	require.Empty(t, got.GetUserDataFormat())
+
+	require.Nil(t, got.GetRollout(), "no budget: the server's defaults")
+	require.Empty(t, got.GetImage())
+
+	sg.Spec.Image = "ami-2"
+	sg.Spec.Rollout = &infrav1.ShardRollout{}
+	require.Nil(t, DesiredSpec(sg, userdata.Data{}).GetRollout(), "an empty budget is the server's default, sent as none")
+	sg.Spec.Rollout = &infrav1.ShardRollout{Paused: true}
+	require.True(t, proto.Equal(&nstancev1.RolloutStrategy{Paused: true}, DesiredSpec(sg, userdata.Data{}).GetRollout()))
+	sg.Spec.Rollout = &infrav1.ShardRollout{MaxSurge: ptr.To[int32](2), MaxUnavailable: 1}
+	got = DesiredSpec(sg, userdata.Data{})
+	require.True(t, proto.Equal(&nstancev1.RolloutStrategy{MaxSurge: proto.Uint32(2), MaxUnavailable: 1}, got.GetRollout()), "%v", got.GetRollout())
+	require.Equal(t, "ami-2", got.GetImage())
 
 	withData := DesiredSpec(sg, userdata.Data{Secret: "boot", Value: []byte("#cloud-config\n"), Format: userdata.FormatIgnition})
 	require.Equal(t, []byte("#cloud-config\n"), withData.GetUserData())
@@ -74,6 +89,20 @@ func TestSpecMatches(t *testing.T) {
 		{"format differs", func(d *nstancev1.GroupSpec, s *nstancev1.GroupStatus) {
 			d.UserData, d.UserDataFormat = data, userdata.FormatIgnition
 			s.UserDataSha256, s.Spec.UserDataFormat = userdata.Hash(data), userdata.FormatCloudConfig
+		}, false},
+		{"image wanted", func(d *nstancev1.GroupSpec, _ *nstancev1.GroupStatus) { d.Image = "ami-2" }, false},
+		{"image removed", func(_ *nstancev1.GroupSpec, s *nstancev1.GroupStatus) { s.Spec.Image = "ami-1" }, false},
+		{"same image", func(d *nstancev1.GroupSpec, s *nstancev1.GroupStatus) { d.Image, s.Spec.Image = "ami-1", "ami-1" }, true},
+		{"no desired rollout", func(_ *nstancev1.GroupSpec, s *nstancev1.GroupStatus) {
+			s.Spec.Rollout = &nstancev1.RolloutStrategy{Paused: true}
+		}, true},
+		{"rollout the server holds", func(d *nstancev1.GroupSpec, s *nstancev1.GroupStatus) {
+			d.Rollout = &nstancev1.RolloutStrategy{MaxSurge: proto.Uint32(1)}
+			s.Spec.Rollout = &nstancev1.RolloutStrategy{MaxSurge: proto.Uint32(1)}
+		}, true},
+		{"paused on the server, budget wanted", func(d *nstancev1.GroupSpec, s *nstancev1.GroupStatus) {
+			d.Rollout = &nstancev1.RolloutStrategy{MaxSurge: proto.Uint32(1)}
+			s.Spec.Rollout = &nstancev1.RolloutStrategy{Paused: true}
 		}, false},
 		{"format not reported", func(d *nstancev1.GroupSpec, s *nstancev1.GroupStatus) {
 			d.UserData, d.UserDataFormat = data, userdata.FormatIgnition

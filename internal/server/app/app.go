@@ -72,7 +72,11 @@ type Options struct {
 	// (shard.leader_address mode aws-eni), whatever the config says: the
 	// shard's Auto Scaling group hands it to its servers in user data.
 	LeaderInterfaceID string
-	Bind              BindOverrides
+	// LeaderPod, "namespace/name", makes the shard leader label its own
+	// pod nstance.dev/shard-leader=true (leaderaddr.PodLabel), whatever
+	// the config says: the nstance-server chart's Service selects it.
+	LeaderPod string
+	Bind      BindOverrides
 	// Getenv reads the encryption key variables; os.Getenv when nil.
 	Getenv func(string) string
 	// Remote reads AWS Secrets Manager and SSM values (encryption keys and

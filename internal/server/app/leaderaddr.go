@@ -19,6 +19,15 @@ const leaderAddressTimeout = 10 * time.Second
 // shard.leader_address. A VIP lives no longer than the shard lease lets
 // this server act (the elector's ValidUntil).
 func (a *App) newLeaderAddress(la config.LeaderAddress, infra config.Infra) (leaderaddr.Holder, error) {
+	if ref := a.o.LeaderPod; ref != "" {
+		// --leader-pod (NSTANCE_LEADER_POD, set by the nstance-server
+		// chart): on Kubernetes the leader labels its pod and the shard's
+		// Service selects the label.
+		if a.o.LeaderInterfaceID != "" {
+			return nil, fmt.Errorf("--leader-pod and --leader-interface: choose one")
+		}
+		return leaderaddr.NewPodLabel(nil, ref, a.log().WithName("leader-address"))
+	}
 	if id := a.o.LeaderInterfaceID; id != "" {
 		// --leader-interface (NSTANCE_LEADER_ENI, written by the AWS user
 		// data of the shard's Auto Scaling group) wins over the config.

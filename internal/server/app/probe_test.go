@@ -77,3 +77,37 @@ func TestLeaderInterfaceFlagChecked(t *testing.T) {
 	_, getErr := store.Get(context.Background(), layout.New("").ShardLeader("dev-1"))
 	require.ErrorIs(t, getErr, objstore.ErrNotFound, "it never campaigned")
 }
+
+// TestLeaderPodFlagChecked: --leader-pod (NSTANCE_LEADER_POD from the
+// nstance-server chart) is checked at start, before the server campaigns:
+// a reference that is not namespace/name, or given with --leader-interface,
+// stops it naming the problem.
+func TestLeaderPodFlagChecked(t *testing.T) {
+	for _, tc := range []struct {
+		name, pod, eni, want string
+	}{
+		{"not namespace/name", "nstance-server-a-0", "", `leader pod "nstance-server-a-0": want namespace/name`},
+		{"unexpanded downward API variables", "$(POD_NAMESPACE)/$(POD_NAME)", "", `leader pod "$(POD_NAMESPACE)/$(POD_NAME)": namespace`},
+		{"both leader address flags", "ns/pod", "eni-0123456789abcdef0", "--leader-pod and --leader-interface: choose one"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := s3Store(t)
+			putConfig(t, store, "c1", "dev-1")
+			a, err := New(Options{
+				ServerID: "pod-a", Shard: "dev-1", Store: store, Keys: layout.New(""), CacheDir: t.TempDir(),
+				Bind:              BindOverrides{Health: "127.0.0.1:0"},
+				Getenv:            func(k string) string { return map[string]string{"NSTANCE_ENCRYPTION_KEY": testKey}[k] },
+				Log:               testr.New(t),
+				Provider:          mock.New(),
+				LeaderPod:         tc.pod,
+				LeaderInterfaceID: tc.eni,
+			})
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			require.ErrorContains(t, a.Run(ctx), tc.want)
+			_, getErr := store.Get(context.Background(), layout.New("").ShardLeader("dev-1"))
+			require.ErrorIs(t, getErr, objstore.ErrNotFound, "it never campaigned")
+		})
+	}
+}

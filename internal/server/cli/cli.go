@@ -54,6 +54,7 @@ func App() *ucli.App {
 			&ucli.StringFlag{Name: "prefix", Usage: "key prefix inside the bucket", EnvVars: []string{"NSTANCE_STORAGE_PREFIX"}},
 			&ucli.StringFlag{Name: "storage-dir", Usage: "directory for --storage file", EnvVars: []string{"NSTANCE_STORAGE_DIR"}},
 			&ucli.StringFlag{Name: "cache-dir", Usage: "directory of the SQLite cache (empty: in memory)", EnvVars: []string{"NSTANCE_CACHE_DIR"}},
+			&ucli.StringFlag{Name: "leader-pod", Usage: "namespace/name of this server's Kubernetes pod: the shard leader labels it nstance.dev/shard-leader=true; overrides shard.leader_address", EnvVars: []string{"NSTANCE_LEADER_POD"}},
 			&ucli.StringFlag{Name: "leader-interface", Usage: "EC2 network interface (eni-...) the shard leader attaches; overrides shard.leader_address", EnvVars: []string{"NSTANCE_LEADER_ENI"}},
 			&ucli.StringSliceFlag{Name: "advertise-host", Usage: "host name or IP clients use; added to the server certificate", EnvVars: []string{"NSTANCE_ADVERTISE_HOST"}},
 			&ucli.IntFlag{Name: "port-offset", Usage: "added to every configured port (dev stack: 10*(N-1))", EnvVars: []string{"NSTANCE_PORT_OFFSET"}},
@@ -131,6 +132,7 @@ func run(c *ucli.Context) error {
 	a, err := app.New(app.Options{
 		ServerID: id, Shard: c.String("shard"), Store: store, Keys: keys, CacheDir: c.String("cache-dir"),
 		AdvertiseHosts: c.StringSlice("advertise-host"), LeaderInterfaceID: c.String("leader-interface"),
+		LeaderPod:          c.String("leader-pod"),
 		NonceSweepInterval: c.Duration("nonce-sweep-interval"),
 		Bind: app.BindOverrides{
 			PortOffset: c.Int("port-offset"), Health: c.String("bind-health"), Election: c.String("bind-election"),

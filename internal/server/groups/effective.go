@@ -4,11 +4,16 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/layout"
+	"github.com/nstance-dev/nstance/internal/server/provider"
 )
+
+// MaxImageLen bounds a group's image.
+const MaxImageLen = 256
 
 // Overrides are per-instance settings given to CreateInstance.
 type Overrides struct {
@@ -17,6 +22,8 @@ type Overrides struct {
 	SubnetPool   string
 	Vars         map[string]string
 	DrainTimeout time.Duration
+	// Image replaces the group's image (the reserved arg provider.ArgImage).
+	Image string
 	// UserDataSHA256 and UserDataFormat name bootstrap data sent with the
 	// request; they replace the group's.
 	UserDataSHA256, UserDataFormat string
@@ -67,9 +74,15 @@ func Resolve(cfg *config.Config, spec *Spec, o Overrides) (Effective, error) {
 			e.DrainTimeout = spec.DrainTimeout
 		}
 		e.UserDataSHA256, e.UserDataFormat = spec.UserDataSHA256, spec.UserDataFormat
+		if spec.Image != "" {
+			e.Args[provider.ArgImage] = spec.Image
+		}
 	}
 	if o.UserDataSHA256 != "" {
 		e.UserDataSHA256, e.UserDataFormat = o.UserDataSHA256, o.UserDataFormat
+	}
+	if o.Image != "" {
+		e.Args[provider.ArgImage] = o.Image
 	}
 	pick(&e.InstanceType, o.InstanceType)
 	pick(&e.SubnetPool, o.SubnetPool)
@@ -83,6 +96,15 @@ func Resolve(cfg *config.Config, spec *Spec, o Overrides) (Effective, error) {
 		}
 	}
 	return e, nil
+}
+
+// CheckImage refuses an image (GroupSpec.image, CreateInstanceRequest.image)
+// longer than MaxImageLen or with spaces or control characters.
+func CheckImage(image string) *FieldError {
+	if len(image) > MaxImageLen || strings.IndexFunc(image, func(r rune) bool { return r <= ' ' || r >= 0x7f }) >= 0 {
+		return &FieldError{Key: "image", Reason: fmt.Sprintf("want at most %d printable characters without spaces, got %q", MaxImageLen, image)}
+	}
+	return nil
 }
 
 func pick(dst *string, v string) {
@@ -131,6 +153,9 @@ func Validate(cfg *config.Config, tenant, id string, s Spec) []FieldError {
 		case r.MaxSurge != nil && surge == 0 && r.MaxUnavailable == 0:
 			add("rollout", "max_surge and max_unavailable must not both be 0 (the rotation could never proceed)")
 		}
+	}
+	if fe := CheckImage(s.Image); fe != nil {
+		errs = append(errs, *fe)
 	}
 	for k := range s.Vars {
 		if k == "" {

@@ -48,6 +48,9 @@ type Spec struct {
 	// encrypted by package userdata); empty means the template's userdata.
 	UserDataSHA256 string `json:"user_data_sha256,omitempty"`
 	UserDataFormat string `json:"user_data_format,omitempty"`
+	// Image is the group's machine image, resolved as the reserved arg
+	// provider.ArgImage (empty: the template's).
+	Image string `json:"image,omitempty"`
 	// Rollout bounds the rotation of drifted members (zero: the shard's
 	// rotation_surge, nothing unavailable, not paused).
 	Rollout Rollout `json:"rollout,omitzero"`

@@ -45,6 +45,9 @@ func TestResolveMergesInOrder(t *testing.T) {
 			groups.Overrides{InstanceType: "huge", Vars: map[string]string{"role": "gpu"}, DrainTimeout: time.Hour},
 			groups.Effective{Template: "worker", InstanceType: "huge", SubnetPool: "a",
 				Vars: map[string]string{"env": "dev", "role": "gpu", "t": "1"}, Args: map[string]string{"v": "1"}, DrainTimeout: time.Hour}, ""},
+		{"group image as the reserved arg", &groups.Spec{Template: "worker", Image: "ami-2"}, groups.Overrides{},
+			groups.Effective{Template: "worker", InstanceType: "small", SubnetPool: "a",
+				Vars: map[string]string{"env": "dev", "role": "worker", "t": "1"}, Args: map[string]string{"v": "1", "image": "ami-2"}, DrainTimeout: time.Minute}, ""},
 		{"no template", nil, groups.Overrides{}, groups.Effective{}, "template: required"},
 		{"unknown template", nil, groups.Overrides{Template: "x"}, groups.Effective{}, "unknown template"},
 		{"unknown pool", nil, groups.Overrides{Template: "worker", SubnetPool: "zz"}, groups.Effective{}, "unknown subnet pool"},
@@ -122,12 +125,13 @@ func TestRegistryPersistsAndProtectsStatic(t *testing.T) {
 func TestValidate(t *testing.T) {
 	cfg := testConfig()
 	require.Empty(t, groups.Validate(cfg, "acme", "web", groups.Spec{Template: "worker", Size: 1}))
-	fes := groups.Validate(cfg, "acme", "../x", groups.Spec{Template: "nope", Size: -1, SubnetPool: "zz"})
+	require.Empty(t, groups.Validate(cfg, "acme", "web", groups.Spec{Template: "worker", Size: 1, Image: "ami-0123456789abcdef0"}))
+	fes := groups.Validate(cfg, "acme", "../x", groups.Spec{Template: "nope", Size: -1, SubnetPool: "zz", Image: "two words"})
 	var keys []string
 	for _, fe := range fes {
 		keys = append(keys, fe.Key)
 	}
-	require.ElementsMatch(t, []string{"group_id", "template", "size", "subnet_pool"}, keys)
+	require.ElementsMatch(t, []string{"group_id", "template", "size", "subnet_pool", "image"}, keys)
 }
 
 func TestValidateRefusesControlPlaneNamesInVars(t *testing.T) {

@@ -14,7 +14,7 @@ func (g *Group) SpecProto() *nstancev1.GroupSpec {
 	s := &nstancev1.GroupSpec{
 		GroupId: g.ID, Template: g.Spec.Template, Size: uint32(g.Spec.Size), InstanceType: g.Spec.InstanceType,
 		SubnetPool: g.Spec.SubnetPool, Vars: maps.Clone(g.Spec.Vars), Labels: maps.Clone(g.Spec.Labels),
-		UserDataSha256: g.Spec.UserDataSHA256, UserDataFormat: g.Spec.UserDataFormat,
+		UserDataSha256: g.Spec.UserDataSHA256, UserDataFormat: g.Spec.UserDataFormat, Image: g.Spec.Image,
 	}
 	if g.Spec.DrainTimeout > 0 {
 		s.DrainTimeout = durationpb.New(g.Spec.DrainTimeout)

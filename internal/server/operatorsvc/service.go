@@ -239,7 +239,7 @@ func (s *Service) CreateInstance(ctx context.Context, req *nstancev1.CreateInsta
 	}
 	cr := tenantops.CreateInstanceRequest{GroupID: req.GetGroupId(), Template: req.GetTemplate(), InstanceType: req.GetInstanceType(),
 		SubnetPool: req.GetSubnetPool(), ClientToken: req.GetClientToken(), Vars: req.GetVars(), Labels: req.GetLabels(),
-		UserData: req.GetUserData(), UserDataFormat: req.GetUserDataFormat()}
+		UserData: req.GetUserData(), UserDataFormat: req.GetUserDataFormat(), Image: req.GetImage()}
 	if d := req.GetDrainTimeout(); d != nil {
 		if err := d.CheckValid(); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "drain_timeout: %v", err)

@@ -23,6 +23,12 @@ const (
 	StateStopped State = "stopped"
 )
 
+// ArgImage is the reserved instance arg carrying a group's image
+// (GroupSpec.image): it wins over the template's args, and a provider with
+// images (aws) launches from it; the others only record it. Being an arg, a
+// change makes the group's members drift and rotate.
+const ArgImage = "image"
+
 // CreateRequest carries everything a provider needs to start one instance.
 type CreateRequest struct {
 	InstanceID   string

@@ -77,3 +77,36 @@ func TestRolloutStrategyValidated(t *testing.T) {
 		require.False(t, ok, "%s: nothing stored", name)
 	}
 }
+
+// TestImageChangeRollsTheGroup: a new GroupSpec.image makes every member
+// drift (it is the reserved arg "image") and the group rolls onto it; the
+// image round-trips through the stored group.
+func TestImageChangeRollsTheGroup(t *testing.T) {
+	s := newShard(t, newShardConfig(t).build(t), shardOptions{})
+	ctx := context.Background()
+	spec := &nstancev1.GroupSpec{GroupId: "web", Template: "worker", Size: 2, Image: "img-1"}
+	_, _, err := s.ops.UpsertGroup(ctx, "t", spec, "")
+	require.NoError(t, err)
+	s.run(t)
+	status := func() *nstancev1.GroupStatus { return s.r.GroupStatus(s.group(t, "web")) }
+	require.EqualValues(t, 2, status().GetUpToDateCount())
+
+	spec.Image = "img-2"
+	_, _, err = s.ops.UpsertGroup(ctx, "t", spec, "")
+	require.NoError(t, err)
+	require.Zero(t, status().GetUpToDateCount(), "every member drifted")
+	require.Equal(t, "img-2", status().GetSpec().GetImage())
+	sts := s.ops.ListInstances("t", []string{"web"}, nil)
+	require.Len(t, sts, 2)
+	for _, st := range sts {
+		require.True(t, st.GetOutdated(), "%s is outdated", st.GetInstanceId())
+	}
+	for step := 0; step < 100 && status().GetUpToDateCount() < 2; step++ {
+		s.advance(t, 10*time.Millisecond)
+	}
+	require.EqualValues(t, 2, status().GetUpToDateCount())
+	for _, r := range s.running("web") {
+		require.Equal(t, "img-2", r.Args["image"])
+		require.False(t, s.ops.Status(r).GetOutdated(), "%s is up to date", r.ID)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
+	"github.com/nstance-dev/nstance/internal/server/reconcile/planner"
 	"github.com/nstance-dev/nstance/internal/server/userdata"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -51,7 +52,7 @@ func invalid(fields ...config.FieldError) error { return &InvalidError{Fields: f
 // SpecFromProto converts a wire spec, checking the duration.
 func SpecFromProto(p *nstancev1.GroupSpec) (groups.Spec, error) {
 	s := groups.Spec{Template: p.GetTemplate(), Size: int(p.GetSize()), InstanceType: p.GetInstanceType(),
-		SubnetPool: p.GetSubnetPool(), Vars: maps.Clone(p.GetVars()), Labels: maps.Clone(p.GetLabels())}
+		SubnetPool: p.GetSubnetPool(), Vars: maps.Clone(p.GetVars()), Labels: maps.Clone(p.GetLabels()), Image: p.GetImage()}
 	if p.GetDrainTimeout() != nil {
 		if err := p.GetDrainTimeout().CheckValid(); err != nil {
 			return s, invalid(config.FieldError{Key: "drain_timeout", Reason: err.Error()})
@@ -162,6 +163,8 @@ type CreateInstanceRequest struct {
 	GroupID, Template, InstanceType, SubnetPool, ClientToken string
 	Vars, Labels                                             map[string]string
 	DrainTimeout                                             time.Duration
+	// Image replaces the group's (and the template's) image.
+	Image string
 	// UserData is the instance's own bootstrap data (replaces its group's).
 	UserData       []byte
 	UserDataFormat string
@@ -234,6 +237,9 @@ func (o *Ops) CreateInstance(ctx context.Context, tenant string, req CreateInsta
 	if req.DrainTimeout < 0 {
 		return nil, invalid(config.FieldError{Key: "drain_timeout", Reason: "must not be negative"})
 	}
+	if fe := groups.CheckImage(req.Image); fe != nil {
+		return nil, invalid(*fe)
+	}
 	labels, vars := map[string]string{}, map[string]string{}
 	if spec != nil {
 		maps.Copy(labels, spec.Labels)
@@ -258,7 +264,7 @@ func (o *Ops) CreateInstance(ctx context.Context, tenant string, req CreateInsta
 		}
 	}
 	eff, err := groups.Resolve(o.o.Config(), spec, groups.Overrides{Template: req.Template, InstanceType: req.InstanceType,
-		SubnetPool: req.SubnetPool, Vars: req.Vars, DrainTimeout: req.DrainTimeout, UserDataSHA256: udSum, UserDataFormat: udFormat})
+		SubnetPool: req.SubnetPool, Vars: req.Vars, DrainTimeout: req.DrainTimeout, Image: req.Image, UserDataSHA256: udSum, UserDataFormat: udFormat})
 	if err != nil {
 		return nil, invalid(config.FieldError{Reason: err.Error()})
 	}
@@ -337,7 +343,24 @@ func (o *Ops) Status(rec *instances.Record) *nstancev1.InstanceStatus {
 	if v := o.o.Reconciler.ReportedVersion(rec.ID); v != "" {
 		st.AgentVersion = v
 	}
+	st.Outdated = o.outdated(rec)
 	return st
+}
+
+// outdated reports whether rec is a group member created with other infra
+// settings than its group now resolves to (what the group's rollout
+// replaces). A group that does not resolve makes nothing outdated, as for
+// the reconciler.
+func (o *Ops) outdated(rec *instances.Record) bool {
+	if rec.GroupID == "" || rec.OnDemand {
+		return false
+	}
+	g, ok := o.o.Groups.Get(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
+	if !ok {
+		return false
+	}
+	eff, err := groups.Resolve(o.o.Config(), &g.Spec, groups.Overrides{})
+	return err == nil && planner.Drifted(rec, eff)
 }
 
 // MarkForScaleDown keeps a group member running and makes it the first one

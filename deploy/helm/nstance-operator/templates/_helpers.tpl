@@ -22,11 +22,15 @@ app.kubernetes.io/name: {{ include "nstance-operator.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/* Common labels. For clusterctl's components (values.clusterctl) no Helm
+  labels: clusterctl, not Helm, manages those objects. */}}
 {{- define "nstance-operator.labels" -}}
+{{- if not .Values.clusterctl }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
 {{ include "nstance-operator.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: nstance
 cluster.x-k8s.io/provider: infrastructure-nstance
 {{- end }}

@@ -90,6 +90,12 @@ func (o *Options) launchSpec(args map[string]string) (launchSpec, error) {
 		}
 		s.imageID = v
 	}
+	if v := args[provider.ArgImage]; v != "" {
+		if !strings.HasPrefix(v, "ami-") {
+			return s, fmt.Errorf("image: want ami-…, got %q", v)
+		}
+		s.imageID = v
+	}
 	if v := args[ArgLaunchTemplate]; v != "" {
 		s.launchTemplate = LaunchTemplate{Version: s.launchTemplate.Version}
 		if strings.HasPrefix(v, "lt-") {

@@ -361,6 +361,17 @@ func TestLaunchTemplateAndArgs(t *testing.T) {
 	require.Equal(t, "arn:aws:iam::1:instance-profile/gpu", *in.IamInstanceProfile.Arn)
 	require.Equal(t, "ops", *in.KeyName)
 
+	// The group's image (the reserved arg) wins over the template's aws.image_id.
+	req = request("img-1", "gpu")
+	req.Args = map[string]string{aws.ArgImageID: "ami-gpu", provider.ArgImage: "ami-node2"}
+	_, err = h.p.Create(ctx, req)
+	require.NoError(t, err)
+	require.Equal(t, "ami-node2", *h.ec2.RunInputs()[2].ImageId)
+
+	req = request("bad-0", "bad")
+	req.Args = map[string]string{provider.ArgImage: "node-image"}
+	_, err = h.p.Create(ctx, req)
+	require.ErrorContains(t, err, `image: want ami-…, got "node-image"`)
 	req = request("bad-1", "bad")
 	req.Args = map[string]string{aws.ArgMarket: "reserved"}
 	_, err = h.p.Create(ctx, req)
@@ -369,7 +380,7 @@ func TestLaunchTemplateAndArgs(t *testing.T) {
 	req.SubnetPool = "nope"
 	_, err = h.p.Create(ctx, req)
 	require.ErrorContains(t, err, `subnet pool "nope"`)
-	require.Len(t, h.ec2.RunInputs(), 2, "bad requests never reach EC2")
+	require.Len(t, h.ec2.RunInputs(), 3, "bad requests never reach EC2")
 }
 
 func TestSubnetChoiceIsStablePerInstance(t *testing.T) {

@@ -117,9 +117,6 @@ func Drifted(rec *instances.Record, eff groups.Effective) bool {
 // rotation may run. See the package doc for the rules.
 func PlanGroup(g Group, members []Member, now time.Time, h Health, surge int) Plan {
 	var p Plan
-	if g.Paused {
-		surge = 0
-	}
 	del := func(m Member, reason nstancev1.DeletionReason, msg string) {
 		p.Deletions = append(p.Deletions, Deletion{ID: m.ID, Reason: reason, Message: msg})
 	}
@@ -183,8 +180,22 @@ func PlanGroup(g Group, members []Member, now time.Time, h Health, surge int) Pl
 	}
 
 	// Scale down: members beyond the size (and the surge a rotation in
-	// progress may use) go.
-	if excess := len(fresh) + len(drifted) - size - min(surge, len(drifted)); excess > 0 {
+	// progress may use) go. A paused group creates no surge member and
+	// keeps only those a rotation started before the pause and that are not
+	// ready yet: removing a ready drifted member for one would leave fewer
+	// ready members than the size. Once ready, the oldest drifted member
+	// makes room by scale-down, as for any excess.
+	surgeKept := min(surge, len(drifted))
+	if g.Paused {
+		starting := 0
+		for _, m := range fresh {
+			if !h.Ready(m, now) {
+				starting++
+			}
+		}
+		surge, surgeKept = 0, min(surgeKept, starting)
+	}
+	if excess := len(fresh) + len(drifted) - size - surgeKept; excess > 0 {
 		order := markedFirst(append(ScaleDownOrder(drifted), ScaleDownOrder(fresh)...))
 		for _, m := range order[:excess] {
 			del(m, nstancev1.DeletionReason_DELETION_REASON_SCALE_DOWN, fmt.Sprintf(msgScaledTo, size))

@@ -48,6 +48,7 @@ func groupSpec() *nstancev1.GroupSpec {
 		UserDataFormat: "cloud-config",
 		UserDataSha256: "8f2c0e4d8c1b7e0f8a4b6e7d1c2b3a4f5e6d7c8b9a0f1e2d3c4b5a6978675645",
 		Rollout:        &nstancev1.RolloutStrategy{MaxSurge: proto.Uint32(2), MaxUnavailable: 1, Paused: true},
+		Image:          "ami-0123456789abcdef0",
 	}
 }
 
@@ -88,6 +89,7 @@ func instanceStatus() *nstancev1.InstanceStatus {
 		AgentVersion:   "v0.4.0",
 		UserDataSha256: "8f2c0e4d8c1b7e0f8a4b6e7d1c2b3a4f5e6d7c8b9a0f1e2d3c4b5a6978675645",
 		FirstHealthAt:  ts(-50 * time.Minute),
+		Outdated:       true,
 	}
 }
 
@@ -225,6 +227,7 @@ func fixtures() []fixture {
 			DrainTimeout:   dur(90 * time.Second),
 			UserData:       []byte("#!/bin/sh\necho join\n"),
 			UserDataFormat: "cloud-config",
+			Image:          "ami-0123456789abcdef0",
 		}},
 		{"CreateInstanceResponse", &nstancev1.CreateInstanceResponse{Instance: instanceStatus()}},
 		{"DeleteInstanceRequest", &nstancev1.DeleteInstanceRequest{InstanceId: "i-0a1b2c", SkipDrain: true, OnScaleDown: true}},

@@ -63,7 +63,15 @@ type GroupSpec struct {
 	// How the group replaces members whose infra settings drifted (template,
 	// instance type, subnet pool, args, bootstrap data). Unset: the shard's
 	// shard.rotation_surge as max_surge, max_unavailable 0, not paused.
-	Rollout       *RolloutStrategy `protobuf:"bytes,12,opt,name=rollout,proto3" json:"rollout,omitempty"`
+	Rollout *RolloutStrategy `protobuf:"bytes,12,opt,name=rollout,proto3" json:"rollout,omitempty"`
+	// Machine image of the group's instances (for aws an AMI id, ami-...),
+	// the constellation's NodeImage. Empty means the template's. The server
+	// resolves it as the reserved instance arg "image", which wins over the
+	// template's image arg (aws.image_id), so a change makes every member
+	// drift and the group rolls it under the rollout strategy. Providers
+	// without images (process, tmux) record it only. At most 256 printable
+	// characters without spaces.
+	Image         string `protobuf:"bytes,13,opt,name=image,proto3" json:"image,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -180,6 +188,13 @@ func (x *GroupSpec) GetRollout() *RolloutStrategy {
 		return x.Rollout
 	}
 	return nil
+}
+
+func (x *GroupSpec) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
 }
 
 // RolloutStrategy bounds a group's rotation of drifted members.
@@ -384,7 +399,7 @@ var File_nstance_v1_group_proto protoreflect.FileDescriptor
 const file_nstance_v1_group_proto_rawDesc = "" +
 	"\n" +
 	"\x16nstance/v1/group.proto\x12\n" +
-	"nstance.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe8\x04\n" +
+	"nstance.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfe\x04\n" +
 	"\tGroupSpec\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\tR\agroupId\x12\x1a\n" +
 	"\btemplate\x18\x02 \x01(\tR\btemplate\x12\x12\n" +
@@ -399,7 +414,8 @@ const file_nstance_v1_group_proto_rawDesc = "" +
 	"\x10user_data_format\x18\n" +
 	" \x01(\tR\x0euserDataFormat\x12(\n" +
 	"\x10user_data_sha256\x18\v \x01(\tR\x0euserDataSha256\x125\n" +
-	"\arollout\x18\f \x01(\v2\x1b.nstance.v1.RolloutStrategyR\arollout\x1a7\n" +
+	"\arollout\x18\f \x01(\v2\x1b.nstance.v1.RolloutStrategyR\arollout\x12\x14\n" +
+	"\x05image\x18\r \x01(\tR\x05image\x1a7\n" +
 	"\tVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +

@@ -265,6 +265,11 @@ type InstanceStatus struct {
 	// When the first health report of the instance's agent was recorded;
 	// unset before it. The operator's join deadline counts from it.
 	FirstHealthAt *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=first_health_at,json=firstHealthAt,proto3" json:"first_health_at,omitempty"`
+	// True for a group member created with other infra settings (template,
+	// instance type, subnet pool, args, image, bootstrap data) than its group
+	// now resolves to: the group's rollout replaces it. Always false outside
+	// a group (on-demand and standalone instances).
+	Outdated      bool `protobuf:"varint,18,opt,name=outdated,proto3" json:"outdated,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -418,6 +423,13 @@ func (x *InstanceStatus) GetFirstHealthAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *InstanceStatus) GetOutdated() bool {
+	if x != nil {
+		return x.Outdated
+	}
+	return false
+}
+
 var File_nstance_v1_instance_proto protoreflect.FileDescriptor
 
 const file_nstance_v1_instance_proto_rawDesc = "" +
@@ -426,7 +438,7 @@ const file_nstance_v1_instance_proto_rawDesc = "" +
 	"nstance.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"X\n" +
 	"\x0fInstanceAddress\x12+\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x17.nstance.v1.AddressTypeR\x04type\x12\x18\n" +
-	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xe5\x05\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\"\x81\x06\n" +
 	"\x0eInstanceStatus\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x19\n" +
@@ -448,7 +460,8 @@ const file_nstance_v1_instance_proto_rawDesc = "" +
 	"\rworkload_gone\x18\x0e \x01(\bR\fworkloadGone\x12#\n" +
 	"\ragent_version\x18\x0f \x01(\tR\fagentVersion\x12(\n" +
 	"\x10user_data_sha256\x18\x10 \x01(\tR\x0euserDataSha256\x12B\n" +
-	"\x0ffirst_health_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\rfirstHealthAt*\xb7\x02\n" +
+	"\x0ffirst_health_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\rfirstHealthAt\x12\x1a\n" +
+	"\boutdated\x18\x12 \x01(\bR\boutdated*\xb7\x02\n" +
 	"\rInstanceState\x12\x1e\n" +
 	"\x1aINSTANCE_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16INSTANCE_STATE_PENDING\x10\x01\x12\x1b\n" +

@@ -947,8 +947,11 @@ type CreateInstanceRequest struct {
 	UserData []byte `protobuf:"bytes,9,opt,name=user_data,json=userData,proto3" json:"user_data,omitempty"`
 	// Format of user_data: "cloud-config" (the default) or "ignition".
 	UserDataFormat string `protobuf:"bytes,10,opt,name=user_data_format,json=userDataFormat,proto3" json:"user_data_format,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Machine image for this instance; empty means the group's, else the
+	// template's. Same rules as GroupSpec.image.
+	Image         string `protobuf:"bytes,11,opt,name=image,proto3" json:"image,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateInstanceRequest) Reset() {
@@ -1047,6 +1050,13 @@ func (x *CreateInstanceRequest) GetUserData() []byte {
 func (x *CreateInstanceRequest) GetUserDataFormat() string {
 	if x != nil {
 		return x.UserDataFormat
+	}
+	return ""
+}
+
+func (x *CreateInstanceRequest) GetImage() string {
+	if x != nil {
+		return x.Image
 	}
 	return ""
 }
@@ -2935,7 +2945,7 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"\rexpected_etag\x18\x02 \x01(\tR\fexpectedEtag\"`\n" +
 	"\x13DeleteGroupResponse\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\tR\agroupId\x12.\n" +
-	"\x13instances_to_delete\x18\x02 \x01(\rR\x11instancesToDelete\"\xba\x04\n" +
+	"\x13instances_to_delete\x18\x02 \x01(\rR\x11instancesToDelete\"\xd0\x04\n" +
 	"\x15CreateInstanceRequest\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\tR\agroupId\x12\x1a\n" +
 	"\btemplate\x18\x02 \x01(\tR\btemplate\x12#\n" +
@@ -2948,7 +2958,8 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"\rdrain_timeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\fdrainTimeout\x12\x1b\n" +
 	"\tuser_data\x18\t \x01(\fR\buserData\x12(\n" +
 	"\x10user_data_format\x18\n" +
-	" \x01(\tR\x0euserDataFormat\x1a7\n" +
+	" \x01(\tR\x0euserDataFormat\x12\x14\n" +
+	"\x05image\x18\v \x01(\tR\x05image\x1a7\n" +
 	"\tVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +

@@ -84,7 +84,8 @@ func TestMissingFieldsDetectsGaps(t *testing.T) {
 			name: "group spec without labels and drain timeout",
 			msg:  &nstancev1.GroupSpec{GroupId: "web", Template: "t", Size: 1, InstanceType: "x", SubnetPool: "p", Vars: map[string]string{"a": "b"}},
 			want: []string{"nstance.v1.GroupSpec.drain_timeout", "nstance.v1.GroupSpec.labels", "nstance.v1.GroupSpec.user_data",
-				"nstance.v1.GroupSpec.user_data_format", "nstance.v1.GroupSpec.user_data_sha256", "nstance.v1.GroupSpec.rollout"},
+				"nstance.v1.GroupSpec.user_data_format", "nstance.v1.GroupSpec.user_data_sha256", "nstance.v1.GroupSpec.rollout",
+				"nstance.v1.GroupSpec.image"},
 		},
 		{
 			name: "unset oneof",
