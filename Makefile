@@ -10,7 +10,11 @@ export PATH := $(BIN):$(PATH)
 export CGO_ENABLED ?= 0
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -s -w -X github.com/nstance-dev/nstance/internal/version.Version=$(VERSION)
+COMMIT  ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
+# Without these stamps (go install, go build) internal/version reads the
+# module build info instead.
+LDFLAGS := -s -w -X github.com/nstance-dev/nstance/internal/version.Version=$(VERSION) \
+	-X github.com/nstance-dev/nstance/internal/version.Commit=$(COMMIT)
 
 # Pinned tool versions (SPEC section 12). Each is installed into ./bin.
 CONTROLLER_GEN_VERSION     := v0.23.0

@@ -44,6 +44,7 @@ require (
 	k8s.io/apimachinery v0.36.6
 	k8s.io/apiserver v0.36.6
 	k8s.io/client-go v0.36.6
+	k8s.io/component-base v0.36.6
 	k8s.io/klog/v2 v2.140.0
 	k8s.io/kube-openapi v0.0.0-20260317180543-43fb72c5454a
 	k8s.io/utils v0.0.0-20260210185600-b8788abfbbc2
@@ -185,7 +186,6 @@ require (
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 	k8s.io/cluster-bootstrap v0.36.3 // indirect
-	k8s.io/component-base v0.36.6 // indirect
 	k8s.io/streaming v0.36.6 // indirect
 	modernc.org/libc v1.77.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect

@@ -10,6 +10,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/nstance-dev/nstance/internal/cliconv"
 	"github.com/nstance-dev/nstance/internal/devk8s/app"
 	"github.com/nstance-dev/nstance/internal/logging"
 	"github.com/nstance-dev/nstance/internal/version"
@@ -21,9 +22,8 @@ func env(name string) []string { return []string{envPrefix + "_" + name} }
 
 func main() {
 	cliApp := &cli.App{
-		Name:    "dev-k8s",
-		Usage:   "Kubernetes API server for development; objects are JSON files",
-		Version: version.Version,
+		Name:  "dev-k8s",
+		Usage: "Kubernetes API server for development; objects are JSON files",
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "addr", Value: app.DefaultAddr, EnvVars: env("ADDR"), Usage: "listen address; loopback by default (e.g. 0.0.0.0:6443 to accept other machines)"},
 			&cli.StringFlag{Name: "dir", Value: "temp/dev-k8s", EnvVars: env("DIR"), Usage: "data directory: objects as JSON files, state, and the kubeconfig"},
@@ -38,16 +38,13 @@ func main() {
 		}, logging.CLIFlags(envPrefix)...),
 		Action: run,
 	}
-	if err := cliApp.Run(os.Args); err != nil {
-		fmt.Fprintln(os.Stderr, "dev-k8s:", err)
-		os.Exit(1)
-	}
+	os.Exit(cliconv.Report(os.Stderr, cliApp.Name, cliconv.Configure(cliApp).Run(os.Args)))
 }
 
 func run(c *cli.Context) error {
 	log, flush, err := logging.New(logging.FromCLI(c), nil)
 	if err != nil {
-		return err
+		return cliconv.Usage(err)
 	}
 	defer flush()
 	logging.Started(log, "dev-k8s", version.Version)

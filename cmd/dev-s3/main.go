@@ -11,6 +11,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/nstance-dev/nstance/internal/cliconv"
 	"github.com/nstance-dev/nstance/internal/devs3"
 	"github.com/nstance-dev/nstance/internal/logging"
 	"github.com/nstance-dev/nstance/internal/version"
@@ -22,9 +23,8 @@ func env(name string) []string { return []string{envPrefix + "_" + name} }
 
 func main() {
 	app := &cli.App{
-		Name:    "dev-s3",
-		Usage:   "S3 server for development: one bucket mapped onto a directory",
-		Version: version.Version,
+		Name:  "dev-s3",
+		Usage: "S3 server for development: one bucket mapped onto a directory",
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "addr", Value: devs3.DefaultAddr, EnvVars: env("ADDR"), Usage: "listen address; loopback by default (e.g. 0.0.0.0:8989 to accept other machines)"},
 			&cli.StringFlag{Name: "bucket", Value: devs3.DefaultBucket, EnvVars: env("BUCKET"), Usage: "bucket name"},
@@ -36,16 +36,13 @@ func main() {
 		}, logging.CLIFlags(envPrefix)...),
 		Action: run,
 	}
-	if err := app.Run(os.Args); err != nil {
-		fmt.Fprintln(os.Stderr, "dev-s3:", err)
-		os.Exit(1)
-	}
+	os.Exit(cliconv.Report(os.Stderr, app.Name, cliconv.Configure(app).Run(os.Args)))
 }
 
 func run(c *cli.Context) error {
 	log, flush, err := logging.New(logging.FromCLI(c), nil)
 	if err != nil {
-		return err
+		return cliconv.Usage(err)
 	}
 	defer flush()
 	logging.Started(log, "dev-s3", version.Version)
@@ -54,7 +51,7 @@ func run(c *cli.Context) error {
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if c.Duration("upload-expiry") <= 0 {
-		return fmt.Errorf("--upload-expiry must be positive, got %s", c.Duration("upload-expiry"))
+		return cliconv.Usagef("--upload-expiry must be positive, got %s", c.Duration("upload-expiry"))
 	}
 	srv, err := devs3.New(devs3.Config{
 		Bucket: c.String("bucket"), Dir: c.String("dir"), Log: log,

@@ -3,12 +3,12 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/nstance-dev/nstance/internal/admin/adminapp"
+	"github.com/nstance-dev/nstance/internal/cliconv"
 )
 
 func main() {
@@ -18,8 +18,5 @@ func main() {
 	go func() { <-ctx.Done(); stop() }()
 	err := adminapp.Run(ctx, adminapp.New(), os.Args)
 	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "nstance-admin:", err)
-		os.Exit(1)
-	}
+	os.Exit(cliconv.Report(os.Stderr, adminapp.Name, err))
 }

@@ -8,15 +8,11 @@
 package main
 
 import (
-	"fmt"
 	"os"
 
 	"github.com/nstance-dev/nstance/internal/server/cli"
 )
 
 func main() {
-	if err := cli.App().Run(os.Args); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
+	os.Exit(cli.Main(os.Args))
 }

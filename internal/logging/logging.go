@@ -28,6 +28,20 @@ type Options struct {
 	Level string
 	// Format is json, text or auto (text on a terminal, json otherwise).
 	Format string
+	// The rest are set only by controller-runtime's zap flags
+	// (BindZapFlags), which the operator accepts as every kubebuilder
+	// project does.
+
+	// Devel (--zap-devel) turns the defaults into development ones: level
+	// debug, text, stack traces from warn. Values given explicitly (other
+	// than the defaults) are kept.
+	Devel bool
+	// StacktraceLevel (--zap-stacktrace-level) attaches a stack trace to
+	// entries at this level and above; empty means never (our default).
+	StacktraceLevel string
+	// TimeEncoding (--zap-time-encoding) is epoch, millis, nano, iso8601
+	// (empty: the default), rfc3339 or rfc3339nano.
+	TimeEncoding string
 }
 
 // Defaults returns the options used when no flag or variable is set.
@@ -93,6 +107,10 @@ func ParseLevel(s string) (zapcore.Level, error) {
 		return zapcore.WarnLevel, nil
 	case "error":
 		return zapcore.ErrorLevel, nil
+	case "panic":
+		// controller-runtime's --zap-log-level accepts it: errors are
+		// hidden too. (Nothing panics because of a level.)
+		return zapcore.PanicLevel, nil
 	}
 	return 0, fmt.Errorf("log level %q: want debug, info, warn, error or a verbosity number", s)
 }
@@ -102,11 +120,57 @@ func (o Options) Validate() error {
 	if _, err := ParseLevel(o.Level); err != nil {
 		return err
 	}
+	if o.StacktraceLevel != "" {
+		if _, err := ParseLevel(o.StacktraceLevel); err != nil {
+			return fmt.Errorf("stack trace %w", err)
+		}
+	}
+	if _, err := timeEncoder(o.TimeEncoding); err != nil {
+		return err
+	}
 	switch strings.ToLower(o.Format) {
 	case "", FormatAuto, FormatJSON, FormatText:
 		return nil
 	}
 	return fmt.Errorf("log format %q: want json, text or auto", o.Format)
+}
+
+// effective applies Devel to the options still at their defaults.
+func (o Options) effective() Options {
+	if !o.Devel {
+		return o
+	}
+	d := Defaults()
+	if o.Level == "" || o.Level == d.Level {
+		o.Level = "debug"
+	}
+	if o.Format == "" || o.Format == d.Format {
+		o.Format = FormatText
+	}
+	if o.StacktraceLevel == "" {
+		o.StacktraceLevel = "warn"
+	}
+	return o
+}
+
+// timeEncoder maps --zap-time-encoding's names (controller-runtime's) onto
+// zap's encoders; empty is ISO 8601, our default.
+func timeEncoder(name string) (zapcore.TimeEncoder, error) {
+	switch strings.ToLower(name) {
+	case "", "iso8601":
+		return zapcore.ISO8601TimeEncoder, nil
+	case "epoch":
+		return zapcore.EpochTimeEncoder, nil
+	case "millis":
+		return zapcore.EpochMillisTimeEncoder, nil
+	case "nano":
+		return zapcore.EpochNanosTimeEncoder, nil
+	case "rfc3339":
+		return zapcore.RFC3339TimeEncoder, nil
+	case "rfc3339nano":
+		return zapcore.RFC3339NanoTimeEncoder, nil
+	}
+	return nil, fmt.Errorf("time encoding %q: want epoch, millis, nano, iso8601, rfc3339 or rfc3339nano", name)
 }
 
 // New builds the logger writing to w (os.Stderr when nil). The returned func
@@ -118,10 +182,11 @@ func New(o Options, w io.Writer) (logr.Logger, func(), error) {
 	if w == nil {
 		w = os.Stderr
 	}
+	o = o.effective()
 	lvl, _ := ParseLevel(o.Level)
 	enc := zap.NewProductionEncoderConfig()
 	enc.TimeKey = "ts"
-	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	enc.EncodeTime, _ = timeEncoder(o.TimeEncoding)
 	enc.EncodeDuration = zapcore.StringDurationEncoder
 	var encoder zapcore.Encoder
 	if resolveFormat(o.Format, w) == FormatJSON {
@@ -131,8 +196,14 @@ func New(o Options, w io.Writer) (logr.Logger, func(), error) {
 		encoder = zapcore.NewConsoleEncoder(enc)
 	}
 	ws := zapcore.Lock(zapcore.AddSync(w))
-	// No zap.AddStacktrace: an error is one line, whatever its level.
-	z := zap.New(zapcore.NewCore(encoder, ws, zap.NewAtomicLevelAt(lvl)), zap.AddCaller(), zap.ErrorOutput(ws))
+	// No zap.AddStacktrace unless asked for: an error is one line,
+	// whatever its level.
+	zopts := []zap.Option{zap.AddCaller(), zap.ErrorOutput(ws)}
+	if o.StacktraceLevel != "" {
+		st, _ := ParseLevel(o.StacktraceLevel)
+		zopts = append(zopts, zap.AddStacktrace(st))
+	}
+	z := zap.New(zapcore.NewCore(encoder, ws, zap.NewAtomicLevelAt(lvl)), zopts...)
 	return zapr.NewLogger(z), func() { _ = z.Sync() }, nil
 }
 

@@ -182,7 +182,8 @@ func checkDeployment(t *testing.T, r rendering, objs []object) {
 	require.EqualValues(t, 2, *d.Spec.Replicas)
 	require.Contains(t, c.Args, "--leader-elect")
 	require.Contains(t, c.Args, "--health-probe-bind-address=:8081")
-	require.Contains(t, c.Args, "--metrics-bind-address=:8080")
+	require.Contains(t, c.Args, "--diagnostics-address=:8443")
+	require.NotContains(t, c.Args, "--insecure-diagnostics", "secure diagnostics by default")
 	require.Contains(t, c.Args, "--config="+opconfig.DefaultPath)
 	require.Equal(t, !r.webhook, slices.Contains(c.Args, "--disable-webhooks"))
 	require.Equal(t, r.webhook, slices.Contains(c.Args, "--webhook-port=9443"))
@@ -202,7 +203,7 @@ func checkDeployment(t *testing.T, r rendering, objs []object) {
 		ports[p.Name] = p.ContainerPort
 	}
 	require.EqualValues(t, 8081, ports["health"])
-	require.EqualValues(t, 8080, ports["metrics"])
+	require.EqualValues(t, 8443, ports["metrics"])
 	for probe, path := range map[*corev1.Probe]string{c.LivenessProbe: "/healthz", c.ReadinessProbe: "/readyz"} {
 		require.NotNil(t, probe)
 		require.Equal(t, path, probe.HTTPGet.Path)

@@ -141,6 +141,12 @@ func TestChartMonitoring(t *testing.T) {
 				require.Len(t, scrape.Spec.Endpoints, 1)
 				require.Equal(t, "metrics", scrape.Spec.Endpoints[0]["port"])
 				require.Equal(t, "30s", scrape.Spec.Endpoints[0]["interval"])
+				// The operator's secure diagnostics endpoint: HTTPS with
+				// Prometheus' ServiceAccount token.
+				require.Equal(t, "https", scrape.Spec.Endpoints[0]["scheme"])
+				require.Equal(t, "/var/run/secrets/kubernetes.io/serviceaccount/token", scrape.Spec.Endpoints[0]["bearerTokenFile"])
+				_, ok := find(objs, "ClusterRole", release+"-metrics-reader")
+				require.True(t, ok, "a role scrapers can be bound to")
 				var selected []string
 				for _, o := range ofKind(objs, "Service") {
 					var svc corev1.Service

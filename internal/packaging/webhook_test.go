@@ -40,7 +40,6 @@ import (
 	opmanager "github.com/nstance-dev/nstance/internal/operator/manager"
 	opwebhook "github.com/nstance-dev/nstance/internal/operator/webhook"
 	"github.com/nstance-dev/nstance/internal/testing/portpick"
-	"github.com/nstance-dev/nstance/internal/version"
 )
 
 // lockedBuffer collects a running process's output.
@@ -198,7 +197,7 @@ func TestWebhookOnNonDefaultPort(t *testing.T) {
 		env = append(env, v.Name+"="+value)
 	}
 	extra := []string{"--kubeconfig=" + e.Kubeconfig, "--config=" + cfgPath, "--webhook-cert-dir=" + certDir,
-		"--webhook-host=127.0.0.1", "--health-probe-bind-address=127.0.0.1:0", "--metrics-bind-address=127.0.0.1:0"}
+		"--webhook-host=127.0.0.1", "--health-probe-bind-address=127.0.0.1:0", "--diagnostics-address=127.0.0.1:0"}
 	cmd := exec.Command(bin, append(slices.Clone(c.Args), extra...)...)
 	cmd.Env = env
 	var logs lockedBuffer
@@ -253,7 +252,7 @@ func TestWebhookOnNonDefaultPort(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(first), &started), "first log line: %s", first)
 	require.Equal(t, "starting", started["msg"])
 	require.Equal(t, "nstance-operator", started["binary"])
-	require.Equal(t, version.Version, started["version"])
+	require.NotEmpty(t, started["version"], "the binary's version (go build may record a VCS one; internal/version)")
 
 	// The rendered webhook configuration, pointed at the operator directly
 	// (envtest cannot route to Services) and limited to this namespace so

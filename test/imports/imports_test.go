@@ -32,6 +32,7 @@ const module = "github.com/nstance-dev/nstance/"
 var leaves = []string{
 	"internal/atomicfile",  // write-to-temp-then-rename files
 	"internal/carotation",  // CA rotation steps, run by nstance-admin and test/chaos
+	"internal/cliconv",     // exit codes, usage errors and --version of every binary
 	"internal/config",      // the shard configuration schema: parse, defaults, validation
 	"internal/devguard",    // dev-s3 and dev-k8s: no CORS, no other origins' pages, Host check
 	"internal/importedca",  // CAs the admin imports: stored by nstance-admin, loaded by the server

@@ -9,22 +9,24 @@ import (
 	"github.com/nstance-dev/nstance/internal/admin/clustercmd"
 	"github.com/nstance-dev/nstance/internal/admin/contextcmd"
 	"github.com/nstance-dev/nstance/internal/admin/shardcmd"
-	"github.com/nstance-dev/nstance/internal/version"
+	"github.com/nstance-dev/nstance/internal/cliconv"
 )
+
+// Name is the binary's name.
+const Name = "nstance-admin"
 
 // New returns the nstance-admin app. Results go to the app's Writer, logs
 // and errors to its ErrWriter. Run it with Run so flags may follow the
 // command's arguments.
 func New() *cli.App {
 	cmds := []*cli.Command{clustercmd.Command(), contextcmd.Command()}
-	return &cli.App{
-		Name:     "nstance-admin",
+	// Errors are returned to main, which prints them once
+	// (cliconv.Report); Configure adds the version command.
+	return cliconv.Configure(&cli.App{
+		Name:     Name,
 		Usage:    "administer an Nstance cluster and its shards",
-		Version:  version.Version,
 		Commands: append(cmds, shardcmd.Commands()...),
-		// Errors are returned to main, which prints them once.
-		ExitErrHandler: func(*cli.Context, error) {},
-	}
+	})
 }
 
 // Run runs app with args (args[0] is the program name) after Reorder.

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -13,9 +14,11 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+	cliflag "k8s.io/component-base/cli/flag"
 
 	"github.com/nstance-dev/nstance/internal/logging"
 	"github.com/nstance-dev/nstance/internal/operator/config"
+	"github.com/nstance-dev/nstance/internal/operator/manager"
 	"github.com/nstance-dev/nstance/internal/operator/nodejoin"
 	"github.com/nstance-dev/nstance/internal/operator/watchfilter"
 	"github.com/nstance-dev/nstance/internal/operator/workload"
@@ -34,25 +37,61 @@ const (
 	EnvWatchNamespace  = "NSTANCE_WATCH_NAMESPACE"
 	EnvWatchFilter     = "NSTANCE_WATCH_FILTER"
 	EnvProbeAddr       = "NSTANCE_HEALTH_PROBE_BIND_ADDRESS"
-	EnvMetricsAddr     = "NSTANCE_METRICS_BIND_ADDRESS"
-	EnvPprofAddr       = "NSTANCE_PPROF_ADDR"
-	EnvLeaderElect     = "NSTANCE_LEADER_ELECT"
-	EnvDisableWebhooks = "NSTANCE_DISABLE_WEBHOOKS"
-	EnvWebhookHost     = "NSTANCE_WEBHOOK_HOST"
-	EnvWebhookPort     = "NSTANCE_WEBHOOK_PORT"
-	EnvWebhookCertDir  = "NSTANCE_WEBHOOK_CERT_DIR"
-	EnvWorkloadCluster = "NSTANCE_WORKLOAD_CLUSTER"
-	EnvJoinTimeout     = "NSTANCE_JOIN_TIMEOUT"
+	EnvDiagnosticsAddr = "NSTANCE_DIAGNOSTICS_ADDRESS"
+	// EnvMetricsAddr is the deprecated spelling of EnvDiagnosticsAddr
+	// (read when that is unset).
+	EnvMetricsAddr         = "NSTANCE_METRICS_BIND_ADDRESS"
+	EnvInsecureDiagnostics = "NSTANCE_INSECURE_DIAGNOSTICS"
+	EnvTLSMinVersion       = "NSTANCE_TLS_MIN_VERSION"
+	EnvTLSCipherSuites     = "NSTANCE_TLS_CIPHER_SUITES"
+	EnvSyncPeriod          = "NSTANCE_SYNC_PERIOD"
+	EnvKubeAPIQPS          = "NSTANCE_KUBE_API_QPS"
+	EnvKubeAPIBurst        = "NSTANCE_KUBE_API_BURST"
+	EnvPprofAddr           = "NSTANCE_PPROF_ADDR"
+	EnvLeaderElect         = "NSTANCE_LEADER_ELECT"
+	EnvDisableWebhooks     = "NSTANCE_DISABLE_WEBHOOKS"
+	EnvWebhookHost         = "NSTANCE_WEBHOOK_HOST"
+	EnvWebhookPort         = "NSTANCE_WEBHOOK_PORT"
+	EnvWebhookCertDir      = "NSTANCE_WEBHOOK_CERT_DIR"
+	EnvWorkloadCluster     = "NSTANCE_WORKLOAD_CLUSTER"
+	EnvJoinTimeout         = "NSTANCE_JOIN_TIMEOUT"
 	// EnvKubeconfig is client-go's variable; --kubeconfig wins over it.
 	EnvKubeconfig = "KUBECONFIG"
 )
 
 // Defaults of the flags.
 const (
-	DefaultProbeAddr   = ":8081"
-	DefaultMetricsAddr = "0"
-	DefaultWebhookPort = 9443
+	DefaultProbeAddr = ":8081"
+	// DefaultDiagnosticsAddr is Cluster API's: HTTPS with authentication
+	// and authorization, unless --insecure-diagnostics.
+	DefaultDiagnosticsAddr = ":8443"
+	DefaultWebhookPort     = 9443
+	DefaultTLSMinVersion   = "VersionTLS12"
+	// DefaultSyncPeriod, DefaultKubeAPIQPS and DefaultKubeAPIBurst are
+	// Cluster API's defaults.
+	DefaultSyncPeriod   = 10 * time.Minute
+	DefaultKubeAPIQPS   = 20
+	DefaultKubeAPIBurst = 30
+	DefaultConcurrency  = 4
 )
+
+// concurrencyFlags are the per-controller worker flags, named after the
+// kind each controller reconciles as Cluster API's are
+// (--machine-concurrency, ...).
+func concurrencyFlags(c *manager.Concurrency) []struct {
+	flag, env string
+	v         *int
+} {
+	return []struct {
+		flag, env string
+		v         *int
+	}{
+		{"nstanceshardgroup-concurrency", "NSTANCE_NSTANCESHARDGROUP_CONCURRENCY", &c.ShardGroup},
+		{"nstancemachinepool-concurrency", "NSTANCE_NSTANCEMACHINEPOOL_CONCURRENCY", &c.MachinePool},
+		{"nstancemachine-concurrency", "NSTANCE_NSTANCEMACHINE_CONCURRENCY", &c.Machine},
+		{"ondemand-concurrency", "NSTANCE_ONDEMAND_CONCURRENCY", &c.OnDemand}, // on-demand Pods
+	}
+}
 
 // DefaultWebhookCertDir is controller-runtime's default serving-certificate
 // directory, /tmp/k8s-webhook-server/serving-certs.
@@ -74,9 +113,19 @@ type Flags struct {
 	// WatchFilter, when set, restricts the operator to Nstance objects
 	// labelled cluster.x-k8s.io/watch-filter with it (Cluster API's
 	// --watch-filter).
-	WatchFilter     string
-	ProbeAddr       string
-	MetricsAddr     string
+	WatchFilter string
+	ProbeAddr   string
+	// DiagnosticsAddr serves /metrics (and, secure, /debug/pprof/);
+	// --metrics-bind-address is its deprecated alias.
+	DiagnosticsAddr     string
+	InsecureDiagnostics bool
+	TLSMinVersion       string
+	// TLSCipherSuites is a comma-separated list of Go cipher suite names.
+	TLSCipherSuites string
+	SyncPeriod      time.Duration
+	KubeAPIQPS      float64
+	KubeAPIBurst    int
+	Concurrency     manager.Concurrency
 	PprofAddr       string
 	LeaderElect     bool
 	DisableWebhooks bool
@@ -153,6 +202,19 @@ func (p *envDefaults) duration(name string, def time.Duration) time.Duration {
 	return v
 }
 
+func (p *envDefaults) float(name string, def float64) float64 {
+	raw := p.str(name, "")
+	if raw == "" {
+		return def
+	}
+	v, err := strconv.ParseFloat(raw, 64)
+	if err != nil {
+		p.errs = append(p.errs, fmt.Errorf("%s=%q: not a number", name, raw))
+		return def
+	}
+	return v
+}
+
 func (p *envDefaults) integer(name string, def int) int {
 	raw := p.str(name, "")
 	if raw == "" {
@@ -180,8 +242,31 @@ func newFlagSet(f *Flags, p *envDefaults) *flag.FlagSet {
 		"reconcile only Nstance objects labelled "+watchfilter.Label+" with this value, and label the objects the operator creates with it (default: every object)")
 	fs.StringVar(&f.ProbeAddr, "health-probe-bind-address", p.str(EnvProbeAddr, DefaultProbeAddr),
 		"address of /healthz and /readyz (0 disables them)")
-	fs.StringVar(&f.MetricsAddr, "metrics-bind-address", p.str(EnvMetricsAddr, DefaultMetricsAddr),
-		"address of /metrics (0 disables it)")
+	fs.StringVar(&f.DiagnosticsAddr, "diagnostics-address", p.str(EnvDiagnosticsAddr, p.str(EnvMetricsAddr, DefaultDiagnosticsAddr)),
+		"address of /metrics, served over HTTPS with authentication (TokenReview) and authorization (SubjectAccessReview), which then also serves /debug/pprof/; 0 disables it")
+	fs.Func("metrics-bind-address", "deprecated alias of --diagnostics-address (secure too unless --insecure-diagnostics)", func(v string) error {
+		f.DiagnosticsAddr = v
+		return nil
+	})
+	fs.BoolVar(&f.InsecureDiagnostics, "insecure-diagnostics", p.boolean(EnvInsecureDiagnostics, false),
+		"serve --diagnostics-address over plain HTTP without authentication or authorization (and without pprof)")
+	fs.StringVar(&f.TLSMinVersion, "tls-min-version", p.str(EnvTLSMinVersion, DefaultTLSMinVersion),
+		"minimum TLS version of the webhook and diagnostics servers: "+strings.Join(cliflag.TLSPossibleVersions(), ", "))
+	fs.StringVar(&f.TLSCipherSuites, "tls-cipher-suites", p.str(EnvTLSCipherSuites, ""),
+		"comma-separated cipher suites of the webhook and diagnostics servers for TLS 1.2 (default: Go's); preferred: "+strings.Join(cliflag.PreferredTLSCipherNames(), ", "))
+	fs.DurationVar(&f.SyncPeriod, "sync-period", p.duration(EnvSyncPeriod, DefaultSyncPeriod),
+		"how often every watched object is reconciled again, even without a change")
+	fs.Float64Var(&f.KubeAPIQPS, "kube-api-qps", p.float(EnvKubeAPIQPS, DefaultKubeAPIQPS),
+		"queries per second to the Kubernetes API server (-1: no client-side limit)")
+	fs.IntVar(&f.KubeAPIBurst, "kube-api-burst", p.integer(EnvKubeAPIBurst, DefaultKubeAPIBurst),
+		"burst of queries to the Kubernetes API server")
+	for _, c := range concurrencyFlags(&f.Concurrency) {
+		what := strings.TrimSuffix(c.flag, "-concurrency") + " objects"
+		if c.v == &f.Concurrency.OnDemand {
+			what = "on-demand Pods"
+		}
+		fs.IntVar(c.v, c.flag, p.integer(c.env, DefaultConcurrency), "number of "+what+" reconciled at once")
+	}
 	fs.StringVar(&f.PprofAddr, "pprof-addr", p.str(EnvPprofAddr, ""),
 		"address of net/http/pprof under /debug/pprof/, e.g. 127.0.0.1:6061 (empty disables it; keep it on loopback)")
 	fs.BoolVar(&f.LeaderElect, "leader-elect", p.boolean(EnvLeaderElect, false),
@@ -200,19 +285,26 @@ func newFlagSet(f *Flags, p *envDefaults) *flag.FlagSet {
 		"how long after its agent's first health report an instance's Node has to be Ready; an instance that misses it is marked (NodeJoined=False, JoinTimeout) and replaced (0 disables)")
 	fs.BoolVar(&f.Version, "version", false, "print the version and exit")
 	f.Log.BindFlags(fs, envPrefix, func(k string) string { v, _ := p.lookup(k); return v })
+	f.Log.BindZapFlags(fs)
 	return fs
 }
 
 // flagEnv maps each flag to the variable it is read from.
 func flagEnv() map[string]string {
-	return map[string]string{
+	m := map[string]string{
 		"config": EnvConfig, "kubeconfig": EnvKubeconfig, "namespace": EnvWatchNamespace, "watch-filter": EnvWatchFilter,
-		"health-probe-bind-address": EnvProbeAddr, "metrics-bind-address": EnvMetricsAddr, "pprof-addr": EnvPprofAddr,
+		"health-probe-bind-address": EnvProbeAddr, "diagnostics-address": EnvDiagnosticsAddr, "metrics-bind-address": EnvMetricsAddr,
+		"insecure-diagnostics": EnvInsecureDiagnostics, "tls-min-version": EnvTLSMinVersion, "tls-cipher-suites": EnvTLSCipherSuites,
+		"sync-period": EnvSyncPeriod, "kube-api-qps": EnvKubeAPIQPS, "kube-api-burst": EnvKubeAPIBurst, "pprof-addr": EnvPprofAddr,
 		"leader-elect": EnvLeaderElect, "disable-webhooks": EnvDisableWebhooks,
 		"webhook-host": EnvWebhookHost, "webhook-port": EnvWebhookPort, "webhook-cert-dir": EnvWebhookCertDir,
 		"workload-cluster": EnvWorkloadCluster, "join-timeout": EnvJoinTimeout,
 		"log-level": logging.EnvLevel(envPrefix), "log-format": logging.EnvFormat(envPrefix),
 	}
+	for _, c := range concurrencyFlags(&manager.Concurrency{}) {
+		m[c.flag] = c.env
+	}
+	return m
 }
 
 // Parse reads the command line (without the program name) over the
@@ -254,7 +346,7 @@ func (f Flags) validate() []error {
 		errs = append(errs, fmt.Errorf("--watch-filter: %w", err))
 	}
 	for _, a := range []struct{ name, addr string }{
-		{"--health-probe-bind-address", f.ProbeAddr}, {"--metrics-bind-address", f.MetricsAddr}, {"--pprof-addr", f.PprofAddr},
+		{"--health-probe-bind-address", f.ProbeAddr}, {"--diagnostics-address", f.DiagnosticsAddr}, {"--pprof-addr", f.PprofAddr},
 	} {
 		if a.addr == "0" || a.addr == "" && a.name == "--pprof-addr" {
 			continue
@@ -277,10 +369,50 @@ func (f Flags) validate() []error {
 	if f.JoinTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--join-timeout %s: must not be negative (0 disables)", f.JoinTimeout))
 	}
+	if _, err := f.TLSOptions(); err != nil {
+		errs = append(errs, err)
+	}
+	if f.SyncPeriod <= 0 {
+		errs = append(errs, fmt.Errorf("--sync-period %s: must be positive", f.SyncPeriod))
+	}
+	if f.KubeAPIQPS <= 0 && f.KubeAPIQPS != -1 {
+		errs = append(errs, fmt.Errorf("--kube-api-qps %v: must be positive, or -1 for no limit", f.KubeAPIQPS))
+	}
+	if f.KubeAPIBurst < 1 {
+		errs = append(errs, fmt.Errorf("--kube-api-burst %d: must be at least 1", f.KubeAPIBurst))
+	}
+	for _, c := range concurrencyFlags(&f.Concurrency) {
+		if *c.v < 1 {
+			errs = append(errs, fmt.Errorf("--%s %d: must be at least 1", c.flag, *c.v))
+		}
+	}
 	if err := f.Log.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errs
+}
+
+// TLSOptions turns --tls-min-version and --tls-cipher-suites into options
+// of the webhook and diagnostics servers (component-base's parsers, as
+// Cluster API's manager flags use).
+func (f Flags) TLSOptions() ([]func(*tls.Config), error) {
+	v, err := cliflag.TLSVersion(f.TLSMinVersion)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-min-version: %w", err)
+	}
+	opts := []func(*tls.Config){func(c *tls.Config) { c.MinVersion = v }}
+	if strings.TrimSpace(f.TLSCipherSuites) != "" {
+		var names []string
+		for _, n := range strings.Split(f.TLSCipherSuites, ",") {
+			names = append(names, strings.TrimSpace(n))
+		}
+		suites, err := cliflag.TLSCipherSuites(names)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-cipher-suites: %w", err)
+		}
+		opts = append(opts, func(c *tls.Config) { c.CipherSuites = suites })
+	}
+	return opts, nil
 }
 
 // Usage writes the help: every flag with its variable, then every other

@@ -2,17 +2,14 @@ package cli
 
 import (
 	"bytes"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
-	"go/ast"
-	"go/parser"
-	"go/token"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -23,7 +20,9 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/logging"
 	"github.com/nstance-dev/nstance/internal/operator/config"
+	"github.com/nstance-dev/nstance/internal/operator/manager"
 	"github.com/nstance-dev/nstance/internal/operator/workload"
+	"github.com/nstance-dev/nstance/internal/testing/envscan"
 	"github.com/nstance-dev/nstance/internal/version"
 )
 
@@ -35,7 +34,9 @@ func TestDefaults(t *testing.T) {
 	f, err := Parse(nil, lookup(nil), nil)
 	require.NoError(t, err)
 	require.Equal(t, Flags{
-		ConfigPath: config.DefaultPath, ProbeAddr: ":8081", MetricsAddr: "0", WebhookPort: 9443,
+		ConfigPath: config.DefaultPath, ProbeAddr: ":8081", DiagnosticsAddr: ":8443", WebhookPort: 9443,
+		TLSMinVersion: "VersionTLS12", SyncPeriod: 10 * time.Minute, KubeAPIQPS: 20, KubeAPIBurst: 30,
+		Concurrency:    manager.Concurrency{ShardGroup: 4, MachinePool: 4, Machine: 4, OnDemand: 4},
 		WebhookCertDir: filepath.Join(os.TempDir(), "k8s-webhook-server", "serving-certs"), Log: logging.Defaults(),
 		WorkloadCluster: "in-cluster", JoinTimeout: 10 * time.Minute,
 	}, f)
@@ -53,7 +54,18 @@ func TestFlagBeatsEnvBeatsDefault(t *testing.T) {
 		{"namespace", EnvWatchNamespace, "env-ns", "flag-ns", func(f Flags) any { return f.Namespace }, "env-ns", "flag-ns"},
 		{"watch-filter", EnvWatchFilter, "tenant-a", "tenant-b", func(f Flags) any { return f.WatchFilter }, "tenant-a", "tenant-b"},
 		{"health-probe-bind-address", EnvProbeAddr, "127.0.0.1:1", ":2", func(f Flags) any { return f.ProbeAddr }, "127.0.0.1:1", ":2"},
-		{"metrics-bind-address", EnvMetricsAddr, ":3", "0", func(f Flags) any { return f.MetricsAddr }, ":3", "0"},
+		{"diagnostics-address", EnvDiagnosticsAddr, ":3", "0", func(f Flags) any { return f.DiagnosticsAddr }, ":3", "0"},
+		{"metrics-bind-address", EnvMetricsAddr, ":3", "0", func(f Flags) any { return f.DiagnosticsAddr }, ":3", "0"},
+		{"insecure-diagnostics", EnvInsecureDiagnostics, "true", "false", func(f Flags) any { return f.InsecureDiagnostics }, true, false},
+		{"tls-min-version", EnvTLSMinVersion, "VersionTLS13", "VersionTLS12", func(f Flags) any { return f.TLSMinVersion }, "VersionTLS13", "VersionTLS12"},
+		{"tls-cipher-suites", EnvTLSCipherSuites, "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", "", func(f Flags) any { return f.TLSCipherSuites }, "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", ""},
+		{"sync-period", EnvSyncPeriod, "1h", "5m", func(f Flags) any { return f.SyncPeriod }, time.Hour, 5 * time.Minute},
+		{"kube-api-qps", EnvKubeAPIQPS, "50.5", "-1", func(f Flags) any { return f.KubeAPIQPS }, 50.5, -1.0},
+		{"kube-api-burst", EnvKubeAPIBurst, "100", "7", func(f Flags) any { return f.KubeAPIBurst }, 100, 7},
+		{"nstanceshardgroup-concurrency", "NSTANCE_NSTANCESHARDGROUP_CONCURRENCY", "2", "3", func(f Flags) any { return f.Concurrency.ShardGroup }, 2, 3},
+		{"nstancemachinepool-concurrency", "NSTANCE_NSTANCEMACHINEPOOL_CONCURRENCY", "2", "3", func(f Flags) any { return f.Concurrency.MachinePool }, 2, 3},
+		{"nstancemachine-concurrency", "NSTANCE_NSTANCEMACHINE_CONCURRENCY", "2", "3", func(f Flags) any { return f.Concurrency.Machine }, 2, 3},
+		{"ondemand-concurrency", "NSTANCE_ONDEMAND_CONCURRENCY", "2", "3", func(f Flags) any { return f.Concurrency.OnDemand }, 2, 3},
 		{"pprof-addr", EnvPprofAddr, "127.0.0.1:6061", "", func(f Flags) any { return f.PprofAddr }, "127.0.0.1:6061", ""},
 		{"leader-elect", EnvLeaderElect, "true", "false", func(f Flags) any { return f.LeaderElect }, true, false},
 		{"disable-webhooks", EnvDisableWebhooks, "1", "false", func(f Flags) any { return f.DisableWebhooks }, true, false},
@@ -104,7 +116,17 @@ func TestBadValuesAreRefused(t *testing.T) {
 		{"watch filter", []string{"--watch-filter", "tenant a"}, nil, []string{`--watch-filter: watch filter "tenant a"`}},
 		{"watch filter in env", nil, map[string]string{EnvWatchFilter: "-a"}, []string{`--watch-filter: watch filter "-a"`}},
 		{"probe address", []string{"--health-probe-bind-address", "8081"}, nil, []string{`--health-probe-bind-address "8081": want host:port`}},
-		{"metrics port", nil, map[string]string{EnvMetricsAddr: ":http"}, []string{`--metrics-bind-address ":http": port must be a number`}},
+		{"metrics port", nil, map[string]string{EnvMetricsAddr: ":http"}, []string{`--diagnostics-address ":http": port must be a number`}},
+		{"diagnostics address", []string{"--diagnostics-address=8443"}, nil, []string{`--diagnostics-address "8443": want host:port`}},
+		{"tls version", []string{"--tls-min-version=VersionTLS9"}, nil, []string{"--tls-min-version: unknown tls version"}},
+		{"cipher suite", nil, map[string]string{EnvTLSCipherSuites: "TLS_NOPE"}, []string{"--tls-cipher-suites: "}},
+		{"sync period", []string{"--sync-period=0"}, nil, []string{"--sync-period 0s: must be positive"}},
+		{"qps", []string{"--kube-api-qps=0"}, nil, []string{"--kube-api-qps 0: must be positive"}},
+		{"qps in env", nil, map[string]string{EnvKubeAPIQPS: "fast"}, []string{`NSTANCE_KUBE_API_QPS="fast": not a number`}},
+		{"burst", []string{"--kube-api-burst=0"}, nil, []string{"--kube-api-burst 0: must be at least 1"}},
+		{"concurrency", []string{"--nstancemachine-concurrency=0"}, nil, []string{"--nstancemachine-concurrency 0: must be at least 1"}},
+		{"zap level", []string{"--zap-log-level=loud"}, nil, []string{`invalid value "loud" for flag -zap-log-level`}},
+		{"zap encoder", []string{"--zap-encoder=xml"}, nil, []string{`invalid value "xml" for flag -zap-encoder`}},
 		{"pprof address", []string{"--pprof-addr", "6061"}, nil, []string{`--pprof-addr "6061": want host:port`}},
 		{"log level", []string{"--log-level", "loud"}, nil, []string{`log level "loud"`}},
 		{"log format in env", nil, map[string]string{"NSTANCE_LOG_FORMAT": "xml"}, []string{`log format "xml"`}},
@@ -115,7 +137,7 @@ func TestBadValuesAreRefused(t *testing.T) {
 		{"join timeout in env", nil, map[string]string{EnvJoinTimeout: "ten minutes"}, []string{`NSTANCE_JOIN_TIMEOUT="ten minutes": want a duration`}},
 		{"negative join timeout", []string{"--join-timeout=-1s"}, nil, []string{"--join-timeout -1s: must not be negative"}},
 		{"positional argument", []string{"run"}, nil, []string{`unexpected argument "run"`}},
-		{"unknown flag", []string{"--zap-log-level=debug"}, nil, []string{"flag provided but not defined: -zap-log-level"}},
+		{"unknown flag", []string{"--zap-level=debug"}, nil, []string{"flag provided but not defined: -zap-level"}},
 		{"every problem at once", []string{"--webhook-port=0", "--log-level=loud"}, map[string]string{EnvLeaderElect: "maybe"},
 			[]string{"--webhook-port 0", `log level "loud"`, "NSTANCE_LEADER_ELECT"}},
 	}
@@ -133,36 +155,16 @@ func TestBadValuesAreRefused(t *testing.T) {
 	require.NoError(t, err)
 }
 
-// operatorVariables finds every NSTANCE_* string literal in the non-test Go
+// operatorVariables is every NSTANCE_* string literal in the non-test Go
 // files of this module's packages that nstance-operator links, i.e. every
 // variable the operator can read by name.
 func operatorVariables(t *testing.T) []string {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-deps", "-f",
-		`{{if and (not .Standard) .Module}}{{if .Module.Main}}{{.Dir}}{{"\t"}}{{join .GoFiles " "}}{{end}}{{end}}`,
-		"github.com/nstance-dev/nstance/cmd/nstance-operator").Output()
-	require.NoError(t, err, "go list")
-	name := regexp.MustCompile(`^NSTANCE_[A-Z0-9_]+$`)
-	seen := map[string]bool{}
-	var vars []string
-	fset := token.NewFileSet()
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		dir, files, _ := strings.Cut(line, "\t")
-		for _, file := range strings.Fields(files) {
-			f, err := parser.ParseFile(fset, filepath.Join(dir, file), nil, parser.SkipObjectResolution)
-			require.NoError(t, err)
-			ast.Inspect(f, func(n ast.Node) bool {
-				lit, ok := n.(*ast.BasicLit)
-				if !ok || lit.Kind != token.STRING {
-					return true
-				}
-				if s, err := strconv.Unquote(lit.Value); err == nil && name.MatchString(s) && !seen[s] {
-					seen[s] = true
-					vars = append(vars, s)
-				}
-				return true
-			})
-		}
+	found, err := envscan.Literals("github.com/nstance-dev/nstance/cmd/nstance-operator", envscan.Names)
+	require.NoError(t, err)
+	vars := make([]string, 0, len(found))
+	for name := range found {
+		vars = append(vars, name)
 	}
 	return vars
 }
@@ -188,7 +190,7 @@ func TestHelpListsEveryVariable(t *testing.T) {
 	fs := newFlagSet(&Flags{}, &envDefaults{lookup: lookup(nil)})
 	fs.VisitAll(func(fl *flag.Flag) {
 		require.Regexp(t, `(?m)^\s+--`+regexp.QuoteMeta(fl.Name)+`\b`, help)
-		if fl.Name != "version" {
+		if fl.Name != "version" && !slices.Contains(logging.ZapFlags(), fl.Name) {
 			require.Contains(t, flagEnv(), fl.Name, "--%s has no environment variable", fl.Name)
 		}
 	})
@@ -197,7 +199,7 @@ func TestHelpListsEveryVariable(t *testing.T) {
 func TestMainVersionHelpAndUsageErrors(t *testing.T) {
 	var out, errOut bytes.Buffer
 	require.Equal(t, ExitOK, Main([]string{"--version"}, &out, &errOut))
-	require.Equal(t, Name+" "+version.Version+"\n", out.String())
+	require.Regexp(t, version.Pattern(Name), strings.TrimSpace(out.String()))
 	require.Empty(t, errOut.String())
 
 	out.Reset()
@@ -206,8 +208,39 @@ func TestMainVersionHelpAndUsageErrors(t *testing.T) {
 
 	out.Reset()
 	require.Equal(t, ExitUsage, Main([]string{"--webhook-port=0"}, &out, &errOut))
-	require.Contains(t, errOut.String(), "--webhook-port 0")
-	require.Contains(t, errOut.String(), "--help")
+	require.Equal(t, "nstance-operator: --webhook-port 0: must be between 1 and 65535\nRun 'nstance-operator --help' for usage.\n", errOut.String())
+
+	// Several problems: one line all the same.
+	errOut.Reset()
+	require.Equal(t, ExitUsage, Main([]string{"--webhook-port=0", "--sync-period=0"}, &out, &errOut))
+	require.Equal(t, "nstance-operator: --webhook-port 0: must be between 1 and 65535; --sync-period 0s: must be positive\nRun 'nstance-operator --help' for usage.\n", errOut.String())
+}
+
+// TestZapFlagsSetTheOneLogger: the seed's controller-runtime flags are
+// accepted and land on the same options as --log-level and --log-format.
+func TestZapFlagsSetTheOneLogger(t *testing.T) {
+	f, err := Parse([]string{"--zap-log-level=debug", "--zap-encoder=console", "--zap-devel", "--zap-stacktrace-level=error", "--zap-time-encoding=rfc3339"},
+		lookup(map[string]string{"NSTANCE_LOG_LEVEL": "warn"}), nil)
+	require.NoError(t, err)
+	require.Equal(t, logging.Options{Level: "debug", Format: "text", Devel: true, StacktraceLevel: "error", TimeEncoding: "rfc3339"}, f.Log)
+}
+
+func TestTLSOptions(t *testing.T) {
+	f, err := Parse([]string{"--tls-min-version=VersionTLS13", "--tls-cipher-suites=TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256"}, lookup(nil), nil)
+	require.NoError(t, err)
+	opts, err := f.TLSOptions()
+	require.NoError(t, err)
+	var c tls.Config
+	for _, o := range opts {
+		o(&c)
+	}
+	require.Equal(t, uint16(tls.VersionTLS13), c.MinVersion)
+	require.Equal(t, []uint16{tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256}, c.CipherSuites)
+	o := f.ManagerOptions(&config.Config{}, config.Env{}, &rest.Config{}, logr.Discard())
+	require.Len(t, o.TLSOpts, 2)
+	require.False(t, o.InsecureMetrics)
+	require.Equal(t, ":8443", o.MetricsAddr)
+	require.Equal(t, 10*time.Minute, o.SyncPeriod)
 }
 
 // TestMainLogsStartAndOneErrorLine: the version comes first, and a typo in
@@ -270,7 +303,7 @@ func TestManagerOptions(t *testing.T) {
 	require.Equal(t, "/c", o.WebhookCertDir)
 	require.Equal(t, "127.0.0.1", o.WebhookHost)
 	require.Equal(t, ":1", o.ProbeAddr)
-	require.Equal(t, ":2", o.MetricsAddr)
+	require.Equal(t, ":2", o.MetricsAddr, "--metrics-bind-address is --diagnostics-address")
 	require.Equal(t, workload.Management, o.WorkloadMode)
 	require.Equal(t, 90*time.Second, o.JoinTimeout)
 }

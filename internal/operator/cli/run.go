@@ -15,6 +15,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 
+	"github.com/nstance-dev/nstance/internal/cliconv"
 	"github.com/nstance-dev/nstance/internal/logging"
 	"github.com/nstance-dev/nstance/internal/operator/config"
 	"github.com/nstance-dev/nstance/internal/operator/manager"
@@ -23,11 +24,11 @@ import (
 	"github.com/nstance-dev/nstance/internal/version"
 )
 
-// Exit codes of Main.
+// Exit codes of Main (internal/cliconv).
 const (
-	ExitOK    = 0
-	ExitError = 1
-	ExitUsage = 2
+	ExitOK    = cliconv.ExitOK
+	ExitError = cliconv.ExitError
+	ExitUsage = cliconv.ExitUsage
 )
 
 // Main runs the operator with the process's arguments (without the program
@@ -39,21 +40,22 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	case errors.Is(err, flag.ErrHelp):
 		return ExitOK
 	case err != nil:
-		fmt.Fprintf(stderr, "%s: %v\nRun %s --help for the flags and variables.\n", Name, err, Name)
-		return ExitUsage
+		return cliconv.Report(stderr, Name, cliconv.Usage(err))
 	case f.Version:
-		fmt.Fprintln(stdout, Name, version.Version)
+		fmt.Fprintln(stdout, version.String(Name))
 		return ExitOK
 	}
 	log, flush, err := logging.New(f.Log, stderr)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", Name, err)
-		return ExitUsage
+		return cliconv.Report(stderr, Name, cliconv.Usage(err))
 	}
 	defer flush()
 	ctrl.SetLogger(log)
 	klog.SetLogger(log)
 	logging.Started(log, Name, version.Version)
+	log.V(1).Info("flags", "diagnosticsAddress", f.DiagnosticsAddr, "insecureDiagnostics", f.InsecureDiagnostics,
+		"tlsMinVersion", f.TLSMinVersion, "syncPeriod", f.SyncPeriod, "kubeAPIQPS", f.KubeAPIQPS, "kubeAPIBurst", f.KubeAPIBurst,
+		"concurrency", f.Concurrency)
 
 	cfg, err := config.Load(f.ConfigPath)
 	if err != nil {
@@ -70,6 +72,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		log.Error(err, "no Kubernetes client configuration")
 		return ExitError
 	}
+	restCfg.QPS, restCfg.Burst = float32(f.KubeAPIQPS), f.KubeAPIBurst
 	ctx := ctrl.SetupSignalHandler()
 	op, err := manager.New(ctx, f.ManagerOptions(cfg, env, restCfg, log))
 	if err != nil {
@@ -97,10 +100,14 @@ func (f Flags) Env(getenv func(string) string, podNamespace func() (string, erro
 }
 
 // ManagerOptions builds the manager's options from the flags.
+// Parse has validated the TLS flags.
 func (f Flags) ManagerOptions(cfg *config.Config, env config.Env, restCfg *rest.Config, log logr.Logger) manager.Options {
+	tlsOpts, _ := f.TLSOptions()
 	return manager.Options{
 		Config: cfg, Env: env, WatchNamespace: f.Namespace, WatchFilter: watchfilter.Filter(f.WatchFilter), RestConfig: restCfg, Log: log,
-		MetricsAddr: f.MetricsAddr, ProbeAddr: f.ProbeAddr, PprofAddr: f.PprofAddr, LeaderElect: f.LeaderElect,
+		MetricsAddr: f.DiagnosticsAddr, InsecureMetrics: f.InsecureDiagnostics, TLSOpts: tlsOpts,
+		SyncPeriod: f.SyncPeriod, Concurrency: f.Concurrency,
+		ProbeAddr: f.ProbeAddr, PprofAddr: f.PprofAddr, LeaderElect: f.LeaderElect,
 		DisableWebhooks: f.DisableWebhooks,
 		WebhookHost:     f.WebhookHost, WebhookPort: f.WebhookPort, WebhookCertDir: f.WebhookCertDir,
 		WorkloadMode: workload.Mode(f.WorkloadCluster), JoinTimeout: f.JoinTimeout,

@@ -3,6 +3,7 @@ package manager
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
@@ -24,7 +25,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	cpv1 "github.com/nstance-dev/nstance/api/controlplane/v1beta1"
@@ -72,6 +72,11 @@ const RoleNamespace = "nstance-system"
 // LeaderElectionID is the Lease the operator replicas compete for.
 const LeaderElectionID = "nstance-operator-leader-election"
 
+// Concurrency is the number of concurrent reconciles of each controller.
+type Concurrency struct {
+	ShardGroup, MachinePool, Machine, OnDemand int
+}
+
 // Options configure the operator.
 type Options struct {
 	Config *config.Config
@@ -90,7 +95,25 @@ type Options struct {
 	// every object.
 	WatchFilter watchfilter.Filter
 
+	// MetricsAddr is the diagnostics address (--diagnostics-address):
+	// /metrics, and with secure serving also /debug/pprof/; "0" or empty
+	// disables it.
 	MetricsAddr string
+	// InsecureMetrics (--insecure-diagnostics) serves MetricsAddr over
+	// plain HTTP without authentication. Otherwise it is HTTPS (a
+	// self-signed certificate) and every request is authenticated with a
+	// TokenReview and authorized with a SubjectAccessReview, as
+	// kubebuilder and every Cluster API provider do.
+	InsecureMetrics bool
+	// TLSOpts (--tls-min-version, --tls-cipher-suites) apply to the webhook
+	// server and the secure diagnostics server.
+	TLSOpts []func(*tls.Config)
+	// SyncPeriod (--sync-period) is how often the cache resyncs every
+	// object; zero means controller-runtime's default.
+	SyncPeriod time.Duration
+	// Concurrency is each controller's number of workers
+	// (--<kind>-concurrency); zero means Workers.
+	Concurrency Concurrency
 	ProbeAddr   string
 	// PprofAddr serves net/http/pprof (controller-runtime's pprof server);
 	// empty disables it.
@@ -230,7 +253,7 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	mopts := ctrl.Options{
 		Scheme:                        scheme,
 		Logger:                        o.Log,
-		Metrics:                       metricsserver.Options{BindAddress: cmp.Or(o.MetricsAddr, "0")},
+		Metrics:                       diagnostics(o),
 		HealthProbeBindAddress:        cmp.Or(o.ProbeAddr, "0"),
 		PprofBindAddress:              o.PprofAddr,
 		LeaderElection:                o.LeaderElect,
@@ -238,13 +261,14 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 		LeaderElectionNamespace:       ns,
 		LeaderElectionReleaseOnCancel: true,
 		Cache: cache.Options{
+			SyncPeriod:        syncPeriod(o.SyncPeriod),
 			DefaultNamespaces: defaultNamespaces,
 			ByObject:          byObject,
 		},
 		Controller: crconfig.Controller{SkipNameValidation: ptr.To(o.SkipNameValidation)},
 	}
 	if !o.DisableWebhooks {
-		mopts.WebhookServer = webhook.NewServer(webhook.Options{Host: o.WebhookHost, Port: o.WebhookPort, CertDir: o.WebhookCertDir})
+		mopts.WebhookServer = webhook.NewServer(webhook.Options{Host: o.WebhookHost, Port: o.WebhookPort, CertDir: o.WebhookCertDir, TLSOpts: o.TLSOpts})
 	}
 	if o.LeaseDuration > 0 {
 		mopts.LeaseDuration, mopts.RenewDeadline, mopts.RetryPeriod = &o.LeaseDuration, &o.RenewDeadline, &o.RetryPeriod
@@ -286,12 +310,12 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Conns: op.Conns, Groups: op.Cache, Recorder: recorder, Metrics: m, RetryDelay: o.RetryDelay,
 		WatchFilter: o.WatchFilter,
 	}
-	if err := sg.SetupWithManager(mgr, op.trigger, o.Workers); err != nil {
+	if err := sg.SetupWithManager(mgr, op.trigger, cmp.Or(o.Concurrency.ShardGroup, o.Workers)); err != nil {
 		return nil, fmt.Errorf("set up shard group controller: %w", err)
 	}
 	catalog := &capacity.Catalog{Shards: capacity.Shards{Conns: op.Conns}}
 	pool := &machinepool.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Ledger: op.ledger, Conns: op.Conns, Recorder: recorder, Capacity: catalog, WatchFilter: o.WatchFilter}
-	if err := pool.SetupWithManager(ctx, mgr, o.Workers); err != nil {
+	if err := pool.SetupWithManager(ctx, mgr, cmp.Or(o.Concurrency.MachinePool, o.Workers)); err != nil {
 		return nil, fmt.Errorf("set up pool controller: %w", err)
 	}
 	tmpl := &capacity.TemplateReconciler{Client: mgr.GetClient(), Catalog: catalog, Shards: op.Conns.ShardIDs(), WatchFilter: o.WatchFilter}
@@ -357,12 +381,12 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	}
 	mr := &machine.Reconciler{WatchFilter: o.WatchFilter, Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Conns: op.Conns, Recorder: recorder, Namespace: watchNS,
 		DefaultShard: defaultShard, PollInterval: o.MachinePollInterval, Log: o.Log.WithName("machine")}
-	if err := mr.SetupWithManager(mgr, o.Workers); err != nil {
+	if err := mr.SetupWithManager(mgr, cmp.Or(o.Concurrency.Machine, o.Workers)); err != nil {
 		return nil, fmt.Errorf("set up machine controller: %w", err)
 	}
 	od := &ondemand.Reconciler{WatchFilter: o.WatchFilter, Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Workload: op.Workload, Namespace: clusterNS,
 		ClusterName: o.Config.ClusterID, Namespaces: o.Config.OnDemandNamespaces, Recheck: o.OnDemandRecheck, Log: o.Log.WithName("ondemand")}
-	if err := od.SetupWithManager(mgr, o.Workers); err != nil {
+	if err := od.SetupWithManager(mgr, cmp.Or(o.Concurrency.OnDemand, o.Workers)); err != nil {
 		return nil, fmt.Errorf("set up on-demand controller: %w", err)
 	}
 	if o.JoinTimeout > 0 {

@@ -11,9 +11,11 @@ import (
 
 	ucli "github.com/urfave/cli/v2"
 
+	"github.com/nstance-dev/nstance/internal/cliconv"
 	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/logging"
 	"github.com/nstance-dev/nstance/internal/server/app"
+	"github.com/nstance-dev/nstance/internal/server/grpcserve"
 	"github.com/nstance-dev/nstance/internal/server/pprofserve"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/storage"
@@ -36,10 +38,14 @@ func logOptions(c *ucli.Context) logging.Options {
 
 // App returns the nstance-server command.
 func App() *ucli.App {
-	return &ucli.App{
-		Name:    "nstance-server",
-		Usage:   "per-shard Nstance control plane",
-		Version: version.Version,
+	return cliconv.Configure(&ucli.App{
+		Name:  Name,
+		Usage: "per-shard Nstance control plane",
+		Description: "Every flag is also read from the NSTANCE_* variable shown beside it; a flag given wins.\n" +
+			"Other variables: " + config.DefaultEncryptionKeyEnv + " holds the cluster encryption key (the default of\n" +
+			"shard.encryption.env for provider env); AWS_* configure the S3 client; " + grpcserve.PanicHookEnv + "=1 (tests\n" +
+			"only) makes a request with the " + grpcserve.PanicHookHeader + " header panic, to prove the recovery.\n" +
+			"Exit codes: 0 stopped by a signal or valid with --validate; 1 a runtime failure; 2 a usage error.",
 		Flags: append(logging.CLIFlags(envPrefix),
 			&ucli.StringFlag{Name: "id", Usage: "server id (default: host name)", EnvVars: []string{"NSTANCE_SERVER_ID"}},
 			&ucli.StringFlag{Name: "shard", Usage: "zone shard this server runs", EnvVars: []string{"NSTANCE_SHARD"}, Required: true},
@@ -70,13 +76,22 @@ func App() *ucli.App {
 			&ucli.StringFlag{Name: "tmux-socket", Usage: "tmux provider: tmux socket name (-L)", EnvVars: []string{"NSTANCE_TMUX_SOCKET"}},
 		),
 		Action: run,
-	}
+	})
+}
+
+// Name is the binary's name.
+const Name = "nstance-server"
+
+// Main runs the server with the process's arguments (args[0] is the program
+// name) and returns the exit code (internal/cliconv).
+func Main(args []string) int {
+	return cliconv.Report(os.Stderr, Name, App().Run(args))
 }
 
 func run(c *ucli.Context) error {
 	log, flush, err := logging.New(logOptions(c), c.App.ErrWriter)
 	if err != nil {
-		return ucli.Exit(err.Error(), 2)
+		return cliconv.Usage(err)
 	}
 	defer flush()
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
@@ -86,7 +101,7 @@ func run(c *ucli.Context) error {
 		return validate(ctx, c, c.App.Writer)
 	}
 	if c.String("config-file") != "" {
-		return ucli.Exit("--config-file is only used with --validate", 2)
+		return cliconv.Usagef("--config-file is only used with --validate")
 	}
 	logging.Started(log, "nstance-server", version.Version, "shard", c.String("shard"))
 	// Start-up failures are logged once, as errors, in the chosen format;
@@ -98,7 +113,7 @@ func run(c *ucli.Context) error {
 	if addr := c.String("pprof-addr"); addr != "" {
 		_, stopPprof, err := pprofserve.Start(addr, log.WithName("pprof"))
 		if err != nil {
-			return fail(err, "starting pprof", 2)
+			return fail(err, "starting pprof", 1)
 		}
 		defer stopPprof()
 	}
@@ -109,7 +124,7 @@ func run(c *ucli.Context) error {
 	id := c.String("id")
 	if id == "" {
 		if id, err = os.Hostname(); err != nil {
-			return fail(err, "--id not given and the host name is unknown", 2)
+			return fail(err, "--id not given and the host name is unknown", 1)
 		}
 	}
 	// The server: app.Run is the start-up sequence, app.Assemble builds the
@@ -151,18 +166,18 @@ func validate(ctx context.Context, c *ucli.Context, out io.Writer) error {
 	if f := c.String("config-file"); f != "" {
 		b, err := os.ReadFile(f)
 		if err != nil {
-			return ucli.Exit(fmt.Sprintf("reading %s: %v", f, err), 2)
+			return fmt.Errorf("reading %s: %w", f, err)
 		}
 		data, source = b, f
 	} else {
 		store, keys, err := storage.Open(ctx, storageOptions(c))
 		if err != nil {
-			return ucli.Exit(err.Error(), 2)
+			return cliconv.Usage(err)
 		}
 		key := keys.Config(c.String("shard"))
 		obj, err := store.Get(ctx, key)
 		if err != nil {
-			return ucli.Exit(fmt.Sprintf("reading %s: %v", key, err), 2)
+			return fmt.Errorf("reading %s: %w", key, err)
 		}
 		data, source = obj.Body, key
 	}
