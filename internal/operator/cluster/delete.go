@@ -133,10 +133,17 @@ var OwnerKinds = []string{"MachinePool", "Machine", "NstanceMachinePool"}
 // DeletedWithCluster reports whether the NstanceCluster's deletion must
 // delete an object of its cluster with these owners itself: one that no
 // MachinePool, Machine or pool owns (the MachineDeployment template's shard
-// group, owned by the Cluster; an object nothing owns). The garbage
-// collector would delete a Cluster-owned one only after the Cluster is
-// gone, which waits for the NstanceCluster: a deadlock.
-func DeletedWithCluster(owners []metav1.OwnerReference) bool {
+// group, owned by the Cluster; an object nothing owns), and, once no
+// MachinePool or Machine of the cluster is left (capiLeft false), every
+// one: its owners are gone or going, and the garbage collector would delete
+// it only after them (a pool's NstanceMachine whose Machine core CAPI never
+// created). The garbage collector would delete a Cluster-owned one only
+// after the Cluster is gone, which waits for the NstanceCluster: a
+// deadlock.
+func DeletedWithCluster(owners []metav1.OwnerReference, capiLeft bool) bool {
+	if !capiLeft {
+		return true
+	}
 	for _, o := range owners {
 		if slices.Contains(OwnerKinds, o.Kind) {
 			return false

@@ -57,19 +57,22 @@ func TestDecideDelete(t *testing.T) {
 func TestDeletedWithCluster(t *testing.T) {
 	ref := func(kind string) metav1.OwnerReference { return metav1.OwnerReference{Kind: kind, Name: "x"} }
 	for _, tc := range []struct {
-		name   string
-		owners []metav1.OwnerReference
-		want   bool
+		name     string
+		owners   []metav1.OwnerReference
+		capiLeft bool
+		want     bool
 	}{
-		{"nothing owns it", nil, true},
-		{"only the Cluster (the MachineDeployment template's shard group)", []metav1.OwnerReference{ref("Cluster")}, true},
-		{"an on-demand pod only", []metav1.OwnerReference{ref("Pod")}, true},
-		{"a pool's shard group", []metav1.OwnerReference{ref("NstanceMachinePool")}, false},
-		{"a pool (its MachinePool deletes it)", []metav1.OwnerReference{ref("MachinePool")}, false},
-		{"a Machine's NstanceMachine", []metav1.OwnerReference{ref("Pod"), ref("Machine")}, false},
+		{"nothing owns it", nil, true, true},
+		{"only the Cluster (the MachineDeployment template's shard group)", []metav1.OwnerReference{ref("Cluster")}, true, true},
+		{"an on-demand pod only", []metav1.OwnerReference{ref("Pod")}, true, true},
+		{"a pool's shard group", []metav1.OwnerReference{ref("NstanceMachinePool")}, true, false},
+		{"a pool (its MachinePool deletes it)", []metav1.OwnerReference{ref("MachinePool")}, true, false},
+		{"a Machine's NstanceMachine", []metav1.OwnerReference{ref("Pod"), ref("Machine")}, true, false},
+		{"no MachinePool or Machine left: a pool's machine without a Machine", []metav1.OwnerReference{ref("NstanceMachinePool")}, false, true},
+		{"no MachinePool or Machine left: anything", []metav1.OwnerReference{ref("Machine")}, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			require.Equal(t, tc.want, DeletedWithCluster(tc.owners))
+			require.Equal(t, tc.want, DeletedWithCluster(tc.owners, tc.capiLeft))
 		})
 	}
 }

@@ -125,7 +125,8 @@ func clusterName(nc *infrav1.NstanceCluster) string {
 }
 
 // clusterObjects lists the cluster's Nstance objects (cluster-name label)
-// still present, as "Kind/name", after deleting those DeletedWithCluster,
+// still present, as "Kind/name", after deleting those DeletedWithCluster
+// (all of them once no MachinePool or Machine of the cluster is left),
 // and the groups of its shard groups by shard.
 func (r *Reconciler) clusterObjects(ctx context.Context, namespace, name string) ([]string, map[string][]string, error) {
 	sel := []client.ListOption{client.InNamespace(namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: name}}
@@ -137,6 +138,14 @@ func (r *Reconciler) clusterObjects(ctx context.Context, namespace, name string)
 			return nil, nil, fmt.Errorf("list the Nstance objects of Cluster %s/%s: %w", namespace, name, err)
 		}
 	}
+	var mps clusterv1.MachinePoolList
+	var ms clusterv1.MachineList
+	for _, l := range []client.ObjectList{&mps, &ms} {
+		if err := r.Client.List(ctx, l, sel...); err != nil {
+			return nil, nil, fmt.Errorf("list the Cluster API objects of Cluster %s/%s: %w", namespace, name, err)
+		}
+	}
+	capiLeft := len(mps.Items)+len(ms.Items) > 0
 	var objs []client.Object
 	byShard := map[string][]string{}
 	for i := range sgs.Items {
@@ -153,7 +162,7 @@ func (r *Reconciler) clusterObjects(ctx context.Context, namespace, name string)
 	for _, o := range objs {
 		kind := strings.TrimPrefix(fmt.Sprintf("%T", o), "*v1beta1.")
 		names = append(names, kind+"/"+o.GetName())
-		if o.GetDeletionTimestamp().IsZero() && DeletedWithCluster(o.GetOwnerReferences()) {
+		if o.GetDeletionTimestamp().IsZero() && DeletedWithCluster(o.GetOwnerReferences(), capiLeft) {
 			if err := r.Client.Delete(ctx, o); err != nil && !apierrors.IsNotFound(err) {
 				return nil, nil, fmt.Errorf("delete %s %s/%s with its Cluster: %w", kind, namespace, o.GetName(), err)
 			}
