@@ -3,6 +3,7 @@ package cluster
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -57,12 +58,15 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, nc *infrav1.NstanceClu
 		}
 		all = ledger.Groups(entries)
 		for _, o := range ledger.Orphans(entries) {
-			if r.Conns.Known(o.Shard) {
+			if r.Conns != nil && r.Conns.Known(o.Shard) {
 				byShard[o.Shard] = append(byShard[o.Shard], o.Group)
 			} else {
 				in.Unconfigured = append(in.Unconfigured, o)
 			}
 		}
+	}
+	if r.Conns == nil {
+		return ctrl.Result{}, errors.New("no shard connections: cannot tell whether the cluster's instances are gone")
 	}
 	for _, shard := range r.Conns.ShardIDs() {
 		in.Shards = append(in.Shards, r.askShard(ctx, shard, byShard[shard], all))

@@ -4,13 +4,16 @@ import (
 	"context"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/cluster"
 	"github.com/nstance-dev/nstance/internal/operator/ledger"
 	"github.com/nstance-dev/nstance/internal/operator/machine"
 	"github.com/nstance-dev/nstance/internal/operator/shardgroup"
@@ -135,4 +138,41 @@ func TestStaticPoolMachineDeletionTerminates(t *testing.T) {
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(mp), mp))
 	require.Equal(t, rv, mp.ResourceVersion, "the MachinePool was not written")
 	require.EqualValues(t, 2, *mp.Spec.Replicas)
+}
+
+// TestNstanceClusterDeletionTakesClusterOwnedShardGroup: the shard group
+// the MachineDeployment template declares is owned by the Cluster, so the
+// garbage collector would delete it only after the Cluster, which waits for
+// the NstanceCluster. The NstanceCluster's deletion deletes it, waits until
+// the server has no member of its group left, and only then lets go.
+func TestNstanceClusterDeletionTakesClusterOwnedShardGroup(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, "shard-a")
+	f.putNonce(t)
+	r := startOperator(t, f.options(t))
+	r.waitImported(t)
+	cl := f.shards["shard-a"].client(t)
+	sgName := infrav1.ShardGroupName("md-0", "shard-a")
+	require.NoError(t, env.Client.Create(ctx, &infrav1.NstanceShardGroup{
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: sgName, Labels: map[string]string{clusterv1.ClusterNameLabel: clusterID}},
+		Spec:       infrav1.NstanceShardGroupSpec{Group: "md-0", Shard: "shard-a", Size: 1, Template: "worker", DrainTimeout: &metav1.Duration{Duration: 100 * time.Millisecond}},
+	}))
+	var ids []string
+	require.Eventually(t, func() bool {
+		sg, _ := get(t, f.ns, sgName, &infrav1.NstanceShardGroup{})
+		ids = activeMembers(t, cl, "md-0")
+		return len(ids) == 1 && len(sg.OwnerReferences) == 1 && sg.OwnerReferences[0].Kind == "Cluster"
+	}, waitLong, tick, "the shard group runs its member and has its Cluster as owner")
+	nc, ok := get(t, f.ns, clusterID, &infrav1.NstanceCluster{})
+	require.True(t, ok)
+	require.Contains(t, nc.Finalizers, infrav1.ClusterFinalizer)
+
+	require.NoError(t, env.Client.Delete(ctx, nc))
+	require.Eventually(t, func() bool {
+		_, ncOK := get(t, f.ns, clusterID, &infrav1.NstanceCluster{})
+		_, sgOK := get(t, f.ns, sgName, &infrav1.NstanceShardGroup{})
+		return !ncOK && !sgOK
+	}, waitLong, tick, "the NstanceCluster deletes the Cluster's shard group and goes after it")
+	require.Empty(t, activeMembers(t, cl, "md-0"), "no member of the group is left when the NstanceCluster is gone")
+	require.NotEmpty(t, f.events(t, "NstanceCluster", clusterID, cluster.EventInstancesDeleted))
 }
