@@ -322,11 +322,11 @@ func TestClusterDeletionAbandonsUnreachableShard(t *testing.T) {
 	require.Empty(t, ids, "the reachable shard is cleaned as usual")
 
 	sgEvents := events(t, f.ns, "NstanceShardGroup", infrav1.ShardGroupName(pool, shardB), abandon.EventReason)
-	require.Len(t, sgEvents, 1)
+	require.NotEmpty(t, sgEvents)
 	msg := sgEvents[0].Message
 	require.Contains(t, msg, "group "+pool+" abandoned on shard "+shardB)
 	ncEvents := events(t, f.ns, "NstanceCluster", clusterID, abandon.EventReason)
-	require.Len(t, ncEvents, 1)
+	require.NotEmpty(t, ncEvents)
 	require.Contains(t, ncEvents[0].Message, "shard "+shardB)
 	require.Contains(t, ncEvents[0].Message, "["+pool+"]")
 	require.Empty(t, events(t, f.ns, "NstanceShardGroup", infrav1.ShardGroupName(pool, shardID), abandon.EventReason), "nothing abandoned on shard A")
