@@ -130,8 +130,9 @@ func (p *bootingProvider) List(ctx context.Context) ([]provider.Instance, error)
 
 // deletionFixture runs core CAPI and the operator over two shards with a
 // pool of one replica per shard, then rolls the pool onto new bootstrap
-// data: each server creates a surge instance, which stays pending (still
-// booting), so the old member stays beside it. It returns the shards and
+// data: the shard holding the rollout's surge budget creates a surge
+// instance, which stays pending (still booting), so the old member stays
+// beside it. It returns the shards and
 // every instance of the group by shard, surge ones included.
 func deletionFixture(t *testing.T, pool string, clients shardClients) (*fixture, map[string]*shardtest.Shard, map[string][]string) {
 	t.Helper()
@@ -153,22 +154,25 @@ func deletionFixture(t *testing.T, pool string, clients shardClients) (*fixture,
 		}
 	})
 	f.createPoolOn(t, pool, 2, 5*time.Second, shardID, shardB)
+	// waitMembers waits for want members in all, at least one per shard.
 	waitMembers := func(want int, why string) map[string][]string {
 		t.Helper()
 		got := map[string][]string{}
 		require.Eventually(t, func() bool {
+			n := 0
 			for id, sh := range shards {
 				ids, ok := clients.members(t, sh, pool)
-				if !ok || len(ids) != want {
+				if !ok || len(ids) == 0 {
 					return false
 				}
 				got[id] = ids
+				n += len(ids)
 			}
-			return true
+			return n == want
 		}, waitLong, tick, why)
 		return got
 	}
-	before := waitMembers(1, "one member per shard")
+	before := waitMembers(2, "one member per shard")
 
 	// The rollout: new bootstrap data, as a bootstrap provider writes.
 	for _, p := range provs {
@@ -184,14 +188,16 @@ func deletionFixture(t *testing.T, pool string, clients shardClients) (*fixture,
 	p := client.MergeFrom(mp.DeepCopy())
 	mp.Spec.Template.Spec.Bootstrap.DataSecretName = ptr.To(bootstrapSecret + "-v2")
 	require.NoError(t, env.Client.Patch(ctx, &mp, p))
-	all := waitMembers(2, "a surge instance per shard")
+	// The pool's surge budget (1) goes to one shard at a time; the other
+	// waits, paused.
+	all := waitMembers(3, "a surge instance on one shard")
 	for id := range shards {
-		require.Contains(t, all[id], before[id][0], "the old member stays beside the surge one on %s", id)
+		require.Contains(t, all[id], before[id][0], "the old member stays on %s", id)
 		// What the operator last saw of the group (the abandon Event names it).
 		require.Eventually(t, func() bool {
 			var sg infrav1.NstanceShardGroup
-			return get(t, client.ObjectKey{Namespace: f.ns, Name: infrav1.ShardGroupName(pool, id)}, &sg) && len(sg.Status.ProviderIDs) == 2
-		}, waitLong, tick, "shard group on %s sees both members", id)
+			return get(t, client.ObjectKey{Namespace: f.ns, Name: infrav1.ShardGroupName(pool, id)}, &sg) && len(sg.Status.ProviderIDs) == len(all[id])
+		}, waitLong, tick, "shard group on %s sees its members", id)
 	}
 	t.Logf("instances before deletion: %v", all)
 	return f, shards, all
@@ -221,14 +227,23 @@ func clusterObjectsLeft(t *testing.T, ns string) []string {
 	return out
 }
 
+// surgeShard returns the shard running the surge instance (the one to take
+// down) and the other.
+func surgeShard(all map[string][]string) (down, up string) {
+	if len(all[shardB]) > len(all[shardID]) {
+		return shardB, shardID
+	}
+	return shardID, shardB
+}
+
 func deleteCluster(t *testing.T, ns string) {
 	t.Helper()
 	cl := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: clusterID}}
 	require.NoError(t, env.Client.Delete(context.Background(), cl))
 }
 
-// TestClusterDeletionSurvivesShardOutage: the Cluster is deleted while one
-// of its two shard servers is down for shardDowntime. Deletion waits for
+// TestClusterDeletionSurvivesShardOutage: the Cluster is deleted while the
+// server of the shard running the surge instance is down for shardDowntime. Deletion waits for
 // it (nothing is released while instances may still run there), and once
 // the server is back every instance of the pool, the surge ones included,
 // is gone on both shards, no Cluster API or Nstance object is left, every
@@ -237,15 +252,16 @@ func TestClusterDeletionSurvivesShardOutage(t *testing.T) {
 	const pool = "del"
 	clients := shardClients{}
 	f, shards, all := deletionFixture(t, pool, clients)
+	down, up := surgeShard(all)
 
 	deleteCluster(t, f.ns)
-	shards[shardB].Stop()
+	shards[down].Stop()
 	downSince := time.Now()
 	// The outage is seen where deletion waits on it: shard B's shard group
 	// (or, once everything else is gone, the NstanceCluster) says so.
 	require.Eventually(t, func() bool {
 		var sg infrav1.NstanceShardGroup
-		if get(t, client.ObjectKey{Namespace: f.ns, Name: infrav1.ShardGroupName(pool, shardB)}, &sg) && conditions.IsFalse(&sg, infrav1.ShardReachableCondition) {
+		if get(t, client.ObjectKey{Namespace: f.ns, Name: infrav1.ShardGroupName(pool, down)}, &sg) && conditions.IsFalse(&sg, infrav1.ShardReachableCondition) {
 			return true
 		}
 		var nc infrav1.NstanceCluster
@@ -254,7 +270,7 @@ func TestClusterDeletionSurvivesShardOutage(t *testing.T) {
 	}, waitLong, tick, "deletion reports the unreachable shard")
 	// Shard A is cleaned meanwhile.
 	require.Eventually(t, func() bool {
-		ids, ok := clients.members(t, shards[shardID], pool)
+		ids, ok := clients.members(t, shards[up], pool)
 		return ok && len(ids) == 0
 	}, waitLong, tick, "every instance on the reachable shard goes during the outage")
 	time.Sleep(time.Until(downSince.Add(shardDowntime)))
@@ -265,10 +281,10 @@ func TestClusterDeletionSurvivesShardOutage(t *testing.T) {
 		require.Contains(t, nc.Finalizers, infrav1.ClusterFinalizer)
 	}
 	sgB := infrav1.NstanceShardGroup{}
-	require.True(t, get(t, client.ObjectKey{Namespace: f.ns, Name: infrav1.ShardGroupName(pool, shardB)}, &sgB),
+	require.True(t, get(t, client.ObjectKey{Namespace: f.ns, Name: infrav1.ShardGroupName(pool, down)}, &sgB),
 		"shard B's shard group keeps its finalizer while the server is down")
 
-	shards[shardB] = restartShard(t, f, shards[shardB])
+	shards[down] = restartShard(t, f, shards[down])
 	require.Eventually(t, func() bool {
 		left := clusterObjectsLeft(t, f.ns)
 		if len(left) > 0 {
@@ -292,23 +308,25 @@ func TestClusterDeletionSurvivesShardOutage(t *testing.T) {
 }
 
 // TestClusterDeletionAbandonsUnreachableShard: with the abandon annotation
-// on the Cluster and shard B's server kept down, the Cluster's deletion
-// finishes: shard A is cleaned as usual, shard B's shard group, machines
-// and the NstanceCluster release their finalizers with Events naming the
-// group and instances left on shard B. When the server is back, the
-// operator deletes the orphaned group there.
+// on the Cluster and the server of the shard running the surge instance
+// kept down, the Cluster's deletion finishes: the other shard is cleaned as
+// usual; the down shard's shard group, machines and the NstanceCluster
+// release their finalizers with Events naming the group and every instance
+// left there. When the server is back, the operator deletes the orphaned
+// group there.
 func TestClusterDeletionAbandonsUnreachableShard(t *testing.T) {
 	const pool = "abandon"
 	ctx := context.Background()
 	clients := shardClients{}
 	f, shards, all := deletionFixture(t, pool, clients)
+	down, up := surgeShard(all)
 
 	var cl clusterv1.Cluster
 	require.True(t, get(t, client.ObjectKey{Namespace: f.ns, Name: clusterID}, &cl))
 	p := client.MergeFrom(cl.DeepCopy())
 	cl.Annotations = map[string]string{infrav1.AbandonInstancesAnnotation: "true"}
 	require.NoError(t, env.Client.Patch(ctx, &cl, p))
-	shards[shardB].Stop()
+	shards[down].Stop()
 	deleteCluster(t, f.ns)
 	require.Eventually(t, func() bool {
 		left := clusterObjectsLeft(t, f.ns)
@@ -317,19 +335,19 @@ func TestClusterDeletionAbandonsUnreachableShard(t *testing.T) {
 		}
 		return len(left) == 0
 	}, 3*waitLong, time.Second, "deletion finishes with shard B down")
-	ids, ok := clients.members(t, shards[shardID], pool)
+	ids, ok := clients.members(t, shards[up], pool)
 	require.True(t, ok)
 	require.Empty(t, ids, "the reachable shard is cleaned as usual")
 
-	sgEvents := events(t, f.ns, "NstanceShardGroup", infrav1.ShardGroupName(pool, shardB), abandon.EventReason)
+	sgEvents := events(t, f.ns, "NstanceShardGroup", infrav1.ShardGroupName(pool, down), abandon.EventReason)
 	require.NotEmpty(t, sgEvents)
 	msg := sgEvents[0].Message
-	require.Contains(t, msg, "group "+pool+" abandoned on shard "+shardB)
+	require.Contains(t, msg, "group "+pool+" abandoned on shard "+down)
 	ncEvents := events(t, f.ns, "NstanceCluster", clusterID, abandon.EventReason)
 	require.NotEmpty(t, ncEvents)
-	require.Contains(t, ncEvents[0].Message, "shard "+shardB)
+	require.Contains(t, ncEvents[0].Message, "shard "+down)
 	require.Contains(t, ncEvents[0].Message, "["+pool+"]")
-	require.Empty(t, events(t, f.ns, "NstanceShardGroup", infrav1.ShardGroupName(pool, shardID), abandon.EventReason), "nothing abandoned on shard A")
+	require.Empty(t, events(t, f.ns, "NstanceShardGroup", infrav1.ShardGroupName(pool, up), abandon.EventReason), "nothing abandoned on the reachable shard")
 	// Every instance of shard B is named, by the shard group (provider IDs
 	// it last saw) or by the NstanceMachine that stood for it.
 	var named []string
@@ -340,17 +358,17 @@ func TestClusterDeletionAbandonsUnreachableShard(t *testing.T) {
 			named = append(named, e.Message)
 		}
 	}
-	for _, iid := range all[shardB] {
+	for _, iid := range all[down] {
 		require.Truef(t, strings.Contains(strings.Join(named, "\n"), iid), "instance %s on shard B is named in an Event: %v", iid, named)
 	}
 	entries, err := ledger.New(env.Client, f.ns, "").Load(ctx, env.Client)
 	require.NoError(t, err)
-	require.Equal(t, []ledger.Orphan{{Group: pool, Shard: shardB}}, ledger.Orphans(entries))
+	require.Equal(t, []ledger.Orphan{{Group: pool, Shard: down}}, ledger.Orphans(entries))
 
 	// Back: the operator deletes the orphaned group and forgets it.
-	shards[shardB] = restartShard(t, f, shards[shardB])
+	shards[down] = restartShard(t, f, shards[down])
 	require.Eventually(t, func() bool {
-		ids, ok := clients.members(t, shards[shardB], pool)
+		ids, ok := clients.members(t, shards[down], pool)
 		if !ok || len(ids) > 0 {
 			return false
 		}
