@@ -77,6 +77,14 @@ const (
 	MachineFinalizer     = "nstancemachine.infrastructure.cluster.x-k8s.io"
 )
 
+// AbandonInstancesAnnotation, set to "true" on a Cluster, lets its deletion
+// finish while a shard server cannot be reached (or is no longer in the
+// operator configuration): every finalizer that waits on such a shard
+// (NstanceCluster, NstanceShardGroup, NstanceMachine) is released, and an
+// Event names the groups and instances left behind on it. Reachable shards
+// are still cleaned up as usual.
+const AbandonInstancesAnnotation = "nstance.dev/abandon-instances"
+
 // Labels the operator sets on objects it creates.
 const (
 	// GroupLabel carries the Nstance group name.

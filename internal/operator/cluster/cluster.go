@@ -8,19 +8,24 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/finalizers"
 	"sigs.k8s.io/cluster-api/util/patch"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	cpv1 "github.com/nstance-dev/nstance/api/controlplane/v1beta1"
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/ledger"
 	"github.com/nstance-dev/nstance/internal/operator/paused"
+	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 	"github.com/nstance-dev/nstance/internal/operator/watchfilter"
 )
 
@@ -30,13 +35,32 @@ type Reconciler struct {
 	// (--watch-filter); empty means every object.
 	WatchFilter watchfilter.Filter
 	Client      client.Client
+	// Reader reads the ledger uncached; nil means Client.
+	Reader client.Reader
 	// Shards are the configured shard IDs: the failure domains.
 	Shards []string
+	// Conns reach the shards; a deleted NstanceCluster asks every one.
+	Conns *shardconn.Manager
+	// Ledger holds every group the operator managed and the groups left on
+	// shards (orphans); nil: only the cluster's shard groups are looked at.
+	Ledger   *ledger.Ledger
+	Recorder events.EventRecorder
+	// Cluster is the operator's own Cluster: its deletion waits for every
+	// group of the ledger. Zero: every NstanceCluster's does.
+	Cluster client.ObjectKey
+	// Poll is how often a deleted NstanceCluster looks at the shards again;
+	// zero means 2s.
+	Poll time.Duration
+	// CallTimeout bounds one RPC; zero means 10s.
+	CallTimeout time.Duration
 }
 
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstanceclusters,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstanceclusters/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters,verbs=get;list;watch
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstanceclusters/finalizers,verbs=update
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstanceshardgroups;nstancemachinepools;nstancemachines,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters;machinepools;machines,verbs=get;list;watch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch;update
 
 // SetupWithManager registers the controller.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
@@ -61,11 +85,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	if !r.WatchFilter.Matches(&nc) {
 		return ctrl.Result{}, nil // another operator's (--watch-filter)
 	}
-	if !nc.DeletionTimestamp.IsZero() {
-		return ctrl.Result{}, nil
-	}
 	if _, stop, err := paused.Ensure(ctx, r.Client, &nc); err != nil || stop {
 		return ctrl.Result{}, err
+	}
+	if nc.DeletionTimestamp.IsZero() {
+		// As CAPD: the finalizer is stored alone, and the pass ends.
+		if added, err := finalizers.EnsureFinalizer(ctx, r.Client, &nc, infrav1.ClusterFinalizer); err != nil || added {
+			return ctrl.Result{}, err
+		}
 	}
 	helper, err := patch.NewHelper(&nc, r.Client)
 	if err != nil {
@@ -76,6 +103,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 			retErr = errors.Join(retErr, fmt.Errorf("patch NstanceCluster %s: %w", nc.Name, err))
 		}
 	}()
+	if !nc.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, &nc)
+	}
 	nc.Status.FailureDomains = nil
 	for _, s := range slices.Sorted(slices.Values(r.Shards)) {
 		nc.Status.FailureDomains = append(nc.Status.FailureDomains, infrav1.FailureDomain{Name: s, ControlPlane: ptr.To(false)})

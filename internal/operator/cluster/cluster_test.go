@@ -42,8 +42,9 @@ func TestClusterObjects(t *testing.T) {
 	require.Equal(t, "prod", cp.Labels[clusterv1.ClusterNameLabel])
 
 	r := &cluster.Reconciler{Client: env.Client, Shards: []string{"us-west-2a", "us-east-1a"}}
-	// The first pass records the Paused condition (false) and ends.
-	for range 2 {
+	// The first pass records the Paused condition (false) and ends, the
+	// second stores the finalizer.
+	for range 3 {
 		_, err = r.Reconcile(ctx, ctrl.Request{NamespacedName: key})
 		require.NoError(t, err)
 	}
@@ -54,6 +55,7 @@ func TestClusterObjects(t *testing.T) {
 	require.Equal(t, []string{"us-east-1a", "us-west-2a"}, []string{nc.Status.FailureDomains[0].Name, nc.Status.FailureDomains[1].Name})
 	require.True(t, nc.Status.Ready)
 	require.True(t, *nc.Status.Initialization.Provisioned)
+	require.Contains(t, nc.Finalizers, infrav1.ClusterFinalizer)
 	require.Equal(t, ep, nc.Spec.ControlPlaneEndpoint)
 }
 
@@ -130,7 +132,7 @@ func TestPausedClusterLeftAlone(t *testing.T) {
 	require.NoError(t, cluster.EnsureObjects(ctx, env.Client, ns.Name, "moved", ep))
 	require.NoError(t, env.Client.Get(ctx, key, cl))
 	require.Equal(t, "NstanceControlPlane", cl.Spec.ControlPlaneRef.Kind)
-	for range 2 {
+	for range 3 {
 		_, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key})
 		require.NoError(t, err)
 	}

@@ -1,9 +1,11 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -12,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 )
 
 // DefaultName is the ConfigMap name.
@@ -21,7 +25,56 @@ const DefaultName = "nstance-operator-groups"
 const (
 	StateManaged = "managed"
 	StateDeleted = "deleted"
+	// StateOrphaned marks a group left on one shard without DeleteGroup:
+	// the shard was removed from the operator configuration, or its
+	// deletion was abandoned while the shard was unreachable. Its key is
+	// OrphanKey(group, shard); the group is deleted on that shard when the
+	// shard is configured and reachable again (see Orphans).
+	StateOrphaned = "orphaned"
 )
+
+// Orphan is a group left on a shard (StateOrphaned).
+type Orphan struct {
+	Group, Shard string
+}
+
+// OrphanKey is the ledger key of group orphaned on shard: the shard
+// group's name, which no group ID can equal (group IDs cannot contain the
+// separator), so the import never takes it for a group.
+func OrphanKey(group, shard string) string { return infrav1.ShardGroupName(group, shard) }
+
+// Orphans returns the orphaned groups among entries (as Load returns
+// them), sorted by shard, then group.
+func Orphans(entries map[string]string) []Orphan {
+	var out []Orphan
+	for k, v := range entries {
+		if v != StateOrphaned {
+			continue
+		}
+		if g, s, ok := infrav1.ParseShardGroupName(k); ok {
+			out = append(out, Orphan{Group: g, Shard: s})
+		}
+	}
+	slices.SortFunc(out, func(a, b Orphan) int {
+		return cmp.Or(cmp.Compare(a.Shard, b.Shard), cmp.Compare(a.Group, b.Group))
+	})
+	return out
+}
+
+// Groups returns the group IDs among entries (managed or deleted; orphan
+// keys are not group IDs), sorted.
+func Groups(entries map[string]string) []string {
+	var out []string
+	for k, v := range entries {
+		if v == StateManaged || v == StateDeleted {
+			if _, _, orphan := infrav1.ParseShardGroupName(k); !orphan {
+				out = append(out, k)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
 
 // Ledger reads and writes the ConfigMap. Writes go straight to the API
 // server; a small in-memory set avoids repeating them.
@@ -84,6 +137,29 @@ func (l *Ledger) RecordMany(ctx context.Context, entries map[string]string) erro
 	for g, s := range entries {
 		l.seen[g] = s
 	}
+	l.mu.Unlock()
+	return nil
+}
+
+// RecordOrphan records that group was left on shard (StateOrphaned).
+func (l *Ledger) RecordOrphan(ctx context.Context, group, shard string) error {
+	return l.Record(ctx, OrphanKey(group, shard), StateOrphaned)
+}
+
+// ForgetOrphan removes the record of group orphaned on shard, once the
+// group is deleted there.
+func (l *Ledger) ForgetOrphan(ctx context.Context, group, shard string) error {
+	key := OrphanKey(group, shard)
+	body, err := json.Marshal(map[string]any{"data": map[string]any{key: nil}})
+	if err != nil {
+		return fmt.Errorf("encode ledger patch: %w", err)
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: l.Namespace, Name: l.Name}}
+	if err := l.Client.Patch(ctx, cm, client.RawPatch(types.MergePatchType, body)); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("forget orphaned group %s on shard %s in ConfigMap %s/%s: %w", group, shard, l.Namespace, l.Name, err)
+	}
+	l.mu.Lock()
+	delete(l.seen, key)
 	l.mu.Unlock()
 	return nil
 }

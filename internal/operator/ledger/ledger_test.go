@@ -39,3 +39,30 @@ func TestLedgerPersists(t *testing.T) {
 	require.Len(t, cm.Data, 3)
 	require.Contains(t, cm.Labels, clusterctlv1.ClusterctlMoveLabel, "clusterctl move carries the ledger")
 }
+
+func TestOrphans(t *testing.T) {
+	env := kubetest.Start(t)
+	ctx := t.Context()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "ledger-"}}
+	require.NoError(t, env.Client.Create(ctx, ns))
+	l := ledger.New(env.Client, ns.Name, "")
+	require.NoError(t, l.Record(ctx, "web", ledger.StateDeleted))
+	require.NoError(t, l.RecordOrphan(ctx, "web", "s2"))
+	require.NoError(t, l.RecordOrphan(ctx, "db", "s2"))
+	require.NoError(t, l.RecordOrphan(ctx, "web", "s1"))
+	got, err := ledger.New(env.Client, ns.Name, "").Load(ctx, env.Client)
+	require.NoError(t, err)
+	require.Equal(t, []ledger.Orphan{{Group: "web", Shard: "s1"}, {Group: "db", Shard: "s2"}, {Group: "web", Shard: "s2"}}, ledger.Orphans(got))
+	require.Equal(t, []string{"web"}, ledger.Groups(got), "orphan keys are not groups")
+
+	require.NoError(t, l.ForgetOrphan(ctx, "web", "s2"))
+	require.NoError(t, l.ForgetOrphan(ctx, "web", "s2"), "idempotent")
+	got, err = l.Load(ctx, env.Client)
+	require.NoError(t, err)
+	require.Equal(t, []ledger.Orphan{{Group: "web", Shard: "s1"}, {Group: "db", Shard: "s2"}}, ledger.Orphans(got))
+	// Recording it again after a forget is written, not skipped as seen.
+	require.NoError(t, l.RecordOrphan(ctx, "web", "s2"))
+	got, err = ledger.New(env.Client, ns.Name, "").Load(ctx, env.Client)
+	require.NoError(t, err)
+	require.Len(t, ledger.Orphans(got), 3)
+}

@@ -28,9 +28,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/abandon"
 	"github.com/nstance-dev/nstance/internal/operator/paused"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 	"github.com/nstance-dev/nstance/internal/operator/userdata"
@@ -412,6 +414,9 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, nm *infrav1.NstanceMac
 		// A create may have succeeded without its reply being stored.
 		found, err := r.lookupByToken(ctx, nm)
 		if err != nil {
+			if done, aerr := r.abandonOnDelete(ctx, nm, "the instance created with token "+CreateToken(nm)+", if any", err); done || aerr != nil {
+				return reconcile.Result{}, aerr
+			}
 			setCond(nm, ConditionReady, metav1.ConditionFalse, ReasonShardUnreachable, err.Error())
 			return reconcile.Result{RequeueAfter: r.poll()}, nil
 		}
@@ -422,6 +427,10 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, nm *infrav1.NstanceMac
 	if !gone {
 		cl, err := r.Conns.Client(nm.Spec.Shard)
 		if err != nil {
+			if done, aerr := r.abandonOnDelete(ctx, nm, "instance "+nm.Spec.InstanceID, err); done || aerr != nil {
+				return reconcile.Result{}, aerr
+			}
+			setCond(nm, ConditionReady, metav1.ConditionFalse, ReasonShardUnreachable, err.Error())
 			return reconcile.Result{RequeueAfter: r.poll()}, nil
 		}
 		resp, err := cl.GetInstanceStatus(ctx, &nstancev1.GetInstanceStatusRequest{Lookup: &nstancev1.GetInstanceStatusRequest_InstanceId{InstanceId: nm.Spec.InstanceID}})
@@ -429,6 +438,9 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, nm *infrav1.NstanceMac
 		case status.Code(err) == codes.NotFound:
 			gone = true
 		case err != nil:
+			if done, aerr := r.abandonOnDelete(ctx, nm, "instance "+nm.Spec.InstanceID, err); done || aerr != nil {
+				return reconcile.Result{}, aerr
+			}
 			setCond(nm, ConditionReady, metav1.ConditionFalse, ReasonShardUnreachable, status.Convert(err).Message())
 			return reconcile.Result{RequeueAfter: r.poll()}, nil
 		default:
@@ -457,6 +469,34 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, nm *infrav1.NstanceMac
 	// The deferred patch removes it; the object may then be gone at once.
 	controllerutil.RemoveFinalizer(nm, Finalizer)
 	return reconcile.Result{}, nil
+}
+
+// abandonOnDelete releases the finalizer of a deleted NstanceMachine whose
+// shard cannot be reached (cause) or is no longer configured, when its
+// Cluster carries the abandon annotation: a Warning Event names what is
+// left behind on which shard. done is false when nothing was abandoned
+// (the caller waits as before).
+func (r *Reconciler) abandonOnDelete(ctx context.Context, nm *infrav1.NstanceMachine, what string, cause error) (done bool, err error) {
+	if r.Conns.Known(nm.Spec.Shard) && r.Conns.Healthy(nm.Spec.Shard) && !errors.Is(cause, shardconn.ErrUnknownShard) {
+		switch status.Code(cause) {
+		case codes.Unavailable, codes.DeadlineExceeded:
+		default:
+			return false, nil
+		}
+	}
+	ok, err := abandon.Requested(ctx, r.Client, nm)
+	if err != nil || !ok {
+		return false, err
+	}
+	if r.Recorder != nil {
+		r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, abandon.EventReason, "Delete",
+			"shard %s cannot be reached (%s) and the Cluster carries %s: %s abandoned on shard %s (delete it there with nstance-admin once the shard is back)",
+			nm.Spec.Shard, status.Convert(cause).Message(), infrav1.AbandonInstancesAnnotation, what, nm.Spec.Shard)
+	}
+	log.FromContext(ctx).Info("abandoned the instance of a deleted NstanceMachine", "shard", nm.Spec.Shard, "what", what)
+	// The deferred patch removes it; the object may then be gone at once.
+	controllerutil.RemoveFinalizer(nm, Finalizer)
+	return true, nil
 }
 
 // lookupByToken returns the instance created with nm's create token on its

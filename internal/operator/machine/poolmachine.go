@@ -2,6 +2,7 @@ package machine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"google.golang.org/grpc/codes"
@@ -16,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -39,11 +41,25 @@ func (r *Reconciler) reconcilePoolMachine(ctx context.Context, nm *infrav1.Nstan
 	nm.Status.InstanceID, nm.Status.Shard, nm.Status.FailureDomain = id, nm.Spec.Shard, nm.Spec.Shard
 	cl, err := r.Conns.Client(nm.Spec.Shard)
 	if err != nil {
-		setCond(nm, ConditionReady, metav1.ConditionUnknown, ReasonShardUnreachable, err.Error())
+		if !nm.DeletionTimestamp.IsZero() && controllerutil.ContainsFinalizer(nm, Finalizer) {
+			if done, aerr := r.abandonOnDelete(ctx, nm, "instance "+id+" of group "+nm.Spec.Group, err); done || aerr != nil {
+				return reconcile.Result{}, aerr
+			}
+		}
+		reason := ReasonShardUnreachable
+		if errors.Is(err, shardconn.ErrUnknownShard) {
+			reason = ReasonUnknownShard
+		}
+		setCond(nm, ConditionReady, metav1.ConditionUnknown, reason, err.Error())
 		return reconcile.Result{RequeueAfter: r.poll()}, nil
 	}
 	resp, err := cl.GetInstanceStatus(ctx, &nstancev1.GetInstanceStatusRequest{Lookup: &nstancev1.GetInstanceStatusRequest_InstanceId{InstanceId: id}})
 	gone := status.Code(err) == codes.NotFound || resp.GetInstance().GetState() == nstancev1.InstanceState_INSTANCE_STATE_DELETED
+	if err != nil && !gone && !nm.DeletionTimestamp.IsZero() && controllerutil.ContainsFinalizer(nm, Finalizer) {
+		if done, aerr := r.abandonOnDelete(ctx, nm, "instance "+id+" of group "+nm.Spec.Group, err); done || aerr != nil {
+			return reconcile.Result{}, aerr
+		}
+	}
 	if err != nil && !gone {
 		setCond(nm, ConditionReady, metav1.ConditionUnknown, ReasonShardUnreachable, status.Convert(err).Message())
 		return reconcile.Result{RequeueAfter: r.poll()}, nil

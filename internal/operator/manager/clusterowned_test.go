@@ -54,6 +54,12 @@ func TestDeletedClusterStaysDeleted(t *testing.T) {
 		require.NoError(t, env.Client.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: clusterID}, o))
 		require.NoError(t, env.Client.Delete(ctx, o))
 	}
+	// The NstanceCluster's finalizer goes once no instance of the cluster
+	// is left (none here).
+	require.Eventually(t, func() bool {
+		_, ok := get(t, f.ns, clusterID, &infrav1.NstanceCluster{})
+		return !ok
+	}, waitLong, tick, "the deleted NstanceCluster goes")
 	r.stop()
 	_, err := f.shards["shard-a"].client(t).UpsertGroup(ctx, &nstancev1.UpsertGroupRequest{Group: &nstancev1.GroupSpec{GroupId: "orphan", Template: "worker", Size: 1}})
 	require.NoError(t, err)

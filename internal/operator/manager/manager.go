@@ -309,6 +309,7 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	sg := &shardgroup.Reconciler{
 		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Conns: op.Conns, Groups: op.Cache, Recorder: recorder, Metrics: m, RetryDelay: o.RetryDelay,
 		WatchFilter: o.WatchFilter,
+		Ledger:      op.ledger,
 	}
 	if err := sg.SetupWithManager(mgr, op.trigger, cmp.Or(o.Concurrency.ShardGroup, o.Workers)); err != nil {
 		return nil, fmt.Errorf("set up shard group controller: %w", err)
@@ -322,7 +323,8 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	if err := tmpl.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up machine template controller: %w", err)
 	}
-	cc := &cluster.Reconciler{Client: mgr.GetClient(), Shards: op.Conns.ShardIDs(), WatchFilter: o.WatchFilter}
+	cc := &cluster.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Shards: op.Conns.ShardIDs(), Conns: op.Conns, WatchFilter: o.WatchFilter,
+		Ledger: op.ledger, Recorder: recorder, Cluster: op.Cluster, Poll: min(cmp.Or(o.RetryDelay, 2*time.Second), 2*time.Second)}
 	if err := cc.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up cluster controller: %w", err)
 	}
@@ -449,7 +451,13 @@ func (op *Operator) sync(ctx context.Context) error {
 		return fmt.Errorf("operator registration: %w", err)
 	}
 	reader := op.Manager.GetClient()
-	op.Conns.OnChange(func(shard string, _ bool) {
+	// Groups left on a shard (removed from the config, or abandoned while
+	// unreachable) are deleted when the shard is back.
+	reaper := &shardgroup.Reaper{Conns: op.Conns, Ledger: op.ledger, Reader: op.Manager.GetAPIReader(), Log: o.Log.WithName("orphans")}
+	op.Conns.OnChange(func(shard string, up bool) {
+		if up {
+			reaper.Wake()
+		}
 		go func() {
 			if err := shardgroup.TriggerShard(ctx, reader, op.trigger, o.WatchNamespace, shard); err != nil && ctx.Err() == nil {
 				log.Error(err, "requeue shard groups after health change", "shard", shard)
@@ -469,6 +477,11 @@ func (op *Operator) sync(ctx context.Context) error {
 	}
 	w.Start(ctx)
 	op.Drain.Start(ctx)
+	reaped := make(chan struct{})
+	go func() {
+		defer close(reaped)
+		reaper.Run(ctx)
+	}()
 	im := &importer.Importer{
 		Client: op.direct, Reader: op.Manager.GetAPIReader(), Conns: op.Conns, Ledger: op.ledger,
 		Namespace: op.Cluster.Namespace, WatchNamespace: o.WatchNamespace, WatchFilter: o.WatchFilter, ClusterName: o.Config.ClusterID, Metrics: op.Metrics, Log: o.Log.WithName("import"),
@@ -483,5 +496,6 @@ func (op *Operator) sync(ctx context.Context) error {
 		log.Error(err, "startup import incomplete")
 	}
 	<-ctx.Done()
+	<-reaped
 	return nil
 }

@@ -30,6 +30,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
+	"github.com/nstance-dev/nstance/internal/operator/abandon"
+	"github.com/nstance-dev/nstance/internal/operator/ledger"
 	"github.com/nstance-dev/nstance/internal/operator/metrics"
 	"github.com/nstance-dev/nstance/internal/operator/paused"
 	"github.com/nstance-dev/nstance/internal/operator/shardconn"
@@ -68,6 +70,10 @@ type Reconciler struct {
 	Groups   *watch.Cache
 	Recorder events.EventRecorder
 	Metrics  *metrics.Metrics
+	// Ledger records groups left on a shard without DeleteGroup (removed
+	// from the configuration, or abandoned while unreachable), for the
+	// Reaper to delete when the shard is back; nil records nothing.
+	Ledger *ledger.Ledger
 	// RetryDelay is how soon an unreachable shard is retried; zero means 5s.
 	RetryDelay time.Duration
 	// CallTimeout bounds one RPC; zero means 10s.
@@ -210,8 +216,11 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, sg *infrav1.NstanceSha
 	}
 	shard := sg.Spec.Shard
 	if !r.Conns.Known(shard) {
+		if err := r.recordOrphan(ctx, sg); err != nil {
+			return ctrl.Result{}, err
+		}
 		r.Recorder.Eventf(sg, nil, corev1.EventTypeWarning, EventUnknownShard, "Delete",
-			"shard %q is not configured; releasing the finalizer without deleting a server group", shard)
+			"shard %q is not configured; releasing the finalizer, group %s is deleted there when the shard is configured again", shard, sg.Spec.Group)
 		return ctrl.Result{}, r.removeFinalizer(ctx, sg)
 	}
 	c, err := r.Conns.Client(shard)
@@ -228,7 +237,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, sg *infrav1.NstanceSha
 	r.Metrics.ObserveSync(shard, "delete", time.Since(start), err)
 	if err != nil && status.Code(err) != codes.NotFound {
 		if unreachable(err) {
-			return r.markUnreachable(ctx, sg, err)
+			return r.unreachableOnDelete(ctx, sg, err)
 		}
 		return ctrl.Result{}, fmt.Errorf("DeleteGroup %s on shard %s: %w", sg.Spec.Group, shard, err)
 	}
@@ -238,7 +247,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, sg *infrav1.NstanceSha
 	cancel()
 	if err != nil {
 		if unreachable(err) {
-			return r.markUnreachable(ctx, sg, err)
+			return r.unreachableOnDelete(ctx, sg, err)
 		}
 		return ctrl.Result{}, fmt.Errorf("ListInstances of deleted group %s on shard %s: %w", sg.Spec.Group, shard, err)
 	}
@@ -249,6 +258,44 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, sg *infrav1.NstanceSha
 	}
 	r.Recorder.Eventf(sg, nil, corev1.EventTypeNormal, EventGroupDeleted, "Delete", "group %s deleted on shard %s, no instance left", sg.Spec.Group, shard)
 	return ctrl.Result{}, r.removeFinalizer(ctx, sg)
+}
+
+// unreachableOnDelete handles a deleted shard group whose shard cannot be
+// reached: it waits (ShardReachable false, retried), unless the Cluster
+// carries the abandon annotation; then the group is recorded as orphaned
+// (deleted when the shard is reachable again), a Warning Event names it and
+// the instances last seen in it, and the finalizer goes.
+func (r *Reconciler) unreachableOnDelete(ctx context.Context, sg *infrav1.NstanceShardGroup, cause error) (ctrl.Result, error) {
+	ok, err := abandon.Requested(ctx, r.Client, sg)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if !ok {
+		return r.markUnreachable(ctx, sg, cause)
+	}
+	if err := r.recordOrphan(ctx, sg); err != nil {
+		return ctrl.Result{}, err
+	}
+	last := "none known"
+	if len(sg.Status.ProviderIDs) > 0 {
+		last = strings.Join(sg.Status.ProviderIDs, ", ")
+	}
+	r.Recorder.Eventf(sg, nil, corev1.EventTypeWarning, abandon.EventReason, "Delete",
+		"shard %s is unreachable (%s) and the Cluster carries %s: group %s abandoned on shard %s with its instances (last seen: %s); "+
+			"the operator deletes the group when the shard is reachable again",
+		sg.Spec.Shard, status.Convert(cause).Message(), infrav1.AbandonInstancesAnnotation, sg.Spec.Group, sg.Spec.Shard, last)
+	log.FromContext(ctx).Info("abandoned a deleted group on an unreachable shard", "lastSeen", last)
+	return ctrl.Result{}, r.removeFinalizer(ctx, sg)
+}
+
+func (r *Reconciler) recordOrphan(ctx context.Context, sg *infrav1.NstanceShardGroup) error {
+	if r.Ledger == nil {
+		return nil
+	}
+	if err := r.Ledger.RecordOrphan(ctx, sg.Spec.Group, sg.Spec.Shard); err != nil {
+		return fmt.Errorf("record group %s as left on shard %s: %w", sg.Spec.Group, sg.Spec.Shard, err)
+	}
+	return nil
 }
 
 // Remaining returns the IDs of the instances that keep a deleted group's

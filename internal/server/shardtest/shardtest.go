@@ -2,6 +2,7 @@ package shardtest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -71,6 +72,10 @@ type Options struct {
 	// Remote replaces the AWS Secrets Manager / SSM clients (secret files
 	// of those sources); nil keeps the SDK's.
 	Remote secrets.Remote
+	// OperatorAddr is where the Operator service listens; default
+	// 127.0.0.1:0. A restart passes the stopped shard's OperatorAddr, so
+	// clients configured with it reconnect.
+	OperatorAddr string
 }
 
 // Shard is a running shard server (app.App) with test helpers.
@@ -217,7 +222,7 @@ func start(o Options, regAddr, agentAddr string) (*Shard, error) {
 	a, err := app.New(app.Options{
 		ServerID: "shardtest", Shard: o.ShardID, Store: o.Store, Keys: keys,
 		AdvertiseHosts: []string{"127.0.0.1"},
-		Bind: app.BindOverrides{Health: "127.0.0.1:0", Election: "127.0.0.1:0", Operator: "127.0.0.1:0",
+		Bind: app.BindOverrides{Health: "127.0.0.1:0", Election: "127.0.0.1:0", Operator: cmp.Or(o.OperatorAddr, "127.0.0.1:0"),
 			Registration: regAddr, Agent: agentAddr},
 		Getenv:   func(k string) string { return map[string]string{"NSTANCE_ENCRYPTION_KEY": EncryptionKey}[k] },
 		Log:      o.Log,
