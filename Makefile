@@ -82,7 +82,7 @@ verify: generate verify-tidy ## Fail when generated files differ from what is co
 	@echo "generated files are up to date"
 
 # The main module and the tool modules under scripts/ (each has its own go.mod).
-GO_MODULES := . scripts/envtest/etcd scripts/envtest/kube-apiserver scripts/tools/overmind scripts/image
+GO_MODULES := . scripts/envtest/etcd scripts/envtest/kube-apiserver scripts/tools/overmind scripts/tools/promtool scripts/image
 
 .PHONY: verify-tidy
 verify-tidy: ## Fail when `go mod tidy` would change a go.mod or go.sum.
@@ -106,7 +106,7 @@ envtest-assets: ## Build kube-apiserver, etcd, kubectl and kubemark for envtest 
 test: verify lint test-go ## Everything CI runs: generated-code check, lint, unit and envtest tests.
 
 .PHONY: test-go
-test-go: ## Unit and envtest tests (builds the envtest binaries on first use).
+test-go: $(BIN)/promtool ## Unit and envtest tests (builds the envtest binaries on first use; promtool runs the alert unit tests).
 	@assets=$$(scripts/envtest-assets.sh); source scripts/lib/progress.sh; PROGRESS_TAG=test-go; \
 		progress_run "go test $(GO_TEST_FLAGS) ./... (KUBEBUILDER_ASSETS=$$assets)" env KUBEBUILDER_ASSETS=$$assets $(GO) test $(GO_TEST_FLAGS) ./...
 
@@ -160,8 +160,18 @@ $(BIN)/kustomize:
 $(BIN)/golangci-lint:
 	$(call go-install,github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION))
 
+# promtool (Prometheus's rule checker and rule unit-test runner, used by
+# internal/packaging on deploy/monitoring/tests) is built in its own module,
+# scripts/tools/promtool, which pins the Prometheus release: its dependencies
+# stay out of the main go.mod. Rebuilt only when that go.mod changes.
+$(BIN)/promtool: scripts/tools/promtool/go.mod
+	@source scripts/lib/progress.sh; PROGRESS_TAG=tools; cd scripts/tools/promtool && \
+		progress_run "go build bin/promtool (module scripts/tools/promtool)" $(GO) build -trimpath -o $(BIN)/promtool github.com/prometheus/prometheus/cmd/promtool
+# `make bin/promtool` names the same file relative to the repository.
+bin/promtool: $(BIN)/promtool ;
+
 .PHONY: tools
-tools: $(BIN)/controller-gen $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/buf $(BIN)/kustomize $(BIN)/golangci-lint ## Install pinned tools into ./bin.
+tools: $(BIN)/controller-gen $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/buf $(BIN)/kustomize $(BIN)/golangci-lint $(BIN)/promtool ## Install pinned tools into ./bin.
 
 ##@ Development
 .PHONY: clean

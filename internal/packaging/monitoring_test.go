@@ -62,10 +62,13 @@ func exportedNames(t *testing.T) map[string]bool {
 	return d.names
 }
 
-// known reports whether a selector's metric name is exported, histogram
-// and summary suffixes included.
+// scrapeSeries are the series Prometheus itself writes for every target.
+var scrapeSeries = map[string]bool{"up": true}
+
+// known reports whether a selector's metric name is exported (or written by
+// the scrape), histogram and summary suffixes included.
 func known(exported map[string]bool, name string) bool {
-	if exported[name] {
+	if exported[name] || scrapeSeries[name] {
 		return true
 	}
 	for _, suffix := range []string{"_bucket", "_sum", "_count"} {
@@ -135,7 +138,8 @@ func TestMonitoringRules(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"NstanceCertificateExpiringSoon", "NstanceLeaderFlapping", "NstanceNoShardLeader",
-		"NstanceUnhealthyInstances", "NstanceDrainsPastDeadline", "NstanceRegistrationFailures"} {
+		"NstanceServerDown", "NstanceUnhealthyInstances", "NstanceDrainsPastDeadline", "NstanceRegistrationFailures",
+		"NstanceOperatorDown", "NstanceOperatorShardDown"} {
 		require.True(t, alerts[want], "alert %s exists", want)
 	}
 }

@@ -302,7 +302,18 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return nil, err
 	}
-	if err := mgr.AddReadyzCheck("shards", op.Conns.ReadyCheck); err != nil {
+	// A replica is ready to take the only traffic the Services send it,
+	// admission requests, once its webhook server serves (at once without
+	// webhooks), as in kubebuilder's and Cluster API's managers. Shard
+	// health does not gate it: with failurePolicy Fail, one shard's outage
+	// would take away the webhook endpoint and block every pool edit. Shard
+	// health shows in nstance_operator_shard_up and the shard groups'
+	// ShardReachable condition instead.
+	ready := healthz.Ping
+	if !o.DisableWebhooks {
+		ready = mgr.GetWebhookServer().StartedChecker()
+	}
+	if err := mgr.AddReadyzCheck("webhook", ready); err != nil {
 		return nil, err
 	}
 	recorder := mgr.GetEventRecorder("nstance-operator")

@@ -6,9 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net/http"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -276,10 +274,12 @@ func (m *Manager) Certificate() *bootstrap.Credentials {
 	return m.creds
 }
 
-// ReadyCheck is a healthz checker. Before Start (a standby replica, or a
-// leader still registering) it passes; once connected it fails while any
-// shard is unreachable, naming them.
-func (m *Manager) ReadyCheck(_ *http.Request) error {
+// Down returns the configured shards whose connection is not ready, in
+// lexical order; nil before Start (a standby replica, or a leader still
+// registering). It does not gate readiness: the operator's readiness is its
+// webhook server (internal/operator/manager), and a shard outage shows in
+// nstance_operator_shard_up and the shard groups' ShardReachable condition.
+func (m *Manager) Down() []string {
 	select {
 	case <-m.started:
 	default:
@@ -287,14 +287,11 @@ func (m *Manager) ReadyCheck(_ *http.Request) error {
 	}
 	var down []string
 	m.mu.RLock()
+	defer m.mu.RUnlock()
 	for _, id := range m.ids {
 		if !m.up[id] {
 			down = append(down, id)
 		}
 	}
-	m.mu.RUnlock()
-	if len(down) > 0 {
-		return fmt.Errorf("shards unreachable: %s", strings.Join(down, ", "))
-	}
-	return nil
+	return down
 }
