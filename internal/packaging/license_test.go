@@ -30,6 +30,16 @@ func TestLicense(t *testing.T) {
 			"%s does not carry scripts/boilerplate.go.txt: run make generate", gen)
 	}
 
+	// protoc-gen-go copies the .proto files' leading comment, the same header.
+	pbs, err := filepath.Glob(filepath.Join(root, "pkg", "proto", "nstance", "v1", "*.pb.go"))
+	require.NoError(t, err)
+	require.NotEmpty(t, pbs)
+	for _, pb := range pbs {
+		src, err := os.ReadFile(pb)
+		require.NoError(t, err)
+		require.Contains(t, string(src), "// Licensed under the Apache License, Version 2.0", "%s lacks the license header: run make generate", pb)
+	}
+
 	for _, chart := range []string{"nstance-operator", "nstance-server"} {
 		raw, err := os.ReadFile(filepath.Join(root, "deploy", "helm", chart, "Chart.yaml"))
 		require.NoError(t, err)
