@@ -164,9 +164,17 @@ $(BIN)/golangci-lint:
 # internal/packaging on deploy/monitoring/tests) is built in its own module,
 # scripts/tools/promtool, which pins the Prometheus release: its dependencies
 # stay out of the main go.mod. Rebuilt only when that go.mod changes.
-$(BIN)/promtool: scripts/tools/promtool/go.mod
-	@source scripts/lib/progress.sh; PROGRESS_TAG=tools; cd scripts/tools/promtool && \
-		progress_run "go build bin/promtool (module scripts/tools/promtool)" $(GO) build -trimpath -o $(BIN)/promtool github.com/prometheus/prometheus/cmd/promtool
+# A build is kept in the user's cache under the hash of go.mod and go.sum, so
+# a fresh clone (CI) copies it instead of compiling Prometheus again.
+TOOLS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/nstance/tools
+$(BIN)/promtool: scripts/tools/promtool/go.mod scripts/tools/promtool/go.sum
+	@source scripts/lib/progress.sh; PROGRESS_TAG=tools; \
+		key=$$(cat scripts/tools/promtool/go.mod scripts/tools/promtool/go.sum | sha256sum | cut -c1-16); \
+		cached="$(TOOLS_CACHE)/promtool-$$key"; mkdir -p "$(BIN)"; \
+		if [ -x "$$cached" ]; then cp "$$cached" $(BIN)/promtool && echo "tools: bin/promtool from $$cached" >&2; exit 0; fi; \
+		(cd scripts/tools/promtool && progress_run "go build bin/promtool (module scripts/tools/promtool)" \
+			$(GO) build -trimpath -o $(BIN)/promtool github.com/prometheus/prometheus/cmd/promtool) && \
+		mkdir -p "$(TOOLS_CACHE)" && cp $(BIN)/promtool "$$cached.tmp.$$$$" && mv "$$cached.tmp.$$$$" "$$cached"
 # `make bin/promtool` names the same file relative to the repository.
 bin/promtool: $(BIN)/promtool ;
 
