@@ -16,7 +16,7 @@ COMMIT  ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
 LDFLAGS := -s -w -X github.com/nstance-dev/nstance/internal/version.Version=$(VERSION) \
 	-X github.com/nstance-dev/nstance/internal/version.Commit=$(COMMIT)
 
-# Pinned tool versions (SPEC section 12). Each is installed into ./bin.
+# Pinned tool versions. Each is installed into ./bin.
 CONTROLLER_GEN_VERSION     := v0.23.0
 PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
