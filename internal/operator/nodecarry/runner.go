@@ -18,6 +18,7 @@ import (
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/operator/paused"
+	"github.com/nstance-dev/nstance/internal/operator/shardconn"
 	"github.com/nstance-dev/nstance/internal/operator/workload"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -31,10 +32,7 @@ import (
 const ReasonCarried = "LabelsCarried"
 
 // Shards reaches the shards' Operator API (shardconn.Manager).
-type Shards interface {
-	ShardIDs() []string
-	Client(shard string) (nstancev1.OperatorServiceClient, error)
-}
+type Shards = shardconn.Clients
 
 // Streams follows one stream of a shard until ctx ends, reopening it
 // (shardconn.Manager.Follow).
@@ -328,17 +326,7 @@ func (r *Runner) Pass(ctx context.Context) error {
 }
 
 func (r *Runner) list(ctx context.Context, shard string) ([]*nstancev1.InstanceStatus, error) {
-	cl, err := r.Shards.Client(shard)
-	if err != nil {
-		return nil, err
-	}
-	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	resp, err := cl.ListInstances(lctx, &nstancev1.ListInstancesRequest{})
-	if err != nil {
-		return nil, fmt.Errorf("ListInstances on shard %s: %w", shard, err)
-	}
-	return resp.GetInstances(), nil
+	return shardconn.ListInstances(ctx, r.Shards, shard)
 }
 
 // pool decides for one pool, patches the successor Nodes, then stores the

@@ -295,3 +295,29 @@ func (m *Manager) Down() []string {
 	}
 	return down
 }
+
+// Clients reaches the shards' Operator API; *Manager is one, tests hand in
+// direct clients.
+type Clients interface {
+	ShardIDs() []string
+	Client(shard string) (nstancev1.OperatorServiceClient, error)
+}
+
+// ListTimeout bounds one ListInstances call of ListInstances.
+const ListTimeout = 10 * time.Second
+
+// ListInstances returns every instance the operator's tenant has on shard,
+// in one call bounded by ListTimeout.
+func ListInstances(ctx context.Context, c Clients, shard string) ([]*nstancev1.InstanceStatus, error) {
+	cl, err := c.Client(shard)
+	if err != nil {
+		return nil, err
+	}
+	lctx, cancel := context.WithTimeout(ctx, ListTimeout)
+	defer cancel()
+	resp, err := cl.ListInstances(lctx, &nstancev1.ListInstancesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("ListInstances on shard %s: %w", shard, err)
+	}
+	return resp.GetInstances(), nil
+}
