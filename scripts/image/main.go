@@ -96,19 +96,11 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	bin, err := os.ReadFile(o.binary)
-	if err != nil {
-		return fmt.Errorf("read binary: %w", err)
-	}
 	ca, err := os.ReadFile(o.caBundle)
 	if err != nil {
 		return fmt.Errorf("read CA bundle: %w", err)
 	}
-	layerTar, err := rootfs(o.name, bin, ca, created)
-	if err != nil {
-		return err
-	}
-	img, err := buildImage(o, layerTar, created)
+	img, err := platformImage(o, o.arch, o.binary, ca, created)
 	if err != nil {
 		return err
 	}
@@ -144,17 +136,7 @@ func runIndex(o options) error {
 			return fmt.Errorf("-platforms: %s given twice", arch)
 		}
 		seen[arch] = true
-		bin, err := os.ReadFile(path)
-		if err != nil {
-			return fmt.Errorf("read binary for %s: %w", arch, err)
-		}
-		layerTar, err := rootfs(o.name, bin, ca, created)
-		if err != nil {
-			return err
-		}
-		po := o
-		po.arch = arch
-		img, err := buildImage(po, layerTar, created)
+		img, err := platformImage(o, arch, path, ca, created)
 		if err != nil {
 			return err
 		}
@@ -183,6 +165,20 @@ func runIndex(o options) error {
 		return err
 	}
 	return tarDir(dir, o.out, created)
+}
+
+// platformImage is the image of the linux/arch binary at path.
+func platformImage(o options, arch, path string, ca []byte, created time.Time) (v1.Image, error) {
+	bin, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read binary for %s: %w", arch, err)
+	}
+	layerTar, err := rootfs(o.name, bin, ca, created)
+	if err != nil {
+		return nil, err
+	}
+	o.arch = arch
+	return buildImage(o, layerTar, created)
 }
 
 // sourceDateEpoch honours the reproducible-builds convention.
