@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -9,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +18,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/testing/portpick"
+	"github.com/nstance-dev/nstance/internal/testing/syncbuf"
 	"github.com/nstance-dev/nstance/internal/version"
 	"github.com/nstance-dev/nstance/test/agent/agenttest"
 )
@@ -39,33 +38,15 @@ func buildAgent(t *testing.T) string {
 	return bin
 }
 
-// syncBuffer is the output of a running process, safe to read meanwhile.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type proc struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *syncbuf.Buffer
 	done chan error
 }
 
 func start(t *testing.T, bin string, env []string) *proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(bin), out: &syncBuffer{}, done: make(chan error, 1)}
+	p := &proc{cmd: exec.Command(bin), out: &syncbuf.Buffer{}, done: make(chan error, 1)}
 	p.cmd.Env = append(os.Environ(), append(env, "NSTANCE_METRICS_INTERVAL=200ms", "NSTANCE_RECONNECT_MIN=50ms", "NSTANCE_RECONNECT_MAX=500ms")...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	require.NoError(t, p.cmd.Start())

@@ -1,7 +1,6 @@
 package packaging_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -22,7 +21,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -40,25 +38,8 @@ import (
 	opmanager "github.com/nstance-dev/nstance/internal/operator/manager"
 	opwebhook "github.com/nstance-dev/nstance/internal/operator/webhook"
 	"github.com/nstance-dev/nstance/internal/testing/portpick"
+	"github.com/nstance-dev/nstance/internal/testing/syncbuf"
 )
-
-// lockedBuffer collects a running process's output.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // webhookPort is the non-default port the chart is rendered with; another
 // free port stands in only when something else on the machine holds it.
@@ -200,7 +181,7 @@ func TestWebhookOnNonDefaultPort(t *testing.T) {
 		"--webhook-host=127.0.0.1", "--health-probe-bind-address=127.0.0.1:0", "--diagnostics-address=127.0.0.1:0"}
 	cmd := exec.Command(bin, append(slices.Clone(c.Args), extra...)...)
 	cmd.Env = env
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	require.NoError(t, cmd.Start())

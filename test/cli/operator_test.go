@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -27,24 +26,8 @@ import (
 	opmanager "github.com/nstance-dev/nstance/internal/operator/manager"
 	"github.com/nstance-dev/nstance/internal/testing/kubetest"
 	"github.com/nstance-dev/nstance/internal/testing/portpick"
+	"github.com/nstance-dev/nstance/internal/testing/syncbuf"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestOperatorStartsWithZapFlagsAndSecureDiagnostics runs the operator
 // binary against a real kube-apiserver with the flags a kubebuilder seed
@@ -84,7 +67,7 @@ func TestOperatorStartsWithZapFlagsAndSecureDiagnostics(t *testing.T) {
 		"--disable-webhooks", "--health-probe-bind-address=127.0.0.1:0", "--diagnostics-address="+diag,
 		"--zap-log-level=debug", "--zap-encoder=console")
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir, "NSTANCE_NAMESPACE=" + ns}
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	require.NoError(t, cmd.Start())
 	exited := make(chan error, 1)
