@@ -2,10 +2,12 @@ package manager_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -130,11 +132,17 @@ func TestStaticPoolMachineDeletionTerminates(t *testing.T) {
 
 	victim, _ := get(t, f.ns, ids[0], &infrav1.NstanceMachine{})
 	require.NoError(t, env.Client.Delete(ctx, victim))
-	require.Eventually(t, func() bool {
-		_, ok := get(t, f.ns, ids[0], &infrav1.NstanceMachine{})
-		now := activeMembers(t, cl, "edge")
+	var last string
+	if !assert.Eventually(t, func() bool {
+		nm, ok := get(t, f.ns, ids[0], &infrav1.NstanceMachine{})
+		resp, err := cl.ListInstances(ctx, &nstancev1.ListInstancesRequest{GroupIds: []string{"edge"}})
+		require.NoError(t, err)
+		now := shardgroup.Remaining(resp.GetInstances())
+		last = fmt.Sprintf("NstanceMachine %s present=%v finalizers=%v conditions=%v; server: %v", ids[0], ok, nm.Finalizers, nm.Status.Conditions, resp.GetInstances())
 		return !ok && len(now) == 2 && !slices.Contains(now, ids[0])
-	}, waitLong, tick, "the NstanceMachine goes with its instance and the static group replaces it")
+	}, waitLong, tick) {
+		t.Fatalf("the NstanceMachine goes with its instance and the static group replaces it; last seen: %s", last)
+	}
 	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(mp), mp))
 	require.Equal(t, rv, mp.ResourceVersion, "the MachinePool was not written")
 	require.EqualValues(t, 2, *mp.Spec.Replicas)
@@ -158,14 +166,15 @@ func TestNstanceClusterDeletionTakesClusterOwnedShardGroup(t *testing.T) {
 		Spec:       infrav1.NstanceShardGroupSpec{Group: "md-0", Shard: "shard-a", Size: 1, Template: "worker", DrainTimeout: &metav1.Duration{Duration: 100 * time.Millisecond}},
 	}))
 	var ids []string
+	var nc *infrav1.NstanceCluster
 	require.Eventually(t, func() bool {
 		sg, _ := get(t, f.ns, sgName, &infrav1.NstanceShardGroup{})
 		ids = activeMembers(t, cl, "md-0")
-		return len(ids) == 1 && len(sg.OwnerReferences) == 1 && sg.OwnerReferences[0].Kind == "Cluster"
-	}, waitLong, tick, "the shard group runs its member and has its Cluster as owner")
-	nc, ok := get(t, f.ns, clusterID, &infrav1.NstanceCluster{})
-	require.True(t, ok)
-	require.Contains(t, nc.Finalizers, infrav1.ClusterFinalizer)
+		var ok bool
+		nc, ok = get(t, f.ns, clusterID, &infrav1.NstanceCluster{})
+		return len(ids) == 1 && len(sg.OwnerReferences) == 1 && sg.OwnerReferences[0].Kind == "Cluster" &&
+			ok && slices.Contains(nc.Finalizers, infrav1.ClusterFinalizer)
+	}, waitLong, tick, "the shard group runs its member and has its Cluster as owner; the NstanceCluster holds its finalizer")
 
 	require.NoError(t, env.Client.Delete(ctx, nc))
 	require.Eventually(t, func() bool {
