@@ -130,6 +130,10 @@ type Registry struct {
 	now   func() time.Time
 
 	writeMu sync.Mutex
+	// queued holds, per tenant, the changes waiting for the next write of
+	// the tenant's document (modify).
+	queueMu sync.Mutex
+	queued  map[string][]*change
 	mu      sync.RWMutex
 	static  map[Key]*Group
 	dynamic map[Key]*Group
@@ -546,31 +550,102 @@ func (r *Registry) List(tenant string) []*Group {
 // modify runs fn over one tenant's groups and writes the tenant's document
 // with optimistic concurrency, retrying when another server wrote in
 // between. Other tenants' documents are neither read nor written.
+//
+// Concurrent calls for one tenant are committed together (group commit):
+// fn joins the tenant's queue, and whichever caller next holds writeMu
+// applies every queued change in arrival order and writes the document once
+// for all of them. A call returns only once its own change is stored (or
+// refused: fn's error is that caller's alone, and its change is left out of
+// the write). fn may add, replace or delete entries of gs but must not
+// change a Group value in place.
 func (r *Registry) modify(ctx context.Context, tenant string, fn func(gs map[string]Group) error) error {
+	c := &change{fn: fn}
+	r.queueMu.Lock()
+	if r.queued == nil {
+		r.queued = map[string][]*change{}
+	}
+	r.queued[tenant] = append(r.queued[tenant], c)
+	r.queueMu.Unlock()
+
 	r.writeMu.Lock()
 	defer r.writeMu.Unlock()
+	if c.done {
+		return c.err // an earlier holder of writeMu committed it
+	}
+	r.queueMu.Lock()
+	batch := r.queued[tenant]
+	delete(r.queued, tenant)
+	r.queueMu.Unlock()
+	r.commit(ctx, tenant, batch, c)
+	return c.err
+}
+
+// change is one caller's modification waiting to be committed; done and err
+// are written and read under writeMu.
+type change struct {
+	fn   func(gs map[string]Group) error
+	done bool
+	err  error
+}
+
+// commit applies batch (which holds own, the caller's change) to the
+// tenant's document and writes it once. When the write fails because the
+// caller's ctx ended, only own fails: the others go back to the queue, and
+// each of their callers commits them when it holds writeMu.
+func (r *Registry) commit(ctx context.Context, tenant string, batch []*change, own *change) {
+	// finish records the outcome: err (nil: stored) for every change fn did
+	// not refuse.
+	finish := func(err error) {
+		if ctx.Err() != nil && err != nil {
+			own.done, own.err = true, err
+			var rest []*change
+			for _, c := range batch {
+				if c != own {
+					rest = append(rest, c)
+				}
+			}
+			if len(rest) > 0 {
+				r.queueMu.Lock()
+				r.queued[tenant] = append(rest, r.queued[tenant]...)
+				r.queueMu.Unlock()
+			}
+			return
+		}
+		for _, c := range batch {
+			// A change refused by its own fn keeps that error.
+			if c.err == nil {
+				c.err = err
+			}
+			c.done = true
+		}
+	}
 	key := r.keys.TenantGroups(r.shard, tenant)
 	for attempt := 0; ; attempt++ {
-		// First try from memory; after a conflict, re-read storage.
+		// First try from memory; after a refusal or a conflict, re-read
+		// storage.
 		gs, etag, own, ok := r.cachedTenant(tenant)
 		if !ok || attempt > 0 {
 			var err error
 			if gs, etag, own, err = r.readTenant(ctx, tenant); err != nil {
-				return err
+				finish(err)
+				return
 			}
 		}
-		if err := fn(gs); err != nil {
-			if ok && attempt == 0 {
-				continue // confirm against storage before refusing
-			}
+		refused, applied := r.apply(gs, batch)
+		if refused && ok && attempt == 0 {
+			continue // confirm against storage before refusing
+		}
+		if !applied {
 			r.installTenant(tenant, gs, etag, own)
-			return err
+			finish(nil) // every change was refused, each with its error
+			return
 		}
 		var buf bytes.Buffer
 		enc := json.NewEncoder(&buf)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(tenantDocument{Version: tenantDocVersion, Groups: gs}); err != nil {
-			return fmt.Errorf("encoding dynamic groups: %w", err)
+			finish(fmt.Errorf("encoding dynamic groups: %w", err))
+			return
 		}
 		opts := objstore.PutOptions{IfMatch: etag}
 		if !own {
@@ -581,16 +656,37 @@ func (r *Registry) modify(ctx context.Context, tenant string, fn func(gs map[str
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("writing dynamic groups: %w", err)
+			finish(fmt.Errorf("writing dynamic groups: %w", err))
+			return
 		}
 		r.installTenant(tenant, gs, newTag, true)
 		if r.mirror != nil {
 			if err := r.mirror.PutDoc(ctx, key, buf.Bytes(), newTag); err != nil {
-				return fmt.Errorf("caching dynamic groups: %w", err)
+				finish(fmt.Errorf("caching dynamic groups: %w", err))
+				return
 			}
 		}
-		return nil
+		finish(nil)
+		return
 	}
+}
+
+// apply runs the batch's changes over gs in order. A change that fails is
+// left out (gs is as if it had not run) and keeps its error; refused says
+// whether any failed, applied whether any succeeded.
+func (r *Registry) apply(gs map[string]Group, batch []*change) (refused, applied bool) {
+	for _, c := range batch {
+		c.err = nil
+		before := maps.Clone(gs)
+		if err := c.fn(gs); err != nil {
+			c.err, refused = err, true
+			clear(gs)
+			maps.Copy(gs, before)
+			continue
+		}
+		applied = true
+	}
+	return refused, applied
 }
 
 // Upsert creates or replaces a dynamic group. expectedETag, when set, must
