@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	infrav1 "github.com/nstance-dev/nstance/api/v1beta1"
 	"github.com/nstance-dev/nstance/internal/operator/ledger"
@@ -313,6 +314,9 @@ func (im *Importer) createOne(ctx context.Context, id string, groups []*nstancev
 	pool, mp := Objects(im.Namespace, im.ClusterName, id, groups)
 	im.WatchFilter.Stamp(pool)
 	im.WatchFilter.Stamp(mp)
+	// Created with the finalizer its controller would add first: one write
+	// (and one reconcile) less per pool at start-up.
+	controllerutil.AddFinalizer(pool, infrav1.MachinePoolFinalizer)
 	if err := im.Client.Create(ctx, pool); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("import group %s: an NstanceMachinePool named %s already exists for another group", id, id)

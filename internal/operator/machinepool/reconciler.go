@@ -306,6 +306,11 @@ func (r *Reconciler) ensureShardGroup(ctx context.Context, pool *infrav1.Nstance
 		if !sg.DeletionTimestamp.IsZero() {
 			return nil
 		}
+		if sg.CreationTimestamp.IsZero() {
+			// Created with the finalizer its controller would add first:
+			// one write (and one reconcile) less per shard group.
+			controllerutil.AddFinalizer(sg, infrav1.ShardGroupFinalizer)
+		}
 		if sg.Labels == nil {
 			sg.Labels = map[string]string{}
 		}
