@@ -212,6 +212,8 @@ func TestClusterctlInstall(t *testing.T) {
 			ptr.Deref(cluster.Status.Initialization.ControlPlaneInitialized, false) &&
 			conditions.IsTrue(&cluster, clusterv1.AvailableCondition)
 	}, func() string { return conditionsOf(&cluster) })
+	// The README's check says the same.
+	kubectl("-n", namespace, "wait", "--for=condition=Available", "cluster/"+clusterID, "--timeout=60s")
 	for _, c := range []string{clusterv1.ClusterInfrastructureReadyCondition, clusterv1.ClusterControlPlaneAvailableCondition,
 		clusterv1.ClusterRemoteConnectionProbeCondition} {
 		require.True(t, conditions.IsTrue(&cluster, c), "%s: %s", c, conditionsOf(&cluster))
@@ -230,9 +232,11 @@ func TestClusterctlInstall(t *testing.T) {
 	t.Run("the installed webhook configurations reach both webhook servers", func(t *testing.T) {
 		// Core CAPI's: a MachinePool whose template names another Cluster
 		// is refused by its validating webhook.
+		// Merge patches carry no resourceVersion: the controllers' own
+		// writes meanwhile do not turn the refusal into a conflict.
 		bad := pool.DeepCopy()
 		bad.Spec.Template.Spec.ClusterName = "other"
-		err := env.Client.Update(ctx, bad, client.DryRunAll)
+		err := env.Client.Patch(ctx, bad, client.MergeFrom(&pool), client.DryRunAll)
 		require.Error(t, err)
 		require.Contains(t, err.Error(), `admission webhook "validation.machinepool.cluster.x-k8s.io" denied the request`)
 		// The operator's: the template of a static pool is immutable.
@@ -243,8 +247,9 @@ func TestClusterctlInstall(t *testing.T) {
 		}
 		require.NoError(t, env.Client.Create(ctx, static))
 		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), static) })
-		static.Spec.Template = "other"
-		err = env.Client.Update(ctx, static, client.DryRunAll)
+		changed := static.DeepCopy()
+		changed.Spec.Template = "other"
+		err = env.Client.Patch(ctx, changed, client.MergeFrom(static), client.DryRunAll)
 		require.Error(t, err)
 		require.Contains(t, err.Error(), `admission webhook "validation.nstancemachinepool.infrastructure.cluster.x-k8s.io" denied the request`)
 		require.Contains(t, err.Error(), "immutable on a static pool")
@@ -443,10 +448,13 @@ func startCAPI(t *testing.T, env *kubetest.Env, hooks *envtest.WebhookInstallOpt
 	} {
 		require.NoError(t, add(scheme))
 	}
+	// The name must be unique per process: CAPI registers informer names
+	// globally and panics on a repeat (go test -count=2).
+	name := fmt.Sprintf("capi-clusterctl-%d", time.Now().UnixNano())
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:                 scheme,
 		Logger:                 logr.Discard(),
-		Cache:                  setup.ManagerCacheOptions(scheme, "capi-clusterctl", "", 10*time.Minute),
+		Cache:                  setup.ManagerCacheOptions(scheme, name, "", 10*time.Minute),
 		Client:                 setup.ManagerClientOptions(),
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
@@ -463,7 +471,7 @@ func startCAPI(t *testing.T, env *kubetest.Env, hooks *envtest.WebhookInstallOpt
 	cc, err := clustercache.SetupWithManager(ctx, mgr, clustercache.Options{
 		SecretClient: secretClient,
 		Cache:        setup.ClusterCacheCacheOptions(),
-		Client:       setup.ClusterCacheClientOptions("capi-clusterctl", 20, 30),
+		Client:       setup.ClusterCacheClientOptions(name, 20, 30),
 	}, opts)
 	require.NoError(t, err)
 	retry, ok := cc.(interface{ SetConnectionCreationRetryInterval(time.Duration) })
