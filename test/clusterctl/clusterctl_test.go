@@ -212,8 +212,11 @@ func TestClusterctlInstall(t *testing.T) {
 			ptr.Deref(cluster.Status.Initialization.ControlPlaneInitialized, false) &&
 			conditions.IsTrue(&cluster, clusterv1.AvailableCondition)
 	}, func() string { return conditionsOf(&cluster) })
-	// The README's check says the same.
+	// The README's checks say the same: the Cluster is Available and the
+	// operator registered with the shard as its ServiceAccount (it stored
+	// its certificate).
 	kubectl("-n", namespace, "wait", "--for=condition=Available", "cluster/"+clusterID, "--timeout=60s")
+	kubectl("-n", namespace, "get", "secret", "nstance-operator-cert")
 	for _, c := range []string{clusterv1.ClusterInfrastructureReadyCondition, clusterv1.ClusterControlPlaneAvailableCondition,
 		clusterv1.ClusterRemoteConnectionProbeCondition} {
 		require.True(t, conditions.IsTrue(&cluster, c), "%s: %s", c, conditionsOf(&cluster))
