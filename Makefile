@@ -82,7 +82,7 @@ verify: generate verify-tidy ## Fail when generated files differ from what is co
 	@echo "generated files are up to date"
 
 # The main module and the tool modules under scripts/ (each has its own go.mod).
-GO_MODULES := . scripts/envtest/etcd scripts/envtest/kube-apiserver scripts/tools/overmind scripts/tools/promtool scripts/image
+GO_MODULES := . scripts/envtest/etcd scripts/envtest/kube-apiserver scripts/tools/overmind scripts/tools/promtool scripts/tools/clusterctl scripts/image
 
 .PHONY: verify-tidy
 verify-tidy: ## Fail when `go mod tidy` would change a go.mod or go.sum.
@@ -106,7 +106,7 @@ envtest-assets: ## Build kube-apiserver, etcd, kubectl and kubemark for envtest 
 test: verify lint test-go ## Everything CI runs: generated-code check, lint, unit and envtest tests.
 
 .PHONY: test-go
-test-go: $(BIN)/promtool ## Unit and envtest tests (builds the envtest binaries on first use; promtool runs the alert unit tests).
+test-go: $(BIN)/promtool $(BIN)/clusterctl $(BIN)/helm ## Unit and envtest tests (builds the envtest binaries on first use; promtool runs the alert unit tests, clusterctl and helm test/clusterctl).
 	@assets=$$(scripts/envtest-assets.sh); source scripts/lib/progress.sh; PROGRESS_TAG=test-go; \
 		progress_run "go test $(GO_TEST_FLAGS) ./... (KUBEBUILDER_ASSETS=$$assets)" env KUBEBUILDER_ASSETS=$$assets $(GO) test $(GO_TEST_FLAGS) ./...
 
@@ -178,8 +178,21 @@ $(BIN)/promtool: scripts/tools/promtool/go.mod scripts/tools/promtool/go.sum
 # `make bin/promtool` names the same file relative to the repository.
 bin/promtool: $(BIN)/promtool ;
 
+# clusterctl (Cluster API's command line, run by test/clusterctl against a
+# real API server) is built the same way from scripts/tools/clusterctl, which
+# pins the sigs.k8s.io/cluster-api of the main go.mod, and cached likewise.
+$(BIN)/clusterctl: scripts/tools/clusterctl/go.mod scripts/tools/clusterctl/go.sum
+	@source scripts/lib/progress.sh; PROGRESS_TAG=tools; \
+		key=$$(cat scripts/tools/clusterctl/go.mod scripts/tools/clusterctl/go.sum | sha256sum | cut -c1-16); \
+		cached="$(TOOLS_CACHE)/clusterctl-$$key"; mkdir -p "$(BIN)"; \
+		if [ -x "$$cached" ]; then cp "$$cached" $(BIN)/clusterctl && echo "tools: bin/clusterctl from $$cached" >&2; exit 0; fi; \
+		(cd scripts/tools/clusterctl && progress_run "go build bin/clusterctl (module scripts/tools/clusterctl)" \
+			$(GO) build -trimpath -o $(BIN)/clusterctl sigs.k8s.io/cluster-api/cmd/clusterctl) && \
+		mkdir -p "$(TOOLS_CACHE)" && cp $(BIN)/clusterctl "$$cached.tmp.$$$$" && mv "$$cached.tmp.$$$$" "$$cached"
+bin/clusterctl: $(BIN)/clusterctl ;
+
 .PHONY: tools
-tools: $(BIN)/controller-gen $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/buf $(BIN)/kustomize $(BIN)/golangci-lint $(BIN)/promtool ## Install pinned tools into ./bin.
+tools: $(BIN)/controller-gen $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/buf $(BIN)/kustomize $(BIN)/golangci-lint $(BIN)/promtool $(BIN)/clusterctl ## Install pinned tools into ./bin.
 
 ##@ Development
 .PHONY: clean

@@ -2,6 +2,9 @@
 # scripts/release.sh: every artifact of one release, in dist/<version>/.
 #   VERSION=v0.3.0 HELM=bin/helm LDFLAGS='...' scripts/release.sh
 # Run by `make release VERSION=vX.Y.Z`, which passes the three variables.
+#   VERSION=v0.3.0 HELM=bin/helm scripts/release.sh --provider-repository
+# writes only infrastructure-nstance/<version>/ (no builds): test/clusterctl
+# installs that repository with clusterctl.
 #
 #   bin/<program>-<os>-<arch>      the six programs, linux and darwin, amd64 and arm64
 #   images/<image>-<version>.oci.tar  multi-platform (linux/amd64, linux/arm64) OCI
@@ -17,6 +20,12 @@
 # building the same commit twice gives the same files and image digests.
 set -euo pipefail
 . "$(dirname "$0")/lib/progress.sh"
+only_repository=
+case ${1:-} in
+  '') ;;
+  --provider-repository) only_repository=1 ;;
+  *) echo "release: unknown argument $1 (the only one is --provider-repository)" >&2; exit 2 ;;
+esac
 PROGRESS_TAG=release
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,9 +53,28 @@ platforms=(linux/amd64 linux/arm64 darwin/amd64 darwin/arm64)
 out=${DIST:-$root/dist}/$version
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$root" log -1 --format=%ct 2>/dev/null || echo 0)}
 
-rm -rf "$out"
-mkdir -p "$out/bin" "$out/images" "$out/charts" "$out/infrastructure-nstance/$version"
 cd "$root"
+
+# write_provider_repository writes the clusterctl provider repository of
+# this release: components rendered from the chart with the release's image
+# tag, the contract metadata and the cluster templates.
+write_provider_repository() {
+  local repo=$out/infrastructure-nstance/$version
+  rm -rf "$repo"
+  mkdir -p "$repo"
+  deploy/clusterctl/components.sh "$helm" "$version" >"$repo/infrastructure-components.yaml"
+  cp metadata.yaml "$repo/metadata.yaml"
+  cp templates/cluster-template*.yaml "$repo/"
+}
+
+if [[ -n $only_repository ]]; then
+  write_provider_repository
+  echo "clusterctl provider repository $version in $out/infrastructure-nstance/$version"
+  exit 0
+fi
+
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/images" "$out/charts"
 
 for p in "${programs[@]}"; do
   for pl in "${platforms[@]}"; do
@@ -66,10 +94,7 @@ for c in nstance-operator nstance-server; do
   "$helm" package "deploy/helm/$c" --version "$version" --app-version "$version" -d "$out/charts" >/dev/null
 done
 
-repo=$out/infrastructure-nstance/$version
-deploy/clusterctl/components.sh "$helm" "$version" >"$repo/infrastructure-components.yaml"
-cp metadata.yaml "$repo/metadata.yaml"
-cp templates/cluster-template*.yaml "$repo/"
+write_provider_repository
 
 previous=$(git describe --tags --abbrev=0 "HEAD^" 2>/dev/null || true)
 {

@@ -3,6 +3,7 @@ package packaging_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -227,6 +228,47 @@ func TestReleaseRefusesBadVersions(t *testing.T) {
 			require.Empty(t, entries, "nothing is written")
 		})
 	}
+}
+
+// TestReleaseProviderRepositoryOnly: release.sh --provider-repository
+// writes the clusterctl provider repository of the version and nothing else
+// (test/clusterctl installs it); any other argument stops it with exit 2.
+func TestReleaseProviderRepositoryOnly(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(root, "metadata.yaml"))
+	require.NoError(t, err)
+	var md struct {
+		ReleaseSeries []struct{ Major, Minor int } `json:"releaseSeries"`
+	}
+	require.NoError(t, yaml.Unmarshal(data, &md))
+	require.NotEmpty(t, md.ReleaseSeries)
+	version := fmt.Sprintf("v%d.%d.7", md.ReleaseSeries[0].Major, md.ReleaseSeries[0].Minor)
+	dist := t.TempDir()
+	cmd := exec.Command(filepath.Join(root, "scripts", "release.sh"), "--provider-repository")
+	cmd.Env = append(os.Environ(), "VERSION="+version, "HELM="+helm(t), "DIST="+dist, "GO=/nonexistent/go")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var files []string
+	require.NoError(t, filepath.WalkDir(dist, func(path string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			rel, _ := filepath.Rel(dist, path)
+			files = append(files, filepath.ToSlash(rel))
+		}
+		return err
+	}))
+	repo := version + "/infrastructure-nstance/" + version + "/"
+	require.ElementsMatch(t, []string{repo + "cluster-template-machinedeployment.yaml", repo + "cluster-template.yaml",
+		repo + "infrastructure-components.yaml", repo + "metadata.yaml"}, files)
+	components, err := os.ReadFile(filepath.Join(dist, repo, "infrastructure-components.yaml"))
+	require.NoError(t, err)
+	require.Contains(t, string(components), "nstance-operator:"+version)
+
+	cmd = exec.Command(filepath.Join(root, "scripts", "release.sh"), "--charts")
+	cmd.Env = append(os.Environ(), "VERSION="+version, "HELM=/nonexistent/helm", "DIST="+t.TempDir())
+	out, err = cmd.CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "%s", out)
+	require.Equal(t, 2, exit.ExitCode(), "%s", out)
+	require.Contains(t, string(out), "unknown argument --charts")
 }
 
 // TestClusterctlOneEnvironment runs clusterctl, built from the cluster-api

@@ -108,6 +108,9 @@ type Options struct {
 	// Config and Kubeconfig): --client-ca-file becomes a bundle of both.
 	// Empty keeps envtest's default authenticator.
 	ClientCAs []byte
+	// NoCRDs starts the API server bare, as a new management cluster is
+	// before `clusterctl init`: neither the Nstance nor the CAPI CRDs.
+	NoCRDs bool
 }
 
 // StartEnvWith is StartEnv with extra kube-apiserver flags.
@@ -116,9 +119,11 @@ func StartEnvWith(opts Options) (*Env, func() error, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	crdDirs, err := CRDDirs()
-	if err != nil {
-		return nil, nil, err
+	var crdDirs []string
+	if !opts.NoCRDs {
+		if crdDirs, err = CRDDirs(); err != nil {
+			return nil, nil, err
+		}
 	}
 	scheme, err := NewScheme()
 	if err != nil {
@@ -127,7 +132,7 @@ func StartEnvWith(opts Options) (*Env, func() error, error) {
 	te := &envtest.Environment{
 		BinaryAssetsDirectory:    assets,
 		CRDDirectoryPaths:        crdDirs,
-		ErrorIfCRDPathMissing:    true,
+		ErrorIfCRDPathMissing:    !opts.NoCRDs,
 		Scheme:                   scheme,
 		ControlPlaneStartTimeout: 60 * time.Second,
 		ControlPlaneStopTimeout:  30 * time.Second,
