@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/nstance-dev/nstance/internal/server/loadbalancer"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -126,6 +127,13 @@ type Record struct {
 	// Requested is what CreateInstance asked for (on-demand instances), so
 	// that drift can be told later by resolving the request again.
 	Requested *Requested `json:"requested,omitempty"`
+	// LoadBalancers is the instance's registration at each load balancer
+	// of its group, by load_balancers entry.
+	LoadBalancers map[string]loadbalancer.TargetState `json:"load_balancers,omitempty"`
+	// DrainHeld is set while a pending deletion waits for the instance's
+	// deregistration from its load balancers (and their delays): its drain
+	// is announced, and its drain deadline set, only afterwards.
+	DrainHeld bool `json:"drain_held,omitempty"`
 }
 
 // Requested holds the settings a CreateInstance request named itself; empty
@@ -155,6 +163,8 @@ func (r *Record) Clone() *Record {
 	c := *r
 	c.Vars, c.Args, c.Labels = maps.Clone(r.Vars), maps.Clone(r.Args), maps.Clone(r.Labels)
 	c.Addresses = slices.Clone(r.Addresses)
+	// Its times are replaced, never written through.
+	c.LoadBalancers = maps.Clone(r.LoadBalancers)
 	if r.Agent != nil {
 		a := *r.Agent
 		c.Agent = &a
