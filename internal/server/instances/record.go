@@ -212,11 +212,33 @@ func (r *Record) Proto() *nstancev1.InstanceStatus {
 	if r.FirstHealthAt != nil {
 		st.FirstHealthAt = timestamppb.New(*r.FirstHealthAt)
 	}
-	if r.DrainDeadline != nil && r.State == StatePendingDeletion {
+	if r.DrainDeadline != nil && r.State == StatePendingDeletion && !r.DrainHeld {
+		// A held drain's deadline starts only once it is announced.
 		st.DrainDeadline = timestamppb.New(*r.DrainDeadline)
 	}
 	st.Replaced = r.Replaced()
+	for _, name := range slices.Sorted(maps.Keys(r.LoadBalancers)) {
+		st.LoadBalancers = append(st.LoadBalancers, LoadBalancerProto(name, r.LoadBalancers[name]))
+	}
 	return st
+}
+
+// LoadBalancerProto is the wire form of the instance's state at load
+// balancer name.
+func LoadBalancerProto(name string, s loadbalancer.TargetState) *nstancev1.LoadBalancerTarget {
+	t := &nstancev1.LoadBalancerTarget{Name: name, State: nstancev1.LoadBalancerTargetState_LOAD_BALANCER_TARGET_STATE_PENDING}
+	if s.Registered != nil {
+		t.RegisteredAt = timestamppb.New(*s.Registered)
+		t.State = nstancev1.LoadBalancerTargetState_LOAD_BALANCER_TARGET_STATE_REGISTERED
+	}
+	if s.Deregistered != nil {
+		t.DeregisteredAt = timestamppb.New(*s.Deregistered)
+		t.State = nstancev1.LoadBalancerTargetState_LOAD_BALANCER_TARGET_STATE_DEREGISTERING
+	}
+	if s.Removed {
+		t.State = nstancev1.LoadBalancerTargetState_LOAD_BALANCER_TARGET_STATE_REMOVED
+	}
+	return t
 }
 
 // Replaced is true once the record is being deleted for a reason after

@@ -113,12 +113,27 @@ func TestLoadBalancerLifecycle(t *testing.T) {
 	ids := s.ids("web")
 	require.Len(t, ids, 3)
 	require.Empty(t, members(), "nothing is registered before the first health report")
+	lbStatus := func(id string) *nstancev1.LoadBalancerTarget {
+		rec, ok := s.insts.Get(id)
+		require.True(t, ok)
+		st := s.ops.Status(rec)
+		require.Len(t, st.GetLoadBalancers(), 1)
+		return st.GetLoadBalancers()[0]
+	}
+	require.Equal(t, nstancev1.LoadBalancerTargetState_LOAD_BALANCER_TARGET_STATE_PENDING, lbStatus(ids[0]).GetState())
 
 	// The first report registers; one member's first try fails and is retried with backoff.
 	lb.fail("register", 1)
 	s.reportAll()
 	s.run(t)
 	require.Len(t, members(), 2, "one registration failed")
+	for _, id := range ids {
+		if _, ok := members()[id]; !ok {
+			st := lbStatus(id)
+			require.Equal(t, nstancev1.LoadBalancerTargetState_LOAD_BALANCER_TARGET_STATE_PENDING, st.GetState())
+			require.Contains(t, st.GetLastError(), "injected register failure")
+		}
+	}
 	s.advance(t, 1500*time.Millisecond) // the first retry is due after 1s ± jitter
 	want := map[string]loadbalancer.MemberState{}
 	for _, id := range ids {
@@ -127,6 +142,9 @@ func TestLoadBalancerLifecycle(t *testing.T) {
 		require.NotNil(t, rec.LoadBalancers["www"].Registered, id)
 	}
 	require.Equal(t, want, members())
+	st := lbStatus(ids[0])
+	require.Equal(t, nstancev1.LoadBalancerTargetState_LOAD_BALANCER_TARGET_STATE_REGISTERED, st.GetState())
+	require.Empty(t, st.GetLastError(), "a success clears the error")
 	_ = drain(sub.Events())
 
 	// Scale down: the removed member is deregistered first, its drain held for the delay.
@@ -140,6 +158,8 @@ func TestLoadBalancerLifecycle(t *testing.T) {
 	require.NotEmpty(t, victim)
 	rec, _ := s.insts.Get(victim)
 	require.True(t, rec.DrainHeld)
+	require.Nil(t, s.ops.Status(rec).GetDrainDeadline(), "a held drain shows no deadline")
+	require.Equal(t, nstancev1.LoadBalancerTargetState_LOAD_BALANCER_TARGET_STATE_DEREGISTERING, lbStatus(victim).GetState())
 	require.Equal(t, loadbalancer.MemberDraining, members()[victim])
 	for _, ev := range drain(sub.Events()) {
 		require.NotEqual(t, nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION, ev.GetStatus(),
