@@ -51,9 +51,9 @@ func Start(t testing.TB, backends ...Backend) *HAProxy {
 	h := &HAProxy{Socket: filepath.Join(dir, "admin.sock"), Frontends: map[string]string{}, Log: filepath.Join(dir, "haproxy.log")}
 	var b strings.Builder
 	fmt.Fprintf(&b, "global\n  stats socket %s level admin\n", h.Socket)
-	// Retries and redispatch: a request whose connection fails goes to
-	// another server instead of failing the client.
-	b.WriteString("defaults\n  mode http\n  retries 3\n  option redispatch\n  timeout connect 1s\n  timeout client 10s\n  timeout server 10s\n")
+	// No "option redispatch": a request sent to a server that is gone
+	// fails the client, so tests see a server removed too late.
+	b.WriteString("defaults\n  mode http\n  timeout connect 1s\n  timeout client 10s\n  timeout server 10s\n")
 	var addrs []string
 	for _, be := range backends {
 		addr := portpick.Addr(t)
