@@ -54,6 +54,7 @@ func TestLoadOverrides(t *testing.T) {
 	m[EnvSpotNotice] = "imds"
 	m[EnvSpotPollInterval] = "2s"
 	m[EnvIMDSEndpoint] = "http://127.0.0.1:1338"
+	m[EnvHealthAddr] = ":8081"
 	c, err := Load(env(m))
 	require.NoError(t, err)
 	require.Equal(t, "/k", c.KeysDir)
@@ -68,6 +69,7 @@ func TestLoadOverrides(t *testing.T) {
 	require.Equal(t, "imds", c.SpotNotice)
 	require.Equal(t, 2*time.Second, c.SpotPollInterval)
 	require.Equal(t, "http://127.0.0.1:1338", c.IMDSEndpoint)
+	require.Equal(t, ":8081", c.HealthAddr)
 }
 
 func TestLoadErrorsNameTheVariable(t *testing.T) {
@@ -91,6 +93,7 @@ func TestLoadErrorsNameTheVariable(t *testing.T) {
 		{"spot notice source", EnvSpotNotice, "gcp", EnvSpotNotice + `: "gcp" is not imds or off`},
 		{"imds endpoint", EnvIMDSEndpoint, "169.254.169.254", EnvIMDSEndpoint + ": "},
 		{"spot poll interval", EnvSpotPollInterval, "-5s", EnvSpotPollInterval},
+		{"health addr", EnvHealthAddr, "8080", EnvHealthAddr + `: "8080" is not host:port`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := base()

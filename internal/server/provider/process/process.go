@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -36,6 +38,21 @@ type Config struct {
 	Env []string
 	// StopTimeout is how long a child gets after SIGTERM before SIGKILL (default 5s).
 	StopTimeout time.Duration
+	// HealthPort, when set, gives each agent a loopback address of its own
+	// (LoopbackAddr) and NSTANCE_HEALTH_ADDR on it with this port; the
+	// instance's addresses are that one first, then 127.0.0.1 (the source
+	// of its connections). Load balancer tests put the agents behind one
+	// backend port this way.
+	HealthPort int
+}
+
+// LoopbackAddr is the loopback address of instance id under HealthPort:
+// 127.a.b.c from a hash of the id, never 127.0.0.x.
+func LoopbackAddr(id string) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	v := h.Sum32()
+	return fmt.Sprintf("127.%d.%d.%d", 1+byte(v>>16)%254, byte(v>>8), 1+byte(v)%254)
 }
 
 type child struct {
@@ -157,6 +174,9 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	cmd := exec.Command(p.cfg.Command[0], p.cfg.Command[1:]...)
 	cmd.Dir = p.cfg.WorkDir
 	cmd.Env = append(append(os.Environ(), p.cfg.Env...), localagent.Env(p.cfg.StateDir, req)...)
+	if p.cfg.HealthPort > 0 {
+		cmd.Env = append(cmd.Env, "NSTANCE_HEALTH_ADDR="+net.JoinHostPort(LoopbackAddr(req.InstanceID), strconv.Itoa(p.cfg.HealthPort)))
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -281,6 +301,9 @@ func (p *Provider) alive(c *child) (bool, string) {
 
 func (p *Provider) observe(id string, c *child) provider.Instance {
 	inst := provider.Instance{InstanceID: id, ProviderID: c.providerID, State: provider.StateRunning, Addresses: []string{"127.0.0.1"}}
+	if p.cfg.HealthPort > 0 {
+		inst.Addresses = []string{LoopbackAddr(id), "127.0.0.1"}
+	}
 	if ok, msg := p.alive(c); !ok {
 		inst.State, inst.Message = provider.StateStopped, msg
 	}
