@@ -120,3 +120,11 @@ func TestObserve(t *testing.T) {
 	requireEmpty()
 	require.Equal(t, 1, c.Pending())
 }
+
+func TestDrainAnnounced(t *testing.T) {
+	deadline := timestamppb.New(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
+	pending := nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION
+	require.True(t, drainAnnounced(&nstancev1.InstanceStatus{State: pending, DrainDeadline: deadline}))
+	require.False(t, drainAnnounced(&nstancev1.InstanceStatus{State: pending}), "held for load balancers: no deadline yet")
+	require.False(t, drainAnnounced(&nstancev1.InstanceStatus{State: nstancev1.InstanceState_INSTANCE_STATE_RUNNING, DrainDeadline: deadline}))
+}

@@ -73,6 +73,14 @@ func (c *Coordinator) Reconcile(ctx context.Context, key Key) (reconcile.Result,
 	}
 	switch inst.GetState() {
 	case nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION:
+		if !drainAnnounced(inst) {
+			// Held while the instance leaves its load balancers: the server
+			// announces the drain, with its deadline, once it is out. A
+			// drain now would evict pods that still get traffic.
+			log.V(1).Info("drain not announced yet (held for load balancers)")
+			c.forget(key)
+			return reconcile.Result{}, nil
+		}
 	case nstancev1.InstanceState_INSTANCE_STATE_DELETING, nstancev1.InstanceState_INSTANCE_STATE_DELETED:
 		// Already on its way out: nothing left to acknowledge.
 		c.update(key, func(s *drainState) { s.acked = true })
@@ -181,6 +189,14 @@ func (c *Coordinator) paused(ctx context.Context, machine *infrav1.NstanceMachin
 	}
 	cl, err := paused.ClusterNamed(ctx, c.Client, cmp.Or(c.Cluster.Namespace, c.Namespace), c.ClusterName)
 	return paused.IsClusterPaused(cl), err
+}
+
+// drainAnnounced reports whether the server wants inst drained now: a
+// pending deletion with a drain deadline. The server leaves the deadline
+// out while it holds the drain (the instance is still being deregistered
+// from its load balancers) and when it deletes without a drain.
+func drainAnnounced(inst *nstancev1.InstanceStatus) bool {
+	return inst.GetState() == nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION && inst.GetDrainDeadline() != nil
 }
 
 // vmGone reports whether the provider already said the VM is stopped, failed
