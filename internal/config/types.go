@@ -413,5 +413,9 @@ type Group struct {
 	InstanceType string            `json:"instance_type"`
 	SubnetPool   string            `json:"subnet_pool"`
 	Vars         map[string]string `json:"vars"`
-	DrainTimeout Duration          `json:"drain_timeout"`
+	// DrainTimeout bounds how long a member is drained before it is
+	// deleted: unset means shard.default_drain_timeout, 0 disables the
+	// drain (members are deleted at once, without a pending-deletion
+	// announcement).
+	DrainTimeout *Duration `json:"drain_timeout"`
 }

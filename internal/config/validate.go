@@ -314,7 +314,9 @@ func (c *Config) Validate() error {
 					ch.add(key+".subnet_pool", "unknown subnet pool %q", g.SubnetPool)
 				}
 			}
-			ch.positive(key+".drain_timeout", g.DrainTimeout)
+			if g.DrainTimeout != nil {
+				ch.positive(key+".drain_timeout", *g.DrainTimeout)
+			}
 		}
 	}
 	checkInstanceTypes(&ch, c.InstanceTypes)

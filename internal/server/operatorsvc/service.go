@@ -244,7 +244,7 @@ func (s *Service) CreateInstance(ctx context.Context, req *nstancev1.CreateInsta
 		if err := d.CheckValid(); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "drain_timeout: %v", err)
 		}
-		cr.DrainTimeout = d.AsDuration()
+		cr.DrainTimeout = new(d.AsDuration())
 	}
 	rec, err := s.o.Ops.CreateInstance(ctx, t, cr)
 	if err != nil {

@@ -29,7 +29,7 @@ import (
 
 // FallbackDrainTimeout applies when neither the instance, its group nor
 // shard.default_drain_timeout sets one.
-const FallbackDrainTimeout = 5 * time.Minute
+const FallbackDrainTimeout = groups.FallbackDrainTimeout
 
 // Options configures a Reconciler.
 type Options struct {
@@ -626,7 +626,7 @@ func (r *Reconciler) NewRecord(tenant, groupID string, eff groups.Effective, lab
 	return &instances.Record{
 		ID: id, Tenant: tenant, GroupID: groupID, Shard: r.o.Shard, ProviderID: provider.ID(r.o.Cluster, r.o.Shard, id),
 		State: instances.StatePending, Template: eff.Template, InstanceType: eff.InstanceType, SubnetPool: eff.SubnetPool,
-		Vars: eff.Vars, Args: eff.Args, Labels: labels, DrainTimeout: eff.DrainTimeout, CreatedAt: now, UpdatedAt: now,
+		Vars: eff.Vars, Args: eff.Args, Labels: labels, DrainTimeout: eff.DrainTimeout, NoDrain: eff.DrainTimeout == 0, CreatedAt: now, UpdatedAt: now,
 		UserDataSHA256: eff.UserDataSHA256, UserDataFormat: eff.UserDataFormat,
 	}, nil
 }
@@ -877,7 +877,8 @@ func (r *Reconciler) BeginDeletion(ctx context.Context, id string, reason nstanc
 		}
 		// A member marked for scale-down with skip_drain was drained by
 		// its caller already, whatever removes it now.
-		skipDrain = skipDrain || x.ScaleDownSkipDrain
+		// A member whose drain timeout is 0 is never drained.
+		skipDrain = skipDrain || x.ScaleDownSkipDrain || x.NoDrain
 		d := x.DrainTimeout
 		if d <= 0 {
 			d = r.cfg().Shard.DefaultDrainTimeout.D()

@@ -57,8 +57,8 @@ func SpecFromProto(p *nstancev1.GroupSpec) (groups.Spec, error) {
 		if err := p.GetDrainTimeout().CheckValid(); err != nil {
 			return s, invalid(config.FieldError{Key: "drain_timeout", Reason: err.Error()})
 		}
-		s.DrainTimeout = p.GetDrainTimeout().AsDuration()
-		if s.DrainTimeout < 0 {
+		s.DrainTimeout = new(p.GetDrainTimeout().AsDuration())
+		if *s.DrainTimeout < 0 {
 			return s, invalid(config.FieldError{Key: "drain_timeout", Reason: "must not be negative"})
 		}
 	}
@@ -162,7 +162,8 @@ func (o *Ops) DeleteGroup(ctx context.Context, tenant, id, expectedETag string) 
 type CreateInstanceRequest struct {
 	GroupID, Template, InstanceType, SubnetPool, ClientToken string
 	Vars, Labels                                             map[string]string
-	DrainTimeout                                             time.Duration
+	// DrainTimeout replaces the group's (nil: the group's; 0: no drain).
+	DrainTimeout *time.Duration
 	// Image replaces the group's (and the template's) image.
 	Image string
 	// UserData is the instance's own bootstrap data (replaces its group's).
@@ -234,7 +235,7 @@ func (o *Ops) CreateInstance(ctx context.Context, tenant string, req CreateInsta
 		}
 		spec = &g.Spec
 	}
-	if req.DrainTimeout < 0 {
+	if req.DrainTimeout != nil && *req.DrainTimeout < 0 {
 		return nil, invalid(config.FieldError{Key: "drain_timeout", Reason: "must not be negative"})
 	}
 	if fe := groups.CheckImage(req.Image); fe != nil {
