@@ -325,7 +325,8 @@ func (o *Ops) GetInstance(tenant, id, clientToken string) (*instances.Record, er
 // ListInstances returns a tenant's instances, sorted by id. Empty filters
 // match everything; otherwise an instance must belong to one of groupIDs and
 // be in one of states.
-func (o *Ops) ListInstances(tenant string, groupIDs []string, states []nstancev1.InstanceState) []*nstancev1.InstanceStatus {
+// With withHealth each carries its last health report.
+func (o *Ops) ListInstances(tenant string, groupIDs []string, states []nstancev1.InstanceState, withHealth bool) []*nstancev1.InstanceStatus {
 	recs := o.o.Instances.List(func(x *instances.Record) bool {
 		return x.Tenant == tenant &&
 			(len(groupIDs) == 0 || slices.Contains(groupIDs, x.GroupID)) &&
@@ -333,9 +334,20 @@ func (o *Ops) ListInstances(tenant string, groupIDs []string, states []nstancev1
 	})
 	out := make([]*nstancev1.InstanceStatus, 0, len(recs))
 	for _, rec := range recs {
-		out = append(out, o.Status(rec))
+		st := o.Status(rec)
+		if withHealth {
+			st.LastReport = o.o.Reconciler.LastReport(rec.ID)
+		}
+		out = append(out, st)
 	}
 	return out
+}
+
+// StatusWithHealth is Status with the instance's last health report.
+func (o *Ops) StatusWithHealth(rec *instances.Record) *nstancev1.InstanceStatus {
+	st := o.Status(rec)
+	st.LastReport = o.o.Reconciler.LastReport(rec.ID)
+	return st
 }
 
 // Status is rec's wire form with the agent version of the latest report,

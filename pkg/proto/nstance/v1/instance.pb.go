@@ -294,7 +294,12 @@ type InstanceStatus struct {
 	// NstanceMachine). False while unknown: an instance being deleted, one
 	// whose group or template is gone, an on-demand instance created before
 	// servers recorded requests.
-	Drifted       bool `protobuf:"varint,19,opt,name=drifted,proto3" json:"drifted,omitempty"`
+	Drifted bool `protobuf:"varint,19,opt,name=drifted,proto3" json:"drifted,omitempty"`
+	// The last health report the shard leader received from the instance's
+	// agent in its current term (CPU, memory, disks, network, files, ...).
+	// Set by GetInstanceStatus, and by ListInstances only when asked
+	// (ListInstancesRequest.with_health); unset before the first report.
+	LastReport    *HealthReport `protobuf:"bytes,60,opt,name=last_report,json=lastReport,proto3" json:"last_report,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -462,15 +467,22 @@ func (x *InstanceStatus) GetDrifted() bool {
 	return false
 }
 
+func (x *InstanceStatus) GetLastReport() *HealthReport {
+	if x != nil {
+		return x.LastReport
+	}
+	return nil
+}
+
 var File_nstance_v1_instance_proto protoreflect.FileDescriptor
 
 const file_nstance_v1_instance_proto_rawDesc = "" +
 	"\n" +
 	"\x19nstance/v1/instance.proto\x12\n" +
-	"nstance.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"X\n" +
+	"nstance.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16nstance/v1/agent.proto\"X\n" +
 	"\x0fInstanceAddress\x12+\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x17.nstance.v1.AddressTypeR\x04type\x12\x18\n" +
-	"\aaddress\x18\x02 \x01(\tR\aaddress\"\x9b\x06\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xd6\x06\n" +
 	"\x0eInstanceStatus\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x19\n" +
@@ -494,7 +506,9 @@ const file_nstance_v1_instance_proto_rawDesc = "" +
 	"\x10user_data_sha256\x18\x10 \x01(\tR\x0euserDataSha256\x12B\n" +
 	"\x0ffirst_health_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\rfirstHealthAt\x12\x1a\n" +
 	"\breplaced\x18\x12 \x01(\bR\breplaced\x12\x18\n" +
-	"\adrifted\x18\x13 \x01(\bR\adrifted*\xb7\x02\n" +
+	"\adrifted\x18\x13 \x01(\bR\adrifted\x129\n" +
+	"\vlast_report\x18< \x01(\v2\x18.nstance.v1.HealthReportR\n" +
+	"lastReport*\xb7\x02\n" +
 	"\rInstanceState\x12\x1e\n" +
 	"\x1aINSTANCE_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16INSTANCE_STATE_PENDING\x10\x01\x12\x1b\n" +
@@ -534,6 +548,7 @@ var file_nstance_v1_instance_proto_goTypes = []any{
 	(*InstanceAddress)(nil),       // 2: nstance.v1.InstanceAddress
 	(*InstanceStatus)(nil),        // 3: nstance.v1.InstanceStatus
 	(*timestamppb.Timestamp)(nil), // 4: google.protobuf.Timestamp
+	(*HealthReport)(nil),          // 5: nstance.v1.HealthReport
 }
 var file_nstance_v1_instance_proto_depIdxs = []int32{
 	1, // 0: nstance.v1.InstanceAddress.type:type_name -> nstance.v1.AddressType
@@ -543,11 +558,12 @@ var file_nstance_v1_instance_proto_depIdxs = []int32{
 	4, // 4: nstance.v1.InstanceStatus.last_health_at:type_name -> google.protobuf.Timestamp
 	4, // 5: nstance.v1.InstanceStatus.drain_deadline:type_name -> google.protobuf.Timestamp
 	4, // 6: nstance.v1.InstanceStatus.first_health_at:type_name -> google.protobuf.Timestamp
-	7, // [7:7] is the sub-list for method output_type
-	7, // [7:7] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	5, // 7: nstance.v1.InstanceStatus.last_report:type_name -> nstance.v1.HealthReport
+	8, // [8:8] is the sub-list for method output_type
+	8, // [8:8] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_nstance_v1_instance_proto_init() }
@@ -555,6 +571,7 @@ func file_nstance_v1_instance_proto_init() {
 	if File_nstance_v1_instance_proto != nil {
 		return
 	}
+	file_nstance_v1_agent_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
