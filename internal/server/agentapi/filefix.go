@@ -107,15 +107,40 @@ func (s *Server) reissue(ctx context.Context, ref Ref, p *Plan, names []string) 
 	return nil
 }
 
+// maxFileFixGap bounds the backoff between remedies of files that stay in
+// error (a path the agent always refuses, a full disk).
+const maxFileFixGap = 10 * time.Minute
+
+// fileFixGap is the wait before the next remedy after one that waited
+// gap: doubled, from base up to maxFileFixGap.
+func fileFixGap(gap, base time.Duration) time.Duration {
+	if gap < base {
+		return base
+	}
+	return min(2*gap, max(maxFileFixGap, base))
+}
+
 // fileFixDue reports whether the files an instance reports in error may be
-// remedied now (at most once per gap).
-func (h *hub) fileFixDue(id string, now time.Time, gap time.Duration) bool {
+// remedied now: the first time at once, then after a gap that doubles from
+// base (RepushInterval) up to maxFileFixGap while the errors stay, so a
+// file that cannot be written does not have the whole set pushed every
+// interval for ever. A report without errors resets it (fileFixReset).
+func (h *hub) fileFixDue(id string, now time.Time, base time.Duration) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	st := h.byID[id]
-	if st == nil || now.Sub(st.lastFileFix) < gap {
+	if st == nil || (!st.lastFileFix.IsZero() && now.Sub(st.lastFileFix) < st.fileFixGap) {
 		return false
 	}
-	st.lastFileFix = now
+	st.lastFileFix, st.fileFixGap = now, fileFixGap(st.fileFixGap, base)
 	return true
+}
+
+// fileFixReset forgets the backoff once the instance reports no file in error.
+func (h *hub) fileFixReset(id string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if st := h.byID[id]; st != nil {
+		st.lastFileFix, st.fileFixGap = time.Time{}, 0
+	}
 }
