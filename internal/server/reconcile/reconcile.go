@@ -818,10 +818,10 @@ func (r *Reconciler) BeginDeletion(ctx context.Context, id string, reason nstanc
 		// A member whose drain timeout is 0 is never drained.
 		skipDrain = skipDrain || x.ScaleDownSkipDrain || x.NoDrain
 		d := x.DrainTimeout
-		if d <= 0 {
+		if d <= 0 && !x.NoDrain {
 			d = r.cfg().Shard.DefaultDrainTimeout.D()
 		}
-		if d <= 0 {
+		if d <= 0 && !x.NoDrain {
 			d = FallbackDrainTimeout
 		}
 		deadline := now.Add(d)
