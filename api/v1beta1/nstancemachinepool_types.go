@@ -49,7 +49,8 @@ type NstanceMachinePoolSpec struct {
 	Vars map[string]string `json:"vars,omitempty"`
 
 	// drainTimeout bounds how long a node of this pool is drained before its
-	// instance is removed anyway. Unset means the server's default.
+	// instance is removed anyway. Unset means the server's default; 0s
+	// disables the drain (the instance is deleted at once).
 	// +optional
 	DrainTimeout *metav1.Duration `json:"drainTimeout,omitempty"`
 

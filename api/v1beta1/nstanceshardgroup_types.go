@@ -46,7 +46,9 @@ type NstanceShardGroupSpec struct {
 	// +optional
 	Vars map[string]string `json:"vars,omitempty"`
 
-	// drainTimeout bounds how long a node is drained before removal.
+	// drainTimeout bounds how long a node is drained before removal. Unset
+	// means the server's default; 0s disables the drain (the instance is
+	// deleted at once).
 	// +optional
 	DrainTimeout *metav1.Duration `json:"drainTimeout,omitempty"`
 

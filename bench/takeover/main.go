@@ -246,7 +246,7 @@ func (e *env) term(ctx context.Context, n int, cached bool) (sample, error) {
 	if err := f.Reconciler.AwaitLoaded(ctx); err != nil {
 		return sample{}, err
 	}
-	if got := len(f.Ops.ListInstances(tenant, nil, nil)); got != n {
+	if got := len(f.Ops.ListInstances(tenant, nil, nil, false)); got != n {
 		return sample{}, fmt.Errorf("the term served %d instances, want %d", got, n)
 	}
 	s := sample{served: time.Since(began)}

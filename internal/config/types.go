@@ -276,12 +276,37 @@ type SubnetPool struct {
 	Subnets []string `json:"subnets"`
 }
 
-// GarbageCollection controls removal of orphaned provider instances and stale records.
+// GarbageCollection controls removal of orphaned provider instances (the
+// provider's instances of this shard without a record) and of stored user
+// data no group or instance names. It is on unless enabled is false; a pass
+// runs at most every interval (default 5m) and removes only what stayed
+// unclaimed for grace_period (default 30m).
 type GarbageCollection struct {
-	Enabled     bool     `json:"enabled"`
+	// Enabled turns collection off when false (nil: on).
+	Enabled     *bool    `json:"enabled"`
 	Interval    Duration `json:"interval"`
 	GracePeriod Duration `json:"grace_period"`
 }
+
+// Garbage collection defaults.
+const (
+	DefaultGCInterval    = 5 * time.Minute
+	DefaultGCGracePeriod = 30 * time.Minute
+)
+
+// WithDefaults returns g with its defaults filled in: on, every 5 minutes,
+// a 30 minute grace period.
+func (g GarbageCollection) WithDefaults() GarbageCollection {
+	if g.Enabled == nil {
+		g.Enabled = new(true)
+	}
+	setDur(&g.Interval, DefaultGCInterval)
+	setDur(&g.GracePeriod, DefaultGCGracePeriod)
+	return g
+}
+
+// On reports whether collection runs (defaults applied).
+func (g GarbageCollection) On() bool { return g.Enabled == nil || *g.Enabled }
 
 // Expiry controls instance replacement by age.
 type Expiry struct {
@@ -420,7 +445,11 @@ type Group struct {
 	InstanceType string            `json:"instance_type"`
 	SubnetPool   string            `json:"subnet_pool"`
 	Vars         map[string]string `json:"vars"`
-	DrainTimeout Duration          `json:"drain_timeout"`
+	// DrainTimeout bounds how long a member is drained before it is
+	// deleted: unset means shard.default_drain_timeout, 0 disables the
+	// drain (members are deleted at once, without a pending-deletion
+	// announcement).
+	DrainTimeout *Duration `json:"drain_timeout"`
 	// LoadBalancers replaces the template's load_balancers for this group
 	// when set ([] registers with none).
 	LoadBalancers []string `json:"load_balancers"`

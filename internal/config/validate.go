@@ -80,6 +80,7 @@ func (c *Config) ApplyDefaults() {
 	setDur(&ce.RevocationSyncInterval, DefaultRevocationSyncInterval)
 	setDur(&c.Shard.Timeouts.StorageCall, DefaultStorageTimeout)
 	setDur(&c.Shard.Timeouts.Shutdown, DefaultShutdownTimeout)
+	c.Shard.GarbageCollection = c.Shard.GarbageCollection.WithDefaults()
 	c.Shard.Limits.applyDefaults()
 	c.Shard.FileSources.applyDefaults()
 	la := &c.Shard.LeaderAddress
@@ -261,6 +262,7 @@ func (c *Config) Validate() error {
 		ch.add("shard.expiry.forced_age", "must not be shorter than eligible_age (%s)", ex.EligibleAge.D())
 	}
 	ch.positive("shard.garbage_collection.interval", s.GarbageCollection.Interval)
+	ch.positive("shard.garbage_collection.grace_period", s.GarbageCollection.GracePeriod)
 	s.Limits.validate(&ch)
 	s.FileSources.validate(&ch)
 	checkLeaderAddress(&ch, s.LeaderAddress)
@@ -314,7 +316,9 @@ func (c *Config) Validate() error {
 					ch.add(key+".subnet_pool", "unknown subnet pool %q", g.SubnetPool)
 				}
 			}
-			ch.positive(key+".drain_timeout", g.DrainTimeout)
+			if g.DrainTimeout != nil {
+				ch.positive(key+".drain_timeout", *g.DrainTimeout)
+			}
 		}
 	}
 	checkInstanceTypes(&ch, c.InstanceTypes)

@@ -339,3 +339,38 @@ func TestTemplateChangesRemoveDroppedFiles(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEqual(t, string(before), string(after), "re-issued")
 }
+
+// A file the agent could not write is reported in error, and the server
+// pushes the files again (forced: their hash did not change) until it is
+// written: once the symbolic link in its way is gone, the next push puts
+// it in place.
+func TestFilesInErrorArePushedAgain(t *testing.T) {
+	e := newEnv(t)
+	outside := filepath.Join(e.dir, "outside")
+	require.NoError(t, os.MkdirAll(outside, 0o755))
+	tmpl := srvconfig.Template{Files: map[string]srvconfig.TemplateFile{
+		"ok":      {Kind: "string", Path: "ok.txt", Content: "fine"},
+		"blocked": {Kind: "string", Path: "link/later.txt", Content: "written at last"},
+	}}
+	filesDir := filepath.Join(e.dir, "node-r", "files")
+	require.NoError(t, os.MkdirAll(filesDir, 0o755))
+	require.NoError(t, os.Symlink(outside, filepath.Join(filesDir, "link")))
+	e.start(t, "node-r", tmpl, nil)
+	require.Eventually(t, func() bool {
+		r := e.lastReport("node-r")
+		for _, f := range r.GetFiles() {
+			if f.GetPath() == "link/later.txt" {
+				return f.GetState() == nstancev1.FileState_FILE_STATE_ERROR
+			}
+		}
+		return false
+	}, 20*time.Second, 20*time.Millisecond, "the blocked file is reported in error")
+
+	require.NoError(t, os.Remove(filepath.Join(filesDir, "link")))
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(filepath.Join(filesDir, "link", "later.txt"))
+		return err == nil && string(b) == "written at last"
+	}, 20*time.Second, 20*time.Millisecond, "pushed again and written")
+	_, err := os.Stat(filepath.Join(outside, "later.txt"))
+	require.True(t, os.IsNotExist(err), "never written through the link")
+}

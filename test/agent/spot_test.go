@@ -14,10 +14,11 @@ import (
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
-// An agent told to watch instance metadata (NSTANCE_SPOT_NOTICE=imds)
-// reads the spot interruption notice over IMDSv2 once it appears, after
-// several empty polls, and its next health report, sent at once rather
-// than at the (hour-long) report interval, carries it to the server.
+// An agent whose instance metadata says it is spot (instance-life-cycle),
+// with no NSTANCE_SPOT_NOTICE set, reads the spot interruption notice over
+// IMDSv2 once it appears, after several empty polls, and its next health
+// report, sent at once rather than at the (hour-long) report interval,
+// carries it to the server.
 func TestSpotNoticeFromIMDSReachesTheServer(t *testing.T) {
 	var polls atomic.Int32
 	imds := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -25,6 +26,8 @@ func TestSpotNoticeFromIMDSReachesTheServer(t *testing.T) {
 		case r.Method == http.MethodPut && r.URL.Path == "/latest/api/token":
 			w.Header().Set("X-Aws-Ec2-Metadata-Token-Ttl-Seconds", "21600")
 			_, _ = w.Write([]byte("tok"))
+		case r.Method == http.MethodGet && r.URL.Path == "/latest/meta-data/instance-life-cycle" && r.Header.Get("X-Aws-Ec2-Metadata-Token") == "tok":
+			_, _ = w.Write([]byte("spot"))
 		case r.Method == http.MethodGet && r.URL.Path == "/latest/meta-data/spot/instance-action" && r.Header.Get("X-Aws-Ec2-Metadata-Token") == "tok":
 			if polls.Add(1) <= 6 {
 				http.NotFound(w, r)
@@ -39,7 +42,7 @@ func TestSpotNoticeFromIMDSReachesTheServer(t *testing.T) {
 
 	e := newEnv(t)
 	e.agentEnv = map[string]string{
-		config.EnvSpotNotice: "imds", config.EnvIMDSEndpoint: imds.URL, config.EnvSpotPollInterval: "50ms",
+		config.EnvIMDSEndpoint: imds.URL, config.EnvSpotPollInterval: "50ms",
 		config.EnvMetricsInterval: "1h",
 	}
 	e.start(t, "spot-1", srvconfig.Template{Kind: "worker"}, nil)

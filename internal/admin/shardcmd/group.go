@@ -101,7 +101,7 @@ func groupCommand() *cli.Command {
 					&cli.StringFlag{Name: "instance-type"},
 					&cli.StringFlag{Name: "subnet-pool"},
 					&cli.StringSliceFlag{Name: "var", Usage: "template variable key=value (repeatable)"},
-					&cli.DurationFlag{Name: "drain-timeout", Usage: "drain acknowledgement timeout (default: the shard's)"},
+					&cli.DurationFlag{Name: "drain-timeout", Usage: "drain acknowledgement timeout (default: the shard's; 0 disables the drain)"},
 				),
 				Action: func(c *cli.Context) error {
 					id, err := oneArg(c, "GROUP")
@@ -117,8 +117,8 @@ func groupCommand() *cli.Command {
 					}
 					spec := &nstancev1.GroupSpec{GroupId: id, Template: c.String("template"), Size: uint32(c.Int("size")),
 						InstanceType: c.String("instance-type"), SubnetPool: c.String("subnet-pool"), Vars: vars}
-					if d := c.Duration("drain-timeout"); d > 0 {
-						spec.DrainTimeout = durationpb.New(d)
+					if c.IsSet("drain-timeout") {
+						spec.DrainTimeout = durationpb.New(c.Duration("drain-timeout"))
 					}
 					return run(c, true, func(s *session) error {
 						var it items

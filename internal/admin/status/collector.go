@@ -193,7 +193,7 @@ func (c *Collector) list(ctx context.Context, cl nstancev1.OperatorServiceClient
 	if err != nil {
 		return s, fmt.Errorf("listing groups: %w", err)
 	}
-	insts, err := cl.ListInstances(ctx, &nstancev1.ListInstancesRequest{})
+	insts, err := cl.ListInstances(ctx, &nstancev1.ListInstancesRequest{WithHealth: true})
 	if err != nil {
 		return s, fmt.Errorf("listing instances: %w", err)
 	}

@@ -63,6 +63,65 @@ type Instance struct {
 	// error in parentheses ("www: registered, api: pending (…)").
 	LoadBalancers string `json:"loadBalancers,omitempty"`
 	Message       string `json:"message,omitempty"`
+	// Figures are those of the agent's last report (nil before one).
+	Figures *Figures `json:"figures,omitempty"`
+}
+
+// Figures summarise an instance's last health report for its row.
+type Figures struct {
+	// CPUPercent is the busy share of all cores since the report before,
+	// CoreMaxPercent the busiest core's.
+	CPUPercent     float64 `json:"cpuPercent"`
+	CoreMaxPercent float64 `json:"coreMaxPercent"`
+	Load1          float64 `json:"load1"`
+	// MemoryPercent is memory in use; DiskPercent the fullest disk's use.
+	MemoryPercent float64 `json:"memoryPercent"`
+	DiskPercent   float64 `json:"diskPercent"`
+	// RxBytes and TxBytes are every interface's counters summed, Dropped
+	// their dropped packets (both ways).
+	RxBytes uint64 `json:"rxBytes"`
+	TxBytes uint64 `json:"txBytes"`
+	Dropped uint64 `json:"dropped"`
+	// ConntrackEntries of ConntrackMax (both 0 without conntrack).
+	ConntrackEntries uint64 `json:"conntrackEntries"`
+	ConntrackMax     uint64 `json:"conntrackMax"`
+	// Files delivered, FileErrors of them in error.
+	Files      int `json:"files"`
+	FileErrors int `json:"fileErrors"`
+}
+
+func share(part, whole uint64) float64 {
+	if whole == 0 {
+		return 0
+	}
+	return float64(part) * 100 / float64(whole)
+}
+
+// figures summarises a health report (nil for none).
+func figures(r *nstancev1.HealthReport) *Figures {
+	if r == nil {
+		return nil
+	}
+	f := &Figures{CPUPercent: r.GetCpu().GetUsagePercent(), Load1: r.GetCpu().GetLoad1(),
+		MemoryPercent:    share(r.GetMemory().GetUsedBytes(), r.GetMemory().GetTotalBytes()),
+		ConntrackEntries: r.GetConntrackEntries(), ConntrackMax: r.GetConntrackMax(), Files: len(r.GetFiles())}
+	for _, c := range r.GetCpu().GetCoreUsagePercent() {
+		f.CoreMaxPercent = max(f.CoreMaxPercent, c)
+	}
+	for _, d := range r.GetDisks() {
+		f.DiskPercent = max(f.DiskPercent, share(d.GetUsedBytes(), d.GetTotalBytes()))
+	}
+	for _, n := range r.GetNetworkInterfaces() {
+		f.RxBytes += n.GetRxBytes()
+		f.TxBytes += n.GetTxBytes()
+		f.Dropped += n.GetRxDropped() + n.GetTxDropped()
+	}
+	for _, fs := range r.GetFiles() {
+		if fs.GetState() == nstancev1.FileState_FILE_STATE_ERROR {
+			f.FileErrors++
+		}
+	}
+	return f
 }
 
 // ErrorEntry is one error a shard reported.
@@ -108,7 +167,7 @@ func rows(groups []*nstancev1.GroupStatus, insts []*nstancev1.InstanceStatus) ([
 		row := Instance{
 			ID: in.GetInstanceId(), Group: in.GetGroupId(), State: stateName(in.GetState()),
 			ProviderID: in.GetProviderId(), Message: in.GetMessage(),
-			AgentVersion: in.GetAgentVersion(), LoadBalancers: lbSummary(in.GetLoadBalancers()),
+			AgentVersion: in.GetAgentVersion(), LoadBalancers: lbSummary(in.GetLoadBalancers()), Figures: figures(in.GetLastReport()),
 		}
 		if in.GetCreatedAt() != nil {
 			row.Created = ts(in.GetCreatedAt())

@@ -72,8 +72,9 @@ func Run(ctx context.Context, cfg config.Config, version string, log logr.Logger
 		Backoff: bo, AgentVersion: version, Log: log.WithName("session"),
 	}
 	var watcher *spot.Watcher
-	if cfg.SpotNotice == "imds" {
-		watcher = &spot.Watcher{Client: spot.NewClient(cfg.IMDSEndpoint), Interval: cfg.SpotPollInterval, Log: log.WithName("spot")}
+	if cfg.SpotNotice != "" {
+		watcher = &spot.Watcher{Client: spot.NewClient(cfg.IMDSEndpoint), Interval: cfg.SpotPollInterval, Log: log.WithName("spot"),
+			Detect: cfg.SpotNotice == config.SpotNoticeAuto}
 		opts.Termination = watcher.Notice
 	}
 	if cfg.UserData != "" {

@@ -39,8 +39,9 @@ const (
 	// EnvUserData names the instance's own bootstrap script, run once the
 	// first files are applied (local providers; cloud-init runs it on VMs).
 	EnvUserData = "NSTANCE_USER_DATA"
-	// EnvSpotNotice "imds" polls the EC2 instance metadata service for a
-	// spot interruption notice (empty or "off": no polling).
+	// EnvSpotNotice "auto" (the default) polls the EC2 instance metadata
+	// service for a spot interruption notice when instance-life-cycle says
+	// the instance is spot; "imds" polls whatever it says; "off" never.
 	EnvSpotNotice       = "NSTANCE_SPOT_NOTICE"
 	EnvSpotPollInterval = "NSTANCE_SPOT_POLL_INTERVAL"
 	// EnvIMDSEndpoint overrides the instance metadata address.
@@ -79,9 +80,10 @@ type Config struct {
 	// UserData, when set, is the instance's bootstrap script (absolute
 	// path), run after the first delivery of files is applied.
 	UserData string
-	// SpotNotice is "imds" to poll the EC2 instance metadata service for a
+	// SpotNotice is "auto" to poll the EC2 instance metadata service for a
 	// spot interruption notice every SpotPollInterval, at IMDSEndpoint
-	// (empty: the SDK's default); "" turns it off.
+	// (empty: the SDK's default), when its instance-life-cycle is spot;
+	// "imds" to poll without asking; "" turns it off.
 	SpotNotice       string
 	SpotPollInterval time.Duration
 	IMDSEndpoint     string
@@ -90,6 +92,12 @@ type Config struct {
 	// Log is the logging set-up (NSTANCE_LOG_LEVEL, NSTANCE_LOG_FORMAT).
 	Log logging.Options
 }
+
+// Spot notice modes (NSTANCE_SPOT_NOTICE; "off" is "").
+const (
+	SpotNoticeAuto = "auto"
+	SpotNoticeIMDS = "imds"
+)
 
 // Defaults.
 const (
@@ -282,11 +290,13 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		c.Log.Format = v
 	}
 	switch c.SpotNotice {
-	case "", "imds":
+	case "auto", "imds":
+	case "":
+		c.SpotNotice = SpotNoticeAuto
 	case "off":
 		c.SpotNotice = ""
 	default:
-		p.fail(EnvSpotNotice, "%q is not imds or off", c.SpotNotice)
+		p.fail(EnvSpotNotice, "%q is not auto, imds or off", c.SpotNotice)
 	}
 	if c.IMDSEndpoint != "" {
 		if u, err := url.Parse(c.IMDSEndpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

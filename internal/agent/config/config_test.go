@@ -35,7 +35,7 @@ func TestLoadDefaults(t *testing.T) {
 	require.Equal(t, []string{"/"}, c.DiskPaths)
 	require.Equal(t, "127.0.0.1", c.ServerNameFor(c.AgentAddr))
 	require.Equal(t, logging.Defaults(), c.Log)
-	require.Empty(t, c.SpotNotice, "no metadata polling unless asked")
+	require.Equal(t, SpotNoticeAuto, c.SpotNotice, "spot notices when the metadata says spot")
 	require.Equal(t, DefaultSpotPollInterval, c.SpotPollInterval)
 }
 
@@ -90,7 +90,7 @@ func TestLoadErrorsNameTheVariable(t *testing.T) {
 		{"same dirs", EnvFilesDir, "/var/lib/nstance/identity", "must differ"},
 		{"log level", EnvLogLevel, "loud", EnvLogLevel + `: log level "loud"`},
 		{"log format", EnvLogFormat, "xml", EnvLogFormat + `: log format "xml"`},
-		{"spot notice source", EnvSpotNotice, "gcp", EnvSpotNotice + `: "gcp" is not imds or off`},
+		{"spot notice source", EnvSpotNotice, "gcp", EnvSpotNotice + `: "gcp" is not auto, imds or off`},
 		{"imds endpoint", EnvIMDSEndpoint, "169.254.169.254", EnvIMDSEndpoint + ": "},
 		{"spot poll interval", EnvSpotPollInterval, "-5s", EnvSpotPollInterval},
 		{"health addr", EnvHealthAddr, "8080", EnvHealthAddr + `: "8080" is not host:port`},

@@ -43,7 +43,7 @@ func Vars() []Var {
 		{Name: EnvDiskPaths, Default: "/", Usage: "comma-separated absolute mount points whose usage is reported"},
 		{Name: EnvTerminationFile, Usage: "absolute path of a file polled for a JSON termination notice"},
 		{Name: EnvUserData, Usage: "absolute path of the instance's boot script, run after the first delivery (local providers)"},
-		{Name: EnvSpotNotice, Default: "off", Usage: "imds: poll the EC2 instance metadata service for a spot interruption notice"},
+		{Name: EnvSpotNotice, Default: "auto", Usage: "spot interruption notices from the EC2 instance metadata service: auto (when its instance-life-cycle is spot), imds (always) or off"},
 		{Name: EnvSpotPollInterval, Default: dur(DefaultSpotPollInterval), Usage: "spot notice poll interval"},
 		{Name: EnvIMDSEndpoint, Default: "the AWS SDK's", Usage: "http(s) URL of the instance metadata service"},
 		{Name: EnvHealthAddr, Default: "off", Usage: "host:port to serve GET /healthz on (load balancer health checks; answers the instance id)"},

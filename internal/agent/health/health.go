@@ -35,8 +35,9 @@ type Sampler struct {
 	proc  string
 	disks []string
 
-	mu   sync.Mutex
-	ring []point
+	mu    sync.Mutex
+	ring  []point
+	cores []coreTimes // per-core times at the last sample
 }
 
 // NewSampler returns a sampler reading procRoot ("/proc" when empty) and
@@ -82,6 +83,20 @@ func (s *Sampler) Sample(now time.Time) (*nstancev1.HealthReport, error) {
 	if r.NetworkInterfaces, err = s.network(); err != nil {
 		return nil, err
 	}
+	p, err := s.procFS()
+	if err != nil {
+		return nil, err
+	}
+	if err := addPackets(p, r.NetworkInterfaces); err != nil {
+		return nil, err
+	}
+	perCore, err := coreTimesOf(p)
+	if err != nil {
+		return nil, err
+	}
+	if r.ConntrackEntries, r.ConntrackMax, err = conntrack(p); err != nil {
+		return nil, err
+	}
 	var rx, tx uint64
 	for _, n := range r.NetworkInterfaces {
 		rx += n.RxBytes
@@ -101,6 +116,8 @@ func (s *Sampler) Sample(now time.Time) (*nstancev1.HealthReport, error) {
 		prev := s.ring[n-1]
 		r.Cpu.UsagePercent = percent(busy-prev.busy, total-prev.total)
 	}
+	r.Cpu.CoreUsagePercent = coreUsage(s.cores, perCore)
+	s.cores = perCore
 	s.ring = append(s.ring, point{at: now, busy: busy, total: total, rx: rx, tx: tx})
 	// Keep one point older than the longest window.
 	cut := 0

@@ -20,12 +20,16 @@ type fakeIMDS struct {
 	// tokenStatus, when set, is the answer to every token request (an IMDS
 	// without IMDSv2, or one refusing tokens).
 	tokenStatus int
+	// lifeCycle is instance-life-cycle ("": 404).
+	lifeCycle string
 
 	mu     sync.Mutex
 	tokens int
 	polls  int // reads with the session token
 	reads  int // every read of instance-action
-	errs   []string
+	// lifeCycleReads counts reads of instance-life-cycle.
+	lifeCycleReads int
+	errs           []string
 }
 
 func newFakeIMDS(t *testing.T, notAfter int, body string) *fakeIMDS {
@@ -62,6 +66,18 @@ func (f *fakeIMDS) serve(w http.ResponseWriter, r *http.Request) {
 		f.tokens++
 		w.Header().Set("X-Aws-Ec2-Metadata-Token-Ttl-Seconds", "21600")
 		_, _ = w.Write([]byte(f.token(f.tokens)))
+	case r.Method == http.MethodGet && r.URL.Path == "/latest/meta-data/instance-life-cycle":
+		f.lifeCycleReads++
+		if f.tokens == 0 || r.Header.Get("X-Aws-Ec2-Metadata-Token") != f.token(f.tokens) {
+			f.errs = append(f.errs, "metadata read without the session token (IMDSv1)")
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		if f.lifeCycle == "" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = w.Write([]byte(f.lifeCycle))
 	case r.Method == http.MethodGet && r.URL.Path == "/latest/meta-data/spot/instance-action":
 		f.reads++
 		if f.tokens == 0 || r.Header.Get("X-Aws-Ec2-Metadata-Token") != f.token(f.tokens) {
@@ -91,6 +107,12 @@ func (f *fakeIMDS) readCount() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.reads
+}
+
+func (f *fakeIMDS) lifeCycleReadCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lifeCycleReads
 }
 
 func (f *fakeIMDS) counts() (tokens, polls int) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,6 +23,17 @@ import (
 
 // InstanceActionPath is the metadata path of the spot interruption notice.
 const InstanceActionPath = "spot/instance-action"
+
+// LifeCyclePath is the metadata path of the instance's purchasing
+// option: "spot" or "on-demand" (also "scheduled").
+const LifeCyclePath = "instance-life-cycle"
+
+// detectAttempts bounds how often Detect is tried before the watcher gives
+// up (no instance metadata: not on EC2), and detectTimeout each try.
+const (
+	detectAttempts = 3
+	detectTimeout  = 5 * time.Second
+)
 
 // DefaultInterval is how often the notice is polled (AWS suggests every
 // five seconds; the notice comes two minutes ahead).
@@ -53,6 +65,10 @@ type Watcher struct {
 	// Notified, when set, is called once when the notice appears (the
 	// session sends a report at once).
 	Notified func()
+	// Detect makes Run read instance-life-cycle first and poll only when
+	// it says spot (NSTANCE_SPOT_NOTICE=auto); when the metadata cannot
+	// be read after a few tries (not on EC2), Run returns.
+	Detect bool
 
 	mu     sync.Mutex
 	notice *nstancev1.TerminationNotice
@@ -86,6 +102,9 @@ func (w *Watcher) Run(ctx context.Context) {
 	if iv <= 0 {
 		iv = DefaultInterval
 	}
+	if w.Detect && !w.detect(ctx, iv) {
+		return
+	}
 	failing := false
 	// The condition never returns an error, so the poll ends only with the
 	// notice or with ctx: there is nothing to report.
@@ -115,6 +134,53 @@ func (w *Watcher) Run(ctx context.Context) {
 		}
 		return false, nil
 	})
+}
+
+// detect reads instance-life-cycle (up to detectAttempts tries, iv
+// apart) and reports whether the instance is spot.
+func (w *Watcher) detect(ctx context.Context, iv time.Duration) bool {
+	var err error
+	for i := range detectAttempts {
+		if i > 0 {
+			select {
+			case <-ctx.Done():
+				return false
+			case <-time.After(iv):
+			}
+		}
+		var lc string
+		dctx, cancel := context.WithTimeout(ctx, detectTimeout)
+		lc, err = LifeCycle(dctx, w.Client)
+		cancel()
+		if err == nil {
+			if lc != "spot" {
+				w.Log.V(1).Info("not a spot instance: not watching for interruption notices", "instance_life_cycle", lc)
+				return false
+			}
+			w.Log.Info("spot instance: watching for interruption notices")
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+	}
+	w.Log.Info("no instance metadata: not watching for spot interruption notices", "error", err.Error())
+	return false
+}
+
+// LifeCycle reads the instance's purchasing option from instance metadata
+// ("spot", "on-demand", ...).
+func LifeCycle(ctx context.Context, c MetadataAPI) (string, error) {
+	out, err := c.GetMetadata(ctx, &imds.GetMetadataInput{Path: LifeCyclePath})
+	if err != nil {
+		return "", fmt.Errorf("spot: GET %s: %w", LifeCyclePath, err)
+	}
+	defer func() { _ = out.Content.Close() }()
+	b, err := io.ReadAll(io.LimitReader(out.Content, 1<<10))
+	if err != nil {
+		return "", fmt.Errorf("spot: reading %s: %w", LifeCyclePath, err)
+	}
+	return strings.TrimSpace(string(b)), nil
 }
 
 // Poll reads the notice once: nil, nil while there is none.

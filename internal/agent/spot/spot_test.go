@@ -89,3 +89,50 @@ func TestClientNeverFallsBackToIMDSv1(t *testing.T) {
 		require.Zero(t, f.readCount(), "token answer %d: metadata read without a token", code)
 	}
 }
+
+// With Detect (NSTANCE_SPOT_NOTICE=auto, the default) the watcher asks the
+// metadata whether the instance is spot: on a spot instance it polls and
+// reads the notice; on an on-demand one it never polls; without metadata
+// (nothing listening) it gives up after a few tries.
+func TestWatcherDetectsSpotFromTheMetadata(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		lifeCycle string
+		closed    bool
+		want      bool
+	}{
+		{"spot", "spot", false, true},
+		{"on-demand", "on-demand", false, false},
+		{"no instance metadata", "", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeIMDS(t, 2, notice)
+			f.lifeCycle = tc.lifeCycle
+			endpoint := f.URL
+			if tc.closed {
+				f.Close()
+			}
+			c := imds.New(imds.Options{Endpoint: endpoint, EnableFallback: imdsV1Fallback, Retryer: aws.NopRetryer{}})
+			w := &Watcher{Client: c, Interval: 10 * time.Millisecond, Log: testr.New(t), Detect: true}
+			done := make(chan struct{})
+			go func() { defer close(done); w.Run(context.Background()) }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("Run did not return")
+			}
+			if !tc.want {
+				require.Nil(t, w.Notice())
+				require.Zero(t, f.readCount(), "instance-action never polled")
+				if !tc.closed {
+					require.Equal(t, 1, f.lifeCycleReadCount(), "asked once")
+				}
+				return
+			}
+			require.NotNil(t, w.Notice())
+			require.Equal(t, nstancev1.TerminationKind_TERMINATION_KIND_SPOT, w.Notice().GetKind())
+			_, polls := f.counts()
+			require.Equal(t, 3, polls, "two 404s, then the notice")
+		})
+	}
+}

@@ -554,7 +554,8 @@ func SpecMatches(desired *nstancev1.GroupSpec, current *nstancev1.GroupStatus) b
 	if len(desired.GetVars()) > 0 && !maps.Equal(desired.GetVars(), server.GetVars()) {
 		return false
 	}
-	if desired.GetDrainTimeout() != nil && desired.GetDrainTimeout().AsDuration() != server.GetDrainTimeout().AsDuration() {
+	// 0 (no drain) is not unset: the server's must be present and equal.
+	if d := desired.GetDrainTimeout(); d != nil && (server.GetDrainTimeout() == nil || d.AsDuration() != server.GetDrainTimeout().AsDuration()) {
 		return false
 	}
 	return true

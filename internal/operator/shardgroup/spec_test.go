@@ -30,6 +30,12 @@ func TestDesiredSpec(t *testing.T) {
 	require.Equal(t, time.Minute, got.GetDrainTimeout().AsDuration())
 	sg.Spec.Vars["k"] = "changed"
 	require.Equal(t, "v", got.GetVars()["k"], "spec does not alias the object")
+	sg.Spec.DrainTimeout = &metav1.Duration{}
+	require.NotNil(t, DesiredSpec(sg, userdata.Data{}).GetDrainTimeout(), "0 (no drain) is sent, distinct from unset")
+	require.Zero(t, DesiredSpec(sg, userdata.Data{}).GetDrainTimeout().AsDuration())
+	sg.Spec.DrainTimeout = nil
+	require.Nil(t, DesiredSpec(sg, userdata.Data{}).GetDrainTimeout(), "unset: the server's default")
+	sg.Spec.DrainTimeout = &metav1.Duration{Duration: time.Minute}
 	require.Empty(t, got.GetUserData(), "no bootstrap data: the template's userdata")
 	require.Empty(t, got.GetUserDataFormat())
 
@@ -70,6 +76,12 @@ func TestSpecMatches(t *testing.T) {
 		{"drain differs", func(_ *nstancev1.GroupSpec, s *nstancev1.GroupStatus) {
 			s.Spec.DrainTimeout = durationpb.New(time.Hour)
 		}, false},
+		{"desired no drain (0), server unset", func(d *nstancev1.GroupSpec, s *nstancev1.GroupStatus) {
+			d.DrainTimeout, s.Spec.DrainTimeout = durationpb.New(0), nil
+		}, false},
+		{"desired no drain (0), server 0", func(d *nstancev1.GroupSpec, s *nstancev1.GroupStatus) {
+			d.DrainTimeout, s.Spec.DrainTimeout = durationpb.New(0), durationpb.New(0)
+		}, true},
 		{"no desired drain", func(d *nstancev1.GroupSpec, s *nstancev1.GroupStatus) {
 			d.DrainTimeout = nil
 			s.Spec.DrainTimeout = durationpb.New(time.Hour)

@@ -540,6 +540,14 @@ func (s *Server) ReportHealth(stream nstancev1.AgentService_ReportHealthServer) 
 				s.hub.setDesired(ref.InstanceID, h)
 			}
 		}
+		switch {
+		case !hasFileErrors(r.GetFiles()):
+			s.hub.fileFixReset(ref.InstanceID)
+		case s.hub.fileFixDue(ref.InstanceID, last, s.o.RepushInterval):
+			if err := offStack(func() error { _, err := s.RemedyFiles(ctx, ref, r.GetFiles()); return err }); err != nil {
+				s.o.Log.Error(err, "remedying files reported in error", "instance", ref.InstanceID)
+			}
+		}
 		if s.hub.drifted(ref.InstanceID, r.GetConfigHash(), last, s.o.RepushInterval) {
 			s.o.Log.Info("runtime config drift, pushing files again", "instance", ref.InstanceID, "agent_hash", r.GetConfigHash())
 		}
@@ -623,6 +631,10 @@ type instanceState struct {
 	lastSent   time.Time
 	lastRepush time.Time
 	lastCheck  time.Time
+	// lastFileFix is when files reported in error were last remedied,
+	// fileFixGap the wait before the next remedy (fileFixDue).
+	lastFileFix time.Time
+	fileFixGap  time.Duration
 }
 
 type watcher struct {

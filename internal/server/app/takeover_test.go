@@ -163,7 +163,7 @@ func TestTakeoverFromStaleCache(t *testing.T) {
 	defer cancel()
 	require.NoError(t, second.Reconciler.AwaitLoaded(lctx), "reads are served before storage answered")
 	require.False(t, second.Reconciler.Verified())
-	served := second.Ops.ListInstances("t", nil, nil)
+	served := second.Ops.ListInstances("t", nil, nil, false)
 	var servedIDs []string
 	for _, st := range served {
 		servedIDs = append(servedIDs, st.GetInstanceId())

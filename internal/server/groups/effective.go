@@ -12,6 +12,10 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/provider"
 )
 
+// FallbackDrainTimeout applies when neither the instance, its group nor
+// shard.default_drain_timeout sets one.
+const FallbackDrainTimeout = 5 * time.Minute
+
 // MaxImageLen bounds a group's image.
 const MaxImageLen = 256
 
@@ -21,7 +25,8 @@ type Overrides struct {
 	InstanceType string
 	SubnetPool   string
 	Vars         map[string]string
-	DrainTimeout time.Duration
+	// DrainTimeout replaces the group's (nil: the group's; 0: no drain).
+	DrainTimeout *time.Duration
 	// Image replaces the group's image (the reserved arg provider.ArgImage).
 	Image string
 	// UserDataSHA256 and UserDataFormat name bootstrap data sent with the
@@ -36,6 +41,9 @@ type Effective struct {
 	SubnetPool   string
 	Vars         map[string]string
 	Args         map[string]string
+	// DrainTimeout is the drain timeout, defaults applied (the shard's
+	// default_drain_timeout, else FallbackDrainTimeout); 0 means the
+	// instance is deleted without a drain.
 	DrainTimeout time.Duration
 	// UserDataSHA256 names the tenant's bootstrap data ("": the template's
 	// userdata); a change rotates a group's members.
@@ -66,12 +74,15 @@ func Resolve(cfg *config.Config, spec *Spec, o Overrides) (Effective, error) {
 	maps.Copy(e.Args, t.Args)
 	e.InstanceType, e.SubnetPool = t.InstanceType, t.SubnetPool
 	e.DrainTimeout = cfg.Shard.DefaultDrainTimeout.D()
+	if e.DrainTimeout <= 0 {
+		e.DrainTimeout = FallbackDrainTimeout
+	}
 	if spec != nil {
 		pick(&e.InstanceType, spec.InstanceType)
 		pick(&e.SubnetPool, spec.SubnetPool)
 		maps.Copy(e.Vars, spec.Vars)
-		if spec.DrainTimeout > 0 {
-			e.DrainTimeout = spec.DrainTimeout
+		if spec.DrainTimeout != nil {
+			e.DrainTimeout = max(*spec.DrainTimeout, 0)
 		}
 		e.UserDataSHA256, e.UserDataFormat = spec.UserDataSHA256, spec.UserDataFormat
 		if spec.Image != "" {
@@ -87,8 +98,8 @@ func Resolve(cfg *config.Config, spec *Spec, o Overrides) (Effective, error) {
 	pick(&e.InstanceType, o.InstanceType)
 	pick(&e.SubnetPool, o.SubnetPool)
 	maps.Copy(e.Vars, o.Vars)
-	if o.DrainTimeout > 0 {
-		e.DrainTimeout = o.DrainTimeout
+	if o.DrainTimeout != nil {
+		e.DrainTimeout = max(*o.DrainTimeout, 0)
 	}
 	if e.SubnetPool != "" {
 		if _, ok := cfg.Shard.SubnetPools[e.SubnetPool]; !ok {
@@ -141,7 +152,7 @@ func Validate(cfg *config.Config, tenant, id string, s Spec) []FieldError {
 			add("subnet_pool", "unknown subnet pool %q", s.SubnetPool)
 		}
 	}
-	if s.DrainTimeout < 0 {
+	if s.DrainTimeout != nil && *s.DrainTimeout < 0 {
 		add("drain_timeout", "must not be negative")
 	}
 	if r := s.Rollout; r.MaxSurge != nil || r.MaxUnavailable != 0 {

@@ -43,7 +43,9 @@ type Spec struct {
 	SubnetPool   string            `json:"subnet_pool,omitempty"`
 	Vars         map[string]string `json:"vars,omitempty"`
 	Labels       map[string]string `json:"labels,omitempty"`
-	DrainTimeout time.Duration     `json:"drain_timeout,omitempty"`
+	// DrainTimeout is the members' drain timeout: nil is the shard's
+	// default, 0 disables the drain.
+	DrainTimeout *time.Duration `json:"drain_timeout,omitempty"`
 	// UserDataSHA256 names the bootstrap data the tenant sent (stored
 	// encrypted by package userdata); empty means the template's userdata.
 	UserDataSHA256 string `json:"user_data_sha256,omitempty"`
@@ -203,7 +205,10 @@ func (r *Registry) SetStatic(cfg *config.Config) []Key {
 		for id, g := range gs {
 			k := Key{tenant, id}
 			spec := Spec{Template: g.Template, Size: g.Size, InstanceType: g.InstanceType, SubnetPool: g.SubnetPool,
-				Vars: maps.Clone(g.Vars), DrainTimeout: g.DrainTimeout.D()}
+				Vars: maps.Clone(g.Vars)}
+			if g.DrainTimeout != nil {
+				spec.DrainTimeout = new(g.DrainTimeout.D())
+			}
 			next[k] = &Group{Tenant: tenant, ID: id, Spec: spec, Static: true, ETag: staticETag(k, spec), UpdatedAt: now}
 		}
 	}

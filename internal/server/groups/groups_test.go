@@ -2,6 +2,7 @@ package groups_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -38,16 +39,25 @@ func TestResolveMergesInOrder(t *testing.T) {
 	}{
 		{"template only", nil, groups.Overrides{Template: "worker"}, groups.Effective{Template: "worker", InstanceType: "small", SubnetPool: "a",
 			Vars: map[string]string{"env": "dev", "role": "worker", "t": "1"}, Args: map[string]string{"v": "1"}, DrainTimeout: time.Minute}, ""},
-		{"group over template", &groups.Spec{Template: "worker", InstanceType: "big", SubnetPool: "b", Vars: map[string]string{"role": "db"}, DrainTimeout: time.Second},
+		{"group over template", &groups.Spec{Template: "worker", InstanceType: "big", SubnetPool: "b", Vars: map[string]string{"role": "db"}, DrainTimeout: new(time.Second)},
 			groups.Overrides{}, groups.Effective{Template: "worker", InstanceType: "big", SubnetPool: "b",
 				Vars: map[string]string{"env": "dev", "role": "db", "t": "1"}, Args: map[string]string{"v": "1"}, DrainTimeout: time.Second}, ""},
 		{"request over group", &groups.Spec{Template: "worker", Vars: map[string]string{"role": "db"}},
-			groups.Overrides{InstanceType: "huge", Vars: map[string]string{"role": "gpu"}, DrainTimeout: time.Hour},
+			groups.Overrides{InstanceType: "huge", Vars: map[string]string{"role": "gpu"}, DrainTimeout: new(time.Hour)},
 			groups.Effective{Template: "worker", InstanceType: "huge", SubnetPool: "a",
 				Vars: map[string]string{"env": "dev", "role": "gpu", "t": "1"}, Args: map[string]string{"v": "1"}, DrainTimeout: time.Hour}, ""},
 		{"group image as the reserved arg", &groups.Spec{Template: "worker", Image: "ami-2"}, groups.Overrides{},
 			groups.Effective{Template: "worker", InstanceType: "small", SubnetPool: "a",
 				Vars: map[string]string{"env": "dev", "role": "worker", "t": "1"}, Args: map[string]string{"v": "1", "image": "ami-2"}, DrainTimeout: time.Minute}, ""},
+		{"group drain 0: no drain", &groups.Spec{Template: "worker", DrainTimeout: new(time.Duration(0))}, groups.Overrides{},
+			groups.Effective{Template: "worker", InstanceType: "small", SubnetPool: "a",
+				Vars: map[string]string{"env": "dev", "role": "worker", "t": "1"}, Args: map[string]string{"v": "1"}}, ""},
+		{"request drain 0 over the group's", &groups.Spec{Template: "worker", DrainTimeout: new(time.Hour)}, groups.Overrides{DrainTimeout: new(time.Duration(0))},
+			groups.Effective{Template: "worker", InstanceType: "small", SubnetPool: "a",
+				Vars: map[string]string{"env": "dev", "role": "worker", "t": "1"}, Args: map[string]string{"v": "1"}}, ""},
+		{"request drain over the group's 0", &groups.Spec{Template: "worker", DrainTimeout: new(time.Duration(0))}, groups.Overrides{DrainTimeout: new(time.Hour)},
+			groups.Effective{Template: "worker", InstanceType: "small", SubnetPool: "a",
+				Vars: map[string]string{"env": "dev", "role": "worker", "t": "1"}, Args: map[string]string{"v": "1"}, DrainTimeout: time.Hour}, ""},
 		{"no template", nil, groups.Overrides{}, groups.Effective{}, "template: required"},
 		{"unknown template", nil, groups.Overrides{Template: "x"}, groups.Effective{}, "unknown template"},
 		{"unknown pool", nil, groups.Overrides{Template: "worker", SubnetPool: "zz"}, groups.Effective{}, "unknown subnet pool"},
@@ -209,4 +219,33 @@ func TestLoadCachedThenWriteOverStaleDocument(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, stored.ETag, cached.ETag)
 	require.Equal(t, stored.Body, cached.Body)
+}
+
+// A static group's drain_timeout "0s" reaches its spec as 0 (no drain),
+// distinct from an unset one (the shard's default); a shard without a
+// default drains for FallbackDrainTimeout.
+func TestStaticDrainTimeoutZeroIsNotUnset(t *testing.T) {
+	cfg := testConfig()
+	var nodrain, def config.Group
+	require.NoError(t, json.Unmarshal([]byte(`{"template": "worker", "drain_timeout": "0s"}`), &nodrain))
+	require.NoError(t, json.Unmarshal([]byte(`{"template": "worker"}`), &def))
+	cfg.Groups = map[string]map[string]config.Group{"t": {"nodrain": nodrain, "default": def}}
+	r := groups.NewRegistry(memstore.New(), layout.New(""), "s1")
+	r.SetStatic(cfg)
+	g, ok := r.Get(groups.Key{Tenant: "t", ID: "nodrain"})
+	require.True(t, ok)
+	require.NotNil(t, g.SpecProto().GetDrainTimeout())
+	eff, err := groups.Resolve(cfg, &g.Spec, groups.Overrides{})
+	require.NoError(t, err)
+	require.Zero(t, eff.DrainTimeout)
+	g, ok = r.Get(groups.Key{Tenant: "t", ID: "default"})
+	require.True(t, ok)
+	require.Nil(t, g.SpecProto().GetDrainTimeout())
+	eff, err = groups.Resolve(cfg, &g.Spec, groups.Overrides{})
+	require.NoError(t, err)
+	require.Equal(t, time.Minute, eff.DrainTimeout, "the shard's default")
+	cfg.Shard.DefaultDrainTimeout = 0
+	eff, err = groups.Resolve(cfg, &g.Spec, groups.Overrides{})
+	require.NoError(t, err)
+	require.Equal(t, groups.FallbackDrainTimeout, eff.DrainTimeout)
 }

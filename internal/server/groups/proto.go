@@ -16,8 +16,8 @@ func (g *Group) SpecProto() *nstancev1.GroupSpec {
 		SubnetPool: g.Spec.SubnetPool, Vars: maps.Clone(g.Spec.Vars), Labels: maps.Clone(g.Spec.Labels),
 		UserDataSha256: g.Spec.UserDataSHA256, UserDataFormat: g.Spec.UserDataFormat, Image: g.Spec.Image,
 	}
-	if g.Spec.DrainTimeout > 0 {
-		s.DrainTimeout = durationpb.New(g.Spec.DrainTimeout)
+	if g.Spec.DrainTimeout != nil {
+		s.DrainTimeout = durationpb.New(*g.Spec.DrainTimeout)
 	}
 	if r := g.Spec.Rollout; r != (Rollout{}) {
 		s.Rollout = &nstancev1.RolloutStrategy{MaxUnavailable: uint32(r.MaxUnavailable), Paused: r.Paused}

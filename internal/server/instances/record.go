@@ -85,9 +85,13 @@ type Record struct {
 	Labels       map[string]string `json:"labels,omitempty"`
 	// DrainTimeout is the effective drain timeout fixed at creation.
 	DrainTimeout time.Duration `json:"drain_timeout"`
-	CreatedAt    time.Time     `json:"created_at"`
-	UpdatedAt    time.Time     `json:"updated_at"`
-	LastHealthAt *time.Time    `json:"last_health_at,omitempty"`
+	// NoDrain is set when the effective drain timeout was 0 (drain
+	// disabled): the instance is deleted without a drain. Records written
+	// before it existed have DrainTimeout 0 for "the default".
+	NoDrain      bool       `json:"no_drain,omitempty"`
+	CreatedAt    time.Time  `json:"created_at"`
+	UpdatedAt    time.Time  `json:"updated_at"`
+	LastHealthAt *time.Time `json:"last_health_at,omitempty"`
 	// FirstHealthAt is when the first health report of its agent was
 	// recorded (never changed afterwards).
 	FirstHealthAt *time.Time `json:"first_health_at,omitempty"`

@@ -244,7 +244,7 @@ func (s *Service) CreateInstance(ctx context.Context, req *nstancev1.CreateInsta
 		if err := d.CheckValid(); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "drain_timeout: %v", err)
 		}
-		cr.DrainTimeout = d.AsDuration()
+		cr.DrainTimeout = new(d.AsDuration())
 	}
 	rec, err := s.o.Ops.CreateInstance(ctx, t, cr)
 	if err != nil {
@@ -283,7 +283,7 @@ func (s *Service) GetInstanceStatus(ctx context.Context, req *nstancev1.GetInsta
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &nstancev1.GetInstanceStatusResponse{Instance: s.o.Ops.Status(rec)}, nil
+	return &nstancev1.GetInstanceStatusResponse{Instance: s.o.Ops.StatusWithHealth(rec)}, nil
 }
 
 // ListInstances implements the RPC.
@@ -297,7 +297,7 @@ func (s *Service) ListInstances(ctx context.Context, req *nstancev1.ListInstance
 			return nil, status.Errorf(codes.InvalidArgument, "states: %v is not an instance state", st)
 		}
 	}
-	return &nstancev1.ListInstancesResponse{Instances: s.o.Ops.ListInstances(t, req.GetGroupIds(), req.GetStates())}, nil
+	return &nstancev1.ListInstancesResponse{Instances: s.o.Ops.ListInstances(t, req.GetGroupIds(), req.GetStates(), req.GetWithHealth())}, nil
 }
 
 // AcknowledgeDrained implements the RPC.

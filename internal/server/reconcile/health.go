@@ -165,6 +165,17 @@ func (r *Reconciler) ReportedVersion(id string) string {
 	return ""
 }
 
+// LastReport returns the last health report of the instance's agent in
+// this term (nil before one, between terms, or when health is not monitored).
+func (r *Reconciler) LastReport(id string) *nstancev1.HealthReport {
+	if live := r.monitored(); live != nil {
+		if rec, ok := live.Get(id); ok && rec.Reports > 0 {
+			return rec.Last
+		}
+	}
+	return nil
+}
+
 // noteHealth persists the last report time (throttled) and a termination
 // notice on the record of an active instance.
 func (r *Reconciler) noteHealth(ctx context.Context, rec *instances.Record) error {

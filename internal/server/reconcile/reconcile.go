@@ -30,7 +30,7 @@ import (
 
 // FallbackDrainTimeout applies when neither the instance, its group nor
 // shard.default_drain_timeout sets one.
-const FallbackDrainTimeout = 5 * time.Minute
+const FallbackDrainTimeout = groups.FallbackDrainTimeout
 
 // Options configures a Reconciler.
 type Options struct {
@@ -349,8 +349,8 @@ func (r *Reconciler) enqueue(it item) {
 
 // resync enqueues every group, and every instance whose record disagrees
 // with what the provider reports or that has pending work. Provider
-// instances without a record are deleted when garbage collection is enabled
-// and they stay orphaned for the grace period.
+// instances without a record are deleted by garbage collection (gc.go) once
+// they stay orphaned for the grace period.
 func (r *Reconciler) resync(ctx context.Context) {
 	tm := r.curTerm()
 	if tm == nil {
@@ -401,69 +401,7 @@ func (r *Reconciler) resync(ctx context.Context) {
 		}
 	}
 	r.reconcileLoadBalancers(ctx, tm)
-	if err == nil {
-		r.collectOrphans(ctx, tm, listed, known)
-	}
-	r.pruneUserData(ctx, tm, recs)
-}
-
-// pruneUserData deletes stored bootstrap data that no group and no
-// instance record names any more, once it is older than the grace period
-// (at most every garbage_collection.interval, when collection is enabled).
-func (r *Reconciler) pruneUserData(ctx context.Context, tm *term, recs []*instances.Record) {
-	gc := r.o.Config().Shard.GarbageCollection
-	now := r.o.Now()
-	if r.o.PruneUserData == nil || !gc.Enabled || now.Sub(tm.lastPrune) < gc.Interval.D() {
-		return
-	}
-	tm.lastPrune = now
-	used := map[[2]string]bool{}
-	for _, g := range r.o.Groups.List("") {
-		if g.Spec.UserDataSHA256 != "" {
-			used[[2]string{g.Tenant, g.Spec.UserDataSHA256}] = true
-		}
-	}
-	for _, rec := range recs {
-		if rec.UserDataSHA256 != "" {
-			used[[2]string{rec.Tenant, rec.UserDataSHA256}] = true
-		}
-	}
-	n, err := r.o.PruneUserData(ctx, func(tenant, sum string) bool { return used[[2]string{tenant, sum}] }, now.Add(-gc.GracePeriod.D()))
-	if err != nil {
-		r.reportError("", "", "", nstancev1.ErrorSource_ERROR_SOURCE_RECONCILE, fmt.Errorf("pruning unused user data: %w", err))
-	}
-	if n > 0 {
-		r.log.Info("deleted user data no group or instance names", "objects", n)
-	}
-}
-
-func (r *Reconciler) collectOrphans(ctx context.Context, tm *term, listed []provider.Instance, known map[string]bool) {
-	gc := r.o.Config().Shard.GarbageCollection
-	now := r.o.Now()
-	current := map[string]time.Time{}
-	for _, inst := range listed {
-		if known[inst.InstanceID] {
-			continue
-		}
-		first, ok := tm.orphans[inst.InstanceID]
-		if !ok {
-			first = now
-		}
-		current[inst.InstanceID] = first
-		if gc.Enabled && ok && now.Sub(first) >= gc.GracePeriod.D() {
-			// Re-check: a record may have been created since the list.
-			if _, has := r.o.Instances.Get(inst.InstanceID); has {
-				continue
-			}
-			r.log.Info("deleting orphaned provider instance", "instance", inst.InstanceID)
-			if err := r.o.Provider.Delete(ctx, inst.InstanceID); err != nil {
-				r.reportError("", "", inst.InstanceID, nstancev1.ErrorSource_ERROR_SOURCE_PROVIDER, fmt.Errorf("deleting orphan: %w", err))
-				continue
-			}
-			delete(current, inst.InstanceID)
-		}
-	}
-	tm.orphans = current
+	r.collectGarbage(ctx, tm, listed, err == nil, known, recs)
 }
 
 func (r *Reconciler) processNext(ctx context.Context, q workqueue.TypedRateLimitingInterface[item]) bool {
@@ -638,7 +576,7 @@ func (r *Reconciler) NewRecord(tenant, groupID string, eff groups.Effective, lab
 	return &instances.Record{
 		ID: id, Tenant: tenant, GroupID: groupID, Shard: r.o.Shard, ProviderID: provider.ID(r.o.Cluster, r.o.Shard, id),
 		State: instances.StatePending, Template: eff.Template, InstanceType: eff.InstanceType, SubnetPool: eff.SubnetPool,
-		Vars: eff.Vars, Args: eff.Args, Labels: labels, DrainTimeout: eff.DrainTimeout, CreatedAt: now, UpdatedAt: now,
+		Vars: eff.Vars, Args: eff.Args, Labels: labels, DrainTimeout: eff.DrainTimeout, NoDrain: eff.DrainTimeout == 0, CreatedAt: now, UpdatedAt: now,
 		UserDataSHA256: eff.UserDataSHA256, UserDataFormat: eff.UserDataFormat,
 	}, nil
 }
@@ -906,7 +844,8 @@ func (r *Reconciler) BeginDeletion(ctx context.Context, id string, reason nstanc
 		}
 		// A member marked for scale-down with skip_drain was drained by
 		// its caller already, whatever removes it now.
-		skipDrain = skipDrain || x.ScaleDownSkipDrain
+		// A member whose drain timeout is 0 is never drained.
+		skipDrain = skipDrain || x.ScaleDownSkipDrain || x.NoDrain
 		deadline := now.Add(r.drainTimeout(x))
 		x.State, x.DeletionReason, x.DrainDeadline, x.DrainAcked = instances.StatePendingDeletion, reason, &deadline, skipDrain
 		x.Message, x.UpdatedAt = msg, now
@@ -939,6 +878,9 @@ func (r *Reconciler) BeginDeletion(ctx context.Context, id string, reason nstanc
 // drainTimeout is x's drain timeout: its own, else the shard's default,
 // else FallbackDrainTimeout.
 func (r *Reconciler) drainTimeout(x *instances.Record) time.Duration {
+	if x.NoDrain {
+		return 0
+	}
 	d := x.DrainTimeout
 	if d <= 0 {
 		d = r.cfg().Shard.DefaultDrainTimeout.D()

@@ -330,7 +330,7 @@ func TestAgentVersionRecorded(t *testing.T) {
 	before, ok := s.insts.Get(id)
 	require.True(t, ok)
 	require.Empty(t, before.AgentVersion)
-	listed := s.ops.ListInstances(before.Tenant, nil, nil)
+	listed := s.ops.ListInstances(before.Tenant, nil, nil, false)
 	require.Len(t, listed, 1)
 	require.Equal(t, "v1.2.0", listed[0].GetAgentVersion())
 	require.Equal(t, "v1.2.0", s.ops.Status(before).GetAgentVersion())

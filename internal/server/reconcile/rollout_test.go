@@ -96,7 +96,7 @@ func TestImageChangeRollsTheGroup(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, status().GetUpToDateCount(), "every member drifted")
 	require.Equal(t, "img-2", status().GetSpec().GetImage())
-	sts := s.ops.ListInstances("t", []string{"web"}, nil)
+	sts := s.ops.ListInstances("t", []string{"web"}, nil, false)
 	require.Len(t, sts, 2)
 	for _, st := range sts {
 		require.True(t, st.GetDrifted(), "%s is outdated", st.GetInstanceId())

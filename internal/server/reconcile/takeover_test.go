@@ -79,14 +79,16 @@ func TestNoHealthVerdictsDuringReconnectGrace(t *testing.T) {
 // again, as it would be for a fresh leader. Before, notices, versions and
 // orphans outlived the term.
 func TestLeadingAgainStartsWithEmptyMemory(t *testing.T) {
-	s := newShard(t, newShardConfig(t).build(t), shardOptions{monitor: true})
 	ctx := context.Background()
-	s.agents.version["i-1"] = "v1"
-	s.agents.report("i-1", &nstancev1.TerminationNotice{Kind: nstancev1.TerminationKind_TERMINATION_KIND_SPOT})
 	orphan, err := instances.NewID("web")
 	require.NoError(t, err)
-	_, err = s.p.Create(ctx, provider.CreateRequest{InstanceID: orphan, ProviderID: provider.ID("c1", "s1", orphan), Cluster: "c1", Shard: "s1"})
-	require.NoError(t, err)
+	// Left before the term: the term's first pass (garbage collection) sees it.
+	s := newShard(t, newShardConfig(t).build(t), shardOptions{monitor: true, prepare: func(s *shard) {
+		_, err := s.p.Create(ctx, provider.CreateRequest{InstanceID: orphan, ProviderID: provider.ID("c1", "s1", orphan), Cluster: "c1", Shard: "s1"})
+		require.NoError(t, err)
+	}})
+	s.agents.version["i-1"] = "v1"
+	s.agents.report("i-1", &nstancev1.TerminationNotice{Kind: nstancev1.TerminationKind_TERMINATION_KIND_SPOT})
 	s.term.Resync(t)
 	reporting, notices, versions, orphans := s.r.TermMemory()
 	require.Equal(t, [4]int{1, 1, 1, 1}, [4]int{reporting, notices, versions, orphans}, "the first term's memory")

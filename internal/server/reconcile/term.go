@@ -35,7 +35,7 @@ type Files interface {
 // (workers, API handlers, agent streams): statusMu the last group status
 // published per group (so workers and API handlers publish a change once),
 // healthMu the health pass's memory (written by the pass and by workers
-// forgetting deleted instances). orphans and lastPrune need no lock: only
+// forgetting deleted instances). orphans and lastGC need no lock: only
 // the term's loop touches them.
 type term struct {
 	queue workqueue.TypedRateLimitingInterface[item]
@@ -57,10 +57,10 @@ type term struct {
 	checked  map[string]int  // missed reports already checked with the provider
 
 	orphans map[string]time.Time // provider instances without a record: first seen
-	// lastPrune is when unused user data was last pruned.
-	lastPrune time.Time
 	// lb is the term's memory of load balancer calls (retries, reconciled entries).
 	lb *lbMemory
+	// lastGC is when garbage was last collected (zero: not yet this term).
+	lastGC time.Time
 }
 
 // newTerm builds a term with the agents given and a fresh queue. With

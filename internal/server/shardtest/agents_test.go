@@ -219,6 +219,22 @@ func TestAgentsRegisterReceiveFilesAndGetVarChangesPushed(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, nstancev1.InstanceState_INSTANCE_STATE_RUNNING, status.GetInstance().GetState())
 		require.NotNil(t, status.GetInstance().GetLastHealthAt(), "first report recorded on the instance")
+		last := status.GetInstance().GetLastReport()
+		require.NotNil(t, last, "GetInstanceStatus carries the last report's figures")
+		require.Positive(t, last.GetMemory().GetTotalBytes())
+		require.NotEmpty(t, last.GetFiles(), "and its files' status")
+		require.Equal(t, a.agentHash(id), last.GetConfigHash())
+	}
+	listed, err := a.c.ListInstances(ctxT(t), &nstancev1.ListInstancesRequest{})
+	require.NoError(t, err)
+	for _, st := range listed.GetInstances() {
+		require.Nil(t, st.GetLastReport(), "ListInstances leaves the reports out unless asked")
+	}
+	listed, err = a.c.ListInstances(ctxT(t), &nstancev1.ListInstancesRequest{WithHealth: true})
+	require.NoError(t, err)
+	require.Len(t, listed.GetInstances(), 2)
+	for _, st := range listed.GetInstances() {
+		require.NotNil(t, st.GetLastReport(), "with_health: %s", st.GetInstanceId())
 	}
 	before := map[string]string{}
 	for _, id := range ids {
@@ -227,7 +243,7 @@ func TestAgentsRegisterReceiveFilesAndGetVarChangesPushed(t *testing.T) {
 
 	// A template var changes: every agent gets its files again, with a new hash.
 	ctx := ctxT(t)
-	_, err := a.sh.Store.Put(ctx, a.sh.Keys.Config(a.sh.ShardID), []byte(agentConfig("web")), objstore.PutOptions{})
+	_, err = a.sh.Store.Put(ctx, a.sh.Keys.Config(a.sh.ShardID), []byte(agentConfig("web")), objstore.PutOptions{})
 	require.NoError(t, err)
 	res, err := a.sh.AdminClient(t, "acme").RefreshConfig(ctx, &nstancev1.RefreshConfigRequest{})
 	require.NoError(t, err)

@@ -59,8 +59,8 @@ func SpecFromProto(p *nstancev1.GroupSpec) (groups.Spec, error) {
 		if err := p.GetDrainTimeout().CheckValid(); err != nil {
 			return s, invalid(config.FieldError{Key: "drain_timeout", Reason: err.Error()})
 		}
-		s.DrainTimeout = p.GetDrainTimeout().AsDuration()
-		if s.DrainTimeout < 0 {
+		s.DrainTimeout = new(p.GetDrainTimeout().AsDuration())
+		if *s.DrainTimeout < 0 {
 			return s, invalid(config.FieldError{Key: "drain_timeout", Reason: "must not be negative"})
 		}
 	}
@@ -164,7 +164,8 @@ func (o *Ops) DeleteGroup(ctx context.Context, tenant, id, expectedETag string) 
 type CreateInstanceRequest struct {
 	GroupID, Template, InstanceType, SubnetPool, ClientToken string
 	Vars, Labels                                             map[string]string
-	DrainTimeout                                             time.Duration
+	// DrainTimeout replaces the group's (nil: the group's; 0: no drain).
+	DrainTimeout *time.Duration
 	// Image replaces the group's (and the template's) image.
 	Image string
 	// UserData is the instance's own bootstrap data (replaces its group's).
@@ -236,7 +237,7 @@ func (o *Ops) CreateInstance(ctx context.Context, tenant string, req CreateInsta
 		}
 		spec = &g.Spec
 	}
-	if req.DrainTimeout < 0 {
+	if req.DrainTimeout != nil && *req.DrainTimeout < 0 {
 		return nil, invalid(config.FieldError{Key: "drain_timeout", Reason: "must not be negative"})
 	}
 	if fe := groups.CheckImage(req.Image); fe != nil {
@@ -326,7 +327,8 @@ func (o *Ops) GetInstance(tenant, id, clientToken string) (*instances.Record, er
 // ListInstances returns a tenant's instances, sorted by id. Empty filters
 // match everything; otherwise an instance must belong to one of groupIDs and
 // be in one of states.
-func (o *Ops) ListInstances(tenant string, groupIDs []string, states []nstancev1.InstanceState) []*nstancev1.InstanceStatus {
+// With withHealth each carries its last health report.
+func (o *Ops) ListInstances(tenant string, groupIDs []string, states []nstancev1.InstanceState, withHealth bool) []*nstancev1.InstanceStatus {
 	recs := o.o.Instances.List(func(x *instances.Record) bool {
 		return x.Tenant == tenant &&
 			(len(groupIDs) == 0 || slices.Contains(groupIDs, x.GroupID)) &&
@@ -334,9 +336,20 @@ func (o *Ops) ListInstances(tenant string, groupIDs []string, states []nstancev1
 	})
 	out := make([]*nstancev1.InstanceStatus, 0, len(recs))
 	for _, rec := range recs {
-		out = append(out, o.Status(rec))
+		st := o.Status(rec)
+		if withHealth {
+			st.LastReport = o.o.Reconciler.LastReport(rec.ID)
+		}
+		out = append(out, st)
 	}
 	return out
+}
+
+// StatusWithHealth is Status with the instance's last health report.
+func (o *Ops) StatusWithHealth(rec *instances.Record) *nstancev1.InstanceStatus {
+	st := o.Status(rec)
+	st.LastReport = o.o.Reconciler.LastReport(rec.ID)
+	return st
 }
 
 // Status is rec's wire form with the agent version of the latest report,

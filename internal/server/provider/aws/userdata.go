@@ -30,10 +30,9 @@ func AgentEnv(agent Agent, req provider.CreateRequest, extra []string) []string 
 	// The instance's own bootstrap data is cloud-init's (ComposeUserData),
 	// not the agent's to run.
 	delete(m, localagent.EnvUserData)
-	// On EC2 the agent watches the instance metadata for a spot
-	// interruption notice and reports it, so the server replaces first
-	// (extra may turn it off with NSTANCE_SPOT_NOTICE=off).
-	m["NSTANCE_SPOT_NOTICE"] = "imds"
+	// On EC2 the agent finds out from the instance metadata whether the
+	// instance is spot and then watches for its interruption notice (its
+	// default NSTANCE_SPOT_NOTICE=auto; extra may set off).
 	for _, kv := range extra {
 		if k, v, ok := strings.Cut(kv, "="); ok {
 			m[k] = v

@@ -51,8 +51,7 @@ func TestUserDataScriptRuns(t *testing.T) {
 		"NSTANCE_METRICS_INTERVAL=5s",
 		"NSTANCE_PROVIDER_ID=nstance://c1/s1/web-1",
 		"NSTANCE_REGISTRATION_ADDR=10.0.0.5:8992",
-		"NSTANCE_SHARD=s1",
-		"NSTANCE_SPOT_NOTICE=imds", // EC2 agents watch for spot interruption notices
+		"NSTANCE_SHARD=s1", // no NSTANCE_SPOT_NOTICE: the agent detects spot from the metadata
 	}, "\n")+"\n", string(env))
 	started, err := os.ReadFile(filepath.Join(root, "started"))
 	require.NoError(t, err)

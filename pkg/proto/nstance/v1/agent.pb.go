@@ -1081,7 +1081,11 @@ type HealthReport struct {
 	// Config hash of the files the agent has applied, used to detect drift.
 	ConfigHash string `protobuf:"bytes,9,opt,name=config_hash,json=configHash,proto3" json:"config_hash,omitempty"`
 	// Version of the agent binary.
-	AgentVersion  string `protobuf:"bytes,10,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
+	AgentVersion string `protobuf:"bytes,10,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
+	// Connection tracking entries in use (nf_conntrack_count); 0 without conntrack.
+	ConntrackEntries uint64 `protobuf:"varint,60,opt,name=conntrack_entries,json=conntrackEntries,proto3" json:"conntrack_entries,omitempty"`
+	// Size of the connection tracking table (nf_conntrack_max); 0 without conntrack.
+	ConntrackMax  uint64 `protobuf:"varint,61,opt,name=conntrack_max,json=conntrackMax,proto3" json:"conntrack_max,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1186,6 +1190,20 @@ func (x *HealthReport) GetAgentVersion() string {
 	return ""
 }
 
+func (x *HealthReport) GetConntrackEntries() uint64 {
+	if x != nil {
+		return x.ConntrackEntries
+	}
+	return 0
+}
+
+func (x *HealthReport) GetConntrackMax() uint64 {
+	if x != nil {
+		return x.ConntrackMax
+	}
+	return 0
+}
+
 // CpuStats are processor load figures.
 type CpuStats struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1198,9 +1216,12 @@ type CpuStats struct {
 	// Busy share of all cores since the previous report, from 0 to 100.
 	UsagePercent float64 `protobuf:"fixed64,4,opt,name=usage_percent,json=usagePercent,proto3" json:"usage_percent,omitempty"`
 	// Number of logical cores.
-	Cores         uint32 `protobuf:"varint,5,opt,name=cores,proto3" json:"cores,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Cores uint32 `protobuf:"varint,5,opt,name=cores,proto3" json:"cores,omitempty"`
+	// Busy share of each core since the previous report, from 0 to 100,
+	// indexed by core number (empty in the first report).
+	CoreUsagePercent []float64 `protobuf:"fixed64,60,rep,packed,name=core_usage_percent,json=coreUsagePercent,proto3" json:"core_usage_percent,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *CpuStats) Reset() {
@@ -1266,6 +1287,13 @@ func (x *CpuStats) GetCores() uint32 {
 		return x.Cores
 	}
 	return 0
+}
+
+func (x *CpuStats) GetCoreUsagePercent() []float64 {
+	if x != nil {
+		return x.CoreUsagePercent
+	}
+	return nil
 }
 
 // MemoryStats are memory figures in bytes.
@@ -1340,7 +1368,15 @@ type NetworkInterfaceStats struct {
 	// Bytes received since boot.
 	RxBytes uint64 `protobuf:"varint,2,opt,name=rx_bytes,json=rxBytes,proto3" json:"rx_bytes,omitempty"`
 	// Bytes sent since boot.
-	TxBytes       uint64 `protobuf:"varint,3,opt,name=tx_bytes,json=txBytes,proto3" json:"tx_bytes,omitempty"`
+	TxBytes uint64 `protobuf:"varint,3,opt,name=tx_bytes,json=txBytes,proto3" json:"tx_bytes,omitempty"`
+	// Packets received since boot.
+	RxPackets uint64 `protobuf:"varint,60,opt,name=rx_packets,json=rxPackets,proto3" json:"rx_packets,omitempty"`
+	// Packets sent since boot.
+	TxPackets uint64 `protobuf:"varint,61,opt,name=tx_packets,json=txPackets,proto3" json:"tx_packets,omitempty"`
+	// Packets dropped while receiving since boot.
+	RxDropped uint64 `protobuf:"varint,62,opt,name=rx_dropped,json=rxDropped,proto3" json:"rx_dropped,omitempty"`
+	// Packets dropped while sending since boot.
+	TxDropped     uint64 `protobuf:"varint,63,opt,name=tx_dropped,json=txDropped,proto3" json:"tx_dropped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1392,6 +1428,34 @@ func (x *NetworkInterfaceStats) GetRxBytes() uint64 {
 func (x *NetworkInterfaceStats) GetTxBytes() uint64 {
 	if x != nil {
 		return x.TxBytes
+	}
+	return 0
+}
+
+func (x *NetworkInterfaceStats) GetRxPackets() uint64 {
+	if x != nil {
+		return x.RxPackets
+	}
+	return 0
+}
+
+func (x *NetworkInterfaceStats) GetTxPackets() uint64 {
+	if x != nil {
+		return x.TxPackets
+	}
+	return 0
+}
+
+func (x *NetworkInterfaceStats) GetRxDropped() uint64 {
+	if x != nil {
+		return x.RxDropped
+	}
+	return 0
+}
+
+func (x *NetworkInterfaceStats) GetTxDropped() uint64 {
+	if x != nil {
+		return x.TxDropped
 	}
 	return 0
 }
@@ -1706,7 +1770,7 @@ const file_nstance_v1_agent_proto_rawDesc = "" +
 	"\acontent\x18\x02 \x01(\fR\acontent\x12\x12\n" +
 	"\x04mode\x18\x03 \x01(\rR\x04mode\x12(\n" +
 	"\x04kind\x18\x04 \x01(\x0e2\x14.nstance.v1.FileKindR\x04kind\x12\x16\n" +
-	"\x06sha256\x18\x05 \x01(\tR\x06sha256\"\x88\x04\n" +
+	"\x06sha256\x18\x05 \x01(\tR\x06sha256\"\xda\x04\n" +
 	"\fHealthReport\x128\n" +
 	"\ttimestamp\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\ttimestamp\x121\n" +
 	"\x06uptime\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x06uptime\x12&\n" +
@@ -1719,23 +1783,34 @@ const file_nstance_v1_agent_proto_rawDesc = "" +
 	"\vconfig_hash\x18\t \x01(\tR\n" +
 	"configHash\x12#\n" +
 	"\ragent_version\x18\n" +
-	" \x01(\tR\fagentVersion\"\x89\x01\n" +
+	" \x01(\tR\fagentVersion\x12+\n" +
+	"\x11conntrack_entries\x18< \x01(\x04R\x10conntrackEntries\x12#\n" +
+	"\rconntrack_max\x18= \x01(\x04R\fconntrackMax\"\xb7\x01\n" +
 	"\bCpuStats\x12\x14\n" +
 	"\x05load1\x18\x01 \x01(\x01R\x05load1\x12\x14\n" +
 	"\x05load5\x18\x02 \x01(\x01R\x05load5\x12\x16\n" +
 	"\x06load15\x18\x03 \x01(\x01R\x06load15\x12#\n" +
 	"\rusage_percent\x18\x04 \x01(\x01R\fusagePercent\x12\x14\n" +
-	"\x05cores\x18\x05 \x01(\rR\x05cores\"v\n" +
+	"\x05cores\x18\x05 \x01(\rR\x05cores\x12,\n" +
+	"\x12core_usage_percent\x18< \x03(\x01R\x10coreUsagePercent\"v\n" +
 	"\vMemoryStats\x12\x1f\n" +
 	"\vtotal_bytes\x18\x01 \x01(\x04R\n" +
 	"totalBytes\x12\x1d\n" +
 	"\n" +
 	"used_bytes\x18\x02 \x01(\x04R\tusedBytes\x12'\n" +
-	"\x0favailable_bytes\x18\x03 \x01(\x04R\x0eavailableBytes\"a\n" +
+	"\x0favailable_bytes\x18\x03 \x01(\x04R\x0eavailableBytes\"\xdd\x01\n" +
 	"\x15NetworkInterfaceStats\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\brx_bytes\x18\x02 \x01(\x04R\arxBytes\x12\x19\n" +
-	"\btx_bytes\x18\x03 \x01(\x04R\atxBytes\"l\n" +
+	"\btx_bytes\x18\x03 \x01(\x04R\atxBytes\x12\x1d\n" +
+	"\n" +
+	"rx_packets\x18< \x01(\x04R\trxPackets\x12\x1d\n" +
+	"\n" +
+	"tx_packets\x18= \x01(\x04R\ttxPackets\x12\x1d\n" +
+	"\n" +
+	"rx_dropped\x18> \x01(\x04R\trxDropped\x12\x1d\n" +
+	"\n" +
+	"tx_dropped\x18? \x01(\x04R\ttxDropped\"l\n" +
 	"\tDiskStats\x12\x1f\n" +
 	"\vmount_point\x18\x01 \x01(\tR\n" +
 	"mountPoint\x12\x1f\n" +

@@ -95,6 +95,33 @@ func instanceStatus() *nstancev1.InstanceStatus {
 			Name: "www", State: nstancev1.LoadBalancerTargetState_LOAD_BALANCER_TARGET_STATE_DEREGISTERING,
 			RegisteredAt: ts(-40 * time.Minute), DeregisteredAt: ts(-10 * time.Second), LastError: "haproxy: del server: connections remain",
 		}},
+		LastReport: healthReport(),
+	}
+}
+
+func healthReport() *nstancev1.HealthReport {
+	return &nstancev1.HealthReport{
+		Timestamp: ts(2 * time.Second),
+		Uptime:    dur(36*time.Hour + 1500*time.Millisecond),
+		Cpu:       &nstancev1.CpuStats{Load1: 0.42, Load5: 0.3, Load15: 0.25, UsagePercent: 12.5, Cores: 2, CoreUsagePercent: []float64{20, 5}},
+		Memory:    &nstancev1.MemoryStats{TotalBytes: 4 << 30, UsedBytes: 1 << 30, AvailableBytes: 3 << 30},
+		NetworkInterfaces: []*nstancev1.NetworkInterfaceStats{
+			{Name: "eth0", RxBytes: 1 << 40, TxBytes: 12345, RxPackets: 1 << 30, TxPackets: 99, RxDropped: 3, TxDropped: 1},
+			{Name: "lo", RxBytes: 7, TxBytes: 7},
+		},
+		Disks: []*nstancev1.DiskStats{{MountPoint: "/", TotalBytes: 20 << 30, UsedBytes: 5 << 30}},
+		Files: []*nstancev1.FileStatus{
+			{Path: "certs/kubelet.crt", State: nstancev1.FileState_FILE_STATE_OK, Message: "written", Sha256: "aa11"},
+			{Path: "env/kubelet.env", State: nstancev1.FileState_FILE_STATE_ERROR, Message: "permission denied", Sha256: "cc33"},
+		},
+		Termination: &nstancev1.TerminationNotice{
+			Kind:     nstancev1.TerminationKind_TERMINATION_KIND_SPOT,
+			Deadline: ts(2 * time.Minute),
+			Message:  "instance-action: terminate",
+		},
+		ConfigHash:       "sha256:4f1c",
+		AgentVersion:     "v0.1.0",
+		ConntrackEntries: 1200, ConntrackMax: 262144,
 	}
 }
 
@@ -175,28 +202,7 @@ func fixtures() []fixture {
 			SentAt:       ts(time.Second),
 			PendingPaths: []string{"certs/serving.crt"},
 		}},
-		{"HealthReport", &nstancev1.HealthReport{
-			Timestamp: ts(2 * time.Second),
-			Uptime:    dur(36*time.Hour + 1500*time.Millisecond),
-			Cpu:       &nstancev1.CpuStats{Load1: 0.42, Load5: 0.3, Load15: 0.25, UsagePercent: 12.5, Cores: 2},
-			Memory:    &nstancev1.MemoryStats{TotalBytes: 4 << 30, UsedBytes: 1 << 30, AvailableBytes: 3 << 30},
-			NetworkInterfaces: []*nstancev1.NetworkInterfaceStats{
-				{Name: "eth0", RxBytes: 1 << 40, TxBytes: 12345},
-				{Name: "lo", RxBytes: 7, TxBytes: 7},
-			},
-			Disks: []*nstancev1.DiskStats{{MountPoint: "/", TotalBytes: 20 << 30, UsedBytes: 5 << 30}},
-			Files: []*nstancev1.FileStatus{
-				{Path: "certs/kubelet.crt", State: nstancev1.FileState_FILE_STATE_OK, Message: "written", Sha256: "aa11"},
-				{Path: "env/kubelet.env", State: nstancev1.FileState_FILE_STATE_ERROR, Message: "permission denied", Sha256: "cc33"},
-			},
-			Termination: &nstancev1.TerminationNotice{
-				Kind:     nstancev1.TerminationKind_TERMINATION_KIND_SPOT,
-				Deadline: ts(2 * time.Minute),
-				Message:  "instance-action: terminate",
-			},
-			ConfigHash:   "sha256:4f1c",
-			AgentVersion: "v0.1.0",
-		}},
+		{"HealthReport", healthReport()},
 		{"ReportHealthResponse", &nstancev1.ReportHealthResponse{ReportsReceived: 17, LastReportAt: ts(3 * time.Second)}},
 
 		// group.proto and instance.proto
@@ -245,7 +251,7 @@ func fixtures() []fixture {
 		{"GetInstanceStatusRequest/client_token", &nstancev1.GetInstanceStatusRequest{Lookup: &nstancev1.GetInstanceStatusRequest_ClientToken{ClientToken: "machine-uid-42"}}},
 		{"GetInstanceStatusResponse", &nstancev1.GetInstanceStatusResponse{Instance: instanceStatus()}},
 		{"ListInstancesRequest", &nstancev1.ListInstancesRequest{GroupIds: []string{"workers", "gpu"},
-			States: []nstancev1.InstanceState{nstancev1.InstanceState_INSTANCE_STATE_RUNNING, nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION}}},
+			States: []nstancev1.InstanceState{nstancev1.InstanceState_INSTANCE_STATE_RUNNING, nstancev1.InstanceState_INSTANCE_STATE_PENDING_DELETION}, WithHealth: true}},
 		{"ListInstancesResponse", &nstancev1.ListInstancesResponse{Instances: []*nstancev1.InstanceStatus{instanceStatus(), instanceStatus()}}},
 		{"AcknowledgeDrainedRequest", &nstancev1.AcknowledgeDrainedRequest{InstanceId: "i-0a1b2c"}},
 		{"AcknowledgeDrainedResponse", &nstancev1.AcknowledgeDrainedResponse{Instance: instanceStatus()}},

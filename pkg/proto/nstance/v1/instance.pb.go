@@ -361,6 +361,11 @@ type InstanceStatus struct {
 	// The instance at each load balancer its group registers it with
 	// (load_balancers), and at any it is still being removed from, by name.
 	LoadBalancers []*LoadBalancerTarget `protobuf:"bytes,40,rep,name=load_balancers,json=loadBalancers,proto3" json:"load_balancers,omitempty"`
+	// The last health report the shard leader received from the instance's
+	// agent in its current term (CPU, memory, disks, network, files, ...).
+	// Set by GetInstanceStatus, and by ListInstances only when asked
+	// (ListInstancesRequest.with_health); unset before the first report.
+	LastReport    *HealthReport `protobuf:"bytes,60,opt,name=last_report,json=lastReport,proto3" json:"last_report,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -535,6 +540,13 @@ func (x *InstanceStatus) GetLoadBalancers() []*LoadBalancerTarget {
 	return nil
 }
 
+func (x *InstanceStatus) GetLastReport() *HealthReport {
+	if x != nil {
+		return x.LastReport
+	}
+	return nil
+}
+
 // LoadBalancerTarget is one instance at one load_balancers entry.
 type LoadBalancerTarget struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -622,10 +634,10 @@ var File_nstance_v1_instance_proto protoreflect.FileDescriptor
 const file_nstance_v1_instance_proto_rawDesc = "" +
 	"\n" +
 	"\x19nstance/v1/instance.proto\x12\n" +
-	"nstance.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"X\n" +
+	"nstance.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16nstance/v1/agent.proto\"X\n" +
 	"\x0fInstanceAddress\x12+\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x17.nstance.v1.AddressTypeR\x04type\x12\x18\n" +
-	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xe2\x06\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\"\x9d\a\n" +
 	"\x0eInstanceStatus\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x19\n" +
@@ -650,7 +662,9 @@ const file_nstance_v1_instance_proto_rawDesc = "" +
 	"\x0ffirst_health_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\rfirstHealthAt\x12\x1a\n" +
 	"\breplaced\x18\x12 \x01(\bR\breplaced\x12\x18\n" +
 	"\adrifted\x18\x13 \x01(\bR\adrifted\x12E\n" +
-	"\x0eload_balancers\x18( \x03(\v2\x1e.nstance.v1.LoadBalancerTargetR\rloadBalancers\"\x88\x02\n" +
+	"\x0eload_balancers\x18( \x03(\v2\x1e.nstance.v1.LoadBalancerTargetR\rloadBalancers\x129\n" +
+	"\vlast_report\x18< \x01(\v2\x18.nstance.v1.HealthReportR\n" +
+	"lastReport\"\x88\x02\n" +
 	"\x12LoadBalancerTarget\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x129\n" +
 	"\x05state\x18\x02 \x01(\x0e2#.nstance.v1.LoadBalancerTargetStateR\x05state\x12?\n" +
@@ -705,6 +719,7 @@ var file_nstance_v1_instance_proto_goTypes = []any{
 	(*InstanceStatus)(nil),        // 4: nstance.v1.InstanceStatus
 	(*LoadBalancerTarget)(nil),    // 5: nstance.v1.LoadBalancerTarget
 	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
+	(*HealthReport)(nil),          // 7: nstance.v1.HealthReport
 }
 var file_nstance_v1_instance_proto_depIdxs = []int32{
 	1,  // 0: nstance.v1.InstanceAddress.type:type_name -> nstance.v1.AddressType
@@ -715,14 +730,15 @@ var file_nstance_v1_instance_proto_depIdxs = []int32{
 	6,  // 5: nstance.v1.InstanceStatus.drain_deadline:type_name -> google.protobuf.Timestamp
 	6,  // 6: nstance.v1.InstanceStatus.first_health_at:type_name -> google.protobuf.Timestamp
 	5,  // 7: nstance.v1.InstanceStatus.load_balancers:type_name -> nstance.v1.LoadBalancerTarget
-	2,  // 8: nstance.v1.LoadBalancerTarget.state:type_name -> nstance.v1.LoadBalancerTargetState
-	6,  // 9: nstance.v1.LoadBalancerTarget.registered_at:type_name -> google.protobuf.Timestamp
-	6,  // 10: nstance.v1.LoadBalancerTarget.deregistered_at:type_name -> google.protobuf.Timestamp
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	7,  // 8: nstance.v1.InstanceStatus.last_report:type_name -> nstance.v1.HealthReport
+	2,  // 9: nstance.v1.LoadBalancerTarget.state:type_name -> nstance.v1.LoadBalancerTargetState
+	6,  // 10: nstance.v1.LoadBalancerTarget.registered_at:type_name -> google.protobuf.Timestamp
+	6,  // 11: nstance.v1.LoadBalancerTarget.deregistered_at:type_name -> google.protobuf.Timestamp
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_nstance_v1_instance_proto_init() }
@@ -730,6 +746,7 @@ func file_nstance_v1_instance_proto_init() {
 	if File_nstance_v1_instance_proto != nil {
 		return
 	}
+	file_nstance_v1_agent_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

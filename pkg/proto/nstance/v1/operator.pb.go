@@ -1374,7 +1374,9 @@ type ListInstancesRequest struct {
 	// Only instances of these groups; empty means every instance, on-demand ones included.
 	GroupIds []string `protobuf:"bytes,1,rep,name=group_ids,json=groupIds,proto3" json:"group_ids,omitempty"`
 	// Only instances in these states; empty means every state.
-	States        []InstanceState `protobuf:"varint,2,rep,packed,name=states,proto3,enum=nstance.v1.InstanceState" json:"states,omitempty"`
+	States []InstanceState `protobuf:"varint,2,rep,packed,name=states,proto3,enum=nstance.v1.InstanceState" json:"states,omitempty"`
+	// Include each instance's last health report (InstanceStatus.last_report).
+	WithHealth    bool `protobuf:"varint,60,opt,name=with_health,json=withHealth,proto3" json:"with_health,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1421,6 +1423,13 @@ func (x *ListInstancesRequest) GetStates() []InstanceState {
 		return x.States
 	}
 	return nil
+}
+
+func (x *ListInstancesRequest) GetWithHealth() bool {
+	if x != nil {
+		return x.WithHealth
+	}
+	return false
 }
 
 // ListInstancesResponse lists instances.
@@ -3005,10 +3014,12 @@ const file_nstance_v1_operator_proto_rawDesc = "" +
 	"\fclient_token\x18\x02 \x01(\tH\x00R\vclientTokenB\b\n" +
 	"\x06lookup\"S\n" +
 	"\x19GetInstanceStatusResponse\x126\n" +
-	"\binstance\x18\x01 \x01(\v2\x1a.nstance.v1.InstanceStatusR\binstance\"f\n" +
+	"\binstance\x18\x01 \x01(\v2\x1a.nstance.v1.InstanceStatusR\binstance\"\x87\x01\n" +
 	"\x14ListInstancesRequest\x12\x1b\n" +
 	"\tgroup_ids\x18\x01 \x03(\tR\bgroupIds\x121\n" +
-	"\x06states\x18\x02 \x03(\x0e2\x19.nstance.v1.InstanceStateR\x06states\"Q\n" +
+	"\x06states\x18\x02 \x03(\x0e2\x19.nstance.v1.InstanceStateR\x06states\x12\x1f\n" +
+	"\vwith_health\x18< \x01(\bR\n" +
+	"withHealth\"Q\n" +
 	"\x15ListInstancesResponse\x128\n" +
 	"\tinstances\x18\x01 \x03(\v2\x1a.nstance.v1.InstanceStatusR\tinstances\"<\n" +
 	"\x19AcknowledgeDrainedRequest\x12\x1f\n" +
