@@ -3,12 +3,12 @@ package loadbalancer
 import (
 	"context"
 	"fmt"
-	"sort"
 	"strings"
 
 	"github.com/go-logr/logr"
 
 	"github.com/nstance-dev/nstance/internal/config"
+	"github.com/nstance-dev/nstance/internal/server/kindset"
 )
 
 // Kind is one load balancer implementation, selected by an entry's
@@ -45,34 +45,17 @@ type Env struct {
 // Registry maps kind names to kinds: a plain value built once by the
 // server's assembly with the kinds the binary ships, only read afterwards.
 type Registry struct {
-	kinds map[string]Kind
+	kinds kindset.Set[Kind]
 }
 
 // NewRegistry returns a registry of kinds. Two kinds with one name, an empty
 // name or a nil Config are programming errors and panic.
 func NewRegistry(kinds ...Kind) *Registry {
-	r := &Registry{kinds: make(map[string]Kind, len(kinds))}
-	for _, k := range kinds {
-		if k.Name == "" || k.Config == nil {
-			panic(fmt.Sprintf("loadbalancer: kind %q has no name or no Config", k.Name))
-		}
-		if _, dup := r.kinds[k.Name]; dup {
-			panic(fmt.Sprintf("loadbalancer: kind %q registered twice", k.Name))
-		}
-		r.kinds[k.Name] = k
-	}
-	return r
+	return &Registry{kinds: kindset.New("loadbalancer", func(k Kind) string { return k.Name }, func(k Kind) bool { return k.Config != nil }, kinds...)}
 }
 
 // Names returns the registered kind names, sorted.
-func (r *Registry) Names() []string {
-	names := make([]string, 0, len(r.kinds))
-	for n := range r.kinds {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
+func (r *Registry) Names() []string { return r.kinds.Names() }
 
 // Decode resolves the entry name of cfg's load_balancers to its kind's
 // settings: decoded strictly onto the kind's defaults, then validated.
@@ -83,7 +66,7 @@ func (r *Registry) Decode(cfg *config.Config, name string) (KindConfig, error) {
 	if !ok {
 		return nil, config.Errors{{Key: key, Reason: "no such load balancer"}}
 	}
-	k, ok := r.kinds[lb.Provider()]
+	k, ok := r.kinds.Get(lb.Provider())
 	if !ok {
 		return nil, config.Errors{{Key: key + ".provider",
 			Reason: fmt.Sprintf("unknown load balancer provider %q (want one of %s)", lb.Provider(), strings.Join(r.Names(), ", "))}}

@@ -3,12 +3,12 @@ package provider
 import (
 	"context"
 	"fmt"
-	"sort"
 	"strings"
 
 	"github.com/go-logr/logr"
 
 	"github.com/nstance-dev/nstance/internal/config"
+	"github.com/nstance-dev/nstance/internal/server/kindset"
 )
 
 // Kind is one provider implementation the server can run, selected by
@@ -63,41 +63,24 @@ type Local struct {
 // server's assembly (NewRegistry with the kinds the binary ships) and only
 // read afterwards.
 type Registry struct {
-	kinds map[string]Kind
+	kinds kindset.Set[Kind]
 }
 
 // NewRegistry returns a registry of kinds. Two kinds with one name, an empty
 // name or a nil Config are programming errors and panic.
 func NewRegistry(kinds ...Kind) *Registry {
-	r := &Registry{kinds: make(map[string]Kind, len(kinds))}
-	for _, k := range kinds {
-		if k.Name == "" || k.Config == nil {
-			panic(fmt.Sprintf("provider: kind %q has no name or no Config", k.Name))
-		}
-		if _, dup := r.kinds[k.Name]; dup {
-			panic(fmt.Sprintf("provider: kind %q registered twice", k.Name))
-		}
-		r.kinds[k.Name] = k
-	}
-	return r
+	return &Registry{kinds: kindset.New("provider", func(k Kind) string { return k.Name }, func(k Kind) bool { return k.Config != nil }, kinds...)}
 }
 
 // Names returns the registered kind names, sorted.
-func (r *Registry) Names() []string {
-	names := make([]string, 0, len(r.kinds))
-	for n := range r.kinds {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
+func (r *Registry) Names() []string { return r.kinds.Names() }
 
 // Decode resolves cfg's shard.infra to its kind's configuration: the
 // options block decoded strictly onto the kind's defaults, then validated.
 // Problems are config.Errors with full keys (shard.infra.options.…).
 func (r *Registry) Decode(cfg *config.Config) (KindConfig, error) {
 	infra := cfg.Shard.Infra
-	k, ok := r.kinds[infra.Provider]
+	k, ok := r.kinds.Get(infra.Provider)
 	if !ok {
 		return nil, config.Errors{{Key: "shard.infra.provider",
 			Reason: fmt.Sprintf("unknown provider %q (want one of %s)", infra.Provider, strings.Join(r.Names(), ", "))}}
