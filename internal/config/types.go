@@ -48,6 +48,9 @@ type Config struct {
 	// answers before the provider's own lookup (AWS DescribeInstanceTypes),
 	// and is the only source for the local providers.
 	InstanceTypes map[string]InstanceType `json:"instance_types"`
+	// LoadBalancers are the load balancers group members register with,
+	// by name (see LoadBalancer); templates and static groups name theirs.
+	LoadBalancers map[string]LoadBalancer `json:"load_balancers"`
 }
 
 // InstanceType is one entry of the instance-type catalog.
@@ -355,6 +358,10 @@ type Template struct {
 	InstanceType   string            `json:"instance_type"`
 	SubnetPool     string            `json:"subnet_pool"`
 	Vars           map[string]string `json:"vars"`
+	// LoadBalancers names load_balancers entries every member of a group of
+	// this template registers with after its first healthy report (a static
+	// group's own list replaces it).
+	LoadBalancers []string `json:"load_balancers"`
 	// Tenants are the tenants that may use this template (UpsertGroup,
 	// CreateInstance, static groups). Left out, the template is open to
 	// every tenant, which validation allows only while the config names at
@@ -433,4 +440,7 @@ type Group struct {
 	SubnetPool   string            `json:"subnet_pool"`
 	Vars         map[string]string `json:"vars"`
 	DrainTimeout Duration          `json:"drain_timeout"`
+	// LoadBalancers replaces the template's load_balancers for this group
+	// when set ([] registers with none).
+	LoadBalancers []string `json:"load_balancers"`
 }

@@ -331,6 +331,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	checkInstanceTypes(&ch, c.InstanceTypes)
+	c.checkLoadBalancers(&ch)
 	c.checkTenancy(&ch)
 	c.checkWorkloadNames(&ch)
 	c.checkImportedCertificates(&ch)

@@ -59,7 +59,10 @@ type Instance struct {
 	LastHealth    *time.Time `json:"lastHealth,omitempty"`
 	DrainDeadline *time.Time `json:"drainDeadline,omitempty"`
 	AgentVersion  string     `json:"agentVersion,omitempty"`
-	Message       string     `json:"message,omitempty"`
+	// LoadBalancers is "name: state" per load balancer, with the last
+	// error in parentheses ("www: registered, api: pending (…)").
+	LoadBalancers string `json:"loadBalancers,omitempty"`
+	Message       string `json:"message,omitempty"`
 }
 
 // ErrorEntry is one error a shard reported.
@@ -105,7 +108,7 @@ func rows(groups []*nstancev1.GroupStatus, insts []*nstancev1.InstanceStatus) ([
 		row := Instance{
 			ID: in.GetInstanceId(), Group: in.GetGroupId(), State: stateName(in.GetState()),
 			ProviderID: in.GetProviderId(), Message: in.GetMessage(),
-			AgentVersion: in.GetAgentVersion(),
+			AgentVersion: in.GetAgentVersion(), LoadBalancers: lbSummary(in.GetLoadBalancers()),
 		}
 		if in.GetCreatedAt() != nil {
 			row.Created = ts(in.GetCreatedAt())
@@ -140,4 +143,17 @@ func errorSourceName(s nstancev1.ErrorSource) string {
 func equalShard(a, b ShardStatus) bool {
 	a.RefreshedAt, b.RefreshedAt = nil, nil
 	return reflect.DeepEqual(a, b)
+}
+
+// lbSummary is an instance's load balancer column.
+func lbSummary(ts []*nstancev1.LoadBalancerTarget) string {
+	parts := make([]string, 0, len(ts))
+	for _, t := range ts {
+		p := t.GetName() + ": " + strings.ToLower(strings.TrimPrefix(t.GetState().String(), "LOAD_BALANCER_TARGET_STATE_"))
+		if e := t.GetLastError(); e != "" {
+			p += " (" + e + ")"
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, ", ")
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/agent/config"
 	"github.com/nstance-dev/nstance/internal/agent/files"
 	"github.com/nstance-dev/nstance/internal/agent/health"
+	"github.com/nstance-dev/nstance/internal/agent/healthz"
 	"github.com/nstance-dev/nstance/internal/agent/identity"
 	"github.com/nstance-dev/nstance/internal/agent/keys"
 	"github.com/nstance-dev/nstance/internal/agent/register"
@@ -25,6 +26,24 @@ func Run(ctx context.Context, cfg config.Config, version string, log logr.Logger
 	id, err := identity.Open(cfg.IdentityDir)
 	if err != nil {
 		return err
+	}
+	if cfg.HealthAddr != "" {
+		// Served from the start (registration included): a load balancer
+		// gets the instance only after its first health report anyway.
+		ln, err := healthz.Listen(cfg.HealthAddr)
+		if err != nil {
+			return err
+		}
+		hz := &healthz.Server{InstanceID: cfg.InstanceID, Log: log.WithName("healthz")}
+		hctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if err := hz.Serve(hctx, ln); err != nil {
+				log.Error(err, "health endpoint stopped")
+			}
+		}()
+		defer func() { stop(); <-done }()
 	}
 	// Reconnects double from ReconnectMin to ReconnectMax, each wait
 	// stretched by up to 100 % at random so a shard's agents spread out

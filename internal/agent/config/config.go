@@ -45,8 +45,11 @@ const (
 	EnvSpotPollInterval = "NSTANCE_SPOT_POLL_INTERVAL"
 	// EnvIMDSEndpoint overrides the instance metadata address.
 	EnvIMDSEndpoint = "NSTANCE_IMDS_ENDPOINT"
-	EnvLogLevel     = "NSTANCE_LOG_LEVEL"
-	EnvLogFormat    = "NSTANCE_LOG_FORMAT"
+	// EnvHealthAddr, when set, is the host:port the agent serves /healthz
+	// on (load balancer health checks).
+	EnvHealthAddr = "NSTANCE_HEALTH_ADDR"
+	EnvLogLevel   = "NSTANCE_LOG_LEVEL"
+	EnvLogFormat  = "NSTANCE_LOG_FORMAT"
 )
 
 // Config is the agent's configuration.
@@ -82,6 +85,8 @@ type Config struct {
 	SpotNotice       string
 	SpotPollInterval time.Duration
 	IMDSEndpoint     string
+	// HealthAddr, when set, is where /healthz is served ("" : not served).
+	HealthAddr string
 	// Log is the logging set-up (NSTANCE_LOG_LEVEL, NSTANCE_LOG_FORMAT).
 	Log logging.Options
 }
@@ -220,6 +225,7 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		SpotNotice:       p.get(EnvSpotNotice),
 		SpotPollInterval: p.duration(EnvSpotPollInterval, DefaultSpotPollInterval),
 		IMDSEndpoint:     p.get(EnvIMDSEndpoint),
+		HealthAddr:       p.get(EnvHealthAddr),
 		Log:              logging.Defaults(),
 		MaxFileSize:      DefaultMaxFileSize,
 	}
@@ -285,6 +291,11 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 	if c.IMDSEndpoint != "" {
 		if u, err := url.Parse(c.IMDSEndpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			p.fail(EnvIMDSEndpoint, "%q is not an http(s) URL", c.IMDSEndpoint)
+		}
+	}
+	if c.HealthAddr != "" {
+		if _, port, err := net.SplitHostPort(c.HealthAddr); err != nil || port == "" {
+			p.fail(EnvHealthAddr, "%q is not host:port (an empty host listens on every address)", c.HealthAddr)
 		}
 	}
 	if c.TerminationFile != "" && !filepath.IsAbs(c.TerminationFile) {

@@ -46,6 +46,7 @@ func Vars() []Var {
 		{Name: EnvSpotNotice, Default: "off", Usage: "imds: poll the EC2 instance metadata service for a spot interruption notice"},
 		{Name: EnvSpotPollInterval, Default: dur(DefaultSpotPollInterval), Usage: "spot notice poll interval"},
 		{Name: EnvIMDSEndpoint, Default: "the AWS SDK's", Usage: "http(s) URL of the instance metadata service"},
+		{Name: EnvHealthAddr, Default: "off", Usage: "host:port to serve GET /healthz on (load balancer health checks; answers the instance id)"},
 		{Name: EnvLogLevel, Default: "info", Usage: "log level: debug, info, warn, error, or a verbosity number N"},
 		{Name: EnvLogFormat, Default: "auto", Usage: "log format: json, text, or auto (text on a terminal, json otherwise)"},
 	}

@@ -31,6 +31,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/election"
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
 	"github.com/nstance-dev/nstance/internal/server/health"
+	"github.com/nstance-dev/nstance/internal/server/loadbalancer"
 	"github.com/nstance-dev/nstance/internal/server/metrics"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/registration"
@@ -96,6 +97,10 @@ type Options struct {
 	Provider  provider.Provider
 	Providers *provider.Registry
 	Local     provider.Local
+	// LoadBalancers are the load balancer kinds the config's
+	// load_balancers entries choose from (default DefaultLoadBalancers);
+	// its check runs on every loaded config.
+	LoadBalancers *loadbalancer.Registry
 	// ConfigChecks run on the loaded config besides its own validation and
 	// the registry's check; a document they reject is retried like any
 	// invalid one.
@@ -179,6 +184,9 @@ func New(o Options) (*App, error) {
 	}
 	if o.Providers == nil {
 		o.Providers = DefaultProviders()
+	}
+	if o.LoadBalancers == nil {
+		o.LoadBalancers = DefaultLoadBalancers()
 	}
 	if o.Getenv == nil {
 		o.Getenv = os.Getenv
@@ -400,7 +408,7 @@ func (a *App) Run(ctx context.Context) error {
 	built, err := Assemble(Parts{
 		Config: withAdvertiseDefaults(cfg, bind, a.o.AdvertiseHosts), ConfigETag: a.cfgETag, ConfigModified: cfgMod,
 		Store: a.leaderStore(), Keys: a.o.Keys, ServerID: a.o.ServerID,
-		Provider: a.o.Provider, Providers: a.o.Providers, Local: a.o.Local, Fence: fence, Cache: db,
+		Provider: a.o.Provider, Providers: a.o.Providers, LoadBalancers: a.o.LoadBalancers, Local: a.o.Local, Fence: fence, Cache: db,
 		Trust: trust, Issuer: issuer, NonceKey: cl.NonceKey, WorkloadCAs: a.workloadCAs(cfg, bootOpts.Secrets, log), ServerHosts: certHosts,
 		Revocations: a.revocations, Leadership: a.Leadership, Metrics: a.metrics, Tuning: a.o.Tuning, Log: log,
 		Ring: ring, Remote: remote,
@@ -626,7 +634,7 @@ func (a *App) loadConfig(ctx context.Context) (*config.Config, error) {
 		if err != nil {
 			return fmt.Errorf("reading %s: %w", key, err)
 		}
-		checks := a.o.ConfigChecks
+		checks := append([]config.Check{a.o.LoadBalancers.Check}, a.o.ConfigChecks...)
 		if a.o.Provider == nil {
 			// The registry builds the provider, so it judges shard.infra.
 			checks = append([]config.Check{a.o.Providers.Check}, checks...)

@@ -23,6 +23,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/imagelookup"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/liveconfig"
+	"github.com/nstance-dev/nstance/internal/server/loadbalancer"
 	"github.com/nstance-dev/nstance/internal/server/metrics"
 	"github.com/nstance-dev/nstance/internal/server/operatorsvc"
 	"github.com/nstance-dev/nstance/internal/server/provider"
@@ -57,6 +58,10 @@ type Parts struct {
 	Providers *provider.Registry
 	// Local are the command line's overrides of the development providers.
 	Local provider.Local
+	// LoadBalancers are the load balancer kinds of the config's
+	// load_balancers entries (nil: the entries are refused); its check also
+	// runs on every refreshed config.
+	LoadBalancers *loadbalancer.Registry
 	// Fence, when set, bounds every provider Create and Delete by the
 	// shard lease.
 	Fence provider.Fence
@@ -280,6 +285,11 @@ func Assemble(p Parts) (*Assembly, error) {
 		// shard.infra too.
 		holder.Checks = []config.Check{p.Providers.Check}
 	}
+	lbKinds := p.LoadBalancers
+	if lbKinds == nil {
+		lbKinds = loadbalancer.NewRegistry()
+	}
+	holder.Checks = append(holder.Checks, lbKinds.Check)
 	s := &Assembly{Config: holder, Revocations: p.Revocations, store: p.Store, keys: p.Keys}
 
 	// The provider: the one place the instance backend is chosen.
@@ -314,6 +324,12 @@ func Assemble(p Parts) (*Assembly, error) {
 	}
 	if p.Metrics != nil {
 		prov = provider.Instrumented(prov, p.Metrics.Provider())
+	}
+	// Load balancers: one provider per load_balancers entry, for the life
+	// of the process (a change of the entries applies at the next start).
+	lbs, err := lbKinds.NewAll(context.Background(), loadbalancer.Env{Config: holder.Current, Log: log.WithName("loadbalancer")})
+	if err != nil {
+		return nil, fmt.Errorf("assembling the server: %w", err)
 	}
 	if p.Fence != nil {
 		// A server whose shard lease has lapsed creates, deletes and
@@ -350,6 +366,10 @@ func Assemble(p Parts) (*Assembly, error) {
 		Cluster: cfg.Cluster.ID, Shard: shard, Config: cfgFn, Groups: s.Groups, Instances: s.Instances,
 		Provider: prov, RegistrationAddr: cfg.Shard.Advertise.RegistrationAddr, AgentAddr: cfg.Shard.Advertise.AgentAddr,
 		Events: s.Events, Log: log, ResyncInterval: t.ResyncInterval, RetryBase: t.RetryBase, Now: t.Now,
+		LoadBalancers: lbs,
+	}
+	if p.Metrics != nil {
+		ro.LBCalls = p.Metrics.LoadBalancerCall
 	}
 	if p.NonceKey != nil {
 		ro.Nonces = reconcile.KeyMinter{Key: p.NonceKey, ClusterID: cfg.Cluster.ID, Shard: shard, TTL: cfg.Certificates.AgentNonceTTL.D()}

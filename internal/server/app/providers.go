@@ -1,6 +1,8 @@
 package app
 
 import (
+	"github.com/nstance-dev/nstance/internal/server/loadbalancer"
+	"github.com/nstance-dev/nstance/internal/server/loadbalancer/haproxy"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/provider/aws"
 	"github.com/nstance-dev/nstance/internal/server/provider/mock"
@@ -12,4 +14,11 @@ import (
 // shard.infra.provider to choose from (Options.Providers when unset).
 func DefaultProviders() *provider.Registry {
 	return provider.NewRegistry(tmux.Kind(), process.Kind(), mock.Kind(), aws.Kind())
+}
+
+// DefaultLoadBalancers is every load balancer kind nstance-server ships, for
+// load_balancers.<name>.provider to choose from (Options.LoadBalancers when
+// unset).
+func DefaultLoadBalancers() *loadbalancer.Registry {
+	return loadbalancer.NewRegistry(haproxy.Kind())
 }

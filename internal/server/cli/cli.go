@@ -181,7 +181,7 @@ func validate(ctx context.Context, c *ucli.Context, out io.Writer) error {
 		}
 		data, source = obj.Body, key
 	}
-	cfg, err := config.Parse(data, app.DefaultProviders().Check)
+	cfg, err := config.Parse(data, app.DefaultProviders().Check, app.DefaultLoadBalancers().Check)
 	if err != nil {
 		if es, ok := config.AsErrors(err); ok {
 			for _, e := range es {

@@ -32,12 +32,17 @@ func TestValidateFlag(t *testing.T) {
 		`"options": { "session": "nstance-dev-agents" }`, `"options": { "command": "" }`, 1)), 0o600))
 	badKind := filepath.Join(dir, "bad-kind.jsonc")
 	require.NoError(t, os.WriteFile(badKind, []byte(strings.Replace(string(example), `"provider": "tmux"`, `"provider": "gce"`, 1)), 0o600))
+	badLB := filepath.Join(dir, "bad-lb.jsonc")
+	require.NoError(t, os.WriteFile(badLB, []byte(strings.Replace(string(example), `"templates": {`,
+		`"load_balancers": { "www": { "provider": "haproxy", "socket": "/run/haproxy/admin.sock", "backend": "www", "port": 8080, "drain_dealy": "5s" } }, "templates": {`, 1)), 0o600))
 	tests := []struct {
 		name    string
 		args    []string
 		wantOut string
 		wantErr string
 	}{
+		{"load balancer settings", []string{"--shard", "dev-1", "--validate", "--config-file", badLB},
+			badLB + ": load_balancers.www.drain_dealy: unknown key\n", "1 problem"},
 		{"example is valid", []string{"--shard", "dev-1", "--validate", "--config-file", "../../../examples/config-tmux.jsonc"}, "valid", ""},
 		{"aws example is valid", []string{"--shard", "use1-az1", "--validate", "--config-file", "../../../examples/config-aws.jsonc"}, "valid", ""},
 		{"shard mismatch", []string{"--shard", "dev-2", "--validate", "--config-file", "../../../examples/config-tmux.jsonc"}, `shard.id: is "dev-1", but --shard is "dev-2"`, "1 problem"},

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/nstance-dev/nstance/internal/server/loadbalancer"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -126,6 +127,13 @@ type Record struct {
 	// Requested is what CreateInstance asked for (on-demand instances), so
 	// that drift can be told later by resolving the request again.
 	Requested *Requested `json:"requested,omitempty"`
+	// LoadBalancers is the instance's registration at each load balancer
+	// of its group, by load_balancers entry.
+	LoadBalancers map[string]loadbalancer.TargetState `json:"load_balancers,omitempty"`
+	// DrainHeld is set while a pending deletion waits for the instance's
+	// deregistration from its load balancers (and their delays): its drain
+	// is announced, and its drain deadline set, only afterwards.
+	DrainHeld bool `json:"drain_held,omitempty"`
 }
 
 // Requested holds the settings a CreateInstance request named itself; empty
@@ -155,6 +163,8 @@ func (r *Record) Clone() *Record {
 	c := *r
 	c.Vars, c.Args, c.Labels = maps.Clone(r.Vars), maps.Clone(r.Args), maps.Clone(r.Labels)
 	c.Addresses = slices.Clone(r.Addresses)
+	// Its times are replaced, never written through.
+	c.LoadBalancers = maps.Clone(r.LoadBalancers)
 	if r.Agent != nil {
 		a := *r.Agent
 		c.Agent = &a
@@ -202,11 +212,33 @@ func (r *Record) Proto() *nstancev1.InstanceStatus {
 	if r.FirstHealthAt != nil {
 		st.FirstHealthAt = timestamppb.New(*r.FirstHealthAt)
 	}
-	if r.DrainDeadline != nil && r.State == StatePendingDeletion {
+	if r.DrainDeadline != nil && r.State == StatePendingDeletion && !r.DrainHeld {
+		// A held drain's deadline starts only once it is announced.
 		st.DrainDeadline = timestamppb.New(*r.DrainDeadline)
 	}
 	st.Replaced = r.Replaced()
+	for _, name := range slices.Sorted(maps.Keys(r.LoadBalancers)) {
+		st.LoadBalancers = append(st.LoadBalancers, LoadBalancerProto(name, r.LoadBalancers[name]))
+	}
 	return st
+}
+
+// LoadBalancerProto is the wire form of the instance's state at load
+// balancer name.
+func LoadBalancerProto(name string, s loadbalancer.TargetState) *nstancev1.LoadBalancerTarget {
+	t := &nstancev1.LoadBalancerTarget{Name: name, State: nstancev1.LoadBalancerTargetState_LOAD_BALANCER_TARGET_STATE_PENDING}
+	if s.Registered != nil {
+		t.RegisteredAt = timestamppb.New(*s.Registered)
+		t.State = nstancev1.LoadBalancerTargetState_LOAD_BALANCER_TARGET_STATE_REGISTERED
+	}
+	if s.Deregistered != nil {
+		t.DeregisteredAt = timestamppb.New(*s.Deregistered)
+		t.State = nstancev1.LoadBalancerTargetState_LOAD_BALANCER_TARGET_STATE_DEREGISTERING
+	}
+	if s.Removed {
+		t.State = nstancev1.LoadBalancerTargetState_LOAD_BALANCER_TARGET_STATE_REMOVED
+	}
+	return t
 }
 
 // Replaced is true once the record is being deleted for a reason after

@@ -30,6 +30,7 @@
 //	nstance_server_registrations_total{kind,outcome}                 counter  kind: agent|operator; outcome: ok or the gRPC code in snake case
 //	nstance_server_provider_calls_total{operation}                   counter  operation: create|status|list|delete
 //	nstance_server_provider_errors_total{operation}                  counter  (not_found from status is no error)
+//	nstance_server_load_balancer_calls_total{load_balancer,operation,outcome} counter  operation: register|deregister|remove|remove_stranger; outcome: ok|error
 //	nstance_server_provider_call_duration_seconds{operation}         histogram
 //
 // Reconciler (client-go work queue of the shard leader):

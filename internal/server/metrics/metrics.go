@@ -60,6 +60,7 @@ type Server struct {
 	provCalls   *prometheus.CounterVec
 	provErrors  *prometheus.CounterVec
 	provTime    *prometheus.HistogramVec
+	lbCalls     *prometheus.CounterVec
 	queue       queueMetrics
 	fleet       *fleetCollector
 	agentCerts  agentCerts
@@ -90,6 +91,10 @@ func New(reg prometheus.Registerer, p Process) *Server {
 	s.provErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Name: "provider_errors_total", Help: "Provider calls that failed, by operation (status of a missing instance is no failure).",
 	}, []string{"operation"})
+	s.lbCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Name: "load_balancer_calls_total",
+		Help: "Calls to load balancers, by load_balancers entry, operation (register, deregister, remove, remove_stranger) and outcome (ok, error).",
+	}, []string{"load_balancer", "operation", "outcome"})
 	s.provTime = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Name: "provider_call_duration_seconds", Help: "Duration of provider calls, by operation.",
 		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
@@ -114,7 +119,7 @@ func New(reg prometheus.Registerer, p Process) *Server {
 		leading, _ := p.ShardElection()
 		return leading
 	}}
-	reg.MustRegister(s.grpc, s.handshakes, s.registered, s.transitions, s.provCalls, s.provErrors, s.provTime,
+	reg.MustRegister(s.grpc, s.handshakes, s.registered, s.transitions, s.provCalls, s.provErrors, s.provTime, s.lbCalls,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&processCollector{p: p, certs: &s.agentCerts, fleet: s.fleet}, s.fleet)
 	s.queue.register(reg)
@@ -385,4 +390,14 @@ func (q *queueMetrics) NewUnfinishedWorkSecondsMetric(string) workqueue.Settable
 }
 func (q *queueMetrics) NewLongestRunningProcessorSecondsMetric(string) workqueue.SettableGaugeMetric {
 	return q.longestProc
+}
+
+// LoadBalancerCall counts one load balancer call and its outcome (the
+// reconciler's Options.LBCalls).
+func (s *Server) LoadBalancerCall(lb, op string, err error) {
+	outcome := "ok"
+	if err != nil {
+		outcome = "error"
+	}
+	s.lbCalls.WithLabelValues(lb, op, outcome).Inc()
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/events"
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
+	"github.com/nstance-dev/nstance/internal/server/loadbalancer"
 	"github.com/nstance-dev/nstance/internal/server/provider/mock"
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
@@ -88,6 +89,8 @@ type shardOptions struct {
 	resync time.Duration
 	// prepare runs before the term starts (state a crash left behind).
 	prepare func(s *shard)
+	// lbs are the load balancer providers, by entry (none by default).
+	lbs map[string]loadbalancer.Provider
 }
 
 // faultyStore is in-memory object storage whose writes of chosen keys fail.
@@ -125,7 +128,7 @@ func newShard(t *testing.T, cfg *config.Config, o shardOptions) *shard {
 		insts: instances.NewStore(store, keys, "s1", nil), groups: groups.NewRegistry(store, keys, "s1")}
 	ro := reconcile.Options{Cluster: "c1", Shard: "s1", Config: func() *config.Config { return cfg }, Groups: s.groups,
 		Instances: s.insts, Provider: s.p, Events: s.events, Log: logr.Discard(), ResyncInterval: o.resync,
-		RetryBase: 20 * time.Millisecond, Clock: s.clk}
+		RetryBase: 20 * time.Millisecond, Clock: s.clk, LoadBalancers: o.lbs}
 	if o.monitor {
 		s.agents = &agents{clk: s.clk, silent: map[string]bool{}, version: map[string]string{}}
 		ro.MonitorAgents = true

@@ -21,6 +21,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/limits"
+	"github.com/nstance-dev/nstance/internal/server/loadbalancer"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/reconcile/planner"
 	"github.com/nstance-dev/nstance/internal/server/userdata"
@@ -84,6 +85,14 @@ type Options struct {
 	// QueueMetrics, when set, receives the work queue's metrics (depth,
 	// wait and reconcile durations, retries).
 	QueueMetrics workqueue.MetricsProvider
+	// LoadBalancers are the providers of the config's load_balancers
+	// entries, by name (built at start; see loadbalancers.go): members are
+	// registered after their first health report and deregistered, then
+	// removed after the entry's delay, before their drain is announced.
+	LoadBalancers map[string]loadbalancer.Provider
+	// LBCalls, when set, is told of every load balancer call and its
+	// result (metrics).
+	LBCalls func(lb, op string, err error)
 }
 
 type kind byte
@@ -387,8 +396,11 @@ func (r *Reconciler) resync(ctx context.Context) {
 			r.EnqueueInstance(rec.ID)
 		case rec.OnDemand && r.expired(rec, r.o.Config().Shard.Expiry.OndemandAge.D()):
 			r.EnqueueInstance(rec.ID)
+		case r.lbPending(rec):
+			r.EnqueueInstance(rec.ID)
 		}
 	}
+	r.reconcileLoadBalancers(ctx, tm)
 	if err == nil {
 		r.collectOrphans(ctx, tm, listed, known)
 	}
@@ -777,6 +789,19 @@ func (r *Reconciler) syncInstance(ctx context.Context, id string) (time.Duration
 		}
 		return 0, r.launch(ctx, rec)
 	case instances.StatePendingDeletion:
+		if rec.DrainHeld {
+			// Deregistered from its load balancers first, then drained.
+			wake, released, err := r.syncLoadBalancers(ctx, r.curTerm(), id)
+			if err != nil || !released {
+				return wake, err
+			}
+			if err := r.releaseDrain(ctx, id); err != nil {
+				return 0, err
+			}
+			if rec, ok = r.o.Instances.Get(id); !ok {
+				return 0, nil
+			}
+		}
 		if rec.DrainAcked || rec.DrainDeadline == nil || !now.Before(*rec.DrainDeadline) {
 			return 0, r.deleteNow(ctx, rec)
 		}
@@ -847,6 +872,10 @@ func (r *Reconciler) syncInstance(ctx context.Context, id string) (time.Duration
 	if err := r.noteHealth(ctx, rec); err != nil {
 		return 0, err
 	}
+	lbWake, _, err := r.syncLoadBalancers(ctx, r.curTerm(), id)
+	if err != nil {
+		return 0, err
+	}
 	if rec.OnDemand && r.expired(rec, r.cfg().Shard.Expiry.OndemandAge.D()) {
 		return 0, r.BeginDeletion(ctx, id, nstancev1.DeletionReason_DELETION_REASON_EXPIRY, false, "on-demand instance reached expiry.ondemand_age")
 	}
@@ -857,14 +886,14 @@ func (r *Reconciler) syncInstance(ctx context.Context, id string) (time.Duration
 		}
 		return 0, r.BeginDeletion(ctx, id, reason, false, rec.Message)
 	}
-	return 0, nil
+	return lbWake, nil
 }
 
 // BeginDeletion moves an active instance to pending_deletion (or straight to
 // deletion when skipDrain) and announces it. Instances already on their way
 // out are left alone.
 func (r *Reconciler) BeginDeletion(ctx context.Context, id string, reason nstancev1.DeletionReason, skipDrain bool, msg string) error {
-	changed := false
+	changed, held := false, false
 	now := r.o.Now().UTC()
 	rec, err := r.o.Instances.Update(ctx, id, func(x *instances.Record) error {
 		if !x.State.Active() {
@@ -878,16 +907,16 @@ func (r *Reconciler) BeginDeletion(ctx context.Context, id string, reason nstanc
 		// A member marked for scale-down with skip_drain was drained by
 		// its caller already, whatever removes it now.
 		skipDrain = skipDrain || x.ScaleDownSkipDrain
-		d := x.DrainTimeout
-		if d <= 0 {
-			d = r.cfg().Shard.DefaultDrainTimeout.D()
-		}
-		if d <= 0 {
-			d = FallbackDrainTimeout
-		}
-		deadline := now.Add(d)
+		deadline := now.Add(r.drainTimeout(x))
 		x.State, x.DeletionReason, x.DrainDeadline, x.DrainAcked = instances.StatePendingDeletion, reason, &deadline, skipDrain
 		x.Message, x.UpdatedAt = msg, now
+		// Live at a load balancer: deregistered (and its delay waited)
+		// before its drain is announced and its deadline runs.
+		held = false
+		for _, st := range x.LoadBalancers {
+			held = held || st.Live()
+		}
+		x.DrainHeld = held
 		changed = true
 		return nil
 	})
@@ -897,7 +926,7 @@ func (r *Reconciler) BeginDeletion(ctx context.Context, id string, reason nstanc
 		}
 		return err
 	}
-	if changed && !skipDrain {
+	if changed && !skipDrain && !held {
 		r.publishInstance(rec, nstancev1.InstanceEventStatus_INSTANCE_EVENT_STATUS_PENDING_DELETION, msg)
 	}
 	r.EnqueueInstance(id)
@@ -905,6 +934,19 @@ func (r *Reconciler) BeginDeletion(ctx context.Context, id string, reason nstanc
 		r.EnqueueGroup(groups.Key{Tenant: rec.Tenant, ID: rec.GroupID})
 	}
 	return nil
+}
+
+// drainTimeout is x's drain timeout: its own, else the shard's default,
+// else FallbackDrainTimeout.
+func (r *Reconciler) drainTimeout(x *instances.Record) time.Duration {
+	d := x.DrainTimeout
+	if d <= 0 {
+		d = r.cfg().Shard.DefaultDrainTimeout.D()
+	}
+	if d <= 0 {
+		d = FallbackDrainTimeout
+	}
+	return d
 }
 
 func (r *Reconciler) deleteNow(ctx context.Context, rec *instances.Record) error {
@@ -945,6 +987,7 @@ func (r *Reconciler) finish(ctx context.Context, rec *instances.Record, reason n
 			return fmt.Errorf("revoking the agent certificates of %s: %w", rec.ID, err)
 		}
 	}
+	r.removeLeftovers(ctx, rec)
 	if err := r.o.Instances.Delete(ctx, rec.ID); err != nil {
 		return err
 	}

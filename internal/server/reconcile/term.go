@@ -59,6 +59,8 @@ type term struct {
 	orphans map[string]time.Time // provider instances without a record: first seen
 	// lastPrune is when unused user data was last pruned.
 	lastPrune time.Time
+	// lb is the term's memory of load balancer calls (retries, reconciled entries).
+	lb *lbMemory
 }
 
 // newTerm builds a term with the agents given and a fresh queue. With
@@ -70,7 +72,7 @@ func (r *Reconciler) newTerm(agents Agents) *term {
 		queue: r.newQueue(), start: r.o.Now(), live: agents.Live, files: agents.Files,
 		loaded: make(chan struct{}), verified: make(chan struct{}), done: make(chan struct{}),
 		lastStatus: map[groups.Key]string{}, wasReady: map[string]bool{}, checked: map[string]int{},
-		orphans: map[string]time.Time{},
+		orphans: map[string]time.Time{}, lb: newLBMemory(),
 	}
 	if r.o.MonitorAgents && agents.Live != nil {
 		tm.health = agents.Live

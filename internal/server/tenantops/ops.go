@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -13,6 +14,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
+	"github.com/nstance-dev/nstance/internal/server/loadbalancer"
 	"github.com/nstance-dev/nstance/internal/server/reconcile/planner"
 	"github.com/nstance-dev/nstance/internal/server/userdata"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
@@ -346,6 +348,19 @@ func (o *Ops) Status(rec *instances.Record) *nstancev1.InstanceStatus {
 		st.AgentVersion = v
 	}
 	st.Drifted = o.drifted(rec)
+	// Load balancers its group wants and it is not at yet are pending;
+	// each shows the term's last failed call.
+	if rec.State.Active() {
+		for _, name := range o.o.Reconciler.WantLoadBalancers(rec) {
+			if _, ok := rec.LoadBalancers[name]; !ok {
+				st.LoadBalancers = append(st.LoadBalancers, instances.LoadBalancerProto(name, loadbalancer.TargetState{}))
+			}
+		}
+		slices.SortFunc(st.LoadBalancers, func(a, b *nstancev1.LoadBalancerTarget) int { return strings.Compare(a.GetName(), b.GetName()) })
+	}
+	for _, t := range st.LoadBalancers {
+		t.LastError = o.o.Reconciler.LBError(rec.ID, t.GetName())
+	}
 	return st
 }
 

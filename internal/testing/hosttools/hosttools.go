@@ -17,6 +17,8 @@ func Hint(name string) string {
 		return "apt-get install curl"
 	case "git":
 		return "apt-get install git (macOS: xcode-select --install)"
+	case "haproxy":
+		return "apt-get install haproxy (load balancer tests; 2.4 or later)"
 	case "make":
 		return "apt-get install make (macOS: xcode-select --install)"
 	case "ps":

@@ -91,6 +91,10 @@ func instanceStatus() *nstancev1.InstanceStatus {
 		FirstHealthAt:  ts(-50 * time.Minute),
 		Replaced:       true,
 		Drifted:        true,
+		LoadBalancers: []*nstancev1.LoadBalancerTarget{{
+			Name: "www", State: nstancev1.LoadBalancerTargetState_LOAD_BALANCER_TARGET_STATE_DEREGISTERING,
+			RegisteredAt: ts(-40 * time.Minute), DeregisteredAt: ts(-10 * time.Second), LastError: "haproxy: del server: connections remain",
+		}},
 	}
 }
 

@@ -182,6 +182,69 @@ func (AddressType) EnumDescriptor() ([]byte, []int) {
 	return file_nstance_v1_instance_proto_rawDescGZIP(), []int{1}
 }
 
+// LoadBalancerTargetState is an instance's place at one load balancer.
+type LoadBalancerTargetState int32
+
+const (
+	// State not given.
+	LoadBalancerTargetState_LOAD_BALANCER_TARGET_STATE_UNSPECIFIED LoadBalancerTargetState = 0
+	// Wanted, not registered yet: before its agent's first health report,
+	// without an address, or while a failed registration waits for its retry.
+	LoadBalancerTargetState_LOAD_BALANCER_TARGET_STATE_PENDING LoadBalancerTargetState = 1
+	// Registered: receives new connections.
+	LoadBalancerTargetState_LOAD_BALANCER_TARGET_STATE_REGISTERED LoadBalancerTargetState = 2
+	// Deregistered: no new connections; its open ones finish during the
+	// load balancer's deregistration delay.
+	LoadBalancerTargetState_LOAD_BALANCER_TARGET_STATE_DEREGISTERING LoadBalancerTargetState = 3
+	// Removed from the load balancer.
+	LoadBalancerTargetState_LOAD_BALANCER_TARGET_STATE_REMOVED LoadBalancerTargetState = 4
+)
+
+// Enum value maps for LoadBalancerTargetState.
+var (
+	LoadBalancerTargetState_name = map[int32]string{
+		0: "LOAD_BALANCER_TARGET_STATE_UNSPECIFIED",
+		1: "LOAD_BALANCER_TARGET_STATE_PENDING",
+		2: "LOAD_BALANCER_TARGET_STATE_REGISTERED",
+		3: "LOAD_BALANCER_TARGET_STATE_DEREGISTERING",
+		4: "LOAD_BALANCER_TARGET_STATE_REMOVED",
+	}
+	LoadBalancerTargetState_value = map[string]int32{
+		"LOAD_BALANCER_TARGET_STATE_UNSPECIFIED":   0,
+		"LOAD_BALANCER_TARGET_STATE_PENDING":       1,
+		"LOAD_BALANCER_TARGET_STATE_REGISTERED":    2,
+		"LOAD_BALANCER_TARGET_STATE_DEREGISTERING": 3,
+		"LOAD_BALANCER_TARGET_STATE_REMOVED":       4,
+	}
+)
+
+func (x LoadBalancerTargetState) Enum() *LoadBalancerTargetState {
+	p := new(LoadBalancerTargetState)
+	*p = x
+	return p
+}
+
+func (x LoadBalancerTargetState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LoadBalancerTargetState) Descriptor() protoreflect.EnumDescriptor {
+	return file_nstance_v1_instance_proto_enumTypes[2].Descriptor()
+}
+
+func (LoadBalancerTargetState) Type() protoreflect.EnumType {
+	return &file_nstance_v1_instance_proto_enumTypes[2]
+}
+
+func (x LoadBalancerTargetState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LoadBalancerTargetState.Descriptor instead.
+func (LoadBalancerTargetState) EnumDescriptor() ([]byte, []int) {
+	return file_nstance_v1_instance_proto_rawDescGZIP(), []int{2}
+}
+
 // InstanceAddress is one network address of an instance.
 type InstanceAddress struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -294,7 +357,10 @@ type InstanceStatus struct {
 	// NstanceMachine). False while unknown: an instance being deleted, one
 	// whose group or template is gone, an on-demand instance created before
 	// servers recorded requests.
-	Drifted       bool `protobuf:"varint,19,opt,name=drifted,proto3" json:"drifted,omitempty"`
+	Drifted bool `protobuf:"varint,19,opt,name=drifted,proto3" json:"drifted,omitempty"`
+	// The instance at each load balancer its group registers it with
+	// (load_balancers), and at any it is still being removed from, by name.
+	LoadBalancers []*LoadBalancerTarget `protobuf:"bytes,40,rep,name=load_balancers,json=loadBalancers,proto3" json:"load_balancers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -462,6 +528,95 @@ func (x *InstanceStatus) GetDrifted() bool {
 	return false
 }
 
+func (x *InstanceStatus) GetLoadBalancers() []*LoadBalancerTarget {
+	if x != nil {
+		return x.LoadBalancers
+	}
+	return nil
+}
+
+// LoadBalancerTarget is one instance at one load_balancers entry.
+type LoadBalancerTarget struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The load_balancers entry.
+	Name  string                  `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	State LoadBalancerTargetState `protobuf:"varint,2,opt,name=state,proto3,enum=nstance.v1.LoadBalancerTargetState" json:"state,omitempty"`
+	// When the last registration succeeded; unset before.
+	RegisteredAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=registered_at,json=registeredAt,proto3" json:"registered_at,omitempty"`
+	// When the deregistration succeeded; unset before.
+	DeregisteredAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=deregistered_at,json=deregisteredAt,proto3" json:"deregistered_at,omitempty"`
+	// The last failed call to this load balancer for the instance in the
+	// current leadership term; empty when none failed since the last success.
+	LastError     string `protobuf:"bytes,5,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoadBalancerTarget) Reset() {
+	*x = LoadBalancerTarget{}
+	mi := &file_nstance_v1_instance_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoadBalancerTarget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoadBalancerTarget) ProtoMessage() {}
+
+func (x *LoadBalancerTarget) ProtoReflect() protoreflect.Message {
+	mi := &file_nstance_v1_instance_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoadBalancerTarget.ProtoReflect.Descriptor instead.
+func (*LoadBalancerTarget) Descriptor() ([]byte, []int) {
+	return file_nstance_v1_instance_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *LoadBalancerTarget) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *LoadBalancerTarget) GetState() LoadBalancerTargetState {
+	if x != nil {
+		return x.State
+	}
+	return LoadBalancerTargetState_LOAD_BALANCER_TARGET_STATE_UNSPECIFIED
+}
+
+func (x *LoadBalancerTarget) GetRegisteredAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RegisteredAt
+	}
+	return nil
+}
+
+func (x *LoadBalancerTarget) GetDeregisteredAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DeregisteredAt
+	}
+	return nil
+}
+
+func (x *LoadBalancerTarget) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
 var File_nstance_v1_instance_proto protoreflect.FileDescriptor
 
 const file_nstance_v1_instance_proto_rawDesc = "" +
@@ -470,7 +625,7 @@ const file_nstance_v1_instance_proto_rawDesc = "" +
 	"nstance.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"X\n" +
 	"\x0fInstanceAddress\x12+\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x17.nstance.v1.AddressTypeR\x04type\x12\x18\n" +
-	"\aaddress\x18\x02 \x01(\tR\aaddress\"\x9b\x06\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xe2\x06\n" +
 	"\x0eInstanceStatus\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x19\n" +
@@ -494,7 +649,15 @@ const file_nstance_v1_instance_proto_rawDesc = "" +
 	"\x10user_data_sha256\x18\x10 \x01(\tR\x0euserDataSha256\x12B\n" +
 	"\x0ffirst_health_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\rfirstHealthAt\x12\x1a\n" +
 	"\breplaced\x18\x12 \x01(\bR\breplaced\x12\x18\n" +
-	"\adrifted\x18\x13 \x01(\bR\adrifted*\xb7\x02\n" +
+	"\adrifted\x18\x13 \x01(\bR\adrifted\x12E\n" +
+	"\x0eload_balancers\x18( \x03(\v2\x1e.nstance.v1.LoadBalancerTargetR\rloadBalancers\"\x88\x02\n" +
+	"\x12LoadBalancerTarget\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x129\n" +
+	"\x05state\x18\x02 \x01(\x0e2#.nstance.v1.LoadBalancerTargetStateR\x05state\x12?\n" +
+	"\rregistered_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\fregisteredAt\x12C\n" +
+	"\x0fderegistered_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0ederegisteredAt\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x05 \x01(\tR\tlastError*\xb7\x02\n" +
 	"\rInstanceState\x12\x1e\n" +
 	"\x1aINSTANCE_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16INSTANCE_STATE_PENDING\x10\x01\x12\x1b\n" +
@@ -512,7 +675,13 @@ const file_nstance_v1_instance_proto_rawDesc = "" +
 	"\x18ADDRESS_TYPE_EXTERNAL_IP\x10\x02\x12\x1d\n" +
 	"\x19ADDRESS_TYPE_INTERNAL_DNS\x10\x03\x12\x1d\n" +
 	"\x19ADDRESS_TYPE_EXTERNAL_DNS\x10\x04\x12\x19\n" +
-	"\x15ADDRESS_TYPE_HOSTNAME\x10\x05B?Z=github.com/nstance-dev/nstance/pkg/proto/nstance/v1;nstancev1b\x06proto3"
+	"\x15ADDRESS_TYPE_HOSTNAME\x10\x05*\xee\x01\n" +
+	"\x17LoadBalancerTargetState\x12*\n" +
+	"&LOAD_BALANCER_TARGET_STATE_UNSPECIFIED\x10\x00\x12&\n" +
+	"\"LOAD_BALANCER_TARGET_STATE_PENDING\x10\x01\x12)\n" +
+	"%LOAD_BALANCER_TARGET_STATE_REGISTERED\x10\x02\x12,\n" +
+	"(LOAD_BALANCER_TARGET_STATE_DEREGISTERING\x10\x03\x12&\n" +
+	"\"LOAD_BALANCER_TARGET_STATE_REMOVED\x10\x04B?Z=github.com/nstance-dev/nstance/pkg/proto/nstance/v1;nstancev1b\x06proto3"
 
 var (
 	file_nstance_v1_instance_proto_rawDescOnce sync.Once
@@ -526,28 +695,34 @@ func file_nstance_v1_instance_proto_rawDescGZIP() []byte {
 	return file_nstance_v1_instance_proto_rawDescData
 }
 
-var file_nstance_v1_instance_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_nstance_v1_instance_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_nstance_v1_instance_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_nstance_v1_instance_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_nstance_v1_instance_proto_goTypes = []any{
 	(InstanceState)(0),            // 0: nstance.v1.InstanceState
 	(AddressType)(0),              // 1: nstance.v1.AddressType
-	(*InstanceAddress)(nil),       // 2: nstance.v1.InstanceAddress
-	(*InstanceStatus)(nil),        // 3: nstance.v1.InstanceStatus
-	(*timestamppb.Timestamp)(nil), // 4: google.protobuf.Timestamp
+	(LoadBalancerTargetState)(0),  // 2: nstance.v1.LoadBalancerTargetState
+	(*InstanceAddress)(nil),       // 3: nstance.v1.InstanceAddress
+	(*InstanceStatus)(nil),        // 4: nstance.v1.InstanceStatus
+	(*LoadBalancerTarget)(nil),    // 5: nstance.v1.LoadBalancerTarget
+	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
 }
 var file_nstance_v1_instance_proto_depIdxs = []int32{
-	1, // 0: nstance.v1.InstanceAddress.type:type_name -> nstance.v1.AddressType
-	0, // 1: nstance.v1.InstanceStatus.state:type_name -> nstance.v1.InstanceState
-	2, // 2: nstance.v1.InstanceStatus.addresses:type_name -> nstance.v1.InstanceAddress
-	4, // 3: nstance.v1.InstanceStatus.created_at:type_name -> google.protobuf.Timestamp
-	4, // 4: nstance.v1.InstanceStatus.last_health_at:type_name -> google.protobuf.Timestamp
-	4, // 5: nstance.v1.InstanceStatus.drain_deadline:type_name -> google.protobuf.Timestamp
-	4, // 6: nstance.v1.InstanceStatus.first_health_at:type_name -> google.protobuf.Timestamp
-	7, // [7:7] is the sub-list for method output_type
-	7, // [7:7] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	1,  // 0: nstance.v1.InstanceAddress.type:type_name -> nstance.v1.AddressType
+	0,  // 1: nstance.v1.InstanceStatus.state:type_name -> nstance.v1.InstanceState
+	3,  // 2: nstance.v1.InstanceStatus.addresses:type_name -> nstance.v1.InstanceAddress
+	6,  // 3: nstance.v1.InstanceStatus.created_at:type_name -> google.protobuf.Timestamp
+	6,  // 4: nstance.v1.InstanceStatus.last_health_at:type_name -> google.protobuf.Timestamp
+	6,  // 5: nstance.v1.InstanceStatus.drain_deadline:type_name -> google.protobuf.Timestamp
+	6,  // 6: nstance.v1.InstanceStatus.first_health_at:type_name -> google.protobuf.Timestamp
+	5,  // 7: nstance.v1.InstanceStatus.load_balancers:type_name -> nstance.v1.LoadBalancerTarget
+	2,  // 8: nstance.v1.LoadBalancerTarget.state:type_name -> nstance.v1.LoadBalancerTargetState
+	6,  // 9: nstance.v1.LoadBalancerTarget.registered_at:type_name -> google.protobuf.Timestamp
+	6,  // 10: nstance.v1.LoadBalancerTarget.deregistered_at:type_name -> google.protobuf.Timestamp
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_nstance_v1_instance_proto_init() }
@@ -560,8 +735,8 @@ func file_nstance_v1_instance_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nstance_v1_instance_proto_rawDesc), len(file_nstance_v1_instance_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   2,
+			NumEnums:      3,
+			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
