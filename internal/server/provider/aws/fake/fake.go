@@ -281,6 +281,8 @@ func (i *instance) matches(fs []types.Filter) (bool, error) {
 			have = string(i.State.Name)
 		case name == "instance-id":
 			have = awssdk.ToString(i.InstanceId)
+		case name == "private-ip-address":
+			have = awssdk.ToString(i.PrivateIpAddress)
 		default:
 			return false, apiError("InvalidParameterValue", fmt.Sprintf("The filter '%s' is invalid (fake)", name))
 		}
@@ -297,7 +299,7 @@ func (i *instance) matches(fs []types.Filter) (bool, error) {
 
 // DescribeInstances answers by InstanceIds (any unknown or not yet visible:
 // InvalidInstanceID.NotFound) and Filters (tag:KEY, instance-state-name,
-// instance-id), one reservation per instance, paged by PageSize.
+// instance-id, private-ip-address), one reservation per instance, paged by PageSize.
 func (f *EC2) DescribeInstances(_ context.Context, in *ec2.DescribeInstancesInput, _ ...func(*ec2.Options)) (*ec2.DescribeInstancesOutput, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
