@@ -74,6 +74,15 @@ func TestParseLeaderAddressAndAWSKeys(t *testing.T) {
 	require.Equal(t, LeaderAddress{Mode: LeaderAddressVIP, Interface: "eth0", Address: "10.0.0.10/24"}, cfg.Shard.LeaderAddress)
 }
 
+func TestDynamicSubnetPoolNamedByTemplate(t *testing.T) {
+	doc := strings.Replace(minimal, `"zone": "deva"}`, `"zone": "deva"}, "dynamic_subnet_pools": {"private": {"tags": {"tier": "private"}}}`, 1)
+	doc = strings.Replace(doc, `"kind": "worker"}`, `"kind": "worker", "subnet_pool": "private"}`, 1)
+	cfg, err := Parse([]byte(doc))
+	require.NoError(t, err)
+	require.True(t, cfg.Shard.HasSubnetPool("private"))
+	require.False(t, cfg.Shard.HasSubnetPool("other"))
+}
+
 func TestParseErrors(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -118,6 +127,9 @@ func TestParseErrors(t *testing.T) {
 		{"negative rotation surge", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "rotation_surge": -2`}, "shard.rotation_surge", "must not be negative"},
 		{"source check value", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "registration": {"source_address_check": "maybe"}`}, "shard.registration.source_address_check", `must be "enforce" or "off"`},
 		{"trusted proxy", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "registration": {"trusted_proxies": ["10.0.0.0/8", "nat-gw"]}`}, "shard.registration.trusted_proxies[1]", "neither a CIDR nor an IP"},
+		{"dynamic pool without tags", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "dynamic_subnet_pools": {"private": {"tags": {}}}`}, "shard.dynamic_subnet_pools.private.tags", "at least one tag"},
+		{"dynamic pool also static", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "subnet_pools": {"p": {"subnets": ["s-1"]}}, "dynamic_subnet_pools": {"p": {"tags": {"a": "b"}}}`}, "shard.dynamic_subnet_pools.p", "also defined in shard.subnet_pools"},
+		{"unknown pool of a template", [2]string{`"kind": "worker"}`, `"kind": "worker", "subnet_pool": "nope"}`}, "templates.t.subnet_pool", `unknown subnet pool "nope"`},
 		{"negative startup grace", [2]string{`"zone": "deva"}`, `"zone": "deva"}, "agent_startup_grace": "-1m"`}, "shard.agent_startup_grace", "must not be negative"},
 	}
 	for _, tc := range tests {

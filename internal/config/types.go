@@ -155,9 +155,13 @@ type Shard struct {
 	DefaultDrainTimeout Duration              `json:"default_drain_timeout"`
 	CreateRateLimit     RateLimit             `json:"create_rate_limit"`
 	SubnetPools         map[string]SubnetPool `json:"subnet_pools"`
-	GarbageCollection   GarbageCollection     `json:"garbage_collection"`
-	Expiry              Expiry                `json:"expiry"`
-	Limits              Limits                `json:"limits"`
+	// DynamicSubnetPools are subnet pools whose subnets the provider finds
+	// by tags (aws: DescribeSubnets), refreshed periodically; templates and
+	// groups name them as they name subnet_pools.
+	DynamicSubnetPools map[string]DynamicSubnetPool `json:"dynamic_subnet_pools"`
+	GarbageCollection  GarbageCollection            `json:"garbage_collection"`
+	Expiry             Expiry                       `json:"expiry"`
+	Limits             Limits                       `json:"limits"`
 	// LeaderAddress is the fixed address the shard leader holds while it
 	// leads (none by default).
 	LeaderAddress LeaderAddress `json:"leader_address"`
@@ -274,6 +278,21 @@ type RateLimit struct {
 // SubnetPool is a named set of subnets instances are placed in.
 type SubnetPool struct {
 	Subnets []string `json:"subnets"`
+}
+
+// DynamicSubnetPool is a subnet pool defined by tags: every subnet carrying
+// all of them (in the shard's region) belongs to it.
+type DynamicSubnetPool struct {
+	Tags map[string]string `json:"tags"`
+}
+
+// HasSubnetPool reports whether name is a static or a dynamic subnet pool.
+func (s *Shard) HasSubnetPool(name string) bool {
+	if _, ok := s.SubnetPools[name]; ok {
+		return true
+	}
+	_, ok := s.DynamicSubnetPools[name]
+	return ok
 }
 
 // GarbageCollection controls removal of orphaned provider instances (the

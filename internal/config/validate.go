@@ -244,6 +244,21 @@ func (c *Config) Validate() error {
 			ch.add(key+".subnets", "must list at least one subnet")
 		}
 	}
+	for name, pool := range s.DynamicSubnetPools {
+		key := "shard.dynamic_subnet_pools." + name
+		ch.id(key, "subnet pool name", name, true)
+		if _, ok := s.SubnetPools[name]; ok {
+			ch.add(key, "also defined in shard.subnet_pools")
+		}
+		if len(pool.Tags) == 0 {
+			ch.add(key+".tags", "must name at least one tag")
+		}
+		for k := range pool.Tags {
+			if k == "" {
+				ch.add(key+".tags", "empty tag key")
+			}
+		}
+	}
 	switch s.Registration.SourceAddressCheck {
 	case "", "enforce", "off":
 	default:
@@ -294,7 +309,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	for name, t := range c.Templates {
-		checkTemplate(&ch, "templates."+name, name, t, s.SubnetPools)
+		checkTemplate(&ch, "templates."+name, name, t, &s)
 		checkUserdata(&ch, "templates."+name, t, s.Limits.MaxUserDataBytes)
 		checkFileBytes(&ch, "templates."+name, t, s.Limits.MaxFileBytes)
 	}
@@ -311,10 +326,8 @@ func (c *Config) Validate() error {
 			if g.Size < 0 {
 				ch.add(key+".size", "must not be negative, got %d", g.Size)
 			}
-			if g.SubnetPool != "" {
-				if _, ok := s.SubnetPools[g.SubnetPool]; !ok {
-					ch.add(key+".subnet_pool", "unknown subnet pool %q", g.SubnetPool)
-				}
+			if g.SubnetPool != "" && !s.HasSubnetPool(g.SubnetPool) {
+				ch.add(key+".subnet_pool", "unknown subnet pool %q", g.SubnetPool)
 			}
 			if g.DrainTimeout != nil {
 				ch.positive(key+".drain_timeout", *g.DrainTimeout)
@@ -428,15 +441,13 @@ var eniID = regexp.MustCompile(`^eni-[0-9a-f]{8}([0-9a-f]{9})?$`)
 // ValidENIID reports whether id has the form of an EC2 network interface id.
 func ValidENIID(id string) bool { return eniID.MatchString(id) }
 
-func checkTemplate(ch *checker, key, name string, t Template, pools map[string]SubnetPool) {
+func checkTemplate(ch *checker, key, name string, t Template, s *Shard) {
 	ch.id(key, "template name", name, true)
 	if t.Size < 0 {
 		ch.add(key+".size", "must not be negative, got %d", t.Size)
 	}
-	if t.SubnetPool != "" {
-		if _, ok := pools[t.SubnetPool]; !ok {
-			ch.add(key+".subnet_pool", "unknown subnet pool %q", t.SubnetPool)
-		}
+	if t.SubnetPool != "" && !s.HasSubnetPool(t.SubnetPool) {
+		ch.add(key+".subnet_pool", "unknown subnet pool %q", t.SubnetPool)
 	}
 	for kname, k := range t.Keys {
 		kk := key + ".keys." + kname

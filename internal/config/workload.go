@@ -28,6 +28,9 @@ type TemplateData struct {
 	InstanceType string
 	Vars         map[string]string
 	Args         map[string]string
+	// Image is the instance's image: its "image" arg (GroupSpec.image, or
+	// the id its template's image_name resolved to when it was created).
+	Image string
 	// Instance describes the instance itself.
 	Instance InstanceData
 }
@@ -246,7 +249,7 @@ func EffectiveData(shard, tenant, group, tmplName, instanceType string, vars, ar
 	}
 	return TemplateData{
 		InstanceID: id, Tenant: tenant, Shard: shard, Group: group, Template: tmplName, InstanceType: instanceType,
-		Vars: maps.Clone(vars), Args: maps.Clone(args), Instance: NewInstanceData(id, instanceType, "", nil),
+		Vars: maps.Clone(vars), Args: maps.Clone(args), Image: args["image"], Instance: NewInstanceData(id, instanceType, "", nil),
 	}
 }
 

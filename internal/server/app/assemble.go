@@ -20,6 +20,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/cache"
 	"github.com/nstance-dev/nstance/internal/server/events"
 	"github.com/nstance-dev/nstance/internal/server/groups"
+	"github.com/nstance-dev/nstance/internal/server/imagelookup"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/liveconfig"
 	"github.com/nstance-dev/nstance/internal/server/loadbalancer"
@@ -143,6 +144,9 @@ type Assembly struct {
 	Gate *registration.InstanceGate
 	// Revocations is Parts.Revocations (the deny list of client certificates).
 	Revocations *revocation.Gate
+	// Images resolves the templates' image_name args (nil: the provider
+	// looks no images up).
+	Images *imagelookup.Table
 	// store and keys read the objects templates name (userdata_object).
 	store objstore.Store
 	keys  layout.Keys
@@ -202,13 +206,48 @@ func (s *Assembly) clearTerm(t *Term) {
 	}
 }
 
-// runTerm runs the reconciler with t's agents until ctx ends.
+// runTerm runs the reconciler with t's agents until ctx ends; with image
+// lookups, it looks the images up first and then at their interval.
 func (s *Assembly) runTerm(ctx context.Context, t *Term) error {
 	ag := reconcile.Agents{Live: t.Agents}
 	if t.Agent != nil {
 		ag.Files = t.Agent
 	}
+	if s.Images != nil {
+		s.Images.Refresh(ctx)
+		ctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.Images.Run(ctx)
+		}()
+		defer wg.Wait()
+		defer cancel()
+	}
 	return s.Reconciler.Run(ctx, ag)
+}
+
+// imageLookupFailed reports a failed image lookup to the tenants of the
+// groups whose template names the image (their error events), keeping id.
+func (s *Assembly) imageLookupFailed(name, kept string, err error) {
+	what := "no image yet"
+	if kept != "" {
+		what = "keeping " + kept
+	}
+	err = fmt.Errorf("image %q: lookup failed, %s: %w", name, what, err)
+	cfg := s.Config.Current()
+	reported := false
+	for _, g := range s.Groups.List("") {
+		eff, rerr := groups.Resolve(cfg, &g.Spec, groups.Overrides{})
+		if rerr == nil && g.Spec.Image == "" && eff.Args[provider.ArgImageName] == name {
+			s.Reconciler.ReportInstanceError(g.Tenant, g.ID, "", err)
+			reported = true
+		}
+	}
+	if !reported {
+		s.Reconciler.ReportInstanceError("", "", "", err)
+	}
 }
 
 // Lead runs one term with new per-term parts (tests and benchmarks that
@@ -269,6 +308,14 @@ func Assemble(p Parts) (*Assembly, error) {
 			return nil, err
 		}
 	}
+	// Images the templates name (image_name), looked up by the provider
+	// (taken before the wrappers below, which hide it): the reconciler and
+	// the tenant operations see the config with the resolved ids.
+	cfgFn := holder.Current
+	if r, ok := prov.(provider.ImageResolver); ok && len(r.ImageNames()) > 0 {
+		s.Images = &imagelookup.Table{Resolver: r}
+		cfgFn = s.Images.Config(holder.Current)
+	}
 	// Instance types: the config's catalog, then the provider's own lookup
 	// (taken before the wrappers below, which hide it).
 	catalog := provider.Catalog{Config: holder.Current}
@@ -316,7 +363,7 @@ func Assemble(p Parts) (*Assembly, error) {
 
 	t := p.Tuning
 	ro := reconcile.Options{
-		Cluster: cfg.Cluster.ID, Shard: shard, Config: holder.Current, Groups: s.Groups, Instances: s.Instances,
+		Cluster: cfg.Cluster.ID, Shard: shard, Config: cfgFn, Groups: s.Groups, Instances: s.Instances,
 		Provider: prov, RegistrationAddr: cfg.Shard.Advertise.RegistrationAddr, AgentAddr: cfg.Shard.Advertise.AgentAddr,
 		Events: s.Events, Log: log, ResyncInterval: t.ResyncInterval, RetryBase: t.RetryBase, Now: t.Now,
 		LoadBalancers: lbs,
@@ -402,8 +449,12 @@ func Assemble(p Parts) (*Assembly, error) {
 		}
 	}
 	holder.OnChange(func(old, cur *config.Config) { s.Reconciler.ConfigChanged() })
+	if s.Images != nil {
+		s.Images.OnChange = s.Reconciler.ConfigChanged
+		s.Images.OnError = s.imageLookupFailed
+	}
 
-	s.Ops = tenantops.New(tenantops.Options{Shard: shard, Config: holder.Current, Groups: s.Groups, Instances: s.Instances,
+	s.Ops = tenantops.New(tenantops.Options{Shard: shard, Config: cfgFn, Groups: s.Groups, Instances: s.Instances,
 		Reconciler: s.Reconciler, UserData: ud, Now: t.Now})
 	s.Operator = operatorsvc.New(operatorsvc.Options{Shard: shard, Reconciler: s.Reconciler, Ops: s.Ops, Config: holder,
 		Issuer: p.Issuer, Operators: &operatorsvc.OperatorRecords{Store: p.Store, Keys: p.Keys}, Log: log.WithName("operator"),
@@ -452,7 +503,7 @@ func (s *Assembly) templateInput(_ context.Context, ref agentapi.Ref) (*agentapi
 	}
 	return &agentapi.TemplateInput{Template: t, Data: agentapi.TemplateData{
 		InstanceID: rec.ID, Tenant: rec.Tenant, Cluster: cfg.Cluster.ID, Shard: rec.Shard, Group: rec.GroupID, Template: rec.Template,
-		InstanceType: rec.InstanceType, Vars: maps.Clone(vars), Args: maps.Clone(rec.Args),
+		InstanceType: rec.InstanceType, Vars: maps.Clone(vars), Args: maps.Clone(rec.Args), Image: rec.Args[provider.ArgImage],
 		Instance: config.NewInstanceData(rec.ID, rec.InstanceType, cfg.Shard.InstanceDomain, rec.Addresses),
 	}, TrustedVars: trustedVars(cfg, rec)}, nil
 }
@@ -480,7 +531,7 @@ func (s *Assembly) bootUserData(ctx context.Context, ud *userdata.Store, rec *in
 	}
 	data := agentapi.TemplateData{
 		InstanceID: rec.ID, Tenant: rec.Tenant, Cluster: cfg.Cluster.ID, Shard: rec.Shard, Group: rec.GroupID, Template: rec.Template,
-		InstanceType: rec.InstanceType, Vars: maps.Clone(rec.Vars), Args: maps.Clone(rec.Args),
+		InstanceType: rec.InstanceType, Vars: maps.Clone(rec.Vars), Args: maps.Clone(rec.Args), Image: rec.Args[provider.ArgImage],
 		Instance: config.NewInstanceData(rec.ID, rec.InstanceType, cfg.Shard.InstanceDomain, nil),
 	}
 	out, err := userdata.Render(ctx, "templates."+rec.Template, t, data, func(ctx context.Context, key string) ([]byte, error) {

@@ -2,6 +2,7 @@ package app
 
 import (
 	"github.com/nstance-dev/nstance/internal/server/loadbalancer"
+	"github.com/nstance-dev/nstance/internal/server/loadbalancer/awslb"
 	"github.com/nstance-dev/nstance/internal/server/loadbalancer/haproxy"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/provider/aws"
@@ -20,5 +21,5 @@ func DefaultProviders() *provider.Registry {
 // load_balancers.<name>.provider to choose from (Options.LoadBalancers when
 // unset).
 func DefaultLoadBalancers() *loadbalancer.Registry {
-	return loadbalancer.NewRegistry(haproxy.Kind())
+	return loadbalancer.NewRegistry(haproxy.Kind(), awslb.Kind())
 }

@@ -101,10 +101,8 @@ func Resolve(cfg *config.Config, spec *Spec, o Overrides) (Effective, error) {
 	if o.DrainTimeout != nil {
 		e.DrainTimeout = max(*o.DrainTimeout, 0)
 	}
-	if e.SubnetPool != "" {
-		if _, ok := cfg.Shard.SubnetPools[e.SubnetPool]; !ok {
-			return e, fmt.Errorf("subnet_pool: unknown subnet pool %q", e.SubnetPool)
-		}
+	if e.SubnetPool != "" && !cfg.Shard.HasSubnetPool(e.SubnetPool) {
+		return e, fmt.Errorf("subnet_pool: unknown subnet pool %q", e.SubnetPool)
 	}
 	return e, nil
 }
@@ -147,10 +145,8 @@ func Validate(cfg *config.Config, tenant, id string, s Spec) []FieldError {
 	if s.Size < 0 || s.Size > MaxSize {
 		add("size", "must be between 0 and %d, got %d", MaxSize, s.Size)
 	}
-	if s.SubnetPool != "" {
-		if _, ok := cfg.Shard.SubnetPools[s.SubnetPool]; !ok {
-			add("subnet_pool", "unknown subnet pool %q", s.SubnetPool)
-		}
+	if s.SubnetPool != "" && !cfg.Shard.HasSubnetPool(s.SubnetPool) {
+		add("subnet_pool", "unknown subnet pool %q", s.SubnetPool)
 	}
 	if s.DrainTimeout != nil && *s.DrainTimeout < 0 {
 		add("drain_timeout", "must not be negative")

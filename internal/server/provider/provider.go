@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"time"
 )
 
 // ErrNotFound reports that the provider has no instance with the given id.
@@ -28,6 +29,28 @@ const (
 // images (aws) launches from it; the others only record it. Being an arg, a
 // change makes the group's members drift and rotate.
 const ArgImage = "image"
+
+// ArgImageName is the instance arg (of a template or the defaults) naming
+// one of the provider's looked-up images (aws: options.images). The
+// server sets ArgImage to the id the name currently resolves to
+// (imagelookup), so a newly resolved image makes the members drift and
+// the group rolls it; an explicit ArgImage (GroupSpec.image) still wins.
+const ArgImageName = "image_name"
+
+// ImageResolver is implemented by providers that look images up by name.
+type ImageResolver interface {
+	// ImageNames returns the names of the provider's images, sorted.
+	ImageNames() []string
+	// ResolveImage looks the named image up now and returns its id. On a
+	// failed lookup it returns the error; the caller keeps what it had.
+	ResolveImage(ctx context.Context, name string) (string, error)
+	// ImageFallback is the id to use when the first lookup of a name
+	// fails ("" for none).
+	ImageFallback(name string) string
+	// ImageRefreshInterval is how long a resolved id is used before the
+	// next lookup.
+	ImageRefreshInterval() time.Duration
+}
 
 // CreateRequest carries everything a provider needs to start one instance.
 type CreateRequest struct {

@@ -19,6 +19,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/groups"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	"github.com/nstance-dev/nstance/internal/server/loadbalancer"
+	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/provider/mock"
 	"github.com/nstance-dev/nstance/internal/server/reconcile"
 	"github.com/nstance-dev/nstance/internal/server/shardtest"
@@ -91,6 +92,9 @@ type shardOptions struct {
 	prepare func(s *shard)
 	// lbs are the load balancer providers, by entry (none by default).
 	lbs map[string]loadbalancer.Provider
+	// provider replaces the mock provider the reconciler drives (s.p is
+	// then unused).
+	provider provider.Provider
 }
 
 // faultyStore is in-memory object storage whose writes of chosen keys fail.
@@ -129,6 +133,9 @@ func newShard(t *testing.T, cfg *config.Config, o shardOptions) *shard {
 	ro := reconcile.Options{Cluster: "c1", Shard: "s1", Config: func() *config.Config { return cfg }, Groups: s.groups,
 		Instances: s.insts, Provider: s.p, Events: s.events, Log: logr.Discard(), ResyncInterval: o.resync,
 		RetryBase: 20 * time.Millisecond, Clock: s.clk, LoadBalancers: o.lbs}
+	if o.provider != nil {
+		ro.Provider = o.provider
+	}
 	if o.monitor {
 		s.agents = &agents{clk: s.clk, silent: map[string]bool{}, version: map[string]string{}}
 		ro.MonitorAgents = true

@@ -112,6 +112,20 @@ type Options struct {
 	// VisibilityTimeout is how long a create waits for the new instance to
 	// show in DescribeInstances (default 2m).
 	VisibilityTimeout config.Duration `json:"visibility_timeout"`
+	// Images are AMIs looked up by name (DescribeImages), named by
+	// templates with the image_name arg.
+	Images map[string]Image `json:"images"`
+	// ImageRefreshInterval is how long a looked-up image is used before
+	// the next lookup (default 1h).
+	ImageRefreshInterval config.Duration `json:"image_refresh_interval"`
+	// SubnetMinFreeAddresses is the floor of free addresses
+	// (AvailableIpAddressCount) below which a subnet of a pool takes no
+	// new instance (default 8).
+	SubnetMinFreeAddresses int `json:"subnet_min_free_addresses"`
+	// SubnetRefreshInterval is how long free address counts and the
+	// subnets of dynamic pools are used before DescribeSubnets again
+	// (default 1m).
+	SubnetRefreshInterval config.Duration `json:"subnet_refresh_interval"`
 }
 
 // Kind registers the EC2 provider.
@@ -180,6 +194,13 @@ func (o *Options) Validate(cfg *config.Config) config.Errors {
 			add(optionsKey+".agent."+f.key, "want an absolute path without quotes or newlines, got %q", f.v)
 		}
 	}
+	o.validateImages(add)
+	if o.SubnetMinFreeAddresses < 0 {
+		add(optionsKey+".subnet_min_free_addresses", "must not be negative, got %d", o.SubnetMinFreeAddresses)
+	}
+	if o.SubnetRefreshInterval < 0 {
+		add(optionsKey+".subnet_refresh_interval", "must not be negative, got %s", o.SubnetRefreshInterval.D())
+	}
 	if strings.TrimSpace(o.Agent.Start) == "" {
 		add(optionsKey+".agent.start", "must not be empty")
 	}
@@ -207,6 +228,15 @@ func (o *Options) Validate(cfg *config.Config) config.Errors {
 		}
 		for k, v := range cfg.Templates[n].Args {
 			args[k] = v
+		}
+		if name := args[provider.ArgImageName]; name != "" {
+			if _, ok := o.Images[name]; !ok {
+				add("templates."+n+".args", "%s %q is not in %s.images", provider.ArgImageName, name, optionsKey)
+				continue
+			}
+			if args[provider.ArgImage] == "" {
+				args[provider.ArgImage] = "ami-resolved-at-run-time"
+			}
 		}
 		spec, err := o.launchSpec(args)
 		if err != nil {

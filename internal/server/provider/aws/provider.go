@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"sort"
 	"strings"
 	"sync"
@@ -47,6 +46,8 @@ type Provider struct {
 	// in DescribeInstances (after its steps, at the last delay);
 	// Options.VisibilityTimeout bounds the whole wait.
 	Visible wait.Backoff
+	// Now is the clock of the subnet caches (default time.Now).
+	Now func() time.Time
 
 	mu sync.Mutex
 	// ids maps instance ids to the EC2 instance ids learnt from creates and
@@ -55,6 +56,8 @@ type Provider struct {
 	// types caches DescribeInstanceType answers by type name.
 	types     map[string]provider.InstanceType
 	typeCalls singleflight.Group
+	// subnets caches free addresses and dynamic pools (subnets.go).
+	subnets subnetState
 }
 
 var _ provider.Provider = (*Provider)(nil)
@@ -66,6 +69,8 @@ func New(api EC2API, o Options, env provider.Env) *Provider {
 		Visible: wait.Backoff{Duration: 250 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 6, Cap: 10 * time.Second},
 		ids:     map[string]string{},
 		types:   map[string]provider.InstanceType{},
+		subnets: newSubnetState(),
+		Now:     time.Now,
 	}
 }
 
@@ -95,6 +100,10 @@ func (o *Options) launchSpec(args map[string]string) (launchSpec, error) {
 			return s, fmt.Errorf("image: want ami-…, got %q", v)
 		}
 		s.imageID = v
+	} else if n := args[provider.ArgImageName]; n != "" {
+		// The server sets the image arg from the looked-up name; without
+		// it the lookup has not succeeded yet and there is no fallback.
+		return s, fmt.Errorf("%s %q: not resolved yet (no successful DescribeImages and no fallback_id)", provider.ArgImageName, n)
 	}
 	if v := args[ArgLaunchTemplate]; v != "" {
 		s.launchTemplate = LaunchTemplate{Version: s.launchTemplate.Version}
@@ -142,22 +151,6 @@ func (p *Provider) owner() (cluster, shard string) {
 	return cfg.Cluster.ID, cfg.Shard.ID
 }
 
-// subnet picks the instance's subnet from its pool: a hash of the instance
-// id, so every retry of one create asks for the same subnet (a client
-// token repeated with other parameters is refused).
-func (p *Provider) subnet(req provider.CreateRequest) (string, error) {
-	if req.SubnetPool == "" {
-		return "", nil
-	}
-	pool, ok := p.env.Config().Shard.SubnetPools[req.SubnetPool]
-	if !ok || len(pool.Subnets) == 0 {
-		return "", fmt.Errorf("subnet pool %q is not in shard.subnet_pools or has no subnets", req.SubnetPool)
-	}
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(req.InstanceID))
-	return pool.Subnets[h.Sum32()%uint32(len(pool.Subnets))], nil
-}
-
 func (p *Provider) tags(req provider.CreateRequest) []types.Tag {
 	m := map[string]string{}
 	for k, v := range p.o.Tags {
@@ -187,12 +180,12 @@ func (p *Provider) tags(req provider.CreateRequest) []types.Tag {
 }
 
 // runInput builds the RunInstances request of req.
-func (p *Provider) runInput(req provider.CreateRequest) (*ec2.RunInstancesInput, error) {
+func (p *Provider) runInput(ctx context.Context, req provider.CreateRequest) (*ec2.RunInstancesInput, error) {
 	spec, err := p.o.launchSpec(req.Args)
 	if err != nil {
 		return nil, err
 	}
-	subnet, err := p.subnet(req)
+	subnet, err := p.subnet(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -273,7 +266,7 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	if err := provider.ValidateInstanceID(req.InstanceID); err != nil {
 		return provider.Instance{}, err
 	}
-	in, err := p.runInput(req)
+	in, err := p.runInput(ctx, req)
 	if err != nil {
 		return provider.Instance{}, fmt.Errorf("instance %s: %w", req.InstanceID, err)
 	}
@@ -294,6 +287,9 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	}
 	ec2ID := *out.Instances[0].InstanceId
 	p.remember(req.InstanceID, ec2ID)
+	p.mu.Lock()
+	delete(p.subnets.chosen, req.InstanceID)
+	p.mu.Unlock()
 	p.log.V(1).Info("launched", "instance", req.InstanceID, "ec2", ec2ID, "subnet", awssdk.ToString(in.SubnetId), "market", p.market(in))
 	got, err := p.waitVisible(ctx, ec2ID)
 	if err != nil {
@@ -390,7 +386,10 @@ func (p *Provider) forget(id string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.ids, id)
+	delete(p.subnets.chosen, id)
 }
+
+func (p *Provider) now() time.Time { return p.Now() }
 
 func filter(name string, values ...string) types.Filter {
 	return types.Filter{Name: awssdk.String(name), Values: values}

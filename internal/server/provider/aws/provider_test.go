@@ -400,8 +400,8 @@ func TestSubnetChoiceIsStablePerInstance(t *testing.T) {
 
 func TestIAMActions(t *testing.T) {
 	require.Equal(t, []string{
-		"ec2:AttachNetworkInterface", "ec2:DescribeInstanceTypes", "ec2:DescribeInstances", "ec2:DescribeNetworkInterfaces",
-		"ec2:DetachNetworkInterface", "ec2:RunInstances", "ec2:TerminateInstances",
+		"ec2:AttachNetworkInterface", "ec2:DescribeImages", "ec2:DescribeInstanceTypes", "ec2:DescribeInstances", "ec2:DescribeNetworkInterfaces",
+		"ec2:DescribeSubnets", "ec2:DetachNetworkInterface", "ec2:RunInstances", "ec2:TerminateInstances",
 	}, aws.IAMActions())
 }
 

@@ -162,6 +162,20 @@ func instanceXML(ec2ID, id, state string, code int, spot bool) string {
 	return b.String()
 }
 
+func subnetItem(id string, free int) string {
+	return fmt.Sprintf(`<item><subnetId>%s</subnetId><state>available</state><vpcId>vpc-1</vpcId><availabilityZone>us-fake-1a</availabilityZone>`+
+		`<availableIpAddressCount>%d</availableIpAddressCount><cidrBlock>10.0.1.0/24</cidrBlock></item>`, id, free)
+}
+
+func subnetsXML(id string, free int) string {
+	return `<subnetSet>` + subnetItem(id, free) + `</subnetSet>`
+}
+
+func imageXML(id, name, created string) string {
+	return fmt.Sprintf(`<item><imageId>%s</imageId><name>%s</name><imageState>available</imageState><architecture>arm64</architecture>`+
+		`<creationDate>%s</creationDate><imageOwnerId>123456789012</imageOwnerId></item>`, id, name, created)
+}
+
 func reservations(items ...string) string {
 	var b strings.Builder
 	b.WriteString(`<reservationSet>`)
@@ -285,6 +299,13 @@ func TestWire(t *testing.T) {
 				assert.Equal(t, []string{id}, params(f, "InstanceId"))
 			}
 		}
+		byGroup := func(group string) func(t *testing.T, f url.Values) {
+			return func(t *testing.T, f url.Values) {
+				assert.Equal(t, map[string][]string{"tag:" + aws.TagCluster: {"c1"}, "tag:" + aws.TagShard: {"s1"},
+					"instance-state-name": {"pending", "running", "stopping", "stopped"},
+					"tag:" + aws.TagGroup: {group}, "tag:" + aws.TagTenant: {"acme"}}, filters(f))
+			}
+		}
 		byTags := func(instanceID, token string) func(t *testing.T, f url.Values) {
 			return func(t *testing.T, f url.Values) {
 				want := map[string][]string{"tag:" + aws.TagCluster: {"c1"}, "tag:" + aws.TagShard: {"s1"},
@@ -297,9 +318,15 @@ func TestWire(t *testing.T) {
 			}
 		}
 
-		// Create: throttled twice (the SDK retryer resends the same
-		// request), then launched; the first look does not see it yet.
+		// Create: the pool's free addresses and the group's members per
+		// subnet pick the subnet; RunInstances is throttled twice (the SDK
+		// retryer resends the same request), then launches; the first
+		// look does not see it yet.
 		w.expect(
+			ok("DescribeSubnets", subnetsXML("subnet-a", 250)).checking(func(t *testing.T, f url.Values) {
+				assert.Equal(t, []string{"subnet-a"}, params(f, "SubnetId"))
+			}),
+			ok("DescribeInstances", `<reservationSet/>`).checking(byGroup("web")),
 			fail("RunInstances", http.StatusServiceUnavailable, "RequestLimitExceeded", "Request limit exceeded.").checking(checkRun),
 			fail("RunInstances", http.StatusServiceUnavailable, "RequestLimitExceeded", "Request limit exceeded.").checking(checkRun),
 			ok("RunInstances", `<reservationId>r-1</reservationId><ownerId>123456789012</ownerId><groupSet/><instancesSet>`+
@@ -313,8 +340,9 @@ func TestWire(t *testing.T) {
 		require.Equal(t, provider.Instance{InstanceID: "web-1", ProviderID: "nstance://c1/s1/web-1", State: provider.StateRunning,
 			Message: "ec2 i-0wire1 running; spot", Addresses: []string{"10.0.1.12", "10.0.1.13", "2600:1f18::12", "203.0.113.7"}}, inst)
 
-		// A parameter error is not retried.
-		w.expect(fail("RunInstances", http.StatusBadRequest, "InvalidParameterValue", "Value (m7g.huge) for parameter instanceType is invalid."))
+		// A parameter error is not retried. The free addresses are cached.
+		w.expect(ok("DescribeInstances", reservations(instanceXML("i-0wire1", "web-1", "running", 16, false))).checking(byGroup("web")),
+			fail("RunInstances", http.StatusBadRequest, "InvalidParameterValue", "Value (m7g.huge) for parameter instanceType is invalid."))
 		bad := request("web-2", "web")
 		_, err = p.Create(ctx, bad)
 		require.ErrorContains(t, err, "InvalidParameterValue")
@@ -494,6 +522,50 @@ func TestWire(t *testing.T) {
 		// A configuration error surfaces at once.
 		w.expect(fail("DescribeNetworkInterfaces", http.StatusBadRequest, "InvalidNetworkInterfaceID.NotFound", "The networkInterface ID 'eni-0shard' does not exist"))
 		require.ErrorContains(t, e.Acquire(ctx), "InvalidNetworkInterfaceID.NotFound")
+		w.done(t)
+	})
+
+	t.Run("images and subnet pools", func(t *testing.T) {
+		o := aws.DefaultOptions()
+		o.Images = map[string]aws.Image{"base": {Name: "nstance-base-*", Owners: []string{"self", "123456789012"}, Architecture: "arm64"}}
+		o.SubnetMinFreeAddresses = 10
+		cfg := testConfig()
+		cfg.Shard.SubnetPools = nil
+		cfg.Shard.DynamicSubnetPools = map[string]config.DynamicSubnetPool{"tagged": {Tags: map[string]string{"tier": "private", "nstance.dev/cluster": "c1"}}}
+		p := aws.New(client, *o, provider.Env{Config: func() *config.Config { return cfg }})
+
+		// The newest available match of the name, owners and architecture.
+		w.expect(ok("DescribeImages", `<imagesSet>`+imageXML("ami-0older", "nstance-base-1", "2026-10-01T00:00:00.000Z")+
+			imageXML("ami-0newer", "nstance-base-2", "2026-11-01T00:00:00.000Z")+`</imagesSet>`).checking(func(t *testing.T, f url.Values) {
+			assert.Equal(t, []string{"self", "123456789012"}, params(f, "Owner"))
+			assert.Equal(t, map[string][]string{"name": {"nstance-base-*"}, "state": {"available"}, "architecture": {"arm64"}}, filters(f))
+		}))
+		id, err := p.ResolveImage(ctx, "base")
+		require.NoError(t, err)
+		require.Equal(t, "ami-0newer", id)
+		w.done(t)
+		w.expect(fail("DescribeImages", http.StatusForbidden, "UnauthorizedOperation", "You are not authorized to perform this operation."))
+		_, err = p.ResolveImage(ctx, "base")
+		require.ErrorContains(t, err, "UnauthorizedOperation")
+		w.done(t)
+
+		// A dynamic pool: its subnets by tags, the fullest below the floor.
+		w.expect(
+			ok("DescribeSubnets", `<subnetSet>`+subnetItem("subnet-full", 3)+subnetItem("subnet-room", 40)+`</subnetSet>`).checking(func(t *testing.T, f url.Values) {
+				assert.Equal(t, map[string][]string{"tag:nstance.dev/cluster": {"c1"}, "tag:tier": {"private"}}, filters(f))
+			}),
+			ok("DescribeInstances", `<reservationSet/>`),
+			ok("RunInstances", `<reservationId>r-2</reservationId><ownerId>123456789012</ownerId><groupSet/><instancesSet>`+
+				instanceXML("i-0wire3", "web-3", "running", 16, false)+`</instancesSet>`).checking(func(t *testing.T, f url.Values) {
+				assert.Equal(t, "subnet-room", f.Get("SubnetId"))
+				assert.Equal(t, "ami-0newer", f.Get("ImageId"))
+			}),
+			ok("DescribeInstances", reservations(instanceXML("i-0wire3", "web-3", "running", 16, false))),
+		)
+		req := request("web-3", "web")
+		req.SubnetPool, req.Args = "tagged", map[string]string{provider.ArgImageName: "base", provider.ArgImage: "ami-0newer"}
+		_, err = p.Create(ctx, req)
+		require.NoError(t, err)
 		w.done(t)
 	})
 

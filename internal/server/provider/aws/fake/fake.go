@@ -63,6 +63,12 @@ type EC2 struct {
 	runs      []*ec2.RunInstancesInput
 	types     map[types.InstanceType]types.InstanceTypeInfo
 	typesGate chan struct{}
+	// images are the AMIs DescribeImages answers; failImages fails the
+	// next calls.
+	images     []types.Image
+	failImages int
+	// subnetInfo are the subnets added with AddSubnet (free addresses, tags).
+	subnetInfo map[string]*subnet
 }
 
 type instance struct {
@@ -81,14 +87,15 @@ type eni struct {
 	settle int
 }
 
-// New returns an empty fake EC2 whose subnets are the given ones (none:
-// any subnet id is accepted).
+// New returns an empty fake EC2 whose subnets are the given ones, each
+// with 4091 free addresses (none: any subnet id is accepted).
 func New(subnets ...string) *EC2 {
 	f := &EC2{instances: map[string]*instance{}, tokens: map[string]token{}, enis: map[string]*eni{},
 		subnets: map[string]bool{}, throttle: map[string]int{}, lose: map[string]int{}, calls: map[string]int{},
-		types: map[types.InstanceType]types.InstanceTypeInfo{}}
+		types: map[types.InstanceType]types.InstanceTypeInfo{}, subnetInfo: map[string]*subnet{}}
 	for _, s := range subnets {
 		f.subnets[s] = true
+		f.subnetInfo[s] = &subnet{id: s, free: 4091}
 	}
 	return f
 }
@@ -196,6 +203,9 @@ func (f *EC2) RunInstances(_ context.Context, in *ec2.RunInstancesInput, _ ...fu
 	if subnet != "" && len(f.subnets) > 0 && !f.subnets[subnet] {
 		return nil, apiError("InvalidSubnetID.NotFound", fmt.Sprintf("The subnet ID '%s' does not exist", subnet))
 	}
+	if err := f.takeAddress(subnet); err != nil {
+		return nil, err
+	}
 	ud, err := base64.StdEncoding.DecodeString(awssdk.ToString(in.UserData))
 	if err != nil {
 		return nil, apiError("InvalidParameterValue", "Invalid BASE64 encoding of user data")
@@ -271,6 +281,8 @@ func (i *instance) matches(fs []types.Filter) (bool, error) {
 			have = string(i.State.Name)
 		case name == "instance-id":
 			have = awssdk.ToString(i.InstanceId)
+		case name == "private-ip-address":
+			have = awssdk.ToString(i.PrivateIpAddress)
 		default:
 			return false, apiError("InvalidParameterValue", fmt.Sprintf("The filter '%s' is invalid (fake)", name))
 		}
@@ -287,7 +299,7 @@ func (i *instance) matches(fs []types.Filter) (bool, error) {
 
 // DescribeInstances answers by InstanceIds (any unknown or not yet visible:
 // InvalidInstanceID.NotFound) and Filters (tag:KEY, instance-state-name,
-// instance-id), one reservation per instance, paged by PageSize.
+// instance-id, private-ip-address), one reservation per instance, paged by PageSize.
 func (f *EC2) DescribeInstances(_ context.Context, in *ec2.DescribeInstancesInput, _ ...func(*ec2.Options)) (*ec2.DescribeInstancesOutput, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
