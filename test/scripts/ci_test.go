@@ -108,7 +108,7 @@ func (s *ciSandbox) calls(t *testing.T) []string {
 }
 
 // On a machine without tmux, the aws CLI, curl, ps, python3, chromium,
-// systemd-analyze, shellcheck and gcc, .ci/run
+// systemd-analyze, shellcheck, gcc and haproxy, .ci/run
 // installs exactly those with apt-get, says so, builds the envtest assets and
 // runs make tools and make test, with progress at least every interval.
 func TestCIRunInstallsMissingTools(t *testing.T) {
@@ -124,7 +124,7 @@ func TestCIRunInstallsMissingTools(t *testing.T) {
 	want := []string{
 		"apt-get update -qq",
 		"DEBIAN_FRONTEND=",
-		"apt-get install -y -qq --no-install-recommends tmux awscli curl procps python3 chromium systemd shellcheck gcc",
+		"apt-get install -y -qq --no-install-recommends tmux awscli curl procps python3 chromium systemd shellcheck gcc haproxy",
 		"DEBIAN_FRONTEND=noninteractive",
 	}
 	var apt []string
@@ -146,11 +146,11 @@ func TestCIRunInstallsMissingTools(t *testing.T) {
 		t.Errorf("make calls %q, want tools then test", makes)
 	}
 	for _, line := range []string{
-		"ci: installing tmux aws curl ps python3 chromium systemd-analyze shellcheck gcc (Debian packages: tmux awscli curl procps python3 chromium systemd shellcheck gcc)",
+		"ci: installing tmux aws curl ps python3 chromium systemd-analyze shellcheck gcc haproxy (Debian packages: tmux awscli curl procps python3 chromium systemd shellcheck gcc haproxy)",
 		"ci: tmux: installed (" + s.bin + "/tmux)",
 		"ci: aws: installed (" + s.bin + "/aws)",
 		"ci: git: present (",
-		"ci: apt-get install tmux awscli curl procps python3 chromium systemd shellcheck gcc: still running (",
+		"ci: apt-get install tmux awscli curl procps python3 chromium systemd shellcheck gcc haproxy: still running (",
 		"ci: make tools (pinned generators into ./bin)",
 		"ci: make tools: still running (",
 		"envtest-assets: building kube-apiserver and kubectl v" + k8sVersion,
@@ -169,7 +169,7 @@ func TestCIRunSkipsPresentTools(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)
 	s := newCISandbox(t, true)
-	s.add(t, "tmux", "aws", "curl", "ps", "python3", "flock", "chromium", "systemd-analyze", "shellcheck", "gcc")
+	s.add(t, "tmux", "aws", "curl", "ps", "python3", "flock", "chromium", "systemd-analyze", "shellcheck", "gcc", "haproxy")
 	fakeBinaries(t, filepath.Join(s.cache, assetsDir), etcdVersion)
 	r, end := run(t, s.cmd(root, "0.2"), time.Minute)
 	if r.code != 0 {
@@ -181,7 +181,7 @@ func TestCIRunSkipsPresentTools(t *testing.T) {
 			t.Errorf("unexpected call %q with every tool present and the envtest cache built", c)
 		}
 	}
-	for _, tool := range []string{"git", "make", "bash", "tmux", "aws", "curl", "ps", "flock", "python3", "chromium", "systemd-analyze", "shellcheck", "gcc"} {
+	for _, tool := range []string{"git", "make", "bash", "tmux", "aws", "curl", "ps", "flock", "python3", "chromium", "systemd-analyze", "shellcheck", "gcc", "haproxy"} {
 		if !r.has("ci: " + tool + ": present (") {
 			t.Errorf("no 'present' line for %s; output:\n%s", tool, r.text())
 		}
@@ -197,7 +197,7 @@ func TestCIRunExplainsWhatIsMissing(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)
 	s := newCISandbox(t, false)
-	s.add(t, "aws", "curl", "ps", "python3", "flock", "chromium", "systemd-analyze", "shellcheck", "gcc")
+	s.add(t, "aws", "curl", "ps", "python3", "flock", "chromium", "systemd-analyze", "shellcheck", "gcc", "haproxy")
 	r, _ := run(t, s.cmd(root, "0"), time.Minute)
 	if r.code != 1 || !r.has("ci: error: missing: tmux; there is no apt-get here: install them (packages tmux on Debian) and rerun") {
 		t.Errorf("exit %d; want 1 and the missing tmux named; output:\n%s", r.code, r.text())
