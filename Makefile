@@ -325,7 +325,7 @@ define dev-start
 	@date +%s > $(DEV_DIR)/pids/started-at
 	export NSTANCE_DEV_DIR=$(DEV_DIR) NSTANCE_DEV_SERVERS=$(DEV_SERVERS) $(2); \
 		echo $$$$ > $(DEV_DIR)/pids/overmind.pid; \
-		exec $(OVERMIND) start -s $(DEV_DIR)/overmind.sock -N -t 15 -l $(1)$(comma)ready -c ready -m server=$(DEV_SERVERS)
+		exec $(OVERMIND) start -s $(DEV_DIR)/overmind.sock -N -t 15 -l $(1)$(comma)lb$(comma)ready -c ready$(comma)lb -m server=$(DEV_SERVERS)
 endef
 
 .PHONY: dev-tmux

@@ -168,6 +168,7 @@ func TestMakeDevTmuxK8s(t *testing.T) {
 		"tmux attach -t " + session,
 		"bin/overmind connect -s " + filepath.Join(dir, "overmind.sock"),
 		"Ctrl+C", "make clean-dev",
+		fmt.Sprintf("lb          %s", map[bool]string{true: fmt.Sprintf("http://127.0.0.1:%d/healthz", base-2), false: "none"}[haveHAProxy()]),
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("start-up summary lacks %q", want)
@@ -242,3 +243,5 @@ func TestMakeDevTmuxK8s(t *testing.T) {
 		}
 	}
 }
+
+func haveHAProxy() bool { _, err := exec.LookPath("haproxy"); return err == nil }
