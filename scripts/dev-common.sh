@@ -128,7 +128,7 @@ shard_config() {
 		-e "s/\"id\": \"dev-1\"/\"id\": \"$(shard_of "$n")\"/" \
 		-e "s|\"advertise\": \{ \"hosts\": \[\"127.0.0.1\"\] \}|\"advertise\": { \"hosts\": [\"127.0.0.1\"], \"registration_addr\": \"127.0.0.1:$reg\", \"operator_addr\": \"127.0.0.1:$op\", \"agent_addr\": \"127.0.0.1:$agent\" }|" \
 		-e "s|\"options\": \{ \"session\": \"nstance-dev-agents\",|\"options\": { \"session\": \"$DEV_AGENT_SESSION\", \"command\": \"scripts/dev-agent.sh\",|" \
-		-e "s|\"socket\": \"temp/haproxy/admin.sock\"|\"socket\": \"$DEV_DIR_ABS/haproxy/admin.sock\"|" \
+		-e "s|\"socket\": \"/path/to/temp/haproxy/admin.sock\"|\"socket\": \"$DEV_DIR_ABS/haproxy/admin.sock\"|" \
 		-e "s|\"kube_server\": \"https://127.0.0.1:6443\"|\"kube_server\": \"$(kube_server)\"|" \
 		-e "s|\"kube_ca\": \"temp/kube/server-ca.crt\"|\"kube_ca\": \"$DEV_DIR_ABS/kube/server-ca.crt\"|" \
 		-e "s|\"kube_content_type\": \"application/json\"|\"kube_content_type\": \"$(kube_content_type)\"|" \

@@ -183,7 +183,7 @@ func (s *stack) shardConfig(n int) []byte {
 		{`"workers": { "template": "worker", "size": 1, "drain_timeout": "2m" },`, ``},
 	}
 	if s.lbSocket != "" {
-		repl = append(repl, struct{ old, new string }{`"socket": "temp/haproxy/admin.sock"`, `"socket": "` + s.lbSocket + `"`})
+		repl = append(repl, struct{ old, new string }{`"socket": "/path/to/temp/haproxy/admin.sock"`, `"socket": "` + s.lbSocket + `"`})
 	}
 	out := string(b)
 	if s.lbSocket == "" {
