@@ -179,6 +179,13 @@ func TestMakeDevTmuxK8s(t *testing.T) {
 		return len(m) > 0
 	})
 	t.Logf("first agent registered %s after make dev-tmux-k8s", time.Since(start).Round(time.Second))
+	lbURL := fmt.Sprintf("http://127.0.0.1:%d/healthz", base-2)
+	if haveHAProxy() {
+		// The static workers group's agents register with the dev HAProxy
+		// after their first report; /healthz then answers through it.
+		wait("an agent's /healthz through the dev HAProxy "+lbURL, 3*time.Minute, func() bool { return proctest.HTTPOK(lbURL) })
+		t.Logf("dev load balancer answered %s after make dev-tmux-k8s", time.Since(start).Round(time.Second))
+	}
 	wait("operator registered", 3*time.Minute, func() bool {
 		_, err := os.Stat(filepath.Join(dir, "dev-k8s", "secrets", "default", "nstance-operator-cert.json"))
 		return err == nil
@@ -236,6 +243,9 @@ func TestMakeDevTmuxK8s(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "dev-s3")); !os.IsNotExist(err) {
 		t.Errorf("clean-dev left %s behind", dir)
+	}
+	if proctest.Dialable(fmt.Sprintf("127.0.0.1:%d", base-2)) {
+		t.Errorf("the dev HAProxy still listens after clean-dev")
 	}
 	for n := 0; n < 2; n++ {
 		if proctest.HTTPOK(fmt.Sprintf("http://127.0.0.1:%d/health", base+10*n)) {
