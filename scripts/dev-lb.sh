@@ -8,7 +8,11 @@
 # then leaves the load balancer out of the servers' configs.
 source "$(dirname "$0")/dev-common.sh"
 if ! dev_lb_enabled; then
-	log "haproxy not found: the dev stack runs without its load balancer (apt-get install haproxy / brew install haproxy)"
+	if [[ ${NSTANCE_DEV_LB:-true} != true ]]; then
+		log "NSTANCE_DEV_LB=$NSTANCE_DEV_LB: the dev stack runs without its load balancer"
+	else
+		log "haproxy not found: the dev stack runs without its load balancer (apt-get install haproxy / brew install haproxy)"
+	fi
 	exit 0
 fi
 dir="$DEV_DIR/haproxy"

@@ -58,7 +58,7 @@ summary=(
 	"===== nstance dev stack is up$took ====="
 	"dev-s3      http://$DEV_S3_ADDR  bucket $DEV_BUCKET, keys in $DEV_DIR_ABS/dev-s3.credentials, e.g. AWS_SHARED_CREDENTIALS_FILE=$DEV_DIR_ABS/dev-s3.credentials aws --endpoint-url http://$DEV_S3_ADDR --region us-east-1 s3 ls s3://$DEV_BUCKET/"
 	"servers     ${servers[*]}"
-	"$(if dev_lb_enabled; then echo "lb          http://$DEV_LB_ADDR/healthz  (HAProxy, backend dev-www: the workers' agents; watch: echo 'show servers state dev-www' | socat - UNIX:$DEV_DIR_ABS/haproxy/admin.sock)"; else echo "lb          none: haproxy is not installed (apt-get install haproxy)"; fi)"
+	"$(if dev_lb_enabled; then echo "lb          http://$DEV_LB_ADDR/healthz  (HAProxy, backend dev-www: the workers' agents; watch: echo 'show servers state dev-www' | socat - UNIX:$DEV_DIR_ABS/haproxy/admin.sock)"; else echo "lb          none (haproxy not installed: apt-get install haproxy; or NSTANCE_DEV_LB=false)"; fi)"
 	"status      $status_url  (live page: shards, leaders, groups, instances, errors; open ${status_url}?token=$(<"$status_token") once, API: Authorization: Bearer from $status_token)"
 )
 if [[ $with_k8s == true ]]; then
