@@ -294,6 +294,7 @@ check: ## Verify go, tmux, air and overmind; install the pinned air and overmind
 	@command -v $(GO) >/dev/null || { echo "check: go is missing (Go 1.26 needed)"; exit 1; }
 	@command -v tmux >/dev/null || { echo "check: tmux is missing (apt-get install tmux / brew install tmux)"; exit 1; }
 	@command -v curl >/dev/null || { echo "check: curl is missing (apt-get install curl)"; exit 1; }
+	@command -v haproxy >/dev/null || echo "check: haproxy is missing: the dev stack starts without its load balancer (apt-get install haproxy / brew install haproxy)"
 	@source scripts/lib/progress.sh; PROGRESS_TAG=check; \
 	have=$$($(BIN)/air -v 2>&1 || true); \
 	if [[ $$have != *'$(AIR_VERSION)'* ]]; then \
@@ -325,7 +326,7 @@ define dev-start
 	@date +%s > $(DEV_DIR)/pids/started-at
 	export NSTANCE_DEV_DIR=$(DEV_DIR) NSTANCE_DEV_SERVERS=$(DEV_SERVERS) $(2); \
 		echo $$$$ > $(DEV_DIR)/pids/overmind.pid; \
-		exec $(OVERMIND) start -s $(DEV_DIR)/overmind.sock -N -t 15 -l $(1)$(comma)ready -c ready -m server=$(DEV_SERVERS)
+		exec $(OVERMIND) start -s $(DEV_DIR)/overmind.sock -N -t 15 -l $(1)$(comma)lb$(comma)ready -c ready$(comma)lb -m server=$(DEV_SERVERS)
 endef
 
 .PHONY: dev-tmux

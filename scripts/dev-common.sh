@@ -15,6 +15,9 @@ DEV_SERVERS="${NSTANCE_DEV_SERVERS:-2}"
 DEV_PORT_BASE="${NSTANCE_DEV_PORT_BASE:-8990}"
 DEV_S3_ADDR="${NSTANCE_DEV_S3_ADDR:-127.0.0.1:8989}"
 DEV_K8S_ADDR="${NSTANCE_DEV_K8S_ADDR:-127.0.0.1:6443}"
+# The dev load balancer (scripts/dev-lb.sh): HAProxy's frontend, 8988 (moved
+# with NSTANCE_DEV_PORT_BASE).
+DEV_LB_ADDR="${NSTANCE_DEV_LB_ADDR:-127.0.0.1:$((DEV_PORT_BASE - 2))}"
 DEV_BUCKET=dev
 DEV_CLUSTER_ID=example-cluster
 DEV_TENANT=default
@@ -108,6 +111,10 @@ kube_content_type() {
 	if [[ ${NSTANCE_DEV_K8S:-dev-k8s} == apiserver ]]; then echo application/vnd.kubernetes.protobuf; else echo application/json; fi
 }
 
+# dev_lb_enabled: the dev stack runs HAProxy (installed; NSTANCE_DEV_LB=false
+# turns it off).
+dev_lb_enabled() { [[ ${NSTANCE_DEV_LB:-true} == true ]] && command -v haproxy >/dev/null; }
+
 # shard_config N: print config/dev-N.jsonc, derived from examples/config-tmux.jsonc:
 # shard id dev-N, advertised addresses 127.0.0.1:{8992,8993,8994}+10*(N-1), and
 # the agent command scripts/dev-agent.sh (Air per agent) in session
@@ -120,12 +127,16 @@ shard_config() {
 	out=$(sed -E \
 		-e "s/\"id\": \"dev-1\"/\"id\": \"$(shard_of "$n")\"/" \
 		-e "s|\"advertise\": \{ \"hosts\": \[\"127.0.0.1\"\] \}|\"advertise\": { \"hosts\": [\"127.0.0.1\"], \"registration_addr\": \"127.0.0.1:$reg\", \"operator_addr\": \"127.0.0.1:$op\", \"agent_addr\": \"127.0.0.1:$agent\" }|" \
-		-e "s|\"options\": \{ \"session\": \"nstance-dev-agents\" \}|\"options\": { \"session\": \"$DEV_AGENT_SESSION\", \"command\": \"scripts/dev-agent.sh\" }|" \
+		-e "s|\"options\": \{ \"session\": \"nstance-dev-agents\",|\"options\": { \"session\": \"$DEV_AGENT_SESSION\", \"command\": \"scripts/dev-agent.sh\",|" \
+		-e "s|\"socket\": \"/path/to/temp/haproxy/admin.sock\"|\"socket\": \"$DEV_DIR_ABS/haproxy/admin.sock\"|" \
 		-e "s|\"kube_server\": \"https://127.0.0.1:6443\"|\"kube_server\": \"$(kube_server)\"|" \
 		-e "s|\"kube_ca\": \"temp/kube/server-ca.crt\"|\"kube_ca\": \"$DEV_DIR_ABS/kube/server-ca.crt\"|" \
 		-e "s|\"kube_content_type\": \"application/json\"|\"kube_content_type\": \"$(kube_content_type)\"|" \
 		-e "s|\"hollow_kubelet\": \"bin/nstance-hollow-kubelet\"|\"hollow_kubelet\": \"$(hollow_kubelet)\"|" \
 		"$DEV_CONFIG_TEMPLATE")
+	# Without HAProxy the lines marked "// dev-lb" (the load balancer and the
+	# worker template's use of it) go: a missing socket would hold every drain.
+	dev_lb_enabled || out=$(grep -v '// dev-lb' <<<"$out")
 	for want in "\"id\": \"$(shard_of "$n")\"" "\"registration_addr\": \"127.0.0.1:$reg\"" '"command": "scripts/dev-agent.sh"' \
 		"\"kube_ca\": \"$DEV_DIR_ABS/kube/server-ca.crt\"" "\"hollow_kubelet\": \"$(hollow_kubelet)\""; do
 		grep -qF "$want" <<<"$out" || die "$DEV_CONFIG_TEMPLATE changed shape: could not set $want (update shard_config in scripts/dev-common.sh)"

@@ -168,6 +168,7 @@ func TestMakeDevTmuxK8s(t *testing.T) {
 		"tmux attach -t " + session,
 		"bin/overmind connect -s " + filepath.Join(dir, "overmind.sock"),
 		"Ctrl+C", "make clean-dev",
+		fmt.Sprintf("lb          %s", map[bool]string{true: fmt.Sprintf("http://127.0.0.1:%d/healthz", base-2), false: "none"}[haveHAProxy()]),
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("start-up summary lacks %q", want)
@@ -178,6 +179,13 @@ func TestMakeDevTmuxK8s(t *testing.T) {
 		return len(m) > 0
 	})
 	t.Logf("first agent registered %s after make dev-tmux-k8s", time.Since(start).Round(time.Second))
+	lbURL := fmt.Sprintf("http://127.0.0.1:%d/healthz", base-2)
+	if haveHAProxy() {
+		// The static workers group's agents register with the dev HAProxy
+		// after their first report; /healthz then answers through it.
+		wait("an agent's /healthz through the dev HAProxy "+lbURL, 3*time.Minute, func() bool { return proctest.HTTPOK(lbURL) })
+		t.Logf("dev load balancer answered %s after make dev-tmux-k8s", time.Since(start).Round(time.Second))
+	}
 	wait("operator registered", 3*time.Minute, func() bool {
 		_, err := os.Stat(filepath.Join(dir, "dev-k8s", "secrets", "default", "nstance-operator-cert.json"))
 		return err == nil
@@ -236,9 +244,14 @@ func TestMakeDevTmuxK8s(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "dev-s3")); !os.IsNotExist(err) {
 		t.Errorf("clean-dev left %s behind", dir)
 	}
+	if proctest.Dialable(fmt.Sprintf("127.0.0.1:%d", base-2)) {
+		t.Errorf("the dev HAProxy still listens after clean-dev")
+	}
 	for n := 0; n < 2; n++ {
 		if proctest.HTTPOK(fmt.Sprintf("http://127.0.0.1:%d/health", base+10*n)) {
 			t.Errorf("server %d still answers after clean-dev", n+1)
 		}
 	}
 }
+
+func haveHAProxy() bool { _, err := exec.LookPath("haproxy"); return err == nil }

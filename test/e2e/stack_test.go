@@ -49,6 +49,12 @@ type stack struct {
 	s3Addr, k8sAddr, probeAddr string
 	servers                    []serverPorts
 
+	// lbSocket and lbAddr are the dev HAProxy's runtime API socket and
+	// frontend (withLB); empty: the stack runs without a load balancer and
+	// the configs' "// dev-lb" lines are dropped, as the dev scripts do
+	// without haproxy.
+	lbSocket, lbAddr string
+
 	// procs are the stack's processes, logs in dir/logs/{name}.log.
 	procs *proctest.Group
 }
@@ -159,14 +165,14 @@ func (s *stack) shardConfig(n int) []byte {
 		s.t.Fatal(err)
 	}
 	sp := s.servers[n-1]
-	options, _ := json.Marshal(map[string]string{
-		"session": s.session, "socket": s.socket, "command": filepath.Join(s.bin, "nstance-agent"),
+	options, _ := json.Marshal(map[string]any{
+		"health_port": devAgentHealthPort, "session": s.session, "socket": s.socket, "command": filepath.Join(s.bin, "nstance-agent"),
 		"state_dir": filepath.Join(s.dir, "agents"), "node_dir": filepath.Join(s.k8sDir, "nodes"), "work_dir": s.dir,
 	})
 	host := func(a string) string { h, p, _ := net.SplitHostPort(a); return h + ":" + p }
 	repl := []struct{ old, new string }{
 		{`"id": "dev-1"`, `"id": "` + sp.shard + `"`},
-		{`"options": { "session": "nstance-dev-agents" }`, `"options": ` + string(options)},
+		{`"options": { "session": "nstance-dev-agents", "health_port": 8987 }`, `"options": ` + string(options)},
 		{`"0.0.0.0:8990"`, `"` + host(sp.health) + `"`},
 		{`"0.0.0.0:8991"`, `"` + sp.election + `"`},
 		{`"0.0.0.0:8992"`, `"` + sp.registration + `"`},
@@ -176,7 +182,19 @@ func (s *stack) shardConfig(n int) []byte {
 			`", "operator_addr": "` + sp.operator + `", "agent_addr": "` + sp.agent + `" }`},
 		{`"workers": { "template": "worker", "size": 1, "drain_timeout": "2m" },`, ``},
 	}
+	if s.lbSocket != "" {
+		repl = append(repl, struct{ old, new string }{`"socket": "/path/to/temp/haproxy/admin.sock"`, `"socket": "` + s.lbSocket + `"`})
+	}
 	out := string(b)
+	if s.lbSocket == "" {
+		var keep []string
+		for _, line := range strings.Split(out, "\n") {
+			if !strings.Contains(line, "// dev-lb") {
+				keep = append(keep, line)
+			}
+		}
+		out = strings.Join(keep, "\n")
+	}
 	for _, r := range repl {
 		if !strings.Contains(out, r.old) {
 			s.t.Fatalf("examples/config-tmux.jsonc no longer contains %s; update shardConfig", r.old)
@@ -184,6 +202,45 @@ func (s *stack) shardConfig(n int) []byte {
 		out = strings.Replace(out, r.old, r.new, 1)
 	}
 	return []byte(out)
+}
+
+// devAgentHealthPort is the agents' health port of examples/config-tmux.jsonc
+// (each agent on a loopback address of its own), the dev HAProxy's backend port.
+const devAgentHealthPort = 8987
+
+// withLB runs the dev load balancer as scripts/dev-lb.sh does: a real
+// HAProxy from examples/dev/haproxy.cfg with its socket in a short temporary
+// directory (a Unix socket path has at most 108 bytes) and its frontend on a
+// picked port. Call it before up: the shard configs then keep the worker
+// template's load balancer.
+func (s *stack) withLB() {
+	t := s.t
+	t.Helper()
+	bin := hosttools.Require(t, "haproxy")
+	dir, err := os.MkdirTemp("", "nstance-e2e-lb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	tmpl, err := os.ReadFile(filepath.Join(s.root, "examples", "dev", "haproxy.cfg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.lbSocket, s.lbAddr = filepath.Join(dir, "admin.sock"), portpick.Addr(t)
+	cfg := strings.NewReplacer("@SOCKET@", s.lbSocket, "@FRONTEND@", s.lbAddr).Replace(string(tmpl))
+	cfgPath := filepath.Join(dir, "haproxy.cfg")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.procs.MustStart("haproxy", bin, nil, "-f", cfgPath, "-db")
+	proctest.Eventually(t, "haproxy's runtime API socket and frontend", 20*time.Second, func() bool {
+		c, err := net.DialTimeout("unix", s.lbSocket, time.Second)
+		if err != nil {
+			return false
+		}
+		_ = c.Close()
+		return proctest.Dialable(s.lbAddr)
+	})
 }
 
 // putObject writes an object into the stack's bucket through dev-s3.

@@ -26,10 +26,10 @@ func TestValidateFlag(t *testing.T) {
 	require.NoError(t, err)
 	badOptions := filepath.Join(dir, "bad-options.jsonc")
 	require.NoError(t, os.WriteFile(badOptions, []byte(strings.Replace(string(example),
-		`"options": { "session": "nstance-dev-agents" }`, `"options": { "sesion": "x", "command": "" }`, 1)), 0o600))
+		`"options": { "session": "nstance-dev-agents", "health_port": 8987 }`, `"options": { "sesion": "x", "command": "" }`, 1)), 0o600))
 	badCommand := filepath.Join(dir, "bad-command.jsonc")
 	require.NoError(t, os.WriteFile(badCommand, []byte(strings.Replace(string(example),
-		`"options": { "session": "nstance-dev-agents" }`, `"options": { "command": "" }`, 1)), 0o600))
+		`"options": { "session": "nstance-dev-agents", "health_port": 8987 }`, `"options": { "command": "" }`, 1)), 0o600))
 	badKind := filepath.Join(dir, "bad-kind.jsonc")
 	require.NoError(t, os.WriteFile(badKind, []byte(strings.Replace(string(example), `"provider": "tmux"`, `"provider": "gce"`, 1)), 0o600))
 	badLB := filepath.Join(dir, "bad-lb.jsonc")

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"path/filepath"
 	"sort"
@@ -20,10 +21,22 @@ const (
 	EnvIdentityDir      = "NSTANCE_IDENTITY_DIR"
 	EnvRegistrationAddr = "NSTANCE_REGISTRATION_ADDR"
 	EnvAgentAddr        = "NSTANCE_AGENT_ADDR"
+	// EnvHealthAddr is where the agent serves GET /healthz (set by a
+	// provider's HealthPort).
+	EnvHealthAddr = "NSTANCE_HEALTH_ADDR"
 	// EnvUserData is the instance's own bootstrap script, which the agent
 	// runs after its first files (package agent/userdata).
 	EnvUserData = "NSTANCE_USER_DATA"
 )
+
+// LoopbackAddr is the loopback address a provider's HealthPort gives the
+// agent of instance id: 127.a.b.c from a hash of the id, never 127.0.0.x.
+func LoopbackAddr(id string) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	v := h.Sum32()
+	return fmt.Sprintf("127.%d.%d.%d", 1+byte(v>>16)%254, byte(v>>8), 1+byte(v)%254)
+}
 
 // UserDataFile is the instance's bootstrap data inside its directory.
 const UserDataFile = "user-data"

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"net"
 	"os"
 	"os/exec"
@@ -46,14 +45,9 @@ type Config struct {
 	HealthPort int
 }
 
-// LoopbackAddr is the loopback address of instance id under HealthPort:
-// 127.a.b.c from a hash of the id, never 127.0.0.x.
-func LoopbackAddr(id string) string {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(id))
-	v := h.Sum32()
-	return fmt.Sprintf("127.%d.%d.%d", 1+byte(v>>16)%254, byte(v>>8), 1+byte(v)%254)
-}
+// LoopbackAddr is the loopback address of instance id under HealthPort
+// (localagent.LoopbackAddr, shared with the tmux provider).
+func LoopbackAddr(id string) string { return localagent.LoopbackAddr(id) }
 
 type child struct {
 	pid        int
@@ -175,7 +169,7 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	cmd.Dir = p.cfg.WorkDir
 	cmd.Env = append(append(os.Environ(), p.cfg.Env...), localagent.Env(p.cfg.StateDir, req)...)
 	if p.cfg.HealthPort > 0 {
-		cmd.Env = append(cmd.Env, "NSTANCE_HEALTH_ADDR="+net.JoinHostPort(LoopbackAddr(req.InstanceID), strconv.Itoa(p.cfg.HealthPort)))
+		cmd.Env = append(cmd.Env, localagent.EnvHealthAddr+"="+net.JoinHostPort(LoopbackAddr(req.InstanceID), strconv.Itoa(p.cfg.HealthPort)))
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

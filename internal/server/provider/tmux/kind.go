@@ -32,6 +32,9 @@ type Options struct {
 	NodeDir string `json:"node_dir"`
 	// WorkDir is where windows start (default: the server's directory).
 	WorkDir string `json:"work_dir"`
+	// HealthPort gives each agent NSTANCE_HEALTH_ADDR on a loopback address
+	// of its own with this port (Config.HealthPort); 0: none.
+	HealthPort int `json:"health_port"`
 }
 
 // Kind registers the tmux provider with its development defaults.
@@ -55,6 +58,9 @@ func (o *Options) Validate(*config.Config) config.Errors {
 	if o.Session == "" || strings.ContainsAny(o.Session, ":.=") {
 		errs = append(errs, config.FieldError{Key: "shard.infra.options.session", Reason: "must be a non-empty name without ':', '.' or '=', got " + strconv.Quote(o.Session)})
 	}
+	if o.HealthPort < 0 || o.HealthPort > 65535 {
+		errs = append(errs, config.FieldError{Key: "shard.infra.options.health_port", Reason: "must be a port (1-65535) or 0, got " + strconv.Itoa(o.HealthPort)})
+	}
 	return errs
 }
 
@@ -76,5 +82,5 @@ func (o *Options) New(_ context.Context, env provider.Env) (provider.Provider, e
 		shard = env.Config().Shard.ID
 	}
 	return New(Config{Command: c.Command, Session: c.Session, Socket: c.Socket, StateDir: d.StateDir,
-		NodeDir: d.NodeDirOrEmpty(), WorkDir: d.WorkDir, Env: env.Local.Env, Shard: shard, Log: env.Log.WithName("tmux")})
+		NodeDir: d.NodeDirOrEmpty(), WorkDir: d.WorkDir, Env: env.Local.Env, HealthPort: c.HealthPort, Shard: shard, Log: env.Log.WithName("tmux")})
 }

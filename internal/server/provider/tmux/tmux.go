@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -55,6 +57,12 @@ type Config struct {
 	// Shard is the shard whose instances this provider runs; every window
 	// it creates carries it in ShardOption. Required.
 	Shard string
+	// HealthPort, when set, gives each agent a loopback address of its own
+	// (localagent.LoopbackAddr) and NSTANCE_HEALTH_ADDR on it with this
+	// port, as the process provider's HealthPort does; the instance's
+	// addresses are that one first, then 127.0.0.1 (the source of its
+	// connections). The dev stack's HAProxy reaches the agents this way.
+	HealthPort int
 	// Log receives a line for each window without a shard marker (once per
 	// window) and for requests about other shards' windows.
 	Log logr.Logger
@@ -250,8 +258,17 @@ func (p *Provider) lookup(ctx context.Context, id string) (w window, ok bool, ot
 	return window{}, false, other, nil
 }
 
+// addresses are an instance's addresses: its own loopback address first
+// under HealthPort.
+func (p *Provider) addresses(id string) []string {
+	if p.cfg.HealthPort > 0 {
+		return []string{localagent.LoopbackAddr(id), "127.0.0.1"}
+	}
+	return []string{"127.0.0.1"}
+}
+
 func (p *Provider) instance(ctx context.Context, w window) provider.Instance {
-	inst := provider.Instance{InstanceID: w.id, ProviderID: p.providerID(ctx, w.id), State: provider.StateRunning, Addresses: []string{"127.0.0.1"}}
+	inst := provider.Instance{InstanceID: w.id, ProviderID: p.providerID(ctx, w.id), State: provider.StateRunning, Addresses: p.addresses(w.id)}
 	if w.dead {
 		inst.State = provider.StateStopped
 		inst.Message = "agent command exited"
@@ -306,7 +323,11 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	if p.cfg.WorkDir != "" {
 		opts = append(opts, "-c", p.cfg.WorkDir)
 	}
-	for _, kv := range append(append([]string{}, p.cfg.Env...), localagent.Env(p.cfg.StateDir, req)...) {
+	env := append(append([]string{}, p.cfg.Env...), localagent.Env(p.cfg.StateDir, req)...)
+	if p.cfg.HealthPort > 0 {
+		env = append(env, localagent.EnvHealthAddr+"="+net.JoinHostPort(localagent.LoopbackAddr(req.InstanceID), strconv.Itoa(p.cfg.HealthPort)))
+	}
+	for _, kv := range env {
 		opts = append(opts, "-e", kv)
 	}
 	// remain-on-exit is switched on in the same tmux command list that makes
@@ -342,7 +363,7 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 		_ = localagent.Cleanup(p.cfg.StateDir, req.InstanceID)
 		return provider.Instance{}, fmt.Errorf("tmux create %s: %w", req.InstanceID, err)
 	}
-	return provider.Instance{InstanceID: req.InstanceID, ProviderID: req.ProviderID, State: provider.StateRunning, Addresses: []string{"127.0.0.1"}}, nil
+	return provider.Instance{InstanceID: req.InstanceID, ProviderID: req.ProviderID, State: provider.StateRunning, Addresses: p.addresses(req.InstanceID)}, nil
 }
 
 func (p *Provider) sessionExists(ctx context.Context) bool {

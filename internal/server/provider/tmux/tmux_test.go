@@ -266,3 +266,45 @@ func TestUnmarkedWindow(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"old-0001"}, ids(list))
 }
+
+// TestHealthPort: with HealthPort each window's command gets
+// NSTANCE_HEALTH_ADDR on the instance's own loopback address, which every
+// report of the instance lists first; without it, neither.
+func TestHealthPort(t *testing.T) {
+	ctx := context.Background()
+	hosttools.Require(t, "tmux")
+	socket := fmt.Sprintf("nstance-test-%d-%d", os.Getpid(), time.Now().UnixNano())
+	stateDir := t.TempDir()
+	t.Cleanup(func() {
+		_ = exec.Command("tmux", "-L", socket, "kill-server").Run()
+		_ = os.Remove(tmux.SocketPath(socket))
+	})
+	for _, port := range []int{0, 18987} {
+		session := fmt.Sprintf("health-%d", port)
+		id := fmt.Sprintf("workers-bbbb%04d", port%10000)
+		// The window's command writes what it got into a file.
+		out := stateDir + "/env-" + id
+		p, err := tmux.New(tmux.Config{Command: `printf '%s' "$NSTANCE_HEALTH_ADDR" > ` + out + `; sleep 3600`, Session: session,
+			Socket: socket, StateDir: stateDir, Shard: "dev-1", HealthPort: port})
+		require.NoError(t, err)
+		inst, err := p.Create(ctx, provider.CreateRequest{InstanceID: id, ProviderID: provider.ID("c1", "dev-1", id), Shard: "dev-1", AgentNonce: "n"})
+		require.NoError(t, err)
+		want, wantAddrs := "", []string{"127.0.0.1"}
+		if port > 0 {
+			want = fmt.Sprintf("%s:%d", localagent.LoopbackAddr(id), port)
+			wantAddrs = []string{localagent.LoopbackAddr(id), "127.0.0.1"}
+		}
+		require.Equal(t, wantAddrs, inst.Addresses, "Create")
+		st, err := p.Status(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, wantAddrs, st.Addresses, "Status")
+		list, err := p.List(ctx)
+		require.NoError(t, err)
+		require.Len(t, list, 1)
+		require.Equal(t, wantAddrs, list[0].Addresses, "List")
+		require.Eventually(t, func() bool {
+			b, err := os.ReadFile(out)
+			return err == nil && string(b) == want
+		}, 10*time.Second, 20*time.Millisecond, "NSTANCE_HEALTH_ADDR in the window is not %q", want)
+	}
+}
