@@ -93,6 +93,9 @@ done
 for c in nstance-operator nstance-server; do
   "$helm" package "deploy/helm/$c" --version "$version" --app-version "$version" -d "$out/charts" >/dev/null
 done
+# helm stamps every entry with the packaging time; SOURCE_DATE_EPOCH (the
+# commit's time) makes two packagings of one commit identical.
+"$go" run ./scripts/chartpack -mtime "$SOURCE_DATE_EPOCH" "$out"/charts/*.tgz
 
 write_provider_repository
 
