@@ -53,12 +53,17 @@ for ((n = 1; n <= DEV_SERVERS; n++)); do servers+=("http://127.0.0.1:$(port_of "
 procs="s3, server#1..server#$DEV_SERVERS, status, lb"
 [[ $with_k8s == true ]] && procs+=", k8s, operator"
 
+if dev_lb_enabled; then
+	lb_line="lb          http://$DEV_LB_ADDR/healthz  (HAProxy, backend dev-www: the workers' agents; watch: echo 'show servers state dev-www' | socat - UNIX:$DEV_DIR_ABS/haproxy/admin.sock)"
+else
+	lb_line="lb          none (haproxy is not installed: the Debian package haproxy; or NSTANCE_DEV_LB=false)"
+fi
 summary=(
 	""
 	"===== nstance dev stack is up$took ====="
 	"dev-s3      http://$DEV_S3_ADDR  bucket $DEV_BUCKET, keys in $DEV_DIR_ABS/dev-s3.credentials, e.g. AWS_SHARED_CREDENTIALS_FILE=$DEV_DIR_ABS/dev-s3.credentials aws --endpoint-url http://$DEV_S3_ADDR --region us-east-1 s3 ls s3://$DEV_BUCKET/"
 	"servers     ${servers[*]}"
-	"$(if dev_lb_enabled; then echo "lb          http://$DEV_LB_ADDR/healthz  (HAProxy, backend dev-www: the workers' agents; watch: echo 'show servers state dev-www' | socat - UNIX:$DEV_DIR_ABS/haproxy/admin.sock)"; else echo "lb          none (haproxy not installed: apt-get install haproxy; or NSTANCE_DEV_LB=false)"; fi)"
+	"$lb_line"
 	"status      $status_url  (live page: shards, leaders, groups, instances, errors; open ${status_url}?token=$(<"$status_token") once, API: Authorization: Bearer from $status_token)"
 )
 if [[ $with_k8s == true ]]; then

@@ -313,8 +313,8 @@ func TestLongStepsReportProgress(t *testing.T) {
 	if !strings.Contains(recipe["dev-tmux-k8s"], "$(call dev-start,s3$(comma)server$(comma)k8s$(comma)operator$(comma)status,") {
 		t.Errorf("make dev-tmux-k8s no longer starts s3, server, k8s, operator and status through dev-start:\n%s", recipe["dev-tmux-k8s"])
 	}
-	if !strings.Contains(mk, "-l $(1)$(comma)ready -c ready") {
-		t.Error("dev-start does not add the `ready` process (start-up summary) with --can-die")
+	if !strings.Contains(mk, "-l $(1)$(comma)lb$(comma)ready -c ready$(comma)lb") {
+		t.Error("dev-start does not add the `lb` (HAProxy, optional) and `ready` (start-up summary) processes with --can-die")
 	}
 
 	procfile := map[string]string{}
@@ -323,7 +323,7 @@ func TestLongStepsReportProgress(t *testing.T) {
 			procfile[name] = strings.TrimSpace(cmd)
 		}
 	}
-	for _, p := range []string{"s3", "server", "k8s", "operator", "status", "ready"} {
+	for _, p := range []string{"s3", "server", "k8s", "operator", "status", "ready", "lb"} {
 		script := procfile[p]
 		if !strings.HasPrefix(script, "scripts/dev-") {
 			t.Errorf("Procfile entry %q is %q, want a scripts/dev-*.sh script", p, script)
