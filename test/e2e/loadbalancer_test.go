@@ -1,117 +1,23 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/nstance-dev/nstance/internal/agent/healthz"
 	"github.com/nstance-dev/nstance/internal/server/loadbalancer"
 	"github.com/nstance-dev/nstance/internal/server/loadbalancer/haproxy"
+	"github.com/nstance-dev/nstance/internal/server/loadbalancer/haproxy/haproxytest"
 	"github.com/nstance-dev/nstance/internal/testing/proctest"
 )
-
-// lbAnswer is one response the load generator got through HAProxy.
-type lbAnswer struct {
-	sent     time.Time
-	instance string
-	served   int64
-}
-
-// lbLoad sends GET /healthz through the dev HAProxy from a few workers
-// until halted, keeping every answer and counting failures.
-type lbLoad struct {
-	url    string
-	stop   chan struct{}
-	wg     sync.WaitGroup
-	failed atomic.Int64
-	mu     sync.Mutex
-	got    []lbAnswer
-	errs   []string
-}
-
-func startLBLoad(url string, workers int) *lbLoad {
-	g := &lbLoad{url: url, stop: make(chan struct{})}
-	client := &http.Client{Timeout: 10 * time.Second}
-	for range workers {
-		g.wg.Add(1)
-		go func() {
-			defer g.wg.Done()
-			for {
-				select {
-				case <-g.stop:
-					return
-				case <-time.After(5 * time.Millisecond): // pacing: the stack shares the machine
-				}
-				sent := time.Now()
-				a, err := g.once(client)
-				g.mu.Lock()
-				if err != nil {
-					g.failed.Add(1)
-					g.errs = append(g.errs, err.Error())
-				} else {
-					a.sent = sent
-					g.got = append(g.got, a)
-				}
-				g.mu.Unlock()
-			}
-		}()
-	}
-	return g
-}
-
-func (g *lbLoad) once(client *http.Client) (lbAnswer, error) {
-	resp, err := client.Get(g.url) //nolint:noctx // bounded by the client's timeout
-	if err != nil {
-		return lbAnswer{}, err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return lbAnswer{}, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return lbAnswer{}, fmt.Errorf("status %d: %s", resp.StatusCode, strings.TrimSpace(string(body)))
-	}
-	var a healthz.Answer
-	if err := json.Unmarshal(body, &a); err != nil {
-		return lbAnswer{}, fmt.Errorf("answer %q: %w", body, err)
-	}
-	return lbAnswer{instance: a.InstanceID, served: a.Served}, nil
-}
-
-func (g *lbLoad) halt() {
-	close(g.stop)
-	g.wg.Wait()
-}
-
-func (g *lbLoad) count() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return len(g.got)
-}
-
-func (g *lbLoad) seen() map[string]bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	m := map[string]bool{}
-	for _, a := range g.got {
-		m[a.instance] = true
-	}
-	return m
-}
 
 // lbMembers lists both shards' servers in the dev backend (dev-www), by
 // instance id; nil when the runtime API does not answer.
@@ -234,16 +140,16 @@ func TestLoadBalancedPool(t *testing.T) {
 			}
 		}
 	}()
-	load := startLBLoad("http://"+s.lbAddr+"/healthz", 4)
+	load := haproxytest.StartLoad("http://"+s.lbAddr+"/healthz", 4)
 	halted := false
 	t.Cleanup(func() {
 		if !halted {
-			load.halt()
+			load.Halt()
 			close(stopPoll)
 			<-polled
 		}
 	})
-	proctest.Eventually(t, "the load reaching all 4 members", 30*time.Second, func() bool { return len(load.seen()) == 4 })
+	proctest.Eventually(t, "the load reaching all 4 members", 30*time.Second, func() bool { return len(load.Seen()) == 4 })
 
 	// Scale 4 -> 2 by editing the MachinePool file.
 	scaled := time.Now()
@@ -257,8 +163,8 @@ func TestLoadBalancedPool(t *testing.T) {
 		return ok
 	})
 	t.Logf("scaled 4 -> 2 in %s", time.Since(scaled).Round(100*time.Millisecond))
-	before := load.count()
-	proctest.Eventually(t, "100 more requests answered", 30*time.Second, func() bool { return load.count() >= before+100 })
+	before := load.Count()
+	proctest.Eventually(t, "100 more requests answered", 30*time.Second, func() bool { return load.Count() >= before+100 })
 
 	// Replace a member: kill its window; the group creates a successor.
 	victim := second[0]
@@ -271,26 +177,25 @@ func TestLoadBalancedPool(t *testing.T) {
 		return ok && !slices.Contains(third, victim)
 	})
 	t.Logf("%s replaced in %s", victim, time.Since(replaced).Round(100*time.Millisecond))
-	before = load.count()
-	proctest.Eventually(t, "100 more requests answered", 30*time.Second, func() bool { return load.count() >= before+100 })
-	load.halt()
+	before = load.Count()
+	proctest.Eventually(t, "100 more requests answered", 30*time.Second, func() bool { return load.Count() >= before+100 })
+	load.Halt()
 	close(stopPoll)
 	<-polled
 	halted = true
 
-	load.mu.Lock()
-	defer load.mu.Unlock()
-	per := map[string][]lbAnswer{}
-	for _, a := range load.got {
-		per[a.instance] = append(per[a.instance], a)
+	got := load.Answers()
+	per := map[string][]haproxytest.Answer{}
+	for _, a := range got {
+		per[a.Instance] = append(per[a.Instance], a)
 	}
 	counts := map[string]int{}
 	for id, as := range per {
 		counts[id] = len(as)
 	}
-	t.Logf("load through the dev HAProxy: %d requests answered, %d failed; per instance %v", len(load.got), load.failed.Load(), counts)
-	fmt.Fprintf(os.Stderr, "dev-stack load balancer e2e: %d requests, %d failed\n", len(load.got), load.failed.Load())
-	require.Zero(t, load.failed.Load(), "failed requests: %v", load.errs)
+	t.Logf("load through the dev HAProxy: %d requests answered, %d failed; per instance %v", len(got), len(load.Errors()), counts)
+	fmt.Fprintf(os.Stderr, "dev-stack load balancer e2e: %d requests, %d failed\n", len(got), len(load.Errors()))
+	require.Zero(t, len(load.Errors()), "failed requests: %v", load.Errors())
 
 	removed := []string{victim}
 	for _, id := range first {
@@ -306,7 +211,7 @@ func TestLoadBalancedPool(t *testing.T) {
 		require.False(t, at.IsZero(), "HAProxy was never seen taking %s out", id)
 		late := 0
 		for _, a := range per[id] {
-			if a.sent.After(at) {
+			if a.Sent.After(at) {
 				late++
 			}
 		}
@@ -322,7 +227,7 @@ func TestLoadBalancedPool(t *testing.T) {
 	for id, as := range per {
 		served := make([]int64, len(as))
 		for i, a := range as {
-			served[i] = a.served
+			served[i] = a.Served
 		}
 		sort.Slice(served, func(i, j int) bool { return served[i] < served[j] })
 		for i, n := range served {

@@ -2,23 +2,19 @@ package shardtest_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/nstance-dev/nstance/internal/agent/healthz"
 	"github.com/nstance-dev/nstance/internal/server/app"
 	"github.com/nstance-dev/nstance/internal/server/loadbalancer"
 	"github.com/nstance-dev/nstance/internal/server/loadbalancer/haproxy"
@@ -28,86 +24,6 @@ import (
 	"github.com/nstance-dev/nstance/internal/testing/portpick"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
-
-// answer is one response the load generator got.
-type answer struct {
-	sent     time.Time
-	instance string
-	served   int64
-}
-
-// loadGen sends GET /healthz through HAProxy from a few workers until
-// stopped, keeping every answer and counting failures.
-type loadGen struct {
-	url    string
-	stop   chan struct{}
-	wg     sync.WaitGroup
-	failed atomic.Int64
-	mu     sync.Mutex
-	got    []answer
-	errs   []string
-}
-
-func startLoad(url string, workers int) *loadGen {
-	g := &loadGen{url: url, stop: make(chan struct{})}
-	client := &http.Client{Timeout: 10 * time.Second}
-	for range workers {
-		g.wg.Add(1)
-		go func() {
-			defer g.wg.Done()
-			for {
-				select {
-				case <-g.stop:
-					return
-				case <-time.After(5 * time.Millisecond): // pacing, so the load leaves the machine some CPU
-				}
-				sent := time.Now()
-				a, err := g.once(client)
-				g.mu.Lock()
-				if err != nil {
-					g.failed.Add(1)
-					g.errs = append(g.errs, err.Error())
-				} else {
-					a.sent = sent
-					g.got = append(g.got, a)
-				}
-				g.mu.Unlock()
-			}
-		}()
-	}
-	return g
-}
-
-func (g *loadGen) once(client *http.Client) (answer, error) {
-	resp, err := client.Get(g.url) //nolint:noctx // bounded by the client's timeout
-	if err != nil {
-		return answer{}, err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return answer{}, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return answer{}, fmt.Errorf("status %d: %s", resp.StatusCode, strings.TrimSpace(string(body)))
-	}
-	var a healthz.Answer
-	if err := json.Unmarshal(body, &a); err != nil {
-		return answer{}, fmt.Errorf("answer %q: %w", body, err)
-	}
-	return answer{instance: a.InstanceID, served: a.Served}, nil
-}
-
-func (g *loadGen) halt() {
-	close(g.stop)
-	g.wg.Wait()
-}
-
-func (g *loadGen) count() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return len(g.got)
-}
 
 // backendMembers lists this shard's servers in the haproxy backend.
 func backendMembers(t *testing.T, socket string) map[string]loadbalancer.MemberState {
@@ -224,28 +140,22 @@ func TestLoadBalancedScaleDownAndReplacement(t *testing.T) {
 
 	upsertWorkers(4)
 	first := waitBackend(4)
-	load := startLoad("http://"+h.Frontends["www"]+"/healthz", 4)
+	load := haproxytest.StartLoad("http://"+h.Frontends["www"]+"/healthz", 4)
 	stopped := false
 	t.Cleanup(func() {
 		if !stopped {
-			load.halt()
+			load.Halt()
 		}
 	})
 	// Traffic reaches every member before anything changes.
 	require.Eventually(t, func() bool {
-		load.mu.Lock()
-		defer load.mu.Unlock()
-		seen := map[string]bool{}
-		for _, a := range load.got {
-			seen[a.instance] = true
-		}
-		return len(seen) == 4
+		return len(load.Seen()) == 4
 	}, 30*time.Second, 20*time.Millisecond, "the load never reached all 4 members")
 
 	upsertWorkers(2)
 	second := waitBackend(2)
-	before := load.count()
-	require.Eventually(t, func() bool { return load.count() >= before+100 }, 30*time.Second, 20*time.Millisecond)
+	before := load.Count()
+	require.Eventually(t, func() bool { return load.Count() >= before+100 }, 30*time.Second, 20*time.Millisecond)
 
 	// Replace a member: DeleteInstance of a group member makes the group create a successor.
 	_, err = c.DeleteInstance(ctx, &nstancev1.DeleteInstanceRequest{InstanceId: second[0]})
@@ -257,26 +167,25 @@ func TestLoadBalancedScaleDownAndReplacement(t *testing.T) {
 	}, 30*time.Second, 20*time.Millisecond)
 	third := waitBackend(2)
 	require.NotContains(t, third, second[0])
-	before = load.count()
-	require.Eventually(t, func() bool { return load.count() >= before+100 }, 30*time.Second, 20*time.Millisecond)
-	load.halt()
+	before = load.Count()
+	require.Eventually(t, func() bool { return load.Count() >= before+100 }, 30*time.Second, 20*time.Millisecond)
+	load.Halt()
 	stopped = true
 	stopPoll()
 	<-polled
 
-	load.mu.Lock()
-	defer load.mu.Unlock()
-	perInstance := map[string][]answer{}
-	for _, a := range load.got {
-		perInstance[a.instance] = append(perInstance[a.instance], a)
+	got := load.Answers()
+	perInstance := map[string][]haproxytest.Answer{}
+	for _, a := range got {
+		perInstance[a.Instance] = append(perInstance[a.Instance], a)
 	}
 	counts := map[string]int{}
 	for id, as := range perInstance {
 		counts[id] = len(as)
 	}
-	t.Logf("load through haproxy: %d requests answered, %d failed; per instance %v", len(load.got), load.failed.Load(), counts)
-	fmt.Fprintf(os.Stderr, "load balancer e2e: %d requests, %d failed\n", len(load.got), load.failed.Load())
-	require.Zero(t, load.failed.Load(), "failed requests: %v", load.errs)
+	t.Logf("load through haproxy: %d requests answered, %d failed; per instance %v", len(got), len(load.Errors()), counts)
+	fmt.Fprintf(os.Stderr, "load balancer e2e: %d requests, %d failed\n", len(got), len(load.Errors()))
+	require.Zero(t, len(load.Errors()), "failed requests: %v", load.Errors())
 
 	removed := []string{second[0]}
 	for _, id := range first {
@@ -292,7 +201,7 @@ func TestLoadBalancedScaleDownAndReplacement(t *testing.T) {
 		require.False(t, at.IsZero(), "the server recorded %s's deregistration", id)
 		late := 0
 		for _, a := range perInstance[id] {
-			if a.sent.After(at) {
+			if a.Sent.After(at) {
 				late++
 			}
 		}
@@ -304,7 +213,7 @@ func TestLoadBalancedScaleDownAndReplacement(t *testing.T) {
 	for id, as := range perInstance {
 		served := make([]int64, len(as))
 		for i, a := range as {
-			served[i] = a.served
+			served[i] = a.Served
 		}
 		sort.Slice(served, func(i, j int) bool { return served[i] < served[j] })
 		for i, s := range served {
