@@ -2,6 +2,7 @@ package capicontract_test
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -402,23 +404,31 @@ func TestRolloutOverShards(t *testing.T) {
 
 	// The new Nodes carry what the user put on the old ones; the guard is
 	// gone with the rollout.
-	require.Eventually(t, func() bool {
-		carried := 0
+	var lacking []string // what the last look found missing, for the failure message
+	carried := assert.Eventually(t, func() bool {
+		lacking = nil
 		for i := range clients {
 			for id := range shardMembers(i) {
 				n := nodeByName(t, id)
-				if n == nil || n.Annotations[rollguard.ScaleDownDisabledAnnotation] != "" {
-					return false
-				}
-				if n.Labels["example.com/team"] == "blue" && slices.ContainsFunc(n.Spec.Taints, func(tt corev1.Taint) bool {
+				switch {
+				case n == nil:
+					lacking = append(lacking, id+": no Node")
+				case n.Annotations[rollguard.ScaleDownDisabledAnnotation] != "":
+					lacking = append(lacking, id+": still guarded")
+				case n.Labels["example.com/team"] != "blue" || !slices.ContainsFunc(n.Spec.Taints, func(tt corev1.Taint) bool {
 					return tt.Key == "example.com/dedicated" && tt.Value == "ml" && tt.Effect == corev1.TaintEffectNoSchedule
-				}) {
-					carried++
+				}):
+					lacking = append(lacking, fmt.Sprintf("%s: labels %v taints %v", id, n.Labels, n.Spec.Taints))
 				}
 			}
 		}
-		return carried == 6
+		return len(lacking) == 0
 	}, waitLong, tick, "all 6 new Nodes carry the label and the taint, and none the scale-down guard")
+	if !carried {
+		var p infrav1.NstanceMachinePool
+		_ = env.Client.Get(ctx, key, &p)
+		t.Fatalf("lacking: %q; pool annotations %v", lacking, p.Annotations)
+	}
 }
 
 func nodeByName(t *testing.T, name string) *corev1.Node {

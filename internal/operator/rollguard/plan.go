@@ -8,6 +8,12 @@ const ScaleDownDisabledAnnotation = "cluster-autoscaler.kubernetes.io/scale-down
 // on the Node, so it removes only its own, never a user's.
 const OwnedAnnotation = "nstance.dev/scale-down-disabled"
 
+// HeldAnnotation on a pool records that its Nodes may carry the operator's
+// guard: set before the first Node is guarded, removed after a release pass
+// that read every Node from the API server. Without it a release pass on a
+// cache that has not yet seen the latest guard would leave that guard on.
+const HeldAnnotation = "nstance.dev/scale-down-guard"
+
 // Node is what Plan reads of a Node's annotations.
 type Node struct {
 	Name string

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -21,8 +22,8 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/workload"
 )
 
-// RBAC: pools are read; workload Nodes patched (granted with the manager's).
-// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachinepools,verbs=get;list;watch
+// RBAC: pools are read and annotated; workload Nodes patched (granted with the manager's).
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachinepools,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 
 // DefaultRecheck is how often a rolling pool's Nodes are looked at again
@@ -79,21 +80,57 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{RequeueAfter: recheck}, nil
 	}
 	rolling := pool.DeletionTimestamp.IsZero() && conditions.IsTrue(&pool, infrav1.RollingOutCondition)
+	_, held := pool.Annotations[HeldAnnotation]
+	var nodes []*corev1.Node
 	var errs []error
 	for _, id := range pool.Spec.ProviderIDList {
-		var nodes corev1.NodeList
-		if err := wl.Client.List(ctx, &nodes, client.MatchingFields{workload.NodeProviderIDIndex: id}); err != nil {
+		var list corev1.NodeList
+		if err := wl.Client.List(ctx, &list, client.MatchingFields{workload.NodeProviderIDIndex: id}); err != nil {
 			errs = append(errs, fmt.Errorf("list Nodes with providerID %s: %w", id, err))
 			continue
 		}
-		for i := range nodes.Items {
-			if err := r.apply(ctx, wl, &nodes.Items[i], rolling); err != nil {
-				errs = append(errs, err)
+		for i := range list.Items {
+			nodes = append(nodes, &list.Items[i])
+		}
+	}
+	if rolling && !held && slices.ContainsFunc(nodes, func(n *corev1.Node) bool { return planFor(rolling, n) == Disable }) {
+		// Recorded before the first Node is guarded: a crash between the
+		// two leaves a record and no guard, never the reverse.
+		if err := r.setHeld(ctx, &pool, true); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if !rolling && held {
+		// The cache may not show a guard written moments ago (the rollout
+		// can end right after a member joined): the release reads every
+		// Node from the API server, and only a clean pass drops the record.
+		for i, n := range nodes {
+			var live corev1.Node
+			if err := wl.Reader.Get(ctx, client.ObjectKeyFromObject(n), &live); err != nil {
+				if !apierrors.IsNotFound(err) {
+					errs = append(errs, fmt.Errorf("read Node %s: %w", n.Name, err))
+				}
+				nodes[i] = nil
+				continue
 			}
+			nodes[i] = &live
+		}
+	}
+	for _, n := range nodes {
+		if n == nil {
+			continue
+		}
+		if err := r.apply(ctx, wl, n, rolling); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return ctrl.Result{}, fmt.Errorf("pool %s scale-down guard: %w", req.NamespacedName, err)
+	}
+	if !rolling && held {
+		if err := r.setHeld(ctx, &pool, false); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	if rolling {
 		return ctrl.Result{RequeueAfter: recheck}, nil
@@ -101,10 +138,32 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	return ctrl.Result{}, nil
 }
 
-func (r *Reconciler) apply(ctx context.Context, wl *workload.Cluster, n *corev1.Node, rolling bool) error {
+// setHeld adds or removes the pool's HeldAnnotation.
+func (r *Reconciler) setHeld(ctx context.Context, pool *infrav1.NstanceMachinePool, held bool) error {
+	orig := pool.DeepCopy()
+	p := pool.DeepCopy()
+	if held {
+		if p.Annotations == nil {
+			p.Annotations = map[string]string{}
+		}
+		p.Annotations[HeldAnnotation] = "true"
+	} else {
+		delete(p.Annotations, HeldAnnotation)
+	}
+	if err := r.Client.Patch(ctx, p, client.MergeFrom(orig)); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("pool %s/%s: record scale-down guard held=%t: %w", pool.Namespace, pool.Name, held, err)
+	}
+	return nil
+}
+
+func planFor(rolling bool, n *corev1.Node) Action {
 	v, has := n.Annotations[ScaleDownDisabledAnnotation]
 	_, owned := n.Annotations[OwnedAnnotation]
-	act := Plan(rolling, Node{Name: n.Name, Disabled: v, HasDisabled: has, Owned: owned})
+	return Plan(rolling, Node{Name: n.Name, Disabled: v, HasDisabled: has, Owned: owned})
+}
+
+func (r *Reconciler) apply(ctx context.Context, wl *workload.Cluster, n *corev1.Node, rolling bool) error {
+	act := planFor(rolling, n)
 	if act == Keep {
 		return nil
 	}

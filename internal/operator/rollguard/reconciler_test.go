@@ -101,6 +101,13 @@ func TestGuardFollowsRollingOut(t *testing.T) {
 	late := mk("late", nil)
 	require.Eventually(t, func() bool { return guarded(late) }, 30*time.Second, 50*time.Millisecond, "late Node guarded")
 	require.NotContains(t, annotations(users), rollguard.OwnedAnnotation, "a user's annotation is never recorded as ours")
+	held := func() bool {
+		var p infrav1.NstanceMachinePool
+		require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(pool), &p))
+		_, ok := p.Annotations[rollguard.HeldAnnotation]
+		return ok
+	}
+	require.True(t, held(), "the pool records that its Nodes are guarded")
 
 	setRolling(metav1.ConditionFalse)
 	require.Eventually(t, func() bool {
@@ -115,7 +122,64 @@ func TestGuardFollowsRollingOut(t *testing.T) {
 		}
 		return true
 	}, 30*time.Second, 50*time.Millisecond, "released")
+	require.Eventually(t, func() bool { return !held() }, 30*time.Second, 50*time.Millisecond, "the record goes with the guards")
 	require.Equal(t, "true", annotations(users)[rollguard.ScaleDownDisabledAnnotation], "the user's annotation survives")
 	require.Equal(t, usersRV, rvBefore(users), "the user's Node was never written")
 	require.Equal(t, strangerRV, rvBefore(stranger), "a Node of no pool was never written")
+}
+
+// staleCache answers every Node list with the copies it was given, as an
+// informer that has not yet seen the latest writes does.
+type staleCache struct {
+	client.Client
+	nodes []corev1.Node
+}
+
+func (s staleCache) List(_ context.Context, list client.ObjectList, _ ...client.ListOption) error {
+	list.(*corev1.NodeList).Items = append([]corev1.Node(nil), s.nodes...)
+	return nil
+}
+
+type fixedWorkload struct {
+	workload.Access
+	wl *workload.Cluster
+}
+
+func (f fixedWorkload) Cluster(context.Context, client.ObjectKey) (*workload.Cluster, error) {
+	return f.wl, nil
+}
+
+// TestReleaseReadsPastAStaleCache: the rollout ends right after a member's
+// Node was guarded, and the cache still shows that Node without the guard.
+// The pool's held record makes the release read the Node from the API
+// server and remove the guard; the record goes only after that.
+func TestReleaseReadsPastAStaleCache(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "guard-stale-"}}
+	require.NoError(t, env.Client.Create(ctx, ns))
+	pid := "nstance://guard/s1/late-" + ns.Name
+	stale := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "late-" + ns.Name}, Spec: corev1.NodeSpec{ProviderID: pid}}
+	n := stale.DeepCopy()
+	n.Annotations = map[string]string{rollguard.ScaleDownDisabledAnnotation: "true", rollguard.OwnedAnnotation: "true"}
+	require.NoError(t, env.Client.Create(ctx, n))
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), n) })
+	pool := &infrav1.NstanceMachinePool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "workers", Annotations: map[string]string{rollguard.HeldAnnotation: "true"}},
+		Spec:       infrav1.NstanceMachinePoolSpec{Group: "workers", Shards: []string{"s1"}, ProviderIDList: []string{pid}},
+	}
+	require.NoError(t, env.Client.Create(ctx, pool))
+
+	wl := &workload.Cluster{Client: staleCache{Client: env.Client, nodes: []corev1.Node{stale}}, Reader: env.Client}
+	r := &rollguard.Reconciler{Client: env.Client, Workload: fixedWorkload{wl: wl}, Cluster: client.ObjectKey{Namespace: ns.Name, Name: "c"}, Log: logr.Discard()}
+	_, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(pool)})
+	require.NoError(t, err)
+
+	var got corev1.Node
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(n), &got))
+	require.NotContains(t, got.Annotations, rollguard.ScaleDownDisabledAnnotation, "the guard the cache did not show is released")
+	require.NotContains(t, got.Annotations, rollguard.OwnedAnnotation)
+	var p infrav1.NstanceMachinePool
+	require.NoError(t, env.Client.Get(ctx, client.ObjectKeyFromObject(pool), &p))
+	require.NotContains(t, p.Annotations, rollguard.HeldAnnotation, "the record goes with the last guard")
 }
