@@ -8,6 +8,7 @@ const (
 	DefaultHealthMisses        = 3
 	DefaultAgentStartupGrace   = 5 * time.Minute
 	DefaultRotationSurge       = 1
+	DefaultShutdownGrace       = time.Minute
 )
 
 // Tuning is the health and rotation tuning of a shard, defaults applied.
@@ -30,12 +31,16 @@ type Tuning struct {
 	// Surge is how many members beyond its size a group may run while
 	// rotating drifted members (shard.rotation_surge).
 	Surge int
+	// ShutdownGrace is how long after an agent reported its host shutting
+	// down the provider has to confirm (stopped, gone) before the member is
+	// replaced anyway (shard.shutdown_grace).
+	ShutdownGrace time.Duration
 }
 
 // Tuning returns the shard's health and rotation tuning, defaults applied.
 func (s Shard) Tuning() Tuning {
 	t := Tuning{HealthInterval: s.HealthCheckInterval.D(), HealthMisses: s.HealthMisses, StartupGrace: s.AgentStartupGrace.D(),
-		ReconnectGrace: s.AgentReconnectGrace.D(), Surge: s.RotationSurge}
+		ReconnectGrace: s.AgentReconnectGrace.D(), Surge: s.RotationSurge, ShutdownGrace: s.ShutdownGrace.D()}
 	if t.HealthInterval <= 0 {
 		t.HealthInterval = DefaultHealthCheckInterval
 	}
@@ -50,6 +55,9 @@ func (s Shard) Tuning() Tuning {
 	}
 	if t.Surge <= 0 {
 		t.Surge = DefaultRotationSurge
+	}
+	if t.ShutdownGrace <= 0 {
+		t.ShutdownGrace = DefaultShutdownGrace
 	}
 	return t
 }

@@ -149,6 +149,11 @@ type Shard struct {
 	// before it judges their health: they were connected to the old leader
 	// and come back with jittered backoff (0: agent_startup_grace).
 	AgentReconnectGrace Duration `json:"agent_reconnect_grace"`
+	// ShutdownGrace is how long after an agent reported that its host is
+	// shutting down the provider has to confirm it (stopped or gone) before
+	// the member is replaced anyway (0: the default, 1m; a VM whose
+	// provider cannot see a guest shutdown is replaced after this).
+	ShutdownGrace Duration `json:"shutdown_grace"`
 	// RotationSurge is how many instances beyond its size a group may run
 	// while rotating drifted members (0: the default, 1).
 	RotationSurge       int                   `json:"rotation_surge"`

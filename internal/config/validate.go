@@ -222,6 +222,7 @@ func (c *Config) Validate() error {
 	ch.positive("shard.health_check_interval", s.HealthCheckInterval)
 	ch.positive("shard.agent_startup_grace", s.AgentStartupGrace)
 	ch.positive("shard.agent_reconnect_grace", s.AgentReconnectGrace)
+	ch.positive("shard.shutdown_grace", s.ShutdownGrace)
 	for _, n := range []struct {
 		key string
 		v   int

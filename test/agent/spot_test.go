@@ -54,3 +54,31 @@ func TestSpotNoticeFromIMDSReachesTheServer(t *testing.T) {
 	require.Equal(t, time.Date(2026, 11, 24, 8, 22, 0, 0, time.UTC), r.GetTermination().GetDeadline().AsTime())
 	require.Greater(t, polls.Load(), int32(6), "the notice came after the empty polls")
 }
+
+// An agent told that every stop is its host going down
+// (NSTANCE_SHUTDOWN_DETECT=always) says so in its last report, which the
+// server receives before the agent exits; with never, the last report
+// carries nothing.
+func TestStopReportsHostShutdown(t *testing.T) {
+	for mode, want := range map[string]nstancev1.TerminationKind{
+		"always": nstancev1.TerminationKind_TERMINATION_KIND_SHUTDOWN,
+		"never":  nstancev1.TerminationKind_TERMINATION_KIND_UNSPECIFIED,
+	} {
+		t.Run(mode, func(t *testing.T) {
+			e := newEnv(t)
+			e.agentEnv = map[string]string{config.EnvShutdownDetect: mode, config.EnvMetricsInterval: "1h"}
+			_, stop := e.start(t, "down-1", srvconfig.Template{Kind: "worker"}, nil)
+			require.Eventually(t, func() bool { return e.lastReport("down-1") != nil }, 20*time.Second, 20*time.Millisecond, "first report")
+			require.Nil(t, e.lastReport("down-1").GetTermination())
+			before, _ := e.shard.Health.Get("down-1")
+			stop()
+			rec, ok := e.shard.Health.Get("down-1")
+			require.True(t, ok)
+			require.Greater(t, rec.Reports, before.Reports, "the last report arrived before the agent stopped")
+			require.Equal(t, want, rec.Last.GetTermination().GetKind())
+			if want != nstancev1.TerminationKind_TERMINATION_KIND_UNSPECIFIED {
+				require.False(t, rec.ShutdownAt.IsZero(), "the server's table records the shutdown")
+			}
+		})
+	}
+}

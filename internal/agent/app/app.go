@@ -13,6 +13,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/agent/files"
 	"github.com/nstance-dev/nstance/internal/agent/health"
 	"github.com/nstance-dev/nstance/internal/agent/healthz"
+	"github.com/nstance-dev/nstance/internal/agent/hostdown"
 	"github.com/nstance-dev/nstance/internal/agent/identity"
 	"github.com/nstance-dev/nstance/internal/agent/keys"
 	"github.com/nstance-dev/nstance/internal/agent/register"
@@ -70,6 +71,7 @@ func Run(ctx context.Context, cfg config.Config, version string, log logr.Logger
 		Addr: cfg.AgentAddr, ServerName: cfg.ServerNameFor(cfg.AgentAddr), Identity: id, Keys: ks, Files: fw,
 		Sampler: health.NewSampler("", cfg.DiskPaths), Interval: cfg.MetricsInterval, TerminationFile: cfg.TerminationFile,
 		Backoff: bo, AgentVersion: version, Log: log.WithName("session"),
+		Shutdown: (&hostdown.Detector{Mode: cfg.ShutdownDetect}).Check,
 	}
 	var watcher *spot.Watcher
 	if cfg.SpotNotice != "" {

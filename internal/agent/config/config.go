@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nstance-dev/nstance/internal/agent/hostdown"
 	"github.com/nstance-dev/nstance/internal/logging"
 )
 
@@ -44,6 +45,9 @@ const (
 	// the instance is spot; "imds" polls whatever it says; "off" never.
 	EnvSpotNotice       = "NSTANCE_SPOT_NOTICE"
 	EnvSpotPollInterval = "NSTANCE_SPOT_POLL_INTERVAL"
+	// EnvShutdownDetect says how the agent tells a host shutdown from its
+	// own restart when it is stopped (hostdown: auto, always, never).
+	EnvShutdownDetect = "NSTANCE_SHUTDOWN_DETECT"
 	// EnvIMDSEndpoint overrides the instance metadata address.
 	EnvIMDSEndpoint = "NSTANCE_IMDS_ENDPOINT"
 	// EnvHealthAddr, when set, is the host:port the agent serves /healthz
@@ -89,6 +93,8 @@ type Config struct {
 	IMDSEndpoint     string
 	// HealthAddr, when set, is where /healthz is served ("" : not served).
 	HealthAddr string
+	// ShutdownDetect is hostdown's mode: auto, always or never.
+	ShutdownDetect string
 	// Log is the logging set-up (NSTANCE_LOG_LEVEL, NSTANCE_LOG_FORMAT).
 	Log logging.Options
 }
@@ -234,6 +240,7 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		SpotPollInterval: p.duration(EnvSpotPollInterval, DefaultSpotPollInterval),
 		IMDSEndpoint:     p.get(EnvIMDSEndpoint),
 		HealthAddr:       p.get(EnvHealthAddr),
+		ShutdownDetect:   p.get(EnvShutdownDetect),
 		Log:              logging.Defaults(),
 		MaxFileSize:      DefaultMaxFileSize,
 	}
@@ -288,6 +295,11 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 			p.fail(EnvLogFormat, "%v", err)
 		}
 		c.Log.Format = v
+	}
+	if m, err := hostdown.ParseMode(c.ShutdownDetect); err != nil {
+		p.fail(EnvShutdownDetect, "%v", err)
+	} else {
+		c.ShutdownDetect = m
 	}
 	switch c.SpotNotice {
 	case "auto", "imds":

@@ -45,6 +45,7 @@ func Vars() []Var {
 		{Name: EnvUserData, Usage: "absolute path of the instance's boot script, run after the first delivery (local providers)"},
 		{Name: EnvSpotNotice, Default: "auto", Usage: "spot interruption notices from the EC2 instance metadata service: auto (when its instance-life-cycle is spot), imds (always) or off"},
 		{Name: EnvSpotPollInterval, Default: dur(DefaultSpotPollInterval), Usage: "spot notice poll interval"},
+		{Name: EnvShutdownDetect, Default: "auto", Usage: "whether a stop means the host is going down (reported at once, so the server replaces the instance): auto (systemd says stopping), always or never"},
 		{Name: EnvIMDSEndpoint, Default: "the AWS SDK's", Usage: "http(s) URL of the instance metadata service"},
 		{Name: EnvHealthAddr, Default: "off", Usage: "host:port to serve GET /healthz on (load balancer health checks; answers the instance id)"},
 		{Name: EnvLogLevel, Default: "info", Usage: "log level: debug, info, warn, error, or a verbosity number N"},

@@ -41,6 +41,10 @@ type Options struct {
 	// the platform announced (the IMDS spot watcher); a notice in
 	// TerminationFile wins.
 	Termination func() *nstancev1.TerminationNotice
+	// Shutdown, when set, is asked for the last report of a stopping agent:
+	// a notice when the host itself is going down (hostdown), which the
+	// server acts on at once. A platform notice already in the report wins.
+	Shutdown func(ctx context.Context) (*nstancev1.TerminationNotice, error)
 	// Backoff paces reconnection: exponential with jitter, so that the
 	// agents of a shard whose leader went away do not all dial the new one
 	// at the same instant. Zero fields take the defaults (500ms doubling
@@ -389,13 +393,23 @@ func (s *Session) healthLoop(parent, ctx context.Context, c nstancev1.AgentServi
 }
 
 // final sends a last report and closes the stream. It carries a termination
-// notice only when the platform announced one: an agent process stopping
-// (an upgrade, a restart under Air) says nothing about the VM, and the server
-// replaces instances whose VM is going away.
+// notice only when the platform announced one or the host is shutting down
+// (Options.Shutdown): an agent process stopping (an upgrade, a restart under
+// Air) says nothing about the VM, and the server replaces instances whose VM
+// is going away.
 func (s *Session) final(stream nstancev1.AgentService_ReportHealthClient) error {
 	r, err := s.Report(time.Now())
 	if err != nil {
 		return err
+	}
+	if r.Termination == nil && s.o.Shutdown != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), s.o.FinalReportTimeout)
+		n, err := s.o.Shutdown(ctx)
+		cancel()
+		if err != nil {
+			s.o.Log.Error(err, "could not tell whether the host is shutting down; the last report says nothing")
+		}
+		r.Termination = n
 	}
 	done := make(chan error, 1)
 	go func() {

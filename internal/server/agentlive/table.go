@@ -34,6 +34,21 @@ type Record struct {
 	Notice string
 	// Streams is the number of streams the instance has open.
 	Streams int
+	// ShutdownAt is when the agent first reported that its host is shutting
+	// down (a TERMINATION_KIND_SHUTDOWN notice) in this term; zero when it
+	// did not, or when a later report came without it (the agent restarted
+	// on a host that stayed up).
+	ShutdownAt time.Time
+	// DisconnectedAt is when the instance's last open stream closed after
+	// it had reported; zero while a stream is open.
+	DisconnectedAt time.Time
+}
+
+// Presence is the light part of a Record the reconciler reads to decide
+// whether an instance's VM may be going away.
+type Presence struct {
+	Streams                    int
+	ShutdownAt, DisconnectedAt time.Time
 }
 
 // Change is what a report changed that the reconciler acts on.
@@ -45,6 +60,10 @@ type Change struct {
 	NewVersion bool
 	// NewNotice: a termination notice of a kind not announced before.
 	NewNotice bool
+	// Shutdown: the agent reported that its host is shutting down.
+	Shutdown bool
+	// Disconnected: the instance's last open stream closed.
+	Disconnected bool
 }
 
 // Table is one term's live table. The zero value is not usable: New.
@@ -53,6 +72,7 @@ type Table struct {
 	byID     map[string]*entry
 	reports  uint64
 	onChange func(Change)
+	now      func() time.Time
 }
 
 // entry keeps the latest report in its wire form (a few hundred bytes):
@@ -68,10 +88,15 @@ type entry struct {
 	version    string
 	notice     string
 	streams    int
+	shutdownAt time.Time
+	disconnAt  time.Time
 }
 
 // New returns an empty table.
-func New() *Table { return &Table{byID: map[string]*entry{}} }
+func New() *Table { return &Table{byID: map[string]*entry{}, now: time.Now} }
+
+// NewWithClock returns an empty table that stamps disconnections with now.
+func NewWithClock(now func() time.Time) *Table { return &Table{byID: map[string]*entry{}, now: now} }
 
 // Subscribe sets the one function told about every Change, called after
 // the table is updated and outside its lock. A table has one subscriber
@@ -112,10 +137,21 @@ func (t *Table) RecordHealth(_ context.Context, ref Ref, r *nstancev1.HealthRepo
 	if v := r.GetAgentVersion(); v != "" && v != e.version {
 		e.version, ch.NewVersion = v, true
 	}
-	if n := r.GetTermination(); n != nil {
+	switch n := r.GetTermination(); {
+	case n.GetKind() == nstancev1.TerminationKind_TERMINATION_KIND_SHUTDOWN:
+		// Not a notice the platform gave: the reconciler asks the provider
+		// (and replaces after the shutdown grace if it cannot tell).
+		if e.shutdownAt.IsZero() {
+			e.shutdownAt, ch.Shutdown = received, true
+		}
+	case n != nil:
 		if k := NoticeKind(n.GetKind()); k != e.notice {
 			e.notice, ch.NewNotice = k, true
 		}
+	default:
+		// A report without one: the agent that said its host was going
+		// down runs on (its process was restarted, the host stayed up).
+		e.shutdownAt = time.Time{}
 	}
 	// Reuse the buffer of the previous report when it fits.
 	e.ref, e.received, e.fileErrors, e.raw = ref, received, errs, append(e.raw[:0], raw...)
@@ -123,7 +159,7 @@ func (t *Table) RecordHealth(_ context.Context, ref Ref, r *nstancev1.HealthRepo
 	t.reports++
 	notify := t.onChange
 	t.mu.Unlock()
-	if notify != nil && (ch.First || ch.NewVersion || ch.NewNotice) {
+	if notify != nil && (ch.First || ch.NewVersion || ch.NewNotice || ch.Shutdown) {
 		notify(ch)
 	}
 	return nil
@@ -143,26 +179,50 @@ func NoticeKind(k nstancev1.TerminationKind) string {
 }
 
 // Connect counts an open stream of the instance until release is called
-// (once; later calls do nothing).
+// (once; later calls do nothing). The release that closes an instance's
+// last stream, after it reported, is a Disconnected change.
 func (t *Table) Connect(ref Ref) (release func()) {
 	t.mu.Lock()
-	t.entry(ref).streams++
+	e := t.entry(ref)
+	e.streams++
+	e.disconnAt = time.Time{}
 	t.mu.Unlock()
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			t.mu.Lock()
-			defer t.mu.Unlock()
 			e := t.byID[ref.InstanceID]
 			if e == nil {
+				t.mu.Unlock()
 				return // forgotten meanwhile
 			}
 			e.streams--
-			if e.streams == 0 && e.reports == 0 {
+			var notify func(Change)
+			switch {
+			case e.streams > 0:
+			case e.reports == 0:
 				delete(t.byID, ref.InstanceID)
+			default:
+				e.disconnAt, notify = t.now(), t.onChange
+			}
+			t.mu.Unlock()
+			if notify != nil {
+				notify(Change{InstanceID: ref.InstanceID, Disconnected: true})
 			}
 		})
 	}
+}
+
+// Presence returns whether the instance has streams open, and when it
+// reported a host shutdown or lost its last stream (zero: not known).
+func (t *Table) Presence(instanceID string) (Presence, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.byID[instanceID]
+	if !ok {
+		return Presence{}, false
+	}
+	return Presence{Streams: e.streams, ShutdownAt: e.shutdownAt, DisconnectedAt: e.disconnAt}, true
 }
 
 // Get returns a copy of what the table knows about one instance.
@@ -174,7 +234,7 @@ func (t *Table) Get(instanceID string) (Record, bool) {
 		return Record{}, false
 	}
 	c := Record{Ref: e.ref, Received: e.received, First: e.first, Reports: e.reports, FileErrors: e.fileErrors, Version: e.version,
-		Notice: e.notice, Streams: e.streams, Last: &nstancev1.HealthReport{}}
+		Notice: e.notice, Streams: e.streams, ShutdownAt: e.shutdownAt, DisconnectedAt: e.disconnAt, Last: &nstancev1.HealthReport{}}
 	if err := proto.Unmarshal(e.raw, c.Last); err != nil {
 		// Encoded by RecordHealth itself; cannot fail short of memory corruption.
 		panic(fmt.Sprintf("agentlive: decoding a stored health report: %v", err))

@@ -31,8 +31,9 @@ func TestOverdueAndGet(t *testing.T) {
 }
 
 // The one subscription hears the changes the reconciler acts on, once
-// each: a first report, a new version, a new notice kind; a repeated
-// report changes nothing.
+// each: a first report, a new version, a new notice kind, a reported host
+// shutdown; a repeated report changes nothing. A shutdown is not a
+// platform notice: it is kept apart, and a report without it clears it.
 func TestChanges(t *testing.T) {
 	tb := agentlive.New()
 	var got []agentlive.Change
@@ -56,11 +57,44 @@ func TestChanges(t *testing.T) {
 		{InstanceID: "i-1", First: true, NewVersion: true},
 		{InstanceID: "i-1", NewVersion: true},
 		{InstanceID: "i-1", NewNotice: true},
-		{InstanceID: "i-1", NewNotice: true},
+		{InstanceID: "i-1", Shutdown: true},
 	}, got)
 	require.Equal(t, "v2", tb.Version("i-1"))
-	require.Equal(t, "shutdown", tb.Notice("i-1"))
-	require.Equal(t, uint64(7), tb.Reports())
+	require.Equal(t, "spot", tb.Notice("i-1"), "the platform's notice stays")
+	p, _ := tb.Presence("i-1")
+	require.Equal(t, now, p.ShutdownAt)
+	rep("v2", nstancev1.TerminationKind_TERMINATION_KIND_SHUTDOWN)
+	require.Len(t, got, 4, "a repeated shutdown report is no new change")
+	rep("v2", 0)
+	p, _ = tb.Presence("i-1")
+	require.True(t, p.ShutdownAt.IsZero(), "a report without it: the host stayed up")
+	require.Equal(t, uint64(9), tb.Reports())
+}
+
+// The release of an instance's last stream, after it reported, is a
+// Disconnected change stamped with the table's clock; a new stream clears
+// it. An instance that never reported says nothing when it goes.
+func TestDisconnected(t *testing.T) {
+	now := time.Unix(2000, 0)
+	tb := agentlive.NewWithClock(func() time.Time { return now })
+	var got []agentlive.Change
+	tb.Subscribe(func(c agentlive.Change) { got = append(got, c) })
+	a, quiet := agentlive.Ref{InstanceID: "a"}, agentlive.Ref{InstanceID: "quiet"}
+	r1, r2 := tb.Connect(a), tb.Connect(a)
+	require.NoError(t, tb.RecordHealth(context.Background(), a, &nstancev1.HealthReport{}, now))
+	tb.Connect(quiet)()
+	r1()
+	require.Equal(t, []agentlive.Change{{InstanceID: "a", First: true}}, got, "one stream is still open")
+	now = now.Add(time.Second)
+	r2()
+	require.Equal(t, agentlive.Change{InstanceID: "a", Disconnected: true}, got[len(got)-1])
+	p, ok := tb.Presence("a")
+	require.True(t, ok)
+	require.Equal(t, agentlive.Presence{DisconnectedAt: now}, p)
+	tb.Connect(a)
+	p, _ = tb.Presence("a")
+	require.Equal(t, agentlive.Presence{Streams: 1}, p, "back: no longer disconnected")
+	require.Len(t, got, 2)
 }
 
 // Streams are counted per instance; an instance that only connected (no

@@ -55,6 +55,11 @@ func (b *shardConfig) limits(edit func(*config.Limits)) *shardConfig {
 	return b
 }
 
+func (b *shardConfig) shutdownGrace(d time.Duration) *shardConfig {
+	b.c.Shard.ShutdownGrace = config.Duration(d)
+	return b
+}
+
 func (b *shardConfig) health(interval time.Duration, misses int, grace time.Duration) *shardConfig {
 	s := &b.c.Shard
 	s.HealthCheckInterval, s.HealthMisses, s.AgentStartupGrace = config.Duration(interval), misses, config.Duration(grace)
@@ -244,7 +249,7 @@ type agents struct {
 func (a *agents) newTerm() reconcile.Agents {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.live = agentlive.New()
+	a.live = agentlive.NewWithClock(a.clk.Now)
 	return reconcile.Agents{Live: a.live, Files: a}
 }
 
@@ -279,6 +284,12 @@ func (a *agents) report(id string, notice *nstancev1.TerminationNotice) {
 	if err := live.RecordHealth(context.Background(), agentlive.Ref{InstanceID: id}, rep, a.clk.Now()); err != nil {
 		panic(err) // encoding a report built here cannot fail
 	}
+}
+
+// connect opens a stream for id in the live table (as an agent's
+// KeyGenRequests stream does); the returned function closes it.
+func (a *agents) connect(id string) (release func()) {
+	return a.table().Connect(agentlive.Ref{InstanceID: id})
 }
 
 // reportAll reports for every active instance that is not silenced.

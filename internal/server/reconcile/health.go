@@ -248,3 +248,28 @@ func (r *Reconciler) workloadGone(ctx context.Context, id string) bool {
 	}
 	return err == nil && obs.State == provider.StateStopped
 }
+
+// vanishing acts on the signs that an instance's VM is going away while its
+// provider still reports it running: its agent reported a host shutdown, or
+// its last stream closed. It returns when to ask the provider again (0:
+// not needed); past the shutdown grace the member is marked unhealthy, so
+// its group replaces it first (planner.DecideVanish has the rules).
+func (r *Reconciler) vanishing(ctx context.Context, rec *instances.Record) time.Duration {
+	live := r.monitored()
+	if live == nil || rec.State != instances.StateRunning {
+		return 0
+	}
+	p, ok := live.Presence(rec.ID)
+	if !ok {
+		return 0
+	}
+	t := r.tuning()
+	v := planner.DecideVanish(planner.Signs{ShutdownAt: p.ShutdownAt, DisconnectedAt: p.DisconnectedAt, Streams: p.Streams},
+		r.o.Now(), t.ShutdownGrace, time.Duration(t.HealthMisses)*t.HealthInterval)
+	if v.Replace {
+		r.markUnhealthy(ctx, rec, fmt.Sprintf("agent reported its host shutting down %s ago and the provider still reports it running (shard.shutdown_grace %s)",
+			r.o.Now().Sub(p.ShutdownAt).Round(time.Millisecond), t.ShutdownGrace))
+		return 0
+	}
+	return v.Recheck
+}

@@ -810,9 +810,14 @@ func (r *Reconciler) syncInstance(ctx context.Context, id string) (time.Duration
 	if err := r.noteHealth(ctx, rec); err != nil {
 		return 0, err
 	}
+	// Running at the provider: is the VM going away anyway?
+	vanishWake := r.vanishing(ctx, rec)
 	lbWake, _, err := r.syncLoadBalancers(ctx, r.curTerm(), id)
 	if err != nil {
 		return 0, err
+	}
+	if vanishWake > 0 && (lbWake == 0 || vanishWake < lbWake) {
+		lbWake = vanishWake
 	}
 	if rec.OnDemand && r.expired(rec, r.cfg().Shard.Expiry.OndemandAge.D()) {
 		return 0, r.BeginDeletion(ctx, id, nstancev1.DeletionReason_DELETION_REASON_EXPIRY, false, "on-demand instance reached expiry.ondemand_age")

@@ -65,8 +65,10 @@ type term struct {
 
 // newTerm builds a term with the agents given and a fresh queue. With
 // health monitored, the one change subscription of the live table feeds
-// the queue: an instance's first report of the term, a new agent version
-// and a termination notice wake the instance (and through it its group).
+// the queue: an instance's first report of the term, a new agent version,
+// a termination notice, a reported host shutdown and a lost connection wake
+// the instance (and through it its group): the instance's reconcile asks
+// the provider at once.
 func (r *Reconciler) newTerm(agents Agents) *term {
 	tm := &term{
 		queue: r.newQueue(), start: r.o.Now(), live: agents.Live, files: agents.Files,

@@ -90,13 +90,24 @@ func startAgentShard(t *testing.T) *agentShard {
 // startAgentShardWith starts the shard with cfg; opts adjust the shard's options.
 func startAgentShardWith(t *testing.T, cfg string, opts ...func(*shardtest.Options)) *agentShard {
 	t.Helper()
+	return startAgentShardProc(t, cfg, nil, opts...)
+}
+
+// startAgentShardProc is startAgentShardWith whose process provider config
+// proc adjusts first (nil: as it is).
+func startAgentShardProc(t *testing.T, cfg string, proc func(*process.Config), opts ...func(*shardtest.Options)) *agentShard {
+	t.Helper()
 	bin, err := agentBinary()
 	require.NoError(t, err)
 	a := &agentShard{stateDir: t.TempDir()}
-	a.p, err = process.New(process.Config{
+	pc := process.Config{
 		Command: []string{bin}, StateDir: a.stateDir, StopTimeout: time.Second,
 		Env: []string{"NSTANCE_METRICS_INTERVAL=" + reportEvery.String(), "NSTANCE_RECONNECT_MIN=100ms", "NSTANCE_RECONNECT_MAX=1s"},
-	})
+	}
+	if proc != nil {
+		proc(&pc)
+	}
+	a.p, err = process.New(pc)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		list, _ := a.p.List(context.Background())
@@ -104,9 +115,11 @@ func startAgentShardWith(t *testing.T, cfg string, opts ...func(*shardtest.Optio
 			_ = a.p.Delete(context.Background(), inst.InstanceID)
 		}
 	})
-	// Health tuning comes from the shard config only.
-	cfg = strings.Replace(cfg, `"default_drain_timeout": "30s",`, fmt.Sprintf(`"default_drain_timeout": "30s", "health_check_interval": %q, "health_misses": %d, "agent_startup_grace": "30s",`,
-		reportEvery.String(), misses), 1)
+	// Health tuning comes from the shard config only (unless cfg set it).
+	if !strings.Contains(cfg, `"health_check_interval"`) {
+		cfg = strings.Replace(cfg, `"default_drain_timeout": "30s",`, fmt.Sprintf(`"default_drain_timeout": "30s", "health_check_interval": %q, "health_misses": %d, "agent_startup_grace": "30s",`,
+			reportEvery.String(), misses), 1)
+	}
 	o := shardtest.Options{
 		ConfigJSONC: cfg, Provider: a.p,
 		Agent: app.Tuning{

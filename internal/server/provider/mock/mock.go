@@ -16,6 +16,7 @@ type Provider struct {
 	requests  map[string]provider.CreateRequest
 	creates   int
 	deletes   int
+	statuses  int
 	// failCreate, when set, is consulted before every create.
 	failCreate func(provider.CreateRequest) error
 }
@@ -60,6 +61,7 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 func (p *Provider) Status(ctx context.Context, id string) (provider.Instance, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.statuses++
 	inst, ok := p.instances[id]
 	if !ok {
 		return provider.Instance{}, fmt.Errorf("mock status %s: %w", id, provider.ErrNotFound)
@@ -89,6 +91,22 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 		p.deletes++
 	}
 	return nil
+}
+
+// Vanish removes an instance as if its VM went away outside the server
+// (terminated in the console, a host failure): not counted as a delete.
+func (p *Provider) Vanish(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.instances, id)
+	delete(p.requests, id)
+}
+
+// Statuses counts the Status calls answered so far.
+func (p *Provider) Statuses() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.statuses
 }
 
 // Stop marks an instance stopped, as if its workload exited.
