@@ -95,7 +95,7 @@ func startAgentShardWith(t *testing.T, cfg string, opts ...func(*shardtest.Optio
 
 // startAgentShardProc is startAgentShardWith whose process provider config
 // proc adjusts first (nil: as it is).
-func startAgentShardProc(t *testing.T, cfg string, proc func(*process.Config), opts ...func(*shardtest.Options)) *agentShard {
+func startAgentShardProc(t testing.TB, cfg string, proc func(*process.Config), opts ...func(*shardtest.Options)) *agentShard {
 	t.Helper()
 	bin, err := agentBinary()
 	require.NoError(t, err)

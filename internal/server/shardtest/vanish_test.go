@@ -18,13 +18,14 @@ import (
 )
 
 // vmShell is the "VM" of TestVMsThatGoAreReplacedAtOnce: a shell that runs
-// the agent again whenever it exits (as systemd or Air would), until a halt
-// file beside the identity directory exists; the shell is what the process
-// provider watches, so an agent restart leaves the VM running.
-const vmShell = `while [ ! -e "$NSTANCE_IDENTITY_DIR.halt" ]; do "$0"; sleep 0.1; done`
+// the agent again whenever it exits (as systemd or Air would), unless a halt
+// file beside the identity directory exists by then (the VM shuts down with
+// its agent); the shell is what the process provider watches, so an agent
+// restart leaves the VM running.
+const vmShell = `while :; do "$0"; [ -e "$NSTANCE_IDENTITY_DIR.halt" ] && exit 0; sleep 0.1; done`
 
 // childOf returns the pid of a process whose parent is ppid (0: none).
-func childOf(t *testing.T, ppid int) int {
+func childOf(t testing.TB, ppid int) int {
 	t.Helper()
 	dirs, err := os.ReadDir("/proc")
 	require.NoError(t, err)

@@ -73,6 +73,11 @@ type Provider struct {
 	cfg      Config
 	mu       sync.Mutex
 	children map[string]*child
+	// creating holds the instances whose Create runs, closed when it ends:
+	// a Create starts the process outside mu (so a hundred creates, and the
+	// Status calls beside them, do not queue behind one another), and a
+	// second Create or a Delete of the same instance waits for it.
+	creating map[string]chan struct{}
 }
 
 var _ provider.Provider = (*Provider)(nil)
@@ -91,7 +96,7 @@ func New(cfg Config) (*Provider, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("process provider: %w", err)
 	}
-	p := &Provider{cfg: cfg, children: map[string]*child{}}
+	p := &Provider{cfg: cfg, children: map[string]*child{}, creating: map[string]chan struct{}{}}
 	if err := p.adopt(); err != nil {
 		return nil, err
 	}
@@ -140,11 +145,58 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 		return provider.Instance{}, err
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.adoptOne(req.InstanceID)
-	if c, ok := p.children[req.InstanceID]; ok {
-		return p.observe(req.InstanceID, c), nil
+	for {
+		p.adoptOne(req.InstanceID)
+		if c, ok := p.children[req.InstanceID]; ok {
+			inst := p.observe(req.InstanceID, c)
+			p.mu.Unlock()
+			return inst, nil
+		}
+		busy, ok := p.creating[req.InstanceID]
+		if !ok {
+			break
+		}
+		// Another Create of this instance runs: its outcome is ours.
+		p.mu.Unlock()
+		select {
+		case <-busy:
+		case <-ctx.Done():
+			return provider.Instance{}, fmt.Errorf("process create %s: %w", req.InstanceID, ctx.Err())
+		}
+		p.mu.Lock()
 	}
+	done := make(chan struct{})
+	p.creating[req.InstanceID] = done
+	p.mu.Unlock()
+	c, err := p.start(req)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.creating, req.InstanceID)
+	close(done)
+	if err != nil {
+		return provider.Instance{}, err
+	}
+	p.children[req.InstanceID] = c
+	return p.observe(req.InstanceID, c), nil
+}
+
+// waitCreate waits until no Create of id runs; callers hold p.mu, which
+// is released while waiting.
+func (p *Provider) waitCreate(id string) {
+	for {
+		busy, ok := p.creating[id]
+		if !ok {
+			return
+		}
+		p.mu.Unlock()
+		<-busy
+		p.mu.Lock()
+	}
+}
+
+// start starts the agent of req (or adopts one an earlier Create started)
+// and records it on disk; the caller marked the instance as creating.
+func (p *Provider) start(req provider.CreateRequest) (*child, error) {
 	dir := localagent.InstanceDir(p.cfg.StateDir, req.InstanceID)
 	if _, err := os.Stat(dir); err == nil {
 		// An earlier Create (this or another server, killed before it
@@ -152,18 +204,17 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 		// instead of starting a second one.
 		if c, ok := p.findUnrecorded(req); ok {
 			if err := p.record(dir, c); err != nil {
-				return provider.Instance{}, fmt.Errorf("process create %s: recording adopted pid: %w", req.InstanceID, err)
+				return nil, fmt.Errorf("process create %s: recording adopted pid: %w", req.InstanceID, err)
 			}
-			p.children[req.InstanceID] = c
-			return p.observe(req.InstanceID, c), nil
+			return c, nil
 		}
 	}
 	if _, err := localagent.Prepare(p.cfg.StateDir, req); err != nil {
-		return provider.Instance{}, fmt.Errorf("process create %s: %w", req.InstanceID, err)
+		return nil, fmt.Errorf("process create %s: %w", req.InstanceID, err)
 	}
 	logf, err := os.OpenFile(filepath.Join(dir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return provider.Instance{}, fmt.Errorf("process create %s: %w", req.InstanceID, err)
+		return nil, fmt.Errorf("process create %s: %w", req.InstanceID, err)
 	}
 	cmd := exec.Command(p.cfg.Command[0], p.cfg.Command[1:]...)
 	cmd.Dir = p.cfg.WorkDir
@@ -176,7 +227,7 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		_ = localagent.Cleanup(p.cfg.StateDir, req.InstanceID)
-		return provider.Instance{}, fmt.Errorf("process create %s: starting %q: %w", req.InstanceID, p.cfg.Command[0], err)
+		return nil, fmt.Errorf("process create %s: starting %q: %w", req.InstanceID, p.cfg.Command[0], err)
 	}
 	// The child holds its own copy of the log file; and it is reaped by
 	// alive with a non-blocking wait4, not by cmd.Wait, which would keep a
@@ -187,18 +238,17 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	c.startTicks, _, _ = procStat(c.pid)
 	if err := cmd.Process.Release(); err != nil {
 		killGroup(c.pid, syscall.SIGKILL)
-		return provider.Instance{}, fmt.Errorf("process create %s: releasing the process handle: %w", req.InstanceID, err)
+		return nil, fmt.Errorf("process create %s: releasing the process handle: %w", req.InstanceID, err)
 	}
 	if err := p.record(dir, c); err != nil {
 		killGroup(c.pid, syscall.SIGKILL)
-		return provider.Instance{}, fmt.Errorf("process create %s: recording pid: %w", req.InstanceID, err)
+		return nil, fmt.Errorf("process create %s: recording pid: %w", req.InstanceID, err)
 	}
 	if err := localagent.WriteNode(p.cfg.NodeDir, req, time.Now()); err != nil {
 		killGroup(c.pid, syscall.SIGKILL)
-		return provider.Instance{}, fmt.Errorf("process create %s: %w", req.InstanceID, err)
+		return nil, fmt.Errorf("process create %s: %w", req.InstanceID, err)
 	}
-	p.children[req.InstanceID] = c
-	return p.observe(req.InstanceID, c), nil
+	return c, nil
 }
 
 // record writes the child's PID and start time into dir/process.json
@@ -346,6 +396,7 @@ func (p *Provider) PID(id string) (int, bool) {
 // after StopTimeout, then the instance directory and Node file are removed.
 func (p *Provider) Delete(ctx context.Context, id string) error {
 	p.mu.Lock()
+	p.waitCreate(id)
 	p.adoptOne(id)
 	c, ok := p.children[id]
 	p.mu.Unlock()

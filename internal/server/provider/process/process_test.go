@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -228,7 +229,7 @@ func TestExitedChildIsReapedAndReported(t *testing.T) {
 		{"killed", "kill -9 $$", "process exited: signal: killed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := process.New(process.Config{Command: []string{"sh", "-c", tc.script}, StateDir: t.TempDir(), NodeDir: "-", StopTimeout: time.Second})
+			p, err := process.New(process.Config{Command: []string{"sh", "-c", tc.script}, StateDir: t.TempDir(), NodeDir: "", StopTimeout: time.Second})
 			require.NoError(t, err)
 			cleanupAll(t, p)
 			inst, err := p.Create(ctx, provider.CreateRequest{InstanceID: "x1", ProviderID: "process://x1"})
@@ -253,7 +254,7 @@ func TestExitedChildIsReapedAndReported(t *testing.T) {
 // The provider holds no descriptor and no thread per running child.
 func TestNoDescriptorOrThreadPerChild(t *testing.T) {
 	ctx := context.Background()
-	p := newProvider(t, t.TempDir(), "-")
+	p := newProvider(t, t.TempDir(), "")
 	cleanupAll(t, p)
 	self, err := procfs.Self()
 	require.NoError(t, err)
@@ -288,7 +289,7 @@ func TestNoDescriptorOrThreadPerChild(t *testing.T) {
 func TestDeleteStopsWithTermThenKill(t *testing.T) {
 	ctx := context.Background()
 	t.Run("exits on SIGTERM: no wait for the timeout", func(t *testing.T) {
-		p, err := process.New(process.Config{Command: []string{"sleep", "3600"}, StateDir: t.TempDir(), NodeDir: "-", StopTimeout: time.Minute})
+		p, err := process.New(process.Config{Command: []string{"sleep", "3600"}, StateDir: t.TempDir(), NodeDir: "", StopTimeout: time.Minute})
 		require.NoError(t, err)
 		cleanupAll(t, p)
 		_, err = p.Create(ctx, provider.CreateRequest{InstanceID: "t1", ProviderID: "process://t1"})
@@ -305,7 +306,7 @@ func TestDeleteStopsWithTermThenKill(t *testing.T) {
 		const stop = 300 * time.Millisecond
 		ready := filepath.Join(t.TempDir(), "trapped")
 		script := `trap "" TERM; : > ` + ready + `; while :; do sleep 0.05; done`
-		p, err := process.New(process.Config{Command: []string{"sh", "-c", script}, StateDir: t.TempDir(), NodeDir: "-", StopTimeout: stop})
+		p, err := process.New(process.Config{Command: []string{"sh", "-c", script}, StateDir: t.TempDir(), NodeDir: "", StopTimeout: stop})
 		require.NoError(t, err)
 		cleanupAll(t, p)
 		_, err = p.Create(ctx, provider.CreateRequest{InstanceID: "t2", ProviderID: "process://t2"})
@@ -319,4 +320,38 @@ func TestDeleteStopsWithTermThenKill(t *testing.T) {
 		_, err = os.Stat(filepath.Join("/proc", itoa(pid)))
 		require.True(t, errors.Is(err, os.ErrNotExist), "the child is gone and reaped")
 	})
+}
+
+// Creates run outside the provider's lock: two Creates of one instance at
+// once start one process (the second waits for the first and returns its
+// instance), and creates of other instances meanwhile go on.
+func TestConcurrentCreates(t *testing.T) {
+	ctx := context.Background()
+	p := newProvider(t, t.TempDir(), "")
+	cleanupAll(t, p)
+	req := func(id string) provider.CreateRequest {
+		return provider.CreateRequest{InstanceID: id, ProviderID: provider.ID("c1", "s1", id), Shard: "s1"}
+	}
+	const n = 8
+	var wg sync.WaitGroup
+	insts := make([]provider.Instance, n)
+	errs := make([]error, n)
+	for i := range n {
+		id := "web-0000000" + itoa(i%2) // two instances, four Creates each
+		wg.Go(func() { insts[i], errs[i] = p.Create(ctx, req(id)) })
+	}
+	wg.Wait()
+	for i := range n {
+		require.NoError(t, errs[i])
+		require.Equal(t, provider.StateRunning, insts[i].State)
+	}
+	list, err := p.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, list, 2, "one process per instance")
+	for _, id := range []string{"web-00000000", "web-00000001"} {
+		pid, ok := p.PID(id)
+		require.True(t, ok)
+		require.True(t, alive(pid))
+		require.Contains(t, environ(t, pid), localagent.EnvInstanceID+"="+id)
+	}
 }
