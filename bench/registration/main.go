@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime/pprof"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -73,13 +74,28 @@ func main() {
 	storageKind := flag.String("storage", "s3", "s3 (in-process dev-s3 over HTTP) or mem")
 	conns := flag.Int("conns", 4, "TLS connections shared by the clients")
 	storm := flag.Duration("storm", 0, "registration storm: spread n agents, each with its own connection and source address, over this window")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (server, dev-s3 and clients) to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "registration bench:", err)
+			os.Exit(1)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "registration bench:", err)
+			os.Exit(1)
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
 	why := newReasons()
 	err := run(*n, *conc, *conns, *storageKind, *storm, why)
 	why.print()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "registration bench:", err)
-		os.Exit(1)
+		pprof.StopCPUProfile()
+		os.Exit(1) //nolint:gocritic // the profile is stopped above
 	}
 }
 

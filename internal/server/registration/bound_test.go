@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/nonce"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/server/instances"
@@ -78,6 +79,41 @@ func TestNonceForAnotherInstance(t *testing.T) {
 	require.Equal(t, "i-1", resp.GetIdentity().GetClientId())
 	rec, _ := f.records.Get("i-2")
 	require.Nil(t, rec.Agent)
+}
+
+// TestStaleIndexCannotAdmit: Admit reads the leader's index, which another
+// writer (the last leader, just before it was fenced) may have left behind.
+// Bind writes only over the stored record it re-checks, so a stale index
+// admits nothing: neither a second key for a registered instance nor an
+// instance on its way out.
+func TestStaleIndexCannotAdmit(t *testing.T) {
+	ctx := context.Background()
+	for name, change := range map[string]func(r *instances.Record){
+		"registered meanwhile with another key": func(r *instances.Record) {
+			r.Agent = &instances.AgentRegistration{KeySHA256: "another", NonceID: "other-jti"}
+		},
+		"marked for deletion meanwhile": func(r *instances.Record) { r.State = instances.StatePendingDeletion },
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t)
+			other := instances.NewStore(f.store, layout.New(""), "s1", nil)
+			_, err := other.Refresh(ctx, "i-1")
+			require.NoError(t, err)
+			_, err = other.Update(ctx, "i-1", func(r *instances.Record) error { change(r); return nil })
+			require.NoError(t, err)
+			stale, _ := f.records.Get("i-1")
+			require.Nil(t, stale.Agent, "the fixture's index has not seen the change")
+			require.Equal(t, instances.StateRunning, stale.State)
+
+			_, err = register(f, ctx, f.agentNonce(t), pubPEM(t), "")
+			require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+			rec, err := f.records.Refresh(ctx, "i-1")
+			require.NoError(t, err)
+			if rec.Agent != nil {
+				require.Equal(t, "another", rec.Agent.KeySHA256, "the stored registration stands")
+			}
+		})
+	}
 }
 
 // TestInstanceStateGatesRegistration: an instance on its way out does not
