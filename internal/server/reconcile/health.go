@@ -271,5 +271,13 @@ func (r *Reconciler) vanishing(ctx context.Context, rec *instances.Record) time.
 			r.o.Now().Sub(p.ShutdownAt).Round(time.Millisecond), t.ShutdownGrace))
 		return 0
 	}
+	if v.Recheck > 0 {
+		if tm := r.curTerm(); tm != nil {
+			now := r.o.Now()
+			if res := tm.probes.ReserveN(now, 1); res.OK() {
+				v.Recheck = max(v.Recheck, res.DelayFrom(now))
+			}
+		}
+	}
 	return v.Recheck
 }

@@ -4,6 +4,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/nstance-dev/nstance/internal/server/agentlive"
@@ -61,7 +62,19 @@ type term struct {
 	lb *lbMemory
 	// lastGC is when garbage was last collected (zero: not yet this term).
 	lastGC time.Time
+	// probes paces the provider checks that follow a sign of a VM going
+	// away (vanishing): a network blip that drops every agent's stream at
+	// once must not turn into a storm of provider calls for as long as
+	// the agents stay away.
+	probes *rate.Limiter
 }
+
+// Pace of the provider checks after vanishing signs (the first check of
+// each sign is not limited: it is what finds a killed VM at once).
+const (
+	probeRate  = 20 // per second
+	probeBurst = 200
+)
 
 // newTerm builds a term with the agents given and a fresh queue. With
 // health monitored, the one change subscription of the live table feeds
@@ -74,7 +87,7 @@ func (r *Reconciler) newTerm(agents Agents) *term {
 		queue: r.newQueue(), start: r.o.Now(), live: agents.Live, files: agents.Files,
 		loaded: make(chan struct{}), verified: make(chan struct{}), done: make(chan struct{}),
 		lastStatus: map[groups.Key]string{}, wasReady: map[string]bool{}, checked: map[string]int{},
-		orphans: map[string]time.Time{}, lb: newLBMemory(),
+		orphans: map[string]time.Time{}, lb: newLBMemory(), probes: rate.NewLimiter(probeRate, probeBurst),
 	}
 	if r.o.MonitorAgents && agents.Live != nil {
 		tm.health = agents.Live

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/server/instances"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
@@ -177,4 +178,36 @@ func TestShutdownReport(t *testing.T) {
 		rec, _ := s.insts.Get(victim)
 		require.Equal(t, instances.StateRunning, rec.State)
 	})
+}
+
+// TestLostStreamsAllAtOncePaceTheProvider: a network blip drops every
+// agent's stream while the VMs run on. Each instance is checked once at
+// once; the checks after that share one pace (probeRate per second after
+// a burst), not a few per second each for as long as the agents stay
+// away.
+func TestLostStreamsAllAtOncePaceTheProvider(t *testing.T) {
+	const n = 250
+	cfg := newShardConfig(t).health(10*time.Second, 3, time.Hour).limits(func(l *config.Limits) { l.TenantCreateRate = config.RateLimit{PerMinute: 100000, Burst: 1000} }).build(t)
+	s := newShard(t, cfg, shardOptions{monitor: true, resync: time.Hour})
+	s.upsert(t, "web", n, 50*time.Millisecond)
+	var release []func()
+	for _, id := range s.ids("web") {
+		release = append(release, s.agents.connect(id))
+	}
+	s.reportAll()
+	s.run(t)
+	require.Equal(t, n, s.ready(t, "web"))
+	before := s.p.Statuses()
+	for _, r := range release {
+		r()
+	}
+	s.run(t)
+	require.Equal(t, n, s.p.Statuses()-before, "every instance asked once, at once")
+	// 9 s: before the first missed report (10 s) asks about every
+	// instance again on its own account.
+	s.advance(t, 9*time.Second)
+	calls := s.p.Statuses() - before
+	t.Logf("%d provider checks in 9 s for %d lost streams", calls, n)
+	require.LessOrEqual(t, calls, n+200+20*9+5, "the rechecks share one pace (unpaced: about 8 per instance)")
+	require.Equal(t, n, len(s.ids("web")), "nothing replaced: the VMs run")
 }
