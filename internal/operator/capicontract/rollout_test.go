@@ -404,30 +404,40 @@ func TestRolloutOverShards(t *testing.T) {
 
 	// The new Nodes carry what the user put on the old ones; the guard is
 	// gone with the rollout.
-	var lacking []string // what the last look found missing, for the failure message
+	// What the last look found missing, for the failure message; testify
+	// runs the condition on its own goroutine, hence the lock.
+	var (
+		lackMu  sync.Mutex
+		lacking []string
+	)
 	carried := assert.Eventually(t, func() bool {
-		lacking = nil
+		var missing []string
 		for i := range clients {
 			for id := range shardMembers(i) {
 				n := nodeByName(t, id)
 				switch {
 				case n == nil:
-					lacking = append(lacking, id+": no Node")
+					missing = append(missing, id+": no Node")
 				case n.Annotations[rollguard.ScaleDownDisabledAnnotation] != "":
-					lacking = append(lacking, id+": still guarded")
+					missing = append(missing, id+": still guarded")
 				case n.Labels["example.com/team"] != "blue" || !slices.ContainsFunc(n.Spec.Taints, func(tt corev1.Taint) bool {
 					return tt.Key == "example.com/dedicated" && tt.Value == "ml" && tt.Effect == corev1.TaintEffectNoSchedule
 				}):
-					lacking = append(lacking, fmt.Sprintf("%s: labels %v taints %v", id, n.Labels, n.Spec.Taints))
+					missing = append(missing, fmt.Sprintf("%s: labels %v taints %v", id, n.Labels, n.Spec.Taints))
 				}
 			}
 		}
-		return len(lacking) == 0
+		lackMu.Lock()
+		lacking = missing
+		lackMu.Unlock()
+		return len(missing) == 0
 	}, waitLong, tick, "all 6 new Nodes carry the label and the taint, and none the scale-down guard")
 	if !carried {
 		var p infrav1.NstanceMachinePool
 		_ = env.Client.Get(ctx, key, &p)
-		t.Fatalf("lacking: %q; pool annotations %v", lacking, p.Annotations)
+		lackMu.Lock()
+		defer lackMu.Unlock()
+		t.Fatalf("lacking (last completed look): %q; pool annotations %v", lacking, p.Annotations)
 	}
 }
 

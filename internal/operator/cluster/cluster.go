@@ -85,7 +85,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	if !r.WatchFilter.Matches(&nc) {
 		return ctrl.Result{}, nil // another operator's (--watch-filter)
 	}
-	if _, stop, err := paused.Ensure(ctx, r.Client, &nc); err != nil || stop {
+	if _, stop, err := paused.EnsureDeferred(ctx, r.Client, &nc); err != nil || stop {
 		return ctrl.Result{}, err
 	}
 	if nc.DeletionTimestamp.IsZero() {
@@ -98,6 +98,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("patch helper for NstanceCluster %s: %w", nc.Name, err)
 	}
+	paused.SetNotPaused(&nc) // written by the deferred patch (EnsureDeferred)
 	defer func() {
 		if err := helper.Patch(ctx, &nc, patch.WithOwnedConditions{Conditions: []string{clusterv1.PausedCondition, infrav1.ReadyCondition}}); err != nil {
 			retErr = errors.Join(retErr, fmt.Errorf("patch NstanceCluster %s: %w", nc.Name, err))

@@ -159,7 +159,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 	if !r.WatchFilter.Matches(&nm) {
 		return reconcile.Result{}, nil // another operator's (--watch-filter)
 	}
-	if _, stop, err := paused.Ensure(ctx, r.Client, &nm); err != nil || stop {
+	if _, stop, err := paused.EnsureDeferred(ctx, r.Client, &nm); err != nil || stop {
 		return reconcile.Result{}, err
 	}
 	machine, err := OwnerMachine(ctx, r.Client, &nm)
@@ -175,6 +175,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("patch helper for NstanceMachine %s: %w", nm.Name, err)
 	}
+	paused.SetNotPaused(&nm) // written by the deferred patch (EnsureDeferred)
 	defer func() {
 		if err := helper.Patch(ctx, &nm, patch.WithStatusObservedGeneration{},
 			patch.WithOwnedConditions{Conditions: []string{clusterv1.PausedCondition, ConditionReady, ConditionInstanceCreated, infrav1.UpToDateCondition}}); err != nil {

@@ -100,7 +100,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	}
 	log := log.FromContext(ctx).WithValues("group", pool.Spec.Group)
 	ctx = ctrl.LoggerInto(ctx, log)
-	if _, stop, err := paused.Ensure(ctx, r.Client, &pool); err != nil || stop {
+	if _, stop, err := paused.EnsureDeferred(ctx, r.Client, &pool); err != nil || stop {
 		return ctrl.Result{}, err
 	}
 
@@ -124,6 +124,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("patch helper for NstanceMachinePool %s: %w", pool.Name, err)
 	}
+	paused.SetNotPaused(&pool) // written by the deferred patch (EnsureDeferred)
 	defer func() {
 		if err := helper.Patch(ctx, &pool, patch.WithOwnedConditions{Conditions: []string{clusterv1.PausedCondition, infrav1.ReadyCondition, infrav1.RollingOutCondition}}); err != nil {
 			retErr = errors.Join(retErr, fmt.Errorf("patch NstanceMachinePool %s: %w", pool.Name, err))

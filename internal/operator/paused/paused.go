@@ -3,6 +3,7 @@ package paused
 import (
 	"context"
 	"fmt"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -59,6 +60,34 @@ func Ensure(ctx context.Context, c client.Client, obj capipaused.ConditionSetter
 	}
 	stop, err = EnsureCondition(ctx, c, cluster, obj)
 	return cluster, stop, err
+}
+
+// EnsureDeferred is Ensure for a reconciler that writes the object with a
+// patch helper at the end of its pass. A paused object is handled as
+// Ensure does (its condition written, stop true). For one that is not
+// paused nothing is written here: the reconciler calls SetNotPaused once
+// its patch helper exists, and the condition goes out with the pass's
+// other changes. Cluster API's EnsurePausedCondition writes it at once and
+// asks for a requeue, which costs every new object one more write and one
+// more round trip through the watch (3,000 objects in a start-up import of
+// 1,000 groups on two shards).
+func EnsureDeferred(ctx context.Context, c client.Client, obj capipaused.ConditionSetter) (cluster *clusterv1.Cluster, stop bool, err error) {
+	cluster, err = Cluster(ctx, c, obj)
+	if err != nil {
+		return nil, true, err
+	}
+	if IsClusterPaused(cluster) || annotations.HasPaused(obj) {
+		stop, err = EnsureCondition(ctx, c, cluster, obj)
+		return cluster, stop, err
+	}
+	return cluster, false, nil
+}
+
+// SetNotPaused sets obj's Paused condition to False (NotPaused) in memory,
+// for the caller's patch helper to write (see EnsureDeferred).
+func SetNotPaused(obj capipaused.ConditionSetter) {
+	conditions.Set(obj, metav1.Condition{Type: clusterv1.PausedCondition, Status: metav1.ConditionFalse,
+		Reason: clusterv1.NotPausedReason, ObservedGeneration: obj.GetGeneration()})
 }
 
 // EnsureCondition sets obj's Paused condition from cluster (nil: none) and

@@ -111,3 +111,44 @@ func TestEnsureCondition(t *testing.T) {
 	require.True(t, stop)
 	require.True(t, conditions.IsTrue(reload(), clusterv1.PausedCondition))
 }
+
+// TestEnsureDeferred: an object that is not paused gets nothing written
+// and the pass goes on; SetNotPaused puts the condition in memory for the
+// caller's patch helper. A paused one is written and stops, as with Ensure.
+func TestEnsureDeferred(t *testing.T) {
+	ctx := t.Context()
+	s := runtime.NewScheme()
+	require.NoError(t, clusterv1.AddToScheme(s))
+	require.NoError(t, infrav1.AddToScheme(s))
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c"}}
+	pool := &infrav1.NstanceMachinePool{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", Generation: 3,
+		Labels: map[string]string{clusterv1.ClusterNameLabel: "c"}}}
+	c := fake.NewClientBuilder().WithScheme(s).WithObjects(cluster, pool).WithStatusSubresource(pool).Build()
+	reload := func() *infrav1.NstanceMachinePool {
+		p := &infrav1.NstanceMachinePool{}
+		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(pool), p))
+		return p
+	}
+
+	p := reload()
+	rv := p.ResourceVersion
+	got, stop, err := EnsureDeferred(ctx, c, p)
+	require.NoError(t, err)
+	require.False(t, stop, "a new object that is not paused goes on at once")
+	require.Equal(t, "c", got.Name)
+	require.Equal(t, rv, reload().ResourceVersion, "nothing written")
+	require.Nil(t, conditions.Get(p, clusterv1.PausedCondition))
+	SetNotPaused(p)
+	cond := conditions.Get(p, clusterv1.PausedCondition)
+	require.NotNil(t, cond)
+	require.Equal(t, metav1.ConditionFalse, cond.Status)
+	require.Equal(t, clusterv1.NotPausedReason, cond.Reason)
+	require.Equal(t, int64(3), cond.ObservedGeneration)
+
+	p = reload()
+	p.Annotations = map[string]string{clusterv1.PausedAnnotation: ""}
+	_, stop, err = EnsureDeferred(ctx, c, p)
+	require.NoError(t, err)
+	require.True(t, stop)
+	require.True(t, conditions.IsTrue(reload(), clusterv1.PausedCondition), "paused: written at once")
+}

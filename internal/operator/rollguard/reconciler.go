@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -163,30 +164,47 @@ func planFor(rolling bool, n *corev1.Node) Action {
 }
 
 func (r *Reconciler) apply(ctx context.Context, wl *workload.Cluster, n *corev1.Node, rolling bool) error {
-	act := planFor(rolling, n)
-	if act == Keep {
+	// A Node changes often (its status, the label carry): a conflict is
+	// answered at once with the Node read again from the API server, not
+	// with the controller's growing backoff, which left a guard on for
+	// a minute after a rollout.
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		act := planFor(rolling, n)
+		if act == Keep {
+			return nil
+		}
+		orig := n.DeepCopy()
+		next := n.DeepCopy()
+		switch act {
+		case Disable:
+			if next.Annotations == nil {
+				next.Annotations = map[string]string{}
+			}
+			next.Annotations[ScaleDownDisabledAnnotation] = "true"
+			next.Annotations[OwnedAnnotation] = "true"
+		case Release:
+			delete(next.Annotations, OwnedAnnotation)
+			if next.Annotations[ScaleDownDisabledAnnotation] == "true" {
+				delete(next.Annotations, ScaleDownDisabledAnnotation)
+			}
+		}
+		// Optimistic locking: a user's annotation written since the read is
+		// never overwritten or removed on a stale view.
+		err := wl.Client.Patch(ctx, next, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}))
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil
+		case apierrors.IsConflict(err):
+			var live corev1.Node
+			if gerr := wl.Reader.Get(ctx, client.ObjectKeyFromObject(n), &live); gerr != nil {
+				return client.IgnoreNotFound(gerr)
+			}
+			n = &live
+			return err
+		case err != nil:
+			return fmt.Errorf("patch Node %s scale-down annotation: %w", n.Name, err)
+		}
+		r.Log.V(1).Info("autoscaler scale-down guard", "node", n.Name, "disabled", act == Disable)
 		return nil
-	}
-	orig := n.DeepCopy()
-	n = n.DeepCopy()
-	switch act {
-	case Disable:
-		if n.Annotations == nil {
-			n.Annotations = map[string]string{}
-		}
-		n.Annotations[ScaleDownDisabledAnnotation] = "true"
-		n.Annotations[OwnedAnnotation] = "true"
-	case Release:
-		delete(n.Annotations, OwnedAnnotation)
-		if n.Annotations[ScaleDownDisabledAnnotation] == "true" {
-			delete(n.Annotations, ScaleDownDisabledAnnotation)
-		}
-	}
-	// Optimistic locking: a user's annotation written since the read is
-	// never overwritten or removed on a stale view.
-	if err := wl.Client.Patch(ctx, n, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("patch Node %s scale-down annotation: %w", n.Name, err)
-	}
-	r.Log.V(1).Info("autoscaler scale-down guard", "node", n.Name, "disabled", act == Disable)
-	return nil
+	})
 }

@@ -126,7 +126,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	}
 	log := log.FromContext(ctx).WithValues("group", sg.Spec.Group, "shard", sg.Spec.Shard)
 	ctx = ctrl.LoggerInto(ctx, log)
-	if _, stop, err := paused.Ensure(ctx, r.Client, &sg); err != nil || stop {
+	if _, stop, err := paused.EnsureDeferred(ctx, r.Client, &sg); err != nil || stop {
 		return ctrl.Result{}, err
 	}
 	owner, err := r.ownerPool(ctx, &sg)
@@ -146,6 +146,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("patch helper for NstanceShardGroup %s: %w", sg.Name, err)
 	}
+	paused.SetNotPaused(&sg) // written by the deferred patch (EnsureDeferred)
 	defer func() {
 		if err := helper.Patch(ctx, &sg, patch.WithOwnedConditions{Conditions: []string{clusterv1.PausedCondition,
 			infrav1.ReadyCondition, infrav1.ShardReachableCondition, infrav1.ConfigValidCondition}}); err != nil {
