@@ -7,7 +7,10 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -171,6 +174,7 @@ func TestLoadBalancedPool(t *testing.T) {
 	replaced := time.Now()
 	_, err := s.tmux("kill-window", "-t", "="+s.session+":=nstance-agent-"+victim)
 	require.NoError(t, err)
+	s.logSuccessorWindow(t, "window killed", replaced, s.agentWindows())
 	var third []string
 	proctest.Eventually(t, "a successor of "+victim+" active in the backend", 90*time.Second, func() bool {
 		third, ok = active(2)
@@ -234,4 +238,41 @@ func TestLoadBalancedPool(t *testing.T) {
 			require.Equal(t, int64(i+1), n, "%s: the agent served a request the generator did not get", id)
 		}
 	}
+
+	// An agent stopped with SIGTERM (what a shutdown sends): its window's
+	// pane stays, dead, as the VM's remains; the server hears the stream
+	// close, asks the tmux provider at once and replaces it.
+	windows := s.agentWindows()
+	out, err := s.tmux("list-panes", "-t", "="+s.session+":=nstance-agent-"+third[0], "-F", "#{pane_pid}")
+	require.NoError(t, err, out)
+	pid, err := strconv.Atoi(strings.TrimSpace(out))
+	require.NoError(t, err, out)
+	stopped := time.Now()
+	require.NoError(t, syscall.Kill(pid, syscall.SIGTERM))
+	s.logSuccessorWindow(t, "agent stopped with SIGTERM", stopped, windows)
+}
+
+// logSuccessorWindow waits for an agent window that is not among before
+// and logs how long after start it appeared (the dev stack's replacement
+// time; the health rule alone would take 90 s).
+func (s *stack) logSuccessorWindow(t *testing.T, what string, start time.Time, before []string) {
+	t.Helper()
+	// Polled every 10 ms (tmux answers in a few): proctest's 100 ms would
+	// blur the figure.
+	fresh := func() bool {
+		for _, id := range s.agentWindows() {
+			if !slices.Contains(before, id) {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := start.Add(60 * time.Second); !fresh(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no successor window within 60s", what)
+		}
+	}
+	took := time.Since(start)
+	t.Logf("%s: successor window after %s", what, took.Round(time.Millisecond))
+	fmt.Fprintf(os.Stderr, "dev-stack replacement (%s): successor window after %s\n", what, took.Round(time.Millisecond))
 }

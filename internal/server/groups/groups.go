@@ -132,6 +132,9 @@ type Registry struct {
 	now   func() time.Time
 
 	writeMu sync.Mutex
+	// sizes remembers the stored size of each group version, by tenant
+	// and group (entrySize); written under writeMu.
+	sizes map[string]map[string]sizeEntry
 	// queued holds, per tenant, the changes waiting for the next write of
 	// the tenant's document (modify).
 	queueMu sync.Mutex
@@ -562,7 +565,8 @@ func (r *Registry) List(tenant string) []*Group {
 // for all of them. A call returns only once its own change is stored (or
 // refused: fn's error is that caller's alone, and its change is left out of
 // the write). fn may add, replace or delete entries of gs but must not
-// change a Group value in place.
+// change a Group value in place, and must leave gs untouched when it
+// returns an error.
 func (r *Registry) modify(ctx context.Context, tenant string, fn func(gs map[string]Group) error) error {
 	c := &change{fn: fn}
 	r.queueMu.Lock()
@@ -665,6 +669,7 @@ func (r *Registry) commit(ctx context.Context, tenant string, batch []*change, o
 			return
 		}
 		r.installTenant(tenant, gs, newTag, true)
+		r.pruneSizes(tenant, gs)
 		if r.mirror != nil {
 			if err := r.mirror.PutDoc(ctx, key, buf.Bytes(), newTag); err != nil {
 				finish(fmt.Errorf("caching dynamic groups: %w", err))
@@ -679,19 +684,60 @@ func (r *Registry) commit(ctx context.Context, tenant string, batch []*change, o
 // apply runs the batch's changes over gs in order. A change that fails is
 // left out (gs is as if it had not run) and keeps its error; refused says
 // whether any failed, applied whether any succeeded.
+//
+// A change's fn must leave gs as it was when it returns an error (both
+// Upsert and Delete check first and write last): copying the document
+// before every change made a batch of n changes at n groups cost n² copies.
 func (r *Registry) apply(gs map[string]Group, batch []*change) (refused, applied bool) {
 	for _, c := range batch {
 		c.err = nil
-		before := maps.Clone(gs)
 		if err := c.fn(gs); err != nil {
 			c.err, refused = err, true
-			clear(gs)
-			maps.Copy(gs, before)
 			continue
 		}
 		applied = true
 	}
 	return refused, applied
+}
+
+// sizeEntry remembers entryBytes of one group version.
+type sizeEntry struct {
+	etag  string
+	bytes int
+}
+
+// entrySize is entryBytes of tenant's group id, remembered by the group's
+// ETag (every stored version has its own): the quota check of each change
+// sums the tenant's other groups, and encoding every one of them for every
+// change of a batch was the bulk of a group commit. Callers hold writeMu.
+func (r *Registry) entrySize(tenant, id string, g Group) int {
+	if g.ETag == "" {
+		return entryBytes(id, g.Spec)
+	}
+	if r.sizes == nil {
+		r.sizes = map[string]map[string]sizeEntry{}
+	}
+	t := r.sizes[tenant]
+	if t == nil {
+		t = map[string]sizeEntry{}
+		r.sizes[tenant] = t
+	}
+	if e, ok := t[id]; ok && e.etag == g.ETag {
+		return e.bytes
+	}
+	b := entryBytes(id, g.Spec)
+	t[id] = sizeEntry{etag: g.ETag, bytes: b}
+	return b
+}
+
+// pruneSizes forgets the remembered sizes of tenant's groups not in gs.
+// Callers hold writeMu.
+func (r *Registry) pruneSizes(tenant string, gs map[string]Group) {
+	for id := range r.sizes[tenant] {
+		if _, ok := gs[id]; !ok {
+			delete(r.sizes[tenant], id)
+		}
+	}
 }
 
 // Upsert creates or replaces a dynamic group. expectedETag, when set, must
@@ -750,7 +796,7 @@ func (r *Registry) UpsertWithin(ctx context.Context, k Key, spec Spec, expectedE
 			others := 0
 			for id, g := range gs {
 				if id != k.ID {
-					others += entryBytes(id, g.Spec)
+					others += r.entrySize(k.Tenant, id, g)
 				}
 			}
 			size, was := entryBytes(k.ID, next.Spec), 0
