@@ -4,8 +4,8 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
-	"regexp"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 
