@@ -195,7 +195,7 @@ func TestSpotAndTemplateArgs(t *testing.T) {
 	require.NoError(t, h.gce.Preempt(zone, "web-0a1b2c3d"))
 	st, err := h.p.Status(ctx, "web-0a1b2c3d")
 	require.NoError(t, err)
-	require.Equal(t, provider.StateStopped, st.State)
+	require.Equal(t, provider.StateRunning, st.State, "running through its grace")
 	h.gce.Reclaim(zone, "web-0a1b2c3d")
 	_, err = h.p.Status(ctx, "web-0a1b2c3d")
 	require.ErrorIs(t, err, provider.ErrNotFound)

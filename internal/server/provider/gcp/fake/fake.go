@@ -174,7 +174,8 @@ func (f *Compute) SetStatus(zone, name, status string) {
 }
 
 // Preempt starts the preemption of a spot instance: its metadata server
-// says preempted (MetadataHandler) and it is STOPPING; Reclaim ends it.
+// says preempted (MetadataHandler) while it still runs its 30s of grace;
+// Reclaim ends it.
 func (f *Compute) Preempt(zone, name string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -186,7 +187,6 @@ func (f *Compute) Preempt(zone, name string) error {
 		return fmt.Errorf("instance %s/%s is not spot", zone, name)
 	}
 	i.preempted = true
-	i.inst.Status = proto.String("STOPPING")
 	return nil
 }
 
