@@ -59,7 +59,7 @@ var RESTMethods = map[string]string{
 var Permissions = map[string][]string{
 	"instances.insert": {"compute.instances.create", "compute.instances.setMetadata", "compute.instances.setLabels",
 		"compute.instances.setTags", "compute.instances.setServiceAccount", "iam.serviceAccounts.actAs",
-		"compute.disks.create", "compute.images.useReadOnly", "compute.instanceTemplates.useReadOnly",
+		"compute.disks.create", "compute.disks.setLabels", "compute.images.useReadOnly", "compute.instanceTemplates.useReadOnly",
 		"compute.subnetworks.use", opGet},
 	"instances.get":                    {"compute.instances.get"},
 	"instances.list":                   {"compute.instances.list"},
