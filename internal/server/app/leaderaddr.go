@@ -20,6 +20,9 @@ const leaderAddressTimeout = 10 * time.Second
 // shard.leader_address. A VIP lives no longer than the shard lease lets
 // this server act (the elector's ValidUntil).
 func (a *App) newLeaderAddress(la config.LeaderAddress, infra config.Infra) (leaderaddr.Holder, error) {
+	if a.o.LeaderAddress != nil {
+		return a.o.LeaderAddress, nil
+	}
 	if ref := a.o.LeaderPod; ref != "" {
 		// --leader-pod (NSTANCE_LEADER_POD, set by the nstance-server
 		// chart): on Kubernetes the leader labels its pod and the shard's
