@@ -313,3 +313,31 @@ func decodedEnv(t *testing.T, script string) string {
 	}
 	return b.String()
 }
+
+// A create whose answer was lost (Compute Engine committed it) is retried
+// by the reconciler; the retry meets the instance (409) and returns it.
+func TestLostInsertAnswerIsRecovered(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, nil)
+	h.gce.LoseResponses("InsertInstance", 1)
+	_, err := h.p.Create(ctx, request("web-0a1b2c3d", "web"))
+	require.Error(t, err)
+	require.Len(t, h.gce.Instances(), 1, "committed despite the error")
+	inst, err := h.p.Create(ctx, request("web-0a1b2c3d", "web"))
+	require.NoError(t, err)
+	require.Equal(t, "web-0a1b2c3d", inst.InstanceID)
+	require.Len(t, h.gce.Instances(), 1)
+}
+
+func TestProvisioningIsPending(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, nil)
+	h.gce.Provisioning = 2
+	inst, err := h.p.Create(ctx, request("web-0a1b2c3d", "web"))
+	require.NoError(t, err)
+	require.Equal(t, provider.StatePending, inst.State)
+	require.Contains(t, inst.Message, "PROVISIONING")
+	st, err := h.p.Status(ctx, "web-0a1b2c3d")
+	require.NoError(t, err)
+	require.Equal(t, provider.StateRunning, st.State)
+}

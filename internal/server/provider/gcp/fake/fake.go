@@ -42,6 +42,7 @@ type Compute struct {
 	addresses map[string]*computepb.Address // region/name
 	groups    map[string]map[string]bool    // zone/name -> instance URLs
 	fail      map[string][]int
+	lose      map[string]int
 	calls     map[string]int
 	inserts   []*computepb.InsertInstanceRequest
 }
@@ -55,7 +56,7 @@ type instance struct {
 // New returns an empty fake.
 func New() *Compute {
 	return &Compute{instances: map[string]*instance{}, templates: map[string]*computepb.InstanceProperties{},
-		addresses: map[string]*computepb.Address{}, groups: map[string]map[string]bool{}, fail: map[string][]int{}, calls: map[string]int{}}
+		addresses: map[string]*computepb.Address{}, groups: map[string]map[string]bool{}, fail: map[string][]int{}, lose: map[string]int{}, calls: map[string]int{}}
 }
 
 // InstanceURL is the self link of an instance.
@@ -70,6 +71,23 @@ func (f *Compute) Fail(method string, codes ...int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.fail[method] = append(f.fail[method], codes...)
+}
+
+// LoseResponses makes the next n calls of method take effect and then
+// fail with 503, as an answer lost after Compute Engine committed does.
+func (f *Compute) LoseResponses(method string, n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lose[method] += n
+}
+
+// lost reports (and counts down) a response to lose. Holds mu.
+func (f *Compute) lost(method string, err error) error {
+	if err == nil && f.lose[method] > 0 {
+		f.lose[method]--
+		return gcp.NewError(http.StatusServiceUnavailable, "injected lost answer of "+method)
+	}
+	return err
 }
 
 // Calls returns how often method was called.
@@ -327,7 +345,7 @@ func (f *Compute) InsertInstance(_ context.Context, req *computepb.InsertInstanc
 		inst.Status = proto.String("PROVISIONING")
 	}
 	f.instances[zone+"/"+name] = i
-	return nil
+	return f.lost("InsertInstance", nil)
 }
 
 // read advances a provisioning instance. Holds mu.
