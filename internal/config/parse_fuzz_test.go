@@ -16,7 +16,7 @@ import (
 // idempotent, and nothing accepted is lost or altered on the way).
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(minimal))
-	for _, p := range []string{"../../examples/config-tmux.jsonc", "../../examples/config-aws.jsonc"} {
+	for _, p := range []string{"../../examples/config-tmux.jsonc", "../../examples/config-aws.jsonc", "../../examples/config-gcp.jsonc"} {
 		data, err := os.ReadFile(p)
 		if err != nil {
 			f.Fatal(err)

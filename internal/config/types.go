@@ -182,12 +182,16 @@ const (
 	LeaderAddressNone   = "none"
 	LeaderAddressVIP    = "vip"
 	LeaderAddressAWSENI = "aws-eni"
+	// LeaderAddressGCPAlias is a reserved internal address that the leader
+	// carries as an alias IP range (Google Cloud).
+	LeaderAddressGCPAlias = "gcp-alias-ip"
 )
 
 // LeaderAddress is the shard's fixed address, held by its leader only: a
-// Linux virtual IP (mode vip) or an AWS network interface (mode aws-eni).
+// Linux virtual IP (mode vip), an AWS network interface (mode aws-eni) or a
+// Google Cloud alias IP range (mode gcp-alias-ip).
 type LeaderAddress struct {
-	// Mode is "none" (default), "vip" or "aws-eni".
+	// Mode is "none" (default), "vip", "aws-eni" or "gcp-alias-ip".
 	Mode string `json:"mode"`
 	// Interface is the Linux interface the VIP is added to (mode vip).
 	Interface string `json:"interface"`
@@ -199,6 +203,11 @@ type LeaderAddress struct {
 	// DeviceIndex is the ENI's device index on the leader (mode aws-eni,
 	// default 1).
 	DeviceIndex int `json:"device_index"`
+	// GCPAddress is the reserved internal address the leader carries as a
+	// /32 alias IP range on nic0 (mode gcp-alias-ip): its name, in the
+	// shard's region and the gcp provider's project, or
+	// projects/P/regions/R/addresses/NAME.
+	GCPAddress string `json:"gcp_address"`
 }
 
 // Infra selects the provider that creates instances.

@@ -397,9 +397,9 @@ func checkLeaderAddress(ch *checker, la LeaderAddress) {
 	const key = "shard.leader_address"
 	switch la.Mode {
 	case "", LeaderAddressNone:
-		for _, kv := range [][2]string{{"interface", la.Interface}, {"address", la.Address}, {"network_interface_id", la.NetworkInterfaceID}} {
+		for _, kv := range [][2]string{{"interface", la.Interface}, {"address", la.Address}, {"network_interface_id", la.NetworkInterfaceID}, {"gcp_address", la.GCPAddress}} {
 			if kv[1] != "" {
-				ch.add(key+"."+kv[0], "set, but mode is none (want mode vip or aws-eni)")
+				ch.add(key+"."+kv[0], "set, but mode is none (want mode vip, aws-eni or gcp-alias-ip)")
 			}
 		}
 	case LeaderAddressVIP:
@@ -432,10 +432,24 @@ func checkLeaderAddress(ch *checker, la LeaderAddress) {
 		if la.Interface != "" || la.Address != "" {
 			ch.add(key, "interface and address are for mode vip, not aws-eni")
 		}
+	case LeaderAddressGCPAlias:
+		if la.GCPAddress == "" {
+			ch.add(key+".gcp_address", "required for mode gcp-alias-ip (a reserved internal address: its name or projects/P/regions/R/addresses/NAME)")
+		} else if !gcpAddress.MatchString(la.GCPAddress) {
+			ch.add(key+".gcp_address", "want an address name or projects/P/regions/R/addresses/NAME, got %q", la.GCPAddress)
+		}
+		if la.Interface != "" || la.Address != "" || la.NetworkInterfaceID != "" {
+			ch.add(key, "interface, address and network_interface_id are for modes vip and aws-eni, not gcp-alias-ip")
+		}
 	default:
-		ch.add(key+".mode", `must be "none", "vip" or "aws-eni", got %q`, la.Mode)
+		ch.add(key+".mode", `must be "none", "vip", "aws-eni" or "gcp-alias-ip", got %q`, la.Mode)
+	}
+	if la.GCPAddress != "" && (la.Mode == LeaderAddressVIP || la.Mode == LeaderAddressAWSENI) {
+		ch.add(key+".gcp_address", "set, but mode is %s (want mode gcp-alias-ip)", la.Mode)
 	}
 }
+
+var gcpAddress = regexp.MustCompile(`^(projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/regions/[a-z0-9-]+/addresses/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 var eniID = regexp.MustCompile(`^eni-[0-9a-f]{8}([0-9a-f]{9})?$`)
 

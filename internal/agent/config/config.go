@@ -42,7 +42,9 @@ const (
 	EnvUserData = "NSTANCE_USER_DATA"
 	// EnvSpotNotice "auto" (the default) polls the EC2 instance metadata
 	// service for a spot interruption notice when instance-life-cycle says
-	// the instance is spot; "imds" polls whatever it says; "off" never.
+	// the instance is spot; "imds" polls whatever it says; "gcp" polls the
+	// Google Cloud metadata server's instance/preempted when the
+	// provisioning model is SPOT (the gcp provider sets it); "off" never.
 	EnvSpotNotice       = "NSTANCE_SPOT_NOTICE"
 	EnvSpotPollInterval = "NSTANCE_SPOT_POLL_INTERVAL"
 	// EnvShutdownDetect says how the agent tells a host shutdown from its
@@ -87,7 +89,9 @@ type Config struct {
 	// SpotNotice is "auto" to poll the EC2 instance metadata service for a
 	// spot interruption notice every SpotPollInterval, at IMDSEndpoint
 	// (empty: the SDK's default), when its instance-life-cycle is spot;
-	// "imds" to poll without asking; "" turns it off.
+	// "imds" to poll without asking; "gcp" to poll the Google Cloud
+	// metadata server (IMDSEndpoint: its address) when the instance is
+	// spot; "" turns it off.
 	SpotNotice       string
 	SpotPollInterval time.Duration
 	IMDSEndpoint     string
@@ -103,6 +107,7 @@ type Config struct {
 const (
 	SpotNoticeAuto = "auto"
 	SpotNoticeIMDS = "imds"
+	SpotNoticeGCP  = "gcp"
 )
 
 // Defaults.
@@ -302,13 +307,13 @@ func Load(lookup func(string) (string, bool)) (Config, error) {
 		c.ShutdownDetect = m
 	}
 	switch c.SpotNotice {
-	case "auto", "imds":
+	case "auto", "imds", "gcp":
 	case "":
 		c.SpotNotice = SpotNoticeAuto
 	case "off":
 		c.SpotNotice = ""
 	default:
-		p.fail(EnvSpotNotice, "%q is not auto, imds or off", c.SpotNotice)
+		p.fail(EnvSpotNotice, "%q is not auto, imds, gcp or off", c.SpotNotice)
 	}
 	if c.IMDSEndpoint != "" {
 		if u, err := url.Parse(c.IMDSEndpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

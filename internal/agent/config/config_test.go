@@ -90,7 +90,7 @@ func TestLoadErrorsNameTheVariable(t *testing.T) {
 		{"same dirs", EnvFilesDir, "/var/lib/nstance/identity", "must differ"},
 		{"log level", EnvLogLevel, "loud", EnvLogLevel + `: log level "loud"`},
 		{"log format", EnvLogFormat, "xml", EnvLogFormat + `: log format "xml"`},
-		{"spot notice source", EnvSpotNotice, "gcp", EnvSpotNotice + `: "gcp" is not auto, imds or off`},
+		{"spot notice source", EnvSpotNotice, "azure", EnvSpotNotice + `: "azure" is not auto, imds, gcp or off`},
 		{"imds endpoint", EnvIMDSEndpoint, "169.254.169.254", EnvIMDSEndpoint + ": "},
 		{"spot poll interval", EnvSpotPollInterval, "-5s", EnvSpotPollInterval},
 		{"health addr", EnvHealthAddr, "8080", EnvHealthAddr + `: "8080" is not host:port`},

@@ -59,7 +59,9 @@ const imdsV1Fallback = aws.FalseTernary
 
 // Watcher polls the notice until it appears, then keeps it.
 type Watcher struct {
-	Client   MetadataAPI
+	Client MetadataAPI
+	// Source, when set, is read instead of Client (Google Cloud: GCP).
+	Source   Source
 	Interval time.Duration
 	Log      logr.Logger
 	// Notified, when set, is called once when the notice appears (the
@@ -150,7 +152,11 @@ func (w *Watcher) detect(ctx context.Context, iv time.Duration) bool {
 		}
 		var lc string
 		dctx, cancel := context.WithTimeout(ctx, detectTimeout)
-		lc, err = LifeCycle(dctx, w.Client)
+		if w.Source != nil {
+			lc, err = w.Source.LifeCycle(dctx)
+		} else {
+			lc, err = LifeCycle(dctx, w.Client)
+		}
 		cancel()
 		if err == nil {
 			if lc != "spot" {
@@ -186,6 +192,17 @@ func LifeCycle(ctx context.Context, c MetadataAPI) (string, error) {
 // Poll reads the notice once: nil, nil while there is none.
 func (w *Watcher) Poll(ctx context.Context) (*nstancev1.TerminationNotice, error) {
 	if n := w.Notice(); n != nil {
+		return n, nil
+	}
+	if w.Source != nil {
+		n, err := w.Source.Notice(ctx)
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.polls++
+		if err != nil || n == nil {
+			return nil, err
+		}
+		w.notice = n
 		return n, nil
 	}
 	out, err := w.Client.GetMetadata(ctx, &imds.GetMetadataInput{Path: InstanceActionPath})

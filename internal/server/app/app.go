@@ -31,6 +31,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/election"
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
 	"github.com/nstance-dev/nstance/internal/server/health"
+	"github.com/nstance-dev/nstance/internal/server/leaderaddr"
 	"github.com/nstance-dev/nstance/internal/server/loadbalancer"
 	"github.com/nstance-dev/nstance/internal/server/metrics"
 	"github.com/nstance-dev/nstance/internal/server/provider"
@@ -77,7 +78,10 @@ type Options struct {
 	// pod nstance.dev/shard-leader=true (leaderaddr.PodLabel), whatever
 	// the config says: the nstance-server chart's Service selects it.
 	LeaderPod string
-	Bind      BindOverrides
+	// LeaderAddress, when set, replaces the holder shard.leader_address
+	// and the flags above would build (tests: a cloud holder on a fake).
+	LeaderAddress leaderaddr.Holder
+	Bind          BindOverrides
 	// Getenv reads the encryption key variables; os.Getenv when nil.
 	Getenv func(string) string
 	// Remote reads AWS Secrets Manager and SSM values (encryption keys and

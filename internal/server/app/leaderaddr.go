@@ -10,6 +10,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/server/leaderaddr"
 	"github.com/nstance-dev/nstance/internal/server/provider/aws"
+	"github.com/nstance-dev/nstance/internal/server/provider/gcp"
 )
 
 // leaderAddressTimeout bounds one Release of the leader address.
@@ -19,6 +20,9 @@ const leaderAddressTimeout = 10 * time.Second
 // shard.leader_address. A VIP lives no longer than the shard lease lets
 // this server act (the elector's ValidUntil).
 func (a *App) newLeaderAddress(la config.LeaderAddress, infra config.Infra) (leaderaddr.Holder, error) {
+	if a.o.LeaderAddress != nil {
+		return a.o.LeaderAddress, nil
+	}
 	if ref := a.o.LeaderPod; ref != "" {
 		// --leader-pod (NSTANCE_LEADER_POD, set by the nstance-server
 		// chart): on Kubernetes the leader labels its pod and the shard's
@@ -65,6 +69,23 @@ func (a *App) newLeaderAddress(la config.LeaderAddress, infra config.Infra) (lea
 		}
 		return aws.NewENI(ctx, aws.ENIConfig{NetworkInterfaceID: la.NetworkInterfaceID, DeviceIndex: int32(la.DeviceIndex),
 			Region: region, Log: a.log().WithName("leader-address")})
+	case config.LeaderAddressGCPAlias:
+		// This instance's project, zone and name come from the metadata
+		// server; the project of a bare address name is the gcp
+		// provider's, when it runs.
+		ctx, cancel := context.WithTimeout(context.Background(), leaderAddressTimeout)
+		defer cancel()
+		c := gcp.AliasConfig{Address: la.GCPAddress, Log: a.log().WithName("leader-address")}
+		if infra.Provider == gcp.KindName {
+			c.Region = infra.Region
+			if p, ok := infra.Options["project"].(string); ok {
+				c.Project = p
+			}
+			if e, ok := infra.Options["endpoint"].(string); ok {
+				c.Endpoint = e
+			}
+		}
+		return gcp.NewAliasIP(ctx, c)
 	default:
 		return nil, fmt.Errorf("shard.leader_address.mode %q: unknown mode", la.Mode)
 	}

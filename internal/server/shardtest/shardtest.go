@@ -26,6 +26,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/secrets"
 	"github.com/nstance-dev/nstance/internal/server/app"
 	"github.com/nstance-dev/nstance/internal/server/bootstrap"
+	"github.com/nstance-dev/nstance/internal/server/leaderaddr"
 	"github.com/nstance-dev/nstance/internal/server/liveconfig"
 	"github.com/nstance-dev/nstance/internal/server/provider"
 	"github.com/nstance-dev/nstance/internal/server/provider/mock"
@@ -72,6 +73,16 @@ type Options struct {
 	// Remote replaces the AWS Secrets Manager / SSM clients (secret files
 	// of those sources); nil keeps the SDK's.
 	Remote secrets.Remote
+	// ServerID defaults to "shardtest"; servers sharing a Store need
+	// their own.
+	ServerID string
+	// LeaderAddress replaces the holder of the shard's fixed address
+	// (app.Options.LeaderAddress).
+	LeaderAddress leaderaddr.Holder
+	// Standby makes Start return once the server is assembled and
+	// campaigning, not leading (another server of Store leads): Addrs and
+	// the CA fields stay empty.
+	Standby bool
 	// OperatorAddr is where the Operator service listens; default
 	// 127.0.0.1:0. A restart passes the stopped shard's OperatorAddr, so
 	// clients configured with it reconnect.
@@ -220,7 +231,7 @@ func start(o Options, regAddr, agentAddr string) (*Shard, error) {
 	tuning := o.Agent
 	tuning.ResyncInterval, tuning.RetryBase = o.ResyncInterval, o.RetryBase
 	a, err := app.New(app.Options{
-		ServerID: "shardtest", Shard: o.ShardID, Store: o.Store, Keys: keys,
+		ServerID: cmp.Or(o.ServerID, "shardtest"), Shard: o.ShardID, LeaderAddress: o.LeaderAddress, Store: o.Store, Keys: keys,
 		AdvertiseHosts: []string{"127.0.0.1"},
 		Bind: app.BindOverrides{Health: "127.0.0.1:0", Election: "127.0.0.1:0", Operator: cmp.Or(o.OperatorAddr, "127.0.0.1:0"),
 			Registration: regAddr, Agent: agentAddr},
@@ -241,6 +252,10 @@ func start(o Options, regAddr, agentAddr string) (*Shard, error) {
 	// Serving: elected, bootstrapped, listeners up and the reconciler running.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
+		if b := a.Assembly(); o.Standby && b != nil {
+			sh.Assembly, sh.Config, sh.Revocations = b, b.Config, b.Revocations
+			return sh, nil
+		}
 		if a.ServingGRPC() {
 			if b := a.Assembly(); b != nil && b.Reconciler.Running() {
 				break
