@@ -19,7 +19,12 @@ func TestOptionsValidation(t *testing.T) {
 		want []string
 	}{
 		{name: "valid"},
-		{name: "required", edit: func(o map[string]any) { delete(o, "endpoint"); delete(o, "token_id"); delete(o, "nodes"); delete(o, "template_vmid") },
+		{name: "required", edit: func(o map[string]any) {
+			delete(o, "endpoint")
+			delete(o, "token_id")
+			delete(o, "nodes")
+			delete(o, "template_vmid")
+		},
 			want: []string{"shard.infra.options.endpoint", "shard.infra.options.nodes", "shard.infra.options.token_id", "templates.worker.args"}},
 		{name: "bad values", edit: func(o map[string]any) {
 			o["token_id"] = "nstance@pve"
