@@ -34,22 +34,6 @@ func TestTagValueEncoding(t *testing.T) {
 	}
 }
 
-func FuzzTagValueRoundTrip(f *testing.F) {
-	for _, s := range []string{"c1", "Prod_1", "a+b.c-d", "\x00\xff"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		enc := proxmox.EncodeTagValue(s)
-		back, err := proxmox.DecodeTagValue(enc)
-		if err != nil || back != s {
-			t.Fatalf("%q -> %q -> %q, %v", s, enc, back, err)
-		}
-		if !proxmox.ValidTag(proxmox.Tag(proxmox.TagInstance, s)) {
-			t.Fatalf("tag of %q is not a Proxmox tag", s)
-		}
-	})
-}
-
 func TestOwnerTags(t *testing.T) {
 	o := proxmox.Owner{Cluster: "Prod", Shard: "s1", Tenant: "acme", Group: "web", Template: "worker", Instance: "web-0a1b2c3d"}
 	tags := proxmox.OwnerTags(o, []string{"k8s", "K8s", "team-a"})
