@@ -10,13 +10,14 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/provider/gcp"
 	"github.com/nstance-dev/nstance/internal/server/provider/mock"
 	"github.com/nstance-dev/nstance/internal/server/provider/process"
+	"github.com/nstance-dev/nstance/internal/server/provider/proxmox"
 	"github.com/nstance-dev/nstance/internal/server/provider/tmux"
 )
 
 // DefaultProviders is every provider kind nstance-server ships, for
 // shard.infra.provider to choose from (Options.Providers when unset).
 func DefaultProviders() *provider.Registry {
-	return provider.NewRegistry(tmux.Kind(), process.Kind(), mock.Kind(), aws.Kind(), gcp.Kind())
+	return provider.NewRegistry(tmux.Kind(), process.Kind(), mock.Kind(), aws.Kind(), gcp.Kind(), proxmox.Kind())
 }
 
 // DefaultLoadBalancers is every load balancer kind nstance-server ships, for

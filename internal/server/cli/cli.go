@@ -18,6 +18,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/server/grpcserve"
 	"github.com/nstance-dev/nstance/internal/server/pprofserve"
 	"github.com/nstance-dev/nstance/internal/server/provider"
+	"github.com/nstance-dev/nstance/internal/server/provider/proxmox"
 	"github.com/nstance-dev/nstance/internal/storage"
 	"github.com/nstance-dev/nstance/internal/version"
 )
@@ -43,7 +44,8 @@ func App() *ucli.App {
 		Usage: "per-shard Nstance control plane",
 		Description: "Every flag is also read from the NSTANCE_* variable shown beside it; a flag given wins.\n" +
 			"Other variables: " + config.DefaultEncryptionKeyEnv + " holds the cluster encryption key (the default of\n" +
-			"shard.encryption.env for provider env); AWS_* configure the S3 client; " + grpcserve.PanicHookEnv + "=1 (tests\n" +
+			"shard.encryption.env for provider env); AWS_* configure the S3 client; " + proxmox.EnvTokenSecret + " holds the\n" +
+			"Proxmox VE API token's secret when shard.infra.options.token_secret_file is unset; " + grpcserve.PanicHookEnv + "=1 (tests\n" +
 			"only) makes a request with the " + grpcserve.PanicHookHeader + " header panic, to prove the recovery.\n" +
 			"Exit codes: 0 stopped by a signal or valid with --validate; 1 a runtime failure; 2 a usage error.",
 		Flags: append(logging.CLIFlags(envPrefix),

@@ -46,6 +46,7 @@ func TestValidateFlag(t *testing.T) {
 		{"example is valid", []string{"--shard", "dev-1", "--validate", "--config-file", "../../../examples/config-tmux.jsonc"}, "valid", ""},
 		{"aws example is valid", []string{"--shard", "use1-az1", "--validate", "--config-file", "../../../examples/config-aws.jsonc"}, "valid", ""},
 		{"gcp example is valid", []string{"--shard", "europe-west4-a", "--validate", "--config-file", "../../../examples/config-gcp.jsonc"}, "valid", ""},
+		{"proxmox example is valid", []string{"--shard", "pve-a", "--validate", "--config-file", "../../../examples/config-proxmox.jsonc"}, "valid", ""},
 		{"shard mismatch", []string{"--shard", "dev-2", "--validate", "--config-file", "../../../examples/config-tmux.jsonc"}, `shard.id: is "dev-1", but --shard is "dev-2"`, "1 problem"},
 		{"unknown key", []string{"--shard", "dev-1", "--validate", "--config-file", bad}, "cluster.colour: unknown key", "1 problem"},
 		{"provider options", []string{"--shard", "dev-1", "--validate", "--config-file", badOptions},
@@ -53,7 +54,7 @@ func TestValidateFlag(t *testing.T) {
 		{"provider option value", []string{"--shard", "dev-1", "--validate", "--config-file", badCommand},
 			badCommand + ": shard.infra.options.command: must not be empty (default air -c scripts/air/agent.toml)\n", "1 problem"},
 		{"provider kind", []string{"--shard", "dev-1", "--validate", "--config-file", badKind},
-			`shard.infra.provider: unknown provider "gce" (want one of aws, gcp, mock, process, tmux)`, "1 problem"},
+			`shard.infra.provider: unknown provider "gce" (want one of aws, gcp, mock, process, proxmox, tmux)`, "1 problem"},
 		{"missing file", []string{"--shard", "dev-1", "--validate", "--config-file", filepath.Join(dir, "nope")}, "", "reading"},
 		{"config-file without validate", []string{"--shard", "dev-1", "--config-file", bad}, "", "only used with --validate"},
 	}

@@ -2,7 +2,7 @@
 // for instances: create, list, status and delete. Implementations live in
 // sub-packages: tmux and process run real agent processes on the local
 // machine for development and tests, mock only keeps records, aws runs EC2
-// instances.
+// instances, proxmox runs Proxmox VE VMs cloned from a template.
 //
 // Each implementation is a Kind: a name for shard.infra.provider and the
 // type of its shard.infra.options block with its defaults and validation.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/server/provider"
+	"github.com/nstance-dev/nstance/internal/server/provider/cloudinit"
 )
 
 // KindName selects this provider in shard.infra.provider.
@@ -37,9 +38,9 @@ const (
 	DefaultMaxAttempts       = 10
 	DefaultMaxBackoff        = 20 * time.Second
 	DefaultVisibilityTimeout = 2 * time.Minute
-	DefaultAgentStateDir     = "/var/lib/nstance-agent"
-	DefaultAgentEnvFile      = "/etc/nstance/agent.env"
-	DefaultAgentStart        = "systemctl enable --now nstance-agent.service"
+	DefaultAgentStateDir     = cloudinit.DefaultAgentStateDir
+	DefaultAgentEnvFile      = cloudinit.DefaultAgentEnvFile
+	DefaultAgentStart        = cloudinit.DefaultAgentStart
 )
 
 // Instance args (template or defaults args) that override Options per
@@ -62,20 +63,6 @@ type LaunchTemplate struct {
 	Name string `json:"name"`
 	// Version is a number, $Latest or $Default (default: the template's default).
 	Version string `json:"version"`
-}
-
-// Agent says where the user-data script puts the agent's files and how it
-// starts the agent the image carries.
-type Agent struct {
-	// StateDir is the agent's data directory; identity files go to
-	// {StateDir}/identity (default /var/lib/nstance-agent).
-	StateDir string `json:"state_dir"`
-	// EnvFile receives the NSTANCE_* settings as KEY=VALUE lines (a systemd
-	// EnvironmentFile; default /etc/nstance/agent.env).
-	EnvFile string `json:"env_file"`
-	// Start is the shell command that starts the agent (default
-	// "systemctl enable --now nstance-agent.service").
-	Start string `json:"start"`
 }
 
 // Options is shard.infra.options of the aws kind. Region is shard.infra.region.

@@ -1,84 +1,37 @@
 package aws
 
 import (
-	"bytes"
-	"encoding/base64"
 	"fmt"
-	"path"
-	"sort"
-	"strings"
 
 	"github.com/nstance-dev/nstance/internal/server/provider"
-	"github.com/nstance-dev/nstance/internal/server/provider/localagent"
+	"github.com/nstance-dev/nstance/internal/server/provider/cloudinit"
 )
 
 // MaxUserData is EC2's limit on user data before base64 encoding.
 const MaxUserData = 16 << 10
 
-// AgentEnv returns the agent's settings for req as sorted KEY=VALUE lines:
-// the variables the local providers pass (localagent.Env, with the identity
-// directory under agent.StateDir) plus extra (e.g. the metrics interval).
+// Agent says where the user-data script puts the agent's files and how it
+// starts the agent the image carries (cloudinit.Agent).
+type Agent = cloudinit.Agent
+
+// AgentEnv returns the agent's settings for req as sorted KEY=VALUE lines
+// (cloudinit.AgentEnv). On EC2 the agent finds out from the instance
+// metadata whether the instance is spot and then watches for its
+// interruption notice (its default NSTANCE_SPOT_NOTICE=auto; extra may set
+// off).
 func AgentEnv(agent Agent, req provider.CreateRequest, extra []string) []string {
-	m := map[string]string{}
-	for _, kv := range localagent.Env(agent.StateDir, req) {
-		k, v, _ := strings.Cut(kv, "=")
-		m[k] = v
-	}
-	// localagent puts identity under {StateDir}/{id}/identity; on a machine
-	// of its own the agent's directory holds one instance.
-	m[localagent.EnvIdentityDir] = path.Join(agent.StateDir, "identity")
-	// The instance's own bootstrap data is cloud-init's (ComposeUserData),
-	// not the agent's to run.
-	delete(m, localagent.EnvUserData)
-	// On EC2 the agent finds out from the instance metadata whether the
-	// instance is spot and then watches for its interruption notice (its
-	// default NSTANCE_SPOT_NOTICE=auto; extra may set off).
-	for _, kv := range extra {
-		if k, v, ok := strings.Cut(kv, "="); ok {
-			m[k] = v
-		}
-	}
-	out := make([]string, 0, len(m))
-	for k, v := range m {
-		out = append(out, k+"="+v)
-	}
-	sort.Strings(out)
-	return out
+	return cloudinit.AgentEnv(agent, req, extra)
 }
 
-// UserData renders the cloud-init compatible user-data script (a "#!"
-// script, which cloud-init runs once on first boot) that hands the agent
-// what it needs: the registration nonce ({StateDir}/identity/nonce.jwt, mode
-// 0600), the cluster CA bundle (ca.crt), and its settings (instance id,
-// provider id, shard, server addresses) in agent.EnvFile; then it runs
-// agent.Start. File contents travel base64-encoded, so nothing in them can
-// break out of the script.
+// UserData renders the agent's bootstrap script (cloudinit.AgentScript),
+// refused above EC2's limit.
 func UserData(agent Agent, req provider.CreateRequest, extra []string) ([]byte, error) {
-	if req.AgentNonce == "" {
-		return nil, fmt.Errorf("user data: no agent nonce")
+	b, err := cloudinit.AgentScript(agent, req, extra)
+	if err != nil {
+		return nil, err
 	}
-	for _, kv := range extra {
-		if strings.ContainsAny(kv, "\n\r") || !strings.Contains(kv, "=") {
-			return nil, fmt.Errorf("user data: bad agent environment entry %q", kv)
-		}
+	if len(b) > MaxUserData {
+		return nil, fmt.Errorf("user data is %d bytes, EC2 allows %d (is the CA bundle that large?)", len(b), MaxUserData)
 	}
-	identity := path.Join(agent.StateDir, "identity")
-	env := strings.Join(AgentEnv(agent, req, extra), "\n") + "\n"
-	var b bytes.Buffer
-	b.WriteString("#!/bin/sh\n")
-	b.WriteString("# nstance agent bootstrap, written by nstance-server for instance " + req.InstanceID + "\n")
-	b.WriteString("set -eu\numask 077\n")
-	fmt.Fprintf(&b, "mkdir -p '%s' '%s'\n", identity, path.Dir(agent.EnvFile))
-	file := func(name string, mode string, content []byte) {
-		fmt.Fprintf(&b, "printf '%%s' '%s' | base64 -d > '%s.tmp'\n", base64.StdEncoding.EncodeToString(content), name)
-		fmt.Fprintf(&b, "chmod %s '%s.tmp'\nmv -f '%s.tmp' '%s'\n", mode, name, name, name)
-	}
-	file(path.Join(identity, localagent.NonceFile), "0600", []byte(req.AgentNonce))
-	file(path.Join(identity, localagent.CAFile), "0644", req.CACertPEM)
-	file(agent.EnvFile, "0600", []byte(env))
-	b.WriteString(agent.Start + "\n")
-	if b.Len() > MaxUserData {
-		return nil, fmt.Errorf("user data is %d bytes, EC2 allows %d (is the CA bundle that large?)", b.Len(), MaxUserData)
-	}
-	return b.Bytes(), nil
+	return b, nil
 }
