@@ -82,7 +82,7 @@ verify: generate verify-tidy ## Fail when generated files differ from what is co
 	@echo "generated files are up to date"
 
 # The main module and the tool modules under scripts/ (each has its own go.mod).
-GO_MODULES := . scripts/envtest/etcd scripts/envtest/kube-apiserver scripts/tools/overmind scripts/tools/promtool scripts/tools/clusterctl scripts/image
+GO_MODULES := . scripts/envtest/etcd scripts/envtest/kube-apiserver scripts/tools/overmind scripts/tools/promtool scripts/tools/clusterctl scripts/tools/fake-gcs-server scripts/image
 
 .PHONY: verify-tidy
 verify-tidy: ## Fail when `go mod tidy` would change a go.mod or go.sum.

@@ -80,7 +80,7 @@ type Cluster struct {
 // where its storage is by flags (it must read this file from there); this
 // block documents it and is checked against the flags when set.
 type Storage struct {
-	Kind   string `json:"kind"` // s3 or file
+	Kind   string `json:"kind"` // s3, gcs or file
 	Bucket string `json:"bucket"`
 	Prefix string `json:"prefix"`
 }

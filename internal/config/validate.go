@@ -156,9 +156,9 @@ func (c *Config) Validate() error {
 	var ch checker
 	ch.id("cluster.id", "cluster id", c.Cluster.ID, true)
 	switch c.Cluster.Storage.Kind {
-	case "", "s3", "file":
+	case "", "s3", "gcs", "file":
 	default:
-		ch.add("cluster.storage.kind", "must be \"s3\" or \"file\", got %q", c.Cluster.Storage.Kind)
+		ch.add("cluster.storage.kind", "must be \"s3\", \"gcs\" or \"file\", got %q", c.Cluster.Storage.Kind)
 	}
 	checkKeySource(&ch, "cluster.secrets.encryption_key", c.Cluster.Secrets.EncryptionKey)
 	for i, ks := range c.Cluster.Secrets.PreviousKeys {
