@@ -82,7 +82,7 @@ verify: generate verify-tidy ## Fail when generated files differ from what is co
 	@echo "generated files are up to date"
 
 # The main module and the tool modules under scripts/ (each has its own go.mod).
-GO_MODULES := . scripts/envtest/etcd scripts/envtest/kube-apiserver scripts/tools/overmind scripts/tools/promtool scripts/tools/clusterctl scripts/image
+GO_MODULES := . scripts/envtest/etcd scripts/envtest/kube-apiserver scripts/tools/overmind scripts/tools/promtool scripts/tools/clusterctl scripts/tools/fake-gcs-server scripts/tools/versitygw scripts/tools/weed scripts/tools/minio scripts/image
 
 .PHONY: verify-tidy
 verify-tidy: ## Fail when `go mod tidy` would change a go.mod or go.sum.
@@ -109,6 +109,10 @@ test: verify lint test-go ## Everything CI runs: generated-code check, lint, uni
 test-go: $(BIN)/promtool $(BIN)/clusterctl $(BIN)/helm ## Unit and envtest tests (builds the envtest binaries on first use; promtool runs the alert unit tests, clusterctl and helm test/clusterctl).
 	@assets=$$(scripts/envtest-assets.sh); source scripts/lib/progress.sh; PROGRESS_TAG=test-go; \
 		progress_run "go test $(GO_TEST_FLAGS) ./... (KUBEBUILDER_ASSETS=$$assets)" env KUBEBUILDER_ASSETS=$$assets $(GO) test $(GO_TEST_FLAGS) ./...
+
+.PHONY: compat
+compat: ## The storage compatibility matrix (test/compat): start-up probe, objstore contract and a two-elector handover on fake-gcs-server, Versity Gateway, SeaweedFS and MinIO, each built once from the module proxy into ~/.cache/nstance/tools (the first run builds for a long time). `make test` runs fake-gcs-server, and Versity Gateway once it is built.
+	NSTANCE_COMPAT=1 nice -n 15 $(GO) test -count=1 -v -timeout 120m -run TestCompat ./test/compat/
 
 # make chaos also runs server and agent certificates of 2 minutes for 10 minutes and 20 agent kills.
 chaos: export CHAOS_CERT_VALIDITY := 2m

@@ -13,6 +13,7 @@ const (
 	FileSourceCluster           = "cluster"
 	FileSourceAWSSecretsManager = "aws-secrets-manager"
 	FileSourceAWSSSM            = "aws-ssm"
+	FileSourceGCPSecretManager  = "gcp-secret-manager"
 )
 
 // Template file kinds whose content comes from outside the config.
@@ -154,7 +155,12 @@ func checkSecretSource(ch *checker, fk string, f TemplateFile) {
 		for _, kv := range [][2]string{{"secret", f.Secret}, {"secret_id", f.SecretID}, {"version_stage", f.VersionStage}, {"version_id", f.VersionID}} {
 			notFor(kv[0], kv[1], src)
 		}
+	case FileSourceGCPSecretManager:
+		checkGCPSecret(ch, fk, f.SecretID, f.VersionStage)
+		for _, kv := range [][2]string{{"secret", f.Secret}, {"parameter", f.Parameter}, {"region", f.Region}} {
+			notFor(kv[0], kv[1], src)
+		}
 	default:
-		ch.add(fk+".source", "must be \"cluster\", \"aws-secrets-manager\" or \"aws-ssm\", got %q", f.Source)
+		ch.add(fk+".source", "must be \"cluster\", \"aws-secrets-manager\", \"aws-ssm\" or \"gcp-secret-manager\", got %q", f.Source)
 	}
 }

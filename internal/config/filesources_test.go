@@ -18,6 +18,7 @@ func TestFileSourcesParse(t *testing.T) {
 	  "db": {"kind": "secret", "secret": "db-password"},
 	  "api": {"kind": "secret", "source": "aws-secrets-manager", "secret_id": "prod/api", "version_stage": "AWSPREVIOUS", "region": "eu-west-1", "mode": "0400"},
 	  "tok": {"kind": "secret", "source": "aws-ssm", "parameter": "/prod/token:3"},
+	  "gcp": {"kind": "secret", "source": "gcp-secret-manager", "secret_id": "projects/p1/secrets/api", "version_id": "4"},
 	  "conf": {"kind": "storage", "object": "files/app.conf", "template": true, "mode": "0644"},
 	}`)))
 	require.NoError(t, err)
@@ -26,6 +27,8 @@ func TestFileSourcesParse(t *testing.T) {
 	require.Equal(t, "prod/api", files["api"].SecretID)
 	require.Equal(t, "AWSPREVIOUS", files["api"].VersionStage)
 	require.Equal(t, "/prod/token:3", files["tok"].Parameter)
+	require.Equal(t, FileSourceGCPSecretManager, files["gcp"].SecretSource())
+	require.Equal(t, "4", files["gcp"].VersionID)
 	require.True(t, files["conf"].Template)
 	require.Equal(t, "files/app.conf", files["conf"].Object)
 	require.Equal(t, DefaultFileCacheTTL, cfg.Shard.FileSources.CacheTTL.D())
@@ -48,7 +51,9 @@ func TestFileSourcesInvalid(t *testing.T) {
 		{"secret bad name", withFiles(`{"db": {"kind": "secret", "secret": "a/b"}}`), "templates.t.files.db.secret", "invalid secret name"},
 		{"secret mode too loose", withFiles(`{"db": {"kind": "secret", "secret": "db", "mode": "0640"}}`), "templates.t.files.db.mode", `at most "0600"`},
 		{"secret with content", withFiles(`{"db": {"kind": "secret", "secret": "db", "content": "x"}}`), "templates.t.files.db.content", "not for kind secret"},
-		{"unknown source", withFiles(`{"db": {"kind": "secret", "source": "vault", "secret": "db"}}`), "templates.t.files.db.source", `must be "cluster", "aws-secrets-manager" or "aws-ssm"`},
+		{"unknown source", withFiles(`{"db": {"kind": "secret", "source": "vault", "secret": "db"}}`), "templates.t.files.db.source", `must be "cluster", "aws-secrets-manager", "aws-ssm" or "gcp-secret-manager"`},
+		{"gcp secret short id", withFiles(`{"db": {"kind": "secret", "source": "gcp-secret-manager", "secret_id": "db"}}`), "templates.t.files.db.secret_id", "projects/PROJECT/secrets/NAME"},
+		{"gcp secret with parameter", withFiles(`{"db": {"kind": "secret", "source": "gcp-secret-manager", "secret_id": "projects/p/secrets/db", "parameter": "/x"}}`), "templates.t.files.db.parameter", "gcp-secret-manager"},
 		{"secrets manager without id", withFiles(`{"db": {"kind": "secret", "source": "aws-secrets-manager"}}`), "templates.t.files.db.secret_id", "required for source aws-secrets-manager"},
 		{"secrets manager stage and id", withFiles(`{"db": {"kind": "secret", "source": "aws-secrets-manager", "secret_id": "x", "version_stage": "AWSCURRENT", "version_id": "v1"}}`), "templates.t.files.db.version_id", "only one"},
 		{"secrets manager with store name", withFiles(`{"db": {"kind": "secret", "source": "aws-secrets-manager", "secret_id": "x", "secret": "db"}}`), "templates.t.files.db.secret", "not used by source aws-secrets-manager"},

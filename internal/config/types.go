@@ -80,7 +80,7 @@ type Cluster struct {
 // where its storage is by flags (it must read this file from there); this
 // block documents it and is checked against the flags when set.
 type Storage struct {
-	Kind   string `json:"kind"` // s3 or file
+	Kind   string `json:"kind"` // s3, gcs or file
 	Bucket string `json:"bucket"`
 	Prefix string `json:"prefix"`
 }
@@ -93,7 +93,8 @@ type Secrets struct {
 
 // KeySource locates one 32-byte encryption key.
 type KeySource struct {
-	// Provider is "env", "file", "aws-secrets-manager" or "aws-ssm".
+	// Provider is "env", "file", "aws-secrets-manager", "aws-ssm" or
+	// "gcp-secret-manager".
 	Provider string `json:"provider"`
 	// Env is the environment variable for provider env (default NSTANCE_ENCRYPTION_KEY).
 	Env string `json:"env"`
@@ -102,6 +103,8 @@ type KeySource struct {
 	// SecretID is the Secrets Manager secret name or ARN (provider
 	// aws-secrets-manager); VersionStage (default AWSCURRENT) or VersionID
 	// pick one version of it, so a previous key can name AWSPREVIOUS.
+	// For gcp-secret-manager SecretID is projects/PROJECT/secrets/NAME and
+	// VersionID a version number (default latest).
 	SecretID     string `json:"secret_id"`
 	VersionStage string `json:"version_stage"`
 	VersionID    string `json:"version_id"`

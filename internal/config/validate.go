@@ -156,9 +156,9 @@ func (c *Config) Validate() error {
 	var ch checker
 	ch.id("cluster.id", "cluster id", c.Cluster.ID, true)
 	switch c.Cluster.Storage.Kind {
-	case "", "s3", "file":
+	case "", "s3", "gcs", "file":
 	default:
-		ch.add("cluster.storage.kind", "must be \"s3\" or \"file\", got %q", c.Cluster.Storage.Kind)
+		ch.add("cluster.storage.kind", "must be \"s3\", \"gcs\" or \"file\", got %q", c.Cluster.Storage.Kind)
 	}
 	checkKeySource(&ch, "cluster.secrets.encryption_key", c.Cluster.Secrets.EncryptionKey)
 	for i, ks := range c.Cluster.Secrets.PreviousKeys {
@@ -379,17 +379,36 @@ func checkKeySource(ch *checker, key string, ks KeySource) {
 		if ks.Parameter == "" {
 			ch.add(key+".parameter", "required for provider aws-ssm")
 		}
+	case FileSourceGCPSecretManager:
+		checkGCPSecret(ch, key, ks.SecretID, ks.VersionStage)
 	default:
-		ch.add(key+".provider", "must be \"env\", \"file\", \"aws-secrets-manager\" or \"aws-ssm\", got %q", ks.Provider)
+		ch.add(key+".provider", "must be \"env\", \"file\", \"aws-secrets-manager\", \"aws-ssm\" or \"gcp-secret-manager\", got %q", ks.Provider)
 	}
-	if ks.Provider != "aws-secrets-manager" && (ks.SecretID != "" || ks.VersionStage != "" || ks.VersionID != "") {
-		ch.add(key+".secret_id", "secret_id, version_stage and version_id are for provider aws-secrets-manager")
+	if ks.Provider != "aws-secrets-manager" && ks.Provider != FileSourceGCPSecretManager && (ks.SecretID != "" || ks.VersionStage != "" || ks.VersionID != "") {
+		ch.add(key+".secret_id", "secret_id, version_stage and version_id are for providers aws-secrets-manager and gcp-secret-manager")
 	}
 	if ks.Provider != "aws-ssm" && ks.Parameter != "" {
 		ch.add(key+".parameter", "for provider aws-ssm only")
 	}
 	if ks.Region != "" && ks.Provider != "aws-secrets-manager" && ks.Provider != "aws-ssm" {
 		ch.add(key+".region", "for the AWS providers only")
+	}
+}
+
+// gcpSecretName is a Google Secret Manager secret's resource name.
+var gcpSecretName = regexp.MustCompile(`^projects/[^/]+/secrets/[^/]+$`)
+
+// checkGCPSecret checks the secret_id of a gcp-secret-manager source (the
+// version goes in version_id; Secret Manager has no stages).
+func checkGCPSecret(ch *checker, key, secretID, stage string) {
+	switch {
+	case secretID == "":
+		ch.add(key+".secret_id", "required for gcp-secret-manager (projects/PROJECT/secrets/NAME)")
+	case !gcpSecretName.MatchString(secretID):
+		ch.add(key+".secret_id", "must be projects/PROJECT/secrets/NAME for gcp-secret-manager (the version goes in version_id), got %q", secretID)
+	}
+	if stage != "" {
+		ch.add(key+".version_stage", "not for gcp-secret-manager (use version_id: a number or latest)")
 	}
 }
 

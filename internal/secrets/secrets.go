@@ -174,14 +174,17 @@ func (k *Keyring) Open(name string, data []byte) ([]byte, error) {
 
 // Source says where one key comes from.
 type Source struct {
-	// Provider is "env", "file", "aws-secrets-manager" or "aws-ssm".
+	// Provider is "env", "file", "aws-secrets-manager", "aws-ssm" or
+	// "gcp-secret-manager".
 	Provider string
 	// Env is the variable name for provider env.
 	Env string
 	// File is the path for provider file.
 	File string
 	// SecretID, VersionStage and VersionID name a Secrets Manager secret
-	// version (provider aws-secrets-manager).
+	// version (provider aws-secrets-manager); SecretID
+	// (projects/P/secrets/S) and VersionID (default latest) a Google Secret
+	// Manager version (provider gcp-secret-manager).
 	SecretID, VersionStage, VersionID string
 	// Parameter is the SSM parameter name, optionally name:version
 	// (provider aws-ssm).
@@ -194,7 +197,20 @@ type Source struct {
 const (
 	ProviderAWSSecretsManager = "aws-secrets-manager"
 	ProviderAWSSSM            = "aws-ssm"
+	ProviderGCPSecretManager  = "gcp-secret-manager"
 )
+
+// ByProvider serves each remote provider with its own Remote.
+type ByProvider map[string]Remote
+
+// Fetch implements Remote.
+func (b ByProvider) Fetch(ctx context.Context, src Source) ([]byte, error) {
+	r, ok := b[src.Provider]
+	if !ok || r == nil {
+		return nil, fmt.Errorf("provider %s is not available here", src.Provider)
+	}
+	return r.Fetch(ctx, src)
+}
 
 // Remote reads key material from a secrets service (the AWS providers).
 type Remote interface {
@@ -206,7 +222,7 @@ type Remote interface {
 type Loader struct {
 	// Getenv reads variables; os.Getenv when nil.
 	Getenv func(string) string
-	// Remote serves the AWS providers; nil refuses them.
+	// Remote serves the AWS and Google providers; nil refuses them.
 	Remote Remote
 }
 
@@ -235,7 +251,7 @@ func (l Loader) Load(ctx context.Context, src Source) (*Key, error) {
 			return nil, fmt.Errorf("encryption key: reading %s: %w", src.File, err)
 		}
 		material = b
-	case ProviderAWSSecretsManager, ProviderAWSSSM:
+	case ProviderAWSSecretsManager, ProviderAWSSSM, ProviderGCPSecretManager:
 		if l.Remote == nil {
 			return nil, fmt.Errorf("encryption key: provider %s is not available here", src.Provider)
 		}
@@ -245,7 +261,7 @@ func (l Loader) Load(ctx context.Context, src Source) (*Key, error) {
 		}
 		material = b
 	default:
-		return nil, fmt.Errorf("encryption key: unknown provider %q (want env, file, %s or %s)", src.Provider, ProviderAWSSecretsManager, ProviderAWSSSM)
+		return nil, fmt.Errorf("encryption key: unknown provider %q (want env, file, %s, %s or %s)", src.Provider, ProviderAWSSecretsManager, ProviderAWSSSM, ProviderGCPSecretManager)
 	}
 	key, err := ParseKey(material)
 	if err != nil {
@@ -257,7 +273,7 @@ func (l Loader) Load(ctx context.Context, src Source) (*Key, error) {
 // describe names a source in errors without its material.
 func describe(src Source) string {
 	switch src.Provider {
-	case ProviderAWSSecretsManager:
+	case ProviderAWSSecretsManager, ProviderGCPSecretManager:
 		return fmt.Sprintf("%s secret %q", src.Provider, src.SecretID)
 	case ProviderAWSSSM:
 		return fmt.Sprintf("%s parameter %q", src.Provider, src.Parameter)

@@ -7,8 +7,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nstance-dev/nstance/internal/devs3/devs3test"
+	"github.com/nstance-dev/nstance/internal/testing/gcsemu"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/dirstore"
+	"github.com/nstance-dev/nstance/pkg/objstore/gcsstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
 )
@@ -36,7 +38,10 @@ func TestProbeConditionalWrites(t *testing.T) {
 	srv := devs3test.Start(t, "")
 	s3, err := s3store.NewWithClient(devs3test.Client(srv.URL), devs3test.Bucket, "")
 	require.NoError(t, err)
-	for name, s := range map[string]objstore.Store{"memstore": memstore.New(), "dirstore": dir, "dev-s3": s3} {
+	emu := gcsemu.Start(t)
+	gcs, err := gcsstore.NewWithClient(emu.Client(t), emu.NewBucket(t), "")
+	require.NoError(t, err)
+	for name, s := range map[string]objstore.Store{"memstore": memstore.New(), "dirstore": dir, "dev-s3": s3, "fake-gcs-server": gcs} {
 		require.NoError(t, ProbeConditionalWrites(ctx, s, "shard/s1/probe/a-1"), name)
 		_, err := s.Head(ctx, "shard/s1/probe/a-1")
 		require.ErrorIs(t, err, objstore.ErrNotFound, "%s: the probe object is removed", name)

@@ -13,16 +13,19 @@ import (
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/dirstore"
+	"github.com/nstance-dev/nstance/pkg/objstore/gcsstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
 )
 
 // Options selects a store.
 type Options struct {
-	// Kind is "s3" or "file".
+	// Kind is "s3", "gcs" or "file".
 	Kind string
-	// Bucket is the S3 bucket (kind s3). The endpoint and credentials come
-	// from the AWS SDK environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...,
-	// AWS_S3_USE_PATH_STYLE).
+	// Bucket is the S3 or GCS bucket (kinds s3 and gcs). For s3 the endpoint
+	// and credentials come from the AWS SDK environment (AWS_ENDPOINT_URL,
+	// AWS_ACCESS_KEY_ID, ..., AWS_S3_USE_PATH_STYLE); for gcs from
+	// Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, the
+	// metadata server), or the emulator STORAGE_EMULATOR_HOST names.
 	Bucket string
 	// Dir is the directory holding the objects (kind file).
 	Dir string
@@ -48,6 +51,15 @@ func Open(ctx context.Context, o Options) (objstore.Store, layout.Keys, error) {
 			return nil, keys, fmt.Errorf("storage: %w", err)
 		}
 		return s, keys, nil
+	case "gcs":
+		if o.Bucket == "" {
+			return nil, keys, errors.New("storage: --bucket is required for gcs storage")
+		}
+		s, err := gcsstore.New(ctx, o.Bucket, "")
+		if err != nil {
+			return nil, keys, fmt.Errorf("storage: %w", err)
+		}
+		return s, keys, nil
 	case "file":
 		if o.Dir == "" {
 			return nil, keys, errors.New("storage: --storage-dir is required for file storage")
@@ -58,7 +70,7 @@ func Open(ctx context.Context, o Options) (objstore.Store, layout.Keys, error) {
 		}
 		return s, keys, nil
 	default:
-		return nil, keys, fmt.Errorf("storage: kind must be s3 or file, got %q", o.Kind)
+		return nil, keys, fmt.Errorf("storage: kind must be s3, gcs or file, got %q", o.Kind)
 	}
 }
 

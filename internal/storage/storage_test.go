@@ -9,6 +9,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nstance-dev/nstance/internal/testing/gcsemu"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/memstore"
 )
@@ -42,10 +43,11 @@ func TestRetry(t *testing.T) {
 func TestOpenErrors(t *testing.T) {
 	ctx := context.Background()
 	for name, o := range map[string]Options{
-		"kind":      {Kind: "gcs"},
-		"no bucket": {Kind: "s3"},
-		"no dir":    {Kind: "file"},
-		"prefix":    {Kind: "file", Dir: t.TempDir(), Prefix: "a/../b"},
+		"kind":          {Kind: "azure"},
+		"no bucket":     {Kind: "s3"},
+		"no gcs bucket": {Kind: "gcs"},
+		"no dir":        {Kind: "file"},
+		"prefix":        {Kind: "file", Dir: t.TempDir(), Prefix: "a/../b"},
 	} {
 		_, _, err := Open(ctx, o)
 		require.Error(t, err, name)
@@ -54,6 +56,25 @@ func TestOpenErrors(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, s)
 	require.Equal(t, "p/cluster/ca.crt", keys.CACert())
+}
+
+// Kind gcs opens a GCS bucket (here fake-gcs-server through
+// STORAGE_EMULATOR_HOST, as the client library reads it) that passes the
+// start-up probe.
+func TestOpenGCS(t *testing.T) {
+	ctx := context.Background()
+	emu := gcsemu.Start(t)
+	bucket := emu.NewBucket(t)
+	t.Setenv("STORAGE_EMULATOR_HOST", emu.Addr)
+	s, keys, err := Open(ctx, Options{Kind: "gcs", Bucket: bucket, Prefix: "p"})
+	require.NoError(t, err)
+	require.Equal(t, "p/cluster/ca.crt", keys.CACert())
+	require.NoError(t, ProbeConditionalWrites(ctx, s, keys.Probe("s1", "a", "1")))
+	_, err = s.Put(ctx, keys.CACert(), []byte("PEM"), objstore.PutOptions{IfNoneMatch: true})
+	require.NoError(t, err)
+	a, err := emu.Client(t).Bucket(bucket).Object("p/cluster/ca.crt").Attrs(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), a.Size)
 }
 
 // TestCreateOnlySurvivesARetriedCreate: a 412 caused by the create's own

@@ -51,6 +51,8 @@ var leaves = []string{
 	"internal/testing/...", // test helpers (bind, host tools, envtest, processes)
 	// encryption keys from AWS Secrets Manager / SSM (imports only secrets)
 	"internal/secrets/awssecrets",
+	// encryption keys and secret files from Google Secret Manager (imports only secrets)
+	"internal/secrets/gcpsecrets",
 }
 
 // exception is an import from one component into another's internals that

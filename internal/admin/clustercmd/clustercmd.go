@@ -51,7 +51,7 @@ func Command() *cli.Command {
 // work but are no longer shown.
 func storageFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "storage", Value: "s3", Usage: "object storage kind: s3 or file", EnvVars: []string{"NSTANCE_STORAGE"}},
+		&cli.StringFlag{Name: "storage", Value: "s3", Usage: "object storage kind: s3, gcs or file", EnvVars: []string{"NSTANCE_STORAGE"}},
 		&cli.StringFlag{Name: "bucket", Usage: "S3 bucket (endpoint and credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)", EnvVars: []string{"NSTANCE_STORAGE_BUCKET"}},
 		&cli.StringFlag{Name: "prefix", Usage: "key prefix inside the bucket", EnvVars: []string{"NSTANCE_STORAGE_PREFIX"}},
 		&cli.StringFlag{Name: "storage-dir", Usage: "directory for --storage file", EnvVars: []string{"NSTANCE_STORAGE_DIR"}},

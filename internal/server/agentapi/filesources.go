@@ -99,7 +99,7 @@ func (s *FileSources) Secret(ctx context.Context, f config.TemplateFile) (Fetche
 			}
 			return v, "", false, s.checkSize("file secret "+f.Secret, len(v))
 		})
-	case config.FileSourceAWSSecretsManager, config.FileSourceAWSSSM:
+	case config.FileSourceAWSSecretsManager, config.FileSourceAWSSSM, config.FileSourceGCPSecretManager:
 		if s.Remote == nil {
 			return Fetched{}, fmt.Errorf("source %s is not available on this server", src)
 		}

@@ -26,6 +26,7 @@ import (
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/secrets"
 	"github.com/nstance-dev/nstance/internal/secrets/awssecrets"
+	"github.com/nstance-dev/nstance/internal/secrets/gcpsecrets"
 	"github.com/nstance-dev/nstance/internal/server/bootstrap"
 	"github.com/nstance-dev/nstance/internal/server/cache"
 	"github.com/nstance-dev/nstance/internal/server/election"
@@ -505,14 +506,19 @@ func (a *App) electors(ctx context.Context, le config.LeaderElection) (func(key 
 }
 
 // loadKeyring loads the encryption key and the previous keys. Keys from AWS
-// Secrets Manager or SSM use the SDK's default credentials and region;
-// clients are built only when a key names them.
+// Secrets Manager or SSM use the SDK's default credentials and region, keys
+// from Google Secret Manager Application Default Credentials; clients are
+// built only when a key names them.
 func (a *App) loadKeyring(ctx context.Context, cfg *config.Config) (*secrets.Keyring, secrets.Remote, error) {
 	keyCtx, cancel := context.WithTimeout(ctx, keyLoadTimeout)
 	defer cancel()
 	remote := a.o.Remote
 	if remote == nil {
-		remote = awssecrets.New(awssecrets.DefaultClients())
+		aws := awssecrets.New(awssecrets.DefaultClients())
+		remote = secrets.ByProvider{
+			secrets.ProviderAWSSecretsManager: aws, secrets.ProviderAWSSSM: aws,
+			secrets.ProviderGCPSecretManager: gcpsecrets.New(gcpsecrets.DefaultClient()),
+		}
 	}
 	ring, err := secrets.Loader{Getenv: a.o.Getenv, Remote: remote}.Keyring(keyCtx,
 		keySource(cfg.Cluster.Secrets.EncryptionKey), keySources(cfg.Cluster.Secrets.PreviousKeys))

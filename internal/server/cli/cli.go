@@ -51,7 +51,7 @@ func App() *ucli.App {
 		Flags: append(logging.CLIFlags(envPrefix),
 			&ucli.StringFlag{Name: "id", Usage: "server id (default: host name)", EnvVars: []string{"NSTANCE_SERVER_ID"}},
 			&ucli.StringFlag{Name: "shard", Usage: "zone shard this server runs", EnvVars: []string{"NSTANCE_SHARD"}, Required: true},
-			&ucli.StringFlag{Name: "storage", Value: "s3", Usage: "object storage kind: s3 or file", EnvVars: []string{"NSTANCE_STORAGE"}},
+			&ucli.StringFlag{Name: "storage", Value: "s3", Usage: "object storage kind: s3, gcs or file", EnvVars: []string{"NSTANCE_STORAGE"}},
 			&ucli.StringFlag{Name: "bucket", Usage: "S3 bucket (endpoint and credentials from AWS_* variables)", EnvVars: []string{"NSTANCE_STORAGE_BUCKET"}},
 			&ucli.StringFlag{Name: "prefix", Usage: "key prefix inside the bucket", EnvVars: []string{"NSTANCE_STORAGE_PREFIX"}},
 			&ucli.StringFlag{Name: "storage-dir", Usage: "directory for --storage file", EnvVars: []string{"NSTANCE_STORAGE_DIR"}},
