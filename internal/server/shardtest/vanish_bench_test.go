@@ -69,7 +69,7 @@ func median(ds []time.Duration) time.Duration {
 	return quantile(s, 0.5)
 }
 
-// BenchmarkVMsGoing: NSTANCE_BENCH_VMS (default 1000) real agents, each in
+// BenchmarkVMsGoing: NSTANCE_BENCH_VMS (default 300) real agents, each in
 // a VM shell under the process provider, connected to one shard with a
 // 90 s health rule; three rounds each of NSTANCE_BENCH_VICTIMS (default
 // 100) VMs killed at once, agents reporting their host's shutdown and then
@@ -79,9 +79,9 @@ func median(ds []time.Duration) time.Duration {
 // agent's last report comes a few ms after the signal); replacements after
 // the restarts (must be 0).
 //
-//	NSTANCE_BENCH_VMS=1000 go test -run '^$' -bench BenchmarkVMsGoing -benchtime 1x ./internal/server/shardtest/
+//	NSTANCE_BENCH_VMS=300 go test -run '^$' -bench BenchmarkVMsGoing -benchtime 1x ./internal/server/shardtest/
 func BenchmarkVMsGoing(b *testing.B) {
-	vms, victims := benchEnvInt("NSTANCE_BENCH_VMS", 1000), benchEnvInt("NSTANCE_BENCH_VICTIMS", 100)
+	vms, victims := benchEnvInt("NSTANCE_BENCH_VMS", 300), benchEnvInt("NSTANCE_BENCH_VICTIMS", 100)
 	const rounds = 3
 	cfg := strings.Replace(agentConfig("worker"), `"default_drain_timeout": "30s",`,
 		`"default_drain_timeout": "1s", "health_check_interval": "30s", "health_misses": 3, "agent_startup_grace": "5m", "shutdown_grace": "60s",
