@@ -255,28 +255,26 @@ func (r *Reconciler) workloadGone(ctx context.Context, id string) bool {
 // not needed); past the shutdown grace the member is marked unhealthy, so
 // its group replaces it first (planner.DecideVanish has the rules).
 func (r *Reconciler) vanishing(ctx context.Context, rec *instances.Record) time.Duration {
-	live := r.monitored()
-	if live == nil || rec.State != instances.StateRunning {
+	tm := r.curTerm()
+	if tm == nil || tm.health == nil || rec.State != instances.StateRunning {
 		return 0
 	}
-	p, ok := live.Presence(rec.ID)
+	p, ok := tm.health.Presence(rec.ID)
 	if !ok {
 		return 0
 	}
-	t := r.tuning()
+	t, now := r.tuning(), r.o.Now()
 	v := planner.DecideVanish(planner.Signs{ShutdownAt: p.ShutdownAt, DisconnectedAt: p.DisconnectedAt, Streams: p.Streams},
-		r.o.Now(), t.ShutdownGrace, time.Duration(t.HealthMisses)*t.HealthInterval)
+		now, t.ShutdownGrace, time.Duration(t.HealthMisses)*t.HealthInterval)
 	if v.Replace {
 		r.markUnhealthy(ctx, rec, fmt.Sprintf("agent reported its host shutting down %s ago and the provider still reports it running (shard.shutdown_grace %s)",
-			r.o.Now().Sub(p.ShutdownAt).Round(time.Millisecond), t.ShutdownGrace))
+			now.Sub(p.ShutdownAt).Round(time.Millisecond), t.ShutdownGrace))
 		return 0
 	}
 	if v.Recheck > 0 {
-		if tm := r.curTerm(); tm != nil {
-			now := r.o.Now()
-			if res := tm.probes.ReserveN(now, 1); res.OK() {
-				v.Recheck = max(v.Recheck, res.DelayFrom(now))
-			}
+		// The checks after the first share the term's pace.
+		if res := tm.probes.ReserveN(now, 1); res.OK() {
+			v.Recheck = max(v.Recheck, res.DelayFrom(now))
 		}
 	}
 	return v.Recheck
