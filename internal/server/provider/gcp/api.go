@@ -160,18 +160,7 @@ func (c *Client) GetInstance(ctx context.Context, req *computepb.GetInstanceRequ
 
 // ListInstances implements API: every page.
 func (c *Client) ListInstances(ctx context.Context, req *computepb.ListInstancesRequest) ([]*computepb.Instance, error) {
-	var out []*computepb.Instance
-	it := c.Instances.List(ctx, req)
-	for {
-		i, err := it.Next()
-		if errors.Is(err, iterator.Done) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, i)
-	}
+	return allPages(c.Instances.List(ctx, req))
 }
 
 // DeleteInstance implements API.
@@ -205,17 +194,21 @@ func (c *Client) RemoveInstances(ctx context.Context, req *computepb.RemoveInsta
 
 // ListGroupInstances implements API: every page.
 func (c *Client) ListGroupInstances(ctx context.Context, req *computepb.ListInstancesInstanceGroupsRequest) ([]*computepb.InstanceWithNamedPorts, error) {
-	var out []*computepb.InstanceWithNamedPorts
-	it := c.InstanceGroups.ListInstances(ctx, req)
+	return allPages(c.InstanceGroups.ListInstances(ctx, req))
+}
+
+// allPages drains a list iterator of the compute client.
+func allPages[T any](it interface{ Next() (T, error) }) ([]T, error) {
+	var out []T
 	for {
-		i, err := it.Next()
+		v, err := it.Next()
 		if errors.Is(err, iterator.Done) {
 			return out, nil
 		}
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, i)
+		out = append(out, v)
 	}
 }
 

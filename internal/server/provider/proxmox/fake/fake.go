@@ -383,53 +383,41 @@ func (f *Fake) SetConfig(_ context.Context, nodeName string, vmid int, opts ...p
 
 // Start implements proxmox.API.
 func (f *Fake) Start(_ context.Context, nodeName string, vmid int) (string, error) {
-	if err := f.call("Start", strconv.Itoa(vmid)); err != nil {
-		return "", err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	v, err := f.vm(nodeName, vmid)
-	if err != nil {
-		return "", err
-	}
-	if v.Template {
-		return "", fmt.Errorf("500 you can't start a vm if it's a template")
-	}
-	for k, o := range v.Options {
-		if vol, rest, _ := strings.Cut(o, ","); strings.Contains(rest, "media=cdrom") && vol != "none" {
-			if _, ok := f.volumes[nodeName+"/"+vol]; !ok {
-				return "", fmt.Errorf("500 %s: volume '%s' does not exist", k, vol)
+	return f.vmTask("Start", "qmstart", nodeName, vmid, func(v *VMState) error {
+		if v.Template {
+			return fmt.Errorf("500 you can't start a vm if it's a template")
+		}
+		for k, o := range v.Options {
+			if vol, rest, _ := strings.Cut(o, ","); strings.Contains(rest, "media=cdrom") && vol != "none" {
+				if _, ok := f.volumes[nodeName+"/"+vol]; !ok {
+					return fmt.Errorf("500 %s: volume '%s' does not exist", k, vol)
+				}
 			}
 		}
-	}
-	upid := f.newTask(nodeName, "qmstart", vmid)
-	if f.tasks[upid].exit == "OK" {
-		v.Status = "running"
-	}
-	return upid, nil
+		return nil
+	}, func(v *VMState) { v.Status = "running" })
 }
 
 // Stop implements proxmox.API.
 func (f *Fake) Stop(_ context.Context, nodeName string, vmid int) (string, error) {
-	if err := f.call("Stop", strconv.Itoa(vmid)); err != nil {
-		return "", err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	v, err := f.vm(nodeName, vmid)
-	if err != nil {
-		return "", err
-	}
-	upid := f.newTask(nodeName, "qmstop", vmid)
-	if f.tasks[upid].exit == "OK" {
-		v.Status = "stopped"
-	}
-	return upid, nil
+	return f.vmTask("Stop", "qmstop", nodeName, vmid, nil, func(v *VMState) { v.Status = "stopped" })
 }
 
 // Destroy implements proxmox.API.
 func (f *Fake) Destroy(_ context.Context, nodeName string, vmid int) (string, error) {
-	if err := f.call("Destroy", strconv.Itoa(vmid)); err != nil {
+	return f.vmTask("Destroy", "qmdestroy", nodeName, vmid, func(v *VMState) error {
+		if v.Status == "running" {
+			return fmt.Errorf("500 VM %d is running - destroy failed", vmid)
+		}
+		return nil
+	}, func(*VMState) { delete(f.vms, vmid) })
+}
+
+// vmTask is a power or destroy call on one VM: the call is recorded (and
+// may be failed), refuse (optional) checks the VM as Proxmox would before
+// it starts a task, and done applies the task's effect when it ends OK.
+func (f *Fake) vmTask(method, kind, nodeName string, vmid int, refuse func(*VMState) error, done func(*VMState)) (string, error) {
+	if err := f.call(method, strconv.Itoa(vmid)); err != nil {
 		return "", err
 	}
 	f.mu.Lock()
@@ -438,12 +426,14 @@ func (f *Fake) Destroy(_ context.Context, nodeName string, vmid int) (string, er
 	if err != nil {
 		return "", err
 	}
-	if v.Status == "running" {
-		return "", fmt.Errorf("500 VM %d is running - destroy failed", vmid)
+	if refuse != nil {
+		if err := refuse(v); err != nil {
+			return "", err
+		}
 	}
-	upid := f.newTask(nodeName, "qmdestroy", vmid)
+	upid := f.newTask(nodeName, kind, vmid)
 	if f.tasks[upid].exit == "OK" {
-		delete(f.vms, vmid)
+		done(v)
 	}
 	return upid, nil
 }
