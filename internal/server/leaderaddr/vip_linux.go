@@ -75,33 +75,47 @@ func (v *VIP) Acquire(ctx context.Context) error {
 	return nil
 }
 
-// keep renews the address lifetime from Until every refresh interval, and
-// removes the address once Until has passed; it returns when hv.stop is
-// closed.
+// keep renews the address lifetime from Until every refresh interval until
+// hv.stop is closed. While Until leaves less than a second (a renewal of the
+// lease is late) the address is removed; once a renewal extends it again
+// (the server still leads) the address is added back and announced.
 func (v *VIP) keep(hv *heldVIP) {
 	defer close(hv.done)
 	if v.Until == nil {
 		<-hv.stop
 		return
 	}
-	// The condition never fails: the poll ends when the lease validity
-	// ended (the address is removed) or when stop closes.
-	_ = wait.PollUntilContextCancel(wait.ContextForChannel(hv.stop), v.refresh(), false, func(context.Context) (bool, error) {
+	ctx := wait.ContextForChannel(hv.stop)
+	present := true
+	// The condition never ends the poll: only stop does.
+	_ = wait.PollUntilContextCancel(ctx, v.refresh(), false, func(context.Context) (bool, error) {
 		lft := lifetime(time.Now(), v.Until())
-		if lft < 1 {
+		switch {
+		case lft < 1 && present:
 			if err := hv.h.AddrDel(hv.link, v.addr(-1)); err != nil && !missing(err) {
 				v.Log.Error(err, "removing the leader address after the lease validity ended", "address", v.Prefix.String())
-			} else {
-				v.Log.Info("leader address removed: the lease validity ended", "address", v.Prefix.String())
+				return false, nil
 			}
-			return true, nil
-		}
-		if err := hv.h.AddrReplace(hv.link, v.addr(lft)); err != nil {
-			v.Log.Error(err, "renewing the leader address lifetime", "address", v.Prefix.String())
+			present = false
+			v.Log.Info("leader address removed: the lease validity ended", "address", v.Prefix.String())
+		case lft < 1:
+		case !present:
+			if err := hv.h.AddrReplace(hv.link, v.addr(lft)); err != nil {
+				v.Log.Error(err, "adding the leader address back after the lease was renewed", "address", v.Prefix.String())
+				return false, nil
+			}
+			present = true
+			v.Log.Info("leader address added back: the lease was renewed", "address", v.Prefix.String(), "lifetime_s", lft)
+			if err := v.announce(ctx, hv.link); err != nil {
+				v.Log.Error(err, "announcing the leader address with gratuitous ARP", "address", v.Prefix.Addr().String())
+			}
+		default:
+			if err := hv.h.AddrReplace(hv.link, v.addr(lft)); err != nil {
+				v.Log.Error(err, "renewing the leader address lifetime", "address", v.Prefix.String())
+			}
 		}
 		return false, nil
 	})
-	<-hv.stop
 }
 
 // announce sends gratuitous ARP (a request and a reply for the address

@@ -138,7 +138,12 @@ func TestVIPLifetimeFollowsTheLease(t *testing.T) {
 		// refresh and the kernel's one-second rounding).
 		end := time.Unix(0, until.Load())
 		require.Eventually(t, func() bool { return !held(t, a, vip.Addr()) }, time.Until(end)+1500*time.Millisecond, 20*time.Millisecond)
+		// A late renewal (the server still leads) brings it back.
+		until.Store(time.Now().Add(3 * time.Second).UnixNano())
+		require.Eventually(t, func() bool { return held(t, a, vip.Addr()) }, 2*time.Second, 20*time.Millisecond,
+			"added back once the lease is renewed again")
 		require.NoError(t, a.Do(func() error { return v.Release(context.Background()) }))
+		require.False(t, held(t, a, vip.Addr()))
 	})
 
 	t.Run("the kernel removes it when the process stops running", func(t *testing.T) {
