@@ -26,6 +26,9 @@ type Options struct {
 	NodeDir string `json:"node_dir"`
 	// WorkDir is the children's working directory (default: the server's).
 	WorkDir string `json:"work_dir"`
+	// Nice (0-19) lowers the agents' CPU priority below the server's
+	// (process.Config.Nice; default 0).
+	Nice int `json:"nice"`
 }
 
 // Kind registers the process provider with its development defaults.
@@ -42,6 +45,9 @@ func (o *Options) Validate(*config.Config) config.Errors {
 	if len(strings.Fields(o.Command)) == 0 {
 		errs = append(errs, config.FieldError{Key: "shard.infra.options.command", Reason: "must not be empty (default " + DefaultCommand + ")"})
 	}
+	if o.Nice < 0 || o.Nice > 19 {
+		errs = append(errs, config.FieldError{Key: "shard.infra.options.nice", Reason: "must be within 0-19"})
+	}
 	return errs
 }
 
@@ -53,5 +59,5 @@ func (o *Options) New(_ context.Context, env provider.Env) (provider.Provider, e
 	if env.Local.Command != "" {
 		cmd = env.Local.Command
 	}
-	return New(Config{Command: strings.Fields(cmd), StateDir: d.StateDir, NodeDir: d.NodeDirOrEmpty(), WorkDir: d.WorkDir, Env: env.Local.Env})
+	return New(Config{Command: strings.Fields(cmd), StateDir: d.StateDir, NodeDir: d.NodeDirOrEmpty(), WorkDir: d.WorkDir, Env: env.Local.Env, Nice: o.Nice})
 }

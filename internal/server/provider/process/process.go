@@ -43,6 +43,13 @@ type Config struct {
 	// of its connections). Load balancer tests put the agents behind one
 	// backend port this way.
 	HealthPort int
+	// Nice, 1 to 19, lowers the CPU priority of each child's process group
+	// by that much below the server's own (setpriority right after start,
+	// capped at 19; whatever it runs inherits it). The
+	// children are simulated VMs sharing the machine with the server whose
+	// decisions they wait for: a hundred agents booting at once must not
+	// delay the creates of the next hundred. 0 leaves the priority alone.
+	Nice int
 }
 
 // LoopbackAddr is the loopback address of instance id under HealthPort
@@ -78,6 +85,9 @@ type Provider struct {
 	// Status calls beside them, do not queue behind one another), and a
 	// second Create or a Delete of the same instance waits for it.
 	creating map[string]chan struct{}
+	// childNice is the niceness children get (Config.Nice above the
+	// server's own).
+	childNice int
 }
 
 var _ provider.Provider = (*Provider)(nil)
@@ -90,6 +100,9 @@ func New(cfg Config) (*Provider, error) {
 	if cfg.StateDir == "" {
 		return nil, errors.New("process provider: state dir is required")
 	}
+	if cfg.Nice < 0 || cfg.Nice > 19 {
+		return nil, fmt.Errorf("process provider: nice %d is not within 0-19", cfg.Nice)
+	}
 	if cfg.StopTimeout <= 0 {
 		cfg.StopTimeout = 5 * time.Second
 	}
@@ -97,6 +110,14 @@ func New(cfg Config) (*Provider, error) {
 		return nil, fmt.Errorf("process provider: %w", err)
 	}
 	p := &Provider{cfg: cfg, children: map[string]*child{}, creating: map[string]chan struct{}{}}
+	if cfg.Nice > 0 {
+		// The raw getpriority system call answers 20 - nice.
+		raw, err := syscall.Getpriority(syscall.PRIO_PROCESS, 0)
+		if err != nil {
+			return nil, fmt.Errorf("process provider: reading the server's nice value: %w", err)
+		}
+		p.childNice = min(20-raw+cfg.Nice, 19)
+	}
 	if err := p.adopt(); err != nil {
 		return nil, err
 	}
@@ -235,6 +256,14 @@ func (p *Provider) start(req provider.CreateRequest) (*child, error) {
 	// instances then exhausts the server's descriptors and threads).
 	logf.Close()
 	c := &child{pid: cmd.Process.Pid, providerID: req.ProviderID, own: true}
+	if p.cfg.Nice > 0 {
+		// The group is the child's own (Setpgid): the shell or agent it
+		// is, and anything it started in the meantime.
+		if err := syscall.Setpriority(syscall.PRIO_PGRP, c.pid, p.childNice); err != nil {
+			killGroup(c.pid, syscall.SIGKILL)
+			return nil, fmt.Errorf("process create %s: setting nice %d: %w", req.InstanceID, p.childNice, err)
+		}
+	}
 	c.startTicks, _, _ = procStat(c.pid)
 	if err := cmd.Process.Release(); err != nil {
 		killGroup(c.pid, syscall.SIGKILL)

@@ -355,3 +355,44 @@ func TestConcurrentCreates(t *testing.T) {
 		require.Contains(t, environ(t, pid), localagent.EnvInstanceID+"="+id)
 	}
 }
+
+// With Nice the child and what it starts run below the server's priority;
+// a value outside 0-19 is refused.
+func TestNiceLowersTheChildrensPriority(t *testing.T) {
+	_, err := process.New(process.Config{Command: []string{"sleep", "1"}, StateDir: t.TempDir(), Nice: 20})
+	require.ErrorContains(t, err, "nice 20")
+	p, err := process.New(process.Config{Command: []string{"/bin/sh", "-c", "sleep 3600 & wait"}, StateDir: t.TempDir(), StopTimeout: 2 * time.Second, Nice: 7})
+	require.NoError(t, err)
+	cleanupAll(t, p)
+	_, err = p.Create(context.Background(), provider.CreateRequest{InstanceID: "nice-1"})
+	require.NoError(t, err)
+	pid, ok := p.PID("nice-1")
+	require.True(t, ok)
+	fs, err := procfs.NewDefaultFS()
+	require.NoError(t, err)
+	own, err := fs.Self()
+	require.NoError(t, err)
+	ownStat, err := own.Stat()
+	require.NoError(t, err)
+	niceOf := func(pid int) int {
+		pr, err := fs.Proc(pid)
+		require.NoError(t, err)
+		st, err := pr.Stat()
+		require.NoError(t, err)
+		return st.Nice
+	}
+	require.Equal(t, min(ownStat.Nice+7, 19), niceOf(pid), "the shell")
+	var sleeper int
+	require.Eventually(t, func() bool {
+		procs, err := fs.AllProcs()
+		require.NoError(t, err)
+		for _, pr := range procs {
+			if st, err := pr.Stat(); err == nil && st.PPID == pid && st.Comm == "sleep" {
+				sleeper = pr.PID
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 10*time.Millisecond)
+	require.Equal(t, min(ownStat.Nice+7, 19), niceOf(sleeper), "what the shell started")
+}
