@@ -49,6 +49,10 @@ type Mirror interface {
 // ErrNoMirror reports a mirror that holds nothing usable.
 var ErrNoMirror = errors.New("no usable mirror")
 
+// entry is one indexed record. Its record is never changed once stored (a
+// write stores a fresh copy in a new entry), so readers copy it after
+// releasing mu: the lock is held for map lookups only, and a hundred
+// concurrent writers do not queue behind a group listing's copies.
 type entry struct {
 	rec  *Record
 	etag string
@@ -301,8 +305,8 @@ func (s *Store) mirrorDelete(ctx context.Context, key string) error {
 // Get returns a copy of one record.
 func (s *Store) Get(id string) (*Record, bool) {
 	s.mu.RLock()
-	defer s.mu.RUnlock()
 	e, ok := s.entries[id]
+	s.mu.RUnlock()
 	if !ok {
 		return nil, false
 	}
@@ -326,10 +330,13 @@ func (s *Store) List(match func(*Record) bool) []*Record {
 	out := make([]*Record, 0, len(s.entries))
 	for _, e := range s.entries {
 		if match == nil || match(e.rec) {
-			out = append(out, e.rec.Clone())
+			out = append(out, e.rec)
 		}
 	}
 	s.mu.RUnlock()
+	for i, r := range out {
+		out[i] = r.Clone()
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
 }
@@ -415,17 +422,20 @@ func (s *Store) ListGroup(tenant, group string) []*Record {
 	ids := s.byGroup[tokenKey(tenant, group)]
 	out := make([]*Record, 0, len(ids))
 	for id := range ids {
-		out = append(out, s.entries[id].rec.Clone())
+		out = append(out, s.entries[id].rec)
 	}
 	s.mu.RUnlock()
+	for i, r := range out {
+		out[i] = r.Clone()
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
 }
 
 func (s *Store) current(id string) (*Record, string, bool) {
 	s.mu.RLock()
-	defer s.mu.RUnlock()
 	e, ok := s.entries[id]
+	s.mu.RUnlock()
 	if !ok {
 		return nil, "", false
 	}
