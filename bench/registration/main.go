@@ -9,7 +9,9 @@
 // Besides the rate and latencies it prints cpu/op, the CPU time of the
 // whole process (server, dev-s3 and clients) per registration over the
 // timed phase: on a shared machine the rate follows the load of others,
-// cpu/op much less. -cpuprofile profiles the same phase.
+// cpu/op much less; allocs/op (heap allocations per registration) not at
+// all. -cpuprofile profiles the same phase, and -perf-ctl lets perf stat
+// count just that phase (system calls per registration, for example).
 //
 // -storm D is the registration storm instead: n agents arrive evenly spread
 // over D, each with a fresh TLS connection from a loopback source address
@@ -33,6 +35,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"sort"
 	"sync"
@@ -80,6 +83,7 @@ func main() {
 	storageKind := flag.String("storage", "s3", "s3 (in-process dev-s3 over HTTP) or mem")
 	conns := flag.Int("conns", 4, "TLS connections shared by the clients")
 	storm := flag.Duration("storm", 0, "registration storm: spread n agents, each with its own connection and source address, over this window")
+	flag.StringVar(&perfCtl, "perf-ctl", "", "a perf stat --control fifo: \"enable\" and \"disable\" are written to it around the timed phase (count syscalls: perf stat -e raw_syscalls:sys_enter -D -1 --control fifo:F)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the timed phase (server, dev-s3 and clients; not the set-up) to this file")
 	flag.Parse()
 	why := newReasons()
@@ -106,6 +110,32 @@ func cpuTime() time.Duration {
 
 // profilePath, when set, receives a CPU profile of the timed phase.
 var profilePath string
+
+// perfCtl, when set, is a perf stat control fifo (see -perf-ctl).
+var perfCtl string
+
+// perfControl writes cmd ("enable" or "disable") to the perf control fifo.
+func perfControl(cmd string) error {
+	if perfCtl == "" {
+		return nil
+	}
+	f, err := os.OpenFile(perfCtl, os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("perf control: %w", err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(cmd + "\n"); err != nil {
+		return fmt.Errorf("perf control: %w", err)
+	}
+	return nil
+}
+
+// mallocs is the number of heap allocations made so far.
+func mallocs() uint64 {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.Mallocs
+}
 
 // startProfile starts the CPU profile of the timed phase, when asked for;
 // the returned func stops it.
@@ -261,6 +291,10 @@ func run(n, conc, nconns int, storageKind string, storm time.Duration, why *reas
 	if err != nil {
 		return err
 	}
+	if err := perfControl("enable"); err != nil {
+		return err
+	}
+	allocs0 := mallocs()
 	cpu0 := cpuTime()
 	began := time.Now()
 	for w := 0; w < conc; w++ {
@@ -286,14 +320,18 @@ func run(n, conc, nconns int, storageKind string, storm time.Duration, why *reas
 	wg.Wait()
 	elapsed := time.Since(began)
 	cpu := cpuTime() - cpu0
+	allocs := mallocs() - allocs0
 	stopProfile()
+	if err := perfControl("disable"); err != nil {
+		return err
+	}
 	if failures.Load() > 0 {
 		return fmt.Errorf("%d of %d registrations failed, first: %w", failures.Load(), n, firstErr)
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	pct := func(p float64) time.Duration { return lat[min(len(lat)-1, int(float64(len(lat))*p))] }
-	fmt.Printf("storage=%s n=%d concurrency=%d conns=%d elapsed=%s rate=%.0f/s cpu/op=%s p50=%s p90=%s p99=%s max=%s\n",
-		storageKind, n, conc, nconns, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds(), (cpu / time.Duration(n)).Round(time.Microsecond),
+	fmt.Printf("storage=%s n=%d concurrency=%d conns=%d elapsed=%s rate=%.0f/s cpu/op=%s allocs/op=%d p50=%s p90=%s p99=%s max=%s\n",
+		storageKind, n, conc, nconns, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds(), (cpu / time.Duration(n)).Round(time.Microsecond), allocs/uint64(n),
 		pct(0.50).Round(10*time.Microsecond), pct(0.90).Round(10*time.Microsecond), pct(0.99).Round(10*time.Microsecond), lat[len(lat)-1].Round(10*time.Microsecond))
 	return nil
 }
