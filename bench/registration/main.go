@@ -84,6 +84,7 @@ func main() {
 	conns := flag.Int("conns", 4, "TLS connections shared by the clients")
 	storm := flag.Duration("storm", 0, "registration storm: spread n agents, each with its own connection and source address, over this window")
 	flag.StringVar(&perfCtl, "perf-ctl", "", "a perf stat --control fifo: \"enable\" and \"disable\" are written to it around the timed phase (count syscalls: perf stat -e raw_syscalls:sys_enter -D -1 --control fifo:F)")
+	flag.StringVar(&memProfile, "memprofile", "", "write heap profiles to this file at the end of the timed phase and to FILE.before at its start (go tool pprof -sample_index=alloc_objects -diff_base FILE.before BIN FILE)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the timed phase (server, dev-s3 and clients; not the set-up) to this file")
 	flag.Parse()
 	why := newReasons()
@@ -110,6 +111,23 @@ func cpuTime() time.Duration {
 
 // profilePath, when set, receives a CPU profile of the timed phase.
 var profilePath string
+
+// memProfile, when set, receives heap profiles (see -memprofile).
+var memProfile string
+
+// writeHeap writes the heap profile (allocations since the start) to name
+// when -memprofile is set.
+func writeHeap(name string) error {
+	if memProfile == "" {
+		return nil
+	}
+	f, err := os.Create(name)
+	if err != nil {
+		return fmt.Errorf("heap profile: %w", err)
+	}
+	defer f.Close()
+	return pprof.Lookup("allocs").WriteTo(f, 0)
+}
 
 // perfCtl, when set, is a perf stat control fifo (see -perf-ctl).
 var perfCtl string
@@ -294,6 +312,9 @@ func run(n, conc, nconns int, storageKind string, storm time.Duration, why *reas
 	if err := perfControl("enable"); err != nil {
 		return err
 	}
+	if err := writeHeap(memProfile + ".before"); err != nil {
+		return err
+	}
 	allocs0 := mallocs()
 	cpu0 := cpuTime()
 	began := time.Now()
@@ -322,6 +343,9 @@ func run(n, conc, nconns int, storageKind string, storm time.Duration, why *reas
 	cpu := cpuTime() - cpu0
 	allocs := mallocs() - allocs0
 	stopProfile()
+	if err := writeHeap(memProfile); err != nil {
+		return err
+	}
 	if err := perfControl("disable"); err != nil {
 		return err
 	}
