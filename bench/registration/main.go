@@ -6,6 +6,13 @@
 //
 //	go run ./bench/registration -n 3000 -c 16 -storage s3
 //
+// Besides the rate and latencies it prints cpu/op, the CPU time of the
+// whole process (server, dev-s3 and clients) per registration over the
+// timed phase: on a shared machine the rate follows the load of others,
+// cpu/op much less; allocs/op (heap allocations per registration) not at
+// all. -cpuprofile profiles the same phase, and -perf-ctl lets perf stat
+// count just that phase (system calls per registration, for example).
+//
 // -storm D is the registration storm instead: n agents arrive evenly spread
 // over D, each with a fresh TLS connection from a loopback source address
 // of its own (127.1.x.y) and a distinct nonce, under the shard's default
@@ -28,10 +35,12 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"sort"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -74,29 +83,93 @@ func main() {
 	storageKind := flag.String("storage", "s3", "s3 (in-process dev-s3 over HTTP) or mem")
 	conns := flag.Int("conns", 4, "TLS connections shared by the clients")
 	storm := flag.Duration("storm", 0, "registration storm: spread n agents, each with its own connection and source address, over this window")
-	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (server, dev-s3 and clients) to this file")
+	flag.StringVar(&perfCtl, "perf-ctl", "", "a perf stat --control fifo: \"enable\" and \"disable\" are written to it around the timed phase (count syscalls: perf stat -e raw_syscalls:sys_enter -D -1 --control fifo:F)")
+	flag.StringVar(&memProfile, "memprofile", "", "write heap profiles to this file at the end of the timed phase and to FILE.before at its start (go tool pprof -sample_index=alloc_objects -diff_base FILE.before BIN FILE)")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the timed phase (server, dev-s3 and clients; not the set-up) to this file")
 	flag.Parse()
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "registration bench:", err)
-			os.Exit(1)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintln(os.Stderr, "registration bench:", err)
-			os.Exit(1)
-		}
-		defer f.Close()
-		defer pprof.StopCPUProfile()
-	}
 	why := newReasons()
+	profilePath = *cpuProfile
 	err := run(*n, *conc, *conns, *storageKind, *storm, why)
 	why.print()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "registration bench:", err)
-		pprof.StopCPUProfile()
-		os.Exit(1) //nolint:gocritic // the profile is stopped above
+		os.Exit(1)
 	}
+}
+
+// cpuTime is the CPU time (user and system) this process has used so far:
+// the whole process is the server, dev-s3 and the clients, so CPU per
+// registration is comparable between runs on a shared, busy machine where
+// the rate is not.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// profilePath, when set, receives a CPU profile of the timed phase.
+var profilePath string
+
+// memProfile, when set, receives heap profiles (see -memprofile).
+var memProfile string
+
+// writeHeap writes the heap profile (allocations since the start) to name
+// when -memprofile is set.
+func writeHeap(name string) error {
+	if memProfile == "" {
+		return nil
+	}
+	f, err := os.Create(name)
+	if err != nil {
+		return fmt.Errorf("heap profile: %w", err)
+	}
+	defer f.Close()
+	return pprof.Lookup("allocs").WriteTo(f, 0)
+}
+
+// perfCtl, when set, is a perf stat control fifo (see -perf-ctl).
+var perfCtl string
+
+// perfControl writes cmd ("enable" or "disable") to the perf control fifo.
+func perfControl(cmd string) error {
+	if perfCtl == "" {
+		return nil
+	}
+	f, err := os.OpenFile(perfCtl, os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("perf control: %w", err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(cmd + "\n"); err != nil {
+		return fmt.Errorf("perf control: %w", err)
+	}
+	return nil
+}
+
+// mallocs is the number of heap allocations made so far.
+func mallocs() uint64 {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.Mallocs
+}
+
+// startProfile starts the CPU profile of the timed phase, when asked for;
+// the returned func stops it.
+func startProfile() (stop func(), err error) {
+	if profilePath == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(profilePath)
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 func openStore(ctx context.Context, kind string) (objstore.Store, func(), error) {
@@ -232,6 +305,18 @@ func run(n, conc, nconns int, storageKind string, storm time.Duration, why *reas
 	var firstErr error
 	var errOnce sync.Once
 	var wg sync.WaitGroup
+	stopProfile, err := startProfile()
+	if err != nil {
+		return err
+	}
+	if err := perfControl("enable"); err != nil {
+		return err
+	}
+	if err := writeHeap(memProfile + ".before"); err != nil {
+		return err
+	}
+	allocs0 := mallocs()
+	cpu0 := cpuTime()
 	began := time.Now()
 	for w := 0; w < conc; w++ {
 		wg.Add(1)
@@ -255,13 +340,22 @@ func run(n, conc, nconns int, storageKind string, storm time.Duration, why *reas
 	}
 	wg.Wait()
 	elapsed := time.Since(began)
+	cpu := cpuTime() - cpu0
+	allocs := mallocs() - allocs0
+	stopProfile()
+	if err := writeHeap(memProfile); err != nil {
+		return err
+	}
+	if err := perfControl("disable"); err != nil {
+		return err
+	}
 	if failures.Load() > 0 {
 		return fmt.Errorf("%d of %d registrations failed, first: %w", failures.Load(), n, firstErr)
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	pct := func(p float64) time.Duration { return lat[min(len(lat)-1, int(float64(len(lat))*p))] }
-	fmt.Printf("storage=%s n=%d concurrency=%d conns=%d elapsed=%s rate=%.0f/s p50=%s p90=%s p99=%s max=%s\n",
-		storageKind, n, conc, nconns, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds(),
+	fmt.Printf("storage=%s n=%d concurrency=%d conns=%d elapsed=%s rate=%.0f/s cpu/op=%s allocs/op=%d p50=%s p90=%s p99=%s max=%s\n",
+		storageKind, n, conc, nconns, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds(), (cpu / time.Duration(n)).Round(time.Microsecond), allocs/uint64(n),
 		pct(0.50).Round(10*time.Microsecond), pct(0.90).Round(10*time.Microsecond), pct(0.99).Round(10*time.Microsecond), lat[len(lat)-1].Round(10*time.Microsecond))
 	return nil
 }
@@ -294,6 +388,11 @@ func runStorm(ctx context.Context, addr string, pool *x509.CertPool, nonceKey ed
 	var firstErr error
 	var wg sync.WaitGroup
 	var retries atomic.Int64
+	stopProfile, err := startProfile()
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
 	began := time.Now()
 	for i := range n {
 		if d := time.Until(began.Add(window * time.Duration(i) / time.Duration(n))); d > 0 {

@@ -336,6 +336,9 @@ func writeError(w http.ResponseWriter, r *http.Request, status int, code, msg, r
 type gofakesLogger struct{ log logr.Logger }
 
 func (g gofakesLogger) Print(level gofakes3.LogLevel, v ...any) {
+	if level != gofakes3.LogErr && !g.log.V(2).Enabled() {
+		return // gofakes3 logs every request at info: format nothing unseen
+	}
 	msg := strings.TrimSuffix(fmt.Sprintln(v...), "\n")
 	if level == gofakes3.LogErr {
 		g.log.Error(errors.New(msg), "gofakes3")

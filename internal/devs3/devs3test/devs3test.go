@@ -90,7 +90,7 @@ func Serve(ctx context.Context, dir string, conns int) (st objstore.Store, stop 
 		BaseEndpoint: aws.String(srv.URL), Region: "us-east-1", UsePathStyle: true,
 		Credentials: credentials.NewStaticCredentialsProvider("dev", "dev", ""),
 		HTTPClient:  &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conns}},
-	})
+	}, s3store.Tune)
 	if st, err = s3store.NewWithClient(client, Bucket, ""); err != nil {
 		_ = srv.Stop()
 		return nil, nil, err

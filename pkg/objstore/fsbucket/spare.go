@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 
 	"github.com/nstance-dev/nstance/pkg/objstore"
@@ -60,14 +62,30 @@ func (b *Bucket) takeSpare() (*os.File, error) {
 		}
 		return f, nil
 	}
-	if err := os.MkdirAll(b.spareDir(), 0o755); err != nil {
-		return nil, fmt.Errorf("create %s: %w", b.spareDir(), err)
-	}
-	f, err := os.CreateTemp(b.spareDir(), TempPrefix+"*")
-	if err != nil {
+	return newTemp(b.spareDir())
+}
+
+// newTemp creates a new temp file in dir (created when missing) with the
+// mode of a stored body, 0o644 (less under a stricter umask; Put then
+// corrects it). os.CreateTemp would create it 0o600 and cost a chmod.
+func newTemp(dir string) (*os.File, error) {
+	for range 10000 {
+		name := filepath.Join(dir, TempPrefix+strconv.FormatUint(rand.Uint64(), 36))
+		f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+		switch {
+		case err == nil:
+			return f, nil
+		case errors.Is(err, fs.ErrExist):
+			continue
+		case errors.Is(err, fs.ErrNotExist):
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return nil, fmt.Errorf("create %s: %w", dir, err)
+			}
+			continue
+		}
 		return nil, fmt.Errorf("create temp file: %w", err)
 	}
-	return f, nil
+	return nil, fmt.Errorf("create temp file in %s: too many names taken", dir)
 }
 
 // keepSpare pools the replaced body now at name, or unlinks it when it is
@@ -90,21 +108,31 @@ func (b *Bucket) keepSpare(name string) {
 	os.Remove(name)
 }
 
-// install moves the finished temp file tmp to p, creating p's directory
-// when needed, and pools the body it replaces. A parent may be pruned by a
-// concurrent delete of another key, so it retries a few times.
-func (b *Bucket) install(tmp, p, key string) error {
+// install moves the finished temp file tmp to p and pools the body it
+// replaces; absent says the caller (holding the key's lock) saw no object at
+// p. p's directory is created only when the move finds it missing. A parent
+// may be pruned by a concurrent delete of another key, so it retries a few
+// times.
+func (b *Bucket) install(tmp, p, key string, absent bool) error {
 	dir := filepath.Dir(p)
 	var err error
-	for range 5 {
-		if err = os.MkdirAll(dir, 0o755); err != nil {
-			if errors.Is(err, syscall.ENOTDIR) || errors.Is(err, fs.ErrExist) {
-				return fmt.Errorf("%w: a parent of %q is an object (a file on disk)", objstore.ErrInvalidKey, key)
+	for attempt := range 6 {
+		if attempt > 0 {
+			if err = os.MkdirAll(dir, 0o755); err != nil {
+				if errors.Is(err, syscall.ENOTDIR) || errors.Is(err, fs.ErrExist) {
+					return fmt.Errorf("%w: a parent of %q is an object (a file on disk)", objstore.ErrInvalidKey, key)
+				}
+				return fmt.Errorf("create directory for %s: %w", key, err)
 			}
-			return fmt.Errorf("create directory for %s: %w", key, err)
 		}
 		var swapped bool
-		swapped, err = replace(tmp, p)
+		if absent {
+			// Nothing to swap with: a plain rename, which also fails
+			// (EISDIR, ENOTEMPTY) rather than replace a directory.
+			err = os.Rename(tmp, p)
+		} else {
+			swapped, err = replace(tmp, p)
+		}
 		if errors.Is(err, syscall.EXDEV) {
 			// dir is on another file system than the bucket root.
 			swapped, err = copyReplace(tmp, dir, p)
@@ -115,7 +143,7 @@ func (b *Bucket) install(tmp, p, key string) error {
 			}
 			return nil
 		}
-		if !errors.Is(err, fs.ErrNotExist) {
+		if !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
 			break
 		}
 	}

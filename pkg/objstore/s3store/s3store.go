@@ -53,6 +53,7 @@ func New(ctx context.Context, bucket, prefix string) (*Store, error) {
 	client := s3.NewFromConfig(cfg, func(o *s3.Options) {
 		o.UsePathStyle = pathStyle
 		o.DisableLogOutputChecksumValidationSkipped = true
+		Tune(o)
 	})
 	return NewWithClient(client, bucket, prefix)
 }
