@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/nstance-dev/nstance/internal/server/provider"
-	"github.com/nstance-dev/nstance/internal/server/provider/aws"
+	"github.com/nstance-dev/nstance/internal/server/provider/cloudinit"
 )
 
 // Ownership labels on every instance. Label values allow only lowercase
@@ -68,6 +68,32 @@ func InstanceName(id string) string {
 		n = n[:63]
 	}
 	return strings.TrimRight(n, "-")
+}
+
+// MaxUserData is Compute Engine's limit on one metadata value (256 KiB).
+const MaxUserData = 256 << 10
+
+// metadataPlatform is what cloudinit.Compose is told: a metadata value is a
+// string, so the document is never gzip-compressed (binary would not
+// survive the API's JSON); one above MaxUserData is refused by UserData.
+var metadataPlatform = cloudinit.Platform{Name: "Compute Engine"}
+
+// UserData is the metadata value user-data of req: the agent's bootstrap
+// script (cloudinit.AgentScript), composed with the user's bootstrap data
+// (cloudinit.Compose), refused above MaxUserData.
+func UserData(agent cloudinit.Agent, req provider.CreateRequest, extra []string) ([]byte, error) {
+	script, err := cloudinit.AgentScript(agent, req, extra)
+	if err != nil {
+		return nil, err
+	}
+	ud, err := cloudinit.Compose(script, req, metadataPlatform)
+	if err != nil {
+		return nil, err
+	}
+	if len(ud) > MaxUserData {
+		return nil, fmt.Errorf("user data with the agent's bootstrap is %d bytes; a Compute Engine metadata value allows %d", len(ud), MaxUserData)
+	}
+	return ud, nil
 }
 
 // Provider manages the Compute Engine instances of one shard (one zone).
@@ -173,11 +199,7 @@ func (p *Provider) insertRequest(req provider.CreateRequest) (*computepb.InsertI
 	if err != nil {
 		return nil, err
 	}
-	script, err := aws.UserData(p.o.Agent, req, append(append([]string{}, p.env.Local.Env...), SpotNoticeEnv))
-	if err != nil {
-		return nil, err
-	}
-	ud, err := aws.ComposeUserData(script, req)
+	ud, err := UserData(p.o.Agent, req, append(append([]string{}, p.env.Local.Env...), SpotNoticeEnv))
 	if err != nil {
 		return nil, err
 	}
