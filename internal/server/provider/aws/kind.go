@@ -197,19 +197,8 @@ func (o *Options) Validate(cfg *config.Config) config.Errors {
 			}
 		}
 	}
-	tnames := make([]string, 0, len(cfg.Templates))
-	for n := range cfg.Templates {
-		tnames = append(tnames, n)
-	}
-	sort.Strings(tnames)
-	for _, n := range tnames {
-		args := map[string]string{}
-		for k, v := range cfg.Defaults.Args {
-			args[k] = v
-		}
-		for k, v := range cfg.Templates[n].Args {
-			args[k] = v
-		}
+	for _, n := range cfg.TemplateNames() {
+		args := cfg.TemplateArgs(n)
 		if name := args[provider.ArgImageName]; name != "" {
 			if _, ok := o.Images[name]; !ok {
 				add("templates."+n+".args", "%s %q is not in %s.images", provider.ArgImageName, name, optionsKey)

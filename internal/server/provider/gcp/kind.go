@@ -6,7 +6,6 @@ import (
 	"maps"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 
 	"google.golang.org/api/option"
@@ -140,19 +139,8 @@ func (o *Options) Validate(cfg *config.Config) config.Errors {
 	if len(cfg.Shard.DynamicSubnetPools) > 0 {
 		add("shard.dynamic_subnet_pools", "not supported by the gcp provider (list subnetworks in shard.subnet_pools)")
 	}
-	tnames := make([]string, 0, len(cfg.Templates))
-	for n := range cfg.Templates {
-		tnames = append(tnames, n)
-	}
-	sort.Strings(tnames)
-	for _, n := range tnames {
-		args := map[string]string{}
-		for k, v := range cfg.Defaults.Args {
-			args[k] = v
-		}
-		for k, v := range cfg.Templates[n].Args {
-			args[k] = v
-		}
+	for _, n := range cfg.TemplateNames() {
+		args := cfg.TemplateArgs(n)
 		spec, err := o.launchSpec(args)
 		if err != nil {
 			add("templates."+n+".args", "%v", err)
