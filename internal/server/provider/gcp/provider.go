@@ -312,6 +312,11 @@ func (p *Provider) get(ctx context.Context, id string) (*computepb.Instance, err
 
 func (p *Provider) ours(i *computepb.Instance) bool {
 	cluster, shard, _ := p.owner()
+	return owned(i, cluster, shard)
+}
+
+// owned: the exact metadata values, not the folded labels, decide.
+func owned(i *computepb.Instance, cluster, shard string) bool {
 	return Meta(i, MetaCluster) == cluster && Meta(i, MetaShard) == shard
 }
 
@@ -332,19 +337,33 @@ func OwnerFilter(cluster, shard string) string {
 	return fmt.Sprintf(`(labels.%s = "%s") AND (labels.%s = "%s")`, LabelCluster, LabelValue(cluster), LabelShard, LabelValue(shard))
 }
 
-// List implements provider.Provider: every instance of this cluster and
-// shard in the zone, sorted by instance id.
-func (p *Provider) List(ctx context.Context) ([]provider.Instance, error) {
-	cluster, shard, zone := p.owner()
-	found, err := p.api.ListInstances(ctx, &computepb.ListInstancesRequest{Project: p.o.Project, Zone: zone, Filter: proto.String(OwnerFilter(cluster, shard))})
+// ListOwned returns the instances of a cluster's shard in a zone: the
+// label filter (OwnerFilter) narrows the list, the exact metadata decides,
+// so one labelled alike by another cluster or by hand is left out.
+func ListOwned(ctx context.Context, api API, project, zone, cluster, shard string) ([]*computepb.Instance, error) {
+	found, err := api.ListInstances(ctx, &computepb.ListInstancesRequest{Project: project, Zone: zone, Filter: proto.String(OwnerFilter(cluster, shard))})
 	if err != nil {
 		return nil, fmt.Errorf("instances.list: %w", err)
 	}
+	out := found[:0]
+	for _, i := range found {
+		if owned(i, cluster, shard) && Meta(i, MetaInstanceID) != "" {
+			out = append(out, i)
+		}
+	}
+	return out, nil
+}
+
+// List implements provider.Provider: every instance of this cluster and
+// shard in the zone (ListOwned), sorted by instance id.
+func (p *Provider) List(ctx context.Context) ([]provider.Instance, error) {
+	cluster, shard, zone := p.owner()
+	found, err := ListOwned(ctx, p.api, p.o.Project, zone, cluster, shard)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]provider.Instance, 0, len(found))
 	for _, i := range found {
-		if !p.ours(i) || Meta(i, MetaInstanceID) == "" {
-			continue // labelled alike, but another cluster's or by hand
-		}
 		out = append(out, ToInstance(i))
 	}
 	sort.Slice(out, func(a, b int) bool { return out[a].InstanceID < out[b].InstanceID })
