@@ -12,6 +12,7 @@ import (
 
 	"github.com/nstance-dev/nstance/internal/layout"
 	"github.com/nstance-dev/nstance/internal/pki"
+	"github.com/nstance-dev/nstance/internal/secrets"
 )
 
 // Default values applied by ApplyDefaults.
@@ -395,16 +396,13 @@ func checkKeySource(ch *checker, key string, ks KeySource) {
 	}
 }
 
-// gcpSecretName is a Google Secret Manager secret's resource name.
-var gcpSecretName = regexp.MustCompile(`^projects/[^/]+/secrets/[^/]+$`)
-
 // checkGCPSecret checks the secret_id of a gcp-secret-manager source (the
 // version goes in version_id; Secret Manager has no stages).
 func checkGCPSecret(ch *checker, key, secretID, stage string) {
 	switch {
 	case secretID == "":
 		ch.add(key+".secret_id", "required for gcp-secret-manager (projects/PROJECT/secrets/NAME)")
-	case !gcpSecretName.MatchString(secretID):
+	case !secrets.ValidGCPSecretID(secretID):
 		ch.add(key+".secret_id", "must be projects/PROJECT/secrets/NAME for gcp-secret-manager (the version goes in version_id), got %q", secretID)
 	}
 	if stage != "" {

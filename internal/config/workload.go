@@ -278,6 +278,19 @@ func (c *Config) CheckTemplateCertificates(tmplName string, data TemplateData, p
 	return out
 }
 
+// TemplateNames returns the names of the templates, sorted.
+func (c *Config) TemplateNames() []string { return sortedNames(c.Templates) }
+
+// TemplateArgs returns the args an instance of template name starts from,
+// before its group's: defaults.args overlaid with the template's own, in a
+// map of its own.
+func (c *Config) TemplateArgs(name string) map[string]string {
+	args := map[string]string{}
+	maps.Copy(args, c.Defaults.Args)
+	maps.Copy(args, c.Templates[name].Args)
+	return args
+}
+
 func sortedNames[V any](m map[string]V) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {
@@ -331,12 +344,10 @@ func (c *Config) checkWorkloadNames(ch *checker) {
 			if !ok {
 				continue
 			}
-			vars, args := map[string]string{}, map[string]string{}
+			vars, args := map[string]string{}, c.TemplateArgs(g.Template)
 			maps.Copy(vars, c.Defaults.Vars)
 			maps.Copy(vars, t.Vars)
 			maps.Copy(vars, g.Vars)
-			maps.Copy(args, c.Defaults.Args)
-			maps.Copy(args, t.Args)
 			it := t.InstanceType
 			if g.InstanceType != "" {
 				it = g.InstanceType

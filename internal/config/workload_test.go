@@ -112,3 +112,14 @@ func TestWorkloadPolicyAndData(t *testing.T) {
 	require.True(t, IsDevProvider("tmux"))
 	require.False(t, IsDevProvider("aws"))
 }
+
+func TestTemplateArgs(t *testing.T) {
+	c := &Config{Defaults: Defaults{Args: map[string]string{"image": "base", "zone": "a"}},
+		Templates: map[string]Template{"web": {Args: map[string]string{"image": "web"}}, "bare": {}}}
+	require.Equal(t, []string{"bare", "web"}, c.TemplateNames())
+	require.Equal(t, map[string]string{"image": "web", "zone": "a"}, c.TemplateArgs("web"), "the template's own win")
+	require.Equal(t, map[string]string{"image": "base", "zone": "a"}, c.TemplateArgs("bare"))
+	c.TemplateArgs("web")["zone"] = "b"
+	require.Equal(t, "a", c.Defaults.Args["zone"], "a map of its own")
+	require.Equal(t, map[string]string{}, (&Config{}).TemplateArgs("none"))
+}

@@ -36,3 +36,28 @@ func TestProxmoxRole(t *testing.T) {
 	out, err := exec.Command(hosttools.Require(t, "shellcheck"), "-s", "sh", "-S", "style", script).CombinedOutput()
 	require.NoError(t, err, "shellcheck:\n%s", out)
 }
+
+// TestProxmoxGuideNamesTheRolesPrivileges: the privileges table of
+// docs/install-proxmox.md names exactly the privileges of proxmox.Calls,
+// so the guide cannot promise a narrower (or wider) role than the script
+// creates.
+func TestProxmoxGuideNamesTheRolesPrivileges(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(root, "docs/install-proxmox.md"))
+	require.NoError(t, err)
+	guide := string(data)
+	start := strings.Index(guide, "| call | privileges |")
+	require.NotEqual(t, -1, start, "the guide has the privileges table")
+	table, _, _ := strings.Cut(guide[start:], "\n\n")
+	set := map[string]bool{}
+	for _, m := range regexp.MustCompile("`((?:VM|Sys|Datastore|SDN|Pool)\\.[A-Za-z.]+)`").FindAllStringSubmatch(table, -1) {
+		set[m[1]] = true
+	}
+	named := make([]string, 0, len(set))
+	for p := range set {
+		named = append(named, p)
+	}
+	sort.Strings(named)
+	require.Equal(t, proxmox.Privileges(), named)
+	require.Len(t, regexp.MustCompile(`(?m)^\| `+"`"+`(GET|POST|DELETE) `).FindAllString(table, -1), len(proxmox.Calls)-1,
+		"a row a call (start and stop share one)")
+}

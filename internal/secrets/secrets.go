@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 
 	"github.com/nstance-dev/nstance/pkg/objstore"
@@ -199,6 +200,14 @@ const (
 	ProviderAWSSSM            = "aws-ssm"
 	ProviderGCPSecretManager  = "gcp-secret-manager"
 )
+
+// gcpSecretName is a Google Secret Manager secret's resource name.
+var gcpSecretName = regexp.MustCompile(`^projects/[^/]+/secrets/[^/]+$`)
+
+// ValidGCPSecretID reports whether id names a Google Secret Manager secret
+// as provider gcp-secret-manager wants it: projects/PROJECT/secrets/NAME
+// (the version goes in version_id).
+func ValidGCPSecretID(id string) bool { return gcpSecretName.MatchString(id) }
 
 // ByProvider serves each remote provider with its own Remote.
 type ByProvider map[string]Remote

@@ -75,7 +75,7 @@ func Run(ctx context.Context, cfg config.Config, version string, log logr.Logger
 	}
 	var watcher *spot.Watcher
 	if cfg.SpotNotice != "" {
-		watcher = &spot.Watcher{Client: spot.NewClient(cfg.IMDSEndpoint), Interval: cfg.SpotPollInterval, Log: log.WithName("spot"),
+		watcher = &spot.Watcher{Source: spot.IMDS{Client: spot.NewClient(cfg.IMDSEndpoint)}, Interval: cfg.SpotPollInterval, Log: log.WithName("spot"),
 			Detect: cfg.SpotNotice == config.SpotNoticeAuto}
 		if cfg.SpotNotice == config.SpotNoticeGCP {
 			watcher.Source, watcher.Detect = &spot.GCP{Endpoint: cfg.IMDSEndpoint}, true

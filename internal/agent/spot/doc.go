@@ -6,4 +6,7 @@
 // RFC 3339}; the watcher turns that into a TERMINATION_KIND_SPOT notice the
 // agent carries in every health report from then on, and the shard leader
 // replaces the instance first.
+//
+// The Watcher reads a Source: IMDS on EC2, GCP (the metadata server's
+// instance/preempted) on Google Cloud.
 package spot

@@ -13,8 +13,8 @@ import (
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
-// Source is a cloud's metadata service as the watcher reads it, when it is
-// not EC2's IMDS (Watcher.Client).
+// Source is a cloud's metadata service as the watcher reads it (IMDS,
+// GCP).
 type Source interface {
 	// LifeCycle returns "spot" for a spot (preemptible) instance.
 	LifeCycle(ctx context.Context) (string, error)

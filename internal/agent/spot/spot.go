@@ -57,10 +57,18 @@ func NewClient(endpoint string) *imds.Client {
 // imdsV1Fallback is off: tokenless reads are never made.
 const imdsV1Fallback = aws.FalseTernary
 
+// IMDS is EC2's instance metadata service as a Source, read through
+// Client (NewClient: IMDSv2 only).
+type IMDS struct {
+	Client MetadataAPI
+}
+
+var _ Source = IMDS{}
+
 // Watcher polls the notice until it appears, then keeps it.
 type Watcher struct {
-	Client MetadataAPI
-	// Source, when set, is read instead of Client (Google Cloud: GCP).
+	// Source is the cloud's metadata service: IMDS on EC2, GCP on Google
+	// Cloud.
 	Source   Source
 	Interval time.Duration
 	Log      logr.Logger
@@ -152,11 +160,7 @@ func (w *Watcher) detect(ctx context.Context, iv time.Duration) bool {
 		}
 		var lc string
 		dctx, cancel := context.WithTimeout(ctx, detectTimeout)
-		if w.Source != nil {
-			lc, err = w.Source.LifeCycle(dctx)
-		} else {
-			lc, err = LifeCycle(dctx, w.Client)
-		}
+		lc, err = w.Source.LifeCycle(dctx)
 		cancel()
 		if err == nil {
 			if lc != "spot" {
@@ -174,10 +178,10 @@ func (w *Watcher) detect(ctx context.Context, iv time.Duration) bool {
 	return false
 }
 
-// LifeCycle reads the instance's purchasing option from instance metadata
-// ("spot", "on-demand", ...).
-func LifeCycle(ctx context.Context, c MetadataAPI) (string, error) {
-	out, err := c.GetMetadata(ctx, &imds.GetMetadataInput{Path: LifeCyclePath})
+// LifeCycle implements Source: the instance's purchasing option from
+// instance-life-cycle ("spot", "on-demand", ...).
+func (m IMDS) LifeCycle(ctx context.Context) (string, error) {
+	out, err := m.Client.GetMetadata(ctx, &imds.GetMetadataInput{Path: LifeCyclePath})
 	if err != nil {
 		return "", fmt.Errorf("spot: GET %s: %w", LifeCyclePath, err)
 	}
@@ -189,26 +193,10 @@ func LifeCycle(ctx context.Context, c MetadataAPI) (string, error) {
 	return strings.TrimSpace(string(b)), nil
 }
 
-// Poll reads the notice once: nil, nil while there is none.
-func (w *Watcher) Poll(ctx context.Context) (*nstancev1.TerminationNotice, error) {
-	if n := w.Notice(); n != nil {
-		return n, nil
-	}
-	if w.Source != nil {
-		n, err := w.Source.Notice(ctx)
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		w.polls++
-		if err != nil || n == nil {
-			return nil, err
-		}
-		w.notice = n
-		return n, nil
-	}
-	out, err := w.Client.GetMetadata(ctx, &imds.GetMetadataInput{Path: InstanceActionPath})
-	w.mu.Lock()
-	w.polls++
-	w.mu.Unlock()
+// Notice implements Source: spot/instance-action, which answers 404 until
+// EC2 schedules the interruption.
+func (m IMDS) Notice(ctx context.Context) (*nstancev1.TerminationNotice, error) {
+	out, err := m.Client.GetMetadata(ctx, &imds.GetMetadataInput{Path: InstanceActionPath})
 	if err != nil {
 		var re *smithyhttp.ResponseError
 		if errors.As(err, &re) && re.HTTPStatusCode() == http.StatusNotFound {
@@ -221,13 +209,23 @@ func (w *Watcher) Poll(ctx context.Context) (*nstancev1.TerminationNotice, error
 	if err != nil {
 		return nil, fmt.Errorf("spot: reading %s: %w", InstanceActionPath, err)
 	}
-	n, err := parse(b)
-	if err != nil {
+	return parse(b)
+}
+
+// Poll reads the notice once from the Source: nil, nil while there is
+// none. A notice read is kept.
+func (w *Watcher) Poll(ctx context.Context) (*nstancev1.TerminationNotice, error) {
+	if n := w.Notice(); n != nil {
+		return n, nil
+	}
+	n, err := w.Source.Notice(ctx)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.polls++
+	if err != nil || n == nil {
 		return nil, err
 	}
-	w.mu.Lock()
 	w.notice = n
-	w.mu.Unlock()
 	return n, nil
 }
 

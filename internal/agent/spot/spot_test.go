@@ -20,7 +20,7 @@ const notice = `{"action": "terminate", "time": "2026-11-24T08:22:00Z"}`
 // with its deadline, and polling stops.
 func TestWatcherReadsTheNoticeAfterPolls(t *testing.T) {
 	f := newFakeIMDS(t, 4, notice)
-	w := &Watcher{Client: NewClient(f.URL), Interval: 10 * time.Millisecond, Log: testr.New(t)}
+	w := &Watcher{Source: IMDS{NewClient(f.URL)}, Interval: 10 * time.Millisecond, Log: testr.New(t)}
 	notified := make(chan struct{})
 	w.Notified = func() { close(notified) }
 	require.Nil(t, w.Notice())
@@ -48,7 +48,7 @@ func TestWatcherSurvivesMetadataErrors(t *testing.T) {
 	f := newFakeIMDS(t, 3, `{"action": "stop", "time": "2026-11-24T08:22:00Z"}`)
 	f.failFirst = 2
 	c := imds.New(imds.Options{Endpoint: f.URL, Retryer: aws.NopRetryer{}})
-	w := &Watcher{Client: c, Interval: 10 * time.Millisecond, Log: testr.New(t)}
+	w := &Watcher{Source: IMDS{c}, Interval: 10 * time.Millisecond, Log: testr.New(t)}
 	ctx := context.Background()
 	for range 2 {
 		n, err := w.Poll(ctx)
@@ -66,7 +66,7 @@ func TestWatcherSurvivesMetadataErrors(t *testing.T) {
 func TestWatcherRejectsGarbage(t *testing.T) {
 	for _, body := range []string{`not json`, `{"action": "dance", "time": "2026-11-24T08:22:00Z"}`} {
 		f := newFakeIMDS(t, 0, body)
-		w := &Watcher{Client: NewClient(f.URL), Log: testr.New(t)}
+		w := &Watcher{Source: IMDS{NewClient(f.URL)}, Log: testr.New(t)}
 		n, err := w.Poll(context.Background())
 		require.Error(t, err, body)
 		require.Nil(t, n)
@@ -113,7 +113,7 @@ func TestWatcherDetectsSpotFromTheMetadata(t *testing.T) {
 				f.Close()
 			}
 			c := imds.New(imds.Options{Endpoint: endpoint, EnableFallback: imdsV1Fallback, Retryer: aws.NopRetryer{}})
-			w := &Watcher{Client: c, Interval: 10 * time.Millisecond, Log: testr.New(t), Detect: true}
+			w := &Watcher{Source: IMDS{c}, Interval: 10 * time.Millisecond, Log: testr.New(t), Detect: true}
 			done := make(chan struct{})
 			go func() { defer close(done); w.Run(context.Background()) }()
 			select {

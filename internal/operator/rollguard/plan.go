@@ -51,3 +51,28 @@ func Plan(rolling bool, n Node) Action {
 	}
 	return Keep
 }
+
+// PoolStep is what a pass over a pool's Nodes does besides each Node's
+// Action: the pool's HeldAnnotation record around them.
+type PoolStep struct {
+	// Hold records HeldAnnotation before the first Node is guarded (a crash
+	// between the two leaves a record and no guard, never the reverse).
+	Hold bool
+	// ReadLive reads every Node from the API server instead of the cache:
+	// the cache may not yet show a guard written moments ago.
+	ReadLive bool
+	// Unhold drops the record after a pass without errors.
+	Unhold bool
+}
+
+// PlanPool decides a pass's PoolStep: held is whether the pool carries
+// HeldAnnotation, disables whether any of its Nodes is to be guarded now.
+func PlanPool(rolling, held, disables bool) PoolStep {
+	switch {
+	case rolling && !held && disables:
+		return PoolStep{Hold: true}
+	case !rolling && held:
+		return PoolStep{ReadLive: true, Unhold: true}
+	}
+	return PoolStep{}
+}

@@ -26,3 +26,23 @@ func TestPlan(t *testing.T) {
 		})
 	}
 }
+
+func TestPlanPool(t *testing.T) {
+	for _, tc := range []struct {
+		name                    string
+		rolling, held, disables bool
+		want                    PoolStep
+	}{
+		{"rolling, a Node to guard, no record: record first", true, false, true, PoolStep{Hold: true}},
+		{"rolling, a Node to guard, recorded: nothing more", true, true, true, PoolStep{}},
+		{"rolling, nothing to guard: no record yet", true, false, false, PoolStep{}},
+		{"done, recorded: read past the cache, then drop the record", false, true, false, PoolStep{ReadLive: true, Unhold: true}},
+		{"done, no record: the cache suffices", false, false, false, PoolStep{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := PlanPool(tc.rolling, tc.held, tc.disables); got != tc.want {
+				t.Fatalf("PlanPool(%v, %v, %v) = %+v, want %+v", tc.rolling, tc.held, tc.disables, got, tc.want)
+			}
+		})
+	}
+}

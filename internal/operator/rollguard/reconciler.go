@@ -94,17 +94,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			nodes = append(nodes, &list.Items[i])
 		}
 	}
-	if rolling && !held && slices.ContainsFunc(nodes, func(n *corev1.Node) bool { return planFor(rolling, n) == Disable }) {
-		// Recorded before the first Node is guarded: a crash between the
-		// two leaves a record and no guard, never the reverse.
+	step := PlanPool(rolling, held, slices.ContainsFunc(nodes, func(n *corev1.Node) bool { return planFor(rolling, n) == Disable }))
+	if step.Hold {
 		if err := r.setHeld(ctx, &pool, true); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
-	if !rolling && held {
-		// The cache may not show a guard written moments ago (the rollout
-		// can end right after a member joined): the release reads every
-		// Node from the API server, and only a clean pass drops the record.
+	if step.ReadLive {
+		// The rollout can end right after a member joined.
 		for i, n := range nodes {
 			var live corev1.Node
 			if err := wl.Reader.Get(ctx, client.ObjectKeyFromObject(n), &live); err != nil {
@@ -128,7 +125,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := errors.Join(errs...); err != nil {
 		return ctrl.Result{}, fmt.Errorf("pool %s scale-down guard: %w", req.NamespacedName, err)
 	}
-	if !rolling && held {
+	if step.Unhold {
 		if err := r.setHeld(ctx, &pool, false); err != nil {
 			return ctrl.Result{}, err
 		}

@@ -13,6 +13,8 @@ import (
 	"github.com/googleapis/gax-go/v2/apierror"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/nstance-dev/nstance/internal/secrets"
 )
 
 // fakeVersion is one version of a fake secret.
@@ -58,7 +60,7 @@ func (f *fakeSecretManager) AccessSecretVersion(_ context.Context, req *secretma
 	defer f.mu.Unlock()
 	f.calls = append(f.calls, req.GetName())
 	secret, version, ok := strings.Cut(req.GetName(), "/versions/")
-	if !ok || !ValidSecretID(secret) {
+	if !ok || !secrets.ValidGCPSecretID(secret) {
 		return nil, apiErr(codes.InvalidArgument, "bad name %q", req.GetName())
 	}
 	versions, ok := f.secrets[secret]

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"net/http"
-	"regexp"
 	"sync"
 
 	secretmanager "cloud.google.com/go/secretmanager/apiv1"
@@ -26,13 +25,6 @@ type AccessAPI interface {
 
 // ErrNotFound is wrapped by errors about a missing secret or version.
 var ErrNotFound = errors.New("not found")
-
-// secretName is what secret_id must look like: the secret's resource name.
-var secretName = regexp.MustCompile(`^projects/[^/]+/secrets/[^/]+$`)
-
-// ValidSecretID reports whether id is a secret's resource name,
-// projects/PROJECT/secrets/NAME (the version goes in version_id).
-func ValidSecretID(id string) bool { return secretName.MatchString(id) }
 
 // Client returns the client, built on first use.
 type Client func(ctx context.Context) (AccessAPI, error)
@@ -81,7 +73,7 @@ func (f *Fetcher) Fetch(ctx context.Context, src secrets.Source) ([]byte, error)
 	if src.Provider != secrets.ProviderGCPSecretManager {
 		return nil, fmt.Errorf("gcpsecrets: provider %q is not %s", src.Provider, secrets.ProviderGCPSecretManager)
 	}
-	if !ValidSecretID(src.SecretID) {
+	if !secrets.ValidGCPSecretID(src.SecretID) {
 		return nil, fmt.Errorf("secret manager: secret_id %q is not projects/PROJECT/secrets/NAME", src.SecretID)
 	}
 	version := src.VersionID

@@ -1,6 +1,12 @@
 package leaderaddr
 
-import "context"
+import (
+	"context"
+	"math"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+)
 
 // Holder makes this server hold the shard's fixed address while it leads.
 type Holder interface {
@@ -21,3 +27,20 @@ func (None) Acquire(context.Context) error { return nil }
 
 // Release does nothing.
 func (None) Release(context.Context) error { return nil }
+
+// DefaultSettle paces a cloud holder's looks while its change settles.
+var DefaultSettle = wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Jitter: 0.1, Cap: 5 * time.Second}
+
+// Settle runs cond with b (zero Duration: DefaultSettle) until it is done,
+// fails or ctx ends (ctx bounds the whole wait); with no Steps the delay
+// grows to b.Cap and stays there. The cloud holders (aws.ENI, gcp.AliasIP)
+// wait for an attachment or an alias range with it.
+func Settle(ctx context.Context, b wait.Backoff, cond wait.ConditionWithContextFunc) error {
+	if b.Duration <= 0 {
+		b = DefaultSettle
+	}
+	if b.Steps <= 0 {
+		b.Steps = math.MaxInt32
+	}
+	return b.DelayFunc().Until(ctx, true, false, cond)
+}

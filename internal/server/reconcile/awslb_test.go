@@ -20,17 +20,6 @@ import (
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
-// nonced gives creates the agent nonce the harness does not mint (the EC2
-// provider's user data requires one).
-type nonced struct{ *awsprov.Provider }
-
-func (n nonced) Create(ctx context.Context, req provider.CreateRequest) (provider.Instance, error) {
-	if req.AgentNonce == "" {
-		req.AgentNonce = "nonce-" + req.InstanceID
-	}
-	return n.Provider.Create(ctx, req)
-}
-
 // TestLoadBalancerLifecycleAWS runs the reconciler with the EC2 provider
 // and the aws load balancer kind on the stateful fakes: members are
 // registered with both target groups after their first health report (not
@@ -64,18 +53,10 @@ func TestLoadBalancerLifecycleAWS(t *testing.T) {
 	prov := awsprov.New(ec2, *o, env)
 	lb := awslb.New(elb, ec2, awslb.Settings{TargetGroupARNs: []string{arnA, arnB}, TargetType: awslb.TargetInstance},
 		loadbalancer.Env{Name: "www", Config: env.Config, Log: logr.Discard()})
-	s := newShard(t, cfg, shardOptions{monitor: true, provider: nonced{prov}, lbs: map[string]loadbalancer.Provider{"www": lb}})
+	s := newShard(t, cfg, shardOptions{monitor: true, provider: withNonce{prov}, lbs: map[string]loadbalancer.Provider{"www": lb}})
 	sub := s.events.Instances.Subscribe("t")
 	t.Cleanup(sub.Close)
-	members := func() map[string]loadbalancer.MemberState {
-		ms, err := lb.Members(ctx)
-		require.NoError(t, err)
-		out := map[string]loadbalancer.MemberState{}
-		for _, m := range ms {
-			out[m.InstanceID] = m.State
-		}
-		return out
-	}
+	members := func() map[string]loadbalancer.MemberState { return memberStates(t, lb) }
 
 	s.upsert(t, "web", 3, time.Minute)
 	ids := s.ids("web")

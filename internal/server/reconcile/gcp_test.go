@@ -34,6 +34,18 @@ func (n withNonce) Create(ctx context.Context, req provider.CreateRequest) (prov
 	return n.Provider.Create(ctx, req)
 }
 
+// memberStates is what lb reports of its members, by instance id.
+func memberStates(t *testing.T, lb loadbalancer.Provider) map[string]loadbalancer.MemberState {
+	t.Helper()
+	ms, err := lb.Members(context.Background())
+	require.NoError(t, err)
+	out := map[string]loadbalancer.MemberState{}
+	for _, m := range ms {
+		out[m.InstanceID] = m.State
+	}
+	return out
+}
+
 // gcpShard is the harness's reconciler driving the Compute Engine provider
 // on the stateful fake.
 func gcpShard(t *testing.T, cfg *config.Config, o shardOptions, args map[string]string) (*shard, *gcpfake.Compute, *gcp.Provider) {
@@ -182,7 +194,6 @@ func TestGCPSpotPreemptionIsReplacedFirst(t *testing.T) {
 // groups after their first health report, and a scale-down removes the
 // victim from them before its drain is announced.
 func TestLoadBalancerLifecycleGCP(t *testing.T) {
-	ctx := context.Background()
 	cfg := newShardConfig(t).health(10*time.Second, 3, time.Minute).build(t)
 	cfg.LoadBalancers = map[string]config.LoadBalancer{"www": {"provider": "gcp", "instance_groups": []any{"www-a", "www-b"}, "drain_delay": "20s"}}
 	tmpl := cfg.Templates["worker"]
@@ -195,21 +206,11 @@ func TestLoadBalancerLifecycleGCP(t *testing.T) {
 	lb := gcplb.New(gce, *kc.(*gcplb.Settings), loadbalancer.Env{Name: "www", Config: func() *config.Config { return cfg }, Log: logr.Discard()})
 	gce.AddGroup(gcpZone, "www-a")
 	gce.AddGroup(gcpZone, "www-b")
-	s, _, _ := func() (*shard, *gcpfake.Compute, *gcp.Provider) {
-		o := gcp.DefaultOptions()
-		o.Project, o.Image = gcpfake.Project, "img"
-		prov := gcp.New(gce, *o, provider.Env{Config: func() *config.Config { return cfg }})
-		return newShard(t, cfg, shardOptions{monitor: true, provider: withNonce{prov}, lbs: map[string]loadbalancer.Provider{"www": lb}}), gce, prov
-	}()
-	members := func() map[string]loadbalancer.MemberState {
-		ms, err := lb.Members(ctx)
-		require.NoError(t, err)
-		out := map[string]loadbalancer.MemberState{}
-		for _, m := range ms {
-			out[m.InstanceID] = m.State
-		}
-		return out
-	}
+	o := gcp.DefaultOptions()
+	o.Project, o.Image = gcpfake.Project, "img"
+	prov := gcp.New(gce, *o, provider.Env{Config: func() *config.Config { return cfg }})
+	s := newShard(t, cfg, shardOptions{monitor: true, provider: withNonce{prov}, lbs: map[string]loadbalancer.Provider{"www": lb}})
+	members := func() map[string]loadbalancer.MemberState { return memberStates(t, lb) }
 	s.upsert(t, "web", 3, time.Minute)
 	ids := s.ids("web")
 	require.Empty(t, members(), "nothing joins before the first health report")

@@ -99,15 +99,7 @@ func TestLoadBalancerLifecycle(t *testing.T) {
 	s := newShard(t, cfg, shardOptions{monitor: true, lbs: map[string]loadbalancer.Provider{"www": lb}})
 	sub := s.events.Instances.Subscribe("t")
 	t.Cleanup(sub.Close)
-	members := func() map[string]loadbalancer.MemberState {
-		ms, err := real.Members(ctx)
-		require.NoError(t, err)
-		out := map[string]loadbalancer.MemberState{}
-		for _, m := range ms {
-			out[m.InstanceID] = m.State
-		}
-		return out
-	}
+	members := func() map[string]loadbalancer.MemberState { return memberStates(t, real) }
 
 	s.upsert(t, "web", 3, time.Minute)
 	ids := s.ids("web")

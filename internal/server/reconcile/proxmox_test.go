@@ -15,17 +15,6 @@ import (
 	pvefake "github.com/nstance-dev/nstance/internal/server/provider/proxmox/fake"
 )
 
-// pveNonced gives creates the agent nonce the harness does not mint (the
-// seed's agent script requires one).
-type pveNonced struct{ *pveprov.Provider }
-
-func (n pveNonced) Create(ctx context.Context, req provider.CreateRequest) (provider.Instance, error) {
-	if req.AgentNonce == "" {
-		req.AgentNonce = "nonce-" + req.InstanceID
-	}
-	return n.Provider.Create(ctx, req)
-}
-
 // TestLifecycleProxmox runs the reconciler with the Proxmox VE provider on
 // its stateful fake: a group of three is cloned one per node, each VM
 // tagged and started with its seed; a VM powered off behind the leader's
@@ -42,7 +31,7 @@ func TestLifecycleProxmox(t *testing.T) {
 	o.Nodes, o.TemplateVMID = []string{"pve1", "pve2", "pve3"}, 9000
 	prov := pveprov.New(f, *o, provider.Env{Config: func() *config.Config { return cfg }, Log: logr.Discard()})
 	prov.Poll = wait.Backoff{Duration: time.Millisecond, Factor: 1, Steps: 1}
-	s := newShard(t, cfg, shardOptions{provider: pveNonced{prov}})
+	s := newShard(t, cfg, shardOptions{provider: withNonce{prov}})
 
 	vms := func() map[string]pvefake.VMState {
 		out := map[string]pvefake.VMState{}

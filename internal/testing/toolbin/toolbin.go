@@ -39,15 +39,13 @@ var (
 	MinIO         = Tool{Name: "minio", Main: "github.com/minio/minio"}
 )
 
-// CacheDir is where builds are kept.
+// CacheDir is where builds are kept: nstance/tools under the user's cache
+// directory (os.UserCacheDir: $XDG_CACHE_HOME, else ~/.cache), as the
+// Makefile's TOOLS_CACHE.
 func CacheDir() (string, error) {
-	base := os.Getenv("XDG_CACHE_HOME")
-	if base == "" {
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return "", fmt.Errorf("cache directory: %w", err)
-		}
-		base = filepath.Join(home, ".cache")
+	base, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("cache directory: %w", err)
 	}
 	return filepath.Join(base, "nstance", "tools"), nil
 }

@@ -2,6 +2,7 @@ package toolbin
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,15 +38,13 @@ func TestBuildCachesByModuleHash(t *testing.T) {
 	// Two builds at once (test packages run in parallel): one builds, the
 	// other waits and finds it.
 	var wg sync.WaitGroup
-	paths := make([]string, 2)
+	paths, errs := make([]string, 2), make([]error, 2)
 	for i := range paths {
-		wg.Go(func() {
-			var err error
-			paths[i], err = Build(context.Background(), root, tool)
-			require.NoError(t, err)
-		})
+		wg.Go(func() { paths[i], errs[i] = Build(context.Background(), root, tool) })
 	}
 	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+	require.Equal(t, filepath.Join(os.Getenv("XDG_CACHE_HOME"), "nstance", "tools"), filepath.Dir(p), "the cache follows XDG_CACHE_HOME")
 	require.Equal(t, p, paths[0])
 	require.Equal(t, p, paths[1])
 	out, err := exec.Command(p).CombinedOutput()

@@ -212,16 +212,13 @@ func (p *Provider) Remove(context.Context, loadbalancer.Target) error { return n
 func (p *Provider) Members(ctx context.Context) ([]loadbalancer.Member, error) {
 	project, zone := p.where()
 	cfg := p.env.Config()
-	ours, err := p.api.ListInstances(ctx, &computepb.ListInstancesRequest{Project: project, Zone: zone,
-		Filter: proto.String(gcp.OwnerFilter(cfg.Cluster.ID, cfg.Shard.ID))})
+	ours, err := gcp.ListOwned(ctx, p.api, project, zone, cfg.Cluster.ID, cfg.Shard.ID)
 	if err != nil {
-		return nil, fmt.Errorf("instances.list: %w", err)
+		return nil, err
 	}
 	ids := map[string]string{} // name -> instance id
 	for _, i := range ours {
-		if gcp.Meta(i, gcp.MetaCluster) == cfg.Cluster.ID && gcp.Meta(i, gcp.MetaShard) == cfg.Shard.ID && gcp.Meta(i, gcp.MetaInstanceID) != "" {
-			ids[i.GetName()] = gcp.Meta(i, gcp.MetaInstanceID)
-		}
+		ids[i.GetName()] = gcp.Meta(i, gcp.MetaInstanceID)
 	}
 	count := map[string]int{}
 	for _, g := range p.s.InstanceGroups {

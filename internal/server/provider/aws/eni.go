@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strings"
-	"time"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
@@ -15,6 +13,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/nstance-dev/nstance/internal/server/leaderaddr"
 )
 
 // DefaultDeviceIndex is where the shard's ENI is attached (0 is the
@@ -41,14 +41,7 @@ type ENI struct {
 // poll runs cond with e's backoff until it is done, fails or ctx ends;
 // once the backoff reaches its cap it keeps polling at the cap.
 func (e *ENI) poll(ctx context.Context, cond wait.ConditionWithContextFunc) error {
-	b := e.Backoff
-	if b.Duration <= 0 {
-		b = wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Jitter: 0.1, Cap: 5 * time.Second}
-	}
-	if b.Steps <= 0 {
-		b.Steps = math.MaxInt32 // grow until Cap
-	}
-	return b.DelayFunc().Until(ctx, true, false, cond)
+	return leaderaddr.Settle(ctx, e.Backoff, cond)
 }
 
 func (e *ENI) describe(ctx context.Context) (types.NetworkInterface, error) {

@@ -3,7 +3,8 @@ package aws
 import (
 	"context"
 	"fmt"
-	"path"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -38,9 +39,6 @@ const (
 	DefaultMaxAttempts       = 10
 	DefaultMaxBackoff        = 20 * time.Second
 	DefaultVisibilityTimeout = 2 * time.Minute
-	DefaultAgentStateDir     = cloudinit.DefaultAgentStateDir
-	DefaultAgentEnvFile      = cloudinit.DefaultAgentEnvFile
-	DefaultAgentStart        = cloudinit.DefaultAgentStart
 )
 
 // Instance args (template or defaults args) that override Options per
@@ -125,7 +123,7 @@ func DefaultOptions() *Options {
 	return &Options{
 		Market: MarketOnDemand, RetryMode: RetryAdaptive, MaxAttempts: DefaultMaxAttempts,
 		MaxBackoff: config.Duration(DefaultMaxBackoff), VisibilityTimeout: config.Duration(DefaultVisibilityTimeout),
-		Agent: Agent{StateDir: DefaultAgentStateDir, EnvFile: DefaultAgentEnvFile, Start: DefaultAgentStart},
+		Agent: cloudinit.DefaultAgent(),
 	}
 }
 
@@ -176,10 +174,9 @@ func (o *Options) Validate(cfg *config.Config) config.Errors {
 			add(optionsKey+".tags."+k, "reserved tag key")
 		}
 	}
-	for _, f := range []struct{ key, v string }{{"state_dir", o.Agent.StateDir}, {"env_file", o.Agent.EnvFile}} {
-		if !path.IsAbs(f.v) || strings.ContainsAny(f.v, "'\n") {
-			add(optionsKey+".agent."+f.key, "want an absolute path without quotes or newlines, got %q", f.v)
-		}
+	agentErrs := o.Agent.Validate()
+	for _, k := range slices.Sorted(maps.Keys(agentErrs)) {
+		add(optionsKey+".agent."+k, "%s", agentErrs[k])
 	}
 	o.validateImages(add)
 	if o.SubnetMinFreeAddresses < 0 {
@@ -187,9 +184,6 @@ func (o *Options) Validate(cfg *config.Config) config.Errors {
 	}
 	if o.SubnetRefreshInterval < 0 {
 		add(optionsKey+".subnet_refresh_interval", "must not be negative, got %s", o.SubnetRefreshInterval.D())
-	}
-	if strings.TrimSpace(o.Agent.Start) == "" {
-		add(optionsKey+".agent.start", "must not be empty")
 	}
 	names := make([]string, 0, len(cfg.Shard.SubnetPools))
 	for n := range cfg.Shard.SubnetPools {
@@ -203,19 +197,8 @@ func (o *Options) Validate(cfg *config.Config) config.Errors {
 			}
 		}
 	}
-	tnames := make([]string, 0, len(cfg.Templates))
-	for n := range cfg.Templates {
-		tnames = append(tnames, n)
-	}
-	sort.Strings(tnames)
-	for _, n := range tnames {
-		args := map[string]string{}
-		for k, v := range cfg.Defaults.Args {
-			args[k] = v
-		}
-		for k, v := range cfg.Templates[n].Args {
-			args[k] = v
-		}
+	for _, n := range cfg.TemplateNames() {
+		args := cfg.TemplateArgs(n)
 		if name := args[provider.ArgImageName]; name != "" {
 			if _, ok := o.Images[name]; !ok {
 				add("templates."+n+".args", "%s %q is not in %s.images", provider.ArgImageName, name, optionsKey)

@@ -14,17 +14,11 @@ const MaxUserData = 16 << 10
 // starts the agent the image carries (cloudinit.Agent).
 type Agent = cloudinit.Agent
 
-// AgentEnv returns the agent's settings for req as sorted KEY=VALUE lines
-// (cloudinit.AgentEnv). On EC2 the agent finds out from the instance
+// UserData renders the agent's bootstrap script (cloudinit.AgentScript),
+// refused above EC2's limit. On EC2 the agent finds out from the instance
 // metadata whether the instance is spot and then watches for its
 // interruption notice (its default NSTANCE_SPOT_NOTICE=auto; extra may set
 // off).
-func AgentEnv(agent Agent, req provider.CreateRequest, extra []string) []string {
-	return cloudinit.AgentEnv(agent, req, extra)
-}
-
-// UserData renders the agent's bootstrap script (cloudinit.AgentScript),
-// refused above EC2's limit.
 func UserData(agent Agent, req provider.CreateRequest, extra []string) ([]byte, error) {
 	b, err := cloudinit.AgentScript(agent, req, extra)
 	if err != nil {

@@ -4,16 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
 	"strings"
-	"time"
 
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"cloud.google.com/go/compute/metadata"
 	"github.com/go-logr/logr"
 	"google.golang.org/api/option"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/nstance-dev/nstance/internal/server/leaderaddr"
 )
 
 // DefaultInterface is the network interface the alias range goes on.
@@ -47,14 +47,7 @@ func (a *AliasIP) nic() string {
 }
 
 func (a *AliasIP) poll(ctx context.Context, cond wait.ConditionWithContextFunc) error {
-	b := a.Backoff
-	if b.Duration <= 0 {
-		b = wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Jitter: 0.1, Cap: 5 * time.Second}
-	}
-	if b.Steps <= 0 {
-		b.Steps = math.MaxInt32
-	}
-	return b.DelayFunc().Until(ctx, true, false, cond)
+	return leaderaddr.Settle(ctx, a.Backoff, cond)
 }
 
 // fatalAlias reports errors no wait can cure: the address or this

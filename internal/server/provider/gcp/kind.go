@@ -3,16 +3,16 @@ package gcp
 import (
 	"context"
 	"fmt"
-	"path"
+	"maps"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 
 	"google.golang.org/api/option"
 
 	"github.com/nstance-dev/nstance/internal/config"
 	"github.com/nstance-dev/nstance/internal/server/provider"
-	"github.com/nstance-dev/nstance/internal/server/provider/aws"
+	"github.com/nstance-dev/nstance/internal/server/provider/cloudinit"
 )
 
 // KindName selects this provider in shard.infra.provider.
@@ -76,8 +76,8 @@ type Options struct {
 	ProvisioningModel string `json:"provisioning_model"`
 	// Labels are added to every instance (ownership labels win).
 	Labels map[string]string `json:"labels"`
-	// Agent places the agent's files on the machine (as for aws).
-	Agent aws.Agent `json:"agent"`
+	// Agent places the agent's files on the machine.
+	Agent cloudinit.Agent `json:"agent"`
 }
 
 // Kind registers the Compute Engine provider.
@@ -89,7 +89,7 @@ func Kind() provider.Kind {
 func DefaultOptions() *Options {
 	return &Options{
 		ProvisioningModel: ProvisioningStandard, DiskType: DefaultDiskType, Scopes: []string{DefaultScope},
-		Agent: aws.Agent{StateDir: aws.DefaultAgentStateDir, EnvFile: aws.DefaultAgentEnvFile, Start: aws.DefaultAgentStart},
+		Agent: cloudinit.DefaultAgent(),
 	}
 }
 
@@ -132,30 +132,15 @@ func (o *Options) Validate(cfg *config.Config) config.Errors {
 			add(fmt.Sprintf("%s.network_tags[%d]", optionsKey, i), "want a network tag (RFC 1035 label), got %q", t)
 		}
 	}
-	for _, f := range []struct{ key, v string }{{"state_dir", o.Agent.StateDir}, {"env_file", o.Agent.EnvFile}} {
-		if !path.IsAbs(f.v) || strings.ContainsAny(f.v, "'\n") {
-			add(optionsKey+".agent."+f.key, "want an absolute path without quotes or newlines, got %q", f.v)
-		}
-	}
-	if strings.TrimSpace(o.Agent.Start) == "" {
-		add(optionsKey+".agent.start", "must not be empty")
+	agentErrs := o.Agent.Validate()
+	for _, k := range slices.Sorted(maps.Keys(agentErrs)) {
+		add(optionsKey+".agent."+k, "%s", agentErrs[k])
 	}
 	if len(cfg.Shard.DynamicSubnetPools) > 0 {
 		add("shard.dynamic_subnet_pools", "not supported by the gcp provider (list subnetworks in shard.subnet_pools)")
 	}
-	tnames := make([]string, 0, len(cfg.Templates))
-	for n := range cfg.Templates {
-		tnames = append(tnames, n)
-	}
-	sort.Strings(tnames)
-	for _, n := range tnames {
-		args := map[string]string{}
-		for k, v := range cfg.Defaults.Args {
-			args[k] = v
-		}
-		for k, v := range cfg.Templates[n].Args {
-			args[k] = v
-		}
+	for _, n := range cfg.TemplateNames() {
+		args := cfg.TemplateArgs(n)
 		spec, err := o.launchSpec(args)
 		if err != nil {
 			add("templates."+n+".args", "%v", err)

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/nstance-dev/nstance/internal/server/provider"
-	"github.com/nstance-dev/nstance/internal/server/provider/aws"
+	"github.com/nstance-dev/nstance/internal/server/provider/cloudinit"
 )
 
 // Ownership labels on every instance. Label values allow only lowercase
@@ -68,6 +68,32 @@ func InstanceName(id string) string {
 		n = n[:63]
 	}
 	return strings.TrimRight(n, "-")
+}
+
+// MaxUserData is Compute Engine's limit on one metadata value (256 KiB).
+const MaxUserData = 256 << 10
+
+// metadataPlatform is what cloudinit.Compose is told: a metadata value is a
+// string, so the document is never gzip-compressed (binary would not
+// survive the API's JSON); one above MaxUserData is refused by UserData.
+var metadataPlatform = cloudinit.Platform{Name: "Compute Engine"}
+
+// UserData is the metadata value user-data of req: the agent's bootstrap
+// script (cloudinit.AgentScript), composed with the user's bootstrap data
+// (cloudinit.Compose), refused above MaxUserData.
+func UserData(agent cloudinit.Agent, req provider.CreateRequest, extra []string) ([]byte, error) {
+	script, err := cloudinit.AgentScript(agent, req, extra)
+	if err != nil {
+		return nil, err
+	}
+	ud, err := cloudinit.Compose(script, req, metadataPlatform)
+	if err != nil {
+		return nil, err
+	}
+	if len(ud) > MaxUserData {
+		return nil, fmt.Errorf("user data with the agent's bootstrap is %d bytes; a Compute Engine metadata value allows %d", len(ud), MaxUserData)
+	}
+	return ud, nil
 }
 
 // Provider manages the Compute Engine instances of one shard (one zone).
@@ -173,11 +199,7 @@ func (p *Provider) insertRequest(req provider.CreateRequest) (*computepb.InsertI
 	if err != nil {
 		return nil, err
 	}
-	script, err := aws.UserData(p.o.Agent, req, append(append([]string{}, p.env.Local.Env...), SpotNoticeEnv))
-	if err != nil {
-		return nil, err
-	}
-	ud, err := aws.ComposeUserData(script, req)
+	ud, err := UserData(p.o.Agent, req, append(append([]string{}, p.env.Local.Env...), SpotNoticeEnv))
 	if err != nil {
 		return nil, err
 	}
@@ -290,6 +312,11 @@ func (p *Provider) get(ctx context.Context, id string) (*computepb.Instance, err
 
 func (p *Provider) ours(i *computepb.Instance) bool {
 	cluster, shard, _ := p.owner()
+	return owned(i, cluster, shard)
+}
+
+// owned: the exact metadata values, not the folded labels, decide.
+func owned(i *computepb.Instance, cluster, shard string) bool {
 	return Meta(i, MetaCluster) == cluster && Meta(i, MetaShard) == shard
 }
 
@@ -310,19 +337,33 @@ func OwnerFilter(cluster, shard string) string {
 	return fmt.Sprintf(`(labels.%s = "%s") AND (labels.%s = "%s")`, LabelCluster, LabelValue(cluster), LabelShard, LabelValue(shard))
 }
 
-// List implements provider.Provider: every instance of this cluster and
-// shard in the zone, sorted by instance id.
-func (p *Provider) List(ctx context.Context) ([]provider.Instance, error) {
-	cluster, shard, zone := p.owner()
-	found, err := p.api.ListInstances(ctx, &computepb.ListInstancesRequest{Project: p.o.Project, Zone: zone, Filter: proto.String(OwnerFilter(cluster, shard))})
+// ListOwned returns the instances of a cluster's shard in a zone: the
+// label filter (OwnerFilter) narrows the list, the exact metadata decides,
+// so one labelled alike by another cluster or by hand is left out.
+func ListOwned(ctx context.Context, api API, project, zone, cluster, shard string) ([]*computepb.Instance, error) {
+	found, err := api.ListInstances(ctx, &computepb.ListInstancesRequest{Project: project, Zone: zone, Filter: proto.String(OwnerFilter(cluster, shard))})
 	if err != nil {
 		return nil, fmt.Errorf("instances.list: %w", err)
 	}
+	out := found[:0]
+	for _, i := range found {
+		if owned(i, cluster, shard) && Meta(i, MetaInstanceID) != "" {
+			out = append(out, i)
+		}
+	}
+	return out, nil
+}
+
+// List implements provider.Provider: every instance of this cluster and
+// shard in the zone (ListOwned), sorted by instance id.
+func (p *Provider) List(ctx context.Context) ([]provider.Instance, error) {
+	cluster, shard, zone := p.owner()
+	found, err := ListOwned(ctx, p.api, p.o.Project, zone, cluster, shard)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]provider.Instance, 0, len(found))
 	for _, i := range found {
-		if !p.ours(i) || Meta(i, MetaInstanceID) == "" {
-			continue // labelled alike, but another cluster's or by hand
-		}
 		out = append(out, ToInstance(i))
 	}
 	sort.Slice(out, func(a, b int) bool { return out[a].InstanceID < out[b].InstanceID })

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"github.com/stretchr/testify/require"
@@ -127,6 +128,30 @@ func TestCreateListStatusDelete(t *testing.T) {
 	list, err = h.p.List(ctx)
 	require.NoError(t, err)
 	require.Len(t, list, 1)
+}
+
+// The user's bootstrap data travels beside the agent's in the user-data
+// metadata value, a string of up to 256 KiB: a document above EC2's 16 KiB
+// is sent as it is (never gzip, which a string value cannot carry), and one
+// above the metadata limit is refused before any API call.
+func TestUserDataFitsTheMetadataLimit(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, nil)
+	req := request("web-0a1b2c3d", "web")
+	req.UserData = []byte("#cloud-config\nwrite_files:\n" + strings.Repeat("- path: /etc/motd\n  content: hello\n", 1200))
+	require.Greater(t, len(req.UserData), 32<<10)
+	_, err := h.p.Create(ctx, req)
+	require.NoError(t, err)
+	ud := gcp.Meta(h.gce.Inserts()[0].GetInstanceResource(), gcp.MetaUserData)
+	require.True(t, utf8.ValidString(ud), "a metadata value is a string")
+	require.True(t, strings.HasPrefix(ud, "Content-Type: multipart/mixed"), ud[:min(len(ud), 80)])
+	require.Contains(t, ud, string(req.UserData), "the user's part as it was given")
+
+	big := request("web-11111111", "web")
+	big.UserData = []byte("#!/bin/sh\n" + strings.Repeat("echo 0123456789abcdef\n", gcp.MaxUserData/20))
+	_, err = h.p.Create(ctx, big)
+	require.ErrorContains(t, err, "a Compute Engine metadata value allows")
+	require.Len(t, h.gce.Inserts(), 1, "nothing was sent for the refused one")
 }
 
 func TestCreateIsIdempotent(t *testing.T) {

@@ -182,19 +182,8 @@ func (o *Options) Validate(cfg *config.Config) config.Errors {
 	if o.RequestTimeout <= 0 {
 		add(optionsKey+".request_timeout", "must be positive, got %s", o.RequestTimeout.D())
 	}
-	tnames := make([]string, 0, len(cfg.Templates))
-	for n := range cfg.Templates {
-		tnames = append(tnames, n)
-	}
-	sort.Strings(tnames)
-	for _, n := range tnames {
-		args := map[string]string{}
-		for k, v := range cfg.Defaults.Args {
-			args[k] = v
-		}
-		for k, v := range cfg.Templates[n].Args {
-			args[k] = v
-		}
+	for _, n := range cfg.TemplateNames() {
+		args := cfg.TemplateArgs(n)
 		if _, err := o.spec(args); err != nil {
 			add("templates."+n+".args", "%v", err)
 		}
