@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/client-go/util/workqueue"
@@ -589,30 +590,23 @@ const createParallelism = 16
 // createManyForGroup creates n members of g, up to createParallelism at a
 // time, and returns the errors of those that failed.
 func (r *Reconciler) createManyForGroup(ctx context.Context, g *groups.Group, cfg *config.Config, n int) []error {
-	if n == 1 {
-		if err := r.createForGroup(ctx, g, cfg); err != nil {
-			return []error{err}
-		}
-		return nil
-	}
 	var (
 		mu   sync.Mutex
 		errs []error
-		wg   sync.WaitGroup
-		sem  = make(chan struct{}, createParallelism)
+		eg   errgroup.Group
 	)
+	eg.SetLimit(createParallelism)
 	for range n {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
+		eg.Go(func() error {
 			if err := r.createForGroup(ctx, g, cfg); err != nil {
 				mu.Lock()
 				errs = append(errs, err)
 				mu.Unlock()
 			}
+			return nil // every create runs; their errors are returned together
 		})
 	}
-	wg.Wait()
+	_ = eg.Wait()
 	return errs
 }
 
