@@ -179,7 +179,10 @@ func startVersity(t testing.TB, bin string) *Server {
 }
 
 // SeaweedFS: master, volume, filer and S3 in one `weed server`, every port
-// on loopback, credentials from an S3 identities file.
+// (HTTP and gRPC) picked on loopback, the Iceberg and Lance servers and
+// telemetry off, credentials from an S3 identities file. Every bucket is a
+// collection that grows 7 volumes at its first large write, hence room for
+// 256 volumes (sparse files of at most 64 MiB).
 func startSeaweed(t testing.TB, bin string) *Server {
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "s3.json")
@@ -189,12 +192,13 @@ func startSeaweed(t testing.TB, bin string) *Server {
 	data := filepath.Join(dir, "data")
 	mkdirs(t, data)
 	s3addr := portpick.Addr(t)
-	master, volume, filer := portpick.Port(t), portpick.Port(t), portpick.Port(t)
-	return start(t, "seaweedfs", bin, s3addr, "compat", "compatsecret", nil,
-		"server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-dir="+data,
-		fmt.Sprintf("-master.port=%d", master), fmt.Sprintf("-volume.port=%d", volume), fmt.Sprintf("-filer.port=%d", filer),
-		"-master.volumeSizeLimitMB=64", "-volume.max=16",
-		"-s3", "-s3.port="+port(s3addr), "-s3.config="+cfg)
+	args := []string{"server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-dir=" + data,
+		"-master.volumeSizeLimitMB=64", "-volume.max=256", "-master.telemetry=false",
+		"-s3", "-s3.port=" + port(s3addr), "-s3.config=" + cfg, "-s3.port.iceberg=0", "-s3.port.lance=0"}
+	for _, p := range []string{"master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc", "s3.port.grpc"} {
+		args = append(args, fmt.Sprintf("-%s=%d", p, portpick.Port(t)))
+	}
+	return start(t, "seaweedfs", bin, s3addr, "compat", "compatsecret", nil, args...)
 }
 
 // MinIO in single-drive mode.
