@@ -21,6 +21,13 @@ const storeRuns = 2
 // handovers must show no overlap. fake-gcs-server (storage kind gcs) always
 // runs, Versity Gateway when its build is cached, SeaweedFS and MinIO in
 // `make compat` (s3servers.Gate; each subtest says why it skips).
+//
+// On Versity Gateway the two servers start one after the other: its posix
+// backend removes a directory left empty by a DELETE, and a PUT racing into
+// that directory fails with 409 ExistingObjectIsDirectory. Two servers
+// starting at once race so with their start-up probes (each writes and
+// deletes shard/<shard>/probe/<id>-<incarnation>), and the one that loses
+// exits refusing to run (seen in 1 of 6 runs; docs/storage-compat.md).
 func TestLeaderCutOffFromOtherStores(t *testing.T) {
 	t.Run("fake-gcs-server", func(t *testing.T) {
 		emu := gcsemu.Start(t)
@@ -37,7 +44,7 @@ func TestLeaderCutOffFromOtherStores(t *testing.T) {
 			srv := k.Run(t)
 			bucket := srv.NewBucket(t)
 			cutOffRuns(t, newStackOn(t, 2, leaseConfig(), &objects{addr: srv.Addr, bucket: bucket, env: srv.Env,
-				direct: srv.Store(t, bucket)}), storeRuns)
+				direct: srv.Store(t, bucket), oneByOne: k.Name == s3servers.Versity.Name}), storeRuns)
 		})
 	}
 }
