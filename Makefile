@@ -111,8 +111,8 @@ test-go: $(BIN)/promtool $(BIN)/clusterctl $(BIN)/helm ## Unit and envtest tests
 		progress_run "go test $(GO_TEST_FLAGS) ./... (KUBEBUILDER_ASSETS=$$assets)" env KUBEBUILDER_ASSETS=$$assets $(GO) test $(GO_TEST_FLAGS) ./...
 
 .PHONY: compat
-compat: ## The storage compatibility matrix (test/compat): start-up probe, objstore contract and a two-elector handover on fake-gcs-server, Versity Gateway, SeaweedFS and MinIO, each built once from the module proxy into ~/.cache/nstance/tools (the first run builds for a long time). `make test` runs fake-gcs-server, and Versity Gateway once it is built.
-	NSTANCE_COMPAT=1 nice -n 15 $(GO) test -count=1 -v -timeout 120m -run TestCompat ./test/compat/
+compat: ## The storage compatibility matrix (test/compat): start-up probe, objstore contract and a two-elector handover on fake-gcs-server, Versity Gateway, SeaweedFS and MinIO, and two nstance-server processes handing over on each (test/chaos TestLeaderCutOffFromOtherStores), each built once from the module proxy into ~/.cache/nstance/tools (the first run builds for a long time). `make test` runs fake-gcs-server, and Versity Gateway once it is built.
+	NSTANCE_COMPAT=1 nice -n 15 $(GO) test -count=1 -v -timeout 120m -run 'TestCompat|TestLeaderCutOffFromOtherStores' ./test/compat/ ./test/chaos/
 
 # make chaos also runs server and agent certificates of 2 minutes for 10 minutes and 20 agent kills.
 chaos: export CHAOS_CERT_VALIDITY := 2m

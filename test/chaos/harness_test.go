@@ -32,6 +32,8 @@ import (
 	"github.com/nstance-dev/nstance/internal/operator/bootstrap"
 	"github.com/nstance-dev/nstance/internal/pki"
 	"github.com/nstance-dev/nstance/internal/testing/proctest"
+	"github.com/nstance-dev/nstance/pkg/objstore"
+	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
 	nstancev1 "github.com/nstance-dev/nstance/pkg/proto/nstance/v1"
 )
 
@@ -190,7 +192,10 @@ type stack struct {
 	dir      string
 	net      string
 	s3URL    string
-	servers  []*server
+	// objects, when set, is the store the servers use instead of dev-s3
+	// (s3URL is then http:// and its address).
+	objects *objects
+	servers []*server
 	// procs are the servers' processes, killed when the test ends; each
 	// gets its whole environment from env.
 	procs *proctest.Group
@@ -240,19 +245,83 @@ func newEmptyStack(t testing.TB) *stack {
 	return &stack{t: t, bin: binaries(t), dir: t.TempDir(), net: loopbackNet(t)}
 }
 
-// env is the environment of a child process that reaches dev-s3 at
+// objects is an object store other than dev-s3 for a stack.
+type objects struct {
+	// addr is the store's host:port (the proxies forward to it); bucket
+	// the bucket the servers use.
+	addr, bucket string
+	// env is the environment of a process reaching the store at endpoint
+	// (http://host:port), storage kind included.
+	env func(endpoint string) []string
+	// direct is the store for the test itself.
+	direct objstore.Store
+	// oneByOne starts each server once the one before has passed its
+	// start-up probe (logged "campaigning"), for a store that fails
+	// concurrent probes for a reason of its own (see its use).
+	oneByOne bool
+}
+
+// newStackOn starts servers on the shard config cfg over o (newStackWith
+// for a store that is not dev-s3).
+func newStackOn(t testing.TB, servers int, cfg string, o *objects) *stack {
+	t.Helper()
+	s := newEmptyStack(t)
+	s.objects, s.s3URL = o, "http://"+o.addr
+	_, err := o.direct.Put(context.Background(), "config/"+shard+".jsonc", []byte(cfg), objstore.PutOptions{})
+	require.NoError(t, err, "put the shard config")
+	for i := 1; i <= servers; i++ {
+		srv := s.startServer(fmt.Sprintf("srv-%d", i), s.net+strconv.Itoa(i))
+		if o.oneByOne {
+			proctest.Eventually(t, srv.id+" passed the start-up probe", 60*time.Second, func() bool {
+				return proctest.LogContains(srv.proc.Log, `"msg":"campaigning"`)
+			})
+		}
+	}
+	return s
+}
+
+// bucket is the servers' bucket.
+func (s *stack) bucket() string {
+	if s.objects != nil {
+		return s.objects.bucket
+	}
+	return devs3test.Bucket
+}
+
+// store is the servers' object store, reached directly.
+func (s *stack) store() objstore.Store {
+	if s.objects != nil {
+		return s.objects.direct
+	}
+	st, err := s3store.NewWithClient(devs3test.Client(s.s3URL), devs3test.Bucket, "")
+	require.NoError(s.t, err)
+	return st
+}
+
+// env is the environment of a child process that reaches the store at
 // endpoint, followed by the stack's extraEnv.
 func (s *stack) env(endpoint string) []string {
-	return append(append(append(os.Environ(), proctest.S3Env(endpoint)...), "NSTANCE_ENCRYPTION_KEY="+encryptionKey), s.extraEnv...)
+	storeEnv := proctest.S3Env(endpoint)
+	if s.objects != nil {
+		storeEnv = s.objects.env(endpoint)
+	}
+	return append(append(append(os.Environ(), storeEnv...), "NSTANCE_ENCRYPTION_KEY="+encryptionKey), s.extraEnv...)
 }
 
 // startServer starts nstance-server id on its own loopback host, reaching
-// dev-s3 through a new proxy; the process is killed when the test ends.
+// the store through a new proxy; the process is killed when the test ends.
 func (s *stack) startServer(id, host string) *server {
 	t := s.t
 	t.Helper()
 	u := strings.TrimPrefix(s.s3URL, "http://")
-	p := startProxy(t, net.JoinHostPort(host, "8989"), u)
+	listen := net.JoinHostPort(host, "8989")
+	if s.objects != nil {
+		// fake-gcs-server serves only requests whose Host header names its
+		// public host, 127.0.0.1 (any port): every proxy of a stack on
+		// another store is on 127.0.0.1, on a port the kernel picks.
+		listen = "127.0.0.1:0"
+	}
+	p := startProxy(t, listen, u)
 	srv := &server{id: id, host: host, proxy: p, log: filepath.Join(s.dir, id+".log")}
 	if s.procs == nil {
 		// Created with the first server, so that its cleanup kills the
@@ -263,7 +332,7 @@ func (s *stack) startServer(id, host string) *server {
 	}
 	bind := func(port int) string { return srv.addr(port) }
 	var err error
-	srv.proc, err = s.procs.Start(id, "nstance-server", s.env("http://"+srv.proxy.Addr()), "--id", srv.id, "--shard", shard, "--bucket", "dev",
+	srv.proc, err = s.procs.Start(id, "nstance-server", s.env("http://"+srv.proxy.Addr()), "--id", srv.id, "--shard", shard, "--bucket", s.bucket(),
 		"--advertise-host", srv.host, "--bind-health", bind(8990), "--bind-election", bind(8991),
 		"--bind-registration", bind(8992), "--bind-operator", bind(8993), "--bind-agent", bind(8994))
 	require.NoError(t, err)
@@ -294,23 +363,20 @@ func (s *stack) registerOperator() (*x509.CertPool, tls.Certificate) {
 	t := s.t
 	t.Helper()
 	var caPEM []byte
-	s3c := devs3test.Client(s.s3URL)
+	store := s.store()
 	require.Eventually(t, func() bool {
-		out, err := s3c.GetObject(context.Background(), &s3.GetObjectInput{Bucket: aws.String(devs3test.Bucket), Key: aws.String("cluster/ca.crt")})
+		obj, err := store.Get(context.Background(), "cluster/ca.crt")
 		if err != nil {
 			return false
 		}
-		defer func() { _ = out.Body.Close() }()
-		var buf bytes.Buffer
-		_, err = buf.ReadFrom(out.Body)
-		caPEM = buf.Bytes()
-		return err == nil && len(caPEM) > 0
+		caPEM = obj.Body
+		return len(caPEM) > 0
 	}, 60*time.Second, 50*time.Millisecond, "cluster CA written")
 	roots := x509.NewCertPool()
 	require.True(t, roots.AppendCertsFromPEM(caPEM))
 
 	nonce, err := proctest.Output(context.Background(), s.env(s.s3URL), filepath.Join(s.bin, "nstance-admin"), "cluster", "nonce", "--cluster-id", clusterID,
-		"--storage-bucket", "dev", "--key-provider", "env", "--expiry", "1h", "--output", "-")
+		"--bucket", s.bucket(), "--key-provider", "env", "--expiry", "1h", "--output", "-")
 	require.NoError(t, err)
 
 	pub, key, err := ed25519.GenerateKey(rand.Reader)
@@ -413,6 +479,19 @@ func (p *poller) lastServed(srv *server) servedAt {
 		return servedAt{}
 	}
 	return s[len(s)-1]
+}
+
+// firstServedAfter returns when the first call to srv sent after t was
+// sent, of those it answered (zero when none).
+func (p *poller) firstServedAfter(srv *server, t time.Time) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, a := range p.served[srv] {
+		if a.sent.After(t) {
+			return a.sent
+		}
+	}
+	return time.Time{}
 }
 
 // servedSince reports whether srv answered a call sent after t.

@@ -36,8 +36,14 @@ func (st *stack) other(s *server) *server {
 // leader is received after the first call the new one answers. The
 // servers alternate as the one cut off (CHAOS_RUNS handovers).
 func TestLeaderCutOffFromStorage(t *testing.T) {
-	runs := envInt(t, "CHAOS_RUNS", 3)
-	st := newStack(t, 2)
+	cutOffRuns(t, newStack(t, 2), envInt(t, "CHAOS_RUNS", 3))
+}
+
+// cutOffRuns cuts the leader of st's two servers off from storage runs
+// times, alternating, and requires each handover without overlap and the
+// healed old leader silent.
+func cutOffRuns(t *testing.T, st *stack, runs int) {
+	t.Helper()
 	p := startPoller(st.operatorClients())
 	defer p.Stop()
 	leader := st.leader(p, time.Now(), 60*time.Second)
@@ -49,8 +55,8 @@ func TestLeaderCutOffFromStorage(t *testing.T) {
 			"run %d: the standby takes over", i)
 		ov, err := p.overlap(leader, standby, cut)
 		require.NoError(t, err)
-		t.Logf("run %d: %s cut off; %s serves; overlap %s (old leader's last answer %s after the cut)", i, leader.id, standby.id,
-			ov, p.lastServed(leader).recv.Sub(cut).Round(time.Millisecond))
+		t.Logf("run %d: %s cut off; %s serves %s after the cut; overlap %s (old leader's last answer %s after the cut)", i, leader.id, standby.id,
+			p.firstServedAfter(standby, cut).Sub(cut).Round(time.Millisecond), ov, p.lastServed(leader).recv.Sub(cut).Round(time.Millisecond))
 		require.Zero(t, ov, "run %d: two leaders served at once", i)
 		// Heal: the old leader becomes a standby and must stay silent.
 		leader.proxy.Heal()

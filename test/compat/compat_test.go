@@ -4,34 +4,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
 
-	"github.com/nstance-dev/nstance/internal/devs3/devs3test"
 	"github.com/nstance-dev/nstance/internal/server/election"
 	"github.com/nstance-dev/nstance/internal/storage"
 	"github.com/nstance-dev/nstance/internal/testing/gcsemu"
-	"github.com/nstance-dev/nstance/internal/testing/portpick"
 	"github.com/nstance-dev/nstance/internal/testing/proctest"
+	"github.com/nstance-dev/nstance/internal/testing/s3servers"
 	"github.com/nstance-dev/nstance/internal/testing/toolbin"
 	"github.com/nstance-dev/nstance/pkg/objstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/gcsstore"
 	"github.com/nstance-dev/nstance/pkg/objstore/objstoretest"
-	"github.com/nstance-dev/nstance/pkg/objstore/s3store"
 )
-
-// compatEnv set to 1 runs every store, building what is missing.
-const compatEnv = "NSTANCE_COMPAT"
 
 // server is a running store: NewBucket makes an empty bucket and returns a
 // store over it.
@@ -44,38 +34,33 @@ type backend struct {
 	name string
 	tool toolbin.Tool
 	// always runs it without NSTANCE_COMPAT (building it if needed);
-	// cached runs it without NSTANCE_COMPAT when its build is cached.
-	always, cached bool
-	start          func(t *testing.T, bin string) server
+	// inMakeTest runs it without NSTANCE_COMPAT when its build is cached
+	// (s3servers.Gate).
+	always, inMakeTest bool
+	start              func(t *testing.T, bin string) server
 	// probeRefuses, when not empty, is the reason the start-up probe
 	// refuses this store (its error must contain it); the contract and the
 	// election are then not run, as the server would not run on it.
 	probeRefuses string
 }
 
-var backends = []backend{
-	{name: "fake-gcs-server", tool: toolbin.FakeGCSServer, always: true, start: startFakeGCS},
-	{name: "versitygw", tool: toolbin.VersityGW, cached: true, start: startVersity},
-	{name: "seaweedfs", tool: toolbin.SeaweedFS, start: startSeaweed},
-	{name: "minio", tool: toolbin.MinIO, start: startMinIO},
+var backends = append([]backend{{name: "fake-gcs-server", tool: toolbin.FakeGCSServer, always: true, start: startFakeGCS}}, s3Backends()...)
+
+// s3Backends are the S3 implementations of s3servers.
+func s3Backends() []backend {
+	var out []backend
+	for _, k := range s3servers.All {
+		out = append(out, backend{name: k.Name, tool: k.Tool, inMakeTest: k.InMakeTest, start: func(t *testing.T, bin string) server {
+			return s3Server{k.Start(t, bin)}
+		}})
+	}
+	return out
 }
 
 func TestCompat(t *testing.T) {
-	root := proctest.Root(t)
-	all := os.Getenv(compatEnv) == "1"
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
-			path, cached, err := toolbin.Cached(root, b.tool)
-			require.NoError(t, err)
-			switch {
-			case all, b.always:
-			case b.cached && cached:
-			case b.cached:
-				t.Skipf("%s is not built yet (%s); `make compat` builds it and runs every store", b.name, path)
-			default:
-				t.Skipf("%s runs only in `make compat` (%s=1): its build takes too long for `make test`", b.name, compatEnv)
-			}
-			bin := toolbin.Require(t, root, b.tool)
+			bin := s3servers.Require(t, b.tool, b.name, b.always, b.inMakeTest)
 			srv := b.start(t, bin)
 			runMatrix(t, srv, b)
 		})
@@ -268,81 +253,10 @@ func (g gcsServer) NewBucket(t *testing.T) objstore.Store {
 	return s
 }
 
-// s3Server is an S3 endpoint with root credentials.
-type s3Server struct {
-	endpoint, access, secret string
-	buckets                  *atomic.Int64
-}
+// s3Server is an S3 server of s3servers.
+type s3Server struct{ *s3servers.Server }
 
-func (s s3Server) NewBucket(t *testing.T) objstore.Store {
-	name := fmt.Sprintf("nstance-compat-%d", s.buckets.Add(1))
-	client := devs3test.ClientWith(s.endpoint, s.access, s.secret)
-	_, err := client.CreateBucket(context.Background(), &s3.CreateBucketInput{Bucket: aws.String(name)})
-	require.NoError(t, err, "create bucket %s", name)
-	st, err := s3store.NewWithClient(client, name, "")
-	require.NoError(t, err)
-	return st
-}
-
-// startS3 runs bin with args in its own process group and waits until
-// addr's ListBuckets answers with the credentials.
-func startS3(t *testing.T, name, bin, addr, access, secret string, env []string, args ...string) server {
-	dir := t.TempDir()
-	g := proctest.NewGroup(t, proctest.Options{Dir: dir, Grace: 10 * time.Second})
-	p := g.MustStart(name, bin, env, args...)
-	srv := s3Server{endpoint: "http://" + addr, access: access, secret: secret, buckets: &atomic.Int64{}}
-	client := devs3test.ClientWith(srv.endpoint, access, secret)
-	var last error
-	if err := p.WaitFor(context.Background(), name+" answers S3 on "+addr, 120*time.Second, func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_, last = client.ListBuckets(ctx, &s3.ListBucketsInput{})
-		return last == nil
-	}); err != nil {
-		t.Fatalf("%v (last error: %v)", err, last)
-	}
-	return srv
-}
-
-func port(addr string) string { return addr[strings.LastIndex(addr, ":")+1:] }
-
-// Versity Gateway over a POSIX directory; metadata in a sidecar directory
-// so the file system needs no extended attributes.
-func startVersity(t *testing.T, bin string) server {
-	dir := t.TempDir()
-	root, side := filepath.Join(dir, "root"), filepath.Join(dir, "meta")
-	require.NoError(t, os.MkdirAll(root, 0o755))
-	require.NoError(t, os.MkdirAll(side, 0o755))
-	addr := portpick.Addr(t)
-	return startS3(t, "versitygw", bin, addr, "compat", "compatsecret", nil,
-		"--access", "compat", "--secret", "compatsecret", "--port", addr, "posix", "--sidecar", side, root)
-}
-
-// SeaweedFS: master, volume, filer and S3 in one `weed server`, every port
-// on loopback, credentials from an S3 identities file.
-func startSeaweed(t *testing.T, bin string) server {
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "s3.json")
-	require.NoError(t, os.WriteFile(cfg, []byte(`{"identities":[{"name":"compat","credentials":[{"accessKey":"compat","secretKey":"compatsecret"}],"actions":["Admin","Read","List","Tagging","Write"]}]}`), 0o600))
-	data := filepath.Join(dir, "data")
-	require.NoError(t, os.MkdirAll(data, 0o755))
-	s3addr := portpick.Addr(t)
-	master, volume, filer := portpick.Port(t), portpick.Port(t), portpick.Port(t)
-	return startS3(t, "weed", bin, s3addr, "compat", "compatsecret", nil,
-		"server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-dir="+data,
-		fmt.Sprintf("-master.port=%d", master), fmt.Sprintf("-volume.port=%d", volume), fmt.Sprintf("-filer.port=%d", filer),
-		"-master.volumeSizeLimitMB=64", "-volume.max=16",
-		"-s3", "-s3.port="+port(s3addr), "-s3.config="+cfg)
-}
-
-// MinIO in single-drive mode.
-func startMinIO(t *testing.T, bin string) server {
-	dir := t.TempDir()
-	addr, console := portpick.Addr(t), portpick.Addr(t)
-	return startS3(t, "minio", bin, addr, "compat", "compatsecret",
-		[]string{"MINIO_ROOT_USER=compat", "MINIO_ROOT_PASSWORD=compatsecret", "MINIO_BROWSER=off", "MINIO_UPDATE=off"},
-		"server", "--quiet", "--address", addr, "--console-address", console, filepath.Join(dir, "data"))
-}
+func (s s3Server) NewBucket(t *testing.T) objstore.Store { return s.Store(t, s.Server.NewBucket(t)) }
 
 // The overlap measure sees two terms that overlap, and not two that follow
 // each other.

@@ -15,6 +15,8 @@
 //     one leads at any moment and the overlap (the new leader starting
 //     before the old one stopped) is measured and must be zero.
 //
+// The S3 servers are started by internal/testing/s3servers, which test/chaos
+// (TestLeaderCutOffFromOtherStores: two nstance-server processes) shares.
 // `make compat` (NSTANCE_COMPAT=1) builds what is missing and runs every
 // store. Without it, `go test` (and so `make test`) runs fake-gcs-server and
 // Versity Gateway only when its build is already cached, and says so when

@@ -40,9 +40,12 @@ func Start(t testing.TB) *Server {
 	g := proctest.NewGroup(t, proctest.Options{Dir: dir, Grace: 5 * time.Second})
 	addr := portpick.Addr(t)
 	port := addr[strings.LastIndex(addr, ":")+1:]
+	// The emulator routes by the Host header, matching its public host;
+	// without a port it matches 127.0.0.1 on any port, so clients may reach
+	// it through proxies on other ports of 127.0.0.1 (test/chaos).
 	p := g.MustStart("fake-gcs-server", bin, nil,
 		"-scheme", "http", "-host", "127.0.0.1", "-port", port, "-backend", "memory",
-		"-external-url", "http://"+addr, "-public-host", addr, "-log-level", "warn")
+		"-external-url", "http://"+addr, "-public-host", "127.0.0.1", "-log-level", "warn")
 	if err := p.WaitFor(context.Background(), "fake-gcs-server listening on "+addr, 30*time.Second, func() bool {
 		return proctest.HTTPOK("http://" + addr + "/storage/v1/b")
 	}); err != nil {
