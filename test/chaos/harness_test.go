@@ -255,10 +255,6 @@ type objects struct {
 	env func(endpoint string) []string
 	// direct is the store for the test itself.
 	direct objstore.Store
-	// oneByOne starts each server once the one before has passed its
-	// start-up probe (logged "campaigning"), for a store that fails
-	// concurrent probes for a reason of its own (see its use).
-	oneByOne bool
 }
 
 // newStackOn starts servers on the shard config cfg over o (newStackWith
@@ -270,12 +266,7 @@ func newStackOn(t testing.TB, servers int, cfg string, o *objects) *stack {
 	_, err := o.direct.Put(context.Background(), "config/"+shard+".jsonc", []byte(cfg), objstore.PutOptions{})
 	require.NoError(t, err, "put the shard config")
 	for i := 1; i <= servers; i++ {
-		srv := s.startServer(fmt.Sprintf("srv-%d", i), s.net+strconv.Itoa(i))
-		if o.oneByOne {
-			proctest.Eventually(t, srv.id+" passed the start-up probe", 60*time.Second, func() bool {
-				return proctest.LogContains(srv.proc.Log, `"msg":"campaigning"`)
-			})
-		}
+		s.startServer(fmt.Sprintf("srv-%d", i), s.net+strconv.Itoa(i))
 	}
 	return s
 }

@@ -11,12 +11,14 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/smithy-go"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/nstance-dev/nstance/pkg/objstore"
 )
@@ -108,12 +110,26 @@ func mapErr(op, key string, err error) error {
 	switch {
 	case status == http.StatusNotFound || code == "NoSuchKey" || code == "NotFound":
 		return fmt.Errorf("%s %s: %w: %v", op, key, objstore.ErrNotFound, err)
+	case code == codeObjectIsDirectory:
+		return fmt.Errorf("%s %s: %w: %w", op, key, errDirectoryRace, err)
 	case status == http.StatusPreconditionFailed || code == "PreconditionFailed" || code == "ConditionalRequestConflict" ||
 		(status == http.StatusConflict && code != "BucketNotEmpty" && code != "BucketAlreadyExists"):
 		return fmt.Errorf("%s %s: %w: %v", op, key, objstore.ErrPreconditionFailed, err)
 	}
 	return fmt.Errorf("%s %s: %w", op, key, err)
 }
+
+// codeObjectIsDirectory is Versity Gateway's 409 for a PUT into a directory
+// its posix backend removed meanwhile (a DELETE of the directory's last
+// object prunes it). It says nothing about the key's current object, so it
+// must not read as a failed precondition (a create-only write would look
+// taken, a nonce used): the PUT is tried again instead.
+const codeObjectIsDirectory = "ExistingObjectIsDirectory"
+
+var errDirectoryRace = errors.New("the store raced a removal of the key's parent directory")
+
+// putRetry paces the PUTs that meet errDirectoryRace: 5 tries over about 150 ms.
+var putRetry = wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Steps: 5}
 
 // Get implements objstore.Store.
 func (s *Store) Get(ctx context.Context, key string) (*objstore.Object, error) {
@@ -166,9 +182,27 @@ func (s *Store) Put(ctx context.Context, key string, body []byte, opts objstore.
 	if opts.IfMatch != "" {
 		in.IfMatch = aws.String(`"` + strings.Trim(opts.IfMatch, `"`) + `"`)
 	}
-	out, err := s.client.PutObject(ctx, in)
+	var (
+		out  *s3.PutObjectOutput
+		race error
+	)
+	err := wait.ExponentialBackoffWithContext(ctx, putRetry, func(ctx context.Context) (bool, error) {
+		in.Body = bytes.NewReader(body)
+		o, err := s.client.PutObject(ctx, in)
+		if err != nil {
+			if err = mapErr("put", key, err); errors.Is(err, errDirectoryRace) {
+				race = err
+				return false, nil
+			}
+			return false, err
+		}
+		out = o
+		return true, nil
+	})
+	if wait.Interrupted(err) && race != nil && ctx.Err() == nil {
+		err = race // every try met the race
+	}
 	if err != nil {
-		err = mapErr("put", key, err)
 		if opts.IfMatch != "" && errors.Is(err, objstore.ErrNotFound) {
 			return "", fmt.Errorf("put %s: %w: object does not exist", key, objstore.ErrPreconditionFailed)
 		}
