@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -62,6 +63,12 @@ type Reconciler struct {
 	// Capacity publishes status.capacity and nodeInfo (scale from zero);
 	// nil leaves them out.
 	Capacity *capacity.Catalog
+	// SyncShardGroup, when set, is given each shard group this pass
+	// created or changed, as the API server returned it, to send its spec
+	// to the shard at once (the shard group controller's SyncNow) instead
+	// of after the shard group's watch event and reconcile. The calls for
+	// a pool's shards run in parallel.
+	SyncShardGroup func(ctx context.Context, sg *infrav1.NstanceShardGroup)
 }
 
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstancemachinepools,verbs=get;list;watch;create;update;patch;delete
@@ -231,15 +238,21 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *infrav1.NstanceM
 		if rollout, err = r.planRollout(ctx, pool, sizes, secret, desired); err != nil {
 			return err
 		}
+		var written []*infrav1.NstanceShardGroup
 		for _, shard := range pool.Spec.Shards {
 			var budget *infrav1.ShardRollout
 			if b, ok := rollout.plan.Budgets[shard]; ok && !static(pool) {
 				budget = &b
 			}
-			if err := r.ensureShardGroup(ctx, pool, mp, shard, sizes[shard], secret, budget); err != nil {
+			sg, err := r.ensureShardGroup(ctx, pool, mp, shard, sizes[shard], secret, budget)
+			if err != nil {
 				return err
 			}
+			if sg != nil {
+				written = append(written, sg)
+			}
 		}
+		r.syncShardGroups(ctx, written)
 	}
 	sgs, err := r.shardGroups(ctx, pool)
 	if err != nil {
@@ -299,7 +312,22 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, pool *infrav1.NstanceM
 	return nil
 }
 
-func (r *Reconciler) ensureShardGroup(ctx context.Context, pool *infrav1.NstanceMachinePool, mp *clusterv1.MachinePool, shard string, size int32, secret string, budget *infrav1.ShardRollout) error {
+// syncShardGroups hands the shard groups written in this pass to
+// SyncShardGroup, one goroutine per shard, and waits for them.
+func (r *Reconciler) syncShardGroups(ctx context.Context, sgs []*infrav1.NstanceShardGroup) {
+	if r.SyncShardGroup == nil || len(sgs) == 0 {
+		return
+	}
+	var wg sync.WaitGroup
+	for _, sg := range sgs {
+		wg.Go(func() { r.SyncShardGroup(ctx, sg) })
+	}
+	wg.Wait()
+}
+
+// ensureShardGroup creates or patches the shard group of pool on shard and
+// returns it as the API server wrote it, or nil when nothing changed.
+func (r *Reconciler) ensureShardGroup(ctx context.Context, pool *infrav1.NstanceMachinePool, mp *clusterv1.MachinePool, shard string, size int32, secret string, budget *infrav1.ShardRollout) (*infrav1.NstanceShardGroup, error) {
 	sg := &infrav1.NstanceShardGroup{ObjectMeta: metav1.ObjectMeta{
 		Namespace: pool.Namespace, Name: infrav1.ShardGroupName(pool.Spec.Group, shard),
 	}}
@@ -338,12 +366,13 @@ func (r *Reconciler) ensureShardGroup(ctx context.Context, pool *infrav1.Nstance
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("create or update shard group %s: %w", sg.Name, err)
+		return nil, fmt.Errorf("create or update shard group %s: %w", sg.Name, err)
 	}
-	if op != controllerutil.OperationResultNone {
-		log.FromContext(ctx).V(1).Info("shard group "+string(op), "shardGroup", sg.Name, "size", size)
+	if op == controllerutil.OperationResultNone {
+		return nil, nil
 	}
-	return nil
+	log.FromContext(ctx).V(1).Info("shard group "+string(op), "shardGroup", sg.Name, "size", size)
+	return sg, nil
 }
 
 func setCond(pool *infrav1.NstanceMachinePool, typ string, ok bool, reason, msg string) {

@@ -116,9 +116,9 @@ type fakeShard struct {
 	proxy *proxy
 }
 
-func startShard(t testing.TB, ca *pki.CA, id string) *fakeShard {
+func startShard(t testing.TB, ca *pki.CA, id, configJSONC string) *fakeShard {
 	t.Helper()
-	sh := shardtest.Start(t, shardtest.Options{ClusterID: clusterID, ShardID: id, CA: ca, Log: logr.Discard()})
+	sh := shardtest.Start(t, shardtest.Options{ClusterID: clusterID, ShardID: id, CA: ca, ConfigJSONC: configJSONC, Log: logr.Discard()})
 	return &fakeShard{t: t, id: id, ca: ca, sh: sh, proxy: newProxy(t, sh.OperatorAddr)}
 }
 
@@ -164,6 +164,13 @@ type fixture struct {
 
 func newFixture(t testing.TB, shardIDs ...string) *fixture {
 	t.Helper()
+	return newFixtureConfig(t, nil, shardIDs...)
+}
+
+// newFixtureConfig is newFixture whose shards run with the config
+// shardConfig returns for their ID (nil: shardtest's default).
+func newFixtureConfig(t testing.TB, shardConfig func(id string) string, shardIDs ...string) *fixture {
+	t.Helper()
 	ca, err := pki.GenerateCA(clusterID, 24*time.Hour, time.Now())
 	require.NoError(t, err)
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
@@ -171,7 +178,11 @@ func newFixture(t testing.TB, shardIDs ...string) *fixture {
 	f := &fixture{t: t, ca: ca, nonceKey: priv, shards: map[string]*fakeShard{}}
 	f.regAddr = startRegistration(t, ca, pub)
 	for _, id := range shardIDs {
-		f.shards[id] = startShard(t, ca, id)
+		cfg := ""
+		if shardConfig != nil {
+			cfg = shardConfig(id)
+		}
+		f.shards[id] = startShard(t, ca, id, cfg)
 	}
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "op-"}}
 	require.NoError(t, env.Client.Create(context.Background(), ns))
@@ -305,11 +316,17 @@ func (r *running) exited(t testing.TB) error {
 
 func (r *running) waitImported(t testing.TB) {
 	t.Helper()
+	r.waitImportedWithin(t, 60*time.Second)
+}
+
+// waitImportedWithin is waitImported with its own bound.
+func (r *running) waitImportedWithin(t testing.TB, d time.Duration) {
+	t.Helper()
 	select {
 	case <-r.op.Imported:
 	case <-r.done:
 		t.Fatalf("operator stopped before import: %v", r.err)
-	case <-time.After(60 * time.Second):
+	case <-time.After(d):
 		t.Fatal("import did not finish")
 	}
 }

@@ -326,7 +326,8 @@ func New(ctx context.Context, o Options) (*Operator, error) {
 		return nil, fmt.Errorf("set up shard group controller: %w", err)
 	}
 	catalog := &capacity.Catalog{Shards: capacity.Shards{Conns: op.Conns}}
-	pool := &machinepool.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Ledger: op.ledger, Conns: op.Conns, Recorder: recorder, Capacity: catalog, WatchFilter: o.WatchFilter}
+	pool := &machinepool.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Ledger: op.ledger, Conns: op.Conns, Recorder: recorder, Capacity: catalog, WatchFilter: o.WatchFilter,
+		SyncShardGroup: sg.SyncNow}
 	if err := pool.SetupWithManager(ctx, mgr, cmp.Or(o.Concurrency.MachinePool, o.Workers)); err != nil {
 		return nil, fmt.Errorf("set up pool controller: %w", err)
 	}

@@ -80,6 +80,9 @@ type Reconciler struct {
 	CallTimeout time.Duration
 	// Now defaults to time.Now.
 	Now func() time.Time
+
+	// sent orders the upserts of Reconcile and SyncNow.
+	sent sentGuard
 }
 
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=nstanceshardgroups,verbs=get;list;watch;create;update;patch;delete
@@ -258,6 +261,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, sg *infrav1.NstanceSha
 		return ctrl.Result{RequeueAfter: r.deletePoll()}, nil
 	}
 	r.Recorder.Eventf(sg, nil, corev1.EventTypeNormal, EventGroupDeleted, "Delete", "group %s deleted on shard %s, no instance left", sg.Spec.Group, shard)
+	r.sent.forget(sg)
 	return ctrl.Result{}, r.removeFinalizer(ctx, sg)
 }
 
@@ -358,6 +362,15 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, sg *infrav1.NstanceSha
 		return res, nil
 	}
 	desired := DesiredSpec(sg, data)
+	sent := r.sent.lock(sg)
+	defer sent.mu.Unlock()
+	if sent.outdated(sg.UID, sg.Generation) {
+		// This copy of the shard group (the cache's) is older than the
+		// one SyncNow has sent: its spec would undo the newer one. The
+		// newer one's watch event brings a pass of its own.
+		log.FromContext(ctx).V(1).Info("shard group copy older than the spec sent; waiting for the newer one", "generation", sg.Generation)
+		return ctrl.Result{}, nil
+	}
 	current, cached := r.Groups.Get(shard, sg.Spec.Group)
 	upserted := false
 	if !cached || !SpecMatches(desired, current) {
@@ -366,6 +379,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, sg *infrav1.NstanceSha
 		resp, err := c.UpsertGroup(cctx, &nstancev1.UpsertGroupRequest{Group: desired})
 		cancel()
 		r.Metrics.ObserveSync(shard, "upsert", time.Since(start), err)
+		if err == nil {
+			sent.record(sg.UID, sg.Generation)
+		}
 		if err != nil {
 			switch {
 			case unreachable(err):
