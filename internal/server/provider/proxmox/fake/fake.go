@@ -295,90 +295,76 @@ var dnsName = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9.-]*[a-zA-Z0-9])?$`)
 
 // Clone implements proxmox.API.
 func (f *Fake) Clone(_ context.Context, nodeName string, vmid int, o proxmox.CloneOptions) (string, error) {
-	if err := f.call("Clone", strconv.Itoa(vmid)); err != nil {
-		return "", err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	src, err := f.vm(nodeName, vmid)
-	if err != nil {
-		return "", err
-	}
-	if o.NewID < 100 {
-		return "", fmt.Errorf("400 bad request: newid: value must have a minimum value of 100")
-	}
-	if _, taken := f.vms[o.NewID]; taken {
-		return "", fmt.Errorf("500 unable to create VM %d: config file already exists", o.NewID)
-	}
-	if o.Name != "" && !dnsName.MatchString(o.Name) {
-		return "", fmt.Errorf("400 bad request: name: value does not look like a valid DNS name")
-	}
-	target := nodeName
-	if o.Target != "" {
-		if _, ok := f.nodes[o.Target]; !ok {
-			return "", fmt.Errorf("400 bad request: target: no such cluster node '%s'", o.Target)
+	return f.onVM("Clone", nodeName, vmid, func(src *VMState) (string, error) {
+		if o.NewID < 100 {
+			return "", fmt.Errorf("400 bad request: newid: value must have a minimum value of 100")
 		}
-		target = o.Target
-	}
-	if !src.Template && !o.Full {
-		return "", fmt.Errorf("500 linked clone feature is not supported for drive 'scsi0' (not a template)")
-	}
-	c := &VMState{VMID: o.NewID, Node: target, Name: o.Name, Description: o.Description, Status: "stopped", Tags: append([]string(nil), src.Tags...),
-		Options: map[string]string{}, ClonedFrom: vmid}
-	for k, v := range src.Options {
-		c.Options[k] = v
-	}
-	f.vms[o.NewID] = c
-	return f.newTask(nodeName, "qmclone", vmid), nil
+		if _, taken := f.vms[o.NewID]; taken {
+			return "", fmt.Errorf("500 unable to create VM %d: config file already exists", o.NewID)
+		}
+		if o.Name != "" && !dnsName.MatchString(o.Name) {
+			return "", fmt.Errorf("400 bad request: name: value does not look like a valid DNS name")
+		}
+		target := nodeName
+		if o.Target != "" {
+			if _, ok := f.nodes[o.Target]; !ok {
+				return "", fmt.Errorf("400 bad request: target: no such cluster node '%s'", o.Target)
+			}
+			target = o.Target
+		}
+		if !src.Template && !o.Full {
+			return "", fmt.Errorf("500 linked clone feature is not supported for drive 'scsi0' (not a template)")
+		}
+		c := &VMState{VMID: o.NewID, Node: target, Name: o.Name, Description: o.Description, Status: "stopped", Tags: append([]string(nil), src.Tags...),
+			Options: map[string]string{}, ClonedFrom: vmid}
+		for k, v := range src.Options {
+			c.Options[k] = v
+		}
+		f.vms[o.NewID] = c
+		return f.newTask(nodeName, "qmclone", vmid), nil
+	})
 }
 
 var tagPattern = regexp.MustCompile(`(?i)^[a-z0-9_][a-z0-9_+.-]*$`)
 
 // SetConfig implements proxmox.API.
 func (f *Fake) SetConfig(_ context.Context, nodeName string, vmid int, opts ...proxmox.ConfigOption) (string, error) {
-	if err := f.call("SetConfig", strconv.Itoa(vmid)); err != nil {
-		return "", err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	v, err := f.vm(nodeName, vmid)
-	if err != nil {
-		return "", err
-	}
-	for _, o := range opts {
-		switch {
-		case o.Name == "tags":
-			for _, t := range proxmox.SplitTags(o.Value) {
-				if !tagPattern.MatchString(t) {
-					return "", fmt.Errorf("400 bad request: tags: invalid format - invalid tag %q", t)
+	return f.onVM("SetConfig", nodeName, vmid, func(v *VMState) (string, error) {
+		for _, o := range opts {
+			switch {
+			case o.Name == "tags":
+				for _, t := range proxmox.SplitTags(o.Value) {
+					if !tagPattern.MatchString(t) {
+						return "", fmt.Errorf("400 bad request: tags: invalid format - invalid tag %q", t)
+					}
+				}
+			case strings.HasPrefix(o.Name, "ide") || strings.HasPrefix(o.Name, "sata") || strings.HasPrefix(o.Name, "scsi"):
+				vol, rest, _ := strings.Cut(o.Value, ",")
+				if strings.Contains(rest, "media=cdrom") && vol != "none" {
+					if _, ok := f.volumes[nodeName+"/"+vol]; !ok {
+						return "", fmt.Errorf("400 bad request: %s: volume '%s' does not exist", o.Name, vol)
+					}
+				}
+			case o.Name == "cores" || o.Name == "memory":
+				if n, err := strconv.Atoi(o.Value); err != nil || n < 1 {
+					return "", fmt.Errorf("400 bad request: %s: type check ('integer') failed - got '%s'", o.Name, o.Value)
 				}
 			}
-		case strings.HasPrefix(o.Name, "ide") || strings.HasPrefix(o.Name, "sata") || strings.HasPrefix(o.Name, "scsi"):
-			vol, rest, _ := strings.Cut(o.Value, ",")
-			if strings.Contains(rest, "media=cdrom") && vol != "none" {
-				if _, ok := f.volumes[nodeName+"/"+vol]; !ok {
-					return "", fmt.Errorf("400 bad request: %s: volume '%s' does not exist", o.Name, vol)
-				}
-			}
-		case o.Name == "cores" || o.Name == "memory":
-			if n, err := strconv.Atoi(o.Value); err != nil || n < 1 {
-				return "", fmt.Errorf("400 bad request: %s: type check ('integer') failed - got '%s'", o.Name, o.Value)
+		}
+		for _, o := range opts {
+			switch o.Name {
+			case "tags":
+				v.Tags = proxmox.SplitTags(o.Value)
+			case "name":
+				v.Name = o.Value
+			case "description":
+				v.Description = o.Value
+			default:
+				v.Options[o.Name] = o.Value
 			}
 		}
-	}
-	for _, o := range opts {
-		switch o.Name {
-		case "tags":
-			v.Tags = proxmox.SplitTags(o.Value)
-		case "name":
-			v.Name = o.Value
-		case "description":
-			v.Description = o.Value
-		default:
-			v.Options[o.Name] = o.Value
-		}
-	}
-	return f.newTask(nodeName, "qmconfig", vmid), nil
+		return f.newTask(nodeName, "qmconfig", vmid), nil
+	})
 }
 
 // Start implements proxmox.API.
@@ -417,6 +403,23 @@ func (f *Fake) Destroy(_ context.Context, nodeName string, vmid int) (string, er
 // may be failed), refuse (optional) checks the VM as Proxmox would before
 // it starts a task, and done applies the task's effect when it ends OK.
 func (f *Fake) vmTask(method, kind, nodeName string, vmid int, refuse func(*VMState) error, done func(*VMState)) (string, error) {
+	return f.onVM(method, nodeName, vmid, func(v *VMState) (string, error) {
+		if refuse != nil {
+			if err := refuse(v); err != nil {
+				return "", err
+			}
+		}
+		upid := f.newTask(nodeName, kind, vmid)
+		if f.tasks[upid].exit == "OK" {
+			done(v)
+		}
+		return upid, nil
+	})
+}
+
+// onVM is a call on one existing VM: recorded (and possibly failed), then
+// fn runs with the VM under f.mu.
+func (f *Fake) onVM(method, nodeName string, vmid int, fn func(*VMState) (string, error)) (string, error) {
 	if err := f.call(method, strconv.Itoa(vmid)); err != nil {
 		return "", err
 	}
@@ -426,16 +429,7 @@ func (f *Fake) vmTask(method, kind, nodeName string, vmid int, refuse func(*VMSt
 	if err != nil {
 		return "", err
 	}
-	if refuse != nil {
-		if err := refuse(v); err != nil {
-			return "", err
-		}
-	}
-	upid := f.newTask(nodeName, kind, vmid)
-	if f.tasks[upid].exit == "OK" {
-		done(v)
-	}
-	return upid, nil
+	return fn(v)
 }
 
 // Upload implements proxmox.API (an existing file is replaced).
