@@ -129,7 +129,9 @@ const codeObjectIsDirectory = "ExistingObjectIsDirectory"
 var errDirectoryRace = errors.New("the store raced a removal of the key's parent directory")
 
 // putRetry paces the PUTs that meet errDirectoryRace: 5 tries over about 150 ms.
-var putRetry = wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Steps: 5}
+func putRetry() wait.Backoff {
+	return wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Steps: 5}
+}
 
 // Get implements objstore.Store.
 func (s *Store) Get(ctx context.Context, key string) (*objstore.Object, error) {
@@ -173,7 +175,6 @@ func (s *Store) Put(ctx context.Context, key string, body []byte, opts objstore.
 	in := &s3.PutObjectInput{
 		Bucket:        &s.bucket,
 		Key:           aws.String(s.full(key)),
-		Body:          bytes.NewReader(body),
 		ContentLength: aws.Int64(int64(len(body))),
 	}
 	if opts.IfNoneMatch {
@@ -186,7 +187,7 @@ func (s *Store) Put(ctx context.Context, key string, body []byte, opts objstore.
 		out  *s3.PutObjectOutput
 		race error
 	)
-	err := wait.ExponentialBackoffWithContext(ctx, putRetry, func(ctx context.Context) (bool, error) {
+	err := wait.ExponentialBackoffWithContext(ctx, putRetry(), func(ctx context.Context) (bool, error) {
 		in.Body = bytes.NewReader(body)
 		o, err := s.client.PutObject(ctx, in)
 		if err != nil {
